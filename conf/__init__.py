@@ -1,0 +1,1 @@
+"""The embedded default config; installed as ``kernel.conf`` so it ships in the wheel."""

@@ -1,0 +1,120 @@
+"""The ``martinet`` command: ``martinet run [CONFIG]`` and ``martinet check CONFIG``.
+
+Exit status: 0 after a clean run or a valid check; 1 when a swiftlet failed (to start or
+while running); 2 when the config (or a plugin) is invalid, with every problem printed,
+one per line, as ``file:line: element-path: attribute 'x': what was wrong``.
+
+``run`` stops the router in order on the first SIGINT or SIGTERM; a second one exits at
+once (for a swiftlet that hangs in its cleanup).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from .config import ConfigErrors, load_config
+from .logs import configure_logging
+from .plugins import PluginError, load_swiftlet_specs
+from .router import Router, SwiftletFailed
+
+log = logging.getLogger("martinet")
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+def default_config() -> Path:
+    """The packaged default config (one router named ``router1``)."""
+    return Path(str(importlib.resources.files("kernel.conf") / "router.xml"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="martinet", description="Martinet message router")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run a router")
+    run.add_argument("config", nargs="?", type=Path, help="router config (default: packaged)")
+    run.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        help="log level on stderr (default INFO)",
+    )
+    check = commands.add_parser("check", help="check a router config and report every problem")
+    check.add_argument("config", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "check":
+        return _check(args.config)
+    configure_logging(args.log_level)
+    return _run(args.config)
+
+
+def _check(path: Path) -> int:
+    try:
+        specs = load_swiftlet_specs()
+        config = load_config(path, specs)
+    except (ConfigErrors, PluginError) as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_INVALID
+    except OSError as exc:
+        print(f"{path}: cannot read: {exc.strerror}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"{path}: OK: router {config.settings.name}, start order: "
+          f"{' '.join(config.startorder) or '(empty)'}")
+    return EXIT_OK
+
+
+def _run(path: Path | None) -> int:
+    try:
+        router = Router.from_file(path or default_config())
+    except (ConfigErrors, PluginError) as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_INVALID
+    except OSError as exc:
+        print(f"{path}: cannot read: {exc.strerror}", file=sys.stderr)
+        return EXIT_INVALID
+    if path is None:
+        router.config_path = None  # never 'save' over the packaged default
+    failure = trio.run(_serve, router)
+    if failure is not None:
+        log.critical("router %s stopped: %s", router.name, failure)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+async def _serve(router: Router) -> SwiftletFailed | None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_signals, signals, router)
+            try:
+                await router.run()
+            except SwiftletFailed as exc:
+                return exc
+            finally:
+                nursery.cancel_scope.cancel()
+    return None
+
+
+async def _watch_signals(signals: trio.abc.ReceiveChannel[int], router: Router) -> None:
+    first = True
+    async for signum in signals:
+        name = signal.Signals(signum).name
+        if first:
+            router.request_stop(f"{name} received")
+            first = False
+        else:
+            log.critical("second %s received: exiting without waiting for cleanup", name)
+            logging.shutdown()
+            os._exit(EXIT_FAILED)
+
+
+def entry_point() -> None:  # console script
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""The management model: one live tree per router of config entities and usage.
+
+Theory of operation
+-------------------
+The tree mirrors the config file. Its root is the ``<router>`` entity; under it sits one
+:class:`Entity` per swiftlet, whose children are the swiftlet's fixed child entities
+(:class:`Entity`), entity lists (:class:`EntityList`), the kernel-owned ``pools`` list and a
+read-only ``usage`` part (:class:`Usage`, :class:`UsageList`) for runtime state and counters.
+Paths are slash-separated names: ``/sys$log``, ``/xt$echo/pools/echo.worker``,
+``/xt$echo/usage/pools/echo.worker``, ``/usage`` (the router's own runtime state).
+
+A change follows one protocol, fixing SwiftMQ's defect of assigning before asking:
+
+1. the new value is parsed and checked (:func:`kernel.schema.parse_value`);
+2. the owner's listener is offered the change and may refuse it by raising :class:`Veto`
+   (a property marked ``reboot_required`` is not offered: it takes effect at the next start);
+3. only then is it committed;
+4. watchers are told after the commit, through a :class:`kernel.bus.PropertyChanged`,
+   ``EntityAdded`` or ``EntityRemoved`` event on the router's bus.
+
+Adding and removing entities of an entity list works the same way. A swiftlet that binds a
+list with :meth:`EntityList.bind` first gets every entry already present through the same
+``on_add`` callback as later additions, so startup and runtime share one code path.
+
+:meth:`Tree.snapshot` turns the live tree back into frozen config objects (for ``save``).
+Everything here runs in the router's trio thread; nothing is locked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import attrs
+
+from .bus import EntityAdded, EntityRemoved, EventBus, PropertyChanged
+from .schema import Child, ListOf, Prop, fields_of, parse_value, xml_name
+from .xmlconfig import ElementReader
+
+__all__ = [
+    "ManagementError",
+    "Veto",
+    "Change",
+    "Entity",
+    "EntityList",
+    "Usage",
+    "UsageList",
+    "Tree",
+]
+
+
+class ManagementError(Exception):
+    """A management request failed: unknown path or property, invalid value, or vetoed."""
+
+
+class Veto(Exception):
+    """Raised by a change listener to refuse a change; the message is the reason."""
+
+
+@attrs.frozen
+class Change:
+    """A property change offered to a listener, and the result of :meth:`Tree.set`."""
+
+    path: str
+    name: str
+    old: Any
+    new: Any
+    reboot_required: bool = False
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path.rstrip('/')}/{name}"
+
+
+class Entity:
+    """A config entity: scalar properties plus child entities and lists.
+
+    ``children`` maps XML names to child nodes (entities, lists, usage parts).
+    """
+
+    def __init__(self, tree: Tree, path: str, value: Any):
+        self.tree = tree
+        self.path = path
+        self.config_type = type(value)
+        self.props: dict[str, tuple[attrs.Attribute, Prop]] = {}
+        self._values: dict[str, Any] = {}
+        self.children: dict[str, Entity | EntityList | Usage | UsageList] = {}
+        self._config_children: list[str] = []
+        self._listener: Callable[[Change], None] | None = None
+        for field, meta in fields_of(type(value)):
+            key = xml_name(field.name)
+            current = getattr(value, field.name)
+            if isinstance(meta, Prop):
+                self.props[key] = (field, meta)
+                self._values[key] = current
+            elif isinstance(meta, Child):
+                self.children[key] = Entity(tree, _join(path, key), current)
+                self._config_children.append(key)
+            else:
+                self.children[key] = EntityList(tree, _join(path, key), meta, current)
+                self._config_children.append(key)
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1] or "/"
+
+    def get(self, name: str) -> Any:
+        """The current value of property ``name`` (its XML name).
+
+        Raises:
+            ManagementError: no such property.
+        """
+        self._prop(name)
+        return self._values[name]
+
+    def properties(self) -> dict[str, Any]:
+        """All properties and their current values, by XML name."""
+        return dict(self._values)
+
+    def describe(self, name: str) -> Prop:
+        """The declaration of property ``name``: description, bounds, choices, reboot flag."""
+        return self._prop(name)[1]
+
+    def on_change(self, listener: Callable[[Change], None] | None) -> None:
+        """Set the owner's listener; it may raise :class:`Veto` to refuse a change."""
+        self._listener = listener
+
+    def set(self, name: str, raw: Any) -> Change:
+        """Validate, offer to the listener, commit and announce a new value.
+
+        ``raw`` is XML text or an already typed value.
+
+        Raises:
+            ManagementError: unknown or read-only property, invalid value, or vetoed;
+                the old value stays in place.
+        """
+        field, meta = self._prop(name)
+        where = f"{self.path}: property '{name}'"
+        if meta.read_only:
+            raise ManagementError(f"{where} is read-only")
+        try:
+            value = parse_value(field.type, meta, raw)
+        except ValueError as exc:
+            raise ManagementError(f"{where}: {exc}") from None
+        change = Change(self.path, name, self._values[name], value, meta.reboot_required)
+        if self._listener is not None and not meta.reboot_required:
+            try:
+                self._listener(change)
+            except Veto as veto:
+                raise ManagementError(f"{where}: change refused: {veto}") from None
+        self._values[name] = value
+        self.tree.bus.publish(PropertyChanged(path=self.path, name=name, old=change.old, new=value))
+        return change
+
+    def snapshot(self) -> Any:
+        """The entity as a frozen config object."""
+        kwargs = {field.name: self._values[key] for key, (field, _) in self.props.items()}
+        for key in self._config_children:
+            kwargs[key.replace("-", "_")] = self.children[key].snapshot()  # type: ignore[union-attr]
+        return self.config_type(**kwargs)
+
+    def _prop(self, name: str) -> tuple[attrs.Attribute, Prop]:
+        try:
+            return self.props[name]
+        except KeyError:
+            known = ", ".join(self.props) or "none"
+            raise ManagementError(f"{self.path}: no property '{name}'; properties: {known}") from None
+
+
+class EntityList:
+    """A keyed list of entities of one config class (listeners, queues, pools …)."""
+
+    def __init__(self, tree: Tree, path: str, meta: ListOf, items: Mapping[str, Any]):
+        self.tree = tree
+        self.path = path
+        self.meta = meta
+        self.entities: dict[str, Entity] = {
+            name: Entity(tree, _join(path, name), item) for name, item in items.items()
+        }
+        self._on_add: Callable[[Entity], None] | None = None
+        self._on_remove: Callable[[Entity], None] | None = None
+
+    def bind(
+        self,
+        on_add: Callable[[Entity], None] | None = None,
+        on_remove: Callable[[Entity], None] | None = None,
+    ) -> None:
+        """Set the owner's listeners, replaying every present entry through ``on_add``.
+
+        Listeners may raise :class:`Veto` to refuse an addition or a removal.
+
+        Raises:
+            ManagementError: ``on_add`` vetoed an entry already present.
+        """
+        self._on_add, self._on_remove = on_add, on_remove
+        if on_add is not None:
+            for entity in list(self.entities.values()):
+                try:
+                    on_add(entity)
+                except Veto as veto:
+                    raise ManagementError(f"{entity.path}: refused: {veto}") from None
+
+    def add(self, name: str, values: Mapping[str, Any] | None = None) -> Entity:
+        """Create entry ``name`` from property values (XML names), offer it, then add it.
+
+        Raises:
+            ManagementError: the name exists, a value is invalid, or the owner vetoed.
+        """
+        where = f"{self.path}: cannot add {name!r}"
+        if name in self.entities:
+            raise ManagementError(f"{where}: it exists already")
+        if not name or "/" in name:
+            raise ManagementError(f"{where}: a name must be non-empty and contain no '/'")
+        try:
+            item = self.tree.reader.structure({**(values or {}), "name": name}, self.meta.item_type)
+        except ValueError as exc:
+            raise ManagementError(f"{where}: {exc}") from None
+        entity = Entity(self.tree, _join(self.path, name), item)
+        if self._on_add is not None:
+            try:
+                self._on_add(entity)
+            except Veto as veto:
+                raise ManagementError(f"{where}: refused: {veto}") from None
+        self.entities[name] = entity
+        self.tree.bus.publish(EntityAdded(path=self.path, name=name))
+        return entity
+
+    def remove(self, name: str) -> None:
+        """Offer the removal of entry ``name`` to the owner, then remove it.
+
+        Raises:
+            ManagementError: no such entry, or the owner vetoed.
+        """
+        entity = self.entities.get(name)
+        if entity is None:
+            raise ManagementError(f"{self.path}: no entry {name!r}")
+        if self._on_remove is not None:
+            try:
+                self._on_remove(entity)
+            except Veto as veto:
+                raise ManagementError(f"{self.path}: cannot remove {name!r}: refused: {veto}") from None
+        del self.entities[name]
+        self.tree.bus.publish(EntityRemoved(path=self.path, name=name))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {name: entity.snapshot() for name, entity in self.entities.items()}
+
+
+class Usage:
+    """A read-only runtime entity; its values come from a callable, read when asked."""
+
+    def __init__(self, path: str, values: Callable[[], Mapping[str, Any]] | None = None):
+        self.path = path
+        self._values = values or dict
+        self.children: dict[str, Usage | UsageList] = {}
+
+    def provide(self, values: Callable[[], Mapping[str, Any]]) -> None:
+        """Set the callable that supplies this entity's values."""
+        self._values = values
+
+    def properties(self) -> dict[str, Any]:
+        return dict(self._values())
+
+    def get(self, name: str) -> Any:
+        values = self._values()
+        if name not in values:
+            raise ManagementError(f"{self.path}: no usage property '{name}'")
+        return values[name]
+
+    def child(self, name: str, values: Callable[[], Mapping[str, Any]] | None = None) -> Usage:
+        """Add (or replace) a fixed child usage entity."""
+        node = self.children[name] = Usage(_join(self.path, name), values)
+        return node
+
+    def add_list(self, name: str) -> UsageList:
+        """Add (or replace) a usage list, e.g. ``connections``."""
+        node = self.children[name] = UsageList(_join(self.path, name))
+        return node
+
+
+class UsageList:
+    """A runtime list of usage entities that the owning swiftlet adds and removes."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.children: dict[str, Usage] = {}
+
+    def add(self, name: str, values: Callable[[], Mapping[str, Any]] | None = None) -> Usage:
+        node = self.children[name] = Usage(_join(self.path, name), values)
+        return node
+
+    def remove(self, name: str) -> None:
+        self.children.pop(name, None)
+
+
+Node = Entity | EntityList | Usage | UsageList
+
+
+class Tree:
+    """A router's management tree. The root entity is the ``<router>`` element."""
+
+    def __init__(self, bus: EventBus, root: Any):
+        self.bus = bus
+        self.reader = ElementReader("<management>")
+        self.root = Entity(self, "/", root)
+
+    def resolve(self, path: str) -> Node:
+        """The node at ``path`` (``/`` is the root).
+
+        Raises:
+            ManagementError: nothing at that path.
+        """
+        node: Node = self.root
+        walked = ""
+        for part in (p for p in path.split("/") if p):
+            children = node.entities if isinstance(node, EntityList) else node.children
+            if part not in children:
+                known = ", ".join(children) or "none"
+                raise ManagementError(f"no {part!r} under {walked or '/'}; there is: {known}")
+            node = children[part]
+            walked += "/" + part
+        return node
+
+    def entity(self, path: str) -> Entity:
+        """The config entity at ``path``.
+
+        Raises:
+            ManagementError: nothing there, or a list or usage (read-only) node.
+        """
+        node = self.resolve(path)
+        if not isinstance(node, Entity):
+            kind = "usage (read-only)" if isinstance(node, (Usage, UsageList)) else "an entity list"
+            raise ManagementError(f"{path} is {kind}, not a config entity")
+        return node
+
+    def entity_list(self, path: str) -> EntityList:
+        node = self.resolve(path)
+        if not isinstance(node, EntityList):
+            raise ManagementError(f"{path} is not an entity list")
+        return node
+
+    def get(self, path: str, name: str) -> Any:
+        """A property of a config or usage entity."""
+        node = self.resolve(path)
+        if isinstance(node, (Entity, Usage)):
+            return node.get(name)
+        raise ManagementError(f"{path} is a list; name one of its entries")
+
+    def set(self, path: str, name: str, value: Any) -> Change:
+        """Change a property; see :meth:`Entity.set`."""
+        return self.entity(path).set(name, value)
+
+    def add(self, path: str, name: str, values: Mapping[str, Any] | None = None) -> Entity:
+        """Add an entry to the entity list at ``path``; see :meth:`EntityList.add`."""
+        return self.entity_list(path).add(name, values)
+
+    def remove(self, path: str, name: str) -> None:
+        """Remove an entry of the entity list at ``path``; see :meth:`EntityList.remove`."""
+        self.entity_list(path).remove(name)
+
+    def walk(self, node: Node | None = None) -> Iterator[Node]:
+        """Every node, depth first, starting at ``node`` (the root by default)."""
+        node = node or self.root
+        yield node
+        children = node.entities if isinstance(node, EntityList) else node.children
+        for child in children.values():
+            yield from self.walk(child)

@@ -1,0 +1,146 @@
+"""Swiftlet plugins: how the kernel finds the swiftlets it can start.
+
+Theory of operation
+-------------------
+A swiftlet is contributed by a plugin: a module (or any object) implementing the pluggy
+hook :func:`HookSpecs.martinet_swiftlets`, which returns :class:`SwiftletSpec` declarations.
+Plugins are found through the entry-point group ``martinet.swiftlets`` — the built-in
+swiftlets register there exactly as third-party packages do, so there is one loading path.
+
+pluggy is synchronous, so hooks only *declare*: a spec carries the swiftlet's config class,
+its pools and a factory. The kernel calls the factory with a
+:class:`kernel.router.SwiftletContext` and starts the returned object's
+``async def run(self, *, task_status)`` in the swiftlet's own nursery.
+
+Each :class:`kernel.router.Router` builds its own plugin manager: there is no process-wide
+registry, so routers with different plugin sets can share a process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import pluggy
+import trio
+
+from .pools import PoolSpec
+from .schema import fields_of, xml_name
+
+if TYPE_CHECKING:
+    from .router import SwiftletContext
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "hookimpl",
+    "hookspec",
+    "Swiftlet",
+    "SwiftletSpec",
+    "PluginError",
+    "load_swiftlet_specs",
+]
+
+ENTRY_POINT_GROUP = "martinet.swiftlets"
+hookspec = pluggy.HookspecMarker("martinet")
+hookimpl = pluggy.HookimplMarker("martinet")
+
+#: Names a swiftlet's config class may not use: the kernel owns these children.
+RESERVED = frozenset({"name", "pools", "usage"})
+
+
+class Swiftlet(Protocol):
+    """What a swiftlet factory returns."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start, call ``task_status.started()`` once ready to serve, then run until cancelled.
+
+        Cancellation is the stop signal: release resources in ``finally``; cleanup that must
+        await runs under ``context.shutdown_scope()``. Raising before ``started()`` fails the
+        router's start; raising (or returning) afterwards stops the router.
+        """
+
+
+@attrs.frozen(kw_only=True)
+class SwiftletSpec:
+    """A swiftlet a plugin offers.
+
+    Attributes:
+        name: the name used in ``startorder`` and ``<swiftlet name=…>``, e.g. ``sys$log``.
+        description: one line for listings.
+        config: the swiftlet's config class (see :mod:`kernel.schema`).
+        factory: ``factory(context) -> Swiftlet``.
+        pools: the pools the swiftlet uses, with their default sizes.
+        public: the object other swiftlets get from ``context.lookup(name)`` is the
+            swiftlet object itself; this documents which interface it offers.
+    """
+
+    name: str
+    description: str
+    config: type
+    factory: Callable[[SwiftletContext], Swiftlet]
+    pools: Sequence[PoolSpec] = ()
+    public: str = ""
+
+
+class PluginError(Exception):
+    """A plugin is broken: a bad declaration, or two plugins claim the same swiftlet name."""
+
+
+class HookSpecs:
+    """The hooks a Martinet plugin may implement."""
+
+    @hookspec
+    def martinet_swiftlets(self) -> Sequence[SwiftletSpec]:  # type: ignore[empty-body]
+        """Return the swiftlets this plugin provides."""
+
+
+def load_swiftlet_specs(extra_plugins: Iterable[Any] = ()) -> Mapping[str, SwiftletSpec]:
+    """Every swiftlet installed, by name: entry-point plugins plus ``extra_plugins``.
+
+    Raises:
+        PluginError: a declaration is invalid or a name is claimed twice.
+    """
+    manager = pluggy.PluginManager("martinet")
+    manager.add_hookspecs(HookSpecs)
+    manager.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+    for plugin in extra_plugins:
+        manager.register(plugin)
+    manager.check_pending()
+    specs: dict[str, SwiftletSpec] = {}
+    owners: dict[str, str] = {}
+    for impl in manager.hook.martinet_swiftlets.get_hookimpls():
+        owner = _owner_name(manager, impl.plugin)
+        for spec in impl.function():
+            _check(spec, owner)
+            if spec.name in specs:
+                raise PluginError(
+                    f"swiftlet {spec.name!r} is provided by both {owners[spec.name]} and {owner}"
+                )
+            specs[spec.name] = spec
+            owners[spec.name] = owner
+    return dict(sorted(specs.items()))
+
+
+def _owner_name(manager: pluggy.PluginManager, plugin: Any) -> str:
+    for dist_plugin, dist in manager.list_plugin_distinfo():
+        if dist_plugin is plugin:
+            return f"{dist.project_name} {dist.version}"
+    return manager.get_name(plugin) or repr(plugin)
+
+
+def _check(spec: SwiftletSpec, owner: str) -> None:
+    if not isinstance(spec, SwiftletSpec):
+        raise PluginError(f"{owner} returned {spec!r}, not a SwiftletSpec")
+    where = f"swiftlet {spec.name!r} from {owner}"
+    if not spec.name or any(c.isspace() or c in ",:" for c in spec.name):
+        raise PluginError(f"{where}: a swiftlet name must be non-empty, without spaces , or :")
+    try:
+        names = {xml_name(f.name) for f, _ in fields_of(spec.config)}
+    except (TypeError, KeyError, attrs.exceptions.NotAnAttrsClassError):
+        raise PluginError(f"{where}: config must be a @config_class") from None
+    if names & RESERVED:
+        raise PluginError(f"{where}: config may not declare {sorted(names & RESERVED)}")
+    pool_names = [p.name for p in spec.pools]
+    if len(set(pool_names)) != len(pool_names):
+        raise PluginError(f"{where}: pool names repeat: {pool_names}")
