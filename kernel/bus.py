@@ -27,7 +27,6 @@ Dropped events are counted on the subscription (``dropped``), never hidden.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
 from typing import Generic, TypeVar
 
 import attrs
@@ -103,39 +102,46 @@ class Subscription(Generic[E]):
             self._send.close()
 
     async def receive(self) -> E:
-        """The next event.
+        """The next event, waiting for one.
 
         Raises:
-            SubscriberOverflow: (FAIL policy) the buffer overflowed and events were lost.
-            trio.EndOfChannel: the subscription was closed.
+            SubscriberOverflow: (FAIL policy) the buffer overflowed and events were lost;
+                raised once the events buffered before the overflow have been received.
+            trio.EndOfChannel: the subscription was closed and is drained.
         """
         try:
             return await self._receive.receive()
         except trio.EndOfChannel:
-            if self._overflowed:
-                raise SubscriberOverflow(
-                    f"subscriber to {self.event_type.__name__} fell {self.max_buffer} events "
-                    f"behind and was dropped"
-                ) from None
-            raise
+            raise self._end() from None
 
     def receive_nowait(self) -> E:
         """The next event if one is buffered.
 
         Raises:
             trio.WouldBlock: nothing is buffered.
+            SubscriberOverflow, trio.EndOfChannel: as for :meth:`receive`.
         """
-        return self._receive.receive_nowait()
+        try:
+            return self._receive.receive_nowait()
+        except trio.EndOfChannel:
+            raise self._end() from None
 
-    def __aiter__(self) -> AsyncIterator[E]:
-        return self._iterate()
+    def _end(self) -> Exception:
+        if self._overflowed:
+            return SubscriberOverflow(
+                f"subscriber to {self.event_type.__name__} fell {self.max_buffer} events "
+                f"behind and was dropped"
+            )
+        return trio.EndOfChannel()
 
-    async def _iterate(self) -> AsyncIterator[E]:
-        while True:
-            try:
-                yield await self.receive()
-            except trio.EndOfChannel:
-                return
+    def __aiter__(self) -> Subscription[E]:
+        return self
+
+    async def __anext__(self) -> E:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
 
     def close(self) -> None:
         """Unsubscribe; buffered events can still be received, then iteration ends."""

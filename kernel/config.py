@@ -164,7 +164,7 @@ def load_config(
             if section is not None:
                 sections[name] = section
     if reader.errors:
-        raise ConfigErrors(reader.errors)
+        raise ConfigErrors(sorted(reader.errors, key=lambda e: e.line or 0))
     for name in startorder:
         sections.setdefault(name, default_section(specs[name]))
     return RouterConfig(settings, sections)
@@ -182,18 +182,19 @@ def _read_section(reader: ElementReader, el: etree._Element, spec: SwiftletSpec)
             if pool is not None:
                 for key, value in (("max-concurrency", pool.max_concurrency),
                                    ("queue-size", pool.queue_size)):
-                    item.attrib.setdefault(key, str(value))
+                    if item.get(key) is None:
+                        item.set(key, str(value))
             elif item.get("name"):
                 names = ", ".join(declared) or "none"
                 reader.error(item, f"swiftlet {spec.name} has no pool {item.get('name')!r}; "
                              f"its pools: {names}", "name")
                 containers[0].remove(item)  # reported; the list reader need not see it
         configured = reader.read_list(containers[0], PoolConfig, "pool")
-        if configured is None:
-            return None
-        pools.update(configured)
+        pools.update(configured or {})
+    else:
+        configured = {}
     config = reader.read(el, spec.config, skip=("name", "pools"))
-    return None if config is None else SwiftletSection(config, pools)
+    return None if config is None or configured is None else SwiftletSection(config, pools)
 
 
 def to_xml(config: RouterConfig, specs: Mapping[str, SwiftletSpec]) -> bytes:

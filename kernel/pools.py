@@ -116,7 +116,7 @@ class Pool:
 
         Raises:
             PoolFull: the queue holds ``queue-size`` jobs already (counted as rejected).
-            trio.ClosedResourceError: the pool has stopped.
+            trio.BrokenResourceError: the pool has stopped.
         """
         try:
             self._send.send_nowait((job, args))
@@ -128,7 +128,7 @@ class Pool:
         """Queue ``job(*args)``, waiting while the queue is full.
 
         Raises:
-            trio.ClosedResourceError: the pool has stopped.
+            trio.BrokenResourceError: the pool has stopped.
         """
         await self._send.send((job, args))
 

@@ -1,0 +1,125 @@
+"""``martinet run`` and ``martinet check`` as real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ECHO_PLUGIN
+
+
+class RouterProcess:
+    """``python -m kernel run …`` with stderr in a file, polled with bounded waits."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict | None = None):
+        self.log = cwd / "stderr.log"
+        with self.log.open("wb") as stderr:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kernel", "run", *args],
+                cwd=cwd,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env={**os.environ, **(env or {})},
+            )
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def wait_for(self, needle: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{needle!r} not logged; exit {self.proc.poll()}; log:\n{self.text()}")
+            time.sleep(0.05)
+
+    def stop(self, signum: int, timeout: float = 30) -> int:
+        self.proc.send_signal(signum)
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def run_router(tmp_path):
+    started = []
+
+    def start(*args: str, env: dict | None = None) -> RouterProcess:
+        process = RouterProcess(list(args), tmp_path, env)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.close()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_default_router_starts_and_stops_cleanly_on_signal(run_router, signum):
+    router = run_router()
+    router.wait_for("router router1 started")
+    assert router.stop(signum) == 0
+    text = router.text()
+    assert f"router router1 stopping: {signal.Signals(signum).name} received" in text
+    assert "INFO    [router1] kernel.router: swiftlet sys$log stopped" in text
+    assert text.rstrip().endswith("router router1 stopped")
+
+
+def test_log_level_option(run_router, tmp_path):
+    config = tmp_path / "r.xml"
+    config.write_text('<router name="edge" startorder="sys$log">'
+                      '<swiftlet name="sys$log" logfile="no/such/dir/edge.log"/></router>')
+    router = run_router(str(config), "--log-level", "warning")
+    assert router.proc.wait(30) == 1
+    text = router.text()
+    assert "ERROR   [edge] kernel.router: swiftlet sys$log failed to start" in text
+    assert "INFO" not in text
+
+
+def test_a_swiftlet_failing_to_start_exits_1(run_router, tmp_path):
+    config = tmp_path / "r.xml"
+    config.write_text('<router name="edge" startorder="sys$log">'
+                      '<swiftlet name="sys$log" logfile="no/such/dir/edge.log"/></router>')
+    router = run_router(str(config))
+    assert router.proc.wait(30) == 1
+    text = router.text()
+    assert "swiftlet sys$log failed to start: FileNotFoundError" in text
+    assert "router edge stopped: swiftlet sys$log failed to start" in text
+
+
+def test_an_invalid_config_exits_2_before_starting(run_router, tmp_path):
+    config = tmp_path / "r.xml"
+    config.write_text('<router name="edge" startorder="sys$log sys$routing"/>')
+    router = run_router(str(config))
+    assert router.proc.wait(30) == 2
+    assert router.text().strip() == (
+        f"{config}:1: /router[@name='edge']: attribute 'startorder': "
+        "unknown swiftlet 'sys$routing'; installed: sys$log"
+    )
+
+
+def test_example_plugin_in_a_real_process(run_router, echo_site):
+    router = run_router(str(ECHO_PLUGIN / "echo-router.xml"), env={"PYTHONPATH": str(echo_site)})
+    router.wait_for("router echo1 started")
+    router.wait_for("swiftlet.xt$echo: echo: RouterStarted(router='echo1')")
+    assert router.stop(signal.SIGTERM) == 0
+
+
+def test_log_file_holds_this_routers_records(run_router, tmp_path):
+    config = tmp_path / "r.xml"
+    config.write_text('<router name="edge" startorder="sys$log">'
+                      '<swiftlet name="sys$log" logfile="edge.log"/></router>')
+    router = run_router(str(config))
+    router.wait_for("router edge started")
+    assert router.stop(signal.SIGTERM) == 0
+    lines = (tmp_path / "edge.log").read_text().splitlines()
+    assert lines and all("[edge]" in line for line in lines)
+    assert "router edge started" in lines[-1] or any("router edge started" in x for x in lines)

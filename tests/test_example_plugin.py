@@ -1,0 +1,61 @@
+"""The third-party example xt$echo, pip-installed from examples/plugins, loaded by entry point."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from conftest import ECHO_PLUGIN
+from kernel import ConfigErrors, ManagementError, Router, load_config, load_swiftlet_specs
+
+ECHO_XML = ECHO_PLUGIN / "echo-router.xml"
+
+
+async def wait_until(predicate, timeout: float = 10) -> None:
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+def test_without_the_package_the_swiftlet_is_unknown():
+    specs = load_swiftlet_specs()
+    assert "xt$echo" not in specs and "sys$log" in specs
+    with pytest.raises(ConfigErrors, match="unknown swiftlet 'xt\\$echo'; installed: sys\\$log"):
+        load_config(ECHO_XML, specs)
+
+
+def test_the_entry_point_provides_the_swiftlet(echo_site, monkeypatch):
+    monkeypatch.syspath_prepend(str(echo_site))
+    spec = load_swiftlet_specs()["xt$echo"]
+    assert spec.config.__module__ == "martinet_echo"
+    assert [p.name for p in spec.pools] == ["echo.worker"]
+
+
+async def test_the_example_swiftlet_runs_from_xml(echo_site, monkeypatch):
+    monkeypatch.syspath_prepend(str(echo_site))
+    router = Router.from_file(ECHO_XML)
+    tree = router.management
+    async with trio.open_nursery() as nursery:
+        await nursery.start(router.run)
+        lifecycle = "/xt$echo/usage/counters/lifecycle"
+        # Its own start, sys$log's start and the router's start: counted by its own pool.
+        await wait_until(lambda: tree.get(lifecycle, "count") == 3)
+        assert tree.get(lifecycle, "last-event") == "RouterStarted"
+
+        tree.set("/sys$log", "level", "WARNING")
+        await wait_until(lambda: tree.get("/xt$echo/usage/counters/changes", "count") == 1)
+
+        with pytest.raises(ManagementError, match="unknown event type\\(s\\) \\['Nonsense'\\]"):
+            tree.add("/xt$echo/counters", "bad", {"event-types": "Nonsense"})
+        tree.add("/xt$echo/counters", "everything", {"event-types": "Event"})
+        tree.set("/xt$echo", "greeting", "hi")  # counted by 'everything' and 'changes'
+        await wait_until(lambda: tree.get("/xt$echo/usage/counters/everything", "count") >= 2)
+        with pytest.raises(ManagementError, match="change refused: unknown event type"):
+            tree.set("/xt$echo/counters/everything", "event-types", "Bogus")
+        tree.remove("/xt$echo/counters", "everything")
+        assert "everything" not in tree.resolve("/xt$echo/usage/counters").children
+
+        pool_usage = tree.resolve("/xt$echo/usage/pools/echo.worker").properties()
+        assert pool_usage["completed"] >= 6 and pool_usage["failed"] == 0
+        assert tree.get("/xt$echo/usage", "dropped") == 0
+        router.request_stop()

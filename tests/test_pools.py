@@ -1,0 +1,144 @@
+"""Task pools: concurrency limits, FIFO serialisation at max 1, bounded queues, counters."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+
+from kernel import Pool, PoolFull
+
+
+@pytest.fixture
+async def start_pool(nursery):
+    async def start(max_concurrency: int, queue_size: int = 100) -> Pool:
+        pool = Pool("test.pool", max_concurrency, queue_size)
+        await nursery.start(pool.run)
+        return pool
+
+    return start
+
+
+class Tracker:
+    """Records job start/end order and the highest number running at once."""
+
+    def __init__(self):
+        self.running = 0
+        self.peak = 0
+        self.log: list[tuple[str, int]] = []
+
+    async def job(self, n: int, duration: float = 1.0) -> None:
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        self.log.append(("start", n))
+        await trio.sleep(duration)
+        self.log.append(("end", n))
+        self.running -= 1
+
+
+async def test_max_one_runs_jobs_strictly_in_order(start_pool, autojump_clock):
+    pool = await start_pool(1)
+    tracker = Tracker()
+    for n in range(5):
+        pool.submit_nowait(tracker.job, n, 1 + (n % 2))
+    await trio.sleep(100)
+    assert tracker.peak == 1
+    assert tracker.log == [(what, n) for n in range(5) for what in ("start", "end")]
+    assert pool.usage() == {
+        "max-concurrency": 1, "running": 0, "queued": 0, "completed": 5, "failed": 0, "rejected": 0,
+    }
+
+
+async def test_concurrency_is_limited_and_used(start_pool, autojump_clock):
+    pool = await start_pool(3)
+    tracker = Tracker()
+    for n in range(10):
+        await pool.submit(tracker.job, n)
+    await trio.sleep(0.5)
+    assert (pool.running, pool.queued) == (3, 6)  # the dispatcher holds the 10th, waiting for a slot
+    await trio.sleep(100)
+    assert tracker.peak == 3
+    assert [n for what, n in tracker.log if what == "start"] == list(range(10))  # FIFO starts
+    assert pool.completed == 10
+
+
+async def test_full_queue_refuses_and_counts(start_pool, autojump_clock):
+    pool = await start_pool(1, queue_size=2)
+    tracker = Tracker()
+    pool.submit_nowait(tracker.job, 0, 10)
+    await trio.testing.wait_all_tasks_blocked()  # job 0 running, the queue is empty again
+    pool.submit_nowait(tracker.job, 1)  # taken by the dispatcher, waiting for the slot
+    await trio.testing.wait_all_tasks_blocked()
+    pool.submit_nowait(tracker.job, 2)
+    pool.submit_nowait(tracker.job, 3)
+    with pytest.raises(PoolFull, match="pool test.pool is full"):
+        pool.submit_nowait(tracker.job, 4)
+    assert pool.rejected == 1
+    await trio.sleep(100)
+    assert pool.completed == 4
+
+
+async def test_submit_waits_for_room(start_pool, autojump_clock):
+    pool = await start_pool(1, queue_size=1)
+    tracker = Tracker()
+    for n in range(6):
+        await pool.submit(tracker.job, n)  # waits instead of failing
+    await trio.sleep(100)
+    assert pool.completed == 6 and pool.rejected == 0
+
+
+async def test_a_failing_job_is_logged_and_the_pool_goes_on(start_pool, autojump_clock, caplog):
+    pool = await start_pool(1)
+    done = []
+
+    async def bad():
+        raise ValueError("broken job")
+
+    async def good():
+        done.append(True)
+
+    with caplog.at_level(logging.ERROR):
+        pool.submit_nowait(bad)
+        pool.submit_nowait(good)
+        await trio.sleep(1)
+    assert done == [True]
+    assert (pool.failed, pool.completed) == (1, 1)
+    assert "pool test.pool failed" in caplog.text and "broken job" in caplog.text
+
+
+async def test_resize_at_runtime(start_pool, autojump_clock):
+    pool = await start_pool(1)
+    tracker = Tracker()
+    for n in range(8):
+        pool.submit_nowait(tracker.job, n)
+    await trio.sleep(0.5)
+    assert pool.running == 1
+    pool.resize(4)
+    await trio.sleep(0.6)  # the running job ends at t=1; then four run at once
+    await trio.sleep(0.5)
+    assert pool.running == 4
+    await trio.sleep(100)
+    assert tracker.peak == 4 and pool.completed == 8
+
+
+async def test_cancelling_the_pool_cancels_its_jobs(autojump_clock):
+    pool = Pool("p", 2, 10)
+    cancelled = []
+
+    async def forever():
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            cancelled.append(True)
+            raise
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        pool.submit_nowait(forever)
+        pool.submit_nowait(forever)
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert cancelled == [True, True]
+    with pytest.raises(trio.BrokenResourceError):
+        pool.submit_nowait(forever)
