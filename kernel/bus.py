@@ -161,7 +161,6 @@ class EventBus:
     def __init__(self) -> None:
         self._subscriptions: list[Subscription] = []
         self._routes: dict[type, tuple[Subscription, ...]] = {}
-        self.published = 0
 
     def subscribe(
         self,
@@ -180,7 +179,6 @@ class EventBus:
 
     def publish(self, event: Event) -> None:
         """Offer ``event`` to every matching subscriber; never blocks, never raises."""
-        self.published += 1
         kind = type(event)
         targets = self._routes.get(kind)
         if targets is None:

@@ -128,7 +128,8 @@ def load_config(
             text = Path(source).read_bytes()
         root = etree.fromstring(text, parser)
     except etree.XMLSyntaxError as exc:
-        raise ConfigErrors([ConfigError(label, exc.lineno, "/", f"malformed XML: {exc.msg}")])
+        error = ConfigError(label, exc.lineno, "/", f"malformed XML: {exc.msg}")
+        raise ConfigErrors([error]) from None
     if root.tag != "router":
         raise ConfigErrors(
             [ConfigError(label, root.sourceline, f"/{root.tag}", "the root element must be <router>")]

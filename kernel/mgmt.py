@@ -28,7 +28,7 @@ Everything here runs in the router's trio thread; nothing is locked.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -85,7 +85,7 @@ class Entity:
         self.props: dict[str, tuple[attrs.Attribute, Prop]] = {}
         self._values: dict[str, Any] = {}
         self.children: dict[str, Entity | EntityList | Usage | UsageList] = {}
-        self._config_children: list[str] = []
+        self._config_children: dict[str, str] = {}  # XML name -> field name
         self._listener: Callable[[Change], None] | None = None
         for field, meta in fields_of(type(value)):
             key = xml_name(field.name)
@@ -95,10 +95,10 @@ class Entity:
                 self._values[key] = current
             elif isinstance(meta, Child):
                 self.children[key] = Entity(tree, _join(path, key), current)
-                self._config_children.append(key)
+                self._config_children[key] = field.name
             else:
                 self.children[key] = EntityList(tree, _join(path, key), meta, current)
-                self._config_children.append(key)
+                self._config_children[key] = field.name
 
     @property
     def name(self) -> str:
@@ -120,6 +120,17 @@ class Entity:
     def describe(self, name: str) -> Prop:
         """The declaration of property ``name``: description, bounds, choices, reboot flag."""
         return self._prop(name)[1]
+
+    def entity_list(self, name: str) -> EntityList:
+        """The child entity list ``name`` (its XML name), e.g. ``listeners``.
+
+        Raises:
+            ManagementError: no such entity list.
+        """
+        node = self.children.get(name)
+        if not isinstance(node, EntityList):
+            raise ManagementError(f"{self.path}: no entity list '{name}'")
+        return node
 
     def on_change(self, listener: Callable[[Change], None] | None) -> None:
         """Set the owner's listener; it may raise :class:`Veto` to refuse a change."""
@@ -155,8 +166,8 @@ class Entity:
     def snapshot(self) -> Any:
         """The entity as a frozen config object."""
         kwargs = {field.name: self._values[key] for key, (field, _) in self.props.items()}
-        for key in self._config_children:
-            kwargs[key.replace("-", "_")] = self.children[key].snapshot()  # type: ignore[union-attr]
+        for key, field_name in self._config_children.items():
+            kwargs[field_name] = self.children[key].snapshot()  # type: ignore[union-attr]
         return self.config_type(**kwargs)
 
     def _prop(self, name: str) -> tuple[attrs.Attribute, Prop]:
@@ -357,11 +368,3 @@ class Tree:
     def remove(self, path: str, name: str) -> None:
         """Remove an entry of the entity list at ``path``; see :meth:`EntityList.remove`."""
         self.entity_list(path).remove(name)
-
-    def walk(self, node: Node | None = None) -> Iterator[Node]:
-        """Every node, depth first, starting at ``node`` (the root by default)."""
-        node = node or self.root
-        yield node
-        children = node.entities if isinstance(node, EntityList) else node.children
-        for child in children.values():
-            yield from self.walk(child)

@@ -71,8 +71,9 @@ class SwiftletSpec:
         config: the swiftlet's config class (see :mod:`kernel.schema`).
         factory: ``factory(context) -> Swiftlet``.
         pools: the pools the swiftlet uses, with their default sizes.
-        public: the object other swiftlets get from ``context.lookup(name)`` is the
-            swiftlet object itself; this documents which interface it offers.
+
+    Other swiftlets reach a running swiftlet through ``context.lookup(name)``, which
+    returns the object the factory built; its public methods are its interface.
     """
 
     name: str
@@ -80,7 +81,6 @@ class SwiftletSpec:
     config: type
     factory: Callable[[SwiftletContext], Swiftlet]
     pools: Sequence[PoolSpec] = ()
-    public: str = ""
 
 
 class PluginError(Exception):

@@ -6,12 +6,14 @@ A swiftlet declares its pools (:class:`PoolSpec`: name, default concurrency and 
 size); the kernel sizes them from the swiftlet's ``<pools>`` element and runs each one in
 the swiftlet's own nursery, so a pool lives exactly as long as its swiftlet.
 
-A :class:`Pool` is a bounded FIFO of jobs (a memory channel of ``queue-size``) and one
-dispatcher task that takes jobs in order, waits for a slot of a :class:`trio.CapacityLimiter`
-of ``max-concurrency`` tokens, and runs the job as a child task. Jobs therefore *start* in
-submission order, at most ``max-concurrency`` run at once, and a pool of max 1 runs its jobs
-strictly one after the other, as SwiftMQ's single-threaded pools do. ``max-concurrency``
-can change at runtime (the limiter is resized); ``queue-size`` needs a reboot.
+A :class:`Pool` is a bounded FIFO of jobs (a memory channel of ``queue-size``) served by
+``max-concurrency`` long-lived worker tasks (no task is spawned per job: spawning would
+cost more than most jobs). A worker takes the next job, waits for a slot of a
+:class:`trio.CapacityLimiter` of ``max-concurrency`` tokens and runs it. Jobs therefore
+*start* in submission order, at most ``max-concurrency`` run at once, and a pool of max 1
+runs its jobs strictly one after the other, as SwiftMQ's single-threaded pools do.
+``max-concurrency`` can change at runtime (the limiter is resized, workers are added or
+retire after their current job); ``queue-size`` needs a reboot.
 
 Backpressure is explicit: :meth:`Pool.submit_nowait` refuses a job when the queue is full
 (raising :class:`PoolFull` and counting it as rejected), :meth:`Pool.submit` waits for room.
@@ -84,6 +86,8 @@ class Pool:
     failed: int = 0
     rejected: int = 0
     _running: int = attrs.field(default=0, init=False)
+    _workers: int = attrs.field(default=0, init=False)
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _limiter: trio.CapacityLimiter = attrs.field(init=False)
     _send: trio.MemorySendChannel = attrs.field(init=False)
     _receive: trio.MemoryReceiveChannel = attrs.field(init=False)
@@ -110,6 +114,7 @@ class Pool:
         """Change the concurrency limit; running jobs finish, new ones obey the new limit."""
         self._limiter.total_tokens = max_concurrency
         self.max_concurrency = max_concurrency
+        self._add_workers()
 
     def submit_nowait(self, job: Job, *args: Any) -> None:
         """Queue ``job(*args)`` without waiting.
@@ -133,26 +138,47 @@ class Pool:
         await self._send.send((job, args))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Dispatch queued jobs until cancelled; cancelling also cancels running jobs."""
-        async with trio.open_nursery() as nursery:
-            task_status.started()
-            async with self._receive:
-                async for job, args in self._receive:
-                    borrower = object()  # the slot belongs to the job, not to this task
-                    await self._limiter.acquire_on_behalf_of(borrower)
-                    self._running += 1
-                    nursery.start_soon(self._run_job, job, args, borrower, name=f"{self.name}:{job!r}")
+        """Run queued jobs until cancelled; cancelling also cancels running jobs.
 
-    async def _run_job(self, job: Job, args: tuple[Any, ...], borrower: object) -> None:
+        Once the pool has stopped, submitting raises :class:`trio.BrokenResourceError`.
+        """
         try:
-            await job(*args)
-            self.completed += 1
-        except Exception:
-            self.failed += 1
-            log.exception("job %r of pool %s failed", job, self.name)
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._add_workers()
+                task_status.started()
         finally:
-            self._running -= 1
-            self._limiter.release_on_behalf_of(borrower)
+            self._nursery = None
+            self._receive.close()
+
+    def _add_workers(self) -> None:
+        while self._nursery is not None and self._workers < self.max_concurrency:
+            self._workers += 1
+            self._nursery.start_soon(self._work, name=f"pool {self.name}")
+
+    async def _work(self) -> None:
+        """One long-lived worker: take the next job, wait for a slot, run it.
+
+        Workers take jobs in FIFO order and wait for the limiter in that order too, so jobs
+        start in submission order; the limiter (not the number of workers) enforces the
+        limit, which keeps it exact while the pool is being resized.
+        """
+        try:
+            async for job, args in self._receive:
+                async with self._limiter:
+                    self._running += 1
+                    try:
+                        await job(*args)
+                        self.completed += 1
+                    except Exception:
+                        self.failed += 1
+                        log.exception("job %r of pool %s failed", job, self.name)
+                    finally:
+                        self._running -= 1
+                if self._workers > self.max_concurrency:
+                    return  # the pool shrank: this worker retires
+        finally:
+            self._workers -= 1
 
     def usage(self) -> dict[str, int]:
         """The counters shown under ``usage/pools/<name>``."""

@@ -106,7 +106,7 @@ class SwiftletContext:
         self.name = name
         self.entity = entity
         self.config = entity.snapshot()
-        self.usage: Usage = entity.children["usage"]  # type: ignore[assignment]
+        self.usage = _usage(entity)
         self.pools = pools
         self.bus = router.bus
         self.log = logging.getLogger(f"swiftlet.{name}")
@@ -188,7 +188,7 @@ class _Host:
 
     def _attach_pools(self, entity: Entity, pools: Mapping[str, Pool]) -> None:
         """Publish pool usage and apply runtime changes of ``max-concurrency``."""
-        usage = entity.children["usage"].add_list("pools")  # type: ignore[union-attr]
+        usage = _usage(entity).add_list("pools")
 
         def resize(pool: Pool, change: Any) -> None:
             if change.name == "max-concurrency":
@@ -218,16 +218,25 @@ class _Host:
         await self.done.wait()
 
     def usage(self) -> dict[str, Any]:
-        started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.started_at)) if self.started_at else ""
         return {
             "state": self.state,
-            "started-at": started,
+            "started-at": _timestamp(self.started_at),
             "error": describe(self.error) if self.error else "",
         }
 
 
+def _timestamp(seconds: float | None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds)) if seconds else ""
+
+
 def _pool_list(entity: Entity) -> EntityList:
-    return entity.children["pools"]  # type: ignore[return-value]
+    return entity.entity_list("pools")
+
+
+def _usage(entity: Entity) -> Usage:
+    usage = entity.children["usage"]
+    assert isinstance(usage, Usage)  # the kernel put it there
+    return usage
 
 
 class Router:
@@ -296,10 +305,15 @@ class Router:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every swiftlet in ``startorder``, run until stopped, stop them in reverse.
 
+        A router runs once; build a new one to start again.
+
         Raises:
             SwiftletFailed: a swiftlet failed to start or failed while running; every other
                 swiftlet has been stopped by then.
+            RuntimeError: the router has run before.
         """
+        if self._started_at is not None:
+            raise RuntimeError(f"router {self.name} has run already; build a new Router")
         install_record_factory()
         token = current_router.set(self.name)
         try:
@@ -371,7 +385,7 @@ class Router:
             "hostname": socket.gethostname(),
             "release": _release(),
             "config-file": str(self.config_path or ""),
-            "started-at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)) if started else "",
+            "started-at": _timestamp(started),
             "state": "stopping" if self._stop_requested.is_set() else "running" if started else "new",
         }
 

@@ -39,6 +39,7 @@ __all__ = [
     "entity",
     "entity_list",
     "fields_of",
+    "meta_of",
     "xml_name",
     "parse_value",
     "format_value",
@@ -81,6 +82,11 @@ class ListOf:
 def xml_name(field_name: str) -> str:
     """The XML attribute or element name of a field: ``max_connections`` → ``max-connections``."""
     return field_name.replace("_", "-")
+
+
+def meta_of(field: attrs.Attribute) -> Prop | Child | ListOf | None:
+    """The declaration of a config field; ``None`` for a field not declared by this module."""
+    return field.metadata.get(_META)
 
 
 def fields_of(cls: type) -> tuple[tuple[attrs.Attribute, Prop | Child | ListOf], ...]:
@@ -224,7 +230,7 @@ def config_class(cls: type[_C]) -> type[_C]:
     cls = attrs.frozen(kw_only=True)(cls)
     attrs.resolve_types(cls)
     for f in attrs.fields(cls):
-        meta = f.metadata.get(_META)
+        meta = meta_of(f)
         where = f"{cls.__qualname__}.{f.name}"
         if meta is None:
             raise TypeError(f"{where}: declare config fields with prop(), entity() or entity_list()")

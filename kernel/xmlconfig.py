@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -33,7 +32,7 @@ from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, Iterabl
 from cattrs.gen import make_dict_structure_fn, override
 from lxml import etree
 
-from .schema import Child, ListOf, Prop, fields_of, format_value, parse_value, xml_name
+from .schema import Child, ListOf, Prop, fields_of, format_value, meta_of, parse_value, xml_name
 
 __all__ = ["ConfigError", "ConfigErrors", "ElementReader", "element_path", "write_element"]
 
@@ -99,7 +98,8 @@ class ElementReader:
         self.errors: list[ConfigError] = []
         self._converter = cattrs.Converter(forbid_extra_keys=True)
         self._converter.register_structure_hook_factory(
-            lambda t: attrs.has(t) and any(True for _ in _has_meta(t)), self._make_structure_fn
+            lambda t: attrs.has(t) and all(meta_of(f) for f in attrs.fields(t)),
+            self._make_structure_fn,
         )
 
     def error(self, el: etree._Element, message: str, attribute: str | None = None) -> None:
@@ -114,17 +114,13 @@ class ElementReader:
         cls: type,
         *,
         skip: tuple[str, ...] = (),
-        fill: Mapping[str, Any] | None = None,
     ) -> Any:
         """Structure ``el`` into ``cls``; ``None`` (with errors recorded) when it is invalid.
 
-        ``skip`` names attributes and child elements that the caller handles itself;
-        ``fill`` gives values for attributes the element does not set.
+        ``skip`` names attributes and child elements that the caller handles itself.
         """
         before = len(self.errors)
         node = self._to_node(el, cls, skip)
-        for key, value in (fill or {}).items():
-            node.setdefault(key, value)
         try:
             value = self._converter.structure(node, cls)
         except ClassValidationError as exc:
@@ -249,7 +245,7 @@ class ElementReader:
                 self._report(sub, node, cls)
                 continue
             field = attrs.fields_dict(cls)[field_name]
-            meta = field.metadata["martinet"]
+            meta = meta_of(field)
             key = xml_name(field_name)
             if isinstance(meta, Child) and isinstance(sub, ClassValidationError):
                 self._report(sub, node[key], field.type)
@@ -261,10 +257,6 @@ class ElementReader:
                 self.error(el, "missing mandatory attribute", key)
             else:
                 self.error(el, str(sub), key)
-
-
-def _has_meta(cls: type) -> Iterator[attrs.Attribute]:
-    return (f for f in attrs.fields(cls) if "martinet" in f.metadata)
 
 
 def _prop_hook(kind: type, meta: Prop) -> Callable[[Any, Any], Any]:

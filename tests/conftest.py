@@ -7,10 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import probe_plugin
 import pytest
 
 from kernel import Router, load_swiftlet_specs
+
+import probe_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
 ECHO_PLUGIN = ROOT / "examples" / "plugins" / "martinet-echo"

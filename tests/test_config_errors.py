@@ -53,7 +53,8 @@ CASES = [
     ("foreign-item-in-list", f'{R}\n<swiftlet name="test$a"><pools>\n<thread name="x"/>'
      '</pools></swiftlet></router>', 3, None, "unknown element <thread>; expected <pool>"),
     ("unknown-pool", f'{R}\n<swiftlet name="test$a"><pools>\n<pool name="a.nope"/>'
-     '</pools></swiftlet></router>', 3, "name", "swiftlet test$a has no pool 'a.nope'; its pools: a.serial, a.wide"),
+     '</pools></swiftlet></router>', 3, "name",
+     "swiftlet test$a has no pool 'a.nope'; its pools: a.serial, a.wide"),
     ("bad-value-in-list-item", f'{R}\n<swiftlet name="test$a"><pools>\n<pool name="a.wide" '
      'max-concurrency="0"/></pools></swiftlet></router>', 3, "max-concurrency",
      "expected a value between 1 and 100000, found 0"),
@@ -138,7 +139,7 @@ def test_external_entities_are_refused(write_config, probe_specs):
 
 def test_entity_expansion_bomb_is_refused(write_config, probe_specs):
     levels = ['<!ENTITY l0 "0123456789">'] + [
-        f'<!ENTITY l{n} "{("&l%d;" % (n - 1)) * 10}">' for n in range(1, 8)
+        f'<!ENTITY l{n} "{f"&l{n - 1};" * 10}">' for n in range(1, 8)
     ]
     path = write_config(
         f'<?xml version="1.0"?>\n<!DOCTYPE router [{"".join(levels)}]>\n'

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from conftest import ECHO_PLUGIN
 from kernel import ConfigErrors, ManagementError, Router, load_config, load_swiftlet_specs
+
+from conftest import ECHO_PLUGIN
 
 ECHO_XML = ECHO_PLUGIN / "echo-router.xml"
 

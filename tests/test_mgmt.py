@@ -262,3 +262,12 @@ def test_save_needs_a_path_for_a_router_not_loaded_from_a_file(make_router):
     router.config_path = None
     with pytest.raises(ValueError, match="give a path"):
         router.save()
+
+
+def test_declarations_are_visible_in_the_tree(tree):
+    port = tree.entity("/listeners/plain").describe("port")
+    assert (port.min, port.max, port.description, port.reboot_required) == (1, 65535, "TCP port.", False)
+    assert tree.entity("/listeners/plain").describe("bind-address").reboot_required
+    assert tree.root.entity_list("listeners") is tree.resolve("/listeners")
+    with pytest.raises(ManagementError, match="/: no entity list 'limits'"):
+        tree.root.entity_list("limits")

@@ -6,11 +6,12 @@ import logging
 import tomllib
 from pathlib import Path
 
-import probe_plugin
 import pytest
 import trio
 
 from kernel import PluginError, Router, SwiftletSpec, config_class, hookimpl, load_swiftlet_specs, prop
+
+import probe_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
 

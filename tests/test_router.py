@@ -86,7 +86,8 @@ async def test_a_swiftlet_returning_from_run_stops_the_router(make_router):
 
 
 async def test_failure_inside_a_nursery_is_an_exception_group(make_router):
-    router = make_router('<router name="r1" startorder="test$a"><swiftlet name="test$a" fail="start"/></router>')
+    router = make_router('<router name="r1" startorder="test$a">'
+                         '<swiftlet name="test$a" fail="start"/></router>')
     with pytest.RaisesGroup(pytest.RaisesExc(SwiftletFailed, match="test\\$a failed to start")):
         async with trio.open_nursery() as nursery:
             await nursery.start(router.run)
@@ -149,3 +150,11 @@ async def test_two_routers_in_one_process_are_independent(make_router, write_con
     for record in caplog.records:
         if record.getMessage().startswith("router "):
             assert record.getMessage().split()[1] == record.router
+
+
+async def test_a_router_runs_once(make_router):
+    router = make_router('<router name="r1" startorder="test$a"/>')
+    router.request_stop()
+    await router.run()
+    with pytest.raises(RuntimeError, match="router r1 has run already; build a new Router"):
+        await router.run()

@@ -66,7 +66,16 @@ class LogSwiftlet:
 
     def _on_change(self, change: Change) -> None:
         if change.name == "level" and self._handler is not None:
-            self._handler.setLevel(change.new)
+            self._apply_level(self._handler, change.new)
+
+    @staticmethod
+    def _apply_level(handler: logging.Handler, level: str) -> None:
+        handler.setLevel(level)
+        root = logging.getLogger()
+        # The root logger must let the records through for the file to see them; the
+        # console handler keeps its own level (see kernel.logs.configure_logging).
+        if root.getEffectiveLevel() > handler.level:
+            root.setLevel(handler.level)
 
     def _usage(self) -> dict[str, Any]:
         counts = self._filter.counts
@@ -87,13 +96,10 @@ class LogSwiftlet:
                 encoding="utf-8",
             )
             handler.setFormatter(logging.Formatter(FORMAT))
-            handler.setLevel(config.level)
             handler.addFilter(self._filter)
+            self._apply_level(handler, config.level)
             self._handler = handler
             root.addHandler(handler)
-            # The root logger must let the records through for the file to see them.
-            if root.getEffectiveLevel() > handler.level:
-                root.setLevel(handler.level)
         self.context.entity.on_change(self._on_change)
         self.context.usage.provide(self._usage)
         try:

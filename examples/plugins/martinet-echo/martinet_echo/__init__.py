@@ -110,8 +110,8 @@ class EchoSwiftlet:
             self.context.log.info("%s: %r", self.context.entity.get("greeting"), event)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        counters = self.context.entity.children["counters"]
-        counters.bind(self._counter_added, self._counter_removed)  # type: ignore[union-attr]
+        counters = self.context.entity.entity_list("counters")
+        counters.bind(self._counter_added, self._counter_removed)
         pool = self.context.pools["echo.worker"]
         subscription = self.context.bus.subscribe(
             Event, max_buffer=self.context.config.max_buffer, overflow=Overflow.DROP_OLDEST
