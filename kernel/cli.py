@@ -21,9 +21,9 @@ from pathlib import Path
 
 import trio
 
-from .config import ConfigErrors, load_config
+from .config import ConfigErrors
 from .logs import configure_logging
-from .plugins import PluginError, load_swiftlet_specs
+from .plugins import PluginError
 from .router import Router, SwiftletFailed
 
 log = logging.getLogger("martinet")
@@ -57,32 +57,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run(args.config)
 
 
-def _check(path: Path) -> int:
-    try:
-        specs = load_swiftlet_specs()
-        config = load_config(path, specs)
-    except (ConfigErrors, PluginError) as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_INVALID
-    except OSError as exc:
-        print(f"{path}: cannot read: {exc.strerror}", file=sys.stderr)
-        return EXIT_INVALID
-    print(f"{path}: OK: router {config.settings.name}, start order: "
-          f"{' '.join(config.startorder) or '(empty)'}")
-    return EXIT_OK
-
-
-def _run(path: Path | None) -> int:
+def _load(path: Path | None) -> Router | None:
+    """The router of ``path`` (the packaged default for ``None``); ``None`` after printing
+    every problem when the config or a plugin is invalid or the file unreadable."""
     try:
         router = Router.from_file(path or default_config())
     except (ConfigErrors, PluginError) as exc:
         print(exc, file=sys.stderr)
-        return EXIT_INVALID
+        return None
     except OSError as exc:
         print(f"{path}: cannot read: {exc.strerror}", file=sys.stderr)
-        return EXIT_INVALID
+        return None
     if path is None:
         router.config_path = None  # never 'save' over the packaged default
+    return router
+
+
+def _check(path: Path) -> int:
+    router = _load(path)
+    if router is None:
+        return EXIT_INVALID
+    startorder = " ".join(router.config.startorder) or "(empty)"
+    print(f"{path}: OK: router {router.name}, start order: {startorder}")
+    return EXIT_OK
+
+
+def _run(path: Path | None) -> int:
+    router = _load(path)
+    if router is None:
+        return EXIT_INVALID
     failure = trio.run(_serve, router)
     if failure is not None:
         log.critical("router %s stopped: %s", router.name, failure)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import trio
 
 from kernel import Router, load_swiftlet_specs
 
@@ -15,6 +16,16 @@ import probe_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
 ECHO_PLUGIN = ROOT / "examples" / "plugins" / "martinet-echo"
+
+
+def drain(subscription) -> list:
+    """Every event buffered in a bus subscription, without waiting."""
+    got = []
+    while True:
+        try:
+            got.append(subscription.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel):
+            return got
 
 
 @pytest.fixture

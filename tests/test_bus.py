@@ -8,6 +8,8 @@ import trio
 
 from kernel import Event, EventBus, Overflow, SubscriberOverflow, event_types
 
+from conftest import drain
+
 
 @attrs.frozen(kw_only=True)
 class Ping(Event):
@@ -23,14 +25,6 @@ class LoudPing(Ping):
 class Other(Event):
     pass
 
-
-def drain(subscription) -> list:
-    got = []
-    while True:
-        try:
-            got.append(subscription.receive_nowait())
-        except trio.WouldBlock:
-            return got
 
 
 async def test_subscribers_get_their_type_and_its_subclasses():

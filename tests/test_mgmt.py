@@ -24,6 +24,8 @@ from kernel import (
 )
 from kernel.config import to_xml
 
+from conftest import drain
+
 
 @config_class
 class ListenerConfig:
@@ -47,14 +49,6 @@ class ServerConfig:
         default=[ListenerConfig(name="plain")],
     )
 
-
-def drain(subscription) -> list:
-    got = []
-    while True:
-        try:
-            got.append(subscription.receive_nowait())
-        except trio.WouldBlock:
-            return got
 
 
 @pytest.fixture

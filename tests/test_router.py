@@ -9,6 +9,8 @@ import trio
 
 from kernel import Router, SwiftletFailed, SwiftletStarted, SwiftletStopped
 
+from conftest import drain
+
 
 def lifecycle(events) -> list[tuple[str, str]]:
     out = []
@@ -19,14 +21,6 @@ def lifecycle(events) -> list[tuple[str, str]]:
             out.append(("stopped", event.name))
     return out
 
-
-def drain(subscription) -> list:
-    got = []
-    while True:
-        try:
-            got.append(subscription.receive_nowait())
-        except (trio.WouldBlock, trio.EndOfChannel):
-            return got
 
 
 async def test_start_in_order_and_stop_in_reverse(make_router):
