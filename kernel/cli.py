@@ -5,7 +5,10 @@ while running); 2 when the config (or a plugin) is invalid, with every problem p
 one per line, as ``file:line: element-path: attribute 'x': what was wrong``.
 
 ``run`` stops the router in order on the first SIGINT or SIGTERM; a second one exits at
-once (for a swiftlet that hangs in its cleanup).
+once (for a swiftlet that hangs in its cleanup). SIGHUP reboots: the config file is read
+again and, only if it is valid, the router stops in order and starts on the new config
+(so reboot-required changes take effect); an invalid file is logged and the router keeps
+running on the old one.
 """
 
 from __future__ import annotations
@@ -86,33 +89,50 @@ def _run(path: Path | None) -> int:
     router = _load(path)
     if router is None:
         return EXIT_INVALID
-    failure = trio.run(_serve, router)
-    if failure is not None:
-        log.critical("router %s stopped: %s", router.name, failure)
-        return EXIT_FAILED
-    return EXIT_OK
+    return trio.run(_serve, router, path)
 
 
-async def _serve(router: Router) -> SwiftletFailed | None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_signals, signals, router)
-            try:
-                await router.run()
-            except SwiftletFailed as exc:
-                return exc
-            finally:
-                nursery.cancel_scope.cancel()
-    return None
+async def _serve(router: Router, path: Path | None) -> int:
+    """Run ``router`` (and its successors after SIGHUP) until stopped; the exit status."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        while True:
+            reboot: list[Router] = []
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_watch_signals, signals, router, path, reboot)
+                try:
+                    await router.run()
+                except SwiftletFailed as failure:
+                    log.critical("router %s stopped: %s", router.name, failure)
+                    return EXIT_FAILED
+                finally:
+                    nursery.cancel_scope.cancel()
+            if not reboot:
+                return EXIT_OK
+            router = reboot[0]
+            log.info("router %s rebooting", router.name)
 
 
-async def _watch_signals(signals: trio.abc.ReceiveChannel[int], router: Router) -> None:
-    first = True
+async def _watch_signals(
+    signals: trio.abc.ReceiveChannel[int], router: Router, path: Path | None, reboot: list[Router]
+) -> None:
+    stopping = False
     async for signum in signals:
         name = signal.Signals(signum).name
-        if first:
+        if signum == signal.SIGHUP and not stopping:
+            try:
+                successor = Router.from_file(path or default_config())
+            except (ConfigErrors, PluginError, OSError) as exc:
+                log.error("%s received, but the config is not valid; still running on the old "
+                          "one:\n%s", name, exc)
+                continue
+            if path is None:
+                successor.config_path = None
+            reboot.append(successor)
+            router.request_stop(f"{name} received: reboot")
+            stopping = True
+        elif not stopping:
             router.request_stop(f"{name} received")
-            first = False
+            stopping = True
         else:
             log.critical("second %s received: exiting without waiting for cleanup", name)
             logging.shutdown()

@@ -123,3 +123,27 @@ def test_log_file_holds_this_routers_records(run_router, tmp_path):
     lines = (tmp_path / "edge.log").read_text().splitlines()
     assert lines and all("[edge]" in line for line in lines)
     assert "router edge started" in lines[-1] or any("router edge started" in x for x in lines)
+
+
+def test_sighup_reboots_on_the_new_config_only_if_it_is_valid(run_router, tmp_path):
+    config = tmp_path / "r.xml"
+    config.write_text('<router name="edge" startorder="sys$log"/>')
+    router = run_router(str(config))
+    router.wait_for("router edge started")
+
+    config.write_text('<router name="edge" startorder="sys$log sys$nope"/>')
+    router.proc.send_signal(signal.SIGHUP)
+    router.wait_for("SIGHUP received, but the config is not valid; still running on the old one")
+    assert "unknown swiftlet 'sys$nope'" in router.text()
+
+    # A reboot-required change (the log file) takes effect through the reboot.
+    config.write_text('<router name="edge" startorder="sys$log">'
+                      '<swiftlet name="sys$log" logfile="after-reboot.log"/></router>')
+    router.proc.send_signal(signal.SIGHUP)
+    router.wait_for("router edge rebooting")
+    deadline = time.monotonic() + 30
+    while router.text().count("router edge started") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert router.text().count("router edge started") == 2
+    assert router.stop(signal.SIGTERM) == 0
+    assert "router edge started" in (tmp_path / "after-reboot.log").read_text()
