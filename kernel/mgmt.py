@@ -136,6 +136,18 @@ class Entity:
         """Set the owner's listener; it may raise :class:`Veto` to refuse a change."""
         self._listener = listener
 
+    def clear_listeners(self) -> None:
+        """Forget the listeners of this entity and everything below it (its owner stopped):
+        later changes commit without being offered."""
+        self._listener = None
+        for child in self.children.values():
+            if isinstance(child, EntityList):
+                child.bind(None, None)
+                for entity in child.entities.values():
+                    entity.clear_listeners()
+            elif isinstance(child, Entity):
+                child.clear_listeners()
+
     def set(self, name: str, raw: Any) -> Change:
         """Validate, offer to the listener, commit and announce a new value.
 

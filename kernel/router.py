@@ -173,6 +173,7 @@ class _Host:
             log.error("swiftlet %s failed: %s", self.name, describe(exc), exc_info=self.error)
             self.router.request_stop(f"swiftlet {self.name} failed")
         finally:
+            entity.clear_listeners()  # the swiftlet is gone: changes now just commit
             if self.state != "failed":
                 self.state = "stopped"
             if started:

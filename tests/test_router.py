@@ -152,3 +152,17 @@ async def test_a_router_runs_once(make_router):
     await router.run()
     with pytest.raises(RuntimeError, match="router r1 has run already; build a new Router"):
         await router.run()
+
+
+async def test_listeners_of_a_stopped_swiftlet_are_forgotten(make_router):
+    router = make_router('<router name="r1" startorder="test$a"/>')
+    calls = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(router.run)
+        router.management.entity("/test$a").on_change(calls.append)
+        router.management.set("/test$a", "note", "while running")
+        router.request_stop()
+    router.management.set("/test$a", "note", "after stop")
+    router.management.set("/test$a/pools/a.wide", "max-concurrency", "2")
+    assert [c.new for c in calls] == ["while running"]
+    assert router.management.get("/test$a", "note") == "after stop"

@@ -106,7 +106,6 @@ class LogSwiftlet:
             task_status.started()
             await trio.sleep_forever()
         finally:
-            self.context.entity.on_change(None)
             if self._handler is not None:
                 root.removeHandler(self._handler)
                 self._handler.close()
