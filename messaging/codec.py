@@ -1,0 +1,588 @@
+"""The AMQP 1.0 type system (OASIS AMQP 1.0 part 1, §1.6): encode and decode values.
+
+Theory of operation
+-------------------
+Sans-IO: bytes in, values out, and back. Decoding is a dispatch on the constructor byte
+(``_DECODERS``), each decoder returning ``(value, next_offset)``; :func:`skip` finds the end
+of a value without building it (fixed widths are known, variable and compound values
+carry their size), which is what lets :mod:`messaging.message` find section boundaries
+without decoding sections nobody asked for.
+
+Python types carry AMQP types where it matters (JMS selectors must tell an exact number
+from an approximate one, and a string from a symbol):
+
+==========================  ===========================================================
+AMQP                        Python
+==========================  ===========================================================
+null, boolean               ``None``, ``bool``
+ubyte … ulong, byte … long  ``int`` (encode a specific width with :class:`UByte` … :class:`Long`)
+float, double               ``float`` (:class:`Float` encodes 32-bit)
+timestamp                   :class:`Timestamp` (``int`` milliseconds since the epoch)
+uuid                        :class:`uuid.UUID`
+binary                      ``bytes``
+string, symbol, char        ``str``, :class:`Symbol`, :class:`Char`
+list, map, array            ``list``, ``dict``, :class:`Array`
+described                   :class:`Described`
+==========================  ===========================================================
+
+Decimal types are decoded to their raw bytes in a :class:`Decimal` wrapper (the broker
+never computes with them). Malformed input raises :class:`DecodeError` with the offset.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "DecodeError",
+    "Described",
+    "Symbol",
+    "Char",
+    "Timestamp",
+    "Array",
+    "Decimal",
+    "UByte",
+    "UShort",
+    "UInt",
+    "ULong",
+    "Byte",
+    "Short",
+    "Int",
+    "Long",
+    "Float",
+    "decode",
+    "decode_all",
+    "skip",
+    "encode",
+]
+
+
+class DecodeError(ValueError):
+    """The bytes are not a valid AMQP encoding; the message says what and at which offset."""
+
+
+class Symbol(str):
+    """An AMQP symbol (ASCII)."""
+
+    __slots__ = ()
+
+
+class Char(str):
+    """An AMQP char (one Unicode code point)."""
+
+    __slots__ = ()
+
+
+class Timestamp(int):
+    """An AMQP timestamp: milliseconds since the Unix epoch."""
+
+    __slots__ = ()
+
+
+class _Width(int):
+    __slots__ = ()
+    code = 0
+
+
+class UByte(_Width):
+    __slots__ = ()
+
+
+class UShort(_Width):
+    __slots__ = ()
+
+
+class UInt(_Width):
+    __slots__ = ()
+
+
+class ULong(_Width):
+    __slots__ = ()
+
+
+class Byte(_Width):
+    __slots__ = ()
+
+
+class Short(_Width):
+    __slots__ = ()
+
+
+class Int(_Width):
+    __slots__ = ()
+
+
+class Long(_Width):
+    __slots__ = ()
+
+
+class Float(float):
+    """A value to be encoded as a 32-bit float."""
+
+    __slots__ = ()
+
+
+@attrs.frozen
+class Described:
+    """A described value: ``descriptor`` (usually a ulong code or a symbol) and ``value``."""
+
+    descriptor: Any
+    value: Any
+
+
+@attrs.frozen
+class Array:
+    """An AMQP array: elements share one constructor (``code``; ``descriptor`` if described)."""
+
+    code: int
+    items: tuple
+    descriptor: Any = None
+
+
+@attrs.frozen
+class Decimal:
+    """A decimal32/64/128, kept as its encoded bytes."""
+
+    code: int
+    raw: bytes
+
+
+# -- decoding -----------------------------------------------------------------------------
+
+_U8 = struct.Struct(">B").unpack_from
+_U16 = struct.Struct(">H").unpack_from
+_U32 = struct.Struct(">I").unpack_from
+_U64 = struct.Struct(">Q").unpack_from
+_I8 = struct.Struct(">b").unpack_from
+_I16 = struct.Struct(">h").unpack_from
+_I32 = struct.Struct(">i").unpack_from
+_I64 = struct.Struct(">q").unpack_from
+_F32 = struct.Struct(">f").unpack_from
+_F64 = struct.Struct(">d").unpack_from
+
+Decoder = Callable[[bytes, int], tuple[Any, int]]
+
+
+def _need(buf: bytes, end: int, what: str) -> None:
+    if end > len(buf):
+        raise DecodeError(f"truncated {what}: needs {end} bytes, have {len(buf)}")
+
+
+def _fixed(unpack: Callable, width: int, what: str, wrap: Callable | None = None) -> Decoder:
+    def decode_fixed(buf: bytes, offset: int) -> tuple[Any, int]:
+        end = offset + width
+        _need(buf, end, what)
+        value = unpack(buf, offset)[0]
+        return (wrap(value) if wrap else value), end
+
+    return decode_fixed
+
+
+def _const(value: Any) -> Decoder:
+    return lambda buf, offset: (value, offset)
+
+
+def _variable(size_width: int, kind: str) -> Decoder:
+    size_of = _U8 if size_width == 1 else _U32
+
+    def decode_variable(buf: bytes, offset: int) -> tuple[Any, int]:
+        _need(buf, offset + size_width, kind)
+        size = size_of(buf, offset)[0]
+        start = offset + size_width
+        end = start + size
+        _need(buf, end, kind)
+        raw = bytes(buf[start:end])
+        if kind == "binary":
+            return raw, end
+        try:
+            text = raw.decode("utf-8" if kind == "string" else "ascii")
+        except UnicodeDecodeError as exc:
+            raise DecodeError(f"invalid {kind} at offset {start}: {exc.reason}") from None
+        return (Symbol(text) if kind == "symbol" else text), end
+
+    return decode_variable
+
+
+def _compound(size_width: int, kind: str) -> Decoder:
+    size_of = _U8 if size_width == 1 else _U32
+
+    def decode_compound(buf: bytes, offset: int) -> tuple[Any, int]:
+        _need(buf, offset + 2 * size_width, kind)
+        size = size_of(buf, offset)[0]
+        count = size_of(buf, offset + size_width)[0]
+        end = offset + size_width + size
+        _need(buf, end, kind)
+        position = offset + 2 * size_width
+        items = []
+        for _ in range(count):
+            value, position = decode(buf, position)
+            items.append(value)
+        if position != end:
+            raise DecodeError(f"{kind} at offset {offset} declares {size} bytes but holds {position - offset - size_width}")
+        if kind == "list":
+            return items, end
+        if count % 2:
+            raise DecodeError(f"map at offset {offset} has an odd number of elements ({count})")
+        try:
+            return dict(zip(items[::2], items[1::2], strict=True)), end
+        except TypeError:
+            raise DecodeError(f"map at offset {offset} has an unhashable key") from None
+
+    return decode_compound
+
+
+def _array(size_width: int) -> Decoder:
+    size_of = _U8 if size_width == 1 else _U32
+
+    def decode_array(buf: bytes, offset: int) -> tuple[Any, int]:
+        _need(buf, offset + 2 * size_width + 1, "array")
+        size = size_of(buf, offset)[0]
+        count = size_of(buf, offset + size_width)[0]
+        end = offset + size_width + size
+        _need(buf, end, "array")
+        position = offset + 2 * size_width
+        descriptor = None
+        code = buf[position]
+        if code == 0x00:
+            descriptor, position = decode(buf, position + 1)
+            code = buf[position]
+        position += 1
+        element = _DECODERS.get(code)
+        if element is None:
+            raise DecodeError(f"unknown array element constructor 0x{code:02x} at offset {position - 1}")
+        items = []
+        for _ in range(count):
+            value, position = element(buf, position)
+            items.append(value)
+        if position != end:
+            raise DecodeError(f"array at offset {offset} declares {size} bytes but does not hold them")
+        return Array(code, tuple(items), descriptor), end
+
+    return decode_array
+
+
+def _described(buf: bytes, offset: int) -> tuple[Any, int]:
+    descriptor, offset = decode(buf, offset)
+    value, offset = decode(buf, offset)
+    return Described(descriptor, value), offset
+
+
+def _uuid(buf: bytes, offset: int) -> tuple[Any, int]:
+    _need(buf, offset + 16, "uuid")
+    return uuid.UUID(bytes=bytes(buf[offset:offset + 16])), offset + 16
+
+
+def _decimal(code: int, width: int) -> Decoder:
+    def decode_decimal(buf: bytes, offset: int) -> tuple[Any, int]:
+        _need(buf, offset + width, "decimal")
+        return Decimal(code, bytes(buf[offset:offset + width])), offset + width
+
+    return decode_decimal
+
+
+def _char(buf: bytes, offset: int) -> tuple[Any, int]:
+    _need(buf, offset + 4, "char")
+    point = _U32(buf, offset)[0]
+    if point > 0x10FFFF:
+        raise DecodeError(f"invalid char U+{point:X} at offset {offset}")
+    return Char(chr(point)), offset + 4
+
+
+def _boolean(buf: bytes, offset: int) -> tuple[Any, int]:
+    _need(buf, offset + 1, "boolean")
+    value = buf[offset]
+    if value > 1:
+        raise DecodeError(f"invalid boolean 0x{value:02x} at offset {offset}")
+    return value == 1, offset + 1
+
+
+_DECODERS: dict[int, Decoder] = {
+    0x00: _described,
+    0x40: _const(None),
+    0x41: _const(True),
+    0x42: _const(False),
+    0x56: _boolean,
+    0x50: _fixed(_U8, 1, "ubyte"),
+    0x60: _fixed(_U16, 2, "ushort"),
+    0x70: _fixed(_U32, 4, "uint"),
+    0x52: _fixed(_U8, 1, "smalluint"),
+    0x43: _const(0),
+    0x80: _fixed(_U64, 8, "ulong"),
+    0x53: _fixed(_U8, 1, "smallulong"),
+    0x44: _const(0),
+    0x51: _fixed(_I8, 1, "byte"),
+    0x61: _fixed(_I16, 2, "short"),
+    0x71: _fixed(_I32, 4, "int"),
+    0x54: _fixed(_I8, 1, "smallint"),
+    0x81: _fixed(_I64, 8, "long"),
+    0x55: _fixed(_I8, 1, "smalllong"),
+    0x72: _fixed(_F32, 4, "float"),
+    0x82: _fixed(_F64, 8, "double"),
+    0x74: _decimal(0x74, 4),
+    0x84: _decimal(0x84, 8),
+    0x94: _decimal(0x94, 16),
+    0x73: _char,
+    0x83: _fixed(_I64, 8, "timestamp", Timestamp),
+    0x98: _uuid,
+    0xA0: _variable(1, "binary"),
+    0xB0: _variable(4, "binary"),
+    0xA1: _variable(1, "string"),
+    0xB1: _variable(4, "string"),
+    0xA3: _variable(1, "symbol"),
+    0xB3: _variable(4, "symbol"),
+    0x45: _const(None),  # list0: replaced below so each call gets a fresh list
+    0xC0: _compound(1, "list"),
+    0xD0: _compound(4, "list"),
+    0xC1: _compound(1, "map"),
+    0xD1: _compound(4, "map"),
+    0xE0: _array(1),
+    0xF0: _array(4),
+}
+_DECODERS[0x45] = lambda buf, offset: ([], offset)
+
+
+def decode(buf: bytes, offset: int = 0) -> tuple[Any, int]:
+    """Decode the value starting at ``offset``; return it and the offset after it.
+
+    The constructors that make up nearly all message metadata are handled inline (this
+    is the broker's per-message path); the rest go through ``_DECODERS``.
+
+    Raises:
+        DecodeError: unknown constructor, truncated or inconsistent encoding.
+    """
+    try:
+        code = buf[offset]
+    except IndexError:
+        raise DecodeError(f"truncated: no value at offset {offset}") from None
+    offset += 1
+    if code == 0x40:
+        return None, offset
+    if code == 0xA1 or code == 0xA3:  # str8, sym8
+        end = offset + 1 + buf[offset] if offset < len(buf) else len(buf) + 1
+        if end > len(buf):
+            raise DecodeError(f"truncated {'string' if code == 0xA1 else 'symbol'} at offset {offset - 1}")
+        try:
+            text = buf[offset + 1:end].decode("utf-8" if code == 0xA1 else "ascii")
+        except UnicodeDecodeError as exc:
+            raise DecodeError(f"invalid text at offset {offset + 1}: {exc.reason}") from None
+        return (text if code == 0xA1 else Symbol(text)), end
+    if code == 0x53 or code == 0x52 or code == 0x50:  # smallulong, smalluint, ubyte
+        if offset >= len(buf):
+            raise DecodeError(f"truncated integer at offset {offset - 1}")
+        return buf[offset], offset + 1
+    if code == 0x41:
+        return True, offset
+    if code == 0x42:
+        return False, offset
+    if code == 0x83:
+        if offset + 8 > len(buf):
+            raise DecodeError(f"truncated timestamp at offset {offset - 1}")
+        return Timestamp(_I64(buf, offset)[0]), offset + 8
+    if code == 0xC0 or code == 0xC1:  # list8, map8
+        return _SMALL_COMPOUND[code](buf, offset)
+    decoder = _DECODERS.get(code)
+    if decoder is None:
+        raise DecodeError(f"unknown constructor 0x{code:02x} at offset {offset - 1}")
+    return decoder(buf, offset)
+
+
+_SMALL_COMPOUND = {0xC0: _DECODERS[0xC0], 0xC1: _DECODERS[0xC1]}
+
+
+def decode_all(buf: bytes) -> list[Any]:
+    """Decode a sequence of values filling ``buf`` exactly."""
+    values, offset = [], 0
+    while offset < len(buf):
+        value, offset = decode(buf, offset)
+        values.append(value)
+    return values
+
+
+# Widths of fixed-size values, by constructor, for skip().
+_FIXED_WIDTH = {
+    0x40: 0, 0x41: 0, 0x42: 0, 0x43: 0, 0x44: 0, 0x45: 0,
+    0x50: 1, 0x51: 1, 0x52: 1, 0x53: 1, 0x54: 1, 0x55: 1, 0x56: 1,
+    0x60: 2, 0x61: 2,
+    0x70: 4, 0x71: 4, 0x72: 4, 0x73: 4, 0x74: 4,
+    0x80: 8, 0x81: 8, 0x82: 8, 0x83: 8, 0x84: 8,
+    0x94: 16, 0x98: 16,
+}
+
+
+def skip(buf: bytes, offset: int) -> int:
+    """The offset just after the value starting at ``offset``, without decoding it.
+
+    Raises:
+        DecodeError: unknown constructor or truncated encoding.
+    """
+    try:
+        code = buf[offset]
+        offset += 1
+        if code == 0x40:
+            end = offset
+        elif code & 0xF0 in (0xA0, 0xC0, 0xE0):  # one-byte size
+            end = offset + 1 + buf[offset]
+        else:
+            width = _FIXED_WIDTH.get(code)
+            if width is not None:
+                end = offset + width
+            elif code & 0xF0 in (0xB0, 0xD0, 0xF0):  # four-byte size
+                end = offset + 4 + _U32(buf, offset)[0]
+            elif code == 0x00:
+                return skip(buf, skip(buf, offset))
+            else:
+                raise DecodeError(f"unknown constructor 0x{code:02x} at offset {offset - 1}")
+    except (IndexError, struct.error):
+        raise DecodeError(f"truncated value at offset {offset - 1}") from None
+    if end > len(buf):
+        raise DecodeError(f"truncated value at offset {offset - 1}: needs {end} bytes, have {len(buf)}")
+    return end
+
+
+# -- encoding -----------------------------------------------------------------------------
+
+_P8 = struct.Struct(">B").pack
+_P32 = struct.Struct(">I").pack
+
+
+def _encode_int(value: int, out: bytearray) -> None:
+    if isinstance(value, _Width):
+        _encode_width(value, out)
+    elif -128 <= value <= 127:
+        out += b"\x55" + struct.pack(">b", value)
+    else:
+        out += b"\x81" + struct.pack(">q", value)
+
+
+def _encode_width(value: _Width, out: bytearray) -> None:
+    kind = type(value)
+    if kind is UByte:
+        out += b"\x50" + struct.pack(">B", value)
+    elif kind is UShort:
+        out += b"\x60" + struct.pack(">H", value)
+    elif kind is UInt:
+        if value == 0:
+            out += b"\x43"
+        elif value < 256:
+            out += b"\x52" + struct.pack(">B", value)
+        else:
+            out += b"\x70" + struct.pack(">I", value)
+    elif kind is ULong:
+        if value == 0:
+            out += b"\x44"
+        elif value < 256:
+            out += b"\x53" + struct.pack(">B", value)
+        else:
+            out += b"\x80" + struct.pack(">Q", value)
+    elif kind is Byte:
+        out += b"\x51" + struct.pack(">b", value)
+    elif kind is Short:
+        out += b"\x61" + struct.pack(">h", value)
+    elif kind is Int:
+        if -128 <= value <= 127:
+            out += b"\x54" + struct.pack(">b", value)
+        else:
+            out += b"\x71" + struct.pack(">i", value)
+    else:  # Long
+        if -128 <= value <= 127:
+            out += b"\x55" + struct.pack(">b", value)
+        else:
+            out += b"\x81" + struct.pack(">q", value)
+
+
+def _encode_variable(raw: bytes, small: bytes, large: bytes, out: bytearray) -> None:
+    if len(raw) < 256:
+        out += small + _P8(len(raw)) + raw
+    else:
+        out += large + _P32(len(raw)) + raw
+
+
+def _encode_compound(items: list, small: bytes, large: bytes, out: bytearray) -> None:
+    body = bytearray()
+    for item in items:
+        _encode(item, body)
+    count = len(items)
+    if len(body) + 1 < 256 and count < 256:
+        out += small + _P8(len(body) + 1) + _P8(count) + body
+    else:
+        out += large + _P32(len(body) + 4) + _P32(count) + body
+
+
+def _encode(value: Any, out: bytearray) -> None:
+    if value is None:
+        out += b"\x40"
+    elif value is True:
+        out += b"\x41"
+    elif value is False:
+        out += b"\x42"
+    elif isinstance(value, Timestamp):
+        out += b"\x83" + struct.pack(">q", value)
+    elif isinstance(value, int):
+        _encode_int(value, out)
+    elif isinstance(value, Float):
+        out += b"\x72" + struct.pack(">f", value)
+    elif isinstance(value, float):
+        out += b"\x82" + struct.pack(">d", value)
+    elif isinstance(value, Symbol):
+        _encode_variable(value.encode("ascii"), b"\xa3", b"\xb3", out)
+    elif isinstance(value, Char):
+        out += b"\x73" + struct.pack(">I", ord(value))
+    elif isinstance(value, str):
+        _encode_variable(value.encode("utf-8"), b"\xa1", b"\xb1", out)
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        _encode_variable(bytes(value), b"\xa0", b"\xb0", out)
+    elif isinstance(value, uuid.UUID):
+        out += b"\x98" + value.bytes
+    elif isinstance(value, Described):
+        out += b"\x00"
+        _encode(value.descriptor, out)
+        _encode(value.value, out)
+    elif isinstance(value, list | tuple):
+        if not value:
+            out += b"\x45"
+        else:
+            _encode_compound(list(value), b"\xc0", b"\xd0", out)
+    elif isinstance(value, dict):
+        flat = [part for pair in value.items() for part in pair]
+        _encode_compound(flat, b"\xc1", b"\xd1", out)
+    elif isinstance(value, Decimal):
+        out += bytes([value.code]) + value.raw
+    elif isinstance(value, Array):
+        _encode_array(value, out)
+    else:
+        raise TypeError(f"cannot encode {type(value).__name__} as AMQP: {value!r}")
+
+
+def _encode_array(array: Array, out: bytearray) -> None:
+    body = bytearray()
+    if array.descriptor is not None:
+        body += b"\x00"
+        _encode(array.descriptor, body)
+    body.append(array.code)
+    for item in array.items:
+        element = bytearray()
+        _encode(item, element)
+        if element[0] != array.code:
+            raise TypeError(f"array element {item!r} does not encode with constructor 0x{array.code:02x}")
+        body += element[1:]
+    count = len(array.items)
+    if len(body) + 1 < 256 and count < 256:
+        out += b"\xe0" + _P8(len(body) + 1) + _P8(count) + body
+    else:
+        out += b"\xf0" + _P32(len(body) + 4) + _P32(count) + body
+
+
+def encode(value: Any) -> bytes:
+    """The AMQP encoding of ``value`` (see the module docstring for the type mapping).
+
+    Raises:
+        TypeError: a value has no AMQP encoding.
+    """
+    out = bytearray()
+    _encode(value, out)
+    return bytes(out)

@@ -1,0 +1,443 @@
+"""Messages as their AMQP 1.0 encoded bytes, with the metadata the broker needs, decoded lazily.
+
+Theory of operation
+-------------------
+A :class:`Message` holds the bytes a client sent (AMQP 1.0 part 3, §3.2: header,
+delivery-annotations, message-annotations, properties, application-properties, body,
+footer — each section a described value). The broker stores and forwards those bytes and
+never re-encodes a message it only moves.
+
+What the broker needs to know — durable, priority, ttl, message-id, expiry, the
+properties and application-properties a selector reads, the annotations routing reads —
+is decoded on first use and cached on the object, one section at a time: finding the
+sections only *skips* over values (:func:`messaging.codec.skip`), so a section nobody
+asks for (usually the body) is never decoded.
+
+:func:`build` encodes a new message from Python values (tests, benchmarks, the client
+library); :meth:`Message.with_annotations` and :meth:`Message.with_delivery_count` splice a
+changed section in front of the unchanged remainder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .codec import DecodeError, Described, Symbol, Timestamp, UByte, UInt, ULong, decode, encode, skip
+
+__all__ = ["Message", "MessageError", "Header", "Properties", "build", "SECTIONS"]
+
+# Section descriptor codes (part 3, §3.2).
+HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES = 0x70, 0x71, 0x72, 0x73
+APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = 0x74, 0x75, 0x76, 0x77, 0x78
+SECTIONS = {
+    "amqp:header:list": HEADER,
+    "amqp:delivery-annotations:map": DELIVERY_ANNOTATIONS,
+    "amqp:message-annotations:map": MESSAGE_ANNOTATIONS,
+    "amqp:properties:list": PROPERTIES,
+    "amqp:application-properties:map": APPLICATION_PROPERTIES,
+    "amqp:data:binary": DATA,
+    "amqp:amqp-sequence:list": AMQP_SEQUENCE,
+    "amqp:amqp-value:*": AMQP_VALUE,
+    "amqp:footer:map": FOOTER,
+}
+_BODY = (DATA, AMQP_SEQUENCE, AMQP_VALUE)
+
+
+class MessageError(ValueError):
+    """The bytes are not a valid AMQP 1.0 message."""
+
+
+class Header:
+    """The header section (part 3, §3.2.1), with the spec's defaults for absent fields."""
+
+    __slots__ = ("durable", "priority", "ttl", "first_acquirer", "delivery_count")
+
+    def __init__(self, fields: list[Any] = ()):  # type: ignore[assignment]
+        fields = list(fields) + [None] * (5 - len(fields))
+        self.durable = bool(fields[0])
+        self.priority = 4 if fields[1] is None else fields[1]
+        self.ttl = fields[2]
+        self.first_acquirer = bool(fields[3])
+        self.delivery_count = fields[4] or 0
+
+
+class Properties:
+    """The properties section (part 3, §3.2.4); absent fields are ``None``."""
+
+    __slots__ = (
+        "message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
+        "content_encoding", "absolute_expiry_time", "creation_time", "group_id", "group_sequence",
+        "reply_to_group_id",
+    )
+
+    def __init__(self, fields: list[Any] = ()):  # type: ignore[assignment]
+        fields = list(fields) + [None] * (13 - len(fields))
+        for name, value in zip(self.__slots__, fields, strict=False):
+            setattr(self, name, value)
+
+
+_NO_HEADER = Header()
+_NO_PROPERTIES = Properties()
+
+
+class Message:
+    """An AMQP 1.0 message: its encoded bytes plus lazily decoded metadata.
+
+    Construction only checks nothing; the first metadata access finds the sections and may
+    raise :class:`MessageError` for malformed bytes (the JMS layer validates each incoming
+    message once with :meth:`validate`).
+    """
+
+    __slots__ = ("raw", "_header", "_properties", "_application", "_annotations")
+
+    def __init__(self, raw: bytes):
+        self.raw = raw
+        self._header: Header | None = None
+        self._properties: Properties | None = None
+        self._application: dict | None = None
+        self._annotations: dict | None = None
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def __repr__(self) -> str:
+        return f"<Message {len(self.raw)} bytes>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Message) and other.raw == self.raw
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # -- sections -----------------------------------------------------------------------
+
+    def sections(self) -> dict[int, tuple[int, int, int]]:
+        """``{descriptor code: (start, value start, end)}`` of every section, found by
+        skipping values.
+
+        Not cached: a queued message should cost its bytes and little more.
+
+        Raises:
+            MessageError: not a sequence of AMQP message sections.
+        """
+        return _find_sections(self.raw)
+
+    def validate(self) -> None:
+        """Check the bytes once: sections in order, no unknown section, metadata decodable.
+
+        Raises:
+            MessageError: with what is wrong.
+        """
+        self.sections()
+        self.header, self.properties, self.application_properties, self.message_annotations  # noqa: B018
+
+    def _section_value(self, code: int) -> Any:
+        span = _find_section(self.raw, code)
+        if span is None:
+            return None
+        try:
+            return decode(self.raw, span[1])[0]
+        except DecodeError as exc:
+            raise MessageError(f"bad {_name(code)} section: {exc}") from None
+
+    @property
+    def header(self) -> Header:
+        if self._header is None:
+            fields = self._section_value(HEADER)
+            self._header = _NO_HEADER if fields is None else Header(_expect(fields, list, HEADER))
+        return self._header
+
+    @property
+    def properties(self) -> Properties:
+        if self._properties is None:
+            fields = self._section_value(PROPERTIES)
+            self._properties = _NO_PROPERTIES if fields is None else Properties(_expect(fields, list, PROPERTIES))
+        return self._properties
+
+    @property
+    def application_properties(self) -> dict:
+        if self._application is None:
+            self._application = _expect(self._section_value(APPLICATION_PROPERTIES) or {}, dict,
+                                        APPLICATION_PROPERTIES)
+        return self._application
+
+    @property
+    def message_annotations(self) -> dict:
+        if self._annotations is None:
+            self._annotations = _expect(self._section_value(MESSAGE_ANNOTATIONS) or {}, dict,
+                                        MESSAGE_ANNOTATIONS)
+        return self._annotations
+
+    def body(self) -> Any:
+        """The decoded body: bytes for one data section, a list of sections otherwise."""
+        values = []
+        for code in _BODY:
+            span = self.sections().get(code)
+            if span is not None:
+                position = span[0]
+                while position < span[2]:
+                    value, position = decode(self.raw, position)
+                    values.append(value.value)
+        return values[0] if len(values) == 1 else values
+
+    # -- what the broker reads ----------------------------------------------------------
+
+    @property
+    def durable(self) -> bool:
+        return self.header.durable
+
+    @property
+    def priority(self) -> int:
+        """0–9 (values above 9 count as 9, as JMS has ten levels)."""
+        return min(self.header.priority, 9)
+
+    @property
+    def message_id(self) -> Any:
+        return self.properties.message_id
+
+    def expiry(self, arrival_ms: int) -> int | None:
+        """Absolute expiry in ms since the epoch: ``absolute-expiry-time``, else arrival + ttl."""
+        absolute = self.properties.absolute_expiry_time
+        if absolute:
+            return int(absolute)
+        ttl = self.header.ttl
+        return arrival_ms + ttl if ttl else None
+
+    def queue_info(self, arrival_ms: int) -> tuple[bool, int, int | None]:
+        """``(durable, priority 0-9, absolute expiry or None)`` without caching anything.
+
+        The queue manager's per-message path: the header is read where it always is (first)
+        and the properties are walked, skipping values, only as far as
+        ``absolute-expiry-time`` (field 9) when their count shows it may be there.
+
+        Raises:
+            MessageError: malformed header or properties.
+        """
+        raw = self.raw
+        header = self._header
+        if header is not None:
+            durable, priority, ttl = header.durable, header.priority, header.ttl
+        elif raw[:3] != _HEADER_PREFIX:
+            durable, priority, ttl = False, 4, None
+        else:
+            durable, priority, ttl = _header_fields(raw) or self.header_fields()
+        absolute = None
+        if self._properties is not None:
+            absolute = self._properties.absolute_expiry_time
+        else:
+            span = _find_section(raw, PROPERTIES)
+            if span is not None and _list_count(raw, span[1]) > 8:
+                absolute = _list_field(raw, span[1], 8)
+        if absolute:
+            expiry: int | None = int(absolute)
+        elif ttl:
+            expiry = arrival_ms + ttl
+        else:
+            expiry = None
+        return durable, min(priority, 9), expiry
+
+    def header_fields(self) -> tuple[bool, int, int | None]:
+        header = self.header
+        return header.durable, header.priority, header.ttl
+
+    # -- changed copies -----------------------------------------------------------------
+
+    def with_annotations(self, changes: Mapping[Any, Any]) -> Message:
+        """A copy whose message-annotations have ``changes`` merged in (other bytes unchanged)."""
+        annotations = {**self.message_annotations, **changes}
+        section = encode(Described(ULong(MESSAGE_ANNOTATIONS), annotations))
+        return self._replace(MESSAGE_ANNOTATIONS, section)
+
+    def with_delivery_count(self, count: int) -> Message:
+        """A copy whose header says ``delivery-count = count`` (for redelivery)."""
+        header = self.header
+        fields = [header.durable, UByte(header.priority), None if header.ttl is None else UInt(header.ttl),
+                  header.first_acquirer, UInt(count)]
+        return self._replace(HEADER, encode(Described(ULong(HEADER), fields)))
+
+    def _replace(self, code: int, section: bytes) -> Message:
+        offsets = _find_sections(self.raw)
+        span = offsets.get(code)
+        if span is not None:
+            return Message(self.raw[: span[0]] + section + self.raw[span[2]:])
+        # Insert before the first section that must follow it.
+        later = [start for other, (start, _, _) in offsets.items() if other > code]
+        at = min(later) if later else len(self.raw)
+        return Message(self.raw[:at] + section + self.raw[at:])
+
+
+def _expect(value: Any, kind: type, code: int) -> Any:
+    if not isinstance(value, kind):
+        raise MessageError(f"the {_name(code)} section must be a {kind.__name__}, found {type(value).__name__}")
+    return value
+
+
+def _name(code: int) -> str:
+    for name, value in SECTIONS.items():
+        if value == code:
+            return name.split(":")[1]
+    return f"0x{code:x}"
+
+
+_HEADER_PREFIX = b"\x00\x53\x70"
+
+
+def _list_count(raw: bytes, offset: int) -> int:
+    """The element count of the list encoded at ``offset`` (0 for list0)."""
+    code = raw[offset]
+    if code == 0xC0:
+        return raw[offset + 2]
+    if code == 0xD0:
+        return int.from_bytes(raw[offset + 5:offset + 9], "big")
+    return 0
+
+
+def _header_fields(raw: bytes) -> tuple[bool, int, int | None] | None:
+    """(durable, priority, ttl) read straight from the usual encodings of a header list
+    starting at offset 3; ``None`` for anything unusual (the caller decodes properly)."""
+    try:
+        code = raw[3]
+        if code == 0x45:
+            return False, 4, None
+        if code != 0xC0:
+            return None
+        count, position = raw[5], 6
+        durable, priority, ttl = False, 4, None
+        if count > 0:
+            code = raw[position]
+            if code == 0x41:
+                durable = True
+            elif code == 0x56:
+                durable = raw[position + 1] == 1
+                position += 1
+            elif code != 0x42 and code != 0x40:
+                return None
+            position += 1
+        if count > 1:
+            code = raw[position]
+            if code == 0x50:
+                priority = raw[position + 1]
+                position += 2
+            elif code == 0x40:
+                position += 1
+            else:
+                return None
+        if count > 2:
+            code = raw[position]
+            if code == 0x70:
+                ttl = int.from_bytes(raw[position + 1:position + 5], "big")
+            elif code == 0x52:
+                ttl = raw[position + 1]
+            elif code == 0x43:
+                ttl = 0
+            elif code != 0x40:
+                return None
+        return durable, priority, ttl
+    except IndexError:
+        return None
+
+
+def _list_field(raw: bytes, offset: int, index: int) -> Any:
+    """Element ``index`` of the list at ``offset`` (which must have more elements),
+    decoding only that element."""
+    try:
+        position = offset + (3 if raw[offset] == 0xC0 else 9)
+        for _ in range(index):
+            position = skip(raw, position)
+        return decode(raw, position)[0]
+    except (DecodeError, IndexError) as exc:
+        raise MessageError(f"malformed list at offset {offset}: {exc}") from None
+
+
+def _find_section(raw: bytes, wanted: int) -> tuple[int, int, int] | None:
+    """``(start, value start, end)`` of section ``wanted``, scanning only up to it."""
+    position, size = 0, len(raw)
+    while position < size:
+        start = position
+        try:
+            if raw[position] == 0x00 and position + 2 < size and raw[position + 1] == 0x53:
+                code, value_start = raw[position + 2], position + 3
+            else:
+                return _find_sections(raw).get(wanted)  # unusual encoding: the full check
+            position = skip(raw, value_start)
+        except DecodeError as exc:
+            raise MessageError(f"malformed section at offset {start}: {exc}") from None
+        if code == wanted:
+            return start, value_start, position
+        if code > wanted and code not in _BODY:
+            return None
+    return None
+
+
+def _find_sections(raw: bytes) -> dict[int, tuple[int, int, int]]:
+    """``{code: (section start, value start, end)}``; the common descriptor encoding
+    (``0x00 0x53 code``, a smallulong) is read directly, anything else is decoded."""
+    offsets: dict[int, tuple[int, int, int]] = {}
+    position, last, size = 0, -1, len(raw)
+    while position < size:
+        start = position
+        if raw[position] != 0x00:
+            raise MessageError(f"expected a described section at offset {position}, found 0x{raw[position]:02x}")
+        try:
+            if position + 2 < size and raw[position + 1] == 0x53:
+                code, value_start = raw[position + 2], position + 3
+            else:
+                descriptor, value_start = decode(raw, position + 1)
+                code = SECTIONS.get(descriptor) if isinstance(descriptor, str) else descriptor
+            position = skip(raw, value_start)
+        except DecodeError as exc:
+            raise MessageError(f"malformed section at offset {start}: {exc}") from None
+        if not isinstance(code, int) or not HEADER <= code <= FOOTER:
+            raise MessageError(f"unknown section descriptor {code!r} at offset {start}")
+        if code < last or (code == last and code not in _BODY):
+            raise MessageError(f"section {_name(code)} out of order at offset {start}")
+        if code in offsets:  # repeated data / amqp-sequence sections form one body
+            offsets[code] = (offsets[code][0], offsets[code][1], position)
+        else:
+            offsets[code] = (start, value_start, position)
+        last = code
+    return offsets
+
+
+def build(
+    body: Any = None,
+    *,
+    durable: bool = False,
+    priority: int | None = None,
+    ttl: int | None = None,
+    message_id: Any = None,
+    to: str | None = None,
+    subject: str | None = None,
+    reply_to: str | None = None,
+    correlation_id: Any = None,
+    content_type: str | None = None,
+    absolute_expiry_time: int | None = None,
+    creation_time: int | None = None,
+    group_id: str | None = None,
+    user_id: bytes | None = None,
+    properties: Mapping[str, Any] | None = None,
+    annotations: Mapping[Any, Any] | None = None,
+) -> Message:
+    """Encode a message. ``body``: bytes → a data section; anything else → amqp-value."""
+    parts = []
+    if durable or priority is not None or ttl is not None:
+        parts.append(Described(ULong(HEADER), [
+            durable, None if priority is None else UByte(priority), None if ttl is None else UInt(ttl)]))
+    if annotations:
+        parts.append(Described(ULong(MESSAGE_ANNOTATIONS),
+                               {Symbol(k) if type(k) is str else k: v for k, v in annotations.items()}))
+    fields = [message_id, user_id, to, subject, reply_to, correlation_id,
+              None if content_type is None else Symbol(content_type), None,
+              None if absolute_expiry_time is None else Timestamp(absolute_expiry_time),
+              None if creation_time is None else Timestamp(creation_time), group_id]
+    while fields and fields[-1] is None:
+        fields.pop()
+    if fields:
+        parts.append(Described(ULong(PROPERTIES), fields))
+    if properties:
+        parts.append(Described(ULong(APPLICATION_PROPERTIES), dict(properties)))
+    if isinstance(body, (bytes, bytearray)):
+        parts.append(Described(ULong(DATA), bytes(body)))
+    else:
+        parts.append(Described(ULong(AMQP_VALUE), body))
+    return Message(b"".join(encode(part) for part in parts))
