@@ -217,10 +217,12 @@ class Message:
         header = self._header
         if header is not None:
             durable, priority, ttl = header.durable, header.priority, header.ttl
-        elif raw[:3] != _HEADER_PREFIX:
-            durable, priority, ttl = False, 4, None
-        else:
+        elif raw[:3] == _HEADER_PREFIX:
             durable, priority, ttl = _header_fields(raw) or self.header_fields()
+        elif raw[:2] == b"\x00\x53":  # another section comes first: no header
+            durable, priority, ttl = False, 4, None
+        else:  # a descriptor in an unusual encoding
+            durable, priority, ttl = self.header_fields()
         absolute = None
         if self._properties is not None:
             absolute = self._properties.absolute_expiry_time

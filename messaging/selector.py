@@ -53,7 +53,6 @@ from typing import Any
 
 import attrs
 
-
 __all__ = ["SelectorError", "Selector", "compile_selector", "message_identifiers"]
 
 

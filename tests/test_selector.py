@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from messaging.message import build
 from messaging.selector import SelectorError, compile_selector, message_identifiers
+
 from selector_vectors import CASES, CUSTOM_CASES, INVALID, STANDARD_MESSAGE
 
 

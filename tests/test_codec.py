@@ -1,0 +1,203 @@
+"""AMQP 1.0 type codec and the message model: round trips, spec encodings, malformed input."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from messaging.codec import (
+    Array,
+    Byte,
+    Char,
+    DecodeError,
+    Described,
+    Float,
+    Int,
+    Long,
+    Short,
+    Symbol,
+    Timestamp,
+    UByte,
+    UInt,
+    ULong,
+    UShort,
+    decode,
+    decode_all,
+    encode,
+    skip,
+)
+from messaging.message import Message, MessageError, build
+
+# (value, its encoding) per AMQP 1.0 part 1 §1.6
+SPEC = [
+    (None, b"\x40"),
+    (True, b"\x41"),
+    (False, b"\x42"),
+    (UByte(7), b"\x50\x07"),
+    (UShort(513), b"\x60\x02\x01"),
+    (UInt(0), b"\x43"),
+    (UInt(200), b"\x52\xc8"),
+    (UInt(70000), b"\x70\x00\x01\x11\x70"),
+    (ULong(0), b"\x44"),
+    (ULong(0x70), b"\x53\x70"),
+    (ULong(2**40), b"\x80\x00\x00\x01\x00\x00\x00\x00\x00"),
+    (Byte(-2), b"\x51\xfe"),
+    (Short(-300), b"\x61\xfe\xd4"),
+    (Int(-5), b"\x54\xfb"),
+    (Int(100000), b"\x71\x00\x01\x86\xa0"),
+    (Long(-1), b"\x55\xff"),
+    (5, b"\x55\x05"),
+    (2**40, b"\x81\x00\x00\x01\x00\x00\x00\x00\x00"),
+    (Float(1.5), b"\x72\x3f\xc0\x00\x00"),
+    (1.5, b"\x82\x3f\xf8\x00\x00\x00\x00\x00\x00"),
+    (Char("é"), b"\x73\x00\x00\x00\xe9"),
+    (Timestamp(1000), b"\x83\x00\x00\x00\x00\x00\x00\x03\xe8"),
+    (uuid.UUID(int=1), b"\x98" + b"\x00" * 15 + b"\x01"),
+    (b"ab", b"\xa0\x02ab"),
+    ("hé", b"\xa1\x03h\xc3\xa9"),
+    (Symbol("x"), b"\xa3\x01x"),
+    ([], b"\x45"),
+    ([True, None], b"\xc0\x03\x02\x41\x40"),
+    ({Symbol("k"): 1}, b"\xc1\x06\x02\xa3\x01k\x55\x01"),
+    (Described(ULong(0x70), []), b"\x00\x53\x70\x45"),
+    (Array(0xA3, (Symbol("a"), Symbol("b"))), b"\xe0\x06\x02\xa3\x01a\x01b"),
+]
+
+
+@pytest.mark.parametrize(("value", "encoded"), SPEC, ids=[repr(v)[:30] for v, _ in SPEC])
+def test_spec_encodings(value, encoded):
+    assert encode(value) == encoded
+    decoded, end = decode(encoded)
+    assert end == len(encoded) and skip(encoded, 0) == len(encoded)
+    assert decoded == value and type(decoded) in (type(value), int, float, str, bytes)
+
+
+def test_large_values_use_32_bit_sizes():
+    text = "x" * 300
+    assert encode(text)[:1] == b"\xb1" and decode(encode(text))[0] == text
+    items = list(range(300))
+    assert encode(items)[:1] == b"\xd0" and decode(encode(items))[0] == items
+    mapping = {f"k{i}": i for i in range(100)}
+    assert encode(mapping)[:1] == b"\xd1" and decode(encode(mapping))[0] == mapping
+
+
+@pytest.mark.parametrize(
+    ("encoded", "message"),
+    [
+        (b"", "truncated: no value at offset 0"),
+        (b"\x02", "unknown constructor 0x02 at offset 0"),
+        (b"\xa1\x05ab", "truncated string"),
+        (b"\x70\x00\x01", "truncated uint"),
+        (b"\xc0\x05\x02\x41", "truncated list"),
+        (b"\xc1\x02\x01\x41", "odd number of elements"),
+        (b"\xa1\x02\xff\xfe", "invalid text"),
+        (b"\x56\x07", "invalid boolean"),
+        (b"\xc0\x03\x01\x41\x41", "declares 3 bytes"),
+        (b"\x73\x00\x11\x00\x00", "invalid char"),
+    ],
+)
+def test_malformed_input_is_a_decode_error(encoded, message):
+    with pytest.raises(DecodeError, match=message):
+        decode(encoded)
+
+
+amqp_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False) | st.text(max_size=20) | st.binary(max_size=20)
+    | st.builds(Symbol, st.text(st.characters(max_codepoint=127), max_size=10))
+    | st.builds(Timestamp, st.integers(-(2**63), 2**63 - 1)) | st.uuids(),
+    lambda children: st.lists(children, max_size=5)
+    | st.dictionaries(st.text(max_size=5), children, max_size=5),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(amqp_values)
+def test_any_value_round_trips(value):
+    encoded = encode(value)
+    assert decode(encoded) == (value, len(encoded))
+    assert skip(encoded, 0) == len(encoded)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40))
+def test_random_bytes_decode_or_fail_cleanly(data):
+    try:
+        decode_all(data)
+    except DecodeError:
+        pass
+
+
+# -- messages ----------------------------------------------------------------------------
+
+
+def test_built_message_exposes_its_metadata():
+    message = build(b"payload", durable=True, priority=7, ttl=5000, message_id="m-1", to="q@r",
+                    subject="type", reply_to="tmp$1", correlation_id="c", content_type="text/plain",
+                    creation_time=1000, group_id="g", user_id=b"alice",
+                    properties={"colour": "red", "n": 5}, annotations={"x-opt-jms-msg-type": Byte(3)})
+    assert (message.durable, message.priority, message.header.ttl) == (True, 7, 5000)
+    assert message.message_id == "m-1" and message.properties.to == "q@r"
+    assert message.properties.creation_time == 1000 and message.properties.user_id == b"alice"
+    assert message.application_properties == {"colour": "red", "n": 5}
+    assert message.message_annotations == {"x-opt-jms-msg-type": 3}
+    assert message.body() == b"payload"
+    assert message.expiry(arrival_ms=2000) == 7000
+    assert message.queue_info(2000) == (True, 7, 7000)
+    message.validate()
+
+
+def test_defaults_when_sections_are_absent():
+    message = build("just a value")
+    assert (message.durable, message.priority, message.message_id) == (False, 4, None)
+    assert message.queue_info(0) == (False, 4, None)
+    assert message.application_properties == {} and message.body() == "just a value"
+
+
+def test_absolute_expiry_wins_over_ttl():
+    message = build(b"", ttl=5000, absolute_expiry_time=99, creation_time=1)
+    assert message.queue_info(1000) == (False, 4, 99)
+    assert message.expiry(1000) == 99
+
+
+def test_priority_above_nine_counts_as_nine():
+    assert build(b"", priority=200).queue_info(0)[1] == 9
+
+
+def test_changed_copies_splice_sections_and_keep_the_rest():
+    original = build(b"body", durable=True, message_id="m", properties={"a": 1})
+    annotated = original.with_annotations({Symbol("x-opt-martinet-cid"): "client-1"})
+    assert annotated.message_annotations == {"x-opt-martinet-cid": "client-1"}
+    unchanged = original.raw[original.sections()[0x73][0]:]  # properties onwards
+    assert annotated.raw.endswith(unchanged) and annotated.body() == b"body"
+    assert annotated.durable and annotated.message_id == "m"
+    redelivered = annotated.with_delivery_count(3)
+    assert redelivered.header.delivery_count == 3 and redelivered.durable
+    assert redelivered.message_annotations == annotated.message_annotations
+    assert build(b"x").with_delivery_count(1).header.delivery_count == 1  # header inserted
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"\x41", "expected a described section at offset 0"),
+        (b"\x00\x53\x99\x45", "unknown section descriptor"),
+        (encode(Described(ULong(0x73), [])) + encode(Described(ULong(0x70), [])), "section header out of order"),
+        (b"\x00\x53\x70\xc0\x09", "malformed section"),
+        (encode(Described(ULong(0x74), [1, 2])), "application-properties section must be a dict"),
+    ],
+)
+def test_malformed_messages_are_refused(raw, message):
+    with pytest.raises(MessageError, match=message):
+        Message(raw).validate()
+
+
+def test_symbolic_descriptors_are_understood():
+    raw = encode(Described(Symbol("amqp:header:list"), [True, UByte(9)])) + encode(
+        Described(Symbol("amqp:data:binary"), b"x"))
+    message = Message(raw)
+    assert message.queue_info(0) == (True, 9, None) and message.body() == b"x"
