@@ -223,7 +223,8 @@ def _compound(size_width: int, kind: str) -> Decoder:
             value, position = decode(buf, position)
             items.append(value)
         if position != end:
-            raise DecodeError(f"{kind} at offset {offset} declares {size} bytes but holds {position - offset - size_width}")
+            held = position - offset - size_width
+            raise DecodeError(f"{kind} at offset {offset} declares {size} bytes but holds {held}")
         if kind == "list":
             return items, end
         if count % 2:
