@@ -238,6 +238,15 @@ class Message:
             expiry = None
         return durable, min(priority, 9), expiry
 
+    def peek_message_id(self) -> Any:
+        """The message-id without caching the properties (cheap: it is their first field)."""
+        if self._properties is not None:
+            return self._properties.message_id
+        span = _find_section(self.raw, PROPERTIES)
+        if span is None or _list_count(self.raw, span[1]) == 0:
+            return None
+        return _list_field(self.raw, span[1], 0)
+
     def header_fields(self) -> tuple[bool, int, int | None]:
         header = self.header
         return header.durable, header.priority, header.ttl

@@ -53,7 +53,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["SelectorError", "Selector", "compile_selector", "message_identifiers"]
+__all__ = ["SelectorError", "Selector", "compile_selector", "message_identifiers", "like_pattern"]
 
 
 class SelectorError(ValueError):
@@ -414,6 +414,17 @@ def _like_regex(pattern: str, escape: str | None, position: int) -> re.Pattern[s
         parts.append(".*" if char == "%" else "." if char == "_" else re.escape(char))
         index += 1
     return re.compile("".join(parts), re.DOTALL)
+
+
+def like_pattern(pattern: str, escape: str | None = "\\") -> re.Pattern[str]:
+    """A compiled SQL-LIKE pattern (``%`` any run, ``_`` one character, ``escape`` before
+    either or itself), for names such as queue-controller predicates; match with
+    ``fullmatch``.
+
+    Raises:
+        SelectorError: a misplaced escape character.
+    """
+    return _like_regex(pattern, escape, 0)
 
 
 # -- evaluation ---------------------------------------------------------------------------

@@ -1,0 +1,82 @@
+"""``sys$queuemanager`` configuration: queues, queue controllers and manager-wide limits.
+
+Names, defaults and bounds follow SwiftMQ's queue manager (see
+``shared/reference/swiftmq-internals.md`` §4): consumer mode ``shared``, cleanup every
+120 s, duplicate detection on with a backlog of 2000, flow control from 400 messages with
+at most 5000 ms delay, and the default controllers below (first match wins).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kernel import config_class, entity_list, prop
+
+PERSISTENCE_MODES = ("as_message", "persistent", "non_persistent")
+CONSUMER_MODES = ("shared", "exclusive", "activestandby")
+
+
+@config_class
+class QueueSettings:
+    """What a queue, or a controller for the queues it matches, configures."""
+
+    persistence_mode: str = prop(
+        "as_message", choices=PERSISTENCE_MODES,
+        description="as_message: as the message's durable flag says; or force persistent / non_persistent.",
+    )
+    max_messages: int = prop(-1, min=-1, description="Most messages the queue holds; -1: unlimited. "
+                             "A send to a full queue is refused.")
+    cleanup_interval: int = prop(120_000, min=1000, description="Milliseconds between removals of expired messages.")
+    expired_to_dlq: bool = prop(False, description="Move expired messages to routerdlq instead of dropping them.")
+    duplicate_detection_enabled: bool = prop(True, description="Remember message ids to drop duplicates.")
+    duplicate_detection_backlog_size: int = prop(2000, min=1, max=10_000_000,
+                                                 description="Message ids remembered (persisted) per queue.")
+    duplicate_check: str = prop(
+        "doubt", choices=("doubt", "always"),
+        description="doubt: check only messages marked as possible duplicates (resends after a failure, "
+        "as SwiftMQ does); always: check every message that has a message-id.",
+    )
+    flowcontrol_start_queuesize: int = prop(400, min=-1, description="Queue size from which producers are "
+                                            "told to slow down; -1: no flow control.")
+    max_flowcontrol_delay: int = prop(5000, min=0, description="Largest flow-control delay in milliseconds.")
+    consumer_mode: str = prop("shared", choices=CONSUMER_MODES,
+                              description="shared: competing consumers; exclusive: one consumer only; "
+                              "activestandby: one consumer receives, the others wait to take over.")
+    max_delivery_count: int = prop(-1, min=-1, description="Deliveries after which a message goes to "
+                                   "routerdlq instead of back to the queue; -1: unlimited.")
+
+
+@config_class
+class QueueConfig(QueueSettings):
+    name: str = prop(description="Queue name (local, without @router).")
+
+
+@config_class
+class ControllerConfig(QueueSettings):
+    name: str = prop(description="Controller name; controllers are tried in name order.")
+    predicate: str = prop(description="SQL-LIKE pattern on queue names (% any run, _ one character, \\ escape).")
+
+
+DEFAULT_CONTROLLERS = [
+    ControllerConfig(name="01", predicate="tmp$%", persistence_mode="non_persistent"),
+    ControllerConfig(name="02", predicate="sys$%"),
+    ControllerConfig(name="03", predicate="rt$%"),
+    ControllerConfig(name="04", predicate="unroutable"),
+    ControllerConfig(name="05", predicate="%$%"),
+    ControllerConfig(name="06", predicate="routerdlq"),
+    ControllerConfig(name="07", predicate="%"),
+]
+
+
+@config_class
+class QueueManagerConfig:
+    auto_create_queues: bool = prop(
+        True, description="Create a queue on first use (with its controller's settings); "
+        "false: using an unknown queue is an error.",
+    )
+    max_message_size: int = prop(10 * 1024 * 1024, min=1, description="Largest message accepted, in bytes.")
+    queues: Mapping[str, QueueConfig] = entity_list(QueueConfig, item="queue", description="Defined queues.")
+    queue_controllers: Mapping[str, ControllerConfig] = entity_list(
+        ControllerConfig, item="queue-controller", default=DEFAULT_CONTROLLERS,
+        description="Settings for queues not defined above; the first match in name order wins.",
+    )

@@ -1,0 +1,611 @@
+"""The queue manager: names, queues, sending, transactions, persistence and recovery.
+
+Theory of operation
+-------------------
+**Names.** ``q`` and ``q@<this router>`` name the local queue ``q``; ``q@other`` is
+resolved through the redirections routing installs (``%@paris`` → ``rt$paris``), or is
+unknown. A queue not defined in the config is created on first use when
+``auto-create-queues`` is on, with the settings of the first queue controller (in name
+order) whose predicate matches its name.
+
+**Persistence.** A persistent message is written to the store (``PutMessage``) before the
+sender is told it is accepted; it is made available *first*, so a fast consumer may
+receive and accept it before the write is durable — the store then drops the insert and
+the delete together and the message never touches the disk. Settlements that only
+remove or update messages (accept, redelivery counts, dead-lettering, expiry) are
+deferred: collected and committed by a background task, never awaited by the consumer.
+A crash can therefore redeliver a message consumed just before it (at-least-once), never
+lose one that was accepted.
+
+**Transactions.** A :class:`Transaction` stages sends (invisible) and acknowledgements
+(the entries are held, not redelivered). ``commit`` writes everything in one store commit
+and then makes the sends visible and removes the acknowledged entries; ``rollback``
+drops the sends and redelivers the acknowledged entries (counted as a failed delivery).
+``prepare(xid)`` first writes the sends tagged with ``xid`` and a prepare record naming
+the acknowledged entries; a prepared transaction survives a restart (rebuilt at start from
+the store) and is then committed or rolled back by xid.
+
+**Duplicates.** Message ids are remembered per queue (persisted for persistent messages,
+bounded by the backlog size); a send marked ``possible_duplicate`` (a resend after a
+failure), or every send with ``duplicate-check="always"``, whose id is remembered is
+dropped and reported as a duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import trio
+
+from kernel import Change, Entity, SwiftletContext, UsageList, Veto
+from messaging.codec import Symbol
+from messaging.message import Message, MessageError
+from messaging.selector import like_pattern
+from swiftlets.store.api import (
+    DeleteMessage,
+    DeleteRecord,
+    Op,
+    PutMessage,
+    PutRecord,
+    RememberId,
+    SetDeliveryCount,
+    SetTransaction,
+    Store,
+)
+
+from .config import QueueManagerConfig, QueueSettings
+from .queue import GONE, HELD, Consumer, Entry, Queue, QueueError, now_ms
+
+log = logging.getLogger(__name__)
+
+__all__ = ["QueueManager", "Transaction", "SendResult", "QueueNotFound", "MessageTooLarge", "TransactionError"]
+
+PREDEFINED = ("unroutable", "routerdlq")
+DLQ_REASON = Symbol("x-opt-martinet-dlq-reason")
+DLQ_QUEUE = Symbol("x-opt-martinet-dlq-queue")
+
+
+class QueueNotFound(QueueError):
+    """No such queue (and it may not be created), or no route to the router named."""
+
+
+class MessageTooLarge(QueueError):
+    """The message exceeds ``max-message-size``."""
+
+
+class TransactionError(QueueError):
+    """The transaction is not in a state that allows the request."""
+
+
+class SendResult(NamedTuple):
+    """What a send returns: the flow-control delay (ms) the producer should observe, and
+    whether the message was dropped as a duplicate."""
+
+    delay_ms: int
+    duplicate: bool = False
+
+
+def id_key(message_id: Any) -> str | None:
+    """A message-id as a string key for the duplicate backlog (type-tagged unless a string)."""
+    if message_id is None:
+        return None
+    if isinstance(message_id, str):
+        return message_id
+    if isinstance(message_id, bytes):
+        return f"binary:{message_id.hex()}"
+    return f"{type(message_id).__name__}:{message_id}"
+
+
+class QueueManager:
+    """``sys$queuemanager``; the object ``context.lookup("sys$queuemanager")`` returns."""
+
+    def __init__(self, context: SwiftletContext):
+        self.context = context
+        self.router_name = context.router_name
+        self.config: QueueManagerConfig = context.config
+        self.queues: dict[str, Queue] = {}
+        self._store: Store | None = None
+        self._next_id = 1
+        self._temporary = 0
+        self._redirections: list[tuple[str, re.Pattern[str], str]] = []
+        self._deferred: list[Op] = []
+        self._deferred_wakeup = trio.Event()
+        self._prepared: dict[str, Transaction] = {}
+        self._usage: UsageList | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._store = self.context.lookup("sys$store")
+        self._usage = self.context.usage.add_list("queues")
+        self.context.usage.provide(self._manager_usage)
+        self.context.entity.on_change(self._settings_changed)
+        for name in PREDEFINED:
+            self.queue(name, create=True)
+        self.context.entity.entity_list("queues").bind(self._queue_configured, self._queue_unconfigured)
+        self._recover()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._flush_forever)
+                nursery.start_soon(self._tick_forever)
+                task_status.started()
+        finally:
+            if self._deferred:
+                with self.context.shutdown_scope():
+                    ops, self._deferred = self._deferred, []
+                    await self._store.commit(ops)
+
+    def _settings_changed(self, change: Change) -> None:
+        self.config = self.context.entity.snapshot()
+
+    async def _flush_forever(self) -> None:
+        assert self._store is not None
+        while True:
+            await self._deferred_wakeup.wait()
+            self._deferred_wakeup = trio.Event()
+            ops, self._deferred = self._deferred, []
+            await self._store.commit(ops)
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await trio.sleep(1)
+            clock = time.monotonic()
+            for queue in list(self.queues.values()):
+                queue.sample_rates()
+                if clock >= queue.next_cleanup:
+                    queue.next_cleanup = clock + queue.settings.cleanup_interval / 1000
+                    removed = queue.remove_expired()
+                    if removed:
+                        log.info("queue %s: %d expired message(s) removed", queue.name, removed)
+
+    def _defer(self, *ops: Op) -> None:
+        self._deferred.extend(ops)
+        self._deferred_wakeup.set()
+
+    def _defer_delete(self, entry: Entry) -> None:
+        self._deferred.append(DeleteMessage(entry.id))
+        self._deferred_wakeup.set()
+
+    def _defer_delivery_count(self, entry: Entry) -> None:
+        self._defer(SetDeliveryCount(entry.id, entry.delivery_count))
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        assert self._store is not None
+        recovered = self._store.recovered
+        self._next_id = max(self._next_id, recovered.next_id)
+        prepared: dict[str, Transaction] = {}
+        held: dict[int, str] = {}
+        for xid, record in recovered.records.get("xa", {}).items():
+            transaction = prepared[xid] = Transaction(self, xid=xid, state="prepared")
+            for message_id in json.loads(record)["acks"]:
+                held[message_id] = xid
+        now = now_ms()
+        orphans = []
+        for stored in recovered.messages:
+            queue = self.queues.get(stored.queue) or self.queue(stored.queue, create=True)
+            message = Message(stored.body)
+            try:
+                _, priority, expires = message.queue_info(now)
+            except MessageError as exc:
+                log.error("stored message %d of %s is unreadable (%s); dropped", stored.id, stored.queue, exc)
+                orphans.append(DeleteMessage(stored.id))
+                continue
+            entry = Entry(stored.id, message, priority, expires, True, stored.delivery_count)
+            if stored.txid is not None:
+                transaction = prepared.get(stored.txid)
+                if transaction is None:  # prepared sends without a prepare record: never prepared
+                    orphans.append(DeleteMessage(stored.id))
+                    continue
+                transaction._sends.append((queue, entry))
+            elif stored.id in held:
+                entry.state = HELD
+                queue.size += 1
+                prepared[held[stored.id]]._acks.append((queue, entry))
+            else:
+                queue.restore(entry)
+        for queue_name, ids in recovered.remembered_ids.items():
+            queue = self.queues.get(queue_name)
+            if queue is not None:
+                for key in ids:
+                    queue.remember(key)
+        self._prepared.update(prepared)
+        if orphans:
+            self._defer(*orphans)
+        log.info("queue manager recovered %d messages in %d queues, %d prepared transaction(s)",
+                 len(recovered.messages) - len(orphans), len(self.queues), len(prepared))
+
+    # -- names and queues -----------------------------------------------------------------------
+
+    def resolve(self, address: str) -> str:
+        """The local queue that ``address`` (``q`` or ``q@router``) ends up in.
+
+        Raises:
+            QueueNotFound: ``q@other`` and no redirection covers it.
+        """
+        name, at, router = address.rpartition("@")
+        if not at:
+            return address
+        if router == self.router_name:
+            return name
+        for _, pattern, target in self._redirections:
+            if pattern.fullmatch(address):
+                return target
+        raise QueueNotFound(f"no route to router {router!r} (for {address!r}) from router {self.router_name}")
+
+    def add_redirection(self, predicate: str, target: str) -> None:
+        """Send everything addressed to names matching ``predicate`` (SQL-LIKE on the full
+        ``q@router`` name) to local queue ``target``; routing uses ``%@R`` → ``rt$R``."""
+        self.remove_redirection(predicate)
+        self._redirections.append((predicate, like_pattern(predicate), target))
+
+    def remove_redirection(self, predicate: str) -> None:
+        self._redirections = [r for r in self._redirections if r[0] != predicate]
+
+    def settings_for(self, name: str) -> QueueSettings:
+        """The settings of queue ``name``: its own definition, else the first controller
+        (in name order) whose predicate matches."""
+        defined = self.config.queues.get(name)
+        if defined is not None:
+            return defined
+        for controller_name in sorted(self.config.queue_controllers):
+            controller = self.config.queue_controllers[controller_name]
+            if like_pattern(controller.predicate).fullmatch(name):
+                return controller
+        return QueueSettings()
+
+    def queue(self, address: str, *, create: bool | None = None) -> Queue:
+        """The local queue for ``address``, created if allowed (``create`` overrides
+        ``auto-create-queues``).
+
+        Raises:
+            QueueNotFound: unknown and not to be created, or no route.
+            QueueError: an invalid queue name.
+        """
+        name = self.resolve(address)
+        queue = self.queues.get(name)
+        if queue is not None:
+            return queue
+        if not (self.config.auto_create_queues if create is None else create):
+            raise QueueNotFound(f"queue {name!r} does not exist on router {self.router_name}")
+        if not name or "/" in name or "@" in name or any(c.isspace() for c in name):
+            raise QueueError(f"invalid queue name {name!r}: non-empty, without '/', '@' or spaces")
+        return self._create(name, self.settings_for(name))
+
+    def _create(self, name: str, settings: QueueSettings, owner: Any = None) -> Queue:
+        queue = self.queues[name] = Queue(self, name, settings, owner=owner)
+        if self._usage is not None:
+            self._usage.add(name, queue.usage)
+        return queue
+
+    def create_temporary_queue(self, owner: Any) -> Queue:
+        """A new ``tmp$<n>`` queue, deleted by :meth:`delete_temporary_queues` (owner)."""
+        self._temporary += 1
+        name = f"tmp${self._temporary}"
+        while name in self.queues:
+            self._temporary += 1
+            name = f"tmp${self._temporary}"
+        return self._create(name, self.settings_for(name), owner)
+
+    def delete_temporary_queues(self, owner: Any) -> None:
+        for queue in [q for q in self.queues.values() if q.owner is owner]:
+            self.delete_queue(queue.name)
+
+    def delete_queue(self, name: str) -> None:
+        """Delete a queue with its messages; its consumers are closed.
+
+        Raises:
+            QueueNotFound: no such queue.
+            QueueError: a predefined queue.
+        """
+        if name in PREDEFINED:
+            raise QueueError(f"queue {name} is predefined and cannot be deleted")
+        queue = self.queues.pop(name, None)
+        if queue is None:
+            raise QueueNotFound(f"queue {name!r} does not exist on router {self.router_name}")
+        queue.deleted = True
+        for consumer in list(queue.consumers):
+            consumer.close()
+        dropped = queue.drop_all()
+        self._defer(*(DeleteMessage(entry.id) for entry in dropped if entry.persistent))
+        if self._usage is not None:
+            self._usage.remove(name)
+        log.info("queue %s deleted (%d message(s) dropped)", name, len(dropped))
+
+    def _queue_configured(self, entity: Entity) -> None:
+        settings = entity.snapshot()
+        queue = self.queues.get(entity.name)
+        if queue is None:
+            self._create(entity.name, settings)
+        else:
+            queue.settings = settings
+        entity.on_change(lambda change: self._queue_changed(entity))
+
+    def _queue_changed(self, entity: Entity) -> None:
+        self.config = self.context.entity.snapshot()
+        queue = self.queues.get(entity.name)
+        if queue is not None:
+            queue.settings = entity.snapshot()
+
+    def _queue_unconfigured(self, entity: Entity) -> None:
+        queue = self.queues.get(entity.name)
+        if queue is not None and queue.consumers:
+            raise Veto(f"queue {entity.name} has {len(queue.consumers)} consumer(s)")
+        if queue is not None:
+            self.delete_queue(entity.name)
+
+    # -- sending ------------------------------------------------------------------------------
+
+    def _entry(self, queue: Queue, message: Message, possible_duplicate: bool) -> tuple[Entry | None, str | None, bool]:
+        """``(entry, duplicate key, is duplicate)`` for ``message`` in ``queue``; no entry
+        for a duplicate, or a message that expired before it arrived.
+
+        Raises:
+            MessageTooLarge, QueueFull, QueueError (malformed message).
+        """
+        if len(message.raw) > self.config.max_message_size:
+            raise MessageTooLarge(f"message of {len(message.raw)} bytes exceeds max-message-size "
+                                  f"{self.config.max_message_size} (queue {queue.name})")
+        queue.check_room()
+        now = now_ms()
+        try:
+            durable, priority, expires = message.queue_info(now)
+            key = id_key(message.peek_message_id()) if queue.settings.duplicate_detection_enabled else None
+        except MessageError as exc:
+            raise QueueError(f"malformed message for queue {queue.name}: {exc}") from None
+        if queue.is_duplicate(key, possible_duplicate):
+            queue.duplicates += 1
+            return None, key, True
+        mode = queue.settings.persistence_mode
+        persistent = durable if mode == "as_message" else mode == "persistent"
+        entry = Entry(self._new_id(), message, priority, expires, persistent)
+        if expires is not None and expires <= now:
+            queue.expired += 1
+            if queue.settings.expired_to_dlq:
+                self._dead_letter(queue, entry, "expired before it arrived")
+            return None, key, False
+        return entry, key, False
+
+    def _put_ops(self, queue: Queue, entry: Entry, key: str | None, txid: str | None = None) -> list[Op]:
+        if not entry.persistent:
+            return []
+        ops: list[Op] = [PutMessage(entry.id, queue.name, entry.message.raw, entry.delivery_count, txid)]
+        if key is not None and txid is None:
+            ops.append(RememberId(queue.name, key, queue.settings.duplicate_detection_backlog_size))
+        return ops
+
+    async def send(self, address: str, message: Message, *, possible_duplicate: bool = False) -> SendResult:
+        """Put ``message`` into the queue for ``address``; a persistent message is durable
+        when this returns.
+
+        Raises:
+            QueueNotFound, QueueFull, MessageTooLarge, QueueError: the message was not taken.
+        """
+        queue = self.queue(address)
+        entry, key, duplicate = self._entry(queue, message, possible_duplicate)
+        if entry is None:
+            return SendResult(0, duplicate)
+        if key is not None:
+            queue.remember(key)
+        ops = self._put_ops(queue, entry, key)
+        delay = queue.flow.delay(queue.settings, queue.size, len(queue.consumers))
+        queue.add(entry)
+        if ops:
+            assert self._store is not None
+            await self._store.commit(ops)
+        return SendResult(delay)
+
+    def transaction(self) -> Transaction:
+        """A new local transaction."""
+        return Transaction(self)
+
+    def prepared_transactions(self) -> Mapping[str, Transaction]:
+        """Prepared transactions by xid (including those recovered at start)."""
+        return dict(self._prepared)
+
+    async def resolve_prepared(self, xid: str, *, commit: bool) -> None:
+        """Commit or roll back the prepared transaction ``xid``.
+
+        Raises:
+            TransactionError: no prepared transaction has that xid.
+        """
+        transaction = self._prepared.get(xid)
+        if transaction is None:
+            raise TransactionError(f"no prepared transaction {xid!r} on router {self.router_name}")
+        if commit:
+            await transaction.commit()
+        else:
+            await transaction.rollback()
+
+    # -- leaving without being consumed ----------------------------------------------------------
+
+    def _expire(self, queue: Queue, entry: Entry) -> None:
+        queue.expired += 1
+        queue.size -= 1
+        if queue.settings.expired_to_dlq and queue.name != "routerdlq":
+            self._dead_letter(queue, entry, "expired", count=False)
+        else:
+            entry.state = GONE
+            if entry.persistent:
+                self._defer_delete(entry)
+
+    def _dead_letter(self, source: Queue, entry: Entry, reason: str, *, count: bool = True) -> None:
+        """Move an entry that left ``source`` (its size already adjusted) to routerdlq."""
+        if count:
+            source.dead_lettered += 1
+        entry.state = GONE
+        ops: list[Op] = [DeleteMessage(entry.id)] if entry.persistent else []
+        dlq = self.queues["routerdlq"]
+        try:
+            if source is dlq:
+                raise QueueError("it was rejected from routerdlq itself")
+            dlq.check_room()
+            message = entry.message.with_annotations({DLQ_REASON: reason, DLQ_QUEUE: source.name})
+        except (QueueError, MessageError) as exc:
+            log.error("message %d of queue %s dropped instead of dead-lettered (%s): %s",
+                      entry.id, source.name, reason, exc)
+            self._defer(*ops)
+            return
+        moved = Entry(self._new_id(), message, entry.priority, None, entry.persistent, entry.delivery_count)
+        if moved.persistent:
+            ops.append(PutMessage(moved.id, dlq.name, message.raw, moved.delivery_count))
+        dlq.add(moved)
+        self._defer(*ops)
+        log.warning("message %d of queue %s moved to routerdlq: %s", entry.id, source.name, reason)
+
+    def _manager_usage(self) -> dict[str, Any]:
+        return {
+            "queues": len(self.queues),
+            "prepared-transactions": len(self._prepared),
+            "deferred-operations": len(self._deferred),
+        }
+
+
+class Transaction:
+    """A local transaction over any number of queues: sends and acknowledgements that take
+    effect together at :meth:`commit`, or not at all.
+
+    States: ``active`` → (``prepared``) → ``committed`` | ``rolled-back``.
+    """
+
+    def __init__(self, manager: QueueManager, *, xid: str | None = None, state: str = "active"):
+        self._manager = manager
+        self.xid = xid
+        self.state = state
+        self._sends: list[tuple[Queue, Entry]] = []
+        self._keys: dict[int, str] = {}
+        self._acks: list[tuple[Queue, Entry]] = []
+
+    def __repr__(self) -> str:
+        return f"<Transaction {self.xid or id(self)} {self.state}: {len(self._sends)} sends, {len(self._acks)} acks>"
+
+    def _require(self, *states: str) -> None:
+        if self.state not in states:
+            raise TransactionError(f"transaction is {self.state}, not {' or '.join(states)}")
+
+    def send(self, address: str, message: Message, *, possible_duplicate: bool = False) -> SendResult:
+        """Stage a send; the message becomes visible at commit.
+
+        Raises:
+            QueueNotFound, QueueFull, MessageTooLarge, QueueError, TransactionError.
+        """
+        self._require("active")
+        queue = self._manager.queue(address)
+        staged = sum(1 for q, _ in self._sends if q is queue)
+        queue.check_room(staged + 1)
+        entry, key, duplicate = self._manager._entry(queue, message, possible_duplicate)
+        if entry is None:
+            return SendResult(0, duplicate)
+        self._sends.append((queue, entry))
+        if key is not None:
+            self._keys[entry.id] = key
+        return SendResult(queue.flow.delay(queue.settings, queue.size, len(queue.consumers)))
+
+    def acknowledge(self, consumer: Consumer, entry: Entry) -> None:
+        """Stage the acknowledgement of an unsettled delivery of ``consumer``; the entry is
+        held (neither redelivered nor removed) until commit or rollback.
+
+        Raises:
+            QueueError: not an unsettled delivery of that consumer.
+            TransactionError: the transaction is not active.
+        """
+        self._require("active")
+        self._acks.append((consumer.queue, consumer.hold(entry)))
+
+    async def prepare(self, xid: str) -> None:
+        """Phase one: make the transaction durable as prepared under ``xid``.
+
+        Raises:
+            TransactionError: not active, or ``xid`` is in use.
+        """
+        self._require("active")
+        manager = self._manager
+        if xid in manager._prepared:
+            raise TransactionError(f"a transaction {xid!r} is prepared already")
+        ops: list[Op] = []
+        for queue, entry in self._sends:
+            ops.extend(manager._put_ops(queue, entry, None, txid=xid))
+        record = {"acks": [entry.id for _, entry in self._acks if entry.persistent]}
+        ops.append(PutRecord("xa", xid, json.dumps(record).encode()))
+        assert manager._store is not None
+        await manager._store.commit(ops)
+        self.xid, self.state = xid, "prepared"
+        manager._prepared[xid] = self
+
+    async def commit(self) -> None:
+        """Make every staged send visible and remove every acknowledged entry, durably.
+
+        Raises:
+            TransactionError: already committed or rolled back.
+            StoreError: the store failed (nothing took effect).
+        """
+        self._require("active", "prepared")
+        manager = self._manager
+        ops: list[Op] = []
+        if self.state == "active":
+            for queue, entry in self._sends:
+                ops.extend(manager._put_ops(queue, entry, self._keys.get(entry.id)))
+        else:
+            ops.extend(SetTransaction(entry.id, None) for _, entry in self._sends if entry.persistent)
+            ops.append(DeleteRecord("xa", self.xid or ""))
+        ops.extend(DeleteMessage(entry.id) for _, entry in self._acks if entry.persistent)
+        if ops:
+            assert manager._store is not None
+            await manager._store.commit(ops)
+        self.state = "committed"
+        manager._prepared.pop(self.xid or "", None)
+        for queue, entry in self._sends:
+            key = self._keys.get(entry.id)
+            if key is not None:
+                queue.remember(key)
+            if not queue.deleted:
+                queue.add(entry)
+        for queue, entry in self._acks:
+            entry.state = GONE
+            queue.size -= 1
+            queue.dequeued += 1
+
+    async def rollback(self) -> None:
+        """Drop the staged sends and redeliver the acknowledged entries (as failed deliveries).
+
+        Raises:
+            TransactionError: already committed or rolled back.
+        """
+        self._require("active", "prepared")
+        manager = self._manager
+        if self.state == "prepared":
+            ops: list[Op] = [DeleteMessage(entry.id) for _, entry in self._sends if entry.persistent]
+            ops.append(DeleteRecord("xa", self.xid or ""))
+            assert manager._store is not None
+            await manager._store.commit(ops)
+            manager._prepared.pop(self.xid or "", None)
+        self.state = "rolled-back"
+        for queue, entry in self._acks:
+            if entry.state == HELD:
+                queue.release(entry, count_delivery=True)
+        self._sends.clear()
+
+    def rollback_nowait(self) -> None:
+        """Roll back an active transaction without waiting (it has written nothing yet);
+        used when its session or connection is lost.
+
+        Raises:
+            TransactionError: the transaction is prepared (resolve it by xid instead).
+        """
+        self._require("active")
+        self.state = "rolled-back"
+        for queue, entry in self._acks:
+            if entry.state == HELD:
+                queue.release(entry, count_delivery=True)
+        self._sends.clear()
+

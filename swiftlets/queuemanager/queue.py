@@ -1,0 +1,510 @@
+"""One queue: its messages by priority, its consumers, credit-driven delivery and outcomes.
+
+Theory of operation
+-------------------
+A message in a queue is an :class:`Entry` (the shared, immutable
+:class:`messaging.message.Message` plus this queue's state of it). An entry is, in turn:
+
+- **available**: in the deque of its priority level (ten levels, 9 served first; within
+  a level ascending id, so FIFO);
+- **delivered**: handed to one consumer, which must settle it (accept, release, reject,
+  modify) — or a transaction that acknowledged it holds it (**held**);
+- **gone**: accepted, expired or dead-lettered.
+
+An entry leaves its deque when it is delivered and goes back to its place (by id) when
+it is released, so order and priority survive redelivery.
+
+Delivery is credit-driven, as AMQP links are: a consumer receives at most as many entries
+as it has credit. Consumers with credit wait in a round-robin ``ready`` ring; every new
+entry and every new credit runs :meth:`Queue._dispatch`, which gives the next available
+entry to the next ready consumer (shared mode), to the only consumer (exclusive), or to
+the first consumer only (active-standby: the others wait to take over). A consumer whose
+selector matches nothing available is parked until a new entry arrives.
+
+Expired entries are never delivered: dispatch and the periodic cleanup remove them
+(optionally to ``routerdlq``). Everything here is synchronous and runs in the router's
+trio thread; persistence is the manager's business (:mod:`.manager`), which this module
+calls through a few methods of its ``manager`` object.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from messaging.message import Message
+from messaging.selector import Selector, message_identifiers
+
+from .config import QueueSettings
+
+if TYPE_CHECKING:
+    from .manager import QueueManager
+
+__all__ = ["Entry", "Queue", "Consumer", "QueueError", "ConsumerRefused", "QueueFull", "FlowController"]
+
+AVAILABLE, DELIVERED, HELD, GONE = 0, 1, 2, 3
+
+
+class QueueError(Exception):
+    """A queue operation was refused; the message says why."""
+
+
+class QueueFull(QueueError):
+    """The queue holds ``max-messages`` already."""
+
+
+class ConsumerRefused(QueueError):
+    """The queue's consumer mode does not allow another consumer."""
+
+
+class Entry:
+    """A message in one queue. Public, read-only: ``id``, ``message``, ``priority``,
+    ``delivery_count``, ``redelivered``."""
+
+    __slots__ = ("id", "message", "priority", "expires", "delivery_count", "state", "persistent")
+
+    def __init__(self, id: int, message: Message, priority: int, expires: int | None,
+                 persistent: bool, delivery_count: int = 0):
+        self.id = id
+        self.message = message
+        self.priority = priority
+        self.expires = expires
+        self.persistent = persistent
+        self.delivery_count = delivery_count
+        self.state = AVAILABLE
+
+    @property
+    def redelivered(self) -> bool:
+        return self.delivery_count > 0
+
+    def __repr__(self) -> str:
+        return f"<Entry {self.id} p{self.priority} dc{self.delivery_count}>"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class FlowController:
+    """SwiftMQ's flow-control delay: how long a producer should wait before its next send.
+
+    Zero while nobody receives or the queue is at most ``flowcontrol-start-queuesize``.
+    Otherwise, over the current window (since the last reset): with send period
+    ``stp = Δt / sent`` and receive period ``rtp = Δt / received``, ``d = rtp - stp`` and
+    ``delay = d · sent / send-calls + (d + 2) · (size - start)``, clamped to
+    ``[0, max-flowcontrol-delay]``; without receives in the window the delay grows by
+    10 ms per call. The window restarts when the last receiver leaves and every second.
+    """
+
+    WINDOW_MS = 1000
+
+    def __init__(self) -> None:
+        self._reset(now_ms())
+        self._growing = 0
+
+    def _reset(self, now: int) -> None:
+        self._start, self.sent, self.received, self.send_calls = now, 0, 0, 0
+
+    def delay(self, settings: QueueSettings, size: int, receivers: int) -> int:
+        start = settings.flowcontrol_start_queuesize
+        now = now_ms()
+        if receivers == 0:
+            self._reset(now)
+            self._growing = 0
+            return 0
+        if now - self._start >= self.WINDOW_MS:
+            self._reset(now)
+        if start < 0 or size <= start:
+            return 0
+        if self.received == 0:
+            self._growing += 10
+            return min(self._growing, settings.max_flowcontrol_delay)
+        self._growing = 0
+        span = max(now - self._start, 1)
+        d = span / self.received - span / max(self.sent, 1)
+        value = d * self.sent / max(self.send_calls, 1) + (d + 2) * (size - start)
+        return int(min(max(value, 0), settings.max_flowcontrol_delay))
+
+
+class Queue:
+    """A local queue. Created and owned by the :class:`QueueManager`."""
+
+    def __init__(self, manager: QueueManager, name: str, settings: QueueSettings, *, owner: Any = None):
+        self.manager = manager
+        self.name = name
+        self.settings = settings
+        self.owner = owner  # a temporary queue's owner (deleted with it)
+        self._levels: list[deque[Entry]] = [deque() for _ in range(10)]
+        self.available = 0  # entries in the deques
+        self.size = 0  # entries of this queue not yet gone (available, delivered, held)
+        self.consumers: list[Consumer] = []
+        self._ready: deque[Consumer] = deque()
+        self._parked: list[Consumer] = []
+        self.flow = FlowController()
+        self._ids: set[str] = set()
+        self._id_order: deque[str] = deque()
+        self.deleted = False
+        # counters
+        self.enqueued = self.dequeued = self.expired = self.dead_lettered = self.duplicates = 0
+        self.send_rate = self.receive_rate = 0.0
+        self._rate_mark = (time.monotonic(), 0, 0)
+        self.next_cleanup = time.monotonic() + settings.cleanup_interval / 1000
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.name} size={self.size}>"
+
+    # -- entering ---------------------------------------------------------------------------
+
+    def check_room(self, extra: int = 1) -> None:
+        """Raises: QueueFull when ``extra`` more messages would exceed ``max-messages``."""
+        limit = self.settings.max_messages
+        if limit >= 0 and self.size + extra > limit:
+            raise QueueFull(f"queue {self.name} is full ({limit} messages)")
+        if self.deleted:
+            raise QueueError(f"queue {self.name} has been deleted")
+
+    def is_duplicate(self, key: str | None, possible_duplicate: bool) -> bool:
+        if key is None or not self.settings.duplicate_detection_enabled:
+            return False
+        if possible_duplicate or self.settings.duplicate_check == "always":
+            return key in self._ids
+        return False
+
+    def remember(self, key: str) -> None:
+        if key in self._ids:
+            return
+        self._ids.add(key)
+        self._id_order.append(key)
+        if len(self._id_order) > self.settings.duplicate_detection_backlog_size:
+            self._ids.discard(self._id_order.popleft())
+
+    def add(self, entry: Entry) -> None:
+        """Make a new entry available (it is counted as enqueued) and dispatch."""
+        self.size += 1
+        self.enqueued += 1
+        self.flow.sent += 1
+        self.flow.send_calls += 1
+        self._levels[entry.priority].append(entry)
+        self.available += 1
+        if self._parked:
+            self._ready.extend(self._parked)
+            self._parked.clear()
+        if self._ready:
+            self._dispatch()
+
+    def restore(self, entry: Entry) -> None:
+        """Put a recovered or held entry back in its place (not counted as enqueued)."""
+        self.size += 1
+        self._reinsert(entry)
+
+    def _reinsert(self, entry: Entry) -> None:
+        level = self._levels[entry.priority]
+        entry.state = AVAILABLE
+        if not level or level[-1].id < entry.id:
+            level.append(entry)
+        else:
+            index = 0
+            for index, queued in enumerate(level):  # noqa: B007 - the index is the result
+                if queued.id > entry.id:
+                    break
+            level.insert(index, entry)
+        self.available += 1
+        if self._parked:
+            self._ready.extend(self._parked)
+            self._parked.clear()
+        if self._ready:
+            self._dispatch()
+
+    # -- delivering ---------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        ready = self._ready
+        while ready and self.available:
+            consumer = ready[0]
+            entry = self._take(consumer.selector)
+            if entry is None:  # nothing this consumer selects: wait for new entries
+                ready.popleft()
+                self._parked.append(consumer)
+                continue
+            entry.state = DELIVERED
+            consumer._deliver(entry)
+            self.flow.received += 1
+            if consumer.credit <= 0:
+                ready.popleft()
+            elif len(ready) > 1:
+                ready.rotate(-1)
+
+    def _take(self, selector: Selector | None) -> Entry | None:
+        now = 0
+        for priority in range(9, -1, -1):
+            level = self._levels[priority]
+            if not level:
+                continue
+            if selector is None:
+                while level:
+                    entry = level.popleft()
+                    if entry.expires is not None and entry.expires <= (now or (now := now_ms())):
+                        self.available -= 1
+                        self.manager._expire(self, entry)
+                        continue
+                    self.available -= 1
+                    return entry
+            else:
+                for index, entry in enumerate(level):
+                    if entry.expires is not None and entry.expires <= (now or (now := now_ms())):
+                        continue  # left for the cleanup
+                    if selector.matches(message_identifiers(entry.message, entry.delivery_count)):
+                        del level[index]
+                        self.available -= 1
+                        return entry
+        return None
+
+    def _ready_up(self, consumer: Consumer) -> None:
+        if consumer in self._ready or consumer in self._parked or consumer.closed:
+            return
+        if self.settings.consumer_mode == "activestandby" and self.consumers[0] is not consumer:
+            return  # a standby consumer receives nothing until it becomes the active one
+        self._ready.append(consumer)
+        self._dispatch()
+
+    # -- settling -----------------------------------------------------------------------------
+
+    def remove(self, entry: Entry) -> None:
+        """An entry was consumed (accepted, or acknowledged by a committed transaction)."""
+        entry.state = GONE
+        self.size -= 1
+        self.dequeued += 1
+        if entry.persistent:
+            self.manager._defer_delete(entry)
+
+    def release(self, entry: Entry, *, count_delivery: bool) -> None:
+        """Give an entry back to the queue, counting a failed delivery if asked to; past
+        ``max-delivery-count`` it goes to routerdlq instead."""
+        if count_delivery:
+            entry.delivery_count += 1
+            limit = self.settings.max_delivery_count
+            if limit >= 0 and entry.delivery_count >= limit:
+                self.size -= 1
+                self.manager._dead_letter(self, entry, f"delivered {entry.delivery_count} times "
+                                          f"(max-delivery-count {limit})")
+                return
+            if entry.persistent:
+                self.manager._defer_delivery_count(entry)
+        if self.deleted:
+            return
+        self._reinsert(entry)
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    def consumer(self, selector: Selector | None = None, *, owner: Any = None) -> Consumer:
+        """Attach a consumer (no credit yet: call :meth:`Consumer.flow`).
+
+        Raises:
+            ConsumerRefused: exclusive mode and a consumer is attached already.
+            QueueError: the queue was deleted.
+        """
+        if self.deleted:
+            raise QueueError(f"queue {self.name} has been deleted")
+        if self.settings.consumer_mode == "exclusive" and self.consumers:
+            raise ConsumerRefused(f"queue {self.name} is exclusive and has a consumer already")
+        consumer = Consumer(self, selector, owner)
+        self.consumers.append(consumer)
+        return consumer
+
+    def _detach(self, consumer: Consumer) -> None:
+        was_active = bool(self.consumers) and self.consumers[0] is consumer
+        self.consumers.remove(consumer)
+        if consumer in self._ready:
+            self._ready.remove(consumer)
+        if consumer in self._parked:
+            self._parked.remove(consumer)
+        if was_active and self.consumers and self.settings.consumer_mode == "activestandby":
+            standby = self.consumers[0]
+            if standby.credit > 0:
+                self._ready_up(standby)
+
+    # -- browsing, cleanup, usage --------------------------------------------------------------
+
+    def browse(self, selector: Selector | None = None) -> Iterator[Entry]:
+        """The available entries in delivery order (a snapshot; nothing is consumed)."""
+        now = now_ms()
+        snapshot = [entry for priority in range(9, -1, -1) for entry in self._levels[priority]]
+        for entry in snapshot:
+            if entry.state != AVAILABLE or (entry.expires is not None and entry.expires <= now):
+                continue
+            if selector is None or selector.matches(message_identifiers(entry.message, entry.delivery_count)):
+                yield entry
+
+    def remove_expired(self) -> int:
+        """Remove every expired available entry; how many there were."""
+        now = now_ms()
+        removed = 0
+        for level in self._levels:
+            if any(e.expires is not None and e.expires <= now for e in level):
+                keep = deque()
+                for entry in level:
+                    if entry.expires is not None and entry.expires <= now:
+                        self.available -= 1
+                        self.manager._expire(self, entry)
+                        removed += 1
+                    else:
+                        keep.append(entry)
+                level.clear()
+                level.extend(keep)
+        return removed
+
+    def drop_all(self) -> list[Entry]:
+        """Empty the queue (it is being deleted); the entries that were in it."""
+        entries = [entry for level in self._levels for entry in level]
+        for level in self._levels:
+            level.clear()
+        self.available = 0
+        self.size = 0
+        return entries
+
+    def sample_rates(self) -> None:
+        at, enqueued, dequeued = self._rate_mark
+        now = time.monotonic()
+        span = now - at
+        if span > 0:
+            self.send_rate = (self.enqueued - enqueued) / span
+            self.receive_rate = (self.dequeued - dequeued) / span
+        self._rate_mark = (now, self.enqueued, self.dequeued)
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "messages": self.size,
+            "available": self.available,
+            "enqueued": self.enqueued,
+            "dequeued": self.dequeued,
+            "expired": self.expired,
+            "dead-lettered": self.dead_lettered,
+            "duplicates-dropped": self.duplicates,
+            "consumers": len(self.consumers),
+            "send-rate": round(self.send_rate, 1),
+            "receive-rate": round(self.receive_rate, 1),
+            "temporary": self.owner is not None,
+        }
+
+
+class Consumer:
+    """A receiver on one queue. Deliveries need credit; every delivery must be settled.
+
+    Deliveries are :class:`Entry` objects; settle them with :meth:`accept`,
+    :meth:`release`, :meth:`reject` or :meth:`modify` (or acknowledge them in a
+    transaction). Closing releases what is unsettled.
+    """
+
+    def __init__(self, queue: Queue, selector: Selector | None, owner: Any):
+        self.queue = queue
+        self.selector = selector
+        self.owner = owner
+        self.credit = 0
+        self.closed = False
+        self._buffer: deque[Entry] = deque()
+        self.unsettled: dict[int, Entry] = {}
+        self._waiter: trio.Event | None = None
+
+    def flow(self, credit: int) -> None:
+        """Add ``credit`` (AMQP link credit); deliveries start at once if entries wait."""
+        if credit <= 0:
+            return
+        self.credit += credit
+        self.queue._ready_up(self)
+
+    def drain(self) -> int:
+        """Deliver what is available within the credit, then drop the rest of the credit
+        (AMQP drain); returns the credit dropped."""
+        dropped, self.credit = self.credit, 0
+        if self in self.queue._ready:
+            self.queue._ready.remove(self)
+        if self in self.queue._parked:
+            self.queue._parked.remove(self)
+        return dropped
+
+    def _deliver(self, entry: Entry) -> None:
+        self.credit -= 1
+        self.unsettled[entry.id] = entry
+        self._buffer.append(entry)
+        if self._waiter is not None:
+            self._waiter.set()
+            self._waiter = None
+
+    def receive_nowait(self) -> Entry:
+        """The next delivery.
+
+        Raises:
+            trio.WouldBlock: none is waiting.
+            trio.ClosedResourceError: the consumer is closed.
+        """
+        if self.closed:
+            raise trio.ClosedResourceError(f"consumer on {self.queue.name} is closed")
+        if not self._buffer:
+            raise trio.WouldBlock
+        return self._buffer.popleft()
+
+    async def receive(self) -> Entry:
+        """The next delivery, waiting for one (it needs credit to come).
+
+        Raises:
+            trio.ClosedResourceError: the consumer is (or gets) closed.
+        """
+        while not self._buffer:
+            if self.closed:
+                raise trio.ClosedResourceError(f"consumer on {self.queue.name} is closed")
+            self._waiter = trio.Event()
+            await self._waiter.wait()
+        return self.receive_nowait()
+
+    def _settle(self, entry: Entry) -> Entry:
+        settled = self.unsettled.pop(entry.id, None)
+        if settled is None:
+            raise QueueError(f"delivery {entry.id} is not unsettled on this consumer of {self.queue.name}")
+        return settled
+
+    def accept(self, entry: Entry) -> None:
+        """Consumed: the entry leaves the queue (its deletion is persisted in the background)."""
+        self.queue.remove(self._settle(entry))
+
+    def release(self, entry: Entry) -> None:
+        """Not processed: back to the queue, delivery count unchanged."""
+        self.queue.release(self._settle(entry), count_delivery=False)
+
+    def modify(self, entry: Entry, *, delivery_failed: bool = True, undeliverable_here: bool = False) -> None:
+        """Back to the queue; ``delivery_failed`` counts a delivery (redelivered, and
+        max-delivery-count). ``undeliverable_here`` is accepted but not honoured: the entry
+        may come back to this consumer."""
+        self.queue.release(self._settle(entry), count_delivery=delivery_failed)
+
+    def reject(self, entry: Entry, reason: str = "rejected by the consumer") -> None:
+        """Unprocessable: the entry goes to routerdlq with ``reason``."""
+        self._settle(entry)
+        self.queue.size -= 1
+        self.queue.manager._dead_letter(self.queue, entry, reason)
+
+    def hold(self, entry: Entry) -> Entry:
+        """Hand an unsettled delivery to a transaction (it stays out of the queue)."""
+        settled = self._settle(entry)
+        settled.state = HELD
+        return settled
+
+    def close(self) -> None:
+        """Detach; deliveries never received go back as they were, received but unsettled
+        ones go back counted as a failed delivery."""
+        if self.closed:
+            return
+        self.closed = True
+        self.credit = 0
+        never_seen = {entry.id for entry in self._buffer}
+        self._buffer.clear()
+        self.queue._detach(self)
+        for entry in sorted(self.unsettled.values(), key=lambda e: e.id):
+            self.queue.release(entry, count_delivery=entry.id not in never_seen)
+        self.unsettled.clear()
+        if self._waiter is not None:
+            self._waiter.set()
+            self._waiter = None

@@ -1,0 +1,137 @@
+"""The store's public interface: what other swiftlets may call and the operations they send.
+
+A swiftlet gets the store with ``context.lookup("sys$store")`` and uses only what is
+defined here, so a second backend (PostgreSQL, say) can implement the same protocol.
+
+Everything persistent goes through :meth:`Store.commit`: a list of operations applied
+atomically — all or nothing, even across a crash — and durable when the call returns
+(as durable as the configured ``sync`` mode makes it). Commits from many tasks are
+batched into one database transaction (group commit), so callers should commit from
+concurrent tasks rather than serialise their commits.
+
+Operations are plain named tuples (cheap: the queue manager creates one per message).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Protocol
+
+import attrs
+
+__all__ = [
+    "Store",
+    "StoreError",
+    "Recovered",
+    "StoredMessage",
+    "PutMessage",
+    "DeleteMessage",
+    "SetDeliveryCount",
+    "SetTransaction",
+    "PutRecord",
+    "DeleteRecord",
+    "RememberId",
+    "Op",
+]
+
+
+class StoreError(Exception):
+    """The store could not apply a commit (disk full, I/O error, closed store)."""
+
+
+class PutMessage(NamedTuple):
+    """Store message ``id`` (unique, ascending in send order) of ``queue``; ``txid`` set
+    means it belongs to a prepared transaction and is not yet part of the queue."""
+
+    id: int
+    queue: str
+    body: bytes
+    delivery_count: int = 0
+    txid: str | None = None
+
+
+class DeleteMessage(NamedTuple):
+    id: int
+
+
+class SetDeliveryCount(NamedTuple):
+    id: int
+    delivery_count: int
+
+
+class SetTransaction(NamedTuple):
+    """Move message ``id`` into (``txid``) or out of (``None``) a prepared transaction."""
+
+    id: int
+    txid: str | None
+
+
+class PutRecord(NamedTuple):
+    """Store ``value`` under (``kind``, ``key``), replacing what was there.
+
+    Kinds in use: ``xa`` (prepared transactions), ``durable`` (durable subscriptions)."""
+
+    kind: str
+    key: str
+    value: bytes
+
+
+class DeleteRecord(NamedTuple):
+    kind: str
+    key: str
+
+
+class RememberId(NamedTuple):
+    """Add ``message_id`` to the duplicate-detection backlog of ``queue``, which keeps
+    the newest ``keep`` ids."""
+
+    queue: str
+    message_id: str
+    keep: int
+
+
+Op = PutMessage | DeleteMessage | SetDeliveryCount | SetTransaction | PutRecord | DeleteRecord | RememberId
+
+
+class StoredMessage(NamedTuple):
+    id: int
+    queue: str
+    body: bytes
+    delivery_count: int
+    txid: str | None
+
+
+@attrs.frozen
+class Recovered:
+    """Everything the store held at start.
+
+    Attributes:
+        messages: every stored message, in ascending id order.
+        records: ``{kind: {key: value}}``.
+        remembered_ids: ``{queue: [message ids, oldest first]}``.
+        next_id: an id larger than any stored.
+    """
+
+    messages: Sequence[StoredMessage]
+    records: Mapping[str, Mapping[str, bytes]]
+    remembered_ids: Mapping[str, Sequence[str]]
+    next_id: int
+
+
+class Store(Protocol):
+    """What ``context.lookup("sys$store")`` returns."""
+
+    @property
+    def recovered(self) -> Recovered:
+        """The state loaded at start (read it once, while starting)."""
+
+    async def commit(self, ops: Sequence[Op]) -> None:
+        """Apply ``ops`` atomically and durably.
+
+        Cancelling the caller does not cancel the commit: the operations are applied (or
+        fail) all the same.
+
+        Raises:
+            StoreError: the commit failed; none of its operations were applied. The store
+                then stops the router, since it can no longer keep its promises.
+        """
