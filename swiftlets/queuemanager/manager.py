@@ -37,7 +37,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import trio
@@ -88,6 +88,11 @@ class SendResult(NamedTuple):
 
     delay_ms: int
     duplicate: bool = False
+
+
+def _ignore(error: BaseException | None) -> None:
+    if error is not None:
+        log.error("a message could not be stored: %s", error)
 
 
 def id_key(message_id: Any) -> str | None:
@@ -391,9 +396,43 @@ class QueueManager:
         Raises:
             QueueNotFound, QueueFull, MessageTooLarge, QueueError: the message was not taken.
         """
+        done = trio.Event()
+        failure: list[BaseException] = []
+
+        def durable(error: BaseException | None) -> None:
+            if error is not None:
+                failure.append(error)
+            done.set()
+
+        result = self.send_nowait(address, message, possible_duplicate=possible_duplicate, on_durable=durable)
+        with trio.CancelScope(shield=True):  # once taken, learn whether it became durable
+            await done.wait()
+        if failure:
+            raise failure[0]
+        return result
+
+    def send_nowait(
+        self,
+        address: str,
+        message: Message,
+        *,
+        possible_duplicate: bool = False,
+        on_durable: Callable[[BaseException | None], None] | None = None,
+    ) -> SendResult:
+        """Put ``message`` into the queue for ``address`` without waiting; for a persistent
+        message ``on_durable(None)`` is called once it is stored (``on_durable(error)`` if
+        storing failed), for any other at once. A listener settles the producer's delivery
+        in that callback.
+
+        Raises:
+            QueueNotFound, QueueFull, MessageTooLarge, QueueError: the message was not taken
+                (``on_durable`` is not called).
+        """
         queue = self.queue(address)
         entry, key, duplicate = self._entry(queue, message, possible_duplicate)
         if entry is None:
+            if on_durable is not None:
+                on_durable(None)
             return SendResult(0, duplicate)
         if key is not None:
             queue.remember(key)
@@ -402,7 +441,9 @@ class QueueManager:
         queue.add(entry)
         if ops:
             assert self._store is not None
-            await self._store.commit(ops)
+            self._store.commit_nowait(ops, on_durable or _ignore)
+        elif on_durable is not None:
+            on_durable(None)
         return SendResult(delay)
 
     def transaction(self) -> Transaction:

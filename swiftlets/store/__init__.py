@@ -11,6 +11,7 @@ insert/delete pairs that never reached the disk, the largest batch and pending o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,9 @@ class StoreSwiftlet:
 
     async def commit(self, ops: list[Op]) -> None:
         await self._store.commit(ops)
+
+    def commit_nowait(self, ops: list[Op], on_done: Callable[[BaseException | None], None]) -> None:
+        self._store.commit_nowait(ops, on_done)
 
     def _on_change(self, change: Any) -> None:
         if change.name == "max-batch":

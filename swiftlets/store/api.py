@@ -14,7 +14,7 @@ Operations are plain named tuples (cheap: the queue manager creates one per mess
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 import attrs
@@ -134,4 +134,13 @@ class Store(Protocol):
         Raises:
             StoreError: the commit failed; none of its operations were applied. The store
                 then stops the router, since it can no longer keep its promises.
+        """
+
+    def commit_nowait(self, ops: Sequence[Op], on_done: Callable[[BaseException | None], None]) -> None:
+        """Like :meth:`commit`, without waiting: ``on_done(None)`` is called once the
+        operations are durable, ``on_done(error)`` if they failed. For callers with many
+        commits in flight (a listener settling deliveries) that should not need a task each.
+
+        Raises:
+            StoreError: the store is not running.
         """

@@ -1,132 +1,103 @@
-"""The SQLite backend: WAL mode, one dedicated thread, group commit.
+"""The SQLite backend, router side: group commit in front of the engine process.
 
 Theory of operation
 -------------------
-One OS thread (:class:`_Thread`) owns the SQLite connection and runs every database call,
-one at a time; trio tasks hand it work and wait on a trio event, so the router's event
-loop never blocks on disk.
+The database is driven by one dedicated engine process per store
+(:mod:`swiftlets.store.engine`, which explains why a process and not a thread), started
+with the swiftlet and fed over a pipe; the router's trio loop never blocks on disk.
 
 Group commit: :meth:`SqliteStore.commit` appends its operations to the pending list and
-waits. A single committer task takes *everything* pending whenever the thread is free
-and applies it in one transaction — one WAL append and, with ``sync="full"``, one fsync —
-then wakes every waiter of that batch. While the thread works, new commits pile up for
-the next batch, so the batch size adapts to the load by itself: throughput is bounded by
-fsync rate × batch, not by the fsync rate.
+waits. A single committer task takes *everything* pending (up to ``max-batch``
+operations) whenever the engine is free, sends it as one batch — one SQLite transaction,
+one WAL append and, with ``sync="full"``, one fsync — and wakes every waiter of that batch
+when the engine confirms. While the engine works, new commits pile up for the next batch,
+so the batch size adapts to the load by itself: throughput is bounded by fsync rate ×
+batch, not by the fsync rate. A message stored and consumed within one batch is written
+neither way (the engine drops the pair).
 
-Within a batch, a message stored and deleted again (consumed before its insert reached
-the disk) is dropped from both lists and never written: at high rates most messages of
-a fast queue never touch the disk, which is safe because nobody was told the insert was
-durable before the batch commits.
-
-Crash safety is SQLite's: a transaction is in the WAL completely or not at all, so after
-``kill -9`` every acknowledged commit is there and no part of an unacknowledged one is.
-
-Schema version 1: ``messages`` (rowid = message id), ``records`` (kind, key → blob),
-``remembered_ids`` (duplicate-detection backlogs), ``meta`` (``schema-version``).
+A failed commit fails its waiters and then the store itself (the router stops): a store
+that cannot write can no longer keep the broker's promises.
 """
 
 from __future__ import annotations
 
-import functools
+import fcntl
 import logging
-import queue
-import sqlite3
-import threading
+import os
+import struct
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import outcome
 import trio
 
-from .api import (
-    DeleteMessage,
-    DeleteRecord,
-    Op,
-    PutMessage,
-    PutRecord,
-    Recovered,
-    RememberId,
-    SetDeliveryCount,
-    SetTransaction,
-    StoredMessage,
-    StoreError,
-)
+from .api import Op, Recovered, StoredMessage, StoreError
+from .engine import encode_ops, pack_frame, unpack_frame
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-T = TypeVar("T")
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY,
-    queue TEXT NOT NULL,
-    body BLOB NOT NULL,
-    delivery_count INTEGER NOT NULL DEFAULT 0,
-    txid TEXT
-);
-CREATE TABLE IF NOT EXISTS records (
-    kind TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY (kind, key)
-);
-CREATE TABLE IF NOT EXISTS remembered_ids (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL, message_id TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS remembered_ids_queue ON remembered_ids (queue, id);
-"""
+_LENGTH = struct.Struct(">I")
 
 
-class _Thread:
-    """A dedicated OS thread running submitted calls in order."""
+def _enlarge_pipe(fd: int) -> None:
+    """Let a pipe hold a whole batch (Linux; 64 KiB by default), so the engine can take a
+    batch without waiting for the busy trio loop to feed it 64 KiB at a time."""
+    setpipe = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+    for size in (4 << 20, 1 << 20):
+        try:
+            fcntl.fcntl(fd, setpipe, size)
+            return
+        except OSError:  # above /proc/sys/fs/pipe-max-size for an unprivileged user
+            continue
 
-    def __init__(self, name: str):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
 
-    def _main(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            call, token, deliver = job
-            result = outcome.capture(call)
-            try:
-                token.run_sync_soon(deliver, result)
-            except trio.RunFinishedError:  # nobody is waiting any more
-                pass
+class _FrameReader:
+    """Reads the engine's length-prefixed msgpack frames from a trio stream."""
 
-    async def run(self, call: Callable[[], T]) -> T:
-        """Run ``call`` on the thread and return its result (or raise its exception).
+    def __init__(self, stream: trio.abc.ReceiveStream):
+        self._stream = stream
+        self._buffer = bytearray()
 
-        Not cancellable: once submitted, the call runs to completion and this waits for it,
-        so the caller always learns whether the database call happened.
+    async def read(self) -> Any:
+        """The next frame's body.
+
+        Raises:
+            StoreError: the engine closed its output (it exited).
         """
-        token = trio.lowlevel.current_trio_token()
-        done = trio.Event()
-        box: list[outcome.Outcome] = []
-
-        def deliver(result: outcome.Outcome) -> None:
-            box.append(result)
-            done.set()
-
-        self._jobs.put((call, token, deliver))
-        with trio.CancelScope(shield=True):
-            await done.wait()
-        return box[0].unwrap()
-
-    def close(self) -> None:
-        """Stop the thread after the calls already submitted."""
-        self._jobs.put(None)
-        self._thread.join()
+        buffer = self._buffer
+        while True:
+            if len(buffer) >= 4:
+                size = _LENGTH.unpack_from(buffer)[0]
+                if len(buffer) >= 4 + size:
+                    payload = bytes(buffer[4:4 + size])
+                    del buffer[:4 + size]
+                    return unpack_frame(payload)
+            data = await self._stream.receive_some(1 << 20)
+            if not data:
+                raise StoreError("the store engine process exited")
+            buffer += data
 
 
 class _Pending:
-    __slots__ = ("ops", "done", "error")
+    """One commit waiting for its batch: a trio event to set, or a callback to call."""
 
-    def __init__(self, ops: Sequence[Op]):
+    __slots__ = ("ops", "done", "callback", "error")
+
+    def __init__(self, ops: Sequence[Op], callback: Callable[[BaseException | None], None] | None = None):
         self.ops = ops
-        self.done = trio.Event()
+        self.callback = callback
+        self.done = trio.Event() if callback is None else None
         self.error: BaseException | None = None
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.error = error
+        if self.callback is not None:
+            self.callback(error)
+        else:
+            self.done.set()
 
 
 class SqliteStore:
@@ -140,8 +111,8 @@ class SqliteStore:
         self._pending: list[_Pending] = []
         self._pending_ops = 0
         self._wakeup = trio.Event()
-        self._thread: _Thread | None = None
-        self._db: sqlite3.Connection | None = None
+        self._engine_input: trio.abc.SendStream | None = None
+        self._engine_output: _FrameReader | None = None
         self._closed = False
         self._recovered: Recovered | None = None
         # usage counters
@@ -158,59 +129,114 @@ class SqliteStore:
         return self._recovered
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Open (creating or upgrading) the database, recover, then commit until cancelled.
+        """Start the engine, recover, then commit until cancelled.
 
         Raises:
-            StoreError: the file cannot be opened, is not a Martinet store, or has a newer
-                schema; or a commit failed (the router must stop).
+            StoreError: the database cannot be opened, is not a Martinet store or has a
+                newer schema; or a commit failed (the router must stop).
         """
-        self._thread = _Thread(f"store-{self._name}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "swiftlets.store", str(self.path), self.sync],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+        )
+        assert process.stdin is not None and process.stdout is not None
+        for stream in (process.stdin, process.stdout):
+            _enlarge_pipe(stream.fileno())
+        self._engine_input = process.stdin
+        self._engine_output = _FrameReader(process.stdout)
         try:
-            self._recovered = await self._thread.run(self._open)
+            self._recovered = await self._recover()
             task_status.started()
             await self._commit_forever()
         finally:
             self._closed = True
-            for pending in self._pending:
-                pending.error = StoreError("the store stopped before this commit was applied")
-                pending.done.set()
-            self._pending.clear()
+            pending, self._pending = self._pending, []
+            for waiting in pending:
+                waiting.finish(StoreError("the store stopped before this commit was applied"))
             with trio.CancelScope(shield=True):
-                await self._thread.run(self._close)
-            self._thread.close()
+                await process.stdin.aclose()  # end of input: the engine closes the database
+                with trio.move_on_after(10):
+                    await process.wait()
+                if process.returncode is None:
+                    log.error("store engine of %s did not exit; killing it", self.path)
+                    process.kill()
+                    await process.wait()
+
+    async def _recover(self) -> Recovered:
+        messages: list[StoredMessage] = []
+        records: dict[str, dict[str, bytes]] = {}
+        remembered: dict[str, list[str]] = {}
+        while True:
+            frame = await self._engine_output.read()
+            kind = frame[0]
+            if kind == "messages":
+                messages.extend(StoredMessage(*row) for row in frame[1])
+            elif kind == "records":
+                for record_kind, key, value in frame[1]:
+                    records.setdefault(record_kind, {})[key] = value
+            elif kind == "remembered":
+                for queue_name, message_id in frame[1]:
+                    remembered.setdefault(queue_name, []).append(message_id)
+            elif kind == "ready":
+                log.info("store %s opened: %d messages, %d records", self.path, len(messages),
+                         sum(len(v) for v in records.values()))
+                return Recovered(messages, records, remembered, frame[1])
+            elif kind == "error":
+                raise StoreError(frame[1])
+            else:
+                raise StoreError(f"unexpected frame {kind!r} from the store engine")
 
     async def commit(self, ops: Sequence[Op]) -> None:
-        if self._closed or self._thread is None:
-            raise StoreError("the store is not running")
         if not ops:
             return
-        pending = _Pending(ops)
-        self._pending.append(pending)
-        self._pending_ops += len(ops)
-        self._wakeup.set()
+        pending = self._submit(_Pending(ops))
         with trio.CancelScope(shield=True):
             await pending.done.wait()
         if pending.error is not None:
             raise StoreError(f"commit failed: {pending.error}") from pending.error
 
+    def commit_nowait(self, ops: Sequence[Op], on_done: Callable[[BaseException | None], None]) -> None:
+        if not ops:
+            on_done(None)
+            return
+        self._submit(_Pending(ops, on_done))
+
+    def _submit(self, pending: _Pending) -> _Pending:
+        if self._closed or self._engine_input is None:
+            raise StoreError("the store is not running")
+        self._pending.append(pending)
+        self._pending_ops += len(pending.ops)
+        self._wakeup.set()
+        return pending
+
     async def _commit_forever(self) -> None:
-        assert self._thread is not None
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
             while self._pending:
                 batch, ops = self._take_batch()
                 begin = time.perf_counter()
-                try:
-                    await self._thread.run(functools.partial(self._apply, ops))
-                except Exception as exc:
-                    for pending in batch:
-                        pending.error = exc
-                        pending.done.set()
-                    raise StoreError(f"{self.path}: commit failed: {exc}") from exc
+                # Shielded: once sent, a batch's waiters learn its real outcome.
+                with trio.CancelScope(shield=True):
+                    try:
+                        await self._engine_input.send_all(pack_frame(["commit", encode_ops(ops)]))
+                        reply = await self._engine_output.read()
+                        if reply[0] != "done":
+                            raise StoreError(reply[1] if len(reply) > 1 else repr(reply))
+                    except (StoreError, trio.BrokenResourceError, OSError) as exc:
+                        for pending in batch:
+                            pending.finish(exc)
+                        raise StoreError(f"{self.path}: commit failed: {exc}") from exc
+                self.cancelled_pairs += reply[1]
+                self.transactions += 1
+                self.operations += len(ops)
+                self.largest_batch = max(self.largest_batch, len(ops))
                 self.commit_seconds += time.perf_counter() - begin
                 for pending in batch:
-                    pending.done.set()
+                    pending.finish()
 
     def _take_batch(self) -> tuple[list[_Pending], list[Op]]:
         """The oldest pending commits up to ``max-batch`` operations (at least one commit)."""
@@ -223,116 +249,6 @@ class SqliteStore:
         batch, self._pending = self._pending[:count], self._pending[count:]
         self._pending_ops -= size
         return batch, [op for pending in batch for op in pending.ops]
-
-    # -- on the store thread --------------------------------------------------------------
-
-    def _open(self) -> Recovered:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA page_size = 16384")
-            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if mode != "wal":
-                raise StoreError(f"{self.path}: cannot use WAL mode (got {mode})")
-            db.execute(f"PRAGMA synchronous = {self.sync.upper()}")
-            db.executescript(_SCHEMA)
-            found = db.execute("SELECT value FROM meta WHERE key = 'schema-version'").fetchone()
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.path}: not a usable Martinet store: {exc}") from None
-        if found is None:
-            db.execute("INSERT INTO meta VALUES ('schema-version', ?)", (str(SCHEMA_VERSION),))
-        elif int(found[0]) > SCHEMA_VERSION:
-            raise StoreError(f"{self.path}: schema version {found[0]} is newer than this release "
-                             f"understands ({SCHEMA_VERSION})")
-        self._db = db
-        messages = [StoredMessage(*row) for row in db.execute(
-            "SELECT id, queue, body, delivery_count, txid FROM messages ORDER BY id")]
-        records: dict[str, dict[str, bytes]] = {}
-        for kind, key, value in db.execute("SELECT kind, key, value FROM records"):
-            records.setdefault(kind, {})[key] = value
-        remembered: dict[str, list[str]] = {}
-        for queue_name, message_id in db.execute("SELECT queue, message_id FROM remembered_ids ORDER BY id"):
-            remembered.setdefault(queue_name, []).append(message_id)
-        next_id = (messages[-1].id + 1) if messages else 1
-        log.info("store %s opened: %d messages, %d records", self.path, len(messages),
-                 sum(len(v) for v in records.values()))
-        return Recovered(messages, records, remembered, next_id)
-
-    def _close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-
-    def _apply(self, ops: list[Op]) -> None:
-        """Apply one batch in one transaction; a failure rolls back all of it."""
-        db = self._db
-        assert db is not None
-        puts: dict[int, PutMessage] = {}
-        deletes: list[tuple[int]] = []
-        counts: list[tuple[int, int]] = []
-        transactions: list[tuple[str | None, int]] = []
-        records: list[tuple[str, str, bytes]] = []
-        record_deletes: list[tuple[str, str]] = []
-        remembered: list[tuple[str, str]] = []
-        keep: dict[str, int] = {}
-        for op in ops:
-            kind = type(op)
-            if kind is PutMessage:
-                puts[op.id] = op
-            elif kind is DeleteMessage:
-                if puts.pop(op.id, None) is not None:
-                    self.cancelled_pairs += 1  # stored and consumed within one batch
-                else:
-                    deletes.append((op.id,))
-            elif kind is SetDeliveryCount:
-                put = puts.get(op.id)
-                if put is not None:
-                    puts[op.id] = put._replace(delivery_count=op.delivery_count)
-                else:
-                    counts.append((op.delivery_count, op.id))
-            elif kind is SetTransaction:
-                put = puts.get(op.id)
-                if put is not None:
-                    puts[op.id] = put._replace(txid=op.txid)
-                else:
-                    transactions.append((op.txid, op.id))
-            elif kind is PutRecord:
-                records.append((op.kind, op.key, op.value))
-            elif kind is DeleteRecord:
-                record_deletes.append((op.kind, op.key))
-            elif kind is RememberId:
-                remembered.append((op.queue, op.message_id))
-                keep[op.queue] = op.keep
-            else:
-                raise TypeError(f"unknown store operation {op!r}")
-        db.execute("BEGIN")
-        try:
-            if puts:
-                db.executemany("INSERT INTO messages (id, queue, body, delivery_count, txid) VALUES (?, ?, ?, ?, ?)",
-                               puts.values())
-            if deletes:
-                db.executemany("DELETE FROM messages WHERE id = ?", deletes)
-            if counts:
-                db.executemany("UPDATE messages SET delivery_count = ? WHERE id = ?", counts)
-            if transactions:
-                db.executemany("UPDATE messages SET txid = ? WHERE id = ?", transactions)
-            if records:
-                db.executemany("INSERT OR REPLACE INTO records (kind, key, value) VALUES (?, ?, ?)", records)
-            if record_deletes:
-                db.executemany("DELETE FROM records WHERE kind = ? AND key = ?", record_deletes)
-            if remembered:
-                db.executemany("INSERT INTO remembered_ids (queue, message_id) VALUES (?, ?)", remembered)
-                for queue_name, size in keep.items():
-                    db.execute(
-                        "DELETE FROM remembered_ids WHERE queue = ?1 AND id <= (SELECT id FROM remembered_ids "
-                        "WHERE queue = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)", (queue_name, size))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        self.transactions += 1
-        self.operations += len(ops)
-        self.largest_batch = max(self.largest_batch, len(ops))
 
     def usage(self) -> dict[str, Any]:
         return {
