@@ -92,7 +92,7 @@ async def memory(router: Router, count: int) -> float:
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    for n in range(count):
+    for _ in range(count):
         await qm.send("memory", build(payload))
     gc.collect()
     after = tracemalloc.get_traced_memory()[0]
