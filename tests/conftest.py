@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from kernel import Router, load_swiftlet_specs
+from kernel import Router, SwiftletFailed, load_swiftlet_specs
 
 import probe_plugin
 
@@ -71,3 +71,72 @@ def echo_site(tmp_path_factory) -> Path:
         timeout=300,
     )
     return target
+
+
+QUEUE_ROUTER = """
+<router name="r1" startorder="sys$store sys$queuemanager" shutdown-timeout="5000">
+  <swiftlet name="sys$store" path="{store}" sync="{sync}"/>
+  <swiftlet name="sys$queuemanager" {manager}>
+    {queues}
+  </swiftlet>
+</router>
+"""
+
+
+class RunningRouter:
+    """A router on a store in the test's temp dir, restartable on the same store."""
+
+    def __init__(self, nursery, tmp_path: Path, manager: str = "", queues: str = "", sync: str = "normal"):
+        self.nursery = nursery
+        self.path = tmp_path / "router.xml"
+        self.path.write_text(QUEUE_ROUTER.format(store=tmp_path / "store", sync=sync, manager=manager,
+                                                 queues=f"<queues>{queues}</queues>" if queues else ""))
+        self.router: Router | None = None
+        self._done: trio.Event | None = None
+        self.failure: SwiftletFailed | None = None
+
+    async def start(self) -> Router:
+        self.router = Router.from_file(self.path)
+        self._done = trio.Event()
+        await self.nursery.start(self._run, self.router, self._done)
+        return self.router
+
+    async def _run(self, router, done, *, task_status):
+        try:
+            await router.run(task_status=task_status)
+        except SwiftletFailed as failure:  # after start: kept for the test to look at
+            self.failure = failure
+        finally:
+            done.set()
+
+    async def stop(self) -> None:
+        self.router.request_stop()
+        await self._done.wait()
+
+    async def restart(self) -> Router:
+        await self.stop()
+        return await self.start()
+
+    @property
+    def qm(self):
+        return self.router.swiftlet("sys$queuemanager")
+
+    @property
+    def store(self):
+        return self.router.swiftlet("sys$store")
+
+
+@pytest.fixture
+async def broker(nursery, tmp_path):
+    """A started router with sys$store and sys$queuemanager (stopped after the test)."""
+    running = RunningRouter(nursery, tmp_path)
+    await running.start()
+    yield running
+    if not running._done.is_set():
+        await running.stop()
+
+
+@pytest.fixture
+def make_broker(nursery, tmp_path):
+    """Build (not start) a RunningRouter with extra manager attributes and queue elements."""
+    return lambda manager="", queues="", sync="normal": RunningRouter(nursery, tmp_path, manager, queues, sync)

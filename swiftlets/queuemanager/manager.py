@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+import attrs
 import trio
 
 from kernel import Change, Entity, SwiftletContext, UsageList, Veto
@@ -112,7 +113,9 @@ class QueueManager:
     def __init__(self, context: SwiftletContext):
         self.context = context
         self.router_name = context.router_name
-        self.config: QueueManagerConfig = context.config
+        config: QueueManagerConfig = context.config
+        self.auto_create_queues = config.auto_create_queues
+        self.max_message_size = config.max_message_size
         self.queues: dict[str, Queue] = {}
         self._store: Store | None = None
         self._next_id = 1
@@ -146,7 +149,10 @@ class QueueManager:
                     await self._store.commit(ops)
 
     def _settings_changed(self, change: Change) -> None:
-        self.config = self.context.entity.snapshot()
+        if change.name == "auto-create-queues":
+            self.auto_create_queues = change.new
+        elif change.name == "max-message-size":
+            self.max_message_size = change.new
 
     async def _flush_forever(self) -> None:
         assert self._store is not None
@@ -260,13 +266,15 @@ class QueueManager:
     def settings_for(self, name: str) -> QueueSettings:
         """The settings of queue ``name``: its own definition, else the first controller
         (in name order) whose predicate matches."""
-        defined = self.config.queues.get(name)
+        entity = self.context.entity
+        defined = entity.entity_list("queues").entities.get(name)
         if defined is not None:
-            return defined
-        for controller_name in sorted(self.config.queue_controllers):
-            controller = self.config.queue_controllers[controller_name]
-            if like_pattern(controller.predicate).fullmatch(name):
-                return controller
+            return defined.snapshot()
+        controllers = entity.entity_list("queue-controllers").entities
+        for controller_name in sorted(controllers):
+            controller = controllers[controller_name]
+            if like_pattern(controller.get("predicate")).fullmatch(name):
+                return controller.snapshot()
         return QueueSettings()
 
     def queue(self, address: str, *, create: bool | None = None) -> Queue:
@@ -281,7 +289,7 @@ class QueueManager:
         queue = self.queues.get(name)
         if queue is not None:
             return queue
-        if not (self.config.auto_create_queues if create is None else create):
+        if not (self.auto_create_queues if create is None else create):
             raise QueueNotFound(f"queue {name!r} does not exist on router {self.router_name}")
         if not name or "/" in name or "@" in name or any(c.isspace() for c in name):
             raise QueueError(f"invalid queue name {name!r}: non-empty, without '/', '@' or spaces")
@@ -334,13 +342,12 @@ class QueueManager:
             self._create(entity.name, settings)
         else:
             queue.settings = settings
-        entity.on_change(lambda change: self._queue_changed(entity))
+        entity.on_change(lambda change: self._queue_changed(entity.name, change))
 
-    def _queue_changed(self, entity: Entity) -> None:
-        self.config = self.context.entity.snapshot()
-        queue = self.queues.get(entity.name)
-        if queue is not None:
-            queue.settings = entity.snapshot()
+    def _queue_changed(self, name: str, change: Change) -> None:
+        queue = self.queues.get(name)
+        if queue is not None:  # listeners run before the change is committed: apply it
+            queue.settings = attrs.evolve(queue.settings, **{change.name.replace("-", "_"): change.new})
 
     def _queue_unconfigured(self, entity: Entity) -> None:
         queue = self.queues.get(entity.name)
@@ -358,9 +365,9 @@ class QueueManager:
         Raises:
             MessageTooLarge, QueueFull, QueueError (malformed message).
         """
-        if len(message.raw) > self.config.max_message_size:
+        if len(message.raw) > self.max_message_size:
             raise MessageTooLarge(f"message of {len(message.raw)} bytes exceeds max-message-size "
-                                  f"{self.config.max_message_size} (queue {queue.name})")
+                                  f"{self.max_message_size} (queue {queue.name})")
         queue.check_room()
         now = now_ms()
         try:
