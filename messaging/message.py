@@ -203,12 +203,13 @@ class Message:
         ttl = self.header.ttl
         return arrival_ms + ttl if ttl else None
 
-    def queue_info(self, arrival_ms: int) -> tuple[bool, int, int | None]:
-        """``(durable, priority 0-9, absolute expiry or None)`` without caching anything.
+    def queue_info(self, arrival_ms: int) -> tuple[bool, int, int | None, Any]:
+        """``(durable, priority 0-9, absolute expiry or None, message-id)`` without caching.
 
-        The queue manager's per-message path: the header is read where it always is (first)
-        and the properties are walked, skipping values, only as far as
-        ``absolute-expiry-time`` (field 9) when their count shows it may be there.
+        The queue manager's per-message path, one pass: the header is read where it always
+        is (first); the properties are walked once, decoding the message-id (field 1) and,
+        when their count shows it may be there, ``absolute-expiry-time`` (field 9), and only
+        skipping over the fields between.
 
         Raises:
             MessageError: malformed header or properties.
@@ -223,29 +224,30 @@ class Message:
             durable, priority, ttl = False, 4, None
         else:  # a descriptor in an unusual encoding
             durable, priority, ttl = self.header_fields()
-        absolute = None
         if self._properties is not None:
-            absolute = self._properties.absolute_expiry_time
+            message_id, absolute = self._properties.message_id, self._properties.absolute_expiry_time
         else:
+            message_id = absolute = None
             span = _find_section(raw, PROPERTIES)
-            if span is not None and _list_count(raw, span[1]) > 8:
-                absolute = _list_field(raw, span[1], 8)
+            if span is not None:
+                count = _list_count(raw, span[1])
+                if count:
+                    try:
+                        position = span[1] + (3 if raw[span[1]] == 0xC0 else 9)
+                        message_id, position = decode(raw, position)
+                        if count > 8:
+                            for _ in range(7):
+                                position = skip(raw, position)
+                            absolute = decode(raw, position)[0]
+                    except (DecodeError, IndexError) as exc:
+                        raise MessageError(f"malformed properties: {exc}") from None
         if absolute:
             expiry: int | None = int(absolute)
         elif ttl:
             expiry = arrival_ms + ttl
         else:
             expiry = None
-        return durable, min(priority, 9), expiry
-
-    def peek_message_id(self) -> Any:
-        """The message-id without caching the properties (cheap: it is their first field)."""
-        if self._properties is not None:
-            return self._properties.message_id
-        span = _find_section(self.raw, PROPERTIES)
-        if span is None or _list_count(self.raw, span[1]) == 0:
-            return None
-        return _list_field(self.raw, span[1], 0)
+        return durable, min(priority, 9), expiry, message_id
 
     def header_fields(self) -> tuple[bool, int, int | None]:
         header = self.header
@@ -346,18 +348,6 @@ def _header_fields(raw: bytes) -> tuple[bool, int, int | None] | None:
         return durable, priority, ttl
     except IndexError:
         return None
-
-
-def _list_field(raw: bytes, offset: int, index: int) -> Any:
-    """Element ``index`` of the list at ``offset`` (which must have more elements),
-    decoding only that element."""
-    try:
-        position = offset + (3 if raw[offset] == 0xC0 else 9)
-        for _ in range(index):
-            position = skip(raw, position)
-        return decode(raw, position)[0]
-    except (DecodeError, IndexError) as exc:
-        raise MessageError(f"malformed list at offset {offset}: {exc}") from None
 
 
 def _find_section(raw: bytes, wanted: int) -> tuple[int, int, int] | None:

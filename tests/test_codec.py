@@ -147,20 +147,20 @@ def test_built_message_exposes_its_metadata():
     assert message.message_annotations == {"x-opt-jms-msg-type": 3}
     assert message.body() == b"payload"
     assert message.expiry(arrival_ms=2000) == 7000
-    assert message.queue_info(2000) == (True, 7, 7000)
+    assert message.queue_info(2000) == (True, 7, 7000, "m-1")
     message.validate()
 
 
 def test_defaults_when_sections_are_absent():
     message = build("just a value")
     assert (message.durable, message.priority, message.message_id) == (False, 4, None)
-    assert message.queue_info(0) == (False, 4, None)
+    assert message.queue_info(0) == (False, 4, None, None)
     assert message.application_properties == {} and message.body() == "just a value"
 
 
 def test_absolute_expiry_wins_over_ttl():
     message = build(b"", ttl=5000, absolute_expiry_time=99, creation_time=1)
-    assert message.queue_info(1000) == (False, 4, 99)
+    assert message.queue_info(1000) == (False, 4, 99, None)
     assert message.expiry(1000) == 99
 
 
@@ -200,4 +200,4 @@ def test_symbolic_descriptors_are_understood():
     raw = encode(Described(Symbol("amqp:header:list"), [True, UByte(9)])) + encode(
         Described(Symbol("amqp:data:binary"), b"x"))
     message = Message(raw)
-    assert message.queue_info(0) == (True, 9, None) and message.body() == b"x"
+    assert message.queue_info(0) == (True, 9, None, None) and message.body() == b"x"

@@ -207,7 +207,7 @@ class QueueManager:
             queue = self.queues.get(stored.queue) or self.queue(stored.queue, create=True)
             message = Message(stored.body)
             try:
-                _, priority, expires = message.queue_info(now)
+                _, priority, expires, _ = message.queue_info(now)
             except MessageError as exc:
                 log.error("stored message %d of %s is unreadable (%s); dropped", stored.id, stored.queue, exc)
                 orphans.append(DeleteMessage(stored.id))
@@ -371,10 +371,10 @@ class QueueManager:
         queue.check_room()
         now = now_ms()
         try:
-            durable, priority, expires = message.queue_info(now)
-            key = id_key(message.peek_message_id()) if queue.settings.duplicate_detection_enabled else None
+            durable, priority, expires, message_id = message.queue_info(now)
         except MessageError as exc:
             raise QueueError(f"malformed message for queue {queue.name}: {exc}") from None
+        key = id_key(message_id) if queue.settings.duplicate_detection_enabled else None
         if queue.is_duplicate(key, possible_duplicate):
             queue.duplicates += 1
             return None, key, True
