@@ -28,8 +28,8 @@ def run_and_kill(config: Path, run: int, delay: float) -> list[str]:
     """Start the writer, kill -9 it ``delay`` seconds after it is ready; its output lines."""
     out = config.parent / "writer.out"
     with out.open("wb") as stdout:
-        writer = subprocess.Popen([sys.executable, str(Path(__file__).parent / "crash_writer.py"), str(config), str(run)],
-                                  stdout=stdout, stderr=subprocess.DEVNULL)
+        command = [sys.executable, str(Path(__file__).parent / "crash_writer.py"), str(config), str(run)]
+        writer = subprocess.Popen(command, stdout=stdout, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while b"ready" not in out.read_bytes():
