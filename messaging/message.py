@@ -236,8 +236,11 @@ class Message:
                         position = span[1] + (3 if raw[span[1]] == 0xC0 else 9)
                         message_id, position = decode(raw, position)
                         if count > 8:
-                            for _ in range(7):
-                                position = skip(raw, position)
+                            for _ in range(7):  # fields 2-8 are mostly null: step over those inline
+                                if raw[position] == 0x40:
+                                    position += 1
+                                else:
+                                    position = skip(raw, position)
                             absolute = decode(raw, position)[0]
                     except (DecodeError, IndexError) as exc:
                         raise MessageError(f"malformed properties: {exc}") from None
