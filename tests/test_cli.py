@@ -147,3 +147,22 @@ def test_sighup_reboots_on_the_new_config_only_if_it_is_valid(run_router, tmp_pa
     assert router.text().count("router edge started") == 2
     assert router.stop(signal.SIGTERM) == 0
     assert "router edge started" in (tmp_path / "after-reboot.log").read_text()
+
+
+def test_ctrl_c_to_the_process_group_stops_cleanly(tmp_path):
+    """A terminal's Ctrl-C reaches the router and its store engine; the stop stays orderly."""
+    log = tmp_path / "stderr.log"
+    with log.open("wb") as stderr:
+        router = subprocess.Popen([sys.executable, "-m", "kernel", "run"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                  stderr=stderr, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while "router router1 started" not in log.read_text():
+            assert router.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        os.killpg(router.pid, signal.SIGINT)
+        assert router.wait(30) == 0, log.read_text()
+        assert "swiftlet sys$store stopped" in log.read_text() and "failed" not in log.read_text()
+    finally:
+        if router.poll() is None:
+            os.killpg(router.pid, signal.SIGKILL)

@@ -30,6 +30,7 @@ Schema version 1: ``messages`` (rowid = message id), ``records`` (kind, key → 
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import struct
 import sys
@@ -216,6 +217,10 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
 def main(argv: list[str]) -> int:
     """Serve one router's store until end of input; the exit status."""
     path, sync = argv
+    # Ctrl-C and SIGTERM reach the whole process group; the engine outlives its router's
+    # orderly stop (which may still commit) and leaves when its input ends.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     source, sink = sys.stdin.buffer, sys.stdout.buffer
 
     def send(body: Any) -> None:
