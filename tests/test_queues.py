@@ -326,6 +326,19 @@ async def test_rollback_redelivers_and_drops_sends(broker):
     assert qm.queue("out").size == 0
 
 
+async def test_a_lost_session_rolls_back_without_waiting(broker):
+    qm = broker.qm
+    await qm.send("in", msg(0))
+    consumer = qm.queue("in").consumer()
+    consumer.flow(2)
+    transaction = qm.transaction()
+    transaction.acknowledge(consumer, consumer.receive_nowait())
+    transaction.rollback_nowait()
+    assert consumer.receive_nowait().redelivered and transaction.state == "rolled-back"
+    with pytest.raises(TransactionError, match="transaction is rolled-back, not active"):
+        transaction.rollback_nowait()
+
+
 async def test_prepared_transactions_survive_a_restart(broker):
     qm = broker.qm
     for n in range(2):

@@ -637,11 +637,7 @@ class Transaction:
             assert manager._store is not None
             await manager._store.commit(ops)
             manager._prepared.pop(self.xid or "", None)
-        self.state = "rolled-back"
-        for queue, entry in self._acks:
-            if entry.state == HELD:
-                queue.release(entry, count_delivery=True)
-        self._sends.clear()
+        self._undo()
 
     def rollback_nowait(self) -> None:
         """Roll back an active transaction without waiting (it has written nothing yet);
@@ -651,6 +647,9 @@ class Transaction:
             TransactionError: the transaction is prepared (resolve it by xid instead).
         """
         self._require("active")
+        self._undo()
+
+    def _undo(self) -> None:
         self.state = "rolled-back"
         for queue, entry in self._acks:
             if entry.state == HELD:

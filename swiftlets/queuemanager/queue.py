@@ -189,12 +189,7 @@ class Queue:
         self.flow.sent += 1
         self.flow.send_calls += 1
         self._levels[entry.priority].append(entry)
-        self.available += 1
-        if self._parked:
-            self._ready.extend(self._parked)
-            self._parked.clear()
-        if self._ready:
-            self._dispatch()
+        self._became_available()
 
     def restore(self, entry: Entry) -> None:
         """Put a recovered or held entry back in its place (not counted as enqueued)."""
@@ -212,6 +207,10 @@ class Queue:
                 if queued.id > entry.id:
                     break
             level.insert(index, entry)
+        self._became_available()
+
+    def _became_available(self) -> None:
+        """One more entry is in the deques: parked consumers may want it; dispatch."""
         self.available += 1
         if self._parked:
             self._ready.extend(self._parked)
