@@ -91,6 +91,9 @@ class SendResult(NamedTuple):
     duplicate: bool = False
 
 
+_NOT_DELAYED = SendResult(0)
+
+
 def _ignore(error: BaseException | None) -> None:
     if error is not None:
         log.error("a message could not be stored: %s", error)
@@ -374,16 +377,18 @@ class QueueManager:
             durable, priority, expires, message_id = message.queue_info(now)
         except MessageError as exc:
             raise QueueError(f"malformed message for queue {queue.name}: {exc}") from None
-        key = id_key(message_id) if queue.settings.duplicate_detection_enabled else None
-        if queue.is_duplicate(key, possible_duplicate):
+        settings = queue.settings
+        key = id_key(message_id) if settings.duplicate_detection_enabled else None
+        if key is not None and queue.is_duplicate(key, possible_duplicate):
             queue.duplicates += 1
             return None, key, True
-        mode = queue.settings.persistence_mode
+        mode = settings.persistence_mode
         persistent = durable if mode == "as_message" else mode == "persistent"
-        entry = Entry(self._new_id(), message, priority, expires, persistent)
+        self._next_id += 1
+        entry = Entry(self._next_id - 1, message, priority, expires, persistent)
         if expires is not None and expires <= now:
             queue.expired += 1
-            if queue.settings.expired_to_dlq:
+            if settings.expired_to_dlq:
                 self._dead_letter(queue, entry, "expired before it arrived")
             return None, key, False
         return entry, key, False
@@ -435,7 +440,7 @@ class QueueManager:
             QueueNotFound, QueueFull, MessageTooLarge, QueueError: the message was not taken
                 (``on_durable`` is not called).
         """
-        queue = self.queue(address)
+        queue = self.queues.get(address) or self.queue(address)
         entry, key, duplicate = self._entry(queue, message, possible_duplicate)
         if entry is None:
             if on_durable is not None:
@@ -443,15 +448,14 @@ class QueueManager:
             return SendResult(0, duplicate)
         if key is not None:
             queue.remember(key)
-        ops = self._put_ops(queue, entry, key)
         delay = queue.flow.delay(queue.settings, queue.size, len(queue.consumers))
         queue.add(entry)
-        if ops:
+        if entry.persistent:
             assert self._store is not None
-            self._store.commit_nowait(ops, on_durable or _ignore)
+            self._store.commit_nowait(self._put_ops(queue, entry, key), on_durable or _ignore)
         elif on_durable is not None:
             on_durable(None)
-        return SendResult(delay)
+        return SendResult(delay) if delay else _NOT_DELAYED
 
     def transaction(self) -> Transaction:
         """A new local transaction."""

@@ -93,40 +93,39 @@ class FlowController:
     """SwiftMQ's flow-control delay: how long a producer should wait before its next send.
 
     Zero while nobody receives or the queue is at most ``flowcontrol-start-queuesize``.
-    Otherwise, over the current window (since the last reset): with send period
-    ``stp = Δt / sent`` and receive period ``rtp = Δt / received``, ``d = rtp - stp`` and
-    ``delay = d · sent / send-calls + (d + 2) · (size - start)``, clamped to
-    ``[0, max-flowcontrol-delay]``; without receives in the window the delay grows by
-    10 ms per call. The window restarts when the last receiver leaves and every second.
+    Otherwise, over the current window: with send period ``stp = Δt / sent`` and receive
+    period ``rtp = Δt / received``, ``d = rtp - stp`` and ``delay = d · sent / send-calls +
+    (d + 2) · (size - start)`` — here every send is one call, so the first term is ``d`` —
+    clamped to ``[0, max-flowcontrol-delay]``; without receives in the window the delay grows
+    by 10 ms per call. The window restarts when the last receiver leaves and every second.
     """
 
     WINDOW_MS = 1000
 
     def __init__(self) -> None:
         self._reset(now_ms())
-        self._growing = 0
 
     def _reset(self, now: int) -> None:
-        self._start, self.sent, self.received, self.send_calls = now, 0, 0, 0
+        self._start, self.sent, self.received, self._growing = now, 0, 0, 0
 
     def delay(self, settings: QueueSettings, size: int, receivers: int) -> int:
         start = settings.flowcontrol_start_queuesize
-        now = now_ms()
         if receivers == 0:
-            self._reset(now)
-            self._growing = 0
+            if self.sent or self.received:
+                self._reset(now_ms())
             return 0
+        if start < 0 or size <= start:  # the common case: no clock needed
+            return 0
+        now = now_ms()
         if now - self._start >= self.WINDOW_MS:
             self._reset(now)
-        if start < 0 or size <= start:
-            return 0
         if self.received == 0:
             self._growing += 10
             return min(self._growing, settings.max_flowcontrol_delay)
         self._growing = 0
         span = max(now - self._start, 1)
         d = span / self.received - span / max(self.sent, 1)
-        value = d * self.sent / max(self.send_calls, 1) + (d + 2) * (size - start)
+        value = d + (d + 2) * (size - start)
         return int(min(max(value, 0), settings.max_flowcontrol_delay))
 
 
@@ -187,7 +186,6 @@ class Queue:
         self.size += 1
         self.enqueued += 1
         self.flow.sent += 1
-        self.flow.send_calls += 1
         self._levels[entry.priority].append(entry)
         self._became_available()
 
