@@ -45,7 +45,7 @@ SCHEMA_VERSION = 1
 OP_CODES = {PutMessage: 1, DeleteMessage: 2, SetDeliveryCount: 3, SetTransaction: 4, PutRecord: 5,
             DeleteRecord: 6, RememberId: 7}
 RECOVERY_CHUNK = 2000
-_LENGTH = struct.Struct(">I")
+LENGTH = struct.Struct(">I")  # the frame length prefix
 
 # Rows per statement: a few large statements are much cheaper than one per row.
 # 5 columns x 160 rows stays well below SQLite's limit of 32766 parameters per statement.
@@ -76,7 +76,7 @@ class EngineError(Exception):
 
 def pack_frame(body: Any) -> bytes:
     payload = msgpack.packb(body, use_bin_type=True)
-    return _LENGTH.pack(len(payload)) + payload
+    return LENGTH.pack(len(payload)) + payload
 
 
 def unpack_frame(payload: bytes) -> Any:
@@ -235,7 +235,7 @@ def main(argv: list[str]) -> int:
         return 1
     try:
         while (header := _read_exactly(source, 4)) is not None:
-            payload = _read_exactly(source, _LENGTH.unpack(header)[0])
+            payload = _read_exactly(source, LENGTH.unpack(header)[0])
             if payload is None:
                 break
             request = unpack_frame(payload)

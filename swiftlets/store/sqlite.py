@@ -24,7 +24,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import struct
 import subprocess
 import sys
 import time
@@ -35,11 +34,9 @@ from typing import Any
 import trio
 
 from .api import Op, Recovered, StoredMessage, StoreError
-from .engine import encode_ops, pack_frame, unpack_frame
+from .engine import LENGTH, encode_ops, pack_frame, unpack_frame
 
 log = logging.getLogger(__name__)
-
-_LENGTH = struct.Struct(">I")
 
 
 def _enlarge_pipe(fd: int) -> None:
@@ -70,7 +67,7 @@ class _FrameReader:
         buffer = self._buffer
         while True:
             if len(buffer) >= 4:
-                size = _LENGTH.unpack_from(buffer)[0]
+                size = LENGTH.unpack_from(buffer)[0]
                 if len(buffer) >= 4 + size:
                     payload = bytes(buffer[4:4 + size])
                     del buffer[:4 + size]
