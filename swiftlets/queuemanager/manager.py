@@ -37,7 +37,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import attrs
@@ -456,6 +456,58 @@ class QueueManager:
         elif on_durable is not None:
             on_durable(None)
         return SendResult(delay) if delay else _NOT_DELAYED
+
+    def send_to_queues(
+        self,
+        queues: Sequence[Queue],
+        message: Message,
+        *,
+        on_durable: Callable[[BaseException | None], None] | None = None,
+    ) -> tuple[int, list[Queue]]:
+        """Put one message into several local queues (a topic publish fans out this way).
+
+        The message's metadata is read once; each queue gets its own entry (persistent
+        where its persistence mode says so). ``on_durable`` is called once when every
+        persistent copy is stored. Returns the largest flow-control delay among the queues
+        and the queues that were full (or deleted) and got no copy.
+
+        Raises:
+            MessageTooLarge, QueueError (malformed message): no queue got a copy.
+        """
+        if len(message.raw) > self.max_message_size:
+            raise MessageTooLarge(f"message of {len(message.raw)} bytes exceeds max-message-size "
+                                  f"{self.max_message_size}")
+        now = now_ms()
+        try:
+            durable, priority, expires, _ = message.queue_info(now)
+        except MessageError as exc:
+            raise QueueError(f"malformed message: {exc}") from None
+        if expires is not None and expires <= now:
+            if on_durable is not None:
+                on_durable(None)
+            return 0, []
+        ops: list[Op] = []
+        skipped: list[Queue] = []
+        delay = 0
+        for queue in queues:
+            limit = queue.settings.max_messages
+            if queue.deleted or (0 <= limit <= queue.size):
+                skipped.append(queue)
+                continue
+            mode = queue.settings.persistence_mode
+            persistent = durable if mode == "as_message" else mode == "persistent"
+            self._next_id += 1
+            entry = Entry(self._next_id - 1, message, priority, expires, persistent)
+            if persistent:
+                ops.append(PutMessage(entry.id, queue.name, message.raw))
+            delay = max(delay, queue.flow.delay(queue.settings, queue.size, len(queue.consumers)))
+            queue.add(entry)
+        if ops:
+            assert self._store is not None
+            self._store.commit_nowait(ops, on_durable or _ignore)
+        elif on_durable is not None:
+            on_durable(None)
+        return delay, skipped
 
     def transaction(self) -> Transaction:
         """A new local transaction."""
