@@ -102,7 +102,8 @@ def test_an_invalid_config_exits_2_before_starting(run_router, tmp_path):
     assert router.proc.wait(30) == 2
     assert router.text().strip() == (
         f"{config}:1: /router[@name='edge']: attribute 'startorder': "
-        "unknown swiftlet 'sys$routing'; installed: sys$log, sys$queuemanager, sys$store, sys$topicmanager"
+        "unknown swiftlet 'sys$routing'; installed: sys$authentication, sys$log, sys$queuemanager, sys$store, "
+        "sys$topicmanager"
     )
 
 
