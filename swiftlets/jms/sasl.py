@@ -1,0 +1,208 @@
+"""Server-side AMQP 1.0 SASL (OASIS AMQP 1.0 part 5.3), sans-IO.
+
+Theory of operation
+-------------------
+proton's engine as shipped on PyPI cannot verify a PLAIN password on the server side
+(``shared/reference/amqp-engine.md`` §3), so SASL runs here, in front of it:
+
+1. The client sends the SASL protocol header ``AMQP 3 1 0 0`` [5.3.1]; we answer with the
+   same header and a ``sasl-mechanisms`` frame listing ANONYMOUS and/or PLAIN [5.3.3.1].
+2. The client sends ``sasl-init`` [5.3.3.2] with its mechanism and initial response
+   (PLAIN: ``authzid NUL user NUL password``, RFC 4616). We emit :class:`Credentials`; the
+   I/O shell asks the authentication swiftlet and calls :meth:`SaslServer.accept` or
+   :meth:`SaslServer.refuse`, which queue a ``sasl-outcome`` [5.3.3.6] (code 0 ok, 1 auth).
+3. After an ok outcome, everything else the client sends (starting with the AMQP header
+   ``AMQP 0 1 0 0``) is :attr:`SaslServer.remaining`, for the AMQP engine.
+
+A client that skips SASL and opens with ``AMQP 0 1 0 0`` directly is an anonymous client:
+:class:`Credentials` with mechanism ``None`` (the shell accepts or refuses it the same way;
+a refusal then closes the socket, as there is no SASL frame to carry it).
+
+Input arrives in any pieces. A wrong header, a malformed or oversized frame, an unknown
+mechanism or a second init raise :class:`SaslError`; the shell answers what
+:attr:`SaslServer.data_to_send` holds (our header, so the client sees what we speak) and
+closes. The transitions live in :data:`TRANSITIONS`.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+
+import attrs
+
+from messaging.codec import Array, DecodeError, Described, Symbol, UByte, ULong, decode, encode
+
+__all__ = ["SaslServer", "SaslError", "Credentials", "SASL_HEADER", "AMQP_HEADER", "TLS_HEADER"]
+
+SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
+TLS_HEADER = b"AMQP\x02\x01\x00\x00"
+SASL_FRAME = 0x01
+MECHANISMS, INIT, OUTCOME = 0x40, 0x41, 0x44
+MAX_SASL_FRAME = 4096  # sasl frames are small; a larger one is an attack or a mistake
+_FRAME = struct.Struct(">IBBH")
+
+
+class SaslError(Exception):
+    """The peer broke the SASL exchange; close the connection after sending ``data_to_send``."""
+
+
+@attrs.frozen
+class Credentials:
+    """What a client presented: ``mechanism`` None means it skipped SASL altogether."""
+
+    mechanism: str | None
+    user: str | None
+    password: str | None
+    hostname: str | None = None
+
+
+class State(enum.Enum):
+    HEADER = "awaiting the protocol header"
+    INIT = "awaiting sasl-init"
+    DECIDING = "awaiting the decision"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Input(enum.Enum):
+    SASL_HEADER = "sasl header"
+    AMQP_HEADER = "amqp header"
+    INIT = "sasl-init"
+    ACCEPT = "accept"
+    REFUSE = "refuse"
+
+
+# (state, input) -> next state; anything missing is a protocol error.
+TRANSITIONS = {
+    (State.HEADER, Input.SASL_HEADER): State.INIT,
+    (State.HEADER, Input.AMQP_HEADER): State.DECIDING,
+    (State.INIT, Input.INIT): State.DECIDING,
+    (State.DECIDING, Input.ACCEPT): State.DONE,
+    (State.DECIDING, Input.REFUSE): State.FAILED,
+}
+
+
+def sasl_frame(performative: int, fields: list) -> bytes:
+    """One SASL frame: 8-byte header (size, doff 2, type 1, channel 0) and the performative."""
+    body = encode(Described(ULong(performative), fields))
+    return _FRAME.pack(8 + len(body), 2, SASL_FRAME, 0) + body
+
+
+class SaslServer:
+    """The server side of one connection's SASL exchange."""
+
+    def __init__(self, mechanisms: tuple[str, ...] = ("PLAIN", "ANONYMOUS")):
+        self.mechanisms = mechanisms
+        self.state = State.HEADER
+        self._buffer = bytearray()
+        self._out = bytearray()
+        self.credentials: Credentials | None = None
+        self._skipped_sasl = False
+
+    def _move(self, event: Input) -> None:
+        next_state = TRANSITIONS.get((self.state, event))
+        if next_state is None:
+            problem = f"unexpected {event.value} while {self.state.value}"
+            self.state = State.FAILED
+            raise SaslError(problem)
+        self.state = next_state
+
+    @property
+    def data_to_send(self) -> bytes:
+        """Bytes to write to the peer now (taking them empties the buffer)."""
+        data, self._out = bytes(self._out), bytearray()
+        return data
+
+    @property
+    def remaining(self) -> bytes:
+        """After the exchange: what the client sent beyond SASL, for the AMQP engine."""
+        if self.state is not State.DONE:
+            raise SaslError("the SASL exchange is not complete")
+        return bytes(self._buffer)
+
+    def receive_data(self, data: bytes) -> Credentials | None:
+        """Feed bytes; returns the :class:`Credentials` once they are known, else None.
+
+        Raises:
+            SaslError: the peer broke the protocol (see the module docstring).
+        """
+        self._buffer += data
+        if self.state is State.HEADER:
+            if len(self._buffer) < 8:
+                if not AMQP_HEADER.startswith(bytes(self._buffer[:8])) and \
+                        not SASL_HEADER.startswith(bytes(self._buffer[:8])):
+                    self._bad_header()
+                return None
+            header = bytes(self._buffer[:8])
+            if header == SASL_HEADER:
+                del self._buffer[:8]
+                self._move(Input.SASL_HEADER)
+                self._out += SASL_HEADER + sasl_frame(
+                    MECHANISMS, [Array(0xA3, tuple(Symbol(m) for m in self.mechanisms))])
+            elif header == AMQP_HEADER:
+                self._move(Input.AMQP_HEADER)  # no SASL: an anonymous client; keep the header
+                self._skipped_sasl = True
+                self.credentials = Credentials(None, None, None)
+                return self.credentials
+            else:
+                self._bad_header()
+        if self.state is State.INIT:
+            return self._read_init()
+        return None
+
+    def _bad_header(self) -> None:
+        self.state = State.FAILED
+        self._out += SASL_HEADER
+        raise SaslError(f"not an AMQP 1.0 SASL or AMQP header: {bytes(self._buffer[:8])!r}")
+
+    def _read_init(self) -> Credentials | None:
+        if len(self._buffer) < 8:
+            return None
+        size, doff, kind, _channel = _FRAME.unpack_from(self._buffer)
+        if size > MAX_SASL_FRAME or size < 8 or doff < 2 or kind != SASL_FRAME:
+            self.state = State.FAILED
+            raise SaslError(f"bad SASL frame header (size {size}, doff {doff}, type {kind})")
+        if len(self._buffer) < size:
+            return None
+        body = bytes(self._buffer[doff * 4:size])
+        del self._buffer[:size]
+        try:
+            performative, _ = decode(body)
+        except DecodeError as exc:
+            self.state = State.FAILED
+            raise SaslError(f"malformed SASL frame: {exc}") from None
+        if not isinstance(performative, Described) or performative.descriptor not in (INIT, "amqp:sasl-init:list") \
+                or not isinstance(performative.value, list) or not performative.value:
+            self.state = State.FAILED
+            raise SaslError(f"expected sasl-init, got {performative!r}"[:200])
+        fields = performative.value + [None] * 3
+        mechanism, response, hostname = fields[0], fields[1], fields[2]
+        if mechanism not in self.mechanisms:
+            self.state = State.FAILED
+            self._out += sasl_frame(OUTCOME, [UByte(1)])
+            raise SaslError(f"mechanism {mechanism!r} is not offered (offered: {', '.join(self.mechanisms)})")
+        self._move(Input.INIT)
+        user = password = None
+        if mechanism == "PLAIN":
+            parts = (response or b"").split(b"\x00")
+            if len(parts) != 3:
+                self.state = State.FAILED
+                self._out += sasl_frame(OUTCOME, [UByte(1)])
+                raise SaslError("malformed PLAIN response: expected authzid NUL user NUL password")
+            user, password = parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+        self.credentials = Credentials(str(mechanism), user, password, hostname)
+        return self.credentials
+
+    def accept(self) -> None:
+        """Let the client in (queues a successful sasl-outcome)."""
+        self._move(Input.ACCEPT)
+        if not self._skipped_sasl:
+            self._out += sasl_frame(OUTCOME, [UByte(0)])
+
+    def refuse(self) -> None:
+        """Refuse the client (queues an auth-failed sasl-outcome); close the connection after."""
+        self._move(Input.REFUSE)
+        if not self._skipped_sasl:
+            self._out += sasl_frame(OUTCOME, [UByte(1)])
