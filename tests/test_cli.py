@@ -100,11 +100,10 @@ def test_an_invalid_config_exits_2_before_starting(run_router, tmp_path):
     config.write_text('<router name="edge" startorder="sys$log sys$routing"/>')
     router = run_router(str(config))
     assert router.proc.wait(30) == 2
-    assert router.text().strip() == (
-        f"{config}:1: /router[@name='edge']: attribute 'startorder': "
-        "unknown swiftlet 'sys$routing'; installed: sys$authentication, sys$log, sys$queuemanager, sys$store, "
-        "sys$topicmanager"
-    )
+    [line] = router.text().strip().splitlines()
+    assert line.startswith(f"{config}:1: /router[@name='edge']: attribute 'startorder': "
+                           "unknown swiftlet 'sys$routing'; installed: ")
+    assert "sys$log, sys$queuemanager, sys$store" in line  # the installed ones, sorted
 
 
 def test_example_plugin_in_a_real_process(run_router, echo_site):

@@ -1,5 +1,127 @@
-"""``sys$jms`` (in progress, issue 5): the AMQP 1.0 listener with JMS semantics.
+"""``sys$jms``: the AMQP 1.0 listener (issue 5, in progress).
 
-So far: :mod:`.sasl`, the server side of SASL (ANONYMOUS, PLAIN) that runs in front of the
-AMQP engine. The listener itself is not registered as a swiftlet yet.
+Done so far: listeners (port, bind address, max connections, keepalive → AMQP idle
+timeout, frame size, incoming credit), SASL ANONYMOUS and PLAIN checked by
+``sys$authentication`` (:mod:`.sasl`), proton's C engine behind one façade
+(:mod:`.engine`), and links to queues with credit, outcomes and durable settlement
+(:mod:`.listener`). Topics, dynamic nodes, anonymous relay, selectors, transactions,
+durable subscriptions, browsing, TLS and the Python client are not done yet.
 """
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+from kernel import Entity, SwiftletContext, SwiftletSpec, UsageList, Veto, config_class, entity_list, hookimpl, prop
+
+from .listener import AmqpConnection
+from .sasl import Credentials
+
+log = logging.getLogger(__name__)
+
+
+@config_class
+class ListenerConfig:
+    name: str = prop(description="Listener name.")
+    port: int = prop(5672, min=0, max=65535, reboot_required=True,
+                     description="TCP port; 0 takes any free port (shown under usage).")
+    bind_address: str = prop("0.0.0.0", reboot_required=True, description="Interface to listen on.")
+    max_connections: int = prop(-1, min=-1, description="Most connections at once; -1: unlimited. "
+                                "Connections past it are closed at once.")
+    keepalive_interval: int = prop(60_000, min=0, description="Milliseconds of silence after which a "
+                                   "peer counts as dead (the AMQP idle timeout we announce); 0: never.")
+    max_frame_size: int = prop(1_048_576, min=512, description="Largest AMQP frame, in bytes.")
+    incoming_credit: int = prop(1000, min=1, max=1_000_000, description="Messages a producer may have "
+                                "in flight on one link (the link credit we grant).")
+
+
+@config_class
+class JmsConfig:
+    listeners: Mapping[str, ListenerConfig] = entity_list(
+        ListenerConfig, item="listener", default=[ListenerConfig(name="amqp")], description="AMQP listeners.")
+
+
+class JmsSwiftlet:
+    """``sys$jms``."""
+
+    def __init__(self, context: SwiftletContext):
+        self.context = context
+        self.router_name = context.router_name
+        self.qm: Any = None
+        self._auth: Any = None
+        self._nursery: trio.Nursery | None = None
+        self._usage: UsageList | None = None
+        self._listeners: dict[str, dict[str, Any]] = {}
+
+    def login(self, credentials: Credentials, host: str) -> Any:
+        """A principal for the credentials, or raise; everyone is let in without sys$authentication."""
+        if self._auth is None:
+            return None
+        user = credentials.user if credentials.mechanism == "PLAIN" else None
+        return self._auth.login(user, credentials.password, host)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.qm = self.context.lookup("sys$queuemanager")
+        try:
+            self._auth = self.context.lookup("sys$authentication")
+        except LookupError:
+            log.warning("sys$authentication is not running: every client is let in")
+        self._usage = self.context.usage.add_list("listeners")
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for entity in self.context.entity.entity_list("listeners").entities.values():
+                await nursery.start(self._serve, entity)
+            self.context.entity.entity_list("listeners").bind(None, self._listener_removed)
+            task_status.started()
+
+    def _listener_removed(self, entity: Entity) -> None:
+        raise Veto("listeners change at the next start (reboot)")
+
+    async def _serve(self, entity: Entity, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        config = entity.snapshot()
+        listeners = await trio.open_tcp_listeners(config.port, host=config.bind_address)
+        port = listeners[0].socket.getsockname()[1]
+        state = self._listeners[config.name] = {"port": port, "connections": 0, "accepted": 0, "refused": 0}
+        assert self._usage is not None
+        self._usage.add(config.name, lambda: dict(state))
+        log.info("AMQP listener %s on %s:%d", config.name, config.bind_address, port)
+
+        async def handle(stream: trio.SocketStream) -> None:
+            live = entity.snapshot()
+            try:
+                host = stream.socket.getpeername()[0]
+            except OSError:
+                return
+            if 0 <= live.max_connections <= state["connections"]:
+                state["refused"] += 1
+                log.warning("connection from %s closed: listener %s has max-connections %d", host,
+                            config.name, live.max_connections)
+                await stream.aclose()
+                return
+            state["connections"] += 1
+            state["accepted"] += 1
+            try:
+                await AmqpConnection(self, live, stream, host).run()
+            except Exception:  # a bug in one connection must not take the listener down
+                log.exception("connection from %s failed", host)
+            finally:
+                state["connections"] -= 1
+
+        task_status.started()
+        await trio.serve_listeners(handle, listeners)
+
+
+@hookimpl
+def martinet_swiftlets() -> list[SwiftletSpec]:
+    return [
+        SwiftletSpec(
+            name="sys$jms",
+            description="AMQP 1.0 listener with JMS semantics (in progress).",
+            config=JmsConfig,
+            factory=JmsSwiftlet,
+        )
+    ]

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -405,6 +405,7 @@ class Consumer:
         self._buffer: deque[Entry] = deque()
         self.unsettled: dict[int, Entry] = {}
         self._waiter: trio.Event | None = None
+        self.notify: Callable[[], None] | None = None  # called on each delivery (a listener's wake-up)
 
     def flow(self, credit: int) -> None:
         """Add ``credit`` (AMQP link credit); deliveries start at once if entries wait."""
@@ -412,6 +413,14 @@ class Consumer:
             return
         self.credit += credit
         self.queue._ready_up(self)
+
+    def set_credit(self, credit: int) -> None:
+        """Set the credit to ``credit`` (AMQP link credit is absolute)."""
+        self.credit = max(credit, 0)
+        if self.credit:
+            self.queue._ready_up(self)
+        else:
+            self.drain()
 
     def drain(self) -> int:
         """Deliver what is available within the credit, then drop the rest of the credit
@@ -430,6 +439,8 @@ class Consumer:
         if self._waiter is not None:
             self._waiter.set()
             self._waiter = None
+        if self.notify is not None:
+            self.notify()
 
     def receive_nowait(self) -> Entry:
         """The next delivery.
