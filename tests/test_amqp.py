@@ -1,0 +1,181 @@
+"""sys$jms with real AMQP 1.0 clients (python-qpid-proton) over real sockets: queues,
+outcomes, persistence, SASL against sys$authentication, refused attaches, bad input."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+from proton import Message
+from proton.utils import BlockingConnection, LinkDetached
+
+from kernel import Router
+
+ROUTER = """
+<router name="r1" startorder="sys$store sys$authentication sys$queuemanager sys$jms" shutdown-timeout="5000">
+  <swiftlet name="sys$store" path="{store}" sync="normal"/>
+  <swiftlet name="sys$authentication" authentication-enabled="{auth}" allow-anonymous="{anonymous}">
+    <groups>
+      <group name="public"/>
+      <group name="apps">
+        <queue-grants><queue-grant name="%"/><queue-grant name="secret" receive-grant="false"/></queue-grants>
+      </group>
+    </groups>
+    <users><user name="app" password="s3cret" group="apps"/></users>
+  </swiftlet>
+  <swiftlet name="sys$queuemanager" auto-create-queues="{autocreate}"/>
+  <swiftlet name="sys$jms">
+    <listeners><listener name="amqp" port="0" bind-address="127.0.0.1" max-connections="{maxconn}"/></listeners>
+  </swiftlet>
+</router>
+"""
+
+
+class Broker:
+    def __init__(self, nursery, tmp_path, **options):
+        settings = {"auth": "false", "anonymous": "false", "autocreate": "true", "maxconn": "-1"} | options
+        self.path = tmp_path / "router.xml"
+        self.path.write_text(ROUTER.format(store=tmp_path / "store", **settings))
+        self.nursery = nursery
+
+    async def start(self) -> Broker:
+        self.router = Router.from_file(self.path)
+        await self.nursery.start(self.router.run)
+        self.port = self.router.management.get("/sys$jms/usage/listeners/amqp", "port")
+        self.url = f"amqp://127.0.0.1:{self.port}"
+        return self
+
+    async def stop(self) -> None:
+        self.router.request_stop()
+        with trio.fail_after(10):
+            while self.router.management.get("/usage", "state") != "stopping" or any(
+                    self.router.management.get(f"/usage/swiftlets/{n}", "state") != "stopped"
+                    for n in ("sys$jms", "sys$store")):
+                await trio.sleep(0.02)
+
+    def usage(self, queue: str) -> dict:
+        return self.router.management.resolve(f"/sys$queuemanager/usage/queues/{queue}").properties()
+
+
+@pytest.fixture
+def broker(nursery, tmp_path):
+    return lambda **options: Broker(nursery, tmp_path, **options).start()
+
+
+def in_thread(function, *args):
+    return trio.to_thread.run_sync(function, *args)
+
+
+def send(url, address, bodies, **connect):
+    connection = BlockingConnection(url, timeout=10, **connect)
+    try:
+        sender = connection.create_sender(address)
+        for body in bodies:
+            sender.send(Message(body=body, durable=True))
+    finally:
+        connection.close()
+
+
+def receive(url, address, count, *, outcome="accept", **connect):
+    connection = BlockingConnection(url, timeout=10, **connect)
+    try:
+        receiver = connection.create_receiver(address)
+        got = []
+        for _ in range(count):
+            message = receiver.receive(timeout=10)
+            got.append((message.body, message.delivery_count))
+            getattr(receiver, outcome)()
+        return got
+    finally:
+        connection.close()
+
+
+async def test_send_and_receive_through_a_queue(broker):
+    running = await broker()
+    await in_thread(send, running.url, "orders", [f"order {n}" for n in range(20)])
+    got = await in_thread(receive, running.url, "orders", 20)
+    assert [body for body, _ in got] == [f"order {n}" for n in range(20)]
+    await trio.sleep(0.05)
+    assert (running.usage("orders")["enqueued"], running.usage("orders")["messages"]) == (20, 0)
+
+
+async def test_persistent_messages_survive_a_restart(broker):
+    running = await broker()
+    await in_thread(send, running.url, "keep", ["a", "b"])
+    await running.stop()
+    await running.start()
+    assert [body for body, _ in await in_thread(receive, running.url, "keep", 2)] == ["a", "b"]
+
+
+async def test_released_and_rejected_messages(broker):
+    running = await broker()
+    await in_thread(send, running.url, "work", ["first", "second"])
+    assert await in_thread(lambda: receive(running.url, "work", 1, outcome="release")) == [("first", 0)]
+    assert await in_thread(lambda: receive(running.url, "work", 1, outcome="reject")) == [("first", 0)]
+    await trio.sleep(0.05)
+    assert running.usage("routerdlq")["messages"] == 1
+    assert await in_thread(receive, running.url, "work", 1) == [("second", 0)]
+
+
+async def test_unsettled_messages_come_back_redelivered(broker):
+    running = await broker()
+    await in_thread(send, running.url, "again", ["m"])
+
+    def take_and_vanish(url):
+        connection = BlockingConnection(url, timeout=10)
+        receiver = connection.create_receiver("again")
+        receiver.receive(timeout=10)  # never settled
+        connection.close()
+
+    await in_thread(take_and_vanish, running.url)
+    assert await in_thread(receive, running.url, "again", 1) == [("m", 1)]  # delivery-count travels
+
+
+async def test_plain_login_against_the_authentication_swiftlet(broker):
+    running = await broker(auth="true")
+    await in_thread(lambda: send(running.url, "jobs", ["x"], user="app", password="s3cret"))
+    with pytest.raises(Exception, match="(?i)auth|sasl"):
+        await in_thread(lambda: send(running.url, "jobs", ["y"], user="app", password="wrong"))
+    with pytest.raises(Exception, match="(?i)auth|sasl"):
+        await in_thread(lambda: send(running.url, "jobs", ["y"]))  # anonymous is not allowed
+    with pytest.raises(LinkDetached, match="amqp:unauthorized-access.*may not receive on queue 'secret'"):
+        await in_thread(lambda: receive(running.url, "secret", 1, user="app", password="s3cret"))
+    assert running.usage("jobs")["messages"] == 1
+
+
+async def test_unknown_queue_is_not_found(broker):
+    running = await broker(autocreate="false")
+    with pytest.raises(LinkDetached, match="amqp:not-found.*queue 'nowhere' does not exist on router r1"):
+        await in_thread(send, running.url, "nowhere", ["x"])
+    await in_thread(send, running.url, "unroutable", ["predefined queues exist"])
+
+
+async def test_garbage_is_refused_and_the_router_keeps_serving(broker):
+    running = await broker()
+
+    def garbage(port, payload):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            raw.sendall(payload)
+            raw.shutdown(socket.SHUT_WR)
+            reply = b""
+            while chunk := raw.recv(4096):
+                reply += chunk
+            return reply
+
+    for payload in (b"GET / HTTP/1.1\r\n\r\n", b"AMQP\x03\x01\x00\x00" + b"\xff" * 64, b"\x00" * 3,
+                    b"AMQP\x00\x01\x00\x00" + b"\x00\x00\x00\x08\x02\x00\x00\x00garbage"):
+        reply = await in_thread(garbage, running.port, payload)
+        assert reply[:4] in (b"AMQP", b"")  # our header at most, then the socket closes
+    await in_thread(send, running.url, "still", ["fine"])
+    assert await in_thread(receive, running.url, "still", 1) == [("fine", 0)]
+
+
+async def test_connections_past_max_connections_are_closed(broker):
+    running = await broker(maxconn="1")
+    first = await in_thread(lambda: BlockingConnection(running.url, timeout=10))
+    with pytest.raises(Exception):  # noqa: B017 - proton reports the closed socket in its own words
+        await in_thread(lambda: BlockingConnection(running.url, timeout=5))
+    usage = running.router.management.resolve("/sys$jms/usage/listeners/amqp").properties()
+    assert usage["refused"] >= 1
+    await in_thread(first.close)
