@@ -7,13 +7,15 @@ import socket
 
 import pytest
 import trio
-from proton import Message
-from proton.utils import BlockingConnection, LinkDetached
+from proton import Disposition, Message
+from proton.reactor import Selector
+from proton.utils import BlockingConnection, LinkDetached, SendException
 
 from kernel import Router
 
 ROUTER = """
-<router name="r1" startorder="sys$store sys$authentication sys$queuemanager sys$jms" shutdown-timeout="5000">
+<router name="r1" startorder="sys$store sys$authentication sys$queuemanager sys$topicmanager sys$jms"
+        shutdown-timeout="5000">
   <swiftlet name="sys$store" path="{store}" sync="normal"/>
   <swiftlet name="sys$authentication" authentication-enabled="{auth}" allow-anonymous="{anonymous}">
     <groups>
@@ -179,3 +181,90 @@ async def test_connections_past_max_connections_are_closed(broker):
     usage = running.router.management.resolve("/sys$jms/usage/listeners/amqp").properties()
     assert usage["refused"] >= 1
     await in_thread(first.close)
+
+
+async def test_topics_fan_out_to_every_subscriber(broker):
+    running = await broker()
+
+    def subscribe_then_publish(url):
+        listeners = [BlockingConnection(url, timeout=10) for _ in range(2)]
+        receivers = [c.create_receiver("topic://news.sport") for c in listeners]
+        receivers.append(listeners[0].create_receiver("topic://news"))  # a parent node
+        publisher = BlockingConnection(url, timeout=10)
+        publisher.create_sender("topic://news.sport").send(Message(body="goal"))
+        publisher.create_sender("topic://news.politics").send(Message(body="vote"))
+        got = [[r.receive(timeout=10).body] for r in receivers]
+        got[2].append(receivers[2].receive(timeout=10).body)  # the parent gets both
+        for receiver in receivers:
+            receiver.accept()
+        for connection in [*listeners, publisher]:
+            connection.close()
+        return got
+
+    assert await in_thread(subscribe_then_publish, running.url) == [["goal"], ["goal"], ["goal", "vote"]]
+    assert running.router.swiftlet("sys$topicmanager").interest() == frozenset()  # gone with the links
+
+
+async def test_request_reply_with_a_dynamic_queue_and_anonymous_relay(broker):
+    running = await broker()
+
+    def serve_one(url):
+        connection = BlockingConnection(url, timeout=10)
+        request = connection.create_receiver("requests").receive(timeout=10)
+        relay = connection.create_sender(None)  # anonymous relay: routed by each message's address
+        relay.send(Message(address=request.reply_to, body=request.body.upper(), correlation_id=request.id))
+        connection.close()
+
+    def ask(url):
+        connection = BlockingConnection(url, timeout=10)
+        replies = connection.create_receiver(None, dynamic=True)
+        reply_to = replies.link.remote_source.address
+        connection.create_sender("requests").send(Message(body="hello", reply_to=reply_to, id="q-1"))
+        reply = replies.receive(timeout=10)
+        replies.accept()
+        connection.close()
+        return reply_to, reply.body, reply.correlation_id
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(in_thread, serve_one, running.url)
+        reply_to, body, correlation = await in_thread(ask, running.url)
+    assert reply_to.startswith("tmp$") and (body, correlation) == ("HELLO", "q-1")
+    await trio.sleep(0.05)
+    assert reply_to not in running.router.swiftlet("sys$queuemanager").queues  # gone with its link
+
+
+async def test_selectors_filter_what_a_consumer_gets(broker):
+    running = await broker()
+
+    def colours(url):
+        connection = BlockingConnection(url, timeout=10)
+        sender = connection.create_sender("paint")
+        for n, colour in enumerate(["red", "green", "blue", "green"]):
+            sender.send(Message(body=n, properties={"colour": colour}))
+        greens = connection.create_receiver("paint", options=Selector("colour = 'green'"))
+        got = []
+        for _ in range(2):
+            got.append(greens.receive(timeout=10).body)
+            greens.accept()
+        connection.close()
+        return got
+
+    assert await in_thread(colours, running.url) == [1, 3]
+    with pytest.raises(LinkDetached, match="amqp:invalid-field.*invalid selector"):
+        await in_thread(lambda: BlockingConnection(running.url, timeout=10).create_receiver(
+            "paint", options=Selector("colour = ")))
+
+
+async def test_anonymous_relay_needs_an_address(broker):
+    running = await broker()
+
+    def no_address(url):
+        connection = BlockingConnection(url, timeout=10)
+        try:
+            connection.create_sender(None).send(Message(body="nowhere"))
+        finally:
+            connection.close()
+
+    with pytest.raises(SendException) as caught:
+        await in_thread(no_address, running.url)
+    assert caught.value.state == Disposition.REJECTED

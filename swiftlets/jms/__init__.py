@@ -52,6 +52,7 @@ class JmsSwiftlet:
         self.context = context
         self.router_name = context.router_name
         self.qm: Any = None
+        self.tm: Any = None
         self._auth: Any = None
         self._nursery: trio.Nursery | None = None
         self._usage: UsageList | None = None
@@ -66,6 +67,10 @@ class JmsSwiftlet:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.qm = self.context.lookup("sys$queuemanager")
+        try:
+            self.tm = self.context.lookup("sys$topicmanager")
+        except LookupError:
+            log.info("sys$topicmanager is not running: no topics over AMQP")
         try:
             self._auth = self.context.lookup("sys$authentication")
         except LookupError:

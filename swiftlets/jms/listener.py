@@ -32,8 +32,11 @@ from typing import Any
 import proton
 import trio
 
-from messaging.message import Message
+from messaging.message import Message, MessageError
+from messaging.selector import SelectorError, compile_selector
 from swiftlets.queuemanager import ConsumerRefused, QueueError, QueueFull, QueueNotFound
+from swiftlets.topicmanager import TopicError
+from swiftlets.topicmanager.hierarchy import TopicNameError, parse_topic
 
 from .engine import Engine, EngineClosed, delivery_tag, ffi, lib, receive_transfer, send_transfer, settle
 from .sasl import SaslError, SaslServer
@@ -43,6 +46,43 @@ log = logging.getLogger(__name__)
 SASL_TIMEOUT = 30.0
 
 
+TOPIC_PREFIX, QUEUE_PREFIX = "topic://", "queue://"
+SELECTOR_FILTERS = ("apache.org:selector-filter:string", 0x0000468C00000004)
+
+
+def _read(data: proton.Data) -> Any:
+    data.rewind()
+    return data.get_object() if data.next() else None
+
+
+def _symbols(data: proton.Data) -> set[str]:
+    value = _read(data)
+    if value is None:
+        return set()
+    items = getattr(value, "elements", value)
+    return {str(item) for item in (items if isinstance(items, (list, tuple)) else [items])}
+
+
+def _selector(source: proton.Terminus) -> str | None:
+    filters = _read(source.filter)
+    if not isinstance(filters, dict):
+        return None
+    for value in filters.values():
+        if isinstance(value, proton.Described) and value.descriptor in SELECTOR_FILTERS:
+            return str(value.value)
+    return None
+
+
+def _destination(terminus: proton.Terminus) -> tuple[str, bool]:
+    """(name, is_topic) of a source or target: ``topic://`` or capability ``topic`` make a topic."""
+    address = terminus.address or ""
+    if address.startswith(TOPIC_PREFIX):
+        return address[len(TOPIC_PREFIX):], True
+    if address.startswith(QUEUE_PREFIX):
+        return address[len(QUEUE_PREFIX):], False
+    return address, bool(_symbols(terminus.capabilities) & {"topic", "temporary-topic"})
+
+
 class _Refused(Exception):
     def __init__(self, condition: str, description: str):
         super().__init__(description)
@@ -50,13 +90,15 @@ class _Refused(Exception):
 
 
 class IncomingLink:
-    """A link the client sends on: transfers go into a queue."""
+    """A link the client sends on: transfers go into a queue, to a topic, or — on an
+    anonymous-relay link (no target) — wherever each message's ``to`` says."""
 
-    def __init__(self, connection: AmqpConnection, link: proton.Link, address: str):
+    def __init__(self, connection: AmqpConnection, link: proton.Link, address: str | None, topic: bool):
         self.connection = connection
         self.link = link
         self.pointer = link._impl
         self.address = address
+        self.topic = topic
         self.window = connection.config.incoming_credit
         lib.pn_link_flow(self.pointer, self.window)
 
@@ -74,13 +116,21 @@ class IncomingLink:
             connection.wake()
 
         try:
-            connection.qm.send_nowait(self.address, Message(data), on_durable=durable)
-        except QueueError as exc:
-            log.info("transfer to %s refused: %s", self.address, exc)
+            message = Message(data)
+            address, topic = self.address, self.topic
+            if address is None:  # anonymous relay: route by the message's own address
+                address, topic = connection.route(message)
+            if topic:
+                connection.publish(address, message, durable)
+            else:
+                connection.qm.send_nowait(address, message, on_durable=durable)
+        except (QueueError, TopicError, MessageError, _Refused) as exc:
+            log.info("transfer to %s refused: %s", self.address or "(anonymous relay)", exc)
             if not remotely_settled:
                 condition = lib.pn_disposition_condition(lib.pn_delivery_local(delivery))
-                lib.pn_condition_set_name(condition, b"amqp:resource-limit-exceeded" if isinstance(exc, QueueFull)
-                                          else b"amqp:invalid-field")
+                name = (exc.condition if isinstance(exc, _Refused) else
+                        "amqp:resource-limit-exceeded" if isinstance(exc, QueueFull) else "amqp:invalid-field")
+                lib.pn_condition_set_name(condition, name.encode())
                 lib.pn_condition_set_description(condition, str(exc).encode())
                 settle(delivery, lib.PN_REJECTED)
         if remotely_settled:
@@ -96,8 +146,9 @@ class IncomingLink:
 class OutgoingLink:
     """A link the client receives on: a queue consumer whose credit follows the link's."""
 
-    def __init__(self, connection: AmqpConnection, link: proton.Link, consumer: Any):
+    def __init__(self, connection: AmqpConnection, link: proton.Link, consumer: Any, on_close: Any = None):
         self.connection = connection
+        self.on_close = on_close  # ends a subscription or deletes a dynamic queue
         self.link = link
         self.pointer = link._impl
         self.consumer = consumer
@@ -152,6 +203,8 @@ class OutgoingLink:
     def close(self) -> None:
         self.consumer.notify = None
         self.consumer.close()
+        if self.on_close is not None:
+            self.on_close()
 
 
 class AmqpConnection:
@@ -163,6 +216,8 @@ class AmqpConnection:
         self.stream = stream
         self.host = host
         self.qm = swiftlet.qm
+        self.tm = swiftlet.tm
+        self.client_id: str | None = None
         self.principal: Any = None
         self.engine: Engine | None = None
         self.links: dict[Any, IncomingLink | OutgoingLink] = {}
@@ -280,7 +335,10 @@ class AmqpConnection:
     # -- events ---------------------------------------------------------------------------------
 
     def _on_connection_open(self, event: Any) -> None:
-        self.engine.connection.open()
+        connection = self.engine.connection
+        self.client_id = connection.remote_container
+        connection.offered_capabilities = proton.SymbolList([proton.symbol("ANONYMOUS-RELAY")])
+        connection.open()
 
     def _on_connection_close(self, event: Any) -> None:
         self.engine.connection.close()
@@ -309,34 +367,75 @@ class AmqpConnection:
         if isinstance(state, OutgoingLink):
             state.sync_credit()
 
-    def _check(self, address: str | None, action: str) -> str:
+    def _check(self, address: str | None, action: str, *, topic: bool = False) -> str:
         if not address:
-            raise _Refused("amqp:invalid-field", "a queue address is required")
+            raise _Refused("amqp:invalid-field", "an address is required")
         try:
-            self.qm.queue(address)
-            if self.principal is not None:
-                self.principal.check_queue(address, action)
+            if topic:
+                if self.tm is None:
+                    raise _Refused("amqp:not-found", "topics are not available: sys$topicmanager is not running")
+                parse_topic(address)
+                if self.principal is not None:
+                    self.principal.check_topic(address, action)
+            else:
+                self.qm.queue(address)
+                if self.principal is not None:
+                    self.principal.check_queue(address, action)
+        except _Refused:
+            raise
         except QueueNotFound as exc:
             raise _Refused("amqp:not-found", str(exc)) from None
-        except QueueError as exc:
+        except (QueueError, TopicNameError) as exc:
             raise _Refused("amqp:invalid-field", str(exc)) from None
         except Exception as exc:  # AccessDenied
             raise _Refused("amqp:unauthorized-access", str(exc)) from None
         return address
 
     def _attach_incoming(self, link: proton.Link) -> IncomingLink:
-        address = self._check(link.remote_target.address, "send")
-        link.target.address = address
-        return IncomingLink(self, link, address)
+        if link.remote_target.address is None and not link.remote_target.dynamic:
+            return IncomingLink(self, link, None, False)  # anonymous relay
+        name, topic = _destination(link.remote_target)
+        address = self._check(name, "publish" if topic else "send", topic=topic)
+        link.target.copy(link.remote_target)
+        return IncomingLink(self, link, address, topic)
 
     def _attach_outgoing(self, link: proton.Link) -> OutgoingLink:
-        address = self._check(link.remote_source.address, "receive")
+        source = link.remote_source
+        text = _selector(source)
         try:
-            consumer = self.qm.queue(address).consumer(owner=self)
+            selector = compile_selector(text) if text else None
+        except SelectorError as exc:
+            raise _Refused("amqp:invalid-field", f"invalid selector: {exc}") from None
+        link.source.copy(source)
+        if source.dynamic:  # a temporary queue, gone with the link
+            queue = self.qm.create_temporary_queue(self)
+            link.source.address = queue.name
+            return OutgoingLink(self, link, queue.consumer(selector, owner=self),
+                                lambda: self.qm.delete_queue(queue.name) if queue.name in self.qm.queues else None)
+        name, topic = _destination(source)
+        if topic:
+            self._check(name, "subscribe", topic=True)
+            subscription = self.tm.subscribe(name, selector=text, no_local=False, client_id=self.client_id,
+                                             owner=self)
+            return OutgoingLink(self, link, subscription.consumer(), subscription.close)
+        address = self._check(name, "receive")
+        try:
+            consumer = self.qm.queue(address).consumer(selector, owner=self)
         except ConsumerRefused as exc:
             raise _Refused("amqp:resource-locked", str(exc)) from None
-        link.source.address = address
         return OutgoingLink(self, link, consumer)
+
+    def route(self, message: Message) -> tuple[str, bool]:
+        """Where an anonymous-relay message goes: its ``to``, as a topic or a queue."""
+        to = message.properties.to
+        if not to:
+            raise _Refused("amqp:invalid-field", "a message on an anonymous relay link needs a 'to' address")
+        if to.startswith(TOPIC_PREFIX):
+            return self._check(to[len(TOPIC_PREFIX):], "publish", topic=True), True
+        return self._check(to[len(QUEUE_PREFIX):] if to.startswith(QUEUE_PREFIX) else to, "send"), False
+
+    def publish(self, topic: str, message: Message, on_durable: Any) -> None:
+        self.tm.publish(topic, message, client_id=self.client_id, on_durable=on_durable)
 
     def _on_link_close(self, event: Any) -> None:
         pointer = lib.pn_event_link(event)
@@ -363,3 +462,6 @@ class AmqpConnection:
         for state in self.links.values():
             state.close()
         self.links.clear()
+        self.qm.delete_temporary_queues(self)
+        if self.tm is not None:
+            self.tm.close_subscriptions(self)
