@@ -207,6 +207,37 @@ class OutgoingLink:
             self.on_close()
 
 
+class BrowsingLink:
+    """A link with distribution-mode copy: settled copies of what the queue holds at attach
+    time, in delivery order; nothing is consumed. A drain ends the browse."""
+
+    def __init__(self, connection: AmqpConnection, link: proton.Link, entries: Any):
+        self.connection = connection
+        self.link = link
+        self.pointer = link._impl
+        self._entries = entries
+        self._tags = itertools.count(1)
+
+    def sync_credit(self) -> None:
+        self.connection.wake()
+
+    def pump(self) -> None:
+        pointer = self.pointer
+        while lib.pn_link_credit(pointer) > 0:
+            entry = next(self._entries, None)
+            if entry is None:
+                if lib.pn_link_get_drain(pointer):
+                    lib.pn_link_drained(pointer)
+                return
+            send_transfer(pointer, str(next(self._tags)).encode(), entry.message.raw, settled=True)
+
+    def on_delivery(self, delivery: Any) -> None:
+        lib.pn_delivery_settle(delivery)
+
+    def close(self) -> None:
+        self._entries = iter(())
+
+
 class AmqpConnection:
     """One client connection."""
 
@@ -220,7 +251,7 @@ class AmqpConnection:
         self.client_id: str | None = None
         self.principal: Any = None
         self.engine: Engine | None = None
-        self.links: dict[Any, IncomingLink | OutgoingLink] = {}
+        self.links: dict[Any, IncomingLink | OutgoingLink | BrowsingLink] = {}
         self.closed = False
         self._wakeup = trio.Event()
         self._handlers = {
@@ -313,7 +344,7 @@ class AmqpConnection:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
             for link in list(self.links.values()):
-                if isinstance(link, OutgoingLink):
+                if not isinstance(link, IncomingLink):
                     link.pump()
             self._handle_events()
             data = self.engine.data_to_send()
@@ -353,7 +384,7 @@ class AmqpConnection:
         link = proton.Link.wrap(lib.pn_event_link(event))
         try:
             if link.is_sender:
-                state: IncomingLink | OutgoingLink = self._attach_outgoing(link)
+                state: IncomingLink | OutgoingLink | BrowsingLink = self._attach_outgoing(link)
             else:
                 state = self._attach_incoming(link)
         except _Refused as refusal:
@@ -364,7 +395,7 @@ class AmqpConnection:
             return
         self.links[link._impl] = state
         link.open()
-        if isinstance(state, OutgoingLink):
+        if not isinstance(state, IncomingLink):
             state.sync_credit()
 
     def _check(self, address: str | None, action: str, *, topic: bool = False) -> str:
@@ -399,7 +430,7 @@ class AmqpConnection:
         link.target.copy(link.remote_target)
         return IncomingLink(self, link, address, topic)
 
-    def _attach_outgoing(self, link: proton.Link) -> OutgoingLink:
+    def _attach_outgoing(self, link: proton.Link) -> OutgoingLink | BrowsingLink:
         source = link.remote_source
         text = _selector(source)
         try:
@@ -413,6 +444,10 @@ class AmqpConnection:
             return OutgoingLink(self, link, queue.consumer(selector, owner=self),
                                 lambda: self.qm.delete_queue(queue.name) if queue.name in self.qm.queues else None)
         name, topic = _destination(source)
+        if not topic and source.distribution_mode == proton.Terminus.DIST_MODE_COPY:
+            address = self._check(name, "browse")
+            link.source.distribution_mode = proton.Terminus.DIST_MODE_COPY
+            return BrowsingLink(self, link, iter(list(self.qm.queue(address).browse(selector))))
         if topic:
             self._check(name, "subscribe", topic=True)
             subscription = self.tm.subscribe(name, selector=text, no_local=False, client_id=self.client_id,
@@ -448,7 +483,7 @@ class AmqpConnection:
 
     def _on_flow(self, event: Any) -> None:
         state = self.links.get(lib.pn_event_link(event))
-        if isinstance(state, OutgoingLink):
+        if state is not None and not isinstance(state, IncomingLink):
             state.sync_credit()
 
     def _on_delivery(self, event: Any) -> None:
