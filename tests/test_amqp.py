@@ -268,3 +268,75 @@ async def test_anonymous_relay_needs_an_address(broker):
     with pytest.raises(SendException) as caught:
         await in_thread(no_address, running.url)
     assert caught.value.state == Disposition.REJECTED
+
+
+def transactional(url, queue, *, sends=0, receive=0, finish="abort"):
+    """Run one transaction with proton's reactor: send and/or receive-and-accept, then
+    commit, abort, or close the connection with the transaction still open."""
+    from proton.handlers import MessagingHandler, TransactionHandler
+    from proton.reactor import Container
+
+    class Client(MessagingHandler, TransactionHandler):
+        def __init__(self):
+            super().__init__(prefetch=0, auto_accept=False)
+            self.received = []
+
+        def on_start(self, event):
+            self.connection = event.container.connect(url)
+            self.sender = event.container.create_sender(self.connection, queue)
+            if receive:
+                self.receiver = event.container.create_receiver(self.connection, queue)
+            event.container.declare_transaction(self.connection, handler=self)
+
+        def on_transaction_declared(self, event):
+            self.transaction = event.transaction
+            for n in range(sends):
+                self.transaction.send(self.sender, Message(body=f"t{n}"))
+            if receive:
+                self.receiver.flow(receive)
+            else:
+                self.done()
+
+        def on_message(self, event):
+            self.received.append(event.message.body)
+            self.transaction.accept(event.delivery)
+            if len(self.received) == receive:
+                self.done()
+
+        def done(self):
+            if finish == "commit":
+                self.transaction.commit()
+            elif finish == "abort":
+                self.transaction.abort()
+            else:
+                self.connection.close()
+
+        def on_transaction_committed(self, event):
+            self.connection.close()
+
+        def on_transaction_aborted(self, event):
+            self.connection.close()
+
+    client = Client()
+    Container(client).run()
+    return client.received
+
+
+async def test_transactions_commit_abort_and_connection_loss(broker):
+    running = await broker()
+    qm = running.router.swiftlet("sys$queuemanager")
+    await in_thread(lambda: transactional(running.url, "txq", sends=3, finish="abort"))
+    assert qm.queue("txq").size == 0  # aborted sends never appear
+    await in_thread(lambda: transactional(running.url, "txq", sends=3, finish="vanish"))
+    await trio.sleep(0.1)
+    assert qm.queue("txq").size == 0  # a lost connection rolls back
+    await in_thread(lambda: transactional(running.url, "txq", sends=3, finish="commit"))
+    assert qm.queue("txq").size == 3
+    got = await in_thread(lambda: transactional(running.url, "txq", receive=2, finish="abort"))
+    assert got == ["t0", "t1"]
+    await trio.sleep(0.1)
+    assert qm.queue("txq").size == 3 and [e.redelivered for e in qm.queue("txq").browse()] == [True, True, False]
+    got = await in_thread(lambda: transactional(running.url, "txq", receive=3, finish="commit"))
+    assert got == ["t0", "t1", "t2"]
+    await trio.sleep(0.1)
+    assert qm.queue("txq").size == 0

@@ -83,3 +83,17 @@ async def test_selectors_and_browsing(router):
                            for i, line in enumerate(browsed))
     assert await example("selected_recv.py", "-m", "50") == [f"green {i + 1}" for i in range(0, 100, 2)]
     assert await example("simple_recv.py", "-m", "50") == [f"red {i + 1}" for i in range(1, 100, 2)]
+
+
+async def test_transactions(router):
+    assert await example("tx_send.py") == ["all messages committed"]
+    assert await example("tx_recv.py") == [f"{{'sequence': {i + 1}}}" for i in range(100)]
+    inputs = ["Twas brillig, and the slithy toves", "Did gire and gymble in the wabe.",
+              "All mimsy were the borogroves,", "And the mome raths outgrabe."]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(example, "server_tx.py")  # replies and accepts in one transaction each
+        await trio.sleep(1)
+        assert await example("client.py") == [f"{line} => {line.upper()}" for line in inputs]
+        nursery.cancel_scope.cancel()
+    # nothing is left over: every request was consumed within a committed transaction
+    assert router.swiftlet("sys$queuemanager").queue("examples").size == 0

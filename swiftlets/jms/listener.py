@@ -47,6 +47,9 @@ SASL_TIMEOUT = 30.0
 
 
 TOPIC_PREFIX, QUEUE_PREFIX = "topic://", "queue://"
+DECLARE, DISCHARGE, DECLARED, TRANSACTIONAL_STATE, ACCEPTED = 0x31, 0x32, 0x33, 0x34, 0x24  # AMQP part 4
+DECLARE_NAMES = (DECLARE, "amqp:declare:list")
+DISCHARGE_NAMES = (DISCHARGE, "amqp:discharge:list")
 SELECTOR_FILTERS = ("apache.org:selector-filter:string", 0x0000468C00000004)
 
 
@@ -71,6 +74,21 @@ def _selector(source: proton.Terminus) -> str | None:
         if isinstance(value, proton.Described) and value.descriptor in SELECTOR_FILTERS:
             return str(value.value)
     return None
+
+
+def _transaction_id(delivery: Any) -> bytes | None:
+    """The txn-id of a transfer or disposition in transactional state [4.5.5], else None."""
+    if lib.pn_delivery_remote_state(delivery) != TRANSACTIONAL_STATE:
+        return None
+    fields = _read(proton.Data(lib.pn_disposition_data(lib.pn_delivery_remote(delivery))))
+    return bytes(fields[0]) if isinstance(fields, list) and fields else None
+
+
+def _settle_with(delivery: Any, state: int, fields: list) -> None:
+    """Settle with a state that carries data (declared, transactional-state)."""
+    data = proton.Data(lib.pn_disposition_data(lib.pn_delivery_local(delivery)))
+    data.put_object(fields)
+    settle(delivery, state)
 
 
 def _destination(terminus: proton.Terminus) -> tuple[str, bool]:
@@ -120,7 +138,15 @@ class IncomingLink:
             address, topic = self.address, self.topic
             if address is None:  # anonymous relay: route by the message's own address
                 address, topic = connection.route(message)
-            if topic:
+            txn_id = _transaction_id(delivery)
+            if txn_id is not None:  # staged in the transaction; accepted within it [4.4.1]
+                if topic:
+                    raise _Refused("amqp:not-implemented", "transactional publishing to topics is not supported")
+                connection.transaction(txn_id).send(address, message)
+                if not remotely_settled:
+                    _settle_with(delivery, TRANSACTIONAL_STATE, [txn_id, proton.Described(proton.ulong(ACCEPTED), [])])
+                    connection.wake()
+            elif topic:
                 connection.publish(address, message, durable)
             else:
                 connection.qm.send_nowait(address, message, on_durable=durable)
@@ -183,12 +209,19 @@ class OutgoingLink:
     def on_delivery(self, delivery: Any) -> None:
         if not (lib.pn_delivery_updated(delivery) or lib.pn_delivery_settled(delivery)):
             return
+        txn_id = _transaction_id(delivery)
         entry = self.unsettled.pop(delivery_tag(delivery), None)
         state = lib.pn_delivery_remote_state(delivery)
         lib.pn_delivery_settle(delivery)
         if entry is None:
             return
         consumer = self.consumer
+        if txn_id is not None:  # acknowledged within a transaction: held until discharge
+            try:
+                self.connection.transaction(txn_id).acknowledge(consumer, entry)
+            except _Refused:
+                consumer.release(entry)
+            return
         if state == lib.PN_RELEASED:
             consumer.release(entry)
         elif state == lib.PN_REJECTED:
@@ -205,6 +238,45 @@ class OutgoingLink:
         self.consumer.close()
         if self.on_close is not None:
             self.on_close()
+
+
+class CoordinatorLink:
+    """The transaction coordinator [4.2]: ``declare`` opens a transaction and answers
+    ``declared`` with its id; ``discharge`` commits or rolls it back, answering accepted —
+    or rejected with ``amqp:transaction:rollback`` if the commit failed."""
+
+    def __init__(self, connection: AmqpConnection, link: proton.Link):
+        self.connection = connection
+        self.link = link
+        self.pointer = link._impl
+        lib.pn_link_flow(self.pointer, 100)
+
+    def on_delivery(self, delivery: Any) -> None:
+        data = receive_transfer(self.pointer, delivery)
+        if data is None:
+            return
+        connection = self.connection
+        try:
+            control = Message(data).body()
+            kind = getattr(control, "descriptor", None)
+            fields = list(getattr(control, "value", None) or [])
+            if kind in DECLARE_NAMES:
+                _settle_with(delivery, DECLARED, [connection.declare()])
+            elif kind in DISCHARGE_NAMES and fields:
+                connection.discharge(delivery, bytes(fields[0]), bool(fields[1]) if len(fields) > 1 else False)
+            else:
+                raise _Refused("amqp:invalid-field", f"not a declare or discharge: {control!r}"[:200])
+        except (_Refused, MessageError) as exc:
+            condition = lib.pn_disposition_condition(lib.pn_delivery_local(delivery))
+            lib.pn_condition_set_name(condition, getattr(exc, "condition", "amqp:invalid-field").encode())
+            lib.pn_condition_set_description(condition, str(exc).encode())
+            settle(delivery, lib.PN_REJECTED)
+        if lib.pn_link_credit(self.pointer) < 50:
+            lib.pn_link_flow(self.pointer, 100 - lib.pn_link_credit(self.pointer))
+        connection.wake()
+
+    def close(self) -> None:
+        pass
 
 
 class BrowsingLink:
@@ -250,8 +322,11 @@ class AmqpConnection:
         self.tm = swiftlet.tm
         self.client_id: str | None = None
         self.principal: Any = None
+        self.transactions: dict[bytes, Any] = {}
+        self._transaction_ids = itertools.count(1)
+        self._nursery: trio.Nursery | None = None
         self.engine: Engine | None = None
-        self.links: dict[Any, IncomingLink | OutgoingLink | BrowsingLink] = {}
+        self.links: dict[Any, IncomingLink | OutgoingLink | BrowsingLink | CoordinatorLink] = {}
         self.closed = False
         self._wakeup = trio.Event()
         self._handlers = {
@@ -281,6 +356,7 @@ class AmqpConnection:
                 self.engine.receive_data(remaining)
             self._handle_events()
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._write_forever)
                 await self._read_forever()
                 nursery.cancel_scope.cancel()
@@ -344,7 +420,7 @@ class AmqpConnection:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
             for link in list(self.links.values()):
-                if not isinstance(link, IncomingLink):
+                if isinstance(link, (OutgoingLink, BrowsingLink)):
                     link.pump()
             self._handle_events()
             data = self.engine.data_to_send()
@@ -384,7 +460,7 @@ class AmqpConnection:
         link = proton.Link.wrap(lib.pn_event_link(event))
         try:
             if link.is_sender:
-                state: IncomingLink | OutgoingLink | BrowsingLink = self._attach_outgoing(link)
+                state: IncomingLink | OutgoingLink | BrowsingLink | CoordinatorLink = self._attach_outgoing(link)
             else:
                 state = self._attach_incoming(link)
         except _Refused as refusal:
@@ -395,7 +471,7 @@ class AmqpConnection:
             return
         self.links[link._impl] = state
         link.open()
-        if not isinstance(state, IncomingLink):
+        if isinstance(state, (OutgoingLink, BrowsingLink)):
             state.sync_credit()
 
     def _check(self, address: str | None, action: str, *, topic: bool = False) -> str:
@@ -422,7 +498,11 @@ class AmqpConnection:
             raise _Refused("amqp:unauthorized-access", str(exc)) from None
         return address
 
-    def _attach_incoming(self, link: proton.Link) -> IncomingLink:
+    def _attach_incoming(self, link: proton.Link) -> IncomingLink | CoordinatorLink:
+        if link.remote_target.type == proton.Terminus.COORDINATOR:
+            link.target.type = proton.Terminus.COORDINATOR
+            link.target.copy(link.remote_target)
+            return CoordinatorLink(self, link)
         if link.remote_target.address is None and not link.remote_target.dynamic:
             return IncomingLink(self, link, None, False)  # anonymous relay
         name, topic = _destination(link.remote_target)
@@ -469,6 +549,39 @@ class AmqpConnection:
             return self._check(to[len(TOPIC_PREFIX):], "publish", topic=True), True
         return self._check(to[len(QUEUE_PREFIX):] if to.startswith(QUEUE_PREFIX) else to, "send"), False
 
+    def declare(self) -> bytes:
+        txn_id = f"txn-{next(self._transaction_ids)}".encode()
+        self.transactions[txn_id] = self.qm.transaction()
+        return txn_id
+
+    def transaction(self, txn_id: bytes) -> Any:
+        transaction = self.transactions.get(txn_id)
+        if transaction is None:
+            raise _Refused("amqp:transaction:unknown-id", f"unknown transaction {txn_id!r}")
+        return transaction
+
+    def discharge(self, delivery: Any, txn_id: bytes, fail: bool) -> None:
+        transaction = self.transaction(txn_id)
+        del self.transactions[txn_id]
+        assert self._nursery is not None
+        self._nursery.start_soon(self._finish, delivery, transaction, fail)
+
+    async def _finish(self, delivery: Any, transaction: Any, fail: bool) -> None:
+        """Commit or roll back (the store is awaited), then answer the discharge."""
+        try:
+            await (transaction.rollback() if fail else transaction.commit())
+        except Exception as exc:
+            log.warning("transaction commit failed: %s", exc)
+            if not self.closed:
+                condition = lib.pn_disposition_condition(lib.pn_delivery_local(delivery))
+                lib.pn_condition_set_name(condition, b"amqp:transaction:rollback")
+                lib.pn_condition_set_description(condition, str(exc).encode())
+                settle(delivery, lib.PN_REJECTED)
+        else:
+            if not self.closed:
+                settle(delivery, lib.PN_ACCEPTED)
+        self.wake()
+
     def publish(self, topic: str, message: Message, on_durable: Any) -> None:
         self.tm.publish(topic, message, client_id=self.client_id, on_durable=on_durable)
 
@@ -483,7 +596,7 @@ class AmqpConnection:
 
     def _on_flow(self, event: Any) -> None:
         state = self.links.get(lib.pn_event_link(event))
-        if state is not None and not isinstance(state, IncomingLink):
+        if isinstance(state, (OutgoingLink, BrowsingLink)):
             state.sync_credit()
 
     def _on_delivery(self, event: Any) -> None:
@@ -494,6 +607,9 @@ class AmqpConnection:
 
     def _release(self) -> None:
         self.closed = True
+        for transaction in self.transactions.values():  # a lost connection rolls back
+            transaction.rollback_nowait()
+        self.transactions.clear()
         for state in self.links.values():
             state.close()
         self.links.clear()
