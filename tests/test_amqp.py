@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 
+import proton
 import pytest
 import trio
 from proton import Disposition, Message
@@ -340,3 +341,29 @@ async def test_transactions_commit_abort_and_connection_loss(broker):
     assert got == ["t0", "t1", "t2"]
     await trio.sleep(0.1)
     assert qm.queue("txq").size == 0
+
+
+async def test_producer_client_id_and_no_local(broker):
+    running = await broker()
+
+    def chat(url):
+        from proton.reactor import Filter
+
+        no_local = Filter({"no-local": proton.Described(proton.symbol("apache.org:no-local-filter:list"), [])})
+        me = BlockingConnection(url, timeout=10)
+        mine = me.create_receiver("topic://chat", name="mine", options=no_local)
+        everything = me.create_receiver("topic://chat", name="everything")
+        other = BlockingConnection(url, timeout=10)
+        me.create_sender("topic://chat").send(Message(body="from me"))
+        other.create_sender("topic://chat").send(Message(body="from other"))
+        got_all = [everything.receive(timeout=10) for _ in range(2)]
+        got_mine = mine.receive(timeout=10)
+        result = ([m.body for m in got_all], got_mine.body,
+                  [m.annotations["x-opt-martinet-cid"] == me.container.container_id for m in got_all])
+        me.close()
+        other.close()
+        return result
+
+    everything, mine, stamped_by_me = await in_thread(chat, running.url)
+    assert everything == ["from me", "from other"] and mine == "from other"  # no-local skipped my own
+    assert stamped_by_me == [True, False]  # every message carries its producer's client id

@@ -32,6 +32,7 @@ from typing import Any
 import proton
 import trio
 
+from messaging.codec import Symbol
 from messaging.message import Message, MessageError
 from messaging.selector import SelectorError, compile_selector
 from swiftlets.queuemanager import ConsumerRefused, QueueError, QueueFull, QueueNotFound
@@ -51,6 +52,8 @@ DECLARE, DISCHARGE, DECLARED, TRANSACTIONAL_STATE, ACCEPTED = 0x31, 0x32, 0x33, 
 DECLARE_NAMES = (DECLARE, "amqp:declare:list")
 DISCHARGE_NAMES = (DISCHARGE, "amqp:discharge:list")
 SELECTOR_FILTERS = ("apache.org:selector-filter:string", 0x0000468C00000004)
+NO_LOCAL_FILTERS = ("apache.org:no-local-filter:list", 0x0000468C00000003)
+CLIENT_ID_ANNOTATION = Symbol("x-opt-martinet-cid")  # the producer's client id (SwiftMQ's JMS_SWIFTMQ_CID)
 
 
 def _read(data: proton.Data) -> Any:
@@ -66,14 +69,17 @@ def _symbols(data: proton.Data) -> set[str]:
     return {str(item) for item in (items if isinstance(items, (list, tuple)) else [items])}
 
 
-def _selector(source: proton.Terminus) -> str | None:
+def _filters(source: proton.Terminus) -> tuple[str | None, bool]:
+    """(selector, no-local) from a source's filter set (the Qpid JMS filter descriptors)."""
     filters = _read(source.filter)
-    if not isinstance(filters, dict):
-        return None
-    for value in filters.values():
-        if isinstance(value, proton.Described) and value.descriptor in SELECTOR_FILTERS:
-            return str(value.value)
-    return None
+    selector, no_local = None, False
+    if isinstance(filters, dict):
+        for value in filters.values():
+            if isinstance(value, proton.Described) and value.descriptor in SELECTOR_FILTERS:
+                selector = str(value.value)
+            elif isinstance(value, proton.Described) and value.descriptor in NO_LOCAL_FILTERS:
+                no_local = True
+    return selector, no_local
 
 
 def _transaction_id(delivery: Any) -> bytes | None:
@@ -134,7 +140,7 @@ class IncomingLink:
             connection.wake()
 
         try:
-            message = Message(data)
+            message = connection.stamp(Message(data))
             address, topic = self.address, self.topic
             if address is None:  # anonymous relay: route by the message's own address
                 address, topic = connection.route(message)
@@ -512,7 +518,7 @@ class AmqpConnection:
 
     def _attach_outgoing(self, link: proton.Link) -> OutgoingLink | BrowsingLink:
         source = link.remote_source
-        text = _selector(source)
+        text, no_local = _filters(source)
         try:
             selector = compile_selector(text) if text else None
         except SelectorError as exc:
@@ -530,7 +536,7 @@ class AmqpConnection:
             return BrowsingLink(self, link, iter(list(self.qm.queue(address).browse(selector))))
         if topic:
             self._check(name, "subscribe", topic=True)
-            subscription = self.tm.subscribe(name, selector=text, no_local=False, client_id=self.client_id,
+            subscription = self.tm.subscribe(name, selector=text, no_local=no_local, client_id=self.client_id,
                                              owner=self)
             return OutgoingLink(self, link, subscription.consumer(), subscription.close)
         address = self._check(name, "receive")
@@ -548,6 +554,12 @@ class AmqpConnection:
         if to.startswith(TOPIC_PREFIX):
             return self._check(to[len(TOPIC_PREFIX):], "publish", topic=True), True
         return self._check(to[len(QUEUE_PREFIX):] if to.startswith(QUEUE_PREFIX) else to, "send"), False
+
+    def stamp(self, message: Message) -> Message:
+        """The message with the producer's client id annotated (as SwiftMQ's JMS_SWIFTMQ_CID)."""
+        if self.client_id is None:
+            return message
+        return message.with_annotations({CLIENT_ID_ANNOTATION: self.client_id})
 
     def declare(self) -> bytes:
         txn_id = f"txn-{next(self._transaction_ids)}".encode()
