@@ -367,3 +367,39 @@ async def test_producer_client_id_and_no_local(broker):
     everything, mine, stamped_by_me = await in_thread(chat, running.url)
     assert everything == ["from me", "from other"] and mine == "from other"  # no-local skipped my own
     assert stamped_by_me == [True, False]  # every message carries its producer's client id
+
+
+def durable_client(url, client_id, *, take=0, end="detach"):
+    """Attach the durable subscription 'orders-sub' of ``client_id`` (Qpid JMS style),
+    receive ``take`` messages, then detach (keep) or close (unsubscribe)."""
+    from proton.reactor import Container, DurableSubscription
+
+    container = Container()
+    container.container_id = client_id
+    connection = BlockingConnection(url, timeout=10, container=container)
+    receiver = connection.create_receiver("topic://orders", name="orders-sub", options=DurableSubscription())
+    got = []
+    for _ in range(take):
+        got.append(receiver.receive(timeout=10).body)
+        receiver.accept()
+    if end == "close":
+        receiver.close()
+    else:
+        receiver.link.detach()
+    connection.close()
+    return got
+
+
+async def test_durable_subscriptions_with_the_qpid_jms_conventions(broker):
+    running = await broker()
+    await in_thread(durable_client, running.url, "client-1")
+    tm = running.router.swiftlet("sys$topicmanager")
+    assert sorted(tm.durable_subscriptions()) == ["client-1$orders-sub"]  # detach keeps it
+    await in_thread(send, running.url, "topic://orders", ["o1", "o2"])
+    await trio.sleep(0.05)
+    await running.stop()  # it keeps the messages across a restart
+    await running.start()
+    got = await in_thread(lambda: durable_client(running.url, "client-1", take=2, end="close"))
+    assert got == ["o1", "o2"]
+    await trio.sleep(0.1)
+    assert running.router.swiftlet("sys$topicmanager").durable_subscriptions() == {}  # close deletes it

@@ -36,7 +36,7 @@ from messaging.codec import Symbol
 from messaging.message import Message, MessageError
 from messaging.selector import SelectorError, compile_selector
 from swiftlets.queuemanager import ConsumerRefused, QueueError, QueueFull, QueueNotFound
-from swiftlets.topicmanager import TopicError
+from swiftlets.topicmanager import TopicError, durable_queue_name
 from swiftlets.topicmanager.hierarchy import TopicNameError, parse_topic
 
 from .engine import Engine, EngineClosed, delivery_tag, ffi, lib, receive_transfer, send_transfer, settle
@@ -105,6 +105,14 @@ def _destination(terminus: proton.Terminus) -> tuple[str, bool]:
     if address.startswith(QUEUE_PREFIX):
         return address[len(QUEUE_PREFIX):], False
     return address, bool(_symbols(terminus.capabilities) & {"topic", "temporary-topic"})
+
+
+class _Deferred(Exception):
+    """An attach that must await something (a durable subscription's store record) first."""
+
+    def __init__(self, finish: Any):
+        super().__init__("deferred attach")
+        self.finish = finish
 
 
 class _Refused(Exception):
@@ -178,9 +186,11 @@ class IncomingLink:
 class OutgoingLink:
     """A link the client receives on: a queue consumer whose credit follows the link's."""
 
-    def __init__(self, connection: AmqpConnection, link: proton.Link, consumer: Any, on_close: Any = None):
+    def __init__(self, connection: AmqpConnection, link: proton.Link, consumer: Any, on_close: Any = None,
+                 durable: tuple[str, str] | None = None):
         self.connection = connection
         self.on_close = on_close  # ends a subscription or deletes a dynamic queue
+        self.durable = durable  # (client id, subscription name) of a durable subscription
         self.link = link
         self.pointer = link._impl
         self.consumer = consumer
@@ -342,7 +352,7 @@ class AmqpConnection:
             lib.PN_SESSION_REMOTE_CLOSE: self._on_session_close,
             lib.PN_LINK_REMOTE_OPEN: self._on_link_open,
             lib.PN_LINK_REMOTE_CLOSE: self._on_link_close,
-            lib.PN_LINK_REMOTE_DETACH: self._on_link_close,
+            lib.PN_LINK_REMOTE_DETACH: self._on_link_detach,
             lib.PN_LINK_FLOW: self._on_flow,
             lib.PN_DELIVERY: self._on_delivery,
         }
@@ -470,15 +480,38 @@ class AmqpConnection:
             else:
                 state = self._attach_incoming(link)
         except _Refused as refusal:
-            log.info("attach from %s refused: %s", self.host, refusal)
-            link.condition = proton.Condition(refusal.condition, str(refusal))
-            link.open()
-            link.close()
+            self._refuse(link, refusal)
             return
+        except _Deferred as deferred:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._finish_attach, link, deferred.finish)
+            return
+        self._activate(link, state)
+
+    def _activate(self, link: proton.Link, state: Any) -> None:
         self.links[link._impl] = state
         link.open()
         if isinstance(state, (OutgoingLink, BrowsingLink)):
             state.sync_credit()
+
+    def _refuse(self, link: proton.Link, refusal: _Refused) -> None:
+        log.info("attach from %s refused: %s", self.host, refusal)
+        link.condition = proton.Condition(refusal.condition, str(refusal))
+        link.open()
+        link.close()
+
+    async def _finish_attach(self, link: proton.Link, finish: Any) -> None:
+        try:
+            state = await finish()
+        except _Refused as refusal:
+            if not self.closed:
+                self._refuse(link, refusal)
+        else:
+            if self.closed:
+                state.close()
+            else:
+                self._activate(link, state)
+        self.wake()
 
     def _check(self, address: str | None, action: str, *, topic: bool = False) -> str:
         if not address:
@@ -529,7 +562,12 @@ class AmqpConnection:
             link.source.address = queue.name
             return OutgoingLink(self, link, queue.consumer(selector, owner=self),
                                 lambda: self.qm.delete_queue(queue.name) if queue.name in self.qm.queues else None)
+        if source.address is None:  # Qpid JMS looks a durable subscription up by link name
+            return self._existing_durable(link)
         name, topic = _destination(source)
+        if topic and source.durability != proton.Terminus.NONDURABLE:
+            self._check(name, "durable", topic=True)
+            raise _Deferred(lambda: self._attach_durable(link, name, text, no_local))
         if not topic and source.distribution_mode == proton.Terminus.DIST_MODE_COPY:
             address = self._check(name, "browse")
             link.source.distribution_mode = proton.Terminus.DIST_MODE_COPY
@@ -545,6 +583,28 @@ class AmqpConnection:
         except ConsumerRefused as exc:
             raise _Refused("amqp:resource-locked", str(exc)) from None
         return OutgoingLink(self, link, consumer)
+
+    async def _attach_durable(self, link: proton.Link, topic: str, selector: str | None, no_local: bool) -> Any:
+        """A durable subscription named by the client id (container id) and the link name:
+        created, resumed, or replaced when its topic or selector changed."""
+        if not self.client_id:
+            raise _Refused("amqp:invalid-field", "a durable subscription needs a client id (container id)")
+        try:
+            subscription = await self.tm.durable_subscribe(self.client_id, link.name, topic, selector=selector,
+                                                           no_local=no_local)
+        except TopicError as exc:
+            raise _Refused("amqp:invalid-field", str(exc)) from None
+        return OutgoingLink(self, link, subscription.consumer(), durable=(self.client_id, link.name))
+
+    def _existing_durable(self, link: proton.Link) -> OutgoingLink:
+        subscription = self.tm.durable_subscriptions().get(
+            durable_queue_name(self.client_id or "", link.name)) if self.tm else None
+        if subscription is None:
+            raise _Refused("amqp:not-found", f"no durable subscription {link.name!r} for client {self.client_id!r}")
+        link.source.address = f"{TOPIC_PREFIX}{subscription.topic.text}"
+        link.source.durability = proton.Terminus.DELIVERIES
+        link.source.expiry_policy = proton.Terminus.EXPIRE_NEVER
+        return OutgoingLink(self, link, subscription.consumer(), durable=(self.client_id or "", link.name))
 
     def route(self, message: Message) -> tuple[str, bool]:
         """Where an anonymous-relay message goes: its ``to``, as a topic or a queue."""
@@ -597,14 +657,29 @@ class AmqpConnection:
     def publish(self, topic: str, message: Message, on_durable: Any) -> None:
         self.tm.publish(topic, message, client_id=self.client_id, on_durable=on_durable)
 
-    def _on_link_close(self, event: Any) -> None:
+    def _on_link_detach(self, event: Any, *, closed: bool = False) -> None:
+        """Detach keeps a durable subscription; close (``closed=true``) deletes it."""
         pointer = lib.pn_event_link(event)
         state = self.links.pop(pointer, None)
         if state is not None:
             state.close()
+            if closed and isinstance(state, OutgoingLink) and state.durable and self._nursery is not None:
+                self._nursery.start_soon(self._unsubscribe, *state.durable)
         link = proton.Link.wrap(pointer)
         if link.state & proton.Endpoint.LOCAL_ACTIVE:
-            link.close()
+            if closed:
+                link.close()
+            else:
+                link.detach()
+
+    def _on_link_close(self, event: Any) -> None:
+        self._on_link_detach(event, closed=True)
+
+    async def _unsubscribe(self, client_id: str, name: str) -> None:
+        try:
+            await self.tm.unsubscribe(client_id, name)
+        except TopicError as exc:
+            log.info("durable subscription %s/%s not deleted: %s", client_id, name, exc)
 
     def _on_flow(self, event: Any) -> None:
         state = self.links.get(lib.pn_event_link(event))
