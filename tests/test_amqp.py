@@ -403,3 +403,48 @@ async def test_durable_subscriptions_with_the_qpid_jms_conventions(broker):
     assert got == ["o1", "o2"]
     await trio.sleep(0.1)
     assert running.router.swiftlet("sys$topicmanager").durable_subscriptions() == {}  # close deletes it
+
+
+async def test_a_client_id_is_used_by_one_connection_at_a_time(broker):
+    from proton.reactor import Container
+
+    running = await broker()
+
+    def connect(client_id):
+        container = Container()
+        container.container_id = client_id
+        return BlockingConnection(running.url, timeout=10, container=container)
+
+    first = await in_thread(connect, "unique-client")
+    with pytest.raises(Exception, match="amqp:invalid-field.*client id 'unique-client' is in use"):
+        await in_thread(connect, "unique-client")
+    await in_thread(first.close)
+    await trio.sleep(0.1)
+    again = await in_thread(connect, "unique-client")  # free again once the first has gone
+    await in_thread(again.close)
+
+
+async def test_a_silent_peer_is_dropped_after_the_idle_timeout(nursery, tmp_path, autojump_clock):
+    from messaging.codec import Described, ULong, encode
+    from swiftlets.jms.sasl import AMQP_HEADER
+
+    path = tmp_path / "router.xml"
+    path.write_text(ROUTER.format(store=tmp_path / "store", auth="false", anonymous="false", autocreate="true",
+                                  maxconn="-1").replace('max-connections="-1"',
+                                                        'max-connections="-1" keepalive-interval="2000"'))
+    router = Router.from_file(path)
+    await nursery.start(router.run)
+    port = router.management.get("/sys$jms/usage/listeners/amqp", "port")
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    body = encode(Described(ULong(0x10), ["silent-peer"]))  # open(container-id)
+    open_frame = len(body + b"12345678").to_bytes(4, "big") + b"\x02\x00\x00\x00" + body
+    await stream.send_all(AMQP_HEADER + open_frame)  # no SASL: anonymous; then silence
+    begin = trio.current_time()
+    received = b""
+    with trio.fail_after(60):
+        while chunk := await stream.receive_some(4096):
+            received += chunk
+    assert received.startswith(AMQP_HEADER)  # the router answered, heartbeated, then hung up
+    assert 2 <= trio.current_time() - begin < 10
+    await stream.aclose()
+    router.request_stop()

@@ -37,6 +37,8 @@ class ListenerConfig:
     max_frame_size: int = prop(1_048_576, min=512, description="Largest AMQP frame, in bytes.")
     incoming_credit: int = prop(1000, min=1, max=1_000_000, description="Messages a producer may have "
                                 "in flight on one link (the link credit we grant).")
+    allow_same_clientid: bool = prop(False, description="Let several connections use one client id "
+                                     "(container id) at once; false refuses the second with amqp:invalid-field.")
 
 
 @config_class
@@ -57,6 +59,7 @@ class JmsSwiftlet:
         self._nursery: trio.Nursery | None = None
         self._usage: UsageList | None = None
         self._listeners: dict[str, dict[str, Any]] = {}
+        self.client_ids: dict[str, int] = {}  # client id → connections using it
 
     def login(self, credentials: Credentials, host: str) -> Any:
         """A principal for the credentials, or raise; everyone is let in without sys$authentication."""

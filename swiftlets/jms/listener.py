@@ -459,8 +459,19 @@ class AmqpConnection:
 
     def _on_connection_open(self, event: Any) -> None:
         connection = self.engine.connection
-        self.client_id = connection.remote_container
+        client_id = connection.remote_container
         connection.offered_capabilities = proton.SymbolList([proton.symbol("ANONYMOUS-RELAY")])
+        in_use = self.swiftlet.client_ids
+        if client_id and in_use.get(client_id) and not self.config.allow_same_clientid:
+            log.info("connection from %s refused: client id %r is in use", self.host, client_id)
+            connection.condition = proton.Condition("amqp:invalid-field", f"client id {client_id!r} is in use",
+                                                    {proton.symbol("invalid-field"): proton.symbol("container-id")})
+            connection.open()
+            connection.close()
+            return
+        self.client_id = client_id
+        if client_id:
+            in_use[client_id] = in_use.get(client_id, 0) + 1
         connection.open()
 
     def _on_connection_close(self, event: Any) -> None:
@@ -694,6 +705,11 @@ class AmqpConnection:
 
     def _release(self) -> None:
         self.closed = True
+        if self.client_id:
+            in_use = self.swiftlet.client_ids
+            in_use[self.client_id] -= 1
+            if not in_use[self.client_id]:
+                del in_use[self.client_id]
         for transaction in self.transactions.values():  # a lost connection rolls back
             transaction.rollback_nowait()
         self.transactions.clear()
