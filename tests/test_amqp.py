@@ -448,3 +448,48 @@ async def test_a_silent_peer_is_dropped_after_the_idle_timeout(nursery, tmp_path
     assert 2 <= trio.current_time() - begin < 10
     await stream.aclose()
     router.request_stop()
+
+
+async def test_tls_listener(nursery, tmp_path):
+    from proton import SSLDomain
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    await trio.run_process(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                            "-keyout", str(key), "-out", str(cert)], capture_stdout=True, capture_stderr=True)
+    path = tmp_path / "router.xml"
+    path.write_text(ROUTER.format(store=tmp_path / "store", auth="false", anonymous="false", autocreate="true",
+                                  maxconn="-1").replace('max-connections="-1"',
+                                                        f'max-connections="-1" tls-certificate="{cert}" '
+                                                        f'tls-key="{key}"'))
+    router = Router.from_file(path)
+    await nursery.start(router.run)
+    port = router.management.get("/sys$jms/usage/listeners/amqp", "port")
+
+    def over_tls():
+        domain = SSLDomain(SSLDomain.MODE_CLIENT)
+        domain.set_trusted_ca_db(str(cert))
+        domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+        connection = BlockingConnection(f"amqps://127.0.0.1:{port}", timeout=10, ssl_domain=domain)
+        connection.create_sender("secure").send(Message(body="encrypted"))
+        body = connection.create_receiver("secure").receive(timeout=10).body
+        connection.close()
+        return body
+
+    assert await in_thread(over_tls) == "encrypted"
+    with pytest.raises(Exception):  # noqa: B017 - a plain client cannot talk to a TLS listener
+        await in_thread(lambda: send(f"amqp://127.0.0.1:{port}", "secure", ["plain"]))
+    await in_thread(over_tls)  # and the listener still serves TLS clients
+    router.request_stop()
+
+
+async def test_a_missing_tls_certificate_fails_the_start(tmp_path):
+    path = tmp_path / "router.xml"
+    path.write_text(ROUTER.format(store=tmp_path / "store", auth="false", anonymous="false", autocreate="true",
+                                  maxconn="-1").replace('max-connections="-1"',
+                                                        'max-connections="-1" tls-certificate="/nope/cert.pem"'))
+    from kernel import SwiftletFailed
+
+    with pytest.raises(SwiftletFailed, match="sys\\$jms failed to start: .*cannot load the TLS certificate "
+                                             "'/nope/cert.pem'"):
+        await Router.from_file(path).run()

@@ -11,6 +11,7 @@ durable subscriptions, browsing, TLS and the Python client are not done yet.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +38,9 @@ class ListenerConfig:
     max_frame_size: int = prop(1_048_576, min=512, description="Largest AMQP frame, in bytes.")
     incoming_credit: int = prop(1000, min=1, max=1_000_000, description="Messages a producer may have "
                                 "in flight on one link (the link credit we grant).")
+    tls_certificate: str = prop("", reboot_required=True, description="PEM certificate chain for TLS; "
+                                "empty: plain TCP. Clients then connect with amqps://.")
+    tls_key: str = prop("", reboot_required=True, description="PEM private key of the TLS certificate.")
     allow_same_clientid: bool = prop(False, description="Let several connections use one client id "
                                      "(container id) at once; false refuses the second with amqp:invalid-field.")
 
@@ -91,17 +95,28 @@ class JmsSwiftlet:
 
     async def _serve(self, entity: Entity, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         config = entity.snapshot()
-        listeners = await trio.open_tcp_listeners(config.port, host=config.bind_address)
-        port = listeners[0].socket.getsockname()[1]
+        tcp = await trio.open_tcp_listeners(config.port, host=config.bind_address)
+        port = tcp[0].socket.getsockname()[1]
+        listeners: list[trio.abc.Listener] = list(tcp)
+        if config.tls_certificate:
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            try:
+                tls.load_cert_chain(config.tls_certificate, config.tls_key or None)
+            except (OSError, ssl.SSLError) as exc:
+                raise RuntimeError(f"listener {config.name}: cannot load the TLS certificate "
+                                   f"{config.tls_certificate!r} / key {config.tls_key!r}: {exc}") from None
+            listeners = [trio.SSLListener(listener, tls) for listener in tcp]
         state = self._listeners[config.name] = {"port": port, "connections": 0, "accepted": 0, "refused": 0}
         assert self._usage is not None
         self._usage.add(config.name, lambda: dict(state))
-        log.info("AMQP listener %s on %s:%d", config.name, config.bind_address, port)
+        log.info("AMQP listener %s on %s:%d%s", config.name, config.bind_address, port,
+                 " (TLS)" if config.tls_certificate else "")
 
-        async def handle(stream: trio.SocketStream) -> None:
+        async def handle(stream: trio.abc.Stream) -> None:
             live = entity.snapshot()
             try:
-                host = stream.socket.getpeername()[0]
+                socket_stream = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+                host = socket_stream.socket.getpeername()[0]
             except OSError:
                 return
             if 0 <= live.max_connections <= state["connections"]:

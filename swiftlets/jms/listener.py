@@ -376,7 +376,7 @@ class AmqpConnection:
                 nursery.start_soon(self._write_forever)
                 await self._read_forever()
                 nursery.cancel_scope.cancel()
-        except* (trio.BrokenResourceError, trio.ClosedResourceError, EngineClosed) as group:
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, EngineClosed, OSError) as group:
             log.debug("connection from %s ended: %s", self.host, group.exceptions[0])
         finally:
             self._release()
