@@ -103,6 +103,8 @@ class JmsSwiftlet:
             try:
                 tls.load_cert_chain(config.tls_certificate, config.tls_key or None)
             except (OSError, ssl.SSLError) as exc:
+                for listener in tcp:
+                    await listener.aclose()
                 raise RuntimeError(f"listener {config.name}: cannot load the TLS certificate "
                                    f"{config.tls_certificate!r} / key {config.tls_key!r}: {exc}") from None
             listeners = [trio.SSLListener(listener, tls) for listener in tcp]
