@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import trio
-
-from kernel import Router
+from _router import running_router
 
 CONFIG = """<router name="bench" startorder="sys$store sys$queuemanager sys$jms">
   <swiftlet name="sys$store" path="{path}" sync="full"/>
@@ -93,20 +90,14 @@ async def run_round(url: str, total: int, producers: int, durable: bool) -> floa
 
 
 async def main(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "router.xml"
-        path.write_text(CONFIG.format(path=folder))
-        router = Router.from_file(path)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(router.run)
-            port = router.management.get("/sys$jms/usage/listeners/amqp", "port")
-            url = f"amqp://127.0.0.1:{port}"
-            for durable in (False, True):
-                rate = await run_round(url, args.messages, args.producers, durable)
-                kind = "persistent" if durable else "non-persistent"
-                print(f"AMQP {kind}, 100-byte, {args.producers} producer process(es) + 1 consumer: {rate:,.0f} msgs/s "
-                      f"(python-qpid-proton clients; includes process start-up)")
-            router.request_stop()
+    async with running_router(CONFIG) as router:
+        port = router.management.get("/sys$jms/usage/listeners/amqp", "port")
+        url = f"amqp://127.0.0.1:{port}"
+        for durable in (False, True):
+            rate = await run_round(url, args.messages, args.producers, durable)
+            kind = "persistent" if durable else "non-persistent"
+            print(f"AMQP {kind}, 100-byte, {args.producers} producer process(es) + 1 consumer: {rate:,.0f} msgs/s "
+                  f"(python-qpid-proton clients; includes process start-up)")
 
 
 if __name__ == "__main__":

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import tempfile
 import time
 import tracemalloc
-from pathlib import Path
 
 import trio
+from _router import running_router
 
 from kernel import Router
 from messaging.message import build
@@ -103,23 +102,17 @@ async def memory(router: Router, count: int) -> float:
 
 
 async def main(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "router.xml"
-        path.write_text(CONFIG.format(path=folder, sync=args.sync))
-        router = Router.from_file(path)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(router.run)
-            rate, store = await throughput(router, args.messages, durable=True)
-            fsyncs = store["transactions"] / store["seconds"]
-            print(f"persistent, 1 KB, sync={args.sync}: {rate:,.0f} msgs/s; {fsyncs:,.0f} store transactions/s "
-                  f"({store['transactions']} for {args.messages} messages); "
-                  f"{store['cancelled-pairs']:,} messages never written (stored and consumed in one commit)")
-            rate, _ = await throughput(router, args.messages, durable=False)
-            print(f"non-persistent, 1 KB: {rate:,.0f} msgs/s")
-            overhead, size = await memory(router, args.queued)
-            print(f"memory: {overhead:,.0f} bytes per queued message beyond its {size} encoded bytes "
-                  f"({args.queued:,} queued 100-byte-body messages)")
-            router.request_stop()
+    async with running_router(CONFIG, sync=args.sync) as router:
+        rate, store = await throughput(router, args.messages, durable=True)
+        fsyncs = store["transactions"] / store["seconds"]
+        print(f"persistent, 1 KB, sync={args.sync}: {rate:,.0f} msgs/s; {fsyncs:,.0f} store transactions/s "
+              f"({store['transactions']} for {args.messages} messages); "
+              f"{store['cancelled-pairs']:,} messages never written (stored and consumed in one commit)")
+        rate, _ = await throughput(router, args.messages, durable=False)
+        print(f"non-persistent, 1 KB: {rate:,.0f} msgs/s")
+        overhead, size = await memory(router, args.queued)
+        print(f"memory: {overhead:,.0f} bytes per queued message beyond its {size} encoded bytes "
+              f"({args.queued:,} queued 100-byte-body messages)")
 
 
 if __name__ == "__main__":

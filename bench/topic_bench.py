@@ -11,11 +11,10 @@ every subscriber has received every message.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
-from pathlib import Path
 
 import trio
+from _router import running_router
 
 from kernel import Router
 from messaging.message import build
@@ -59,18 +58,12 @@ async def fan_out(router: Router, subscribers: int, count: int) -> float:
 
 
 async def main(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "router.xml"
-        path.write_text(CONFIG.format(path=folder))
-        router = Router.from_file(path)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(router.run)
-            for subscribers in (1, 10, 100):
-                count = max(args.messages // subscribers, 1000)
-                rate = await fan_out(router, subscribers, count)
-                print(f"fan-out to {subscribers:>3} subscriber(s): {rate:>10,.0f} deliveries/s "
-                      f"({count:,} messages, 100-byte, non-persistent)")
-            router.request_stop()
+    async with running_router(CONFIG) as router:
+        for subscribers in (1, 10, 100):
+            count = max(args.messages // subscribers, 1000)
+            rate = await fan_out(router, subscribers, count)
+            print(f"fan-out to {subscribers:>3} subscriber(s): {rate:>10,.0f} deliveries/s "
+                  f"({count:,} messages, 100-byte, non-persistent)")
 
 
 if __name__ == "__main__":

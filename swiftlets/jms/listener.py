@@ -35,7 +35,9 @@ import trio
 from messaging.codec import Symbol
 from messaging.message import Message, MessageError
 from messaging.selector import SelectorError, compile_selector
+from swiftlets.authentication import AccessDenied, AuthenticationFailed
 from swiftlets.queuemanager import ConsumerRefused, QueueError, QueueFull, QueueNotFound
+from swiftlets.store.api import StoreError
 from swiftlets.topicmanager import TopicError, durable_queue_name
 from swiftlets.topicmanager.hierarchy import TopicNameError, parse_topic
 
@@ -406,7 +408,7 @@ class AmqpConnection:
             return None
         try:
             self.principal = self.swiftlet.login(credentials, self.host)
-        except Exception as exc:  # AuthenticationFailed: logged by the authentication swiftlet
+        except AuthenticationFailed as exc:  # logged by the authentication swiftlet
             log.debug("login refused: %s", exc)
             sasl.refuse()
             await self.stream.send_all(sasl.data_to_send)
@@ -544,7 +546,7 @@ class AmqpConnection:
             raise _Refused("amqp:not-found", str(exc)) from None
         except (QueueError, TopicNameError) as exc:
             raise _Refused("amqp:invalid-field", str(exc)) from None
-        except Exception as exc:  # AccessDenied
+        except AccessDenied as exc:
             raise _Refused("amqp:unauthorized-access", str(exc)) from None
         return address
 
@@ -653,7 +655,7 @@ class AmqpConnection:
         """Commit or roll back (the store is awaited), then answer the discharge."""
         try:
             await (transaction.rollback() if fail else transaction.commit())
-        except Exception as exc:
+        except (QueueError, StoreError) as exc:
             log.warning("transaction commit failed: %s", exc)
             if not self.closed:
                 condition = lib.pn_disposition_condition(lib.pn_delivery_local(delivery))

@@ -182,8 +182,7 @@ class QueueManager:
         self._deferred_wakeup.set()
 
     def _defer_delete(self, entry: Entry) -> None:
-        self._deferred.append(DeleteMessage(entry.id))
-        self._deferred_wakeup.set()
+        self._defer(DeleteMessage(entry.id))
 
     def _defer_delivery_count(self, entry: Entry) -> None:
         self._defer(SetDeliveryCount(entry.id, entry.delivery_count))
@@ -384,8 +383,7 @@ class QueueManager:
             return None, key, True
         mode = settings.persistence_mode
         persistent = durable if mode == "as_message" else mode == "persistent"
-        self._next_id += 1
-        entry = Entry(self._next_id - 1, message, priority, expires, persistent)
+        entry = Entry(self._new_id(), message, priority, expires, persistent)
         if expires is not None and expires <= now:
             queue.expired += 1
             if settings.expired_to_dlq:
@@ -496,8 +494,7 @@ class QueueManager:
                 continue
             mode = queue.settings.persistence_mode
             persistent = durable if mode == "as_message" else mode == "persistent"
-            self._next_id += 1
-            entry = Entry(self._next_id - 1, message, priority, expires, persistent)
+            entry = Entry(self._new_id(), message, priority, expires, persistent)
             if persistent:
                 ops.append(PutMessage(entry.id, queue.name, message.raw))
             delay = max(delay, queue.flow.delay(queue.settings, queue.size, len(queue.consumers)))

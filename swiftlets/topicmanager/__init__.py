@@ -205,7 +205,7 @@ class TopicManager:
                                "interest": " ".join(sorted(self.interest()))})
         entity = self.context.entity
         entity.on_change(self._settings_changed)
-        entity.entity_list("topics").bind(self._topic_defined, self._topic_undefined)
+        entity.entity_list("topics").bind(self._topic_defined)  # a root stays while it has subscriptions
         entity.entity_list("slow-subscriber-conditions").bind(self._condition_added, self._condition_removed)
         self._recover()
         task_status.started()
@@ -220,9 +220,6 @@ class TopicManager:
             self._root(parse_topic(entity.name).root, create=True)
         except TopicNameError as exc:
             raise Veto(str(exc)) from None
-
-    def _topic_undefined(self, entity: Entity) -> None:
-        pass  # a root stays while it has subscriptions; nothing to clean up
 
     def _condition_added(self, entity: Entity) -> None:
         self._conditions[entity.name] = entity.snapshot()
