@@ -20,6 +20,7 @@ changed section in front of the unchanged remainder.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -260,9 +261,13 @@ class Message:
 
     def with_annotations(self, changes: Mapping[Any, Any]) -> Message:
         """A copy whose message-annotations have ``changes`` merged in (other bytes unchanged)."""
-        annotations = {**self.message_annotations, **changes}
-        section = encode(Described(ULong(MESSAGE_ANNOTATIONS), annotations))
-        return self._replace(MESSAGE_ANNOTATIONS, section)
+        offsets = _find_sections(self.raw)
+        if MESSAGE_ANNOTATIONS in offsets:
+            annotations = {**self.message_annotations, **changes}
+            section = encode(Described(ULong(MESSAGE_ANNOTATIONS), annotations))
+        else:  # the usual case on the producer path: a section encoded once per set of changes
+            section = _annotations_section(tuple(changes.items()))
+        return self._replace(MESSAGE_ANNOTATIONS, section, offsets)
 
     def with_delivery_count(self, count: int) -> Message:
         """A copy whose header says ``delivery-count = count`` (for redelivery)."""
@@ -271,8 +276,8 @@ class Message:
                   header.first_acquirer, UInt(count)]
         return self._replace(HEADER, encode(Described(ULong(HEADER), fields)))
 
-    def _replace(self, code: int, section: bytes) -> Message:
-        offsets = _find_sections(self.raw)
+    def _replace(self, code: int, section: bytes, offsets: dict | None = None) -> Message:
+        offsets = offsets or _find_sections(self.raw)
         span = offsets.get(code)
         if span is not None:
             return Message(self.raw[: span[0]] + section + self.raw[span[2]:])
@@ -280,6 +285,11 @@ class Message:
         later = [start for other, (start, _, _) in offsets.items() if other > code]
         at = min(later) if later else len(self.raw)
         return Message(self.raw[:at] + section + self.raw[at:])
+
+
+@functools.lru_cache(maxsize=1024)
+def _annotations_section(items: tuple) -> bytes:
+    return encode(Described(ULong(MESSAGE_ANNOTATIONS), dict(items)))
 
 
 def _expect(value: Any, kind: type, code: int) -> Any:

@@ -140,3 +140,58 @@ async def broker(nursery, tmp_path):
 def make_broker(nursery, tmp_path):
     """Build (not start) a RunningRouter with extra manager attributes and queue elements."""
     return lambda manager="", queues="", sync="normal": RunningRouter(nursery, tmp_path, manager, queues, sync)
+
+
+AMQP_ROUTER = """
+<router name="r1" startorder="sys$store sys$authentication sys$queuemanager sys$topicmanager sys$jms"
+        shutdown-timeout="5000">
+  <swiftlet name="sys$store" path="{store}" sync="normal"/>
+  <swiftlet name="sys$authentication" authentication-enabled="{auth}" allow-anonymous="{anonymous}">
+    <groups>
+      <group name="public"/>
+      <group name="apps">
+        <queue-grants><queue-grant name="%"/><queue-grant name="secret" receive-grant="false"/></queue-grants>
+      </group>
+    </groups>
+    <users><user name="app" password="s3cret" group="apps"/></users>
+  </swiftlet>
+  <swiftlet name="sys$queuemanager" auto-create-queues="{autocreate}"/>
+  <swiftlet name="sys$jms">
+    <listeners><listener name="amqp" port="0" bind-address="127.0.0.1" max-connections="{maxconn}"/></listeners>
+  </swiftlet>
+</router>
+"""
+
+
+class AmqpBroker:
+    """A router with sys$jms on a free loopback port, store in the test's temp dir."""
+
+    def __init__(self, nursery, tmp_path, **options):
+        settings = {"auth": "false", "anonymous": "false", "autocreate": "true", "maxconn": "-1"} | options
+        self.path = tmp_path / "router.xml"
+        self.path.write_text(AMQP_ROUTER.format(store=tmp_path / "store", **settings))
+        self.nursery = nursery
+
+    async def start(self) -> AmqpBroker:
+        self.router = Router.from_file(self.path)
+        await self.nursery.start(self.router.run)
+        self.port = self.router.management.get("/sys$jms/usage/listeners/amqp", "port")
+        self.url = f"amqp://127.0.0.1:{self.port}"
+        return self
+
+    async def stop(self) -> None:
+        self.router.request_stop()
+        with trio.fail_after(10):
+            while self.router.management.get("/usage", "state") != "stopping" or any(
+                    self.router.management.get(f"/usage/swiftlets/{n}", "state") != "stopped"
+                    for n in ("sys$jms", "sys$store")):
+                await trio.sleep(0.02)
+
+    def usage(self, queue: str) -> dict:
+        return self.router.management.resolve(f"/sys$queuemanager/usage/queues/{queue}").properties()
+
+
+@pytest.fixture
+def amqp_broker(nursery, tmp_path):
+    """``await amqp_broker(auth="true", ...)``: a started :class:`AmqpBroker`."""
+    return lambda **options: AmqpBroker(nursery, tmp_path, **options).start()

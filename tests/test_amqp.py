@@ -14,56 +14,12 @@ from proton.utils import BlockingConnection, LinkDetached, SendException
 
 from kernel import Router
 
-ROUTER = """
-<router name="r1" startorder="sys$store sys$authentication sys$queuemanager sys$topicmanager sys$jms"
-        shutdown-timeout="5000">
-  <swiftlet name="sys$store" path="{store}" sync="normal"/>
-  <swiftlet name="sys$authentication" authentication-enabled="{auth}" allow-anonymous="{anonymous}">
-    <groups>
-      <group name="public"/>
-      <group name="apps">
-        <queue-grants><queue-grant name="%"/><queue-grant name="secret" receive-grant="false"/></queue-grants>
-      </group>
-    </groups>
-    <users><user name="app" password="s3cret" group="apps"/></users>
-  </swiftlet>
-  <swiftlet name="sys$queuemanager" auto-create-queues="{autocreate}"/>
-  <swiftlet name="sys$jms">
-    <listeners><listener name="amqp" port="0" bind-address="127.0.0.1" max-connections="{maxconn}"/></listeners>
-  </swiftlet>
-</router>
-"""
-
-
-class Broker:
-    def __init__(self, nursery, tmp_path, **options):
-        settings = {"auth": "false", "anonymous": "false", "autocreate": "true", "maxconn": "-1"} | options
-        self.path = tmp_path / "router.xml"
-        self.path.write_text(ROUTER.format(store=tmp_path / "store", **settings))
-        self.nursery = nursery
-
-    async def start(self) -> Broker:
-        self.router = Router.from_file(self.path)
-        await self.nursery.start(self.router.run)
-        self.port = self.router.management.get("/sys$jms/usage/listeners/amqp", "port")
-        self.url = f"amqp://127.0.0.1:{self.port}"
-        return self
-
-    async def stop(self) -> None:
-        self.router.request_stop()
-        with trio.fail_after(10):
-            while self.router.management.get("/usage", "state") != "stopping" or any(
-                    self.router.management.get(f"/usage/swiftlets/{n}", "state") != "stopped"
-                    for n in ("sys$jms", "sys$store")):
-                await trio.sleep(0.02)
-
-    def usage(self, queue: str) -> dict:
-        return self.router.management.resolve(f"/sys$queuemanager/usage/queues/{queue}").properties()
+from conftest import AMQP_ROUTER
 
 
 @pytest.fixture
-def broker(nursery, tmp_path):
-    return lambda **options: Broker(nursery, tmp_path, **options).start()
+def broker(amqp_broker):
+    return amqp_broker
 
 
 def in_thread(function, *args):
@@ -429,7 +385,7 @@ async def test_a_silent_peer_is_dropped_after_the_idle_timeout(nursery, tmp_path
     from swiftlets.jms.sasl import AMQP_HEADER
 
     path = tmp_path / "router.xml"
-    path.write_text(ROUTER.format(store=tmp_path / "store", auth="false", anonymous="false", autocreate="true",
+    path.write_text(AMQP_ROUTER.format(store=tmp_path / "store", auth="false", anonymous="false", autocreate="true",
                                   maxconn="-1").replace('max-connections="-1"',
                                                         'max-connections="-1" keepalive-interval="2000"'))
     router = Router.from_file(path)
@@ -458,7 +414,7 @@ async def test_tls_listener(nursery, tmp_path):
                             "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
                             "-keyout", str(key), "-out", str(cert)], capture_stdout=True, capture_stderr=True)
     path = tmp_path / "router.xml"
-    path.write_text(ROUTER.format(store=tmp_path / "store", auth="false", anonymous="false", autocreate="true",
+    path.write_text(AMQP_ROUTER.format(store=tmp_path / "store", auth="false", anonymous="false", autocreate="true",
                                   maxconn="-1").replace('max-connections="-1"',
                                                         f'max-connections="-1" tls-certificate="{cert}" '
                                                         f'tls-key="{key}"'))
@@ -485,7 +441,7 @@ async def test_tls_listener(nursery, tmp_path):
 
 async def test_a_missing_tls_certificate_fails_the_start(tmp_path):
     path = tmp_path / "router.xml"
-    path.write_text(ROUTER.format(store=tmp_path / "store", auth="false", anonymous="false", autocreate="true",
+    path.write_text(AMQP_ROUTER.format(store=tmp_path / "store", auth="false", anonymous="false", autocreate="true",
                                   maxconn="-1").replace('max-connections="-1"',
                                                         'max-connections="-1" tls-certificate="/nope/cert.pem"'))
     from kernel import SwiftletFailed

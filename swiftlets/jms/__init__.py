@@ -18,11 +18,17 @@ from typing import Any
 import trio
 
 from kernel import Entity, SwiftletContext, SwiftletSpec, UsageList, Veto, config_class, entity_list, hookimpl, prop
+from messaging.selector import like_pattern
 
 from .listener import AmqpConnection
 from .sasl import Credentials
 
 log = logging.getLogger(__name__)
+
+
+@config_class
+class HostAccessEntry:
+    name: str = prop(description="SQL-LIKE pattern of client addresses allowed to connect.")
 
 
 @config_class
@@ -43,6 +49,18 @@ class ListenerConfig:
     tls_key: str = prop("", reboot_required=True, description="PEM private key of the TLS certificate.")
     allow_same_clientid: bool = prop(False, description="Let several connections use one client id "
                                      "(container id) at once; false refuses the second with amqp:invalid-field.")
+    host_access_list: Mapping[str, HostAccessEntry] = entity_list(
+        HostAccessEntry, item="host-access-entry", description="Client addresses allowed to connect (SQL-LIKE "
+        "patterns); empty: any. Others are closed at once and logged.")
+    consumer_cache_size: int = prop(500, min=1, description="Messages a consumer of our client prefetches "
+                                    "(its link credit window; SwiftMQ's smqp-consumer-cache-size). "
+                                    "Announced to clients in the open frame.")
+    jms_default_delivery_mode: str = prop("persistent", choices=("persistent", "non_persistent"),
+                                          description="Delivery mode of our client's producers unless set.")
+    jms_default_message_priority: int = prop(4, min=0, max=9, description="Priority of our client's "
+                                             "messages unless set.")
+    jms_default_message_ttl: int = prop(0, min=0, description="Time to live (ms) of our client's messages "
+                                        "unless set; 0: forever.")
 
 
 @config_class
@@ -64,6 +82,11 @@ class JmsSwiftlet:
         self._usage: UsageList | None = None
         self._listeners: dict[str, dict[str, Any]] = {}
         self.client_ids: dict[str, int] = {}  # client id → connections using it
+        self._temporary_topics = 0
+
+    def temporary_topic_name(self) -> str:
+        self._temporary_topics += 1
+        return f"tmp$topic${self._temporary_topics}"
 
     def login(self, credentials: Credentials, host: str) -> Any:
         """A principal for the credentials, or raise; everyone is let in without sys$authentication."""
@@ -120,6 +143,12 @@ class JmsSwiftlet:
                 socket_stream = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
                 host = socket_stream.socket.getpeername()[0]
             except OSError:
+                return
+            if live.host_access_list and not any(like_pattern(p).fullmatch(host) for p in live.host_access_list):
+                state["refused"] += 1
+                log.warning("connection from %s closed: not in the host access list of listener %s", host,
+                            config.name)
+                await stream.aclose()
                 return
             if 0 <= live.max_connections <= state["connections"]:
                 state["refused"] += 1

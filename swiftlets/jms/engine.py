@@ -33,7 +33,9 @@ class Engine:
     """One AMQP connection's protocol engine."""
 
     def __init__(self, *, server: bool = True, container_id: str = "", idle_timeout: float = 0.0,
-                 max_frame_size: int = 0):
+                 max_frame_size: int = 0, hostname: str = "", user: str | None = None, password: str | None = None):
+        """A server engine (SASL is done in front of it, see :mod:`.sasl`) or a client engine,
+        which does SASL itself: PLAIN with ``user``/``password``, else ANONYMOUS."""
         self.transport = proton.Transport(proton.Transport.SERVER if server else proton.Transport.CLIENT)
         if max_frame_size:
             self.transport.max_frame_size = max_frame_size
@@ -42,6 +44,15 @@ class Engine:
         self.connection = proton.Connection()
         if container_id:
             self.connection.container = container_id
+        if not server:
+            sasl = self.transport.sasl()
+            sasl.allow_insecure_mechs = True  # PLAIN over plain TCP, as the user asked for it
+            sasl.allowed_mechs("PLAIN" if user else "ANONYMOUS")
+            if hostname:
+                self.connection.hostname = hostname
+            if user:
+                self.connection.user = user
+                self.connection.password = password or ""
         self.collector = proton.Collector()
         self.connection.collect(self.collector)
         self.transport.bind(self.connection)
@@ -98,6 +109,12 @@ class Engine:
     @property
     def closed(self) -> bool:
         return lib.pn_transport_closed(self._transport)
+
+    @property
+    def sasl_refused(self) -> bool:
+        """Client side: the server's SASL outcome refused our credentials."""
+        outcome = lib.pn_sasl_outcome(lib.pn_sasl(self._transport))
+        return outcome not in (lib.PN_SASL_NONE, lib.PN_SASL_OK)
 
     def error_text(self) -> str:
         condition = self.transport.condition

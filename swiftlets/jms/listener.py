@@ -56,6 +56,7 @@ DISCHARGE_NAMES = (DISCHARGE, "amqp:discharge:list")
 SELECTOR_FILTERS = ("apache.org:selector-filter:string", 0x0000468C00000004)
 NO_LOCAL_FILTERS = ("apache.org:no-local-filter:list", 0x0000468C00000003)
 CLIENT_ID_ANNOTATION = Symbol("x-opt-martinet-cid")  # the producer's client id (SwiftMQ's JMS_SWIFTMQ_CID)
+JMS_DEST_ANNOTATION, JMS_TOPIC_TYPES = Symbol("x-opt-jms-dest"), (1, 3)  # Qpid JMS: 1 topic, 3 temporary topic
 
 
 def _read(data: proton.Data) -> Any:
@@ -127,8 +128,10 @@ class IncomingLink:
     """A link the client sends on: transfers go into a queue, to a topic, or — on an
     anonymous-relay link (no target) — wherever each message's ``to`` says."""
 
-    def __init__(self, connection: AmqpConnection, link: proton.Link, address: str | None, topic: bool):
+    def __init__(self, connection: AmqpConnection, link: proton.Link, address: str | None, topic: bool,
+                 on_close: Any = None):
         self.connection = connection
+        self.on_close = on_close  # deletes a temporary queue
         self.link = link
         self.pointer = link._impl
         self.address = address
@@ -182,7 +185,8 @@ class IncomingLink:
             lib.pn_link_flow(self.pointer, self.window - credit)
 
     def close(self) -> None:
-        pass
+        if self.on_close is not None:
+            self.on_close()
 
 
 class OutgoingLink:
@@ -207,10 +211,13 @@ class OutgoingLink:
     def pump(self) -> None:
         """Send what the consumer received, within the link's credit."""
         pointer, consumer = self.pointer, self.consumer
+        if consumer.closed:  # the queue was deleted under the link
+            self.connection.detach(self, "amqp:resource-deleted", f"queue {consumer.queue.name} was deleted")
+            return
         while lib.pn_link_credit(pointer) > 0:
             try:
                 entry = consumer.receive_nowait()
-            except (trio.WouldBlock, trio.ClosedResourceError):
+            except trio.WouldBlock:
                 break
             message = entry.message if not entry.delivery_count else entry.message.with_delivery_count(
                 entry.delivery_count)
@@ -373,6 +380,7 @@ class AmqpConnection:
             if remaining:  # (empty is not end of input here)
                 self.engine.receive_data(remaining)
             self._handle_events()
+            self.wake()  # a client that skipped SASL may have sent open, begin and attach already
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write_forever)
@@ -463,6 +471,14 @@ class AmqpConnection:
         connection = self.engine.connection
         client_id = connection.remote_container
         connection.offered_capabilities = proton.SymbolList([proton.symbol("ANONYMOUS-RELAY")])
+        config = self.config  # the connection-factory settings, for clients that use them (ours)
+        connection.properties = {
+            proton.symbol("martinet:consumer-cache-size"): proton.int32(config.consumer_cache_size),
+            proton.symbol("martinet:default-delivery-mode"): config.jms_default_delivery_mode,
+            proton.symbol("martinet:default-priority"): proton.int32(config.jms_default_message_priority),
+            proton.symbol("martinet:default-ttl"): proton.ulong(config.jms_default_message_ttl),
+            proton.symbol("martinet:router"): self.swiftlet.router_name,
+        }
         in_use = self.swiftlet.client_ids
         if client_id and in_use.get(client_id) and not self.config.allow_same_clientid:
             log.info("connection from %s refused: client id %r is in use", self.host, client_id)
@@ -509,6 +525,7 @@ class AmqpConnection:
 
     def _refuse(self, link: proton.Link, refusal: _Refused) -> None:
         log.info("attach from %s refused: %s", self.host, refusal)
+        (link.source if link.is_sender else link.target).type = proton.Terminus.UNSPECIFIED  # null: refused
         link.condition = proton.Condition(refusal.condition, str(refusal))
         link.open()
         link.close()
@@ -555,12 +572,27 @@ class AmqpConnection:
             link.target.type = proton.Terminus.COORDINATOR
             link.target.copy(link.remote_target)
             return CoordinatorLink(self, link)
-        if link.remote_target.address is None and not link.remote_target.dynamic:
+        if link.remote_target.dynamic:  # a temporary queue or topic, gone with this link (Qpid JMS style)
+            return self._temporary_destination(link)
+        if link.remote_target.address is None:
             return IncomingLink(self, link, None, False)  # anonymous relay
         name, topic = _destination(link.remote_target)
         address = self._check(name, "publish" if topic else "send", topic=topic)
         link.target.copy(link.remote_target)
         return IncomingLink(self, link, address, topic)
+
+    def _temporary_destination(self, link: proton.Link) -> IncomingLink:
+        link.target.copy(link.remote_target)
+        if "temporary-topic" in _symbols(link.remote_target.capabilities):
+            if self.tm is None:
+                raise _Refused("amqp:not-found", "topics are not available: sys$topicmanager is not running")
+            name = self.swiftlet.temporary_topic_name()
+            link.target.address = name
+            return IncomingLink(self, link, name, True)
+        queue = self.qm.create_temporary_queue(self)
+        link.target.address = queue.name
+        return IncomingLink(self, link, queue.name, False,
+                            on_close=lambda: self.qm.delete_queue(queue.name) if queue.name in self.qm.queues else None)
 
     def _attach_outgoing(self, link: proton.Link) -> OutgoingLink | BrowsingLink:
         source = link.remote_source
@@ -614,6 +646,7 @@ class AmqpConnection:
             durable_queue_name(self.client_id or "", link.name)) if self.tm else None
         if subscription is None:
             raise _Refused("amqp:not-found", f"no durable subscription {link.name!r} for client {self.client_id!r}")
+        link.source.type = proton.Terminus.SOURCE  # the request's source was null
         link.source.address = f"{TOPIC_PREFIX}{subscription.topic.text}"
         link.source.durability = proton.Terminus.DELIVERIES
         link.source.expiry_policy = proton.Terminus.EXPIRE_NEVER
@@ -626,6 +659,8 @@ class AmqpConnection:
             raise _Refused("amqp:invalid-field", "a message on an anonymous relay link needs a 'to' address")
         if to.startswith(TOPIC_PREFIX):
             return self._check(to[len(TOPIC_PREFIX):], "publish", topic=True), True
+        if message.message_annotations.get(JMS_DEST_ANNOTATION) in JMS_TOPIC_TYPES:
+            return self._check(to, "publish", topic=True), True
         return self._check(to[len(QUEUE_PREFIX):] if to.startswith(QUEUE_PREFIX) else to, "send"), False
 
     def stamp(self, message: Message) -> Message:
@@ -674,25 +709,41 @@ class AmqpConnection:
         """Detach keeps a durable subscription; close (``closed=true``) deletes it."""
         pointer = lib.pn_event_link(event)
         state = self.links.pop(pointer, None)
+        link = proton.Link.wrap(pointer)
         if state is not None:
             state.close()
             if closed and isinstance(state, OutgoingLink) and state.durable and self._nursery is not None:
-                self._nursery.start_soon(self._unsubscribe, *state.durable)
-        link = proton.Link.wrap(pointer)
+                self._nursery.start_soon(self._unsubscribe, link, *state.durable)
+                return  # answered once the subscription is gone
         if link.state & proton.Endpoint.LOCAL_ACTIVE:
             if closed:
                 link.close()
             else:
                 link.detach()
+        link.free()  # the detach still goes out; the name can then be attached again (a durable resume)
+
+    def detach(self, state: OutgoingLink, condition: str, description: str) -> None:
+        """End a link from our side, with an error condition."""
+        self.links.pop(state.pointer, None)
+        state.close()
+        state.link.condition = proton.Condition(condition, description)
+        state.link.close()
+        log.info("link %s of %s closed: %s", state.link.name, self.host, description)
 
     def _on_link_close(self, event: Any) -> None:
         self._on_link_detach(event, closed=True)
 
-    async def _unsubscribe(self, client_id: str, name: str) -> None:
+    async def _unsubscribe(self, link: proton.Link, client_id: str, name: str) -> None:
+        """Delete a durable subscription, then answer the client's closing detach."""
         try:
             await self.tm.unsubscribe(client_id, name)
         except TopicError as exc:
             log.info("durable subscription %s/%s not deleted: %s", client_id, name, exc)
+            link.condition = proton.Condition("amqp:resource-locked", str(exc))
+        if not self.closed:
+            link.close()
+            link.free()
+            self.wake()
 
     def _on_flow(self, event: Any) -> None:
         state = self.links.get(lib.pn_event_link(event))

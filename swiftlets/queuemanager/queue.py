@@ -513,6 +513,8 @@ class Consumer:
         for entry in sorted(self.unsettled.values(), key=lambda e: e.id):
             self.queue.release(entry, count_delivery=entry.id not in never_seen)
         self.unsettled.clear()
+        if self.notify is not None:  # closed under its owner (the queue was deleted): tell it
+            self.notify()
         if self._waiter is not None:
             self._waiter.set()
             self._waiter = None

@@ -359,6 +359,7 @@ class TopicManager:
         if subscription.queue.consumers:
             raise TopicError(f"durable subscription {key} has {len(subscription.queue.consumers)} active "
                              "consumer(s): close them first")
+        del self._durables[key]  # gone for everyone from now on, while the store forgets it
         await self._store.commit([DeleteRecord("durable", key)])
         self._remove(subscription)
 

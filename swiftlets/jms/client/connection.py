@@ -1,0 +1,1113 @@
+"""The JMS-shaped AMQP 1.0 client on trio: connections, sessions, producers, consumers.
+
+Theory of operation
+-------------------
+A :class:`Connection` owns one socket and one client-mode engine (:mod:`..engine`, the same
+façade the listener uses) and runs two tasks in the nursery of :func:`connect`: the reader
+feeds the socket's bytes to the engine and handles its events, the writer sends what the
+engine has to send whenever an API call or an event woke it. Everything runs in the
+caller's trio thread, so the engine needs no lock.
+
+Each JMS object maps onto AMQP as Qpid JMS maps it (``shared/reference/amqp-jms.md``):
+a session is an AMQP session; a producer is a sender link (an anonymous one — null target,
+routed by ``to`` — when it has no destination); a consumer is a receiver link whose credit
+window is the consumer cache size; a durable subscriber's link is named after the
+subscription and detaches (keeping it) when closed, and ``unsubscribe`` re-attaches with a
+null source and closes; a browser is a receiver in distribution mode ``copy`` that drains;
+a temporary queue or topic is a dynamic sender link kept open as the node's anchor; a
+transacted session declares a transaction on a coordinator link when first needed and
+sends and acknowledges in transactional state.
+
+Waiting is explicit: an API call that needs the peer's answer (attach, persistent send,
+commit) awaits an :class:`_Outcome` which the reader resolves; if the connection is lost,
+every outstanding outcome fails with :class:`ConnectionLost`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import itertools
+import logging
+import math
+import ssl
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import proton
+import trio
+
+from messaging.message import MessageError
+
+from ..engine import Engine, EngineClosed, ffi, lib, receive_transfer
+from .messages import (
+    DeliveryMode,
+    Destination,
+    Message,
+    Queue,
+    TemporaryQueue,
+    TemporaryTopic,
+    Topic,
+    decode_message,
+    new_message_id,
+    now_ms,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "connect", "Connection", "Session", "Producer", "Consumer", "Browser", "Requestor", "AckMode",
+    "JMSError", "SecurityError", "InvalidDestination", "InvalidClientId", "InvalidSelector",
+    "TransactionRolledBack", "ConnectionLost",
+]
+
+TRANSACTIONAL_STATE, DECLARED = 0x34, 0x33
+SELECTOR = proton.symbol("apache.org:selector-filter:string")
+NO_LOCAL = proton.symbol("apache.org:no-local-filter:list")
+CLOSE_TIMEOUT = 5.0
+ATTACH_TIMEOUT = 30.0
+
+
+class AckMode(enum.Enum):
+    AUTO_ACKNOWLEDGE = "auto"
+    CLIENT_ACKNOWLEDGE = "client"
+    DUPS_OK_ACKNOWLEDGE = "dups-ok"
+
+
+class JMSError(Exception):
+    """The router refused something; ``condition`` is the AMQP error condition."""
+
+    def __init__(self, description: str, condition: str = ""):
+        super().__init__(f"{condition}: {description}" if condition else description)
+        self.condition = condition
+        self.description = description
+
+
+class SecurityError(JMSError):
+    """Login or access refused (``amqp:unauthorized-access``)."""
+
+
+class InvalidDestination(JMSError):
+    """No such queue, topic or durable subscription (``amqp:not-found``)."""
+
+
+class InvalidClientId(JMSError):
+    """The client id is in use by another connection."""
+
+
+class InvalidSelector(JMSError):
+    """The router could not parse the selector."""
+
+
+class TransactionRolledBack(JMSError):
+    """A commit failed; the transaction was rolled back."""
+
+
+class ConnectionLost(JMSError):
+    """The connection is closed or was lost; nothing more can be done on it."""
+
+
+def _error(name: str | None, description: str | None, info: Any = None) -> JMSError:
+    name, description = name or "", description or "refused"
+    if name == "amqp:unauthorized-access":
+        return SecurityError(description, name)
+    if name == "amqp:not-found":
+        return InvalidDestination(description, name)
+    if name == "amqp:invalid-field" and info and "container-id" in str(info):
+        return InvalidClientId(description, name)
+    if name == "amqp:invalid-field" and "selector" in description:
+        return InvalidSelector(description, name)
+    if name == "amqp:transaction:rollback":
+        return TransactionRolledBack(description, name)
+    return JMSError(description, name)
+
+
+def _condition_error(condition: proton.Condition | None, fallback: str) -> JMSError:
+    if condition is None:
+        return JMSError(fallback)
+    return _error(condition.name, condition.description, condition.info)
+
+
+def _delivery_error(delivery: Any) -> JMSError:
+    condition = lib.pn_disposition_condition(lib.pn_delivery_remote(delivery))
+    if not lib.pn_condition_is_set(condition):
+        return JMSError("the router did not accept the message")
+    name = lib.pn_condition_get_name(condition)
+    text = lib.pn_condition_get_description(condition)
+    return _error(ffi.string(name).decode() if name != ffi.NULL else "",
+                  ffi.string(text).decode() if text != ffi.NULL else "")
+
+
+class _Outcome:
+    """A result the peer will send: awaited by an API call, resolved by the reader."""
+
+    __slots__ = ("_event", "value", "error")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def resolve(self, value: Any = None, error: BaseException | None = None) -> None:
+        if not self._event.is_set():
+            self.value, self.error = value, error
+            self._event.set()
+
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> Any:
+        await self._event.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class _Attaching:
+    """What ``session.consumer(...)`` and friends return: await it for the object, or use
+    it as ``async with`` to close the object at the end of the block."""
+
+    def __init__(self, make: Callable[[], Awaitable[Any]]):
+        self._make = make
+        self._made: Any = None
+
+    def __await__(self) -> Any:
+        return self._make().__await__()
+
+    async def __aenter__(self) -> Any:
+        self._made = await self._make()
+        return self._made
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._made.close()
+
+
+# -- links ---------------------------------------------------------------------------------------
+
+
+class _Link:
+    """Shared link bookkeeping: the attach outcome and the peer's detach."""
+
+    def __init__(self, connection: Connection, link: proton.Link):
+        self.connection = connection
+        self.link = link
+        self.pointer = link._impl
+        self.attached = _Outcome()
+        self.error: JMSError | None = None  # why the peer detached, or the connection ended
+        self.changed = trio.Event()  # credit, arrival or detach
+        self.detaching = False  # we asked for the detach
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def remote_detached(self) -> None:
+        self.error = _condition_error(self.link.remote_condition, "the router closed the link")
+        self.attached.resolve(error=self.error)
+        self.notify()
+
+    def fail(self, error: JMSError) -> None:
+        if self.error is None:
+            self.error = error
+        self.attached.resolve(error=error)
+        self.notify()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def on_flow(self) -> None:
+        self.notify()
+
+    async def close(self, *, detach_only: bool = False) -> None:
+        """Close (or only detach) the link; waits a bounded time for the peer's answer."""
+        if self.error is not None or self.connection.lost is not None:
+            return
+        self.detaching = True
+        if detach_only:
+            self.link.detach()
+        else:
+            self.link.close()
+        self.connection.wake()
+        with trio.move_on_after(CLOSE_TIMEOUT):
+            while self.error is None:
+                await self.changed.wait()
+        self.connection.links.pop(self.pointer, None)
+
+
+class _SenderLink(_Link):
+    def __init__(self, connection: Connection, link: proton.Link):
+        super().__init__(connection, link)
+        self.unsettled: dict[Any, tuple[_Outcome, Callable[[_Outcome], None] | None]] = {}
+        self._tags = itertools.count(1)
+
+    async def send(self, payload: bytes, *, txn_id: bytes | None = None,
+                   on_outcome: Callable[[_Outcome], None] | None = None) -> _Outcome:
+        """Send one message when there is credit; its outcome (accepted, or a :class:`JMSError`)."""
+        while lib.pn_link_credit(self.pointer) <= 0:
+            self.check()
+            await self.changed.wait()
+        self.check()
+        tag = str(next(self._tags)).encode()
+        delivery = lib.pn_delivery(self.pointer, (len(tag), ffi.from_buffer(tag)))
+        if txn_id is not None:
+            proton.Data(lib.pn_disposition_data(lib.pn_delivery_local(delivery))).put_object([txn_id])
+            lib.pn_delivery_update(delivery, TRANSACTIONAL_STATE)
+        lib.pn_link_send(self.pointer, ffi.from_buffer(payload), len(payload))
+        lib.pn_link_advance(self.pointer)
+        outcome = _Outcome()
+        self.unsettled[delivery] = (outcome, on_outcome)
+        self.connection.wake()
+        return outcome
+
+    def on_delivery(self, delivery: Any) -> None:
+        if not (lib.pn_delivery_updated(delivery) or lib.pn_delivery_settled(delivery)):
+            return
+        outcome, callback = self.unsettled.pop(delivery, (None, None))
+        state = lib.pn_delivery_remote_state(delivery)
+        if outcome is not None:
+            if state in (lib.PN_ACCEPTED, TRANSACTIONAL_STATE, DECLARED):
+                value = None
+                if state != lib.PN_ACCEPTED:
+                    data = proton.Data(lib.pn_disposition_data(lib.pn_delivery_remote(delivery)))
+                    data.rewind()
+                    value = data.get_object() if data.next() else None
+                outcome.resolve(value)
+            else:
+                outcome.resolve(error=_delivery_error(delivery))
+            if callback is not None:
+                callback(outcome)
+        lib.pn_delivery_settle(delivery)
+
+    def fail(self, error: JMSError) -> None:
+        super().fail(error)
+        for outcome, callback in self.unsettled.values():
+            outcome.resolve(error=error)
+            if callback is not None:
+                callback(outcome)
+        self.unsettled.clear()
+
+
+class _ReceiverLink(_Link):
+    def __init__(self, connection: Connection, link: proton.Link, window: int):
+        super().__init__(connection, link)
+        self.window = window
+        self.buffer: deque[tuple[Any, bytes]] = deque()
+
+    def on_delivery(self, delivery: Any) -> None:
+        data = receive_transfer(self.pointer, delivery)
+        if data is not None:
+            self.buffer.append((delivery, data))
+            self.notify()
+
+    def top_up(self) -> None:
+        """Keep credit + buffered near the window (refill once below half of it)."""
+        wanted = self.window - lib.pn_link_credit(self.pointer) - len(self.buffer)
+        if wanted >= max(1, self.window // 2) and self.error is None:
+            lib.pn_link_flow(self.pointer, wanted)
+            self.connection.wake()
+
+    async def next(self, deadline: float) -> tuple[Any, bytes] | None:
+        """The next delivery, or None at the deadline."""
+        with trio.move_on_at(deadline):
+            while not self.buffer:
+                self.check()
+                self.connection.check()
+                await self.changed.wait()
+        if not self.buffer:
+            return None
+        item = self.buffer.popleft()
+        self.top_up()
+        return item
+
+    def settle(self, delivery: Any, state: int, *, failed: bool = False) -> None:
+        if self.error is None and self.connection.lost is None:
+            if failed:
+                lib.pn_disposition_set_failed(lib.pn_delivery_local(delivery), True)
+            lib.pn_delivery_update(delivery, state)
+            lib.pn_delivery_settle(delivery)
+            self.connection.wake()
+
+    def release_buffered(self) -> None:
+        """Give prefetched messages back (recover and rollback redeliver in order)."""
+        while self.buffer:
+            delivery, _ = self.buffer.popleft()
+            self.settle(delivery, lib.PN_RELEASED)
+
+
+# -- connection ----------------------------------------------------------------------------------
+
+
+class Connection:
+    """One AMQP connection to a router. Made by :func:`connect`; not used across threads."""
+
+    def __init__(self, stream: trio.abc.Stream, engine: Engine, *, consumer_cache_size: int | None):
+        self._stream = stream
+        self.engine = engine
+        self.links: dict[Any, _Link] = {}
+        self._opening: list[Any] = []  # outcomes of opens and attaches in the batch being handled
+        self.lost: JMSError | None = None
+        self._opened = _Outcome()
+        self._ended = trio.Event()
+        self._wakeup = trio.Event()
+        self._names = itertools.count(1)
+        self._temporary: dict[str, _SenderLink] = {}
+        self._consumer_cache_size = consumer_cache_size
+        self.defaults: dict[str, Any] = {}
+        self._handlers = {
+            lib.PN_CONNECTION_REMOTE_OPEN: self._on_open,
+            lib.PN_CONNECTION_REMOTE_CLOSE: self._on_close,
+            lib.PN_LINK_REMOTE_OPEN: self._on_link_open,
+            lib.PN_LINK_REMOTE_DETACH: self._on_link_detach,
+            lib.PN_LINK_REMOTE_CLOSE: self._on_link_detach,
+            lib.PN_LINK_FLOW: self._on_flow,
+            lib.PN_DELIVERY: self._on_delivery,
+            lib.PN_TRANSPORT_ERROR: self._on_transport_error,
+        }
+
+    @property
+    def client_id(self) -> str:
+        return self.engine.connection.container
+
+    @property
+    def router(self) -> str | None:
+        """The name of the router at the other end (from its open frame)."""
+        return self.defaults.get("martinet:router")
+
+    @property
+    def consumer_cache_size(self) -> int:
+        """Credit window of new consumers: ours if given, else the listener's, else 500."""
+        return self._consumer_cache_size or int(self.defaults.get("martinet:consumer-cache-size", 500))
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def check(self) -> None:
+        if self.lost is not None:
+            raise self.lost
+
+    def name(self, kind: str) -> str:
+        return f"{kind}:{self.client_id}:{next(self._names)}"
+
+    def session(self, *, transacted: bool = False, ack_mode: AckMode = AckMode.AUTO_ACKNOWLEDGE) -> _Attaching:
+        """A new session (``await`` it, or ``async with``)."""
+
+        async def make() -> Session:
+            self.check()
+            session = Session(self, transacted, ack_mode)
+            if transacted:
+                await session._attach_coordinator()
+            return session
+
+        return _Attaching(make)
+
+    async def close(self) -> None:
+        """Close the connection (temporary destinations go with it); bounded wait for the router."""
+        if self.lost is None:
+            self.engine.connection.close()
+            self.wake()
+            with trio.move_on_after(CLOSE_TIMEOUT):
+                await self._ended.wait()
+        self._fail(ConnectionLost("the connection is closed"))
+
+    # -- tasks ------------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Read and write until the connection ends; started once the router's open arrived.
+
+        Raises (before started): the :class:`JMSError` that refused the connection.
+        Never raises after it started: a lost connection fails the outstanding calls instead.
+        """
+        started = False
+        self.wake()  # our open is waiting to be written
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write_forever)
+                nursery.start_soon(self._read_forever)
+                await self._opened.wait()
+                task_status.started()
+                started = True
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, EngineClosed, OSError) as group:
+            self._fail(ConnectionLost(f"connection lost: {group.exceptions[0]}"))
+        except* JMSError as group:
+            self._fail(group.exceptions[0])
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await self._stream.aclose()
+        if not started:
+            raise self._opened.error or self.lost or ConnectionLost("the connection ended before it opened")
+
+    async def _read_forever(self) -> None:
+        engine = self.engine
+        while not engine.closed:
+            deadline = engine.tick(trio.current_time())
+            with trio.move_on_at(deadline if deadline else math.inf):
+                data = await self._stream.receive_some(65536)
+                engine.receive_data(data)
+                if not data:
+                    self._handle_events()
+                    break
+            self._handle_events()
+            self.wake()
+        self._fail(self.lost or self._transport_error())
+        self.wake()
+
+    def _transport_error(self) -> JMSError:
+        if self.engine.sasl_refused:
+            return SecurityError("login refused (wrong user or password, or host not allowed)",
+                                 "amqp:unauthorized-access")
+        return _condition_error(self.engine.transport.condition, "the router closed the connection")
+
+    async def _write_forever(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            self._handle_events()
+            data = self.engine.data_to_send()
+            if data is None:
+                self._fail(self.lost or self._transport_error())
+                raise trio.ClosedResourceError("closed")  # ends the reader too
+            if data:
+                await self._stream.send_all(data)
+
+    def _fail(self, error: JMSError) -> None:
+        if self.lost is None:
+            self.lost = error if isinstance(error, ConnectionLost) else ConnectionLost(str(error))
+            self.lost.__cause__ = None if error is self.lost else error
+        self._opened.resolve(error=error)
+        for link in list(self.links.values()):
+            link.fail(self.lost)
+        self._ended.set()
+
+    def _handle_events(self) -> None:
+        engine, handlers = self.engine, self._handlers
+        while (event := engine.next_event()) != ffi.NULL:
+            handler = handlers.get(lib.pn_event_type(event))
+            if handler is not None:
+                handler(event)
+            engine.pop_event()
+        for outcome in self._opening:
+            outcome.resolve()  # unless a close or detach in the same batch refused it
+        self._opening.clear()
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def _on_open(self, event: Any) -> None:
+        properties = self.engine.connection.remote_properties or {}
+        self.defaults = {str(key): value for key, value in properties.items()}
+        self._opening.append(self._opened)  # a refusal is an open with a close right behind it
+
+    def _on_close(self, event: Any) -> None:
+        error = _condition_error(self.engine.connection.remote_condition, "the router closed the connection")
+        self._opened.resolve(error=error)
+        self._fail(error)
+        self.engine.connection.close()
+
+    def _on_transport_error(self, event: Any) -> None:
+        self._fail(self._transport_error())
+
+    def _on_link_open(self, event: Any) -> None:
+        state = self.links.get(lib.pn_event_link(event))
+        if state is None:
+            return
+        link = state.link
+        # A refused attach carries a null source (receiver) or target (sender), then a detach.
+        # A refusal may also echo the terminus: the attach counts once no detach came with it.
+        terminus = link.remote_target if link.is_sender else link.remote_source
+        if terminus.type != proton.Terminus.UNSPECIFIED:
+            self._opening.append(state.attached)
+
+    def _on_link_detach(self, event: Any) -> None:
+        state = self.links.pop(lib.pn_event_link(event), None)
+        if state is None:
+            return
+        if not state.detaching:
+            log.info("the router detached link %s: %s", state.link.name, state.link.remote_condition)
+        state.remote_detached()
+        if state.link.state & proton.Endpoint.LOCAL_ACTIVE:
+            state.link.close()
+        state.link.free()  # its name may be attached again (durable subscriptions)
+
+    def _on_flow(self, event: Any) -> None:
+        state = self.links.get(lib.pn_event_link(event))
+        if state is not None:
+            state.on_flow()
+
+    def _on_delivery(self, event: Any) -> None:
+        delivery = lib.pn_event_delivery(event)
+        state = self.links.get(lib.pn_delivery_link(delivery))
+        if state is not None:
+            state.on_delivery(delivery)
+
+    # -- links ------------------------------------------------------------------------------------
+
+    async def attach(self, state: _Link) -> None:
+        """Open the link and wait for the router's answer (raises its refusal)."""
+        self.check()
+        self.links[state.pointer] = state
+        state.link.open()
+        self.wake()
+        with trio.move_on_after(ATTACH_TIMEOUT):
+            return await state.attached.wait()
+        raise JMSError(f"the router did not answer the attach of link {state.link.name} in {ATTACH_TIMEOUT} s")
+
+    async def create_temporary(self, session: proton.Session, topic: bool) -> Destination:
+        link = session.sender(self.name("temporary"))
+        link.target.dynamic = True
+        link.target.capabilities.put_array(False, proton.Data.SYMBOL)
+        link.target.capabilities.enter()
+        link.target.capabilities.put_symbol("temporary-topic" if topic else "temporary-queue")
+        link.target.capabilities.exit()
+        state = _SenderLink(self, link)
+        await self.attach(state)
+        address = link.remote_target.address
+        self._temporary[address] = state
+        return TemporaryTopic(address) if topic else TemporaryQueue(address)
+
+    async def delete_temporary(self, destination: Destination) -> None:
+        """Delete a temporary queue or topic of this connection (its anchor link closes)."""
+        state = self._temporary.pop(destination.name, None)
+        if state is None:
+            raise InvalidDestination(f"{destination.name!r} is not a temporary destination of this connection")
+        await state.close()
+
+
+@contextlib.asynccontextmanager
+async def connect(url: str = "amqp://localhost:5672", *, client_id: str | None = None, user: str | None = None,
+                  password: str | None = None, ssl_context: ssl.SSLContext | None = None,
+                  consumer_cache_size: int | None = None, idle_timeout: float = 60.0,
+                  connect_timeout: float = 30.0) -> AsyncIterator[Connection]:
+    """Connect to a router: ``amqp://[user:password@]host[:port]`` or ``amqps://`` for TLS.
+
+    ``client_id`` is the JMS client id (the AMQP container id; durable subscriptions need
+    one); without it a random one is used. ``ssl_context`` verifies the router's
+    certificate (default: the system's trust store). ``consumer_cache_size`` overrides the
+    listener's consumer credit window. The connection closes when the block ends.
+
+    Raises:
+        SecurityError: wrong user or password, or this host is not allowed.
+        InvalidClientId: the client id is in use.
+        ConnectionLost: the router could not be reached or closed the connection.
+    """
+    parts = urlsplit(url if "://" in url else f"amqp://{url}")
+    if parts.scheme not in ("amqp", "amqps"):
+        raise ValueError(f"unsupported URL scheme {parts.scheme!r} in {url!r} (amqp or amqps)")
+    host = parts.hostname or "localhost"
+    port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
+    user = user if user is not None else (unquote(parts.username) if parts.username else None)
+    password = password if password is not None else (unquote(parts.password) if parts.password else None)
+    try:
+        with trio.fail_after(connect_timeout):
+            stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+            if parts.scheme == "amqps":
+                stream = trio.SSLStream(stream, ssl_context or ssl.create_default_context(), server_hostname=host)
+                await stream.do_handshake()
+    except (OSError, trio.TooSlowError, ssl.SSLError) as exc:
+        raise ConnectionLost(f"cannot connect to {host}:{port}: {exc}") from None
+    engine = Engine(server=False, container_id=client_id or f"martinet-client:{uuid.uuid4()}",
+                    idle_timeout=idle_timeout, hostname=host, user=user, password=password)
+    connection = Connection(stream, engine, consumer_cache_size=consumer_cache_size)
+    engine.connection.open()
+    try:
+        async with trio.open_nursery() as nursery:
+            try:
+                with trio.fail_after(connect_timeout):
+                    await nursery.start(connection.run)
+            except trio.TooSlowError:
+                raise ConnectionLost(f"{host}:{port} did not answer the AMQP open within {connect_timeout} s") \
+                    from None
+            try:
+                yield connection
+            finally:
+                with trio.CancelScope(shield=True):
+                    await connection.close()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # connection.run never raises once started: a lone error is the caller's own (or the
+        # refusal of the connection) and is raised as itself, not wrapped by our nursery.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+
+
+# -- sessions ------------------------------------------------------------------------------------
+
+
+class Session:
+    """A JMS session: transacted, or acknowledging in one of the :class:`AckMode` modes."""
+
+    def __init__(self, connection: Connection, transacted: bool, ack_mode: AckMode):
+        self.connection = connection
+        self.transacted = transacted
+        self.ack_mode = ack_mode
+        self._session = connection.engine.connection.session()
+        self._session.open()
+        self._consumers: list[Consumer] = []
+        self._unacknowledged: list[tuple[_ReceiverLink, Any]] = []
+        self._coordinator: _SenderLink | None = None
+        self._txn_id: bytes | None = None
+        self._txn_failure: JMSError | None = None
+        self._declaring: _Outcome | None = None
+        self._closed = False
+        connection.wake()
+
+    async def _attach_coordinator(self) -> None:
+        link = self._session.sender(self.connection.name("txn"))
+        link.target.type = proton.Terminus.COORDINATOR
+        link.target.capabilities.put_object(proton.symbol("amqp:local-transactions"))
+        self._coordinator = _SenderLink(self.connection, link)
+        await self.connection.attach(self._coordinator)
+
+    async def _transaction(self) -> bytes:
+        """The current transaction's id, declared when first needed."""
+        while self._txn_id is None:
+            if self._declaring is None:
+                assert self._coordinator is not None
+                self._declaring = _Outcome()
+                declaring = self._declaring
+                try:
+                    body = proton.Message(body=proton.Described(proton.symbol("amqp:declare:list"), []))
+                    outcome = await self._coordinator.send(body.encode())
+                    self._txn_id = bytes((await outcome.wait())[0])
+                    declaring.resolve()
+                except BaseException as exc:
+                    declaring.resolve(error=exc if isinstance(exc, JMSError) else ConnectionLost(str(exc)))
+                    raise
+                finally:
+                    self._declaring = None
+            else:
+                await self._declaring.wait()
+        return self._txn_id
+
+    def _check(self) -> None:
+        if self._closed:
+            raise JMSError("the session is closed")
+        self.connection.check()
+
+    # -- factories ----------------------------------------------------------------------------
+
+    def producer(self, destination: Destination | None = None, *, delivery_mode: DeliveryMode | None = None,
+                 priority: int | None = None, ttl: int | None = None) -> _Attaching:
+        """A producer for ``destination``, or an anonymous one (destination per send).
+
+        Defaults not given come from the listener's connection-factory settings.
+        """
+
+        async def make() -> Producer:
+            self._check()
+            link = self._session.sender(self.connection.name("sender"))
+            if destination is not None:
+                _set_terminus(link.target, destination)
+            producer = Producer(self, _SenderLink(self.connection, link), destination, delivery_mode, priority, ttl)
+            await self.connection.attach(producer._link)
+            return producer
+
+        return _Attaching(make)
+
+    def consumer(self, destination: Destination, *, selector: str | None = None,
+                 no_local: bool = False) -> _Attaching:
+        """A consumer of a queue or a (non-durable) topic subscriber.
+
+        Raises (when awaited): InvalidDestination, InvalidSelector, SecurityError, JMSError.
+        """
+        return _Attaching(lambda: self._consumer(self.connection.name("receiver"), destination, selector,
+                                                 no_local, durable=False))
+
+    def durable_subscriber(self, topic: Topic, name: str, *, selector: str | None = None,
+                           no_local: bool = False) -> _Attaching:
+        """A durable subscriber: the subscription ``name`` of this client id keeps messages
+        while no subscriber is connected. Closing it keeps the subscription; see
+        :meth:`unsubscribe`. Same parameters resume it; others replace it."""
+        return _Attaching(lambda: self._consumer(name, topic, selector, no_local, durable=True))
+
+    async def _consumer(self, name: str, destination: Destination, selector: str | None, no_local: bool,
+                        *, durable: bool) -> Consumer:
+        self._check()
+        link = self._session.receiver(name)
+        _set_terminus(link.source, destination)
+        _set_filters(link.source, selector, no_local)
+        if durable:
+            link.source.durability = proton.Terminus.DELIVERIES
+            link.source.expiry_policy = proton.Terminus.EXPIRE_NEVER
+        state = _ReceiverLink(self.connection, link, self.connection.consumer_cache_size)
+        await self.connection.attach(state)
+        state.top_up()
+        consumer = Consumer(self, state, destination, durable=durable)
+        self._consumers.append(consumer)
+        return consumer
+
+    async def unsubscribe(self, name: str) -> None:
+        """Delete the durable subscription ``name`` of this client id.
+
+        Raises:
+            InvalidDestination: there is no such subscription.
+            JMSError: it has an active subscriber.
+        """
+        self._check()
+        if any(c.durable and c._link.link.name == name for c in self._consumers):
+            raise JMSError(f"durable subscription {name!r} has an active subscriber in this session")
+        link = self._session.receiver(name)
+        link.source.type = proton.Terminus.UNSPECIFIED  # a null source: look the subscription up
+        state = _ReceiverLink(self.connection, link, 0)
+        await self.connection.attach(state)
+        await state.close()
+        if state.error is not None and state.link.remote_condition is not None:
+            raise state.error
+
+    def browser(self, queue: Queue, *, selector: str | None = None) -> _Attaching:
+        """A browser: iterate copies of what the queue holds, without consuming."""
+
+        async def make() -> Browser:
+            self._check()
+            link = self._session.receiver(self.connection.name("browser"))
+            _set_terminus(link.source, queue)
+            _set_filters(link.source, selector, False)
+            link.source.distribution_mode = proton.Terminus.DIST_MODE_COPY
+            state = _ReceiverLink(self.connection, link, self.connection.consumer_cache_size)
+            await self.connection.attach(state)
+            return Browser(state)
+
+        return _Attaching(make)
+
+    async def create_temporary_queue(self) -> TemporaryQueue:
+        """A queue that lives until the connection closes (or :meth:`delete_temporary`)."""
+        self._check()
+        return await self.connection.create_temporary(self._session, topic=False)  # type: ignore[return-value]
+
+    async def create_temporary_topic(self) -> TemporaryTopic:
+        self._check()
+        return await self.connection.create_temporary(self._session, topic=True)  # type: ignore[return-value]
+
+    async def delete_temporary(self, destination: Destination) -> None:
+        await self.connection.delete_temporary(destination)
+
+    def requestor(self, destination: Destination) -> _Attaching:
+        """A :class:`Requestor`: send requests to ``destination`` and await their replies."""
+
+        async def make() -> Requestor:
+            reply_to = await self.create_temporary_queue()
+            producer = await self.producer(destination)
+            consumer = await self.consumer(reply_to)
+            return Requestor(self, producer, consumer, reply_to)
+
+        return _Attaching(make)
+
+    # -- acknowledgement and transactions -----------------------------------------------------
+
+    async def _delivered(self, link: _ReceiverLink, delivery: Any, message: Message) -> None:
+        """Acknowledge per the session's mode what a consumer just handed to the application."""
+        if self.transacted:
+            txn_id = await self._transaction()
+            data = proton.Data(lib.pn_disposition_data(lib.pn_delivery_local(delivery)))
+            data.put_object([txn_id, proton.Described(proton.ulong(lib.PN_ACCEPTED), [])])
+            link.settle(delivery, TRANSACTIONAL_STATE)
+        elif self.ack_mode is AckMode.CLIENT_ACKNOWLEDGE:
+            self._unacknowledged.append((link, delivery))
+            message._acknowledge = self.acknowledge
+        else:
+            link.settle(delivery, lib.PN_ACCEPTED)
+
+    async def acknowledge(self) -> None:
+        """CLIENT_ACKNOWLEDGE: acknowledge every message delivered so far in this session."""
+        self._check()
+        for link, delivery in self._unacknowledged:
+            link.settle(delivery, lib.PN_ACCEPTED)
+        self._unacknowledged.clear()
+
+    async def recover(self) -> None:
+        """Redeliver every unacknowledged message, marked redelivered, from the oldest one."""
+        self._check()
+        if self.transacted:
+            raise JMSError("recover() is for non-transacted sessions; use rollback()")
+        for link, delivery in self._unacknowledged:
+            link.settle(delivery, lib.PN_MODIFIED, failed=True)
+        self._unacknowledged.clear()
+        for consumer in self._consumers:
+            consumer._link.release_buffered()
+
+    async def commit(self) -> None:
+        """Commit the session's transaction: its sends and acknowledgements take effect.
+
+        Raises:
+            TransactionRolledBack: something in it failed; everything was rolled back.
+        """
+        await self._discharge(fail=False)
+
+    async def rollback(self) -> None:
+        """Undo the transaction: sends are dropped, received messages come again."""
+        await self._discharge(fail=True)
+
+    async def _discharge(self, *, fail: bool) -> None:
+        if self._closed:
+            raise JMSError("the session is closed")
+        if not self.transacted:
+            raise JMSError("commit() and rollback() are for transacted sessions")
+        failure, self._txn_failure = self._txn_failure, None
+        if self._txn_id is not None and self.connection.lost is not None:
+            self._txn_id = None
+            raise TransactionRolledBack(f"the connection was lost: {self.connection.lost}")
+        if self._txn_id is not None:
+            txn_id, self._txn_id = self._txn_id, None
+            assert self._coordinator is not None
+            body = proton.Message(body=proton.Described(proton.symbol("amqp:discharge:list"),
+                                                        [txn_id, fail or failure is not None]))
+            try:
+                await (await self._coordinator.send(body.encode())).wait()
+            except TransactionRolledBack:
+                raise
+            except JMSError as exc:
+                if isinstance(exc, ConnectionLost):
+                    raise TransactionRolledBack(f"the connection was lost during commit: {exc}") from None
+                raise TransactionRolledBack(str(exc), exc.condition) from None
+        if fail or failure is not None:
+            for consumer in self._consumers:
+                consumer._link.release_buffered()
+        if failure is not None and not fail:
+            raise TransactionRolledBack(f"a send in the transaction failed: {failure}")
+
+    async def close(self) -> None:
+        """Close the session: its consumers and producers; an open transaction rolls back."""
+        if self._closed:
+            return
+        if self.transacted and self._txn_id is not None and self.connection.lost is None:
+            with contextlib.suppress(JMSError):
+                await self.rollback()
+        self._closed = True
+        for consumer in list(self._consumers):
+            await consumer.close()
+        if self.connection.lost is None:
+            self._session.close()
+            self.connection.wake()
+
+
+def _set_terminus(terminus: proton.Terminus, destination: Destination) -> None:
+    if not isinstance(destination, Destination):
+        raise TypeError(f"a destination is a Queue or Topic, not {type(destination).__name__}")
+    terminus.address = destination.name
+    capability = {0: "queue", 1: "topic", 2: "temporary-queue", 3: "temporary-topic"}[destination.kind]
+    terminus.capabilities.put_array(False, proton.Data.SYMBOL)
+    terminus.capabilities.enter()
+    terminus.capabilities.put_symbol(capability)
+    terminus.capabilities.exit()
+
+
+def _set_filters(source: proton.Terminus, selector: str | None, no_local: bool) -> None:
+    filters = {}
+    if selector:
+        filters[proton.symbol("jms-selector")] = proton.Described(SELECTOR, selector)
+    if no_local:
+        filters[proton.symbol("no-local")] = proton.Described(NO_LOCAL, [])
+    if filters:
+        source.filter.put_object(filters)
+
+
+# -- producers and consumers ---------------------------------------------------------------------
+
+
+class Producer:
+    """Sends messages; persistent sends wait until the router has the message stored."""
+
+    def __init__(self, session: Session, link: _SenderLink, destination: Destination | None,
+                 delivery_mode: DeliveryMode | None, priority: int | None, ttl: int | None):
+        self.session = session
+        self._link = link
+        self.destination = destination
+        defaults = session.connection.defaults
+        self.delivery_mode = delivery_mode or DeliveryMode(defaults.get("martinet:default-delivery-mode",
+                                                                        "persistent"))
+        self.priority = int(defaults.get("martinet:default-priority", 4)) if priority is None else priority
+        self.ttl = int(defaults.get("martinet:default-ttl", 0)) if ttl is None else ttl
+        self._failure: JMSError | None = None
+
+    async def send(self, message: Message, destination: Destination | None = None, *,
+                   delivery_mode: DeliveryMode | None = None, priority: int | None = None,
+                   ttl: int | None = None) -> None:
+        """Send ``message`` (its JMS headers are set on it).
+
+        A persistent message outside a transaction is awaited until the router accepted it;
+        a non-persistent one is not, and a refusal of it is raised by the next send or close.
+
+        Raises:
+            InvalidDestination, SecurityError, JMSError: the router refused the message.
+            ConnectionLost: the connection ended.
+        """
+        session = self.session
+        session._check()
+        self._raise_failure()
+        if destination is None:
+            destination = self.destination
+        elif self.destination is not None and destination != self.destination:
+            raise JMSError(f"this producer sends to {self.destination}; use an anonymous producer")
+        if destination is None:
+            raise JMSError("an anonymous producer needs a destination per send")
+        mode = delivery_mode or self.delivery_mode
+        priority = self.priority if priority is None else priority
+        if not 0 <= priority <= 9:
+            raise ValueError(f"priority must be 0..9, not {priority}")
+        payload = message.encode(message_id=new_message_id(), destination=destination, delivery_mode=mode,
+                                 priority=priority, ttl=self.ttl if ttl is None else ttl, now_ms=now_ms())
+        txn_id = await session._transaction() if session.transacted else None
+        wait = mode is DeliveryMode.PERSISTENT and txn_id is None
+        outcome = await self._link.send(payload, txn_id=txn_id, on_outcome=None if wait else self._remember)
+        if wait:
+            await outcome.wait()
+
+    def _remember(self, outcome: _Outcome) -> None:
+        if isinstance(outcome.error, JMSError) and not isinstance(outcome.error, ConnectionLost):
+            if self.session.transacted:
+                self.session._txn_failure = self.session._txn_failure or outcome.error
+            else:
+                self._failure = self._failure or outcome.error
+
+    def _raise_failure(self) -> None:
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    async def close(self) -> None:
+        await self._link.close()
+        self._raise_failure()
+
+    async def __aenter__(self) -> Producer:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+
+class Consumer:
+    """Receives messages: :meth:`receive`, :meth:`receive_nowait` or ``async for``."""
+
+    def __init__(self, session: Session, link: _ReceiverLink, destination: Destination, *, durable: bool):
+        self.session = session
+        self._link = link
+        self.destination = destination
+        self.durable = durable
+        self._closed = False
+
+    async def receive(self, timeout: float | None = None) -> Message | None:
+        """The next message; None if ``timeout`` seconds passed without one.
+
+        Raises:
+            JMSError: the router closed the consumer (e.g. its queue was deleted).
+            ConnectionLost: the connection ended.
+        """
+        if self._closed:
+            raise JMSError("the consumer is closed")
+        deadline = math.inf if timeout is None else trio.current_time() + timeout
+        while True:
+            item = await self._link.next(deadline)
+            if item is None:
+                return None
+            delivery, raw = item
+            try:
+                message = decode_message(raw)
+            except MessageError as exc:
+                log.warning("message on %s rejected: %s", self.destination, exc)
+                self._link.settle(delivery, lib.PN_REJECTED)
+                continue
+            await self.session._delivered(self._link, delivery, message)
+            return message
+
+    async def receive_nowait(self) -> Message | None:
+        """A message already prefetched, or None (never waits for the router)."""
+        return await self.receive(0)
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> Message:
+        """The next message; the iteration ends when the consumer is closed."""
+        while not self._closed:
+            try:
+                message = await self.receive()
+            except JMSError:
+                if self._closed:
+                    break
+                raise
+            if message is not None:
+                return message
+        raise StopAsyncIteration
+
+    async def close(self) -> None:
+        """Close; prefetched messages go back to the queue. A durable subscriber's
+        subscription stays (its link only detaches)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self in self.session._consumers:
+            self.session._consumers.remove(self)
+        self._link.release_buffered()
+        await self._link.close(detach_only=self.durable)
+
+    async def __aenter__(self) -> Consumer:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+
+class Browser:
+    """Copies of the messages a queue holds, in order, nothing consumed: ``async for``."""
+
+    def __init__(self, link: _ReceiverLink):
+        self._link = link
+
+    def __aiter__(self) -> Browser:
+        return self
+
+    async def __anext__(self) -> Message:
+        """The next copy; the iteration ends when the router has sent all (a drain)."""
+        link, pointer = self._link, self._link.pointer
+        if not link.buffer:
+            if not lib.pn_link_draining(pointer):
+                lib.pn_link_drain(pointer, link.window)
+                link.connection.wake()
+            while not link.buffer and lib.pn_link_draining(pointer):
+                link.check()
+                await link.changed.wait()
+            if not link.buffer:
+                raise StopAsyncIteration
+        _, raw = link.buffer.popleft()
+        return decode_message(raw)
+
+    async def close(self) -> None:
+        await self._link.close()
+
+    async def __aenter__(self) -> Browser:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+
+class Requestor:
+    """Request/reply over a temporary queue (JMS ``QueueRequestor``)."""
+
+    def __init__(self, session: Session, producer: Producer, consumer: Consumer, reply_to: TemporaryQueue):
+        self.session = session
+        self._producer = producer
+        self._consumer = consumer
+        self.reply_to = reply_to
+
+    async def request(self, message: Message, *, timeout: float | None = None) -> Message | None:
+        """Send ``message`` with reply-to set; the reply whose correlation id is the
+        request's message id, or None after ``timeout`` seconds."""
+        message.reply_to = self.reply_to
+        await self._producer.send(message)
+        deadline = math.inf if timeout is None else trio.current_time() + timeout
+        while True:
+            reply = await self._consumer.receive(max(0.0, deadline - trio.current_time())
+                                                 if timeout is not None else None)
+            if reply is None or reply.correlation_id == message.message_id:
+                return reply
+            log.info("reply %s to an earlier request dropped", reply.message_id)
+
+    async def close(self) -> None:
+        await self._consumer.close()
+        await self._producer.close()
+        await self.session.delete_temporary(self.reply_to)

@@ -1,0 +1,327 @@
+"""The JMS-shaped Python client against a live router over real sockets, and interop with
+proton clients in both directions."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from proton import Message as ProtonMessage
+from proton.utils import BlockingConnection
+
+from messaging.codec import Int
+from swiftlets.jms.client import (
+    AckMode,
+    BytesMessage,
+    ConnectionLost,
+    DeliveryMode,
+    InvalidClientId,
+    InvalidDestination,
+    InvalidSelector,
+    JMSError,
+    MapMessage,
+    Message,
+    Queue,
+    SecurityError,
+    StreamMessage,
+    TemporaryQueue,
+    TextMessage,
+    Topic,
+    TransactionRolledBack,
+    connect,
+)
+
+
+async def test_send_and_receive_every_message_type(amqp_broker):
+    broker = await amqp_broker()
+    async with connect(broker.url, client_id="types") as connection, connection.session() as session:
+        producer = await session.producer(Queue("q"))
+        sent = [TextMessage("héllo", properties={"n": 1, "ok": True, "f": 1.5, "s": "x", "i": Int(7)}),
+                BytesMessage(b"\x00\x01binary"), MapMessage({"a": 1, "b": "two", "c": None}),
+                StreamMessage([1, "two", 3.0, b"4"]), Message(type="ping", correlation_id="c-1")]
+        for message in sent:
+            await producer.send(message)
+        consumer = await session.consumer(Queue("q"))
+        received = [await consumer.receive(timeout=5) for _ in sent]
+    assert [type(m) for m in received] == [type(m) for m in sent]
+    assert [m.body for m in received] == [m.body for m in sent]
+    assert received[0].text == "héllo" and received[0].properties == {"n": 1, "ok": True, "f": 1.5, "s": "x", "i": 7}
+    assert received[1].data == b"\x00\x01binary"
+    assert received[4].type == "ping" and received[4].correlation_id == "c-1"
+    for message, original in zip(received, sent, strict=True):
+        assert message.message_id == original.message_id and message.message_id.startswith("ID:")
+        assert message.destination == Queue("q") and message.delivery_mode is DeliveryMode.PERSISTENT
+        assert message.priority == 4 and message.expiration == 0 and not message.redelivered
+        assert message.timestamp == original.timestamp > 0
+        assert message.producer_client_id == "types"
+
+
+async def test_headers_priority_ttl_and_listener_defaults(amqp_broker):
+    broker = await amqp_broker()
+    async with connect(broker.url) as connection, connection.session() as session:
+        assert connection.router == "r1" and connection.consumer_cache_size == 500
+        producer = await session.producer(Queue("prio"), delivery_mode=DeliveryMode.NON_PERSISTENT)
+        assert producer.priority == 4 and producer.ttl == 0
+        await producer.send(TextMessage("low"), priority=1)
+        await producer.send(TextMessage("high"), priority=9, ttl=60_000)
+        await producer.send(TextMessage("persistent"), delivery_mode=DeliveryMode.PERSISTENT)
+        await trio.sleep(0.2)  # the non-persistent sends are not awaited
+        consumer = await session.consumer(Queue("prio"))
+        first, second, third = [await consumer.receive(timeout=5) for _ in range(3)]
+    assert (first.text, first.priority) == ("high", 9)
+    assert first.expiration == first.timestamp + 60_000
+    assert first.delivery_mode is DeliveryMode.NON_PERSISTENT
+    assert (second.text, third.text) == ("persistent", "low")
+
+
+async def test_receive_timeout_nowait_and_async_iteration(amqp_broker):
+    broker = await amqp_broker()
+    async with connect(broker.url) as connection, connection.session() as session:
+        consumer = await session.consumer(Queue("empty"))
+        assert await consumer.receive(timeout=0.3) is None
+        assert await consumer.receive_nowait() is None
+        producer = await session.producer(Queue("empty"))
+        for i in range(5):
+            await producer.send(TextMessage(f"m{i}"))
+        seen = []
+        async for message in consumer:
+            seen.append(message.text)
+            if len(seen) == 5:
+                break
+        assert seen == [f"m{i}" for i in range(5)]
+
+
+async def test_selector_no_local_and_topics(amqp_broker):
+    broker = await amqp_broker()
+    async with connect(broker.url, client_id="me") as mine, connect(broker.url, client_id="other") as other:
+        session, other_session = await mine.session(), await other.session()
+        everything = await session.consumer(Topic("news.sport"))
+        not_mine = await session.consumer(Topic("news.%"), no_local=True)
+        red = await session.consumer(Queue("colours"), selector="colour = 'red' AND size > 2")
+        await (await session.producer(Topic("news.sport"))).send(TextMessage("from me"))
+        await (await other_session.producer(Topic("news.sport"))).send(TextMessage("from other"))
+        colours = await other_session.producer(Queue("colours"))
+        for colour, size in [("red", 1), ("blue", 5), ("red", 5)]:
+            await colours.send(TextMessage(colour, properties={"colour": colour, "size": size}))
+        assert [(await everything.receive(5)).text for _ in range(2)] == ["from me", "from other"]
+        assert (await not_mine.receive(5)).text == "from other"
+        assert await not_mine.receive(0.3) is None
+        match = await red.receive(5)
+        assert match.properties == {"colour": "red", "size": 5}
+        assert await red.receive(0.3) is None
+        with pytest.raises(InvalidSelector):
+            await session.consumer(Queue("colours"), selector="colour = ")
+
+
+async def test_unknown_queue_and_refused_login(amqp_broker):
+    broker = await amqp_broker(autocreate="false", auth="true")
+    with pytest.raises(SecurityError):
+        async with connect(broker.url, user="app", password="wrong"):
+            pass
+    broker.router.swiftlet("sys$queuemanager").queue("secret", create=True)
+    async with connect(broker.url.replace("amqp://", "amqp://app:s3cret@")) as connection:
+        session = await connection.session()
+        with pytest.raises(InvalidDestination):
+            await session.consumer(Queue("nowhere"))
+        with pytest.raises(InvalidDestination):
+            await session.producer(Queue("nowhere"))
+        anonymous = await session.producer()
+        with pytest.raises(InvalidDestination):
+            await anonymous.send(TextMessage("x"), Queue("nowhere"))
+        # the connection is still good after the refusals
+        await anonymous.send(TextMessage("x"), Queue("secret"))
+        with pytest.raises(SecurityError):  # the group may send to "secret" but not receive
+            await session.consumer(Queue("secret"))
+
+
+async def test_client_acknowledge_and_recover(amqp_broker):
+    broker = await amqp_broker()
+    async with connect(broker.url) as connection:
+        session = await connection.session(ack_mode=AckMode.CLIENT_ACKNOWLEDGE)
+        producer = await session.producer(Queue("acks"))
+        for i in range(3):
+            await producer.send(TextMessage(f"m{i}"))
+        consumer = await session.consumer(Queue("acks"))
+        first = await consumer.receive(5)
+        await consumer.receive(5)
+        await session.recover()  # both come again, marked redelivered, in order
+        again = [await consumer.receive(5) for _ in range(3)]
+        assert [m.text for m in again] == ["m0", "m1", "m2"]
+        assert [m.redelivered for m in again] == [True, True, False]
+        assert first.message_id == again[0].message_id
+        await again[1].acknowledge()  # acknowledges everything delivered so far
+        await consumer.close()
+        assert broker.usage("acks")["messages"] == 0
+
+
+async def test_unacknowledged_messages_come_back_when_the_connection_ends(amqp_broker):
+    broker = await amqp_broker()
+    async with connect(broker.url) as connection:
+        session = await connection.session(ack_mode=AckMode.CLIENT_ACKNOWLEDGE)
+        await (await session.producer(Queue("held"))).send(TextMessage("keep me"))
+        assert (await (await session.consumer(Queue("held"))).receive(5)).text == "keep me"
+    async with connect(broker.url) as connection:
+        session = await connection.session()
+        message = await (await session.consumer(Queue("held"))).receive(5)
+        assert message.text == "keep me" and message.redelivered
+
+
+async def test_transacted_session_commit_and_rollback(amqp_broker):
+    broker = await amqp_broker()
+    async with connect(broker.url) as connection:
+        session = await connection.session(transacted=True)
+        producer = await session.producer(Queue("tx"))
+        await producer.send(TextMessage("one"))
+        await producer.send(TextMessage("two"))
+        assert broker.usage("tx")["messages"] == 0
+        await session.rollback()
+        await producer.send(TextMessage("three"))
+        await session.commit()
+        assert broker.usage("tx")["messages"] == 1
+        consumer = await session.consumer(Queue("tx"))
+        message = await consumer.receive(5)
+        assert message.text == "three"
+        await session.rollback()  # the receive is undone
+        message = await consumer.receive(5)
+        assert message.text == "three" and message.redelivered
+        await session.commit()
+        assert broker.usage("tx")["messages"] == 0
+        with pytest.raises(JMSError):
+            await session.recover()
+        plain = await connection.session()
+        with pytest.raises(JMSError):
+            await plain.commit()
+
+
+async def test_transaction_rolled_back_when_connection_is_lost(amqp_broker):
+    broker = await amqp_broker()
+    async with connect(broker.url) as connection:
+        session = await connection.session(transacted=True)
+        await (await session.producer(Queue("lost"))).send(TextMessage("never"))
+        await connection._stream.aclose()  # the socket dies under the connection
+        with pytest.raises(TransactionRolledBack):
+            await session.commit()
+    await trio.sleep(0.1)
+    assert broker.usage("lost")["messages"] == 0
+
+
+async def test_durable_subscriber_across_a_restart_and_unsubscribe(amqp_broker):
+    broker = await amqp_broker()
+    async with connect(broker.url, client_id="dur") as connection:
+        session = await connection.session()
+        subscriber = await session.durable_subscriber(Topic("prices"), "watch", selector="price > 10")
+        await subscriber.close()  # detached: the subscription keeps collecting
+        producer = await session.producer(Topic("prices"))
+        for price in (5, 20, 30):
+            await producer.send(TextMessage(str(price), properties={"price": price}))
+    await broker.stop()
+    broker = await broker.start()
+    async with connect(broker.url, client_id="dur") as connection:
+        session = await connection.session()
+        subscriber = await session.durable_subscriber(Topic("prices"), "watch", selector="price > 10")
+        assert [(await subscriber.receive(5)).text for _ in range(2)] == ["20", "30"]
+        with pytest.raises(JMSError):  # not while it has a subscriber
+            await session.unsubscribe("watch")
+        await subscriber.close()
+        await session.unsubscribe("watch")
+        with pytest.raises(InvalidDestination):
+            await session.unsubscribe("watch")
+
+
+async def test_duplicate_client_id_refused(amqp_broker):
+    broker = await amqp_broker()
+    async with connect(broker.url, client_id="solo"):
+        with pytest.raises(InvalidClientId):
+            async with connect(broker.url, client_id="solo"):
+                pass
+
+
+async def test_browser_temporary_queue_and_request_reply(amqp_broker):
+    broker = await amqp_broker()
+    async with connect(broker.url) as connection:
+        session = await connection.session()
+        producer = await session.producer(Queue("browse"))
+        for i in range(30):
+            await producer.send(TextMessage(f"b{i}", properties={"even": i % 2 == 0}))
+        async with session.browser(Queue("browse")) as browser:
+            assert [m.text async for m in browser] == [f"b{i}" for i in range(30)]
+        async with session.browser(Queue("browse"), selector="even") as browser:
+            assert len([m async for m in browser]) == 15
+        assert broker.usage("browse")["messages"] == 30
+
+        temporary = await session.create_temporary_queue()
+        assert isinstance(temporary, TemporaryQueue)
+        assert temporary.name in broker.router.swiftlet("sys$queuemanager").queues
+        await session.delete_temporary(temporary)
+        assert temporary.name not in broker.router.swiftlet("sys$queuemanager").queues
+
+        async def serve(task_status=trio.TASK_STATUS_IGNORED):
+            async with connect(broker.url) as server, server.session() as server_session:
+                requests = await server_session.consumer(Queue("service"))
+                replies = await server_session.producer()
+                task_status.started()
+                async for request in requests:
+                    await replies.send(TextMessage(request.text.upper(), correlation_id=request.message_id),
+                                       request.reply_to)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve)
+            async with session.requestor(Queue("service")) as requestor:
+                assert (await requestor.request(TextMessage("ping"), timeout=5)).text == "PING"
+                assert (await requestor.request(TextMessage("pong"), timeout=5)).text == "PONG"
+            nursery.cancel_scope.cancel()
+
+
+async def test_temporary_topic(amqp_broker):
+    broker = await amqp_broker()
+    async with connect(broker.url) as connection:
+        session = await connection.session()
+        topic = await session.create_temporary_topic()
+        consumer = await session.consumer(topic)
+        await (await session.producer(topic)).send(TextMessage("to the temporary topic"))
+        received = await consumer.receive(5)
+        assert received.text == "to the temporary topic" and received.destination.is_topic
+
+
+async def test_interop_with_proton_clients_both_ways(amqp_broker):
+    broker = await amqp_broker()
+
+    def proton_side():
+        connection = BlockingConnection(broker.url, timeout=10)
+        try:
+            connection.create_sender("to-client").send(ProtonMessage(body="from proton", properties={"k": "v"},
+                                                                     durable=True))
+            receiver = connection.create_receiver("to-proton")
+            message = receiver.receive(timeout=10)
+            receiver.accept()
+            return message
+        finally:
+            connection.close()
+
+    async with connect(broker.url) as connection:
+        session = await connection.session()
+        await (await session.producer(Queue("to-proton"))).send(
+            MapMessage({"answer": 42}, properties={"from": "client"}))
+        async with trio.open_nursery() as nursery:
+            result = {}
+
+            async def run_proton():
+                result["message"] = await trio.to_thread.run_sync(proton_side)
+
+            nursery.start_soon(run_proton)
+            received = await (await session.consumer(Queue("to-client"))).receive(10)
+    assert isinstance(received, TextMessage) and received.text == "from proton" and received.properties == {"k": "v"}
+    assert result["message"].body == {"answer": 42} and result["message"].properties == {"from": "client"}
+
+
+async def test_consumer_closed_by_the_router_and_connection_loss(amqp_broker):
+    broker = await amqp_broker()
+    async with connect(broker.url) as connection:
+        session = await connection.session()
+        consumer = await session.consumer(Queue("doomed"))
+        broker.router.swiftlet("sys$queuemanager").delete_queue("doomed")
+        with pytest.raises(JMSError):
+            await consumer.receive(5)
+        other = await session.consumer(Queue("alive"))
+        await broker.stop()
+        with pytest.raises(ConnectionLost):
+            await other.receive(5)
