@@ -325,3 +325,43 @@ async def test_consumer_closed_by_the_router_and_connection_loss(amqp_broker):
         await broker.stop()
         with pytest.raises(ConnectionLost):
             await other.receive(5)
+
+
+async def test_blocking_facade(amqp_broker):
+    from swiftlets.jms.client.blocking import BlockingConnection
+
+    broker = await amqp_broker(auth="true")
+
+    def script():
+        with pytest.raises(SecurityError):
+            BlockingConnection(broker.url, user="app", password="wrong")
+        with BlockingConnection(broker.url, user="app", password="s3cret", client_id="plain") as connection:
+            assert connection.client_id == "plain"
+            session = connection.session(ack_mode=AckMode.CLIENT_ACKNOWLEDGE)
+            producer = session.producer(Queue("blocking"))
+            for i in range(3):
+                producer.send(TextMessage(f"m{i}"))
+            with session.browser(Queue("blocking")) as browser:
+                browsed = [m.text for m in browser]
+            consumer = session.consumer(Queue("blocking"))
+            received = [consumer.receive(timeout=5).text for _ in range(3)]
+            session.acknowledge()
+            assert consumer.receive(timeout=0.2) is None
+            return browsed, received
+
+    browsed, received = await trio.to_thread.run_sync(script)
+    assert browsed == received == ["m0", "m1", "m2"]
+    assert broker.usage("blocking")["messages"] == 0
+
+
+async def test_the_readme_example_runs(amqp_broker):
+    import sys
+    from pathlib import Path
+
+    broker = await amqp_broker()
+    example = Path(__file__).parent.parent / "examples" / "client" / "hello.py"
+    result = await trio.run_process([sys.executable, str(example), broker.url], capture_stdout=True,
+                                    capture_stderr=True, check=False)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout.decode().splitlines() == [
+        "received: Hello, Martinet! from client hello-example", "subscriber got: goal!", "reply: PING"]
