@@ -261,13 +261,12 @@ class Message:
 
     def with_annotations(self, changes: Mapping[Any, Any]) -> Message:
         """A copy whose message-annotations have ``changes`` merged in (other bytes unchanged)."""
-        offsets = _find_sections(self.raw)
-        if MESSAGE_ANNOTATIONS in offsets:
-            annotations = {**self.message_annotations, **changes}
-            section = encode(Described(ULong(MESSAGE_ANNOTATIONS), annotations))
-        else:  # the usual case on the producer path: a section encoded once per set of changes
-            section = _annotations_section(tuple(changes.items()))
-        return self._replace(MESSAGE_ANNOTATIONS, section, offsets)
+        raw = self.raw
+        at = _annotations_insertion_point(raw)
+        if at is not None:  # the usual case on the producer path: a section encoded once per set of changes
+            return Message(raw[:at] + _annotations_section(tuple(changes.items())) + raw[at:])
+        annotations = {**self.message_annotations, **changes}
+        return self._replace(MESSAGE_ANNOTATIONS, encode(Described(ULong(MESSAGE_ANNOTATIONS), annotations)))
 
     def with_delivery_count(self, count: int) -> Message:
         """A copy whose header says ``delivery-count = count`` (for redelivery)."""
@@ -276,8 +275,8 @@ class Message:
                   header.first_acquirer, UInt(count)]
         return self._replace(HEADER, encode(Described(ULong(HEADER), fields)))
 
-    def _replace(self, code: int, section: bytes, offsets: dict | None = None) -> Message:
-        offsets = offsets or _find_sections(self.raw)
+    def _replace(self, code: int, section: bytes) -> Message:
+        offsets = _find_sections(self.raw)
         span = offsets.get(code)
         if span is not None:
             return Message(self.raw[: span[0]] + section + self.raw[span[2]:])
@@ -381,6 +380,23 @@ def _find_section(raw: bytes, wanted: int) -> tuple[int, int, int] | None:
         if code > wanted and code not in _BODY:
             return None
     return None
+
+
+def _annotations_insertion_point(raw: bytes) -> int | None:
+    """Where a message-annotations section goes in a message that has none (after the
+    header and delivery annotations); None if it has one or is unusually encoded."""
+    position, size = 0, len(raw)
+    while position + 2 < size and raw[position] == 0x00 and raw[position + 1] == 0x53:
+        code = raw[position + 2]
+        if code > MESSAGE_ANNOTATIONS:
+            return position
+        if code == MESSAGE_ANNOTATIONS:
+            return None
+        try:
+            position = skip(raw, position + 3)
+        except DecodeError:
+            return None
+    return position if position == size else None
 
 
 def _find_sections(raw: bytes) -> dict[int, tuple[int, int, int]]:

@@ -156,8 +156,9 @@ AMQP_ROUTER = """
     <users><user name="app" password="s3cret" group="apps"/></users>
   </swiftlet>
   <swiftlet name="sys$queuemanager" auto-create-queues="{autocreate}"/>
-  <swiftlet name="sys$jms">
-    <listeners><listener name="amqp" port="0" bind-address="127.0.0.1" max-connections="{maxconn}"/></listeners>
+  <swiftlet name="sys$jms" collect-interval="{collect}">
+    <listeners><listener name="amqp" port="0" bind-address="127.0.0.1" max-connections="{maxconn}">{hosts}</listener>
+    </listeners>
   </swiftlet>
 </router>
 """
@@ -167,7 +168,8 @@ class AmqpBroker:
     """A router with sys$jms on a free loopback port, store in the test's temp dir."""
 
     def __init__(self, nursery, tmp_path, **options):
-        settings = {"auth": "false", "anonymous": "false", "autocreate": "true", "maxconn": "-1"} | options
+        settings = {"auth": "false", "anonymous": "false", "autocreate": "true", "maxconn": "-1",
+                    "collect": "10000", "hosts": ""} | options
         self.path = tmp_path / "router.xml"
         self.path.write_text(AMQP_ROUTER.format(store=tmp_path / "store", **settings))
         self.nursery = nursery

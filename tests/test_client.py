@@ -365,3 +365,35 @@ async def test_the_readme_example_runs(amqp_broker):
     assert result.returncode == 0, result.stderr.decode()
     assert result.stdout.decode().splitlines() == [
         "received: Hello, Martinet! from client hello-example", "subscriber got: goal!", "reply: PING"]
+
+
+async def test_host_access_list_refuses_other_addresses(amqp_broker):
+    broker = await amqp_broker(hosts='<host-access-list><host-access-entry name="10.%"/></host-access-list>')
+    with pytest.raises(ConnectionLost):
+        async with connect(broker.url, connect_timeout=5):
+            pass
+    assert broker.router.management.get("/sys$jms/usage/listeners/amqp", "refused") == 1
+
+
+async def test_connection_usage_counts_and_rates(amqp_broker):
+    broker = await amqp_broker(collect="100")
+    async with connect(broker.url, client_id="counted") as connection:
+        session = await connection.session()
+        producer = await session.producer(Queue("counted"))
+        for _ in range(10):
+            await producer.send(TextMessage("x"))
+        consumer = await session.consumer(Queue("counted"))
+        for _ in range(4):
+            await consumer.receive(5)
+        usage = broker.router.management.resolve("/sys$jms/usage/connections")
+        (name,) = usage.children
+        values = usage.children[name].properties()
+        assert (values["client-id"], values["messages-received"], values["messages-sent"]) == ("counted", 10, 10)
+        rates = []
+        with trio.fail_after(5):
+            while not rates or rates[-1] == 0:
+                await trio.sleep(0.02)
+                rates.append(usage.children[name].properties()["receive-rate"])
+        assert rates[-1] > 0
+    await trio.sleep(0.1)
+    assert not broker.router.management.resolve("/sys$jms/usage/connections").children

@@ -10,6 +10,7 @@ durable subscriptions, browsing, TLS and the Python client are not done yet.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import ssl
 from collections.abc import Mapping
@@ -65,6 +66,8 @@ class ListenerConfig:
 
 @config_class
 class JmsConfig:
+    collect_interval: int = prop(10_000, min=100, description="Milliseconds between samples of the "
+                                 "per-connection message rates shown under usage/connections.")
     listeners: Mapping[str, ListenerConfig] = entity_list(
         ListenerConfig, item="listener", default=[ListenerConfig(name="amqp")], description="AMQP listeners.")
 
@@ -82,6 +85,9 @@ class JmsSwiftlet:
         self._usage: UsageList | None = None
         self._listeners: dict[str, dict[str, Any]] = {}
         self.client_ids: dict[str, int] = {}  # client id → connections using it
+        self._connections: UsageList | None = None
+        self._connection_ids = itertools.count(1)
+        self._live: set[AmqpConnection] = set()
         self._temporary_topics = 0
 
     def temporary_topic_name(self) -> str:
@@ -106,12 +112,21 @@ class JmsSwiftlet:
         except LookupError:
             log.warning("sys$authentication is not running: every client is let in")
         self._usage = self.context.usage.add_list("listeners")
+        self._connections = self.context.usage.add_list("connections")
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for entity in self.context.entity.entity_list("listeners").entities.values():
                 await nursery.start(self._serve, entity)
             self.context.entity.entity_list("listeners").bind(None, self._listener_removed)
+            nursery.start_soon(self._collect_forever)
             task_status.started()
+
+    async def _collect_forever(self) -> None:
+        """Sample each connection's message counts into rates every collect-interval."""
+        while True:
+            await trio.sleep(self.context.entity.snapshot().collect_interval / 1000)
+            for connection in self._live:
+                connection.sample_rates()
 
     def _listener_removed(self, entity: Entity) -> None:
         raise Veto("listeners change at the next start (reboot)")
@@ -158,12 +173,19 @@ class JmsSwiftlet:
                 return
             state["connections"] += 1
             state["accepted"] += 1
+            connection = AmqpConnection(self, live, stream, host)
+            name = f"{next(self._connection_ids)}"
+            self._live.add(connection)
+            assert self._connections is not None
+            self._connections.add(name, lambda: connection.usage(config.name))
             try:
-                await AmqpConnection(self, live, stream, host).run()
+                await connection.run()
             except Exception:  # a bug in one connection must not take the listener down
                 log.exception("connection from %s failed", host)
             finally:
                 state["connections"] -= 1
+                self._live.discard(connection)
+                self._connections.remove(name)
 
         task_status.started()
         await trio.serve_listeners(handle, listeners)

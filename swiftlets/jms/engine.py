@@ -17,12 +17,13 @@ are convenient and fine at that rate. python-qpid-proton is pinned exactly, sinc
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import proton
 from cproton_ffi import ffi, lib
 
-__all__ = ["Engine", "EngineClosed", "lib", "ffi", "delivery_tag", "receive_transfer", "send_transfer", "settle"]
+__all__ = ["Engine", "EngineClosed", "lib", "ffi", "receive_transfer", "send_transfer", "settle"]
 
 
 class EngineClosed(Exception):
@@ -121,9 +122,7 @@ class Engine:
         return f"{condition.name}: {condition.description}" if condition else ""
 
 
-def delivery_tag(delivery: Any) -> bytes:
-    tag = lib.pn_delivery_tag(delivery)
-    return ffi.unpack(tag.start, tag.size)
+_receive_buffers = threading.local()  # one reusable buffer per thread (routers may run in several)
 
 
 def receive_transfer(link: Any, delivery: Any) -> bytes | None:
@@ -131,7 +130,9 @@ def receive_transfer(link: Any, delivery: Any) -> bytes | None:
     if not lib.pn_delivery_readable(delivery) or lib.pn_delivery_partial(delivery):
         return None
     size = lib.pn_delivery_pending(delivery)
-    buffer = ffi.new("char[]", max(size, 1))
+    buffer = getattr(_receive_buffers, "buffer", None)
+    if buffer is None or len(buffer) < size:
+        buffer = _receive_buffers.buffer = ffi.new("char[]", max(size, 65536))
     received = lib.pn_link_recv(link, buffer, size)
     data = ffi.unpack(buffer, max(received, 0))
     lib.pn_link_advance(link)

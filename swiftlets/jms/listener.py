@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from typing import Any
 
 import proton
@@ -41,7 +42,7 @@ from swiftlets.store.api import StoreError
 from swiftlets.topicmanager import TopicError, durable_queue_name
 from swiftlets.topicmanager.hierarchy import TopicNameError, parse_topic
 
-from .engine import Engine, EngineClosed, delivery_tag, ffi, lib, receive_transfer, send_transfer, settle
+from .engine import Engine, EngineClosed, ffi, lib, receive_transfer, send_transfer, settle
 from .sasl import SaslError, SaslServer
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,7 @@ class IncomingLink:
             return
         remotely_settled = lib.pn_delivery_settled(delivery)
         connection = self.connection
+        connection.received += 1
 
         def durable(error: BaseException | None) -> None:
             if connection.closed or remotely_settled:
@@ -201,7 +203,7 @@ class OutgoingLink:
         self.pointer = link._impl
         self.consumer = consumer
         self.presettled = link.snd_settle_mode == proton.Link.SND_SETTLED
-        self.unsettled: dict[bytes, Any] = {}
+        self.unsettled: dict[Any, Any] = {}  # delivery pointer → queue entry
         self._tags = itertools.count(1)
         consumer.notify = connection.wake
 
@@ -221,12 +223,12 @@ class OutgoingLink:
                 break
             message = entry.message if not entry.delivery_count else entry.message.with_delivery_count(
                 entry.delivery_count)
-            tag = str(next(self._tags)).encode()
-            send_transfer(pointer, tag, message.raw, settled=self.presettled)
+            delivery = send_transfer(pointer, str(next(self._tags)).encode(), message.raw, settled=self.presettled)
+            self.connection.sent += 1
             if self.presettled:
                 consumer.accept(entry)
             else:
-                self.unsettled[tag] = entry
+                self.unsettled[delivery] = entry  # cffi pointers hash by address
         if lib.pn_link_get_drain(pointer) and lib.pn_link_credit(pointer) > 0 and not consumer._buffer:
             consumer.drain()
             lib.pn_link_drained(pointer)
@@ -235,7 +237,7 @@ class OutgoingLink:
         if not (lib.pn_delivery_updated(delivery) or lib.pn_delivery_settled(delivery)):
             return
         txn_id = _transaction_id(delivery)
-        entry = self.unsettled.pop(delivery_tag(delivery), None)
+        entry = self.unsettled.pop(delivery, None)
         state = lib.pn_delivery_remote_state(delivery)
         lib.pn_delivery_settle(delivery)
         if entry is None:
@@ -353,6 +355,10 @@ class AmqpConnection:
         self.engine: Engine | None = None
         self.links: dict[Any, IncomingLink | OutgoingLink | BrowsingLink | CoordinatorLink] = {}
         self.closed = False
+        self.received = self.sent = 0  # messages from and to the client
+        self.receive_rate = self.send_rate = 0.0
+        self._rate_mark = (time.monotonic(), 0, 0)
+        self.since = time.time()
         self._wakeup = trio.Event()
         self._handlers = {
             lib.PN_CONNECTION_REMOTE_OPEN: self._on_connection_open,
@@ -368,6 +374,22 @@ class AmqpConnection:
 
     def wake(self) -> None:
         self._wakeup.set()
+
+    def sample_rates(self) -> None:
+        at, received, sent = self._rate_mark
+        now = time.monotonic()
+        if now > at:
+            self.receive_rate = (self.received - received) / (now - at)
+            self.send_rate = (self.sent - sent) / (now - at)
+        self._rate_mark = (now, self.received, self.sent)
+
+    def usage(self, listener: str) -> dict[str, Any]:
+        return {"listener": listener, "host": self.host, "client-id": self.client_id or "",
+                "user": getattr(self.principal, "user", "") or "",
+                "connected-since": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.since)),
+                "links": len(self.links), "transactions": len(self.transactions),
+                "messages-received": self.received, "messages-sent": self.sent,
+                "receive-rate": round(self.receive_rate, 1), "send-rate": round(self.send_rate, 1)}
 
     async def run(self) -> None:
         try:

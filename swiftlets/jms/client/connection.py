@@ -460,7 +460,8 @@ class Connection:
         if self.engine.sasl_refused:
             return SecurityError("login refused (wrong user or password, or host not allowed)",
                                  "amqp:unauthorized-access")
-        return _condition_error(self.engine.transport.condition, "the router closed the connection")
+        error = _condition_error(self.engine.transport.condition, "the router closed the connection")
+        return ConnectionLost(error.description, error.condition) if type(error) is JMSError else error
 
     async def _write_forever(self) -> None:
         while True:
