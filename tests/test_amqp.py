@@ -440,6 +440,18 @@ async def test_tls_listener(nursery, tmp_path):
     with pytest.raises(Exception):  # noqa: B017 - a plain client cannot talk to a TLS listener
         await in_thread(lambda: send(f"amqp://127.0.0.1:{port}", "secure", ["plain"]))
     await in_thread(over_tls)  # and the listener still serves TLS clients
+
+    # our client, verifying the router's certificate
+    import ssl
+
+    from swiftlets.jms.client import ConnectionLost, Queue, TextMessage, connect
+    async with connect(f"amqps://127.0.0.1:{port}", ssl_context=ssl.create_default_context(cafile=str(cert))) as c:
+        session = await c.session()
+        await (await session.producer(Queue("ours"))).send(TextMessage("ours, encrypted"))
+        assert (await (await session.consumer(Queue("ours"))).receive(5)).text == "ours, encrypted"
+    with pytest.raises(ConnectionLost, match="CERTIFICATE_VERIFY_FAILED"):  # the default trust store lacks it
+        async with connect(f"amqps://127.0.0.1:{port}"):
+            pass
     router.request_stop()
 
 

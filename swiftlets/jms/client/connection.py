@@ -604,11 +604,17 @@ async def connect(url: str = "amqp://localhost:5672", *, client_id: str | None =
     try:
         with trio.fail_after(connect_timeout):
             stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
-            if parts.scheme == "amqps":
-                stream = trio.SSLStream(stream, ssl_context or ssl.create_default_context(), server_hostname=host)
-                await stream.do_handshake()
-    except (OSError, trio.TooSlowError, ssl.SSLError) as exc:
+    except (OSError, trio.TooSlowError) as exc:
         raise ConnectionLost(f"cannot connect to {host}:{port}: {exc}") from None
+    if parts.scheme == "amqps":
+        stream = trio.SSLStream(stream, ssl_context or ssl.create_default_context(), server_hostname=host)
+        try:
+            with trio.fail_after(connect_timeout):
+                await stream.do_handshake()
+        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+            await trio.aclose_forcefully(stream)
+            reason = exc.__cause__ or exc
+            raise ConnectionLost(f"TLS handshake with {host}:{port} failed: {reason}") from None
     engine = Engine(server=False, container_id=client_id or f"martinet-client:{uuid.uuid4()}",
                     idle_timeout=idle_timeout, hostname=host, user=user, password=password)
     connection = Connection(stream, engine, consumer_cache_size=consumer_cache_size)
