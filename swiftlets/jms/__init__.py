@@ -1,11 +1,11 @@
-"""``sys$jms``: the AMQP 1.0 listener (issue 5, in progress).
+"""``sys$jms``: the AMQP 1.0 listener with JMS semantics.
 
-Done so far: listeners (port, bind address, max connections, keepalive → AMQP idle
-timeout, frame size, incoming credit), SASL ANONYMOUS and PLAIN checked by
-``sys$authentication`` (:mod:`.sasl`), proton's C engine behind one façade
-(:mod:`.engine`), and links to queues with credit, outcomes and durable settlement
-(:mod:`.listener`). Topics, dynamic nodes, anonymous relay, selectors, transactions,
-durable subscriptions, browsing, TLS and the Python client are not done yet.
+Listeners (port, bind address, max connections, host access list, keepalive → AMQP idle
+timeout, frame size, incoming credit, TLS, connection-factory defaults announced in the
+open frame), SASL ANONYMOUS and PLAIN checked by ``sys$authentication`` (:mod:`.sasl`),
+proton's C engine behind one façade (:mod:`.engine`), the links and their JMS semantics
+(:mod:`.listener`), per-connection usage sampled every ``collect-interval``, and the
+Python client (:mod:`.client`).
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
     return [
         SwiftletSpec(
             name="sys$jms",
-            description="AMQP 1.0 listener with JMS semantics (in progress).",
+            description="AMQP 1.0 listener with JMS semantics.",
             config=JmsConfig,
             factory=JmsSwiftlet,
         )

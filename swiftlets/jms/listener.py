@@ -1,4 +1,4 @@
-"""The AMQP 1.0 listener: accepted sockets, SASL, the engine, and links to queues.
+"""The AMQP 1.0 listener: accepted sockets, SASL, the engine, and links to queues and topics.
 
 Theory of operation
 -------------------
@@ -8,19 +8,23 @@ the engine's events; the writer sends what the engine has to send whenever somet
 woke it (events handled, a queue delivered to one of our consumers, a message became
 durable). Both run in the router's trio thread, so the engine needs no lock.
 
-Links (so far: queues):
+Links, by what the client attaches:
 
-- a link on which the client *sends* (our receiver) puts each complete transfer into the
-  queue named by its target with ``send_nowait``, and settles the transfer as accepted
-  when the message is durable (at once for a non-persistent one); credit is topped up to
-  ``incoming-credit`` as it is used;
-- a link on which the client *receives* (our sender) is a queue consumer whose credit
-  follows the link's credit; deliveries are sent as they arrive, and the client's
-  outcome (accepted, released, rejected, modified) settles the queue entry. Closing the
+- :class:`IncomingLink` — the client *sends*: each complete transfer is stamped with the
+  producer's client id and goes to the queue or topic of the target (or of the message's
+  ``to`` on an anonymous-relay link, or into a transaction); it is settled as accepted
+  when durable (at once for a non-persistent one); credit is topped up to
+  ``incoming-credit``. A dynamic target makes a temporary queue or topic that lives as
+  long as the link.
+- :class:`OutgoingLink` — the client *receives*: a queue consumer (a queue, a dynamic
+  temporary queue, a topic subscription's queue, a durable subscription's queue) whose
+  credit follows the link's; the client's outcome settles the queue entry; closing the
   link or losing the connection releases what is unsettled.
+- :class:`BrowsingLink` (distribution-mode copy) and :class:`CoordinatorLink`
+  (transactions).
 
-Refused attaches get the AMQP conditions ``amqp:not-found`` (unknown queue),
-``amqp:unauthorized-access`` (no grant) or ``amqp:invalid-field``.
+Refused attaches answer with a null terminus and a detach carrying ``amqp:not-found``,
+``amqp:unauthorized-access``, ``amqp:invalid-field`` or ``amqp:resource-locked``.
 """
 
 from __future__ import annotations
