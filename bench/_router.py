@@ -6,10 +6,21 @@ import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from kernel import Router
+
+
+async def accept_all(consumer: Any, count: int) -> None:
+    """Take and accept ``count`` deliveries from a queue-manager consumer, waiting only when none is ready."""
+    for _ in range(count):
+        try:
+            entry = consumer.receive_nowait()
+        except trio.WouldBlock:
+            entry = await consumer.receive()
+        consumer.accept(entry)
 
 
 @asynccontextmanager

@@ -23,7 +23,7 @@ import time
 import tracemalloc
 
 import trio
-from _router import running_router
+from _router import accept_all, running_router
 
 from kernel import Router
 from messaging.message import build
@@ -64,12 +64,7 @@ async def throughput(router: Router, count: int, durable: bool) -> tuple[float, 
             await window.acquire()
 
     async def consume():
-        for _ in range(count):
-            try:
-                entry = consumer.receive_nowait()
-            except trio.WouldBlock:
-                entry = await consumer.receive()
-            consumer.accept(entry)
+        await accept_all(consumer, count)
 
     begin = time.perf_counter()
     async with trio.open_nursery() as nursery:

@@ -14,7 +14,7 @@ import argparse
 import time
 
 import trio
-from _router import running_router
+from _router import accept_all, running_router
 
 from kernel import Router
 from messaging.message import build
@@ -33,12 +33,7 @@ async def fan_out(router: Router, subscribers: int, count: int) -> float:
     async def consume(subscription):
         consumer = subscription.consumer()
         consumer.flow(count)
-        for _ in range(count):
-            try:
-                entry = consumer.receive_nowait()
-            except trio.WouldBlock:
-                entry = await consumer.receive()
-            consumer.accept(entry)
+        await accept_all(consumer, count)
         done.release()
 
     begin = time.perf_counter()

@@ -159,16 +159,14 @@ class JmsSwiftlet:
                 host = socket_stream.socket.getpeername()[0]
             except OSError:
                 return
+            refusal = None
             if live.host_access_list and not any(like_pattern(p).fullmatch(host) for p in live.host_access_list):
+                refusal = "not in the host access list"
+            elif 0 <= live.max_connections <= state["connections"]:
+                refusal = f"max-connections {live.max_connections} reached"
+            if refusal is not None:
                 state["refused"] += 1
-                log.warning("connection from %s closed: not in the host access list of listener %s", host,
-                            config.name)
-                await stream.aclose()
-                return
-            if 0 <= live.max_connections <= state["connections"]:
-                state["refused"] += 1
-                log.warning("connection from %s closed: listener %s has max-connections %d", host,
-                            config.name, live.max_connections)
+                log.warning("connection from %s to listener %s closed: %s", host, config.name, refusal)
                 await stream.aclose()
                 return
             state["connections"] += 1

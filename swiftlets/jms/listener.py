@@ -607,6 +607,11 @@ class AmqpConnection:
         link.target.copy(link.remote_target)
         return IncomingLink(self, link, address, topic)
 
+    def _delete_temporary(self, name: str) -> None:
+        """A temporary queue goes with its link (unless the connection's end took it already)."""
+        if name in self.qm.queues:
+            self.qm.delete_queue(name)
+
     def _temporary_destination(self, link: proton.Link) -> IncomingLink:
         link.target.copy(link.remote_target)
         if "temporary-topic" in _symbols(link.remote_target.capabilities):
@@ -617,8 +622,7 @@ class AmqpConnection:
             return IncomingLink(self, link, name, True)
         queue = self.qm.create_temporary_queue(self)
         link.target.address = queue.name
-        return IncomingLink(self, link, queue.name, False,
-                            on_close=lambda: self.qm.delete_queue(queue.name) if queue.name in self.qm.queues else None)
+        return IncomingLink(self, link, queue.name, False, on_close=lambda: self._delete_temporary(queue.name))
 
     def _attach_outgoing(self, link: proton.Link) -> OutgoingLink | BrowsingLink:
         source = link.remote_source
@@ -632,7 +636,7 @@ class AmqpConnection:
             queue = self.qm.create_temporary_queue(self)
             link.source.address = queue.name
             return OutgoingLink(self, link, queue.consumer(selector, owner=self),
-                                lambda: self.qm.delete_queue(queue.name) if queue.name in self.qm.queues else None)
+                                lambda: self._delete_temporary(queue.name))
         if source.address is None:  # Qpid JMS looks a durable subscription up by link name
             return self._existing_durable(link)
         name, topic = _destination(source)

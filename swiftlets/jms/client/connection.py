@@ -156,10 +156,6 @@ class _Outcome:
             self.value, self.error = value, error
             self._event.set()
 
-    @property
-    def done(self) -> bool:
-        return self._event.is_set()
-
     async def wait(self) -> Any:
         await self._event.wait()
         if self.error is not None:
@@ -559,10 +555,7 @@ class Connection:
     async def create_temporary(self, session: proton.Session, topic: bool) -> Destination:
         link = session.sender(self.name("temporary"))
         link.target.dynamic = True
-        link.target.capabilities.put_array(False, proton.Data.SYMBOL)
-        link.target.capabilities.enter()
-        link.target.capabilities.put_symbol("temporary-topic" if topic else "temporary-queue")
-        link.target.capabilities.exit()
+        _set_capability(link.target, "temporary-topic" if topic else "temporary-queue")
         state = _SenderLink(self, link)
         await self.attach(state)
         address = link.remote_target.address
@@ -866,10 +859,8 @@ class Session:
                 await (await self._coordinator.send(body.encode())).wait()
             except TransactionRolledBack:
                 raise
-            except JMSError as exc:
-                if isinstance(exc, ConnectionLost):
-                    raise TransactionRolledBack(f"the connection was lost during commit: {exc}") from None
-                raise TransactionRolledBack(str(exc), exc.condition) from None
+            except JMSError as exc:  # incl. a connection lost meanwhile: the router rolls back
+                raise TransactionRolledBack(f"the discharge failed: {exc}", exc.condition) from None
         if fail or failure is not None:
             for consumer in self._consumers:
                 consumer._link.release_buffered()
@@ -895,7 +886,11 @@ def _set_terminus(terminus: proton.Terminus, destination: Destination) -> None:
     if not isinstance(destination, Destination):
         raise TypeError(f"a destination is a Queue or Topic, not {type(destination).__name__}")
     terminus.address = destination.name
-    capability = {0: "queue", 1: "topic", 2: "temporary-queue", 3: "temporary-topic"}[destination.kind]
+    _set_capability(terminus, {0: "queue", 1: "topic", 2: "temporary-queue", 3: "temporary-topic"}[destination.kind])
+
+
+def _set_capability(terminus: proton.Terminus, capability: str) -> None:
+    """The terminus's capabilities: an array of the one symbol (as Qpid JMS sends them)."""
     terminus.capabilities.put_array(False, proton.Data.SYMBOL)
     terminus.capabilities.enter()
     terminus.capabilities.put_symbol(capability)
@@ -979,12 +974,6 @@ class Producer:
         await self._link.close()
         self._raise_failure()
 
-    async def __aenter__(self) -> Producer:
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.close()
-
 
 class Consumer:
     """Receives messages: :meth:`receive`, :meth:`receive_nowait` or ``async for``."""
@@ -1051,12 +1040,6 @@ class Consumer:
         self._link.release_buffered()
         await self._link.close(detach_only=self.durable)
 
-    async def __aenter__(self) -> Consumer:
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.close()
-
 
 class Browser:
     """Copies of the messages a queue holds, in order, nothing consumed: ``async for``."""
@@ -1084,12 +1067,6 @@ class Browser:
 
     async def close(self) -> None:
         await self._link.close()
-
-    async def __aenter__(self) -> Browser:
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.close()
 
 
 class Requestor:
