@@ -90,7 +90,7 @@ class Message:
     message once with :meth:`validate`).
     """
 
-    __slots__ = ("raw", "_header", "_properties", "_application", "_annotations")
+    __slots__ = ("raw", "_header", "_properties", "_application", "_annotations", "_front")
 
     def __init__(self, raw: bytes):
         self.raw = raw
@@ -98,6 +98,9 @@ class Message:
         self._properties: Properties | None = None
         self._application: dict | None = None
         self._annotations: dict | None = None
+        # What with_annotations() learnt on its way in, for queue_info() to use once:
+        # ((durable, priority, ttl), where the properties section may start).
+        self._front: tuple[tuple[bool, int, int | None], int] | None = None
 
     def __len__(self) -> int:
         return len(self.raw)
@@ -216,8 +219,12 @@ class Message:
             MessageError: malformed header or properties.
         """
         raw = self.raw
-        header = self._header
-        if header is not None:
+        header, front = self._header, self._front
+        if front is not None:  # stamped on the way in: the header is read and the properties are here
+            self._front = None
+            (durable, priority, ttl), at = front
+            span = (at, at + 3) if raw[at:at + 3] == _PROPERTIES_PREFIX else None
+        elif header is not None:
             durable, priority, ttl = header.durable, header.priority, header.ttl
         elif raw[:3] == _HEADER_PREFIX:
             durable, priority, ttl = _header_fields(raw) or self.header_fields()
@@ -229,7 +236,8 @@ class Message:
             message_id, absolute = self._properties.message_id, self._properties.absolute_expiry_time
         else:
             message_id = absolute = None
-            span = _find_section(raw, PROPERTIES)
+            if front is None:
+                span = _find_section(raw, PROPERTIES)
             if span is not None:
                 count = _list_count(raw, span[1])
                 if count:
@@ -262,9 +270,13 @@ class Message:
     def with_annotations(self, changes: Mapping[Any, Any]) -> Message:
         """A copy whose message-annotations have ``changes`` merged in (other bytes unchanged)."""
         raw = self.raw
-        at = _annotations_insertion_point(raw)
-        if at is not None:  # the usual case on the producer path: a section encoded once per set of changes
-            return Message(raw[:at] + _annotations_section(tuple(changes.items())) + raw[at:])
+        front = _front(raw)
+        if front is not None:  # the usual case on the producer path: a section encoded once per set of changes
+            at, header_fields = front
+            section = _annotations_section(tuple(changes.items()))
+            message = Message(raw[:at] + section + raw[at:])
+            message._front = header_fields, at + len(section)
+            return message
         annotations = {**self.message_annotations, **changes}
         return self._replace(MESSAGE_ANNOTATIONS, encode(Described(ULong(MESSAGE_ANNOTATIONS), annotations)))
 
@@ -304,7 +316,8 @@ def _name(code: int) -> str:
     return f"0x{code:x}"
 
 
-_HEADER_PREFIX = b"\x00\x53\x70"
+_HEADER_PREFIX, _DELIVERY_ANNOTATIONS_PREFIX, _PROPERTIES_PREFIX = b"\x00\x53\x70", b"\x00\x53\x71", b"\x00\x53\x73"
+_DEFAULT_HEADER_FIELDS = (False, 4, None)
 
 
 def _list_count(raw: bytes, offset: int) -> int:
@@ -382,21 +395,26 @@ def _find_section(raw: bytes, wanted: int) -> tuple[int, int, int] | None:
     return None
 
 
-def _annotations_insertion_point(raw: bytes) -> int | None:
+def _front(raw: bytes) -> tuple[int, tuple[bool, int, int | None]] | None:
     """Where a message-annotations section goes in a message that has none (after the
-    header and delivery annotations); None if it has one or is unusually encoded."""
-    position, size = 0, len(raw)
-    while position + 2 < size and raw[position] == 0x00 and raw[position + 1] == 0x53:
-        code = raw[position + 2]
-        if code > MESSAGE_ANNOTATIONS:
-            return position
-        if code == MESSAGE_ANNOTATIONS:
-            return None
-        try:
+    header and delivery-annotations), and the header's ``(durable, priority, ttl)``; None
+    if the message has message-annotations or anything is unusually encoded."""
+    try:
+        if raw[:3] == _HEADER_PREFIX:
+            header_fields = _header_fields(raw)
+            if header_fields is None:
+                return None
+            position = 4 if raw[3] == 0x45 else 5 + raw[4]  # list0 or list8: all _header_fields reads
+        else:
+            header_fields, position = _DEFAULT_HEADER_FIELDS, 0
+        if raw[position:position + 3] == _DELIVERY_ANNOTATIONS_PREFIX:
             position = skip(raw, position + 3)
-        except DecodeError:
-            return None
-    return position if position == size else None
+    except DecodeError:
+        return None
+    following = raw[position:position + 3]  # the next section's descriptor
+    if len(following) < 3 or following[:2] != b"\x00\x53" or following[2] <= MESSAGE_ANNOTATIONS:
+        return None
+    return position, header_fields
 
 
 def _find_sections(raw: bytes) -> dict[int, tuple[int, int, int]]:

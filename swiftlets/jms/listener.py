@@ -46,7 +46,26 @@ from swiftlets.store.api import StoreError
 from swiftlets.topicmanager import TopicError, durable_queue_name
 from swiftlets.topicmanager.hierarchy import TopicNameError, parse_topic
 
-from .engine import Engine, EngineClosed, ffi, lib, receive_transfer, send_transfer, settle
+from .engine import (
+    Engine,
+    EngineClosed,
+    Tags,
+    lib,
+    pn_collector_peek,
+    pn_collector_pop,
+    pn_delivery_link,
+    pn_delivery_remote_state,
+    pn_delivery_settle,
+    pn_delivery_settled,
+    pn_delivery_updated,
+    pn_event_delivery,
+    pn_event_type,
+    pn_link_credit,
+    pn_link_flow,
+    receive_transfer,
+    send_transfer,
+    settle,
+)
 from .sasl import SaslError, SaslServer
 
 log = logging.getLogger(__name__)
@@ -61,6 +80,7 @@ DISCHARGE_NAMES = (DISCHARGE, "amqp:discharge:list")
 SELECTOR_FILTERS = ("apache.org:selector-filter:string", 0x0000468C00000004)
 NO_LOCAL_FILTERS = ("apache.org:no-local-filter:list", 0x0000468C00000003)
 CLIENT_ID_ANNOTATION = Symbol("x-opt-martinet-cid")  # the producer's client id (SwiftMQ's JMS_SWIFTMQ_CID)
+PN_DELIVERY, PN_ACCEPTED, PN_REJECTED = lib.PN_DELIVERY, lib.PN_ACCEPTED, lib.PN_REJECTED
 JMS_DEST_ANNOTATION, JMS_TOPIC_TYPES = Symbol("x-opt-jms-dest"), (1, 3)  # Qpid JMS: 1 topic, 3 temporary topic
 
 
@@ -148,33 +168,26 @@ class IncomingLink:
         data = receive_transfer(self.pointer, delivery)
         if data is None:
             return
-        remotely_settled = lib.pn_delivery_settled(delivery)
+        remotely_settled = pn_delivery_settled(delivery)
         connection = self.connection
         connection.received += 1
 
         def durable(error: BaseException | None) -> None:
-            if connection.closed or remotely_settled:
-                return
-            settle(delivery, lib.PN_REJECTED if error else lib.PN_ACCEPTED)
-            connection.wake()
+            if not connection.closed:
+                settle(delivery, PN_REJECTED if error else PN_ACCEPTED)
+                connection.wake()
 
         try:
             message = connection.stamp(Message(data))
             address, topic = self.address, self.topic
             if address is None:  # anonymous relay: route by the message's own address
                 address, topic = connection.route(message)
-            txn_id = _transaction_id(delivery)
-            if txn_id is not None:  # staged in the transaction; accepted within it [4.4.1]
-                if topic:
-                    raise _Refused("amqp:not-implemented", "transactional publishing to topics is not supported")
-                connection.transaction(txn_id).send(address, message)
-                if not remotely_settled:
-                    _settle_with(delivery, TRANSACTIONAL_STATE, [txn_id, proton.Described(proton.ulong(ACCEPTED), [])])
-                    connection.wake()
+            if pn_delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
+                self._stage(delivery, address, topic, message, remotely_settled)
             elif topic:
-                connection.publish(address, message, durable)
+                connection.publish(address, message, None if remotely_settled else durable)
             else:
-                connection.qm.send_nowait(address, message, on_durable=durable)
+                connection.qm.send_nowait(address, message, on_durable=None if remotely_settled else durable)
         except (QueueError, TopicError, MessageError, _Refused) as exc:
             log.info("transfer to %s refused: %s", self.address or "(anonymous relay)", exc)
             if not remotely_settled:
@@ -183,12 +196,22 @@ class IncomingLink:
                         "amqp:resource-limit-exceeded" if isinstance(exc, QueueFull) else "amqp:invalid-field")
                 lib.pn_condition_set_name(condition, name.encode())
                 lib.pn_condition_set_description(condition, str(exc).encode())
-                settle(delivery, lib.PN_REJECTED)
+                settle(delivery, PN_REJECTED)
         if remotely_settled:
-            lib.pn_delivery_settle(delivery)
-        credit = lib.pn_link_credit(self.pointer)
+            pn_delivery_settle(delivery)
+        credit = pn_link_credit(self.pointer)
         if credit < self.window // 2:
-            lib.pn_link_flow(self.pointer, self.window - credit)
+            pn_link_flow(self.pointer, self.window - credit)
+
+    def _stage(self, delivery: Any, address: str, topic: bool, message: Message, remotely_settled: bool) -> None:
+        """A transactional transfer: staged in its transaction, accepted within it [4.4.1]."""
+        if topic:
+            raise _Refused("amqp:not-implemented", "transactional publishing to topics is not supported")
+        txn_id = _transaction_id(delivery)
+        self.connection.transaction(txn_id).send(address, message)
+        if not remotely_settled:
+            _settle_with(delivery, TRANSACTIONAL_STATE, [txn_id, proton.Described(proton.ulong(ACCEPTED), [])])
+            self.connection.wake()
 
     def close(self) -> None:
         if self.on_close is not None:
@@ -208,7 +231,7 @@ class OutgoingLink:
         self.consumer = consumer
         self.presettled = link.snd_settle_mode == proton.Link.SND_SETTLED
         self.unsettled: dict[Any, Any] = {}  # delivery pointer → queue entry
-        self._tags = itertools.count(1)
+        self._tags = Tags()
         consumer.notify = connection.wake
 
     def sync_credit(self) -> None:
@@ -220,40 +243,46 @@ class OutgoingLink:
         if consumer.closed:  # the queue was deleted under the link
             self.connection.detach(self, "amqp:resource-deleted", f"queue {consumer.queue.name} was deleted")
             return
-        while lib.pn_link_credit(pointer) > 0:
-            try:
-                entry = consumer.receive_nowait()
-            except trio.WouldBlock:
-                break
-            message = entry.message if not entry.delivery_count else entry.message.with_delivery_count(
-                entry.delivery_count)
-            delivery = send_transfer(pointer, str(next(self._tags)).encode(), message.raw, settled=self.presettled)
-            self.connection.sent += 1
-            if self.presettled:
-                consumer.accept(entry)
-            else:
-                self.unsettled[delivery] = entry  # cffi pointers hash by address
-        if lib.pn_link_get_drain(pointer) and lib.pn_link_credit(pointer) > 0 and not consumer._buffer:
+        credit = pn_link_credit(pointer)
+        if credit > 0 and consumer._buffer:
+            tags, presettled, unsettled = self._tags, self.presettled, self.unsettled
+            sent = 0
+            while sent < credit:
+                try:
+                    entry = consumer.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                message = entry.message if not entry.delivery_count else entry.message.with_delivery_count(
+                    entry.delivery_count)
+                delivery = send_transfer(pointer, tags, message.raw, settled=presettled)
+                sent += 1
+                if presettled:
+                    consumer.accept(entry)
+                else:
+                    unsettled[delivery] = entry  # cffi pointers hash by address
+            self.connection.sent += sent
+        if lib.pn_link_get_drain(pointer) and pn_link_credit(pointer) > 0 and not consumer._buffer:
             consumer.drain()
             lib.pn_link_drained(pointer)
 
     def on_delivery(self, delivery: Any) -> None:
-        if not (lib.pn_delivery_updated(delivery) or lib.pn_delivery_settled(delivery)):
+        if not (pn_delivery_updated(delivery) or pn_delivery_settled(delivery)):
             return
-        txn_id = _transaction_id(delivery)
+        state = pn_delivery_remote_state(delivery)
+        txn_id = _transaction_id(delivery) if state == TRANSACTIONAL_STATE else None
         entry = self.unsettled.pop(delivery, None)
-        state = lib.pn_delivery_remote_state(delivery)
-        lib.pn_delivery_settle(delivery)
+        pn_delivery_settle(delivery)
         if entry is None:
             return
         consumer = self.consumer
-        if txn_id is not None:  # acknowledged within a transaction: held until discharge
+        if state == PN_ACCEPTED:
+            consumer.accept(entry)
+        elif txn_id is not None:  # acknowledged within a transaction: held until discharge
             try:
                 self.connection.transaction(txn_id).acknowledge(consumer, entry)
             except _Refused:
                 consumer.release(entry)
-            return
-        if state == lib.PN_RELEASED:
+        elif state == lib.PN_RELEASED:
             consumer.release(entry)
         elif state == lib.PN_REJECTED:
             consumer.reject(entry, "rejected by the client")
@@ -261,7 +290,7 @@ class OutgoingLink:
             disposition = lib.pn_delivery_remote(delivery)
             consumer.modify(entry, delivery_failed=bool(lib.pn_disposition_is_failed(disposition)),
                             undeliverable_here=bool(lib.pn_disposition_is_undeliverable(disposition)))
-        else:  # accepted, or settled by the client without an outcome
+        else:  # settled by the client without an outcome (or a transactional state without an id)
             consumer.accept(entry)
 
     def close(self) -> None:
@@ -319,7 +348,7 @@ class BrowsingLink:
         self.link = link
         self.pointer = link._impl
         self._entries = entries
-        self._tags = itertools.count(1)
+        self._tags = Tags()
 
     def sync_credit(self) -> None:
         self.connection.wake()
@@ -332,7 +361,7 @@ class BrowsingLink:
                 if lib.pn_link_get_drain(pointer):
                     lib.pn_link_drained(pointer)
                 return
-            send_transfer(pointer, str(next(self._tags)).encode(), entry.message.raw, settled=True)
+            send_transfer(pointer, self._tags, entry.message.raw, settled=True)
 
     def on_delivery(self, delivery: Any) -> None:
         lib.pn_delivery_settle(delivery)
@@ -373,7 +402,6 @@ class AmqpConnection:
             lib.PN_LINK_REMOTE_CLOSE: self._on_link_close,
             lib.PN_LINK_REMOTE_DETACH: self._on_link_detach,
             lib.PN_LINK_FLOW: self._on_flow,
-            lib.PN_DELIVERY: self._on_delivery,
         }
 
     def wake(self) -> None:
@@ -482,14 +510,20 @@ class AmqpConnection:
                 await self.stream.send_all(data)
 
     def _handle_events(self) -> None:
-        engine = self.engine
-        assert engine is not None
-        handlers = self._handlers
-        while (event := engine.next_event()) != ffi.NULL:
-            handler = handlers.get(lib.pn_event_type(event))
-            if handler is not None:
-                handler(event)
-            engine.pop_event()
+        assert self.engine is not None
+        collector, handlers, links = self.engine.collector_pointer, self._handlers, self.links
+        while event := pn_collector_peek(collector):
+            kind = pn_event_type(event)
+            if kind == PN_DELIVERY:  # per message: inline, with the C API only
+                delivery = pn_event_delivery(event)
+                state = links.get(pn_delivery_link(delivery))
+                if state is not None:
+                    state.on_delivery(delivery)
+            else:
+                handler = handlers.get(kind)
+                if handler is not None:
+                    handler(event)
+            pn_collector_pop(collector)
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -779,12 +813,6 @@ class AmqpConnection:
         state = self.links.get(lib.pn_event_link(event))
         if isinstance(state, (OutgoingLink, BrowsingLink)):
             state.sync_credit()
-
-    def _on_delivery(self, event: Any) -> None:
-        delivery = lib.pn_event_delivery(event)
-        state = self.links.get(lib.pn_delivery_link(delivery))
-        if state is not None:
-            state.on_delivery(delivery)
 
     def _release(self) -> None:
         self.closed = True

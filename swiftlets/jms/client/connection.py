@@ -42,7 +42,7 @@ import trio
 
 from messaging.message import MessageError
 
-from ..engine import Engine, EngineClosed, ffi, lib, receive_transfer
+from ..engine import Engine, EngineClosed, Tags, ffi, lib, receive_transfer
 from .messages import (
     DeliveryMode,
     Destination,
@@ -239,7 +239,7 @@ class _SenderLink(_Link):
     def __init__(self, connection: Connection, link: proton.Link):
         super().__init__(connection, link)
         self.unsettled: dict[Any, tuple[_Outcome, Callable[[_Outcome], None] | None]] = {}
-        self._tags = itertools.count(1)
+        self._tags = Tags()
 
     async def send(self, payload: bytes, *, txn_id: bytes | None = None,
                    on_outcome: Callable[[_Outcome], None] | None = None) -> _Outcome:
@@ -248,8 +248,7 @@ class _SenderLink(_Link):
             self.check()
             await self.changed.wait()
         self.check()
-        tag = str(next(self._tags)).encode()
-        delivery = lib.pn_delivery(self.pointer, (len(tag), ffi.from_buffer(tag)))
+        delivery = lib.pn_delivery(self.pointer, self._tags.next())
         if txn_id is not None:
             proton.Data(lib.pn_disposition_data(lib.pn_delivery_local(delivery))).put_object([txn_id])
             lib.pn_delivery_update(delivery, TRANSACTIONAL_STATE)
