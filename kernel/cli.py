@@ -14,6 +14,7 @@ running on the old one.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.resources
 import logging
 import os
@@ -89,6 +90,11 @@ def _run(path: Path | None) -> int:
     router = _load(path)
     if router is None:
         return EXIT_INVALID
+    # A router process churns through short-lived per-message objects while what it loaded at
+    # start lives on: keep the latter out of every collection, and collect the youngest
+    # generation less often (bench/amqp_bench.py: about 0.5-1 µs less CPU per message).
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
     return trio.run(_serve, router, path)
 
 

@@ -33,6 +33,7 @@ dropped and reported as a duplicate.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -121,7 +122,7 @@ class QueueManager:
         self.max_message_size = config.max_message_size
         self.queues: dict[str, Queue] = {}
         self._store: Store | None = None
-        self._next_id = 1
+        self._ids = itertools.count(1)  # entry ids; recovery moves the count past the stored ones
         self._temporary = 0
         self._redirections: list[tuple[str, re.Pattern[str], str]] = []
         self._deferred: list[Op] = []
@@ -187,16 +188,12 @@ class QueueManager:
     def _defer_delivery_count(self, entry: Entry) -> None:
         self._defer(SetDeliveryCount(entry.id, entry.delivery_count))
 
-    def _new_id(self) -> int:
-        self._next_id += 1
-        return self._next_id - 1
-
     # -- recovery -----------------------------------------------------------------------------
 
     def _recover(self) -> None:
         assert self._store is not None
         recovered = self._store.recovered
-        self._next_id = max(self._next_id, recovered.next_id)
+        self._ids = itertools.count(max(next(self._ids), recovered.next_id))
         prepared: dict[str, Transaction] = {}
         held: dict[int, str] = {}
         for xid, record in recovered.records.get("xa", {}).items():
@@ -360,7 +357,8 @@ class QueueManager:
 
     # -- sending ------------------------------------------------------------------------------
 
-    def _entry(self, queue: Queue, message: Message, possible_duplicate: bool) -> tuple[Entry | None, str | None, bool]:
+    def _entry(self, queue: Queue, message: Message, possible_duplicate: bool,
+               now: int) -> tuple[Entry | None, str | None, bool]:
         """``(entry, duplicate key, is duplicate)`` for ``message`` in ``queue``; no entry
         for a duplicate, or a message that expired before it arrived.
 
@@ -371,7 +369,6 @@ class QueueManager:
             raise MessageTooLarge(f"message of {len(message.raw)} bytes exceeds max-message-size "
                                   f"{self.max_message_size} (queue {queue.name})")
         queue.check_room()
-        now = now_ms()
         try:
             durable, priority, expires, message_id = message.queue_info(now)
         except MessageError as exc:
@@ -383,7 +380,7 @@ class QueueManager:
             return None, key, True
         mode = settings.persistence_mode
         persistent = durable if mode == "as_message" else mode == "persistent"
-        entry = Entry(self._new_id(), message, priority, expires, persistent)
+        entry = Entry(next(self._ids), message, priority, expires, persistent)
         if expires is not None and expires <= now:
             queue.expired += 1
             if settings.expired_to_dlq:
@@ -439,14 +436,15 @@ class QueueManager:
                 (``on_durable`` is not called).
         """
         queue = self.queues.get(address) or self.queue(address)
-        entry, key, duplicate = self._entry(queue, message, possible_duplicate)
+        now = now_ms()
+        entry, key, duplicate = self._entry(queue, message, possible_duplicate, now)
         if entry is None:
             if on_durable is not None:
                 on_durable(None)
             return SendResult(0, duplicate)
         if key is not None:
             queue.remember(key)
-        delay = queue.flow.delay(queue.settings, queue.size, len(queue.consumers))
+        delay = queue.flow.delay(queue.settings, queue.size, len(queue.consumers), now)
         queue.add(entry)
         if entry.persistent:
             assert self._store is not None
@@ -494,10 +492,10 @@ class QueueManager:
                 continue
             mode = queue.settings.persistence_mode
             persistent = durable if mode == "as_message" else mode == "persistent"
-            entry = Entry(self._new_id(), message, priority, expires, persistent)
+            entry = Entry(next(self._ids), message, priority, expires, persistent)
             if persistent:
                 ops.append(PutMessage(entry.id, queue.name, message.raw))
-            delay = max(delay, queue.flow.delay(queue.settings, queue.size, len(queue.consumers)))
+            delay = max(delay, queue.flow.delay(queue.settings, queue.size, len(queue.consumers), now))
             queue.add(entry)
         if ops:
             assert self._store is not None
@@ -557,7 +555,7 @@ class QueueManager:
                       entry.id, source.name, reason, exc)
             self._defer(*ops)
             return
-        moved = Entry(self._new_id(), message, entry.priority, None, entry.persistent, entry.delivery_count)
+        moved = Entry(next(self._ids), message, entry.priority, None, entry.persistent, entry.delivery_count)
         if moved.persistent:
             ops.append(PutMessage(moved.id, dlq.name, message.raw, moved.delivery_count))
         dlq.add(moved)
@@ -604,13 +602,14 @@ class Transaction:
         queue = self._manager.queue(address)
         staged = sum(1 for q, _ in self._sends if q is queue)
         queue.check_room(staged + 1)
-        entry, key, duplicate = self._manager._entry(queue, message, possible_duplicate)
+        now = now_ms()
+        entry, key, duplicate = self._manager._entry(queue, message, possible_duplicate, now)
         if entry is None:
             return SendResult(0, duplicate)
         self._sends.append((queue, entry))
         if key is not None:
             self._keys[entry.id] = key
-        return SendResult(queue.flow.delay(queue.settings, queue.size, len(queue.consumers)))
+        return SendResult(queue.flow.delay(queue.settings, queue.size, len(queue.consumers), now))
 
     def acknowledge(self, consumer: Consumer, entry: Entry) -> None:
         """Stage the acknowledgement of an unsettled delivery of ``consumer``; the entry is

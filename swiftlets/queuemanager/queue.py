@@ -108,25 +108,30 @@ class FlowController:
     def _reset(self, now: int) -> None:
         self._start, self.sent, self.received, self._growing = now, 0, 0, 0
 
-    def delay(self, settings: QueueSettings, size: int, receivers: int) -> int:
+    def delay(self, settings: QueueSettings, size: int, receivers: int, now: int) -> int:
+        """The delay in ms for a producer sending at ``now`` (ms since the epoch)."""
         start = settings.flowcontrol_start_queuesize
         if receivers == 0:
             if self.sent or self.received:
-                self._reset(now_ms())
+                self._reset(now)
             return 0
-        if start < 0 or size <= start:  # the common case: no clock needed
+        if start < 0 or size <= start:
             return 0
-        now = now_ms()
         if now - self._start >= self.WINDOW_MS:
             self._reset(now)
         if self.received == 0:
             self._growing += 10
             return min(self._growing, settings.max_flowcontrol_delay)
         self._growing = 0
-        span = max(now - self._start, 1)
-        d = span / self.received - span / max(self.sent, 1)
+        span = now - self._start
+        if span < 1:
+            span = 1
+        d = span / self.received - span / (self.sent or 1)
         value = d + (d + 2) * (size - start)
-        return int(min(max(value, 0), settings.max_flowcontrol_delay))
+        if value <= 0:
+            return 0
+        limit = settings.max_flowcontrol_delay
+        return limit if value >= limit else int(value)
 
 
 class Queue:
@@ -138,6 +143,7 @@ class Queue:
         self.settings = settings
         self.owner = owner  # a temporary queue's owner (deleted with it)
         self._levels: list[deque[Entry]] = [deque() for _ in range(10)]
+        self._highest_first = self._levels[::-1]  # the same deques, in delivery order
         self.available = 0  # entries in the deques
         self.size = 0  # entries of this queue not yet gone (available, delivered, held)
         self.consumers: list[Consumer] = []
@@ -237,8 +243,7 @@ class Queue:
 
     def _take(self, selector: Selector | None) -> Entry | None:
         now = 0
-        for priority in range(9, -1, -1):
-            level = self._levels[priority]
+        for level in self._highest_first:
             if not level:
                 continue
             if selector is None:
@@ -329,7 +334,7 @@ class Queue:
     def browse(self, selector: Selector | None = None) -> Iterator[Entry]:
         """The available entries in delivery order (a snapshot; nothing is consumed)."""
         now = now_ms()
-        snapshot = [entry for priority in range(9, -1, -1) for entry in self._levels[priority]]
+        snapshot = [entry for level in self._highest_first for entry in level]
         for entry in snapshot:
             if entry.state != AVAILABLE or (entry.expires is not None and entry.expires <= now):
                 continue
