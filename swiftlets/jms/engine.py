@@ -72,6 +72,9 @@ class Engine:
         if not data:
             lib.pn_transport_close_tail(transport)
             return
+        if type(data) is bytes and len(data) <= lib.pn_transport_capacity(transport):  # usually all at once
+            lib.pn_transport_push(transport, data, len(data))
+            return
         view = memoryview(data)
         while view:
             capacity = lib.pn_transport_capacity(transport)
@@ -134,7 +137,7 @@ pn_link_recv, pn_link_send, pn_link_advance = lib.pn_link_recv, lib.pn_link_send
 pn_link_credit, pn_link_flow = lib.pn_link_credit, lib.pn_link_flow
 pn_collector_peek, pn_collector_pop, pn_event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
 pn_event_delivery, pn_delivery_link = lib.pn_event_delivery, lib.pn_delivery_link
-_from_buffer, _unpack = ffi.from_buffer, ffi.unpack
+_unpack = ffi.unpack
 
 _receive_buffers = threading.local()  # one reusable buffer per thread (routers may run in several)
 
@@ -175,7 +178,7 @@ _pack_tag = struct.Struct(">Q").pack_into
 def send_transfer(link: Any, tags: Tags, payload: bytes, *, settled: bool = False) -> Any:
     """Send one message on a sender link; the delivery pointer."""
     delivery = pn_delivery(link, tags.next())
-    pn_link_send(link, _from_buffer(payload), len(payload))
+    pn_link_send(link, payload, len(payload))  # bytes go to a char * as they are (from_buffer costs 0.2 µs)
     pn_link_advance(link)
     if settled:
         pn_delivery_settle(delivery)

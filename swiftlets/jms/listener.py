@@ -38,7 +38,7 @@ import proton
 import trio
 
 from messaging.codec import Symbol
-from messaging.message import Message, MessageError
+from messaging.message import Message, MessageError, Stamp
 from messaging.selector import SelectorError, compile_selector
 from swiftlets.authentication import AccessDenied, AuthenticationFailed
 from swiftlets.queuemanager import ConsumerRefused, QueueError, QueueFull, QueueNotFound
@@ -57,7 +57,6 @@ from .engine import (
     pn_delivery_remote_state,
     pn_delivery_settle,
     pn_delivery_settled,
-    pn_delivery_updated,
     pn_event_delivery,
     pn_event_type,
     pn_link_credit,
@@ -162,6 +161,7 @@ class IncomingLink:
         self.address = address
         self.topic = topic
         self.window = connection.config.incoming_credit
+        self.unreplenished = 0  # transfers since the credit was last topped up
         lib.pn_link_flow(self.pointer, self.window)
 
     def on_delivery(self, delivery: Any) -> None:
@@ -199,9 +199,10 @@ class IncomingLink:
                 settle(delivery, PN_REJECTED)
         if remotely_settled:
             pn_delivery_settle(delivery)
-        credit = pn_link_credit(self.pointer)
-        if credit < self.window // 2:
-            pn_link_flow(self.pointer, self.window - credit)
+        self.unreplenished += 1
+        if self.unreplenished >= self.window // 2:  # half the window used: top the credit up
+            self.unreplenished = 0
+            pn_link_flow(self.pointer, self.window - pn_link_credit(self.pointer))
 
     def _stage(self, delivery: Any, address: str, topic: bool, message: Message, remotely_settled: bool) -> None:
         """A transactional transfer: staged in its transaction, accepted within it [4.4.1]."""
@@ -235,7 +236,7 @@ class OutgoingLink:
         consumer.notify = connection.wake
 
     def sync_credit(self) -> None:
-        self.consumer.set_credit(lib.pn_link_credit(self.pointer) - len(self.consumer._buffer))
+        self.consumer.set_credit(pn_link_credit(self.pointer) - self.consumer.buffered)
 
     def pump(self) -> None:
         """Send what the consumer received, within the link's credit."""
@@ -244,36 +245,31 @@ class OutgoingLink:
             self.connection.detach(self, "amqp:resource-deleted", f"queue {consumer.queue.name} was deleted")
             return
         credit = pn_link_credit(pointer)
-        if credit > 0 and consumer._buffer:
+        if credit > 0 and consumer.buffered:
             tags, presettled, unsettled = self._tags, self.presettled, self.unsettled
-            sent = 0
-            while sent < credit:
-                try:
-                    entry = consumer.receive_nowait()
-                except trio.WouldBlock:
-                    break
+            entries = consumer.take(credit)
+            for entry in entries:
                 message = entry.message if not entry.delivery_count else entry.message.with_delivery_count(
                     entry.delivery_count)
                 delivery = send_transfer(pointer, tags, message.raw, settled=presettled)
-                sent += 1
                 if presettled:
                     consumer.accept(entry)
                 else:
                     unsettled[delivery] = entry  # cffi pointers hash by address
-            self.connection.sent += sent
-        if lib.pn_link_get_drain(pointer) and pn_link_credit(pointer) > 0 and not consumer._buffer:
+            self.connection.sent += len(entries)
+        if lib.pn_link_get_drain(pointer) and pn_link_credit(pointer) > 0 and not consumer.buffered:
             consumer.drain()
             lib.pn_link_drained(pointer)
 
     def on_delivery(self, delivery: Any) -> None:
-        if not (pn_delivery_updated(delivery) or pn_delivery_settled(delivery)):
-            return
         state = pn_delivery_remote_state(delivery)
-        txn_id = _transaction_id(delivery) if state == TRANSACTIONAL_STATE else None
+        if not state and not pn_delivery_settled(delivery):
+            return  # nothing the client decided yet
         entry = self.unsettled.pop(delivery, None)
-        pn_delivery_settle(delivery)
         if entry is None:
-            return
+            return  # settled before (by us, or sent settled)
+        txn_id = _transaction_id(delivery) if state == TRANSACTIONAL_STATE else None
+        pn_delivery_settle(delivery)
         consumer = self.consumer
         if state == PN_ACCEPTED:
             consumer.accept(entry)
@@ -381,6 +377,7 @@ class AmqpConnection:
         self.qm = swiftlet.qm
         self.tm = swiftlet.tm
         self.client_id: str | None = None
+        self._stamp: Stamp | None = None  # the client id annotation, once the client opened
         self.principal: Any = None
         self.transactions: dict[bytes, Any] = {}
         self._transaction_ids = itertools.count(1)
@@ -548,6 +545,7 @@ class AmqpConnection:
             connection.close()
             return
         self.client_id = client_id
+        self._stamp = Stamp({CLIENT_ID_ANNOTATION: client_id})
         if client_id:
             in_use[client_id] = in_use.get(client_id, 0) + 1
         connection.open()
@@ -729,9 +727,7 @@ class AmqpConnection:
 
     def stamp(self, message: Message) -> Message:
         """The message with the producer's client id annotated (as SwiftMQ's JMS_SWIFTMQ_CID)."""
-        if self.client_id is None:
-            return message
-        return message.with_annotations({CLIENT_ID_ANNOTATION: self.client_id})
+        return message if self._stamp is None else self._stamp.apply(message)
 
     def declare(self) -> bytes:
         txn_id = f"txn-{next(self._transaction_ids)}".encode()

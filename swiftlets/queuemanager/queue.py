@@ -410,7 +410,9 @@ class Consumer:
         self._buffer: deque[Entry] = deque()
         self.unsettled: dict[int, Entry] = {}
         self._waiter: trio.Event | None = None
-        self.notify: Callable[[], None] | None = None  # called on each delivery (a listener's wake-up)
+        # A listener's wake-up: called when deliveries wait to be taken (the buffer was empty)
+        # and when the consumer is closed under its owner.
+        self.notify: Callable[[], None] | None = None
 
     def flow(self, credit: int) -> None:
         """Add ``credit`` (AMQP link credit); deliveries start at once if entries wait."""
@@ -444,7 +446,7 @@ class Consumer:
         if self._waiter is not None:
             self._waiter.set()
             self._waiter = None
-        if self.notify is not None:
+        if self.notify is not None and len(self._buffer) == 1:
             self.notify()
 
     def receive_nowait(self) -> Entry:
@@ -459,6 +461,21 @@ class Consumer:
         if not self._buffer:
             raise trio.WouldBlock
         return self._buffer.popleft()
+
+    @property
+    def buffered(self) -> int:
+        """Deliveries made to this consumer and not yet taken."""
+        return len(self._buffer)
+
+    def take(self, limit: int) -> list[Entry]:
+        """Up to ``limit`` deliveries, oldest first, without waiting (a listener's batch
+        version of :meth:`receive_nowait`); empty for a closed consumer."""
+        buffer = self._buffer
+        if limit >= len(buffer):
+            taken = list(buffer)
+            buffer.clear()
+            return taken
+        return [buffer.popleft() for _ in range(limit)]
 
     async def receive(self) -> Entry:
         """The next delivery, waiting for one (it needs credit to come).
