@@ -57,6 +57,7 @@ from .engine import (
     pn_delivery_remote_state,
     pn_delivery_settle,
     pn_delivery_settled,
+    pn_delivery_update,
     pn_event_delivery,
     pn_event_type,
     pn_link_credit,
@@ -174,7 +175,8 @@ class IncomingLink:
 
         def durable(error: BaseException | None) -> None:
             if not connection.closed:
-                settle(delivery, PN_REJECTED if error else PN_ACCEPTED)
+                pn_delivery_update(delivery, PN_REJECTED if error else PN_ACCEPTED)
+                pn_delivery_settle(delivery)
                 connection.wake()
 
         try:
