@@ -29,7 +29,7 @@ from messaging.codec import (
     encode,
     skip,
 )
-from messaging.message import Message, MessageError, build
+from messaging.message import Message, MessageError, Stamp, build
 
 # (value, its encoding) per AMQP 1.0 part 1 §1.6
 SPEC = [
@@ -179,6 +179,28 @@ def test_changed_copies_splice_sections_and_keep_the_rest():
     assert redelivered.header.delivery_count == 3 and redelivered.durable
     assert redelivered.message_annotations == annotated.message_annotations
     assert build(b"x").with_delivery_count(1).header.delivery_count == 1  # header inserted
+
+
+@pytest.mark.parametrize(
+    "original",
+    [
+        build(b"body"),
+        build("value", durable=True, priority=7, ttl=5000, message_id="m-1"),
+        build(b"", ttl=10, absolute_expiry_time=99, creation_time=1, message_id=7, properties={"a": 1}),
+        build(b"x", annotations={"x-opt-jms-msg-type": Byte(3)}),  # has message-annotations: merged
+        Message(encode(Described(ULong(0x70), [])) + encode(Described(ULong(0x71), {Symbol("d"): 1}))
+                + encode(Described(ULong(0x73), ["id"])) + encode(Described(ULong(0x75), b"x"))),
+        Message(encode(Described(Symbol("amqp:header:list"), [True])) + encode(Described(ULong(0x75), b"x"))),
+    ],
+)
+def test_a_stamp_adds_annotations_and_what_it_read_on_the_way_matches_a_fresh_read(original):
+    stamp = Stamp({Symbol("x-opt-martinet-cid"): "client-1"})
+    stamped = stamp.apply(original)
+    fresh = Message(stamped.raw)
+    assert stamped.queue_info(1000) == fresh.queue_info(1000) == original.queue_info(1000)
+    assert fresh.message_annotations == {**original.message_annotations, "x-opt-martinet-cid": "client-1"}
+    assert fresh.body() == original.body()
+    fresh.validate()
 
 
 @pytest.mark.parametrize(

@@ -188,6 +188,21 @@ async def test_a_waiting_receiver_is_woken(broker):
     assert bodies(got) == ["m1"]
 
 
+async def test_batch_take_and_notification_when_deliveries_start_waiting(broker):
+    qm = broker.qm
+    consumer = qm.queue("batch").consumer()
+    wakeups = []
+    consumer.notify = lambda: wakeups.append(consumer.buffered)
+    consumer.flow(10)
+    for n in range(4):
+        await qm.send("batch", msg(n))
+    assert consumer.buffered == 4 and wakeups == [1]  # once, when the first one arrived
+    assert bodies(consumer.take(3)) == ["m0", "m1", "m2"]
+    assert bodies(consumer.take(10)) == ["m3"] and consumer.take(10) == []
+    await qm.send("batch", msg(4))
+    assert wakeups == [1, 1] and bodies(consumer.take(1)) == ["m4"]
+
+
 async def test_drain_drops_unused_credit(broker):
     qm = broker.qm
     await qm.send("d", msg(1))
