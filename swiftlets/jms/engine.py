@@ -130,8 +130,7 @@ class Engine:
 # call, and a message takes some twenty of them.
 pn_delivery_readable, pn_delivery_partial, pn_delivery_pending = (
     lib.pn_delivery_readable, lib.pn_delivery_partial, lib.pn_delivery_pending)
-pn_delivery_settled, pn_delivery_updated, pn_delivery_remote_state = (
-    lib.pn_delivery_settled, lib.pn_delivery_updated, lib.pn_delivery_remote_state)
+pn_delivery_settled, pn_delivery_remote_state = lib.pn_delivery_settled, lib.pn_delivery_remote_state
 pn_delivery_update, pn_delivery_settle, pn_delivery = lib.pn_delivery_update, lib.pn_delivery_settle, lib.pn_delivery
 pn_link_recv, pn_link_send, pn_link_advance = lib.pn_link_recv, lib.pn_link_send, lib.pn_link_advance
 pn_link_credit, pn_link_flow = lib.pn_link_credit, lib.pn_link_flow
@@ -162,7 +161,8 @@ class Tags:
 
     def __init__(self) -> None:
         self._bytes = ffi.new("char[8]")
-        self.tag = ffi.new("pn_delivery_tag_t*", (8, self._bytes))[0]
+        self._struct = ffi.new("pn_delivery_tag_t*", (8, self._bytes))  # owns the memory tag refers to
+        self.tag = self._struct[0]
         self.view = ffi.buffer(self._bytes)
         self.count = 0
 
