@@ -99,7 +99,7 @@ class Message:
         self._properties: Properties | None = None
         self._application: dict | None = None
         self._annotations: dict | None = None
-        # What with_annotations() learnt on its way in, for queue_info() to use once:
+        # What a Stamp read on its way in, for queue_info() to use once:
         # ((durable, priority, ttl), where the properties section may start).
         self._front: tuple[tuple[bool, int, int | None], int] | None = None
 
