@@ -221,10 +221,9 @@ class Message:
         """
         raw = self.raw
         header, front = self._header, self._front
-        if front is not None:  # stamped on the way in: the header is read and the properties are here
+        if front is not None:  # stamped on the way in: the header is read already
             self._front = None
-            (durable, priority, ttl), at = front
-            span = (at, at + 3) if raw[at:at + 3] == _PROPERTIES_PREFIX else None
+            durable, priority, ttl = front[0]
         elif header is not None:
             durable, priority, ttl = header.durable, header.priority, header.ttl
         elif raw[:3] == _HEADER_PREFIX:
@@ -239,11 +238,15 @@ class Message:
             message_id = absolute = None
             if front is None:
                 span = _find_section(raw, PROPERTIES)
-            if span is not None:
-                count = _list_count(raw, span[1])
+                value_at = None if span is None else span[1]
+            else:  # the stamp knows where a properties section would start
+                at = front[1]
+                value_at = at + 3 if raw[at:at + 3] == _PROPERTIES_PREFIX else None
+            if value_at is not None:
+                count = _list_count(raw, value_at)
                 if count:
                     try:
-                        position = span[1] + (3 if raw[span[1]] == 0xC0 else 9)
+                        position = value_at + (3 if raw[value_at] == 0xC0 else 9)
                         message_id, position = decode(raw, position)
                         if count > 8:
                             for _ in range(7):  # fields 2-8 are mostly null: step over those inline
