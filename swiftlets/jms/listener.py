@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 One :class:`AmqpConnection` per accepted socket, with two tasks: the reader feeds the
-socket's bytes to SASL (:mod:`.sasl`) and then to the engine (:mod:`.engine`) and handles
-the engine's events; the writer sends what the engine has to send whenever something
+socket's bytes to SASL (:mod:`.sasl`) and then to the AMQP engine (:mod:`.amqp`), which
+calls the links below for each message and leaves the rare events (attach, detach, …) to
+handle after each read; the writer sends what the engine has to send whenever something
 woke it (events handled, a queue delivered to one of our consumers, a message became
 durable). Both run in the router's trio thread, so the engine needs no lock.
 
@@ -34,10 +35,9 @@ import logging
 import time
 from typing import Any
 
-import proton
 import trio
 
-from messaging.codec import Symbol
+from messaging.codec import Described, Int, Symbol, ULong
 from messaging.message import Message, MessageError, Stamp
 from messaging.selector import SelectorError, compile_selector
 from swiftlets.authentication import AccessDenied, AuthenticationFailed
@@ -46,26 +46,8 @@ from swiftlets.store.api import StoreError
 from swiftlets.topicmanager import TopicError, durable_queue_name
 from swiftlets.topicmanager.hierarchy import TopicNameError, parse_topic
 
-from .engine import (
-    Engine,
-    EngineClosed,
-    Tags,
-    lib,
-    pn_collector_peek,
-    pn_collector_pop,
-    pn_delivery_link,
-    pn_delivery_remote_state,
-    pn_delivery_settle,
-    pn_delivery_settled,
-    pn_delivery_update,
-    pn_event_delivery,
-    pn_event_type,
-    pn_link_credit,
-    pn_link_flow,
-    receive_transfer,
-    send_transfer,
-    settle,
-)
+from . import amqp
+from .amqp import ACCEPTED, COORDINATOR, DECLARED, MODIFIED, REJECTED, RELEASED_CODE, TRANSACTIONAL_STATE, Error
 from .sasl import SaslError, SaslServer
 
 log = logging.getLogger(__name__)
@@ -74,65 +56,45 @@ SASL_TIMEOUT = 30.0
 
 
 TOPIC_PREFIX, QUEUE_PREFIX = "topic://", "queue://"
-DECLARE, DISCHARGE, DECLARED, TRANSACTIONAL_STATE, ACCEPTED = 0x31, 0x32, 0x33, 0x34, 0x24  # AMQP part 4
+DECLARE, DISCHARGE = 0x31, 0x32  # AMQP part 4
 DECLARE_NAMES = (DECLARE, "amqp:declare:list")
 DISCHARGE_NAMES = (DISCHARGE, "amqp:discharge:list")
 SELECTOR_FILTERS = ("apache.org:selector-filter:string", 0x0000468C00000004)
 NO_LOCAL_FILTERS = ("apache.org:no-local-filter:list", 0x0000468C00000003)
 CLIENT_ID_ANNOTATION = Symbol("x-opt-martinet-cid")  # the producer's client id (SwiftMQ's JMS_SWIFTMQ_CID)
-PN_DELIVERY, PN_ACCEPTED, PN_REJECTED = lib.PN_DELIVERY, lib.PN_ACCEPTED, lib.PN_REJECTED
 JMS_DEST_ANNOTATION, JMS_TOPIC_TYPES = Symbol("x-opt-jms-dest"), (1, 3)  # Qpid JMS: 1 topic, 3 temporary topic
 
 
-def _read(data: proton.Data) -> Any:
-    data.rewind()
-    return data.get_object() if data.next() else None
-
-
-def _symbols(data: proton.Data) -> set[str]:
-    value = _read(data)
-    if value is None:
-        return set()
-    items = getattr(value, "elements", value)
-    return {str(item) for item in (items if isinstance(items, (list, tuple)) else [items])}
-
-
-def _filters(source: proton.Terminus) -> tuple[str | None, bool]:
+def _filters(source: amqp.Terminus) -> tuple[str | None, bool]:
     """(selector, no-local) from a source's filter set (the Qpid JMS filter descriptors)."""
-    filters = _read(source.filter)
     selector, no_local = None, False
-    if isinstance(filters, dict):
-        for value in filters.values():
-            if isinstance(value, proton.Described) and value.descriptor in SELECTOR_FILTERS:
-                selector = str(value.value)
-            elif isinstance(value, proton.Described) and value.descriptor in NO_LOCAL_FILTERS:
-                no_local = True
+    for value in (source.filter or {}).values():
+        if isinstance(value, Described) and value.descriptor in SELECTOR_FILTERS:
+            selector = str(value.value)
+        elif isinstance(value, Described) and value.descriptor in NO_LOCAL_FILTERS:
+            no_local = True
     return selector, no_local
 
 
-def _transaction_id(delivery: Any) -> bytes | None:
-    """The txn-id of a transfer or disposition in transactional state [4.5.5], else None."""
-    if lib.pn_delivery_remote_state(delivery) != TRANSACTIONAL_STATE:
+def _transaction_id(state: Any) -> bytes | None:
+    """The txn-id of a transfer's or disposition's transactional state [4.5.5], else None."""
+    if amqp.state_code(state) != TRANSACTIONAL_STATE or not state.value:
         return None
-    fields = _read(proton.Data(lib.pn_disposition_data(lib.pn_delivery_remote(delivery))))
-    return bytes(fields[0]) if isinstance(fields, list) and fields else None
+    return bytes(state.value[0]) if isinstance(state.value[0], (bytes, str)) else None
 
 
-def _settle_with(delivery: Any, state: int, fields: list) -> None:
-    """Settle with a state that carries data (declared, transactional-state)."""
-    data = proton.Data(lib.pn_disposition_data(lib.pn_delivery_local(delivery)))
-    data.put_object(fields)
-    settle(delivery, state)
+def _rejected(condition: str, description: str) -> bytes:
+    return amqp.outcome(REJECTED, Error(condition, description).described())
 
 
-def _destination(terminus: proton.Terminus) -> tuple[str, bool]:
+def _destination(terminus: amqp.Terminus) -> tuple[str, bool]:
     """(name, is_topic) of a source or target: ``topic://`` or capability ``topic`` make a topic."""
     address = terminus.address or ""
     if address.startswith(TOPIC_PREFIX):
         return address[len(TOPIC_PREFIX):], True
     if address.startswith(QUEUE_PREFIX):
         return address[len(QUEUE_PREFIX):], False
-    return address, bool(_symbols(terminus.capabilities) & {"topic", "temporary-topic"})
+    return address, bool({"topic", "temporary-topic"} & set(terminus.capabilities))
 
 
 class _Deferred(Exception):
@@ -153,30 +115,26 @@ class IncomingLink:
     """A link the client sends on: transfers go into a queue, to a topic, or — on an
     anonymous-relay link (no target) — wherever each message's ``to`` says."""
 
-    def __init__(self, connection: AmqpConnection, link: proton.Link, address: str | None, topic: bool,
+    def __init__(self, connection: AmqpConnection, link: amqp.Link, address: str | None, topic: bool,
                  on_close: Any = None):
         self.connection = connection
         self.on_close = on_close  # deletes a temporary queue
         self.link = link
-        self.pointer = link._impl
         self.address = address
         self.topic = topic
         self.window = connection.config.incoming_credit
         self.unreplenished = 0  # transfers since the credit was last topped up
-        lib.pn_link_flow(self.pointer, self.window)
 
-    def on_delivery(self, delivery: Any) -> None:
-        data = receive_transfer(self.pointer, delivery)
-        if data is None:
-            return
-        remotely_settled = pn_delivery_settled(delivery)
-        connection = self.connection
+    def start(self) -> None:
+        self.link.flow(self.window)
+
+    def on_transfer(self, delivery_id: int, data: bytes, remotely_settled: bool, state: Any) -> None:
+        connection, link = self.connection, self.link
         connection.received += 1
 
         def durable(error: BaseException | None) -> None:
             if not connection.closed:
-                pn_delivery_update(delivery, PN_REJECTED if error else PN_ACCEPTED)
-                pn_delivery_settle(delivery)
+                link.settle(delivery_id, _rejected("amqp:internal-error", str(error)) if error else ACCEPTED)
                 connection.wake()
 
         try:
@@ -184,8 +142,8 @@ class IncomingLink:
             address, topic = self.address, self.topic
             if address is None:  # anonymous relay: route by the message's own address
                 address, topic = connection.route(message)
-            if pn_delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
-                self._stage(delivery, address, topic, message, remotely_settled)
+            if state is not None and amqp.state_code(state) == TRANSACTIONAL_STATE:
+                self._stage(delivery_id, address, topic, message, state, remotely_settled)
             elif topic:
                 connection.publish(address, message, None if remotely_settled else durable)
             else:
@@ -193,27 +151,24 @@ class IncomingLink:
         except (QueueError, TopicError, MessageError, _Refused) as exc:
             log.info("transfer to %s refused: %s", self.address or "(anonymous relay)", exc)
             if not remotely_settled:
-                condition = lib.pn_disposition_condition(lib.pn_delivery_local(delivery))
                 name = (exc.condition if isinstance(exc, _Refused) else
                         "amqp:resource-limit-exceeded" if isinstance(exc, QueueFull) else "amqp:invalid-field")
-                lib.pn_condition_set_name(condition, name.encode())
-                lib.pn_condition_set_description(condition, str(exc).encode())
-                settle(delivery, PN_REJECTED)
-        if remotely_settled:
-            pn_delivery_settle(delivery)
+                link.settle(delivery_id, _rejected(name, str(exc)))
         self.unreplenished += 1
         if self.unreplenished >= self.window // 2:  # half the window used: top the credit up
             self.unreplenished = 0
-            pn_link_flow(self.pointer, self.window - pn_link_credit(self.pointer))
+            link.flow(self.window)
 
-    def _stage(self, delivery: Any, address: str, topic: bool, message: Message, remotely_settled: bool) -> None:
+    def _stage(self, delivery_id: int, address: str, topic: bool, message: Message, state: Any,
+               remotely_settled: bool) -> None:
         """A transactional transfer: staged in its transaction, accepted within it [4.4.1]."""
         if topic:
             raise _Refused("amqp:not-implemented", "transactional publishing to topics is not supported")
-        txn_id = _transaction_id(delivery)
+        txn_id = _transaction_id(state)
         self.connection.transaction(txn_id).send(address, message)
         if not remotely_settled:
-            _settle_with(delivery, TRANSACTIONAL_STATE, [txn_id, proton.Described(proton.ulong(ACCEPTED), [])])
+            accepted = Described(ULong(amqp.ACCEPTED_CODE), [])
+            self.link.settle(delivery_id, amqp.outcome(TRANSACTIONAL_STATE, txn_id, accepted))
             self.connection.wake()
 
     def close(self) -> None:
@@ -224,70 +179,69 @@ class IncomingLink:
 class OutgoingLink:
     """A link the client receives on: a queue consumer whose credit follows the link's."""
 
-    def __init__(self, connection: AmqpConnection, link: proton.Link, consumer: Any, on_close: Any = None,
+    def __init__(self, connection: AmqpConnection, link: amqp.Link, consumer: Any, on_close: Any = None,
                  durable: tuple[str, str] | None = None):
         self.connection = connection
         self.on_close = on_close  # ends a subscription or deletes a dynamic queue
         self.durable = durable  # (client id, subscription name) of a durable subscription
         self.link = link
-        self.pointer = link._impl
         self.consumer = consumer
-        self.presettled = link.snd_settle_mode == proton.Link.SND_SETTLED
-        self.unsettled: dict[Any, Any] = {}  # delivery pointer → queue entry
-        self._tags = Tags()
+        self.unsettled: dict[int, Any] = {}  # delivery id → queue entry
         consumer.notify = connection.wake
 
+    def start(self) -> None:
+        self.sync_credit()
+
     def sync_credit(self) -> None:
-        self.consumer.set_credit(pn_link_credit(self.pointer) - self.consumer.buffered)
+        self.consumer.set_credit(self.link.credit - self.consumer.buffered)
 
     def pump(self) -> None:
-        """Send what the consumer received, within the link's credit."""
-        pointer, consumer = self.pointer, self.consumer
+        """Send what the consumer received, within the link's credit and the session's window."""
+        link, consumer = self.link, self.consumer
         if consumer.closed:  # the queue was deleted under the link
             self.connection.detach(self, "amqp:resource-deleted", f"queue {consumer.queue.name} was deleted")
             return
-        credit = pn_link_credit(pointer)
-        if credit > 0 and consumer.buffered:
-            tags, presettled, unsettled = self._tags, self.presettled, self.unsettled
-            entries = consumer.take(credit)
+        credit = link.credit
+        if credit > 0 and consumer.buffered and not link.session.blocked:
+            presettled, unsettled, send = link.presettled, self.unsettled, link.send
+            entries = consumer.take(min(credit, link.session.remote_incoming_window))
             for entry in entries:
                 message = entry.message if not entry.delivery_count else entry.message.with_delivery_count(
                     entry.delivery_count)
-                delivery = send_transfer(pointer, tags, message.raw, settled=presettled)
+                delivery_id = send(message.raw, presettled)
                 if presettled:
                     consumer.accept(entry)
                 else:
-                    unsettled[delivery] = entry  # cffi pointers hash by address
+                    unsettled[delivery_id] = entry
             self.connection.sent += len(entries)
-        if lib.pn_link_get_drain(pointer) and pn_link_credit(pointer) > 0 and not consumer.buffered:
+        if link.drain and link.credit > 0 and not consumer.buffered:
             consumer.drain()
-            lib.pn_link_drained(pointer)
+            link.drained()
 
-    def on_delivery(self, delivery: Any) -> None:
-        state = pn_delivery_remote_state(delivery)
-        if not state and not pn_delivery_settled(delivery):
+    def on_outcome(self, delivery_id: int, state: Any, settled: bool) -> None:
+        code = amqp.state_code(state)
+        if not settled and (code is None or code == amqp.RECEIVED):
             return  # nothing the client decided yet
-        entry = self.unsettled.pop(delivery, None)
+        entry = self.unsettled.pop(delivery_id, None)
         if entry is None:
             return  # settled before (by us, or sent settled)
-        txn_id = _transaction_id(delivery) if state == TRANSACTIONAL_STATE else None
-        pn_delivery_settle(delivery)
+        if not settled:
+            self.link.settle(delivery_id)
         consumer = self.consumer
-        if state == PN_ACCEPTED:
+        if code == amqp.ACCEPTED_CODE:
             consumer.accept(entry)
-        elif txn_id is not None:  # acknowledged within a transaction: held until discharge
-            try:
+        elif code == TRANSACTIONAL_STATE and (txn_id := _transaction_id(state)) is not None:
+            try:  # acknowledged within a transaction: held until discharge
                 self.connection.transaction(txn_id).acknowledge(consumer, entry)
             except _Refused:
                 consumer.release(entry)
-        elif state == lib.PN_RELEASED:
+        elif code == RELEASED_CODE:
             consumer.release(entry)
-        elif state == lib.PN_REJECTED:
+        elif code == REJECTED:
             consumer.reject(entry, "rejected by the client")
-        elif state == lib.PN_MODIFIED:
-            disposition = lib.pn_delivery_remote(delivery)
-            consumer.modify(entry, delivery_failed=bool(lib.pn_disposition_is_failed(disposition)),
-                            undeliverable_here=bool(lib.pn_disposition_is_undeliverable(disposition)))
+        elif code == MODIFIED:
+            fields = list(state.value or []) + [None, None]
+            consumer.modify(entry, delivery_failed=bool(fields[0]), undeliverable_here=bool(fields[1]))
         else:  # settled by the client without an outcome (or a transactional state without an id)
             consumer.accept(entry)
 
@@ -303,34 +257,29 @@ class CoordinatorLink:
     ``declared`` with its id; ``discharge`` commits or rolls it back, answering accepted —
     or rejected with ``amqp:transaction:rollback`` if the commit failed."""
 
-    def __init__(self, connection: AmqpConnection, link: proton.Link):
+    def __init__(self, connection: AmqpConnection, link: amqp.Link):
         self.connection = connection
         self.link = link
-        self.pointer = link._impl
-        lib.pn_link_flow(self.pointer, 100)
 
-    def on_delivery(self, delivery: Any) -> None:
-        data = receive_transfer(self.pointer, delivery)
-        if data is None:
-            return
-        connection = self.connection
+    def start(self) -> None:
+        self.link.flow(100)
+
+    def on_transfer(self, delivery_id: int, data: bytes, remotely_settled: bool, state: Any) -> None:
+        connection, link = self.connection, self.link
         try:
             control = Message(data).body()
             kind = getattr(control, "descriptor", None)
             fields = list(getattr(control, "value", None) or [])
             if kind in DECLARE_NAMES:
-                _settle_with(delivery, DECLARED, [connection.declare()])
+                link.settle(delivery_id, amqp.outcome(DECLARED, connection.declare()))
             elif kind in DISCHARGE_NAMES and fields:
-                connection.discharge(delivery, bytes(fields[0]), bool(fields[1]) if len(fields) > 1 else False)
+                connection.discharge(link, delivery_id, bytes(fields[0]), bool(fields[1]) if len(fields) > 1 else False)
             else:
                 raise _Refused("amqp:invalid-field", f"not a declare or discharge: {control!r}"[:200])
         except (_Refused, MessageError) as exc:
-            condition = lib.pn_disposition_condition(lib.pn_delivery_local(delivery))
-            lib.pn_condition_set_name(condition, getattr(exc, "condition", "amqp:invalid-field").encode())
-            lib.pn_condition_set_description(condition, str(exc).encode())
-            settle(delivery, lib.PN_REJECTED)
-        if lib.pn_link_credit(self.pointer) < 50:
-            lib.pn_link_flow(self.pointer, 100 - lib.pn_link_credit(self.pointer))
+            link.settle(delivery_id, _rejected(getattr(exc, "condition", "amqp:invalid-field"), str(exc)))
+        if link.credit < 50:
+            link.flow(100)
         connection.wake()
 
     def close(self) -> None:
@@ -341,28 +290,28 @@ class BrowsingLink:
     """A link with distribution-mode copy: settled copies of what the queue holds at attach
     time, in delivery order; nothing is consumed. A drain ends the browse."""
 
-    def __init__(self, connection: AmqpConnection, link: proton.Link, entries: Any):
+    def __init__(self, connection: AmqpConnection, link: amqp.Link, entries: Any):
         self.connection = connection
         self.link = link
-        self.pointer = link._impl
         self._entries = entries
-        self._tags = Tags()
+
+    def start(self) -> None:
+        self.sync_credit()
 
     def sync_credit(self) -> None:
         self.connection.wake()
 
     def pump(self) -> None:
-        pointer = self.pointer
-        while lib.pn_link_credit(pointer) > 0:
+        link = self.link
+        while link.credit > 0 and not link.session.blocked:
             entry = next(self._entries, None)
             if entry is None:
-                if lib.pn_link_get_drain(pointer):
-                    lib.pn_link_drained(pointer)
+                link.drained()
                 return
-            send_transfer(pointer, self._tags, entry.message.raw, settled=True)
+            link.send(entry.message.raw, True)
 
-    def on_delivery(self, delivery: Any) -> None:
-        lib.pn_delivery_settle(delivery)
+    def on_outcome(self, delivery_id: int, state: Any, settled: bool) -> None:
+        pass  # browsed copies go out settled
 
     def close(self) -> None:
         self._entries = iter(())
@@ -384,8 +333,8 @@ class AmqpConnection:
         self.transactions: dict[bytes, Any] = {}
         self._transaction_ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
-        self.engine: Engine | None = None
-        self.links: dict[Any, IncomingLink | OutgoingLink | BrowsingLink | CoordinatorLink] = {}
+        self.engine: amqp.Connection | None = None
+        self.links: dict[amqp.Link, IncomingLink | OutgoingLink | BrowsingLink | CoordinatorLink] = {}
         self.closed = False
         self.received = self.sent = 0  # messages from and to the client
         self.receive_rate = self.send_rate = 0.0
@@ -393,14 +342,11 @@ class AmqpConnection:
         self.since = time.time()
         self._wakeup = trio.Event()
         self._handlers = {
-            lib.PN_CONNECTION_REMOTE_OPEN: self._on_connection_open,
-            lib.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_close,
-            lib.PN_SESSION_REMOTE_OPEN: self._on_session_open,
-            lib.PN_SESSION_REMOTE_CLOSE: self._on_session_close,
-            lib.PN_LINK_REMOTE_OPEN: self._on_link_open,
-            lib.PN_LINK_REMOTE_CLOSE: self._on_link_close,
-            lib.PN_LINK_REMOTE_DETACH: self._on_link_detach,
-            lib.PN_LINK_FLOW: self._on_flow,
+            amqp.ConnectionOpened: self._on_connection_open,
+            amqp.ConnectionClosed: self._on_connection_closed,
+            amqp.LinkAttached: self._on_link_open,
+            amqp.LinkDetached: self._on_link_detach,
+            amqp.LinkFlow: self._on_flow,
         }
 
     def wake(self) -> None:
@@ -427,9 +373,9 @@ class AmqpConnection:
             remaining = await self._authenticate()
             if remaining is None:
                 return
-            self.engine = Engine(server=True, container_id=f"martinet:{self.swiftlet.router_name}",
-                                 idle_timeout=self.config.keepalive_interval / 1000,
-                                 max_frame_size=self.config.max_frame_size)
+            self.engine = amqp.Connection(container_id=f"martinet:{self.swiftlet.router_name}",
+                                          idle_timeout=self.config.keepalive_interval / 1000,
+                                          max_frame_size=self.config.max_frame_size)
             if remaining:  # (empty is not end of input here)
                 self.engine.receive_data(remaining)
             self._handle_events()
@@ -439,7 +385,7 @@ class AmqpConnection:
                 nursery.start_soon(self._write_forever)
                 await self._read_forever()
                 nursery.cancel_scope.cancel()
-        except* (trio.BrokenResourceError, trio.ClosedResourceError, EngineClosed, OSError) as group:
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
             log.debug("connection from %s ended: %s", self.host, group.exceptions[0])
         finally:
             self._release()
@@ -479,22 +425,23 @@ class AmqpConnection:
         return sasl.remaining
 
     async def _read_forever(self) -> None:
+        """Feed the engine until the peer closes its side (the writer ends the connection
+        once the engine's output is over)."""
         assert self.engine is not None
         engine = self.engine
-        while not engine.closed:
+        while True:
+            data = None
             deadline = engine.tick(trio.current_time())
             with trio.move_on_at(deadline if deadline else float("inf")):
                 data = await self.stream.receive_some(65536)
                 engine.receive_data(data)
-                if not data:
-                    self._handle_events()
-                    self.wake()
-                    return
             self._handle_events()
             self.wake()
+            if data == b"":
+                return
 
     async def _write_forever(self) -> None:
-        assert self.engine is not None
+        assert self.engine is not None and self._nursery is not None
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
@@ -503,66 +450,55 @@ class AmqpConnection:
                     link.pump()
             self._handle_events()
             data = self.engine.data_to_send()
-            if data is None:
-                return
             if data:
                 await self.stream.send_all(data)
+            if self.engine.finished:  # the connection is over
+                self._nursery.cancel_scope.cancel()
+                return
 
     def _handle_events(self) -> None:
         assert self.engine is not None
-        collector, handlers, links = self.engine.collector_pointer, self._handlers, self.links
-        while event := pn_collector_peek(collector):
-            kind = pn_event_type(event)
-            if kind == PN_DELIVERY:  # per message: inline, with the C API only
-                delivery = pn_event_delivery(event)
-                state = links.get(pn_delivery_link(delivery))
-                if state is not None:
-                    state.on_delivery(delivery)
-            else:
-                handler = handlers.get(kind)
+        events, handlers = self.engine.events, self._handlers
+        while events:
+            batch = events[:]
+            events.clear()
+            for event in batch:
+                handler = handlers.get(type(event))
                 if handler is not None:
                     handler(event)
-            pn_collector_pop(collector)
 
     # -- events ---------------------------------------------------------------------------------
 
-    def _on_connection_open(self, event: Any) -> None:
-        connection = self.engine.connection
-        client_id = connection.remote_container
-        connection.offered_capabilities = proton.SymbolList([proton.symbol("ANONYMOUS-RELAY")])
+    def _on_connection_open(self, event: amqp.ConnectionOpened) -> None:
+        engine = self.engine
+        client_id = engine.remote_container_id
+        engine.offered_capabilities = ["ANONYMOUS-RELAY"]
         config = self.config  # the connection-factory settings, for clients that use them (ours)
-        connection.properties = {
-            proton.symbol("martinet:consumer-cache-size"): proton.int32(config.consumer_cache_size),
-            proton.symbol("martinet:default-delivery-mode"): config.jms_default_delivery_mode,
-            proton.symbol("martinet:default-priority"): proton.int32(config.jms_default_message_priority),
-            proton.symbol("martinet:default-ttl"): proton.ulong(config.jms_default_message_ttl),
-            proton.symbol("martinet:router"): self.swiftlet.router_name,
+        engine.properties = {
+            Symbol("martinet:consumer-cache-size"): Int(config.consumer_cache_size),
+            Symbol("martinet:default-delivery-mode"): config.jms_default_delivery_mode,
+            Symbol("martinet:default-priority"): Int(config.jms_default_message_priority),
+            Symbol("martinet:default-ttl"): ULong(config.jms_default_message_ttl),
+            Symbol("martinet:router"): self.swiftlet.router_name,
         }
         in_use = self.swiftlet.client_ids
         if client_id and in_use.get(client_id) and not self.config.allow_same_clientid:
             log.info("connection from %s refused: client id %r is in use", self.host, client_id)
-            connection.condition = proton.Condition("amqp:invalid-field", f"client id {client_id!r} is in use",
-                                                    {proton.symbol("invalid-field"): proton.symbol("container-id")})
-            connection.open()
-            connection.close()
+            engine.close(Error("amqp:invalid-field", f"client id {client_id!r} is in use",
+                               {Symbol("invalid-field"): Symbol("container-id")}))
             return
         self.client_id = client_id
         self._stamp = Stamp({CLIENT_ID_ANNOTATION: client_id})
         if client_id:
             in_use[client_id] = in_use.get(client_id, 0) + 1
-        connection.open()
+        engine.open()
 
-    def _on_connection_close(self, event: Any) -> None:
-        self.engine.connection.close()
+    def _on_connection_closed(self, event: amqp.ConnectionClosed) -> None:
+        if event.error is not None and not event.by_peer:
+            log.info("connection from %s closed: %s", self.host, event.error)
 
-    def _on_session_open(self, event: Any) -> None:
-        proton.Session.wrap(lib.pn_event_session(event)).open()
-
-    def _on_session_close(self, event: Any) -> None:
-        proton.Session.wrap(lib.pn_event_session(event)).close()
-
-    def _on_link_open(self, event: Any) -> None:
-        link = proton.Link.wrap(lib.pn_event_link(event))
+    def _on_link_open(self, event: amqp.LinkAttached) -> None:
+        link = event.link
         try:
             if link.is_sender:
                 state: IncomingLink | OutgoingLink | BrowsingLink | CoordinatorLink = self._attach_outgoing(link)
@@ -577,27 +513,27 @@ class AmqpConnection:
             return
         self._activate(link, state)
 
-    def _activate(self, link: proton.Link, state: Any) -> None:
-        self.links[link._impl] = state
-        link.open()
-        if isinstance(state, (OutgoingLink, BrowsingLink)):
-            state.sync_credit()
+    def _activate(self, link: amqp.Link, state: Any) -> None:
+        self.links[link] = state
+        link.handler = state
+        link.attach()
+        state.start()
 
-    def _refuse(self, link: proton.Link, refusal: _Refused) -> None:
+    def _refuse(self, link: amqp.Link, refusal: _Refused) -> None:
+        """Answer with a null terminus and detach with the reason [2.6.3]."""
         log.info("attach from %s refused: %s", self.host, refusal)
-        (link.source if link.is_sender else link.target).type = proton.Terminus.UNSPECIFIED  # null: refused
-        link.condition = proton.Condition(refusal.condition, str(refusal))
-        link.open()
-        link.close()
+        link.source, link.target = (None, link.remote_target) if link.is_sender else (link.remote_source, None)
+        link.attach()
+        link.detach(closed=True, error=Error(refusal.condition, str(refusal)))
 
-    async def _finish_attach(self, link: proton.Link, finish: Any) -> None:
+    async def _finish_attach(self, link: amqp.Link, finish: Any) -> None:
         try:
             state = await finish()
         except _Refused as refusal:
             if not self.closed:
                 self._refuse(link, refusal)
         else:
-            if self.closed:
+            if self.closed or not link.remote_attached:
                 state.close()
             else:
                 self._activate(link, state)
@@ -627,18 +563,17 @@ class AmqpConnection:
             raise _Refused("amqp:unauthorized-access", str(exc)) from None
         return address
 
-    def _attach_incoming(self, link: proton.Link) -> IncomingLink | CoordinatorLink:
-        if link.remote_target.type == proton.Terminus.COORDINATOR:
-            link.target.type = proton.Terminus.COORDINATOR
-            link.target.copy(link.remote_target)
+    def _attach_incoming(self, link: amqp.Link) -> IncomingLink | CoordinatorLink:
+        link.source = link.remote_source
+        link.target = target = (link.remote_target or amqp.Terminus(kind=amqp.TARGET)).copy()
+        if target.kind == COORDINATOR:
             return CoordinatorLink(self, link)
-        if link.remote_target.dynamic:  # a temporary queue or topic, gone with this link (Qpid JMS style)
+        if target.dynamic:  # a temporary queue or topic, gone with this link (Qpid JMS style)
             return self._temporary_destination(link)
-        if link.remote_target.address is None:
+        if target.address is None:
             return IncomingLink(self, link, None, False)  # anonymous relay
-        name, topic = _destination(link.remote_target)
+        name, topic = _destination(target)
         address = self._check(name, "publish" if topic else "send", topic=topic)
-        link.target.copy(link.remote_target)
         return IncomingLink(self, link, address, topic)
 
     def _delete_temporary(self, name: str) -> None:
@@ -646,9 +581,8 @@ class AmqpConnection:
         if name in self.qm.queues:
             self.qm.delete_queue(name)
 
-    def _temporary_destination(self, link: proton.Link) -> IncomingLink:
-        link.target.copy(link.remote_target)
-        if "temporary-topic" in _symbols(link.remote_target.capabilities):
+    def _temporary_destination(self, link: amqp.Link) -> IncomingLink:
+        if "temporary-topic" in link.target.capabilities:
             if self.tm is None:
                 raise _Refused("amqp:not-found", "topics are not available: sys$topicmanager is not running")
             name = self.swiftlet.temporary_topic_name()
@@ -658,14 +592,14 @@ class AmqpConnection:
         link.target.address = queue.name
         return IncomingLink(self, link, queue.name, False, on_close=lambda: self._delete_temporary(queue.name))
 
-    def _attach_outgoing(self, link: proton.Link) -> OutgoingLink | BrowsingLink:
-        source = link.remote_source
+    def _attach_outgoing(self, link: amqp.Link) -> OutgoingLink | BrowsingLink:
+        link.target = link.remote_target
+        link.source = source = (link.remote_source or amqp.Terminus(kind=amqp.SOURCE)).copy()
         text, no_local = _filters(source)
         try:
             selector = compile_selector(text) if text else None
         except SelectorError as exc:
             raise _Refused("amqp:invalid-field", f"invalid selector: {exc}") from None
-        link.source.copy(source)
         if source.dynamic:  # a temporary queue, gone with the link
             queue = self.qm.create_temporary_queue(self)
             link.source.address = queue.name
@@ -674,12 +608,11 @@ class AmqpConnection:
         if source.address is None:  # Qpid JMS looks a durable subscription up by link name
             return self._existing_durable(link)
         name, topic = _destination(source)
-        if topic and source.durability != proton.Terminus.NONDURABLE:
+        if topic and source.durable:
             self._check(name, "durable", topic=True)
             raise _Deferred(lambda: self._attach_durable(link, name, text, no_local))
-        if not topic and source.distribution_mode == proton.Terminus.DIST_MODE_COPY:
+        if not topic and source.distribution_mode == "copy":
             address = self._check(name, "browse")
-            link.source.distribution_mode = proton.Terminus.DIST_MODE_COPY
             return BrowsingLink(self, link, iter(list(self.qm.queue(address).browse(selector))))
         if topic:
             self._check(name, "subscribe", topic=True)
@@ -693,7 +626,7 @@ class AmqpConnection:
             raise _Refused("amqp:resource-locked", str(exc)) from None
         return OutgoingLink(self, link, consumer)
 
-    async def _attach_durable(self, link: proton.Link, topic: str, selector: str | None, no_local: bool) -> Any:
+    async def _attach_durable(self, link: amqp.Link, topic: str, selector: str | None, no_local: bool) -> Any:
         """A durable subscription named by the client id (container id) and the link name:
         created, resumed, or replaced when its topic or selector changed."""
         if not self.client_id:
@@ -705,15 +638,13 @@ class AmqpConnection:
             raise _Refused("amqp:invalid-field", str(exc)) from None
         return OutgoingLink(self, link, subscription.consumer(), durable=(self.client_id, link.name))
 
-    def _existing_durable(self, link: proton.Link) -> OutgoingLink:
+    def _existing_durable(self, link: amqp.Link) -> OutgoingLink:
         subscription = self.tm.durable_subscriptions().get(
             durable_queue_name(self.client_id or "", link.name)) if self.tm else None
         if subscription is None:
             raise _Refused("amqp:not-found", f"no durable subscription {link.name!r} for client {self.client_id!r}")
-        link.source.type = proton.Terminus.SOURCE  # the request's source was null
-        link.source.address = f"{TOPIC_PREFIX}{subscription.topic.text}"
-        link.source.durability = proton.Terminus.DELIVERIES
-        link.source.expiry_policy = proton.Terminus.EXPIRE_NEVER
+        link.source = amqp.Terminus(kind=amqp.SOURCE, address=f"{TOPIC_PREFIX}{subscription.topic.text}",
+                                    durable=2, expiry_policy="never")  # the request's source was null
         return OutgoingLink(self, link, subscription.consumer(), durable=(self.client_id or "", link.name))
 
     def route(self, message: Message) -> tuple[str, bool]:
@@ -742,73 +673,62 @@ class AmqpConnection:
             raise _Refused("amqp:transaction:unknown-id", f"unknown transaction {txn_id!r}")
         return transaction
 
-    def discharge(self, delivery: Any, txn_id: bytes, fail: bool) -> None:
+    def discharge(self, link: amqp.Link, delivery_id: int, txn_id: bytes, fail: bool) -> None:
         transaction = self.transaction(txn_id)
         del self.transactions[txn_id]
         assert self._nursery is not None
-        self._nursery.start_soon(self._finish, delivery, transaction, fail)
+        self._nursery.start_soon(self._finish, link, delivery_id, transaction, fail)
 
-    async def _finish(self, delivery: Any, transaction: Any, fail: bool) -> None:
+    async def _finish(self, link: amqp.Link, delivery_id: int, transaction: Any, fail: bool) -> None:
         """Commit or roll back (the store is awaited), then answer the discharge."""
         try:
             await (transaction.rollback() if fail else transaction.commit())
         except (QueueError, StoreError) as exc:
             log.warning("transaction commit failed: %s", exc)
             if not self.closed:
-                condition = lib.pn_disposition_condition(lib.pn_delivery_local(delivery))
-                lib.pn_condition_set_name(condition, b"amqp:transaction:rollback")
-                lib.pn_condition_set_description(condition, str(exc).encode())
-                settle(delivery, lib.PN_REJECTED)
+                link.settle(delivery_id, _rejected("amqp:transaction:rollback", str(exc)))
         else:
             if not self.closed:
-                settle(delivery, lib.PN_ACCEPTED)
+                link.settle(delivery_id, ACCEPTED)
         self.wake()
 
     def publish(self, topic: str, message: Message, on_durable: Any) -> None:
         self.tm.publish(topic, message, client_id=self.client_id, on_durable=on_durable)
 
-    def _on_link_detach(self, event: Any, *, closed: bool = False) -> None:
+    def _on_link_detach(self, event: amqp.LinkDetached) -> None:
         """Detach keeps a durable subscription; close (``closed=true``) deletes it."""
-        pointer = lib.pn_event_link(event)
-        state = self.links.pop(pointer, None)
-        link = proton.Link.wrap(pointer)
+        link, closed = event.link, event.closed
+        state = self.links.pop(link, None)
         if state is not None:
             state.close()
             if closed and isinstance(state, OutgoingLink) and state.durable and self._nursery is not None:
                 self._nursery.start_soon(self._unsubscribe, link, *state.durable)
                 return  # answered once the subscription is gone
-        if link.state & proton.Endpoint.LOCAL_ACTIVE:
-            if closed:
-                link.close()
-            else:
-                link.detach()
-        link.free()  # the detach still goes out; the name can then be attached again (a durable resume)
+        if not link.attached:  # detached while its attach was pending: answer both
+            link.attach()
+        link.detach(closed=closed)
 
     def detach(self, state: OutgoingLink, condition: str, description: str) -> None:
         """End a link from our side, with an error condition."""
-        self.links.pop(state.pointer, None)
+        self.links.pop(state.link, None)
         state.close()
-        state.link.condition = proton.Condition(condition, description)
-        state.link.close()
+        state.link.detach(closed=True, error=Error(condition, description))
         log.info("link %s of %s closed: %s", state.link.name, self.host, description)
 
-    def _on_link_close(self, event: Any) -> None:
-        self._on_link_detach(event, closed=True)
-
-    async def _unsubscribe(self, link: proton.Link, client_id: str, name: str) -> None:
+    async def _unsubscribe(self, link: amqp.Link, client_id: str, name: str) -> None:
         """Delete a durable subscription, then answer the client's closing detach."""
+        error = None
         try:
             await self.tm.unsubscribe(client_id, name)
         except TopicError as exc:
             log.info("durable subscription %s/%s not deleted: %s", client_id, name, exc)
-            link.condition = proton.Condition("amqp:resource-locked", str(exc))
+            error = Error("amqp:resource-locked", str(exc))
         if not self.closed:
-            link.close()
-            link.free()
+            link.detach(closed=True, error=error)
             self.wake()
 
-    def _on_flow(self, event: Any) -> None:
-        state = self.links.get(lib.pn_event_link(event))
+    def _on_flow(self, event: amqp.LinkFlow) -> None:
+        state = self.links.get(event.link)
         if isinstance(state, (OutgoingLink, BrowsingLink)):
             state.sync_credit()
 
