@@ -75,10 +75,38 @@ MASK = 0xFFFFFFFF  # sequence numbers are 32-bit serial numbers [RFC 1982]
 MIN_MAX_FRAME_SIZE = 512  # [2.7.1]
 INCOMING_WINDOW = 0x7FFFFFFF  # transfer frames we take before a session flow reopens the window
 _FRAME = struct.Struct(">IBBH")
+
+
+def _check_frame_header(size: int, doff: int, kind: int, limit: int) -> None:
+    """Raises unless a frame header that is not the usual one is still valid."""
+    if size > limit or size < 8 or doff < 2 or doff * 4 > size:
+        raise ProtocolError("amqp:connection:framing-error",
+                            f"bad frame header (size {size}, data offset {doff}; max frame size {limit})")
+    if kind != 0:
+        raise ProtocolError("amqp:connection:framing-error", f"frame type {kind} is not AMQP")
+
+
+def _transfer_tails() -> dict[bytes, tuple[bool, bool]]:
+    """The usual encodings of a transfer's fields after the delivery tag — message-format 0,
+    settled, more, rcv-settle-mode — mapped to (settled, more)."""
+    flags = {b"\x40": False, b"\x41": True, b"\x42": False}
+    tails = {b"": (False, False)}
+    for fmt in (b"\x43", b"\x40", b"\x52\x00", b"\x70\x00\x00\x00\x00"):
+        tails[fmt] = (False, False)
+        for settled_code, settled in flags.items():
+            tails[fmt + settled_code] = (settled, False)
+            for more_code, more in flags.items():
+                tails[fmt + settled_code + more_code] = (settled, more)
+                for mode in (b"\x40", b"\x50\x00", b"\x50\x01"):
+                    tails[fmt + settled_code + more_code + mode] = (settled, more)
+    return tails
+
+
+_TRANSFER_TAILS = _transfer_tails()
 _U32 = struct.Struct(">I")
 # A transfer as we send it: frame header, descriptor, list8 of handle, delivery-id, delivery-tag
 # (the 4-byte delivery-id), message-format 0 and settled; the payload follows.
-_TRANSFER = struct.Struct(">IBBH3sBBBBIBIBBIBB")
+_TRANSFER = struct.Struct(">I16sI2sI2s")  # size, the link's head (see Link.send), id, tag header, tag, the rest
 _TRANSFER_FIRST = struct.Struct(">3sBBBBIBIBBIBBB")  # the first frame of several: with more=true
 _TRANSFER_NEXT = struct.Struct(">3sBBBBIBBBBB")  # the following ones: handle and more
 
@@ -350,6 +378,11 @@ class Link:
         if self.attached or self.detached:
             return
         self.attached = True
+        # what every single-frame transfer on this link starts with after the frame size:
+        # doff 2, type 0, channel; transfer descriptor; list8 of 19 bytes, 5 fields; the
+        # handle as uint; the delivery-id's constructor (see send)
+        self._head = struct.pack(">BBH3sBBBBIB", 2, 0, self.session.channel, b"\x00\x53\x14", 0xC0, 19, 5, 0x70,
+                                 self.handle, 0x70)
         fields = [self.name, UInt(self.handle), not self.is_sender, UByte(self.snd_settle_mode),
                   UByte(self.rcv_settle_mode), self.source.described() if self.source else None,
                   self.target.described() if self.target else None, None, None,
@@ -380,9 +413,8 @@ class Link:
             session.remote_incoming_window -= 1
             session.next_outgoing_id = (session.next_outgoing_id + 1) & MASK
             out = connection.out
-            out.append(_TRANSFER.pack(len(payload) + 32, 2, 0, session.channel, b"\x00\x53\x14", 0xC0, 19, 5,
-                                      0x70, self.handle, 0x70, delivery_id, 0xA0, 4, delivery_id, 0x43,
-                                      0x41 if settled else 0x42))
+            out.append(_TRANSFER.pack(len(payload) + 32, self._head, delivery_id, b"\xa0\x04", delivery_id,
+                                      b"\x43\x41" if settled else b"\x43\x42"))
             out.append(payload)
         else:
             session.send_frames(self, delivery_id, payload, settled)
@@ -733,33 +765,63 @@ class Connection:
                 raise ProtocolError("amqp:connection:framing-error", f"not an AMQP 1.0 header: {buffer[:8]!r}")
             self._move(Input.HEADER)
             offset = 8
-        unpack_frame, sessions, limit = _FRAME.unpack_from, self.sessions, self.max_frame_size
+        unpack_frame, unpack_u32, tails = _FRAME.unpack_from, _U32.unpack_from, _TRANSFER_TAILS
+        sessions, limit = self.sessions, self.max_frame_size
         while end - offset >= 8:
             size, doff, kind, channel = unpack_frame(buffer, offset)
-            if size > limit or size < 8 or doff < 2 or doff * 4 > size:
-                raise ProtocolError("amqp:connection:framing-error",
-                                    f"bad frame header (size {size}, data offset {doff}; max frame size {limit})")
-            if end - offset < size:
-                break
+            if size > limit or size < 8 or doff != 2 or kind != 0:
+                _check_frame_header(size, doff, kind, limit)
             frame_end = offset + size
+            if frame_end > end:
+                break
             body = offset + doff * 4
             offset = frame_end
-            if kind != 0:
-                raise ProtocolError("amqp:connection:framing-error", f"frame type {kind} is not AMQP")
             if body == frame_end:
                 continue  # an empty frame: the peer is alive
-            if buffer[body] == 0 and buffer[body + 1] == 0x53:
-                code = buffer[body + 2]
-                if code == OPEN and self.server:
-                    self._performative(channel, buffer, body, frame_end)
-                    return offset  # the rest waits for our open (the owner decides on it first)
-                if code == TRANSFER:
-                    session = sessions.get(channel)
-                    if session is None:
-                        raise ProtocolError("amqp:connection:framing-error", f"transfer on unknown channel {channel}")
-                    self._transfer(session, buffer, body + 3, frame_end)
-                    continue
+            # The transfer fast path: a list8 whose handle, delivery-id, tag and the rest use the
+            # usual constructors is read in place, and a whole message within credit goes
+            # straight to the link's handler. Anything else takes the codec (_performative).
+            if buffer.startswith(b"\x00\x53\x14\xc0", body) and (session := sessions.get(channel)) is not None:
+                at = body + 6
+                count, after = buffer[at - 1], at - 1 + buffer[at - 2]
+                code = buffer[at]
+                if code == 0x52:
+                    handle = buffer[at + 1]
+                    at += 2
+                else:
+                    handle = 0
+                    at += 1 if code == 0x43 else frame_end  # anything else: not this path
+                code = buffer[at] if at < frame_end else 0
+                if code == 0x70:
+                    delivery_id = unpack_u32(buffer, at + 1)[0]
+                    at += 5
+                elif code == 0x52:
+                    delivery_id = buffer[at + 1]
+                    at += 2
+                else:
+                    delivery_id = 0
+                    at += 1 if code == 0x43 else frame_end
+                if at < frame_end and buffer[at] == 0xA0:
+                    at += 2 + buffer[at + 1]
+                    flags = tails.get(buffer[at:after]) if 3 <= count <= 7 and after <= frame_end else None
+                    link = session.links.get(handle)
+                    if flags is not None and link is not None and not flags[1] and link._partial is None \
+                            and link.credit > 0 and not link.is_sender:
+                        session.next_incoming_id = (session.next_incoming_id + 1) & MASK
+                        session.incoming_window -= 1
+                        if session.incoming_window < INCOMING_WINDOW // 2:
+                            session.incoming_window = INCOMING_WINDOW
+                            session.write_flow()
+                        link.credit -= 1
+                        link.delivery_count = (link.delivery_count + 1) & MASK
+                        link.handler.on_transfer(delivery_id, buffer[after:frame_end], flags[0], None)
+                        continue
+            if buffer[body] == 0 and buffer[body + 1] == 0x53 and buffer[body + 2] == OPEN and self.server:
+                self._performative(channel, buffer, body, frame_end)
+                return offset  # the rest waits for our open (the owner decides on it first)
             self._performative(channel, buffer, body, frame_end)
+            if self._finished:
+                return offset
         return offset
 
     # -- frames in -------------------------------------------------------------------------------
@@ -933,47 +995,6 @@ class Connection:
         link = self._link(session, fields[0])
         self._delivery(session, link, fields[1], payload, bool(fields[4]), bool(fields[5]), fields[7],
                        bool(fields[9]))
-
-    def _transfer(self, session: Session, buffer: bytes, at: int, frame_end: int) -> None:
-        """The fast path for a transfer: handle, delivery-id, tag, format, settled, more read
-        in place when they use the usual constructors; anything else goes to the codec."""
-        start = at - 3
-        if buffer[at] != 0xC0 or at + 3 > frame_end:
-            self._performative(session.remote_channel, buffer, start, frame_end)
-            return
-        count = buffer[at + 2]
-        after = at + 2 + buffer[at + 1]
-        at += 3
-        if count > 7 or after > frame_end:  # a delivery state, resume or aborted: the full decode
-            self._performative(session.remote_channel, buffer, start, frame_end)
-            return
-        values = []
-        for _ in range(min(count, 6)):
-            code = buffer[at]
-            if code == 0x52:
-                values.append(buffer[at + 1])
-                at += 2
-            elif code == 0x43 or code == 0x40:
-                values.append(0 if code == 0x43 else None)
-                at += 1
-            elif code == 0x70:
-                values.append(_U32.unpack_from(buffer, at + 1)[0])
-                at += 5
-            elif code == 0x41 or code == 0x42:
-                values.append(code == 0x41)
-                at += 1
-            elif code == 0xA0:
-                values.append(None)  # the tag: not needed
-                at += 2 + buffer[at + 1]
-            else:
-                self._performative(session.remote_channel, buffer, start, frame_end)
-                return
-        values += [None] * (6 - len(values))
-        link = session.links.get(values[0])
-        if link is None:
-            raise ProtocolError("amqp:session:unattached-handle", f"transfer on handle {values[0]!r}, not attached")
-        self._delivery(session, link, values[1], buffer[after:frame_end], bool(values[4]), bool(values[5]), None,
-                       False)
 
     def _delivery(self, session: Session, link: Link, delivery_id: int | None, payload: bytes, settled: bool,
                   more: bool, state: Any, aborted: bool) -> None:

@@ -93,6 +93,16 @@ class SendResult(NamedTuple):
 
 
 _NOT_DELAYED = SendResult(0)
+_DELAYED: dict[int, SendResult] = {}  # one result per delay value (at most max-flowcontrol-delay + 1)
+
+
+def _delayed(delay: int) -> SendResult:
+    """The result for a delay, made once: a queue above its flow-control start returns one
+    per send, and a NamedTuple costs more to make than the rest of the check."""
+    result = _DELAYED.get(delay)
+    if result is None:
+        result = _DELAYED[delay] = SendResult(delay)
+    return result
 
 
 def _ignore(error: BaseException | None) -> None:
@@ -451,7 +461,7 @@ class QueueManager:
             self._store.commit_nowait(self._put_ops(queue, entry, key), on_durable or _ignore)
         elif on_durable is not None:
             on_durable(None)
-        return SendResult(delay) if delay else _NOT_DELAYED
+        return _delayed(delay) if delay else _NOT_DELAYED
 
     def send_to_queues(
         self,
