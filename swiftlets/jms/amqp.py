@@ -732,6 +732,8 @@ class Connection:
                                                           "the peer closed the socket"), by_peer=True))
             self.state, self._finished = State.END, True
             return
+        if type(data) is not bytes:
+            data = bytes(data)
         self._input_seen = True
         self._consume(self._in + data if self._in else data)
 

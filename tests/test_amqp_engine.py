@@ -1,0 +1,307 @@
+"""The AMQP engine (swiftlets/jms/amqp.py) against proton's engine as the peer, in memory:
+bytes are pumped between our sans-IO connection and a proton client transport, so every
+frame we write is judged by proton and every frame proton writes is read by us."""
+
+from __future__ import annotations
+
+import struct
+
+import proton
+import pytest
+
+from messaging.codec import Described, UInt, ULong, encode
+from swiftlets.jms import amqp
+
+
+class Recorder:
+    """A link handler that keeps what the engine hands it."""
+
+    def __init__(self):
+        self.transfers: list[tuple[int, bytes, bool]] = []
+        self.outcomes: list[tuple[int, int | None, bool]] = []
+
+    def on_transfer(self, delivery_id, payload, settled, state):
+        self.transfers.append((delivery_id, payload, settled))
+
+    def on_outcome(self, delivery_id, state, settled):
+        self.outcomes.append((delivery_id, amqp.state_code(state), settled))
+
+
+class Pair:
+    """Our engine as the server, proton as the client, joined in memory."""
+
+    def __init__(self, *, client_max_frame: int = 0, server_max_frame: int = 65536, credit: int = 1000,
+                 idle_timeout: float = 0.0):
+        self.engine = amqp.Connection(container_id="router", max_frame_size=server_max_frame,
+                                      idle_timeout=idle_timeout)
+        self.transport = proton.Transport(proton.Transport.CLIENT)
+        if client_max_frame:
+            self.transport.max_frame_size = client_max_frame
+        self.client = proton.Connection()
+        self.client.container = "client"
+        self.transport.bind(self.client)
+        self.credit = credit
+        self.links: dict[str, amqp.Link] = {}
+        self.events: list = []
+
+    def handle(self) -> None:
+        """The server side's decisions: open, answer attaches, grant credit."""
+        events, self.engine.events = self.engine.events, []
+        for event in events:
+            self.events.append(event)
+            if isinstance(event, amqp.ConnectionOpened):
+                self.engine.open()
+            elif isinstance(event, amqp.LinkAttached):
+                link = event.link
+                link.source, link.target = link.remote_source, link.remote_target
+                link.handler = Recorder()
+                self.links[link.name] = link
+                link.attach()
+                if not link.is_sender:
+                    link.flow(self.credit)
+            elif isinstance(event, amqp.LinkDetached) and event.link.attached:
+                event.link.detach(closed=event.closed)
+
+    def pump(self) -> None:
+        for _ in range(1000):
+            moved = False
+            pending = self.transport.pending()
+            if pending > 0:
+                data = self.transport.peek(pending)
+                self.transport.pop(pending)
+                self.engine.receive_data(data)
+                moved = True
+            self.handle()
+            data = self.engine.data_to_send()
+            if data:
+                self.transport.push(data)
+                moved = True
+            if not moved:
+                return
+        raise AssertionError("the two engines keep talking")
+
+    def open(self) -> proton.Session:
+        self.client.open()
+        session = self.client.session()
+        session.open()
+        self.pump()
+        return session
+
+
+def client_send(sender: proton.Sender, payload: bytes, tag: str, *, settled: bool = False) -> proton.Delivery:
+    delivery = sender.delivery(tag)
+    sender.send(payload)
+    sender.advance()
+    if settled:
+        delivery.settle()
+    return delivery
+
+
+def test_messages_both_ways_with_ranged_dispositions():
+    pair = Pair()
+    session = pair.open()
+    sender = session.sender("in")
+    sender.target.address = "q"
+    sender.open()
+    receiver = session.receiver("out")
+    receiver.source.address = "q"
+    receiver.open()
+    receiver.flow(100)
+    pair.pump()
+    assert pair.client.remote_container == "router" and sender.credit == 1000
+    inbound, outbound = pair.links["in"], pair.links["out"]
+    deliveries = [client_send(sender, f"m{n}".encode(), str(n)) for n in range(50)]
+    pair.pump()
+    assert [payload for _, payload, _ in inbound.handler.transfers] == [f"m{n}".encode() for n in range(50)]
+    for delivery_id, _, _ in inbound.handler.transfers:
+        inbound.settle(delivery_id, amqp.ACCEPTED)
+    out = pair.engine.data_to_send()
+    assert out.count(b"\x00\x53\x15") == 1  # one ranged disposition settles all fifty
+    pair.transport.push(out)
+    pair.pump()
+    assert all(d.remote_state == proton.Delivery.ACCEPTED and d.settled for d in deliveries)
+
+    assert outbound.credit == 100
+    sent = [outbound.send(f"r{n}".encode()) for n in range(60)]
+    pair.pump()
+    got = []
+    while (delivery := receiver.current) is not None:
+        got.append(receiver.recv(delivery.pending))
+        receiver.advance()
+        delivery.update(proton.Delivery.ACCEPTED if len(got) % 20 else proton.Delivery.RELEASED)
+        delivery.settle()
+    assert got == [f"r{n}".encode() for n in range(60)] and outbound.credit == 40
+    pair.pump()
+    codes = {delivery_id: code for delivery_id, code, settled in outbound.handler.outcomes if settled}
+    assert sorted(codes) == sorted(sent)
+    assert [code for _, code in sorted(codes.items())].count(amqp.RELEASED_CODE) == 3
+    assert not outbound.session.unsettled_out
+
+
+def test_multi_frame_transfers_both_ways():
+    pair = Pair(client_max_frame=512, server_max_frame=512)
+    session = pair.open()
+    sender = session.sender("in")
+    sender.open()
+    receiver = session.receiver("out")
+    receiver.open()
+    receiver.flow(10)
+    pair.pump()
+    big = bytes(range(256)) * 20  # 5,120 bytes: eleven frames of 512 each way
+    client_send(sender, big, "big")
+    pair.pump()
+    assert pair.links["in"].handler.transfers == [(0, big, False)]
+    pair.links["out"].send(big)
+    pair.pump()
+    delivery = receiver.current
+    assert delivery is not None and not delivery.partial
+    assert receiver.recv(delivery.pending) == big
+
+
+def test_transfers_wait_for_the_peer_session_window():
+    pair = Pair()
+    pair.client.open()
+    session = pair.client.session()
+    session.incoming_capacity = 4 * 65536  # proton then offers a window of four frames
+    session.open()
+    receiver = session.receiver("out")
+    receiver.flow(50)
+    receiver.open()
+    pair.pump()
+    outbound = pair.links["out"]
+    for n in range(50):
+        outbound.send(f"x{n}".encode())
+    got = []
+    for _ in range(100):
+        pair.pump()
+        while (delivery := receiver.current) is not None:
+            got.append(receiver.recv(delivery.pending))
+            receiver.advance()
+            delivery.settle()
+        if len(got) == 50:
+            break
+    assert got == [f"x{n}".encode() for n in range(50)]
+
+
+def test_drain_uses_up_the_credit():
+    pair = Pair()
+    session = pair.open()
+    receiver = session.receiver("out")
+    receiver.open()
+    pair.pump()
+    receiver.drain(10)
+    pair.pump()
+    outbound = pair.links["out"]
+    assert outbound.credit == 10 and outbound.drain
+    outbound.send(b"one")
+    outbound.drained()
+    assert outbound.credit == 0 and outbound.delivery_count == 10
+    pair.pump()
+    assert receiver.queued == 1 and not receiver.draining()  # proton saw the drain complete
+
+
+def test_detach_and_close_reach_the_peer_and_the_owner():
+    pair = Pair()
+    session = pair.open()
+    sender = session.sender("in")
+    sender.open()
+    pair.pump()
+    sender.close()
+    pair.pump()
+    detached = [event for event in pair.events if isinstance(event, amqp.LinkDetached)]
+    assert detached and detached[0].closed and sender.state & proton.Endpoint.REMOTE_CLOSED
+    pair.client.close()
+    pair.pump()
+    assert any(isinstance(event, amqp.ConnectionClosed) and event.by_peer for event in pair.events)
+    assert pair.client.state & proton.Endpoint.REMOTE_CLOSED and pair.engine.finished
+
+
+def frame(code: int, fields: list, payload: bytes = b"", channel: int = 0) -> bytes:
+    body = b"\x00\x53" + bytes([code]) + encode(fields) + payload
+    return struct.pack(">IBBH", 8 + len(body), 2, 0, channel) + body
+
+
+def opened_engine(**options) -> amqp.Connection:
+    engine = amqp.Connection(container_id="router", **options)
+    engine.receive_data(amqp.AMQP_HEADER + frame(0x10, ["peer"]))
+    engine.open()
+    engine.events.clear()
+    return engine
+
+
+@pytest.mark.parametrize("garbage, condition", [
+    (b"\x00\x00\x00\x0c\x02\x00\x00\x00\x00\x53\x13\xff", "amqp:decode-error"),  # unknown constructor
+    (b"\x00\x00\x00\x04\x02\x00\x00\x00", "amqp:connection:framing-error"),  # size below the header
+    (b"\x00\x10\x00\x00\x02\x00\x00\x00", "amqp:connection:framing-error"),  # above max-frame-size
+    (b"\x00\x00\x00\x0c\x02\x01\x00\x00abcd", "amqp:connection:framing-error"),  # a SASL frame now
+    (frame(0x12, ["l", UInt(0), False], channel=7), "amqp:not-allowed"),  # attach on a channel not begun
+    (frame(0x14, [UInt(3), UInt(0), b"t"]), "amqp:not-allowed"),  # transfer before begin
+])
+def test_broken_frames_close_the_connection_with_the_right_error(garbage, condition):
+    engine = opened_engine(max_frame_size=4096)
+    engine.receive_data(garbage)
+    closed = [event for event in engine.events if isinstance(event, amqp.ConnectionClosed)]
+    assert closed and closed[0].error.condition == condition and not closed[0].by_peer
+    out = engine.data_to_send()
+    assert b"\x00\x53\x18" in out and condition.encode() in out  # a close frame with the condition
+    assert engine.data_to_send() is None and engine.finished
+
+
+def test_a_wrong_protocol_header_is_answered_with_ours():
+    engine = amqp.Connection(container_id="router")
+    engine.receive_data(b"HTTP/1.1 200\r\n")
+    assert engine.data_to_send().startswith(amqp.AMQP_HEADER)
+    assert engine.finished
+
+
+def test_a_transfer_beyond_credit_is_refused():
+    engine = opened_engine()
+    engine.receive_data(frame(0x11, [None, UInt(0), UInt(100), UInt(100)]))
+    target = amqp.Terminus(kind=amqp.TARGET, address="q").described()
+    engine.receive_data(frame(0x12, ["l", UInt(0), False, None, None, None, target]))
+    link = engine.events[-1].link
+    link.handler = Recorder()
+    link.attach()  # and no credit granted
+    engine.receive_data(frame(0x14, [UInt(0), UInt(0), b"t", UInt(0), False], b"payload"))
+    assert engine.events[-1].error.condition == "amqp:link:transfer-limit-exceeded"
+
+
+def test_idle_timeout_heartbeats_and_drops_a_silent_peer():
+    engine = amqp.Connection(container_id="router", idle_timeout=2.0)
+    engine.receive_data(amqp.AMQP_HEADER + frame(0x10, ["peer", None, None, None, UInt(1000)]))
+    engine.open()
+    engine.data_to_send()
+    assert engine.tick(100.0) == pytest.approx(100.5)  # half the peer's 1 s
+    assert engine.tick(100.6) == pytest.approx(101.1)
+    assert engine.data_to_send() == b"\x00\x00\x00\x08\x02\x00\x00\x00"  # an empty frame
+    engine.receive_data(b"\x00\x00\x00\x08\x02\x00\x00\x00")  # the peer's heartbeat counts as input
+    engine.tick(101.0)
+    assert not engine.finished
+    engine.tick(103.5)  # nothing from the peer for 2.5 s
+    assert engine.events[-1].error.condition == "amqp:resource-limit-exceeded"
+    assert b"local-idle-timeout expired" in engine.data_to_send() and engine.finished
+
+
+def test_frames_sent_before_our_open_wait_for_it():
+    engine = amqp.Connection(container_id="router")
+    begin = frame(0x11, [None, UInt(0), UInt(100), UInt(100)])
+    engine.receive_data(amqp.AMQP_HEADER + frame(0x10, ["peer"]) + begin)
+    assert [type(event) for event in engine.events] == [amqp.ConnectionOpened]
+    engine.open()
+    assert [type(event) for event in engine.events] == [amqp.ConnectionOpened, amqp.SessionBegun]
+    out = engine.data_to_send()
+    assert out.index(b"\x00\x53\x10") < out.index(b"\x00\x53\x11")  # open, then begin
+
+
+def test_termini_round_trip_with_filters_and_capabilities():
+    selector = Described(ULong(0x0000468C00000004), "color = 'red'")
+    source = amqp.Terminus(kind=amqp.SOURCE, address="topic://news", durable=2, expiry_policy="never",
+                           distribution_mode="copy", filter={"jms-selector": selector}, capabilities=["topic"])
+    again = amqp.Terminus.from_value(Described(*_redecode(source.described())))
+    assert again == source
+
+
+def _redecode(described: Described) -> tuple:
+    from messaging.codec import decode
+    value, _ = decode(encode(described))
+    return value.descriptor, value.value
