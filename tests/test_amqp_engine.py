@@ -8,6 +8,8 @@ import struct
 
 import proton
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from messaging.codec import Described, UInt, ULong, encode
 from swiftlets.jms import amqp
@@ -305,3 +307,61 @@ def _redecode(described: Described) -> tuple:
     from messaging.codec import decode
     value, _ = decode(encode(described))
     return value.descriptor, value.value
+
+
+def test_a_disposition_naming_every_delivery_id_settles_only_ours():
+    engine = opened_engine()
+    engine.receive_data(frame(0x11, [None, UInt(0), UInt(100), UInt(100)]))
+    source = amqp.Terminus(kind=amqp.SOURCE, address="q").described()
+    engine.receive_data(frame(0x12, ["l", UInt(0), True, None, None, source, None]))  # the peer receives
+    link = engine.events[-1].link
+    link.handler = Recorder()
+    link.attach()
+    engine.receive_data(frame(0x13, [UInt(0), UInt(100), UInt(0), UInt(100), UInt(0), UInt(0), UInt(10)]))
+    sent = [link.send(b"m") for _ in range(3)]
+    accepted = Described(ULong(amqp.ACCEPTED_CODE), [])
+    engine.receive_data(frame(0x15, [True, UInt(0), UInt(0xFFFFFFFF), True, accepted]))  # 2**32 ids
+    assert link.handler.outcomes == [(delivery_id, amqp.ACCEPTED_CODE, True) for delivery_id in sent]
+    assert not engine.finished
+
+
+def test_a_refused_open_reads_nothing_after_it():
+    engine = amqp.Connection(container_id="router")
+    begin = frame(0x11, [None, UInt(0), UInt(100), UInt(100)])
+    engine.receive_data(amqp.AMQP_HEADER + frame(0x10, ["peer"]) + begin)
+    engine.close(amqp.Error("amqp:invalid-field", "client id in use"))
+    out = engine.data_to_send()
+    assert [type(event) for event in engine.events] == [amqp.ConnectionOpened]
+    assert b"\x00\x53\x10" in out and b"\x00\x53\x18" in out and b"\x00\x53\x11" not in out
+    assert engine.finished
+
+
+VALID = (frame(0x11, [None, UInt(0), UInt(100), UInt(100)])
+         + frame(0x12, ["l", UInt(0), False, None, None, None, amqp.Terminus(kind=amqp.TARGET).described()])
+         + frame(0x14, [UInt(0), UInt(0), b"t", UInt(0), False], b"\x00\x53\x77\xa1\x02hi"))
+
+
+@given(data=st.data())
+@settings(max_examples=300, deadline=None)
+def test_any_bytes_end_in_events_never_in_exceptions(data):
+    """Random and mutated byte streams after a valid open: the engine only ever answers with
+    events and a close; nothing escapes receive_data."""
+    stream = bytearray(VALID)
+    for _ in range(data.draw(st.integers(0, 6))):
+        stream[data.draw(st.integers(0, len(stream) - 1))] = data.draw(st.integers(0, 255))
+    stream += data.draw(st.binary(max_size=64))
+    engine = opened_engine(max_frame_size=4096)
+    pieces = data.draw(st.lists(st.integers(1, 40), max_size=6))
+    for size in pieces:
+        chunk, stream = bytes(stream[:size]), stream[size:]
+        engine.receive_data(chunk)
+        for event in engine.events:
+            if isinstance(event, amqp.LinkAttached):
+                event.link.handler = Recorder()
+                event.link.attach()
+                event.link.flow(5)
+        engine.events.clear()
+    engine.receive_data(bytes(stream))
+    engine.data_to_send()
+    if engine.finished:
+        assert engine.data_to_send() is None

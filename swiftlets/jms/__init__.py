@@ -3,9 +3,9 @@
 Listeners (port, bind address, max connections, host access list, keepalive → AMQP idle
 timeout, frame size, incoming credit, TLS, connection-factory defaults announced in the
 open frame), SASL ANONYMOUS and PLAIN checked by ``sys$authentication`` (:mod:`.sasl`),
-proton's C engine behind one façade (:mod:`.engine`), the links and their JMS semantics
-(:mod:`.listener`), per-connection usage sampled every ``collect-interval``, and the
-Python client (:mod:`.client`).
+our AMQP 1.0 engine (:mod:`.amqp`), the links and their JMS semantics (:mod:`.listener`),
+per-connection usage sampled every ``collect-interval``, and the Python client
+(:mod:`.client`, on proton's C engine behind :mod:`.engine` for now).
 """
 
 from __future__ import annotations

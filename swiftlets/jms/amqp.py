@@ -111,6 +111,35 @@ _TRANSFER_FIRST = struct.Struct(">3sBBBBIBIBBIBBB")  # the first frame of severa
 _TRANSFER_NEXT = struct.Struct(">3sBBBBIBBBBB")  # the following ones: handle and more
 
 
+# What the fields of each performative must be when present (a peer's wrong type closes the
+# connection with amqp:decode-error instead of reaching our state): index → (kind, largest).
+_UINT, _USHORT, _UBYTE = (int, MASK), (int, 0xFFFF), (int, 0xFF)
+_FIELDS = {
+    OPEN: ("open", {0: (str, 0), 1: (str, 0), 2: _UINT, 3: _USHORT, 4: _UINT}),
+    BEGIN: ("begin", {0: _USHORT, 1: _UINT, 2: _UINT, 3: _UINT, 4: _UINT}),
+    ATTACH: ("attach", {0: (str, 0), 1: _UINT, 2: (bool, 0), 3: _UBYTE, 4: _UBYTE, 9: _UINT,
+                        10: (int, 2**64 - 1)}),
+    FLOW: ("flow", {0: _UINT, 1: _UINT, 2: _UINT, 3: _UINT, 4: _UINT, 5: _UINT, 6: _UINT, 7: _UINT,
+                    8: (bool, 0), 9: (bool, 0)}),
+    TRANSFER: ("transfer", {0: _UINT, 1: _UINT, 2: (bytes, 0), 3: _UINT, 4: (bool, 0), 5: (bool, 0), 6: _UBYTE,
+                            8: (bool, 0), 9: (bool, 0), 10: (bool, 0)}),
+    DISPOSITION: ("disposition", {0: (bool, 0), 1: _UINT, 2: _UINT, 3: (bool, 0), 5: (bool, 0)}),
+    DETACH: ("detach", {0: _UINT, 1: (bool, 0)}),
+    END: ("end", {}),
+    CLOSE: ("close", {}),
+}
+
+
+def _check_fields(code: int, fields: list) -> None:
+    """Raises ProtocolError unless each present field of the performative has its type."""
+    name, kinds = _FIELDS[code]
+    for index, (kind, largest) in kinds.items():
+        if index < len(fields) and (value := fields[index]) is not None:
+            if type(value) is not kind and not (kind is str and isinstance(value, str)) or \
+                    kind is int and not 0 <= value <= largest:
+                raise ProtocolError("amqp:decode-error", f"{name} field {index} is {value!r}"[:200])
+
+
 def outcome(code: int, *fields: Any) -> bytes:
     """The encoding of a delivery state, e.g. ``outcome(REJECTED, error.described())``."""
     return encode(Described(ULong(code), list(fields)))
@@ -175,7 +204,9 @@ def _symbol_array(names: list[str]) -> Array | None:
 def _ulong_descriptors(value: Any) -> Any:
     """Decoded values lose their integer widths; descriptors must go back out as ulongs."""
     if isinstance(value, Described):
-        descriptor = ULong(value.descriptor) if type(value.descriptor) is int else value.descriptor
+        descriptor = value.descriptor
+        if type(descriptor) is int and 0 <= descriptor < 2**64:
+            descriptor = ULong(descriptor)
         return Described(descriptor, _ulong_descriptors(value.value))
     if isinstance(value, dict):
         return {key: _ulong_descriptors(item) for key, item in value.items()}
@@ -218,6 +249,9 @@ class Terminus:
         if kind == COORDINATOR:
             return cls(kind=COORDINATOR, capabilities=_symbols(fields[0] if fields else None))
         fields = fields + [None] * (11 - len(fields))
+        for index in (1, 3):  # durable, timeout: uints
+            if fields[index] is not None and (type(fields[index]) is not int or not 0 <= fields[index] <= MASK):
+                raise ProtocolError("amqp:decode-error", f"terminus field {index} is {fields[index]!r}"[:200])
         address = fields[0]
         terminus = cls(kind=kind, address=str(address) if address is not None else None, durable=fields[1] or 0,
                        expiry_policy=str(fields[2] or "session-end"), timeout=fields[3] or 0,
@@ -613,6 +647,7 @@ class Connection:
         self._input_seen = self._output_sent = False
         self._last_input = self._last_output = None
         self._finished = False  # the output is complete: close the socket once it is written
+        self._closing = False
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -638,13 +673,14 @@ class Connection:
         idle = UInt(int(self.idle_timeout * 1000)) if self.idle_timeout else None
         self.write(0, OPEN, [self.container_id, self.hostname, UInt(self.max_frame_size), UShort(self.channel_max),
                              idle, None, None, _symbol_array(self.offered_capabilities), None, self.properties])
-        if self._in and self.server:  # what the peer sent after its open waited for ours
+        if self._in and self.server and not self._closing:  # what the peer sent after its open waited for ours
             self._consume(self._in)
 
     def close(self, error: Error | None = None) -> None:
         """Send our ``close`` (an ``open`` first if we had not); the output then ends."""
         if self.state in (State.CLOSE_SENT, State.END):
             return
+        self._closing = True  # what the peer sent after its open is not read any more
         if self.state in (State.START, State.HDR_EXCH, State.OPEN_RCVD):
             if self.state is State.START:
                 self.state = State.HDR_EXCH
@@ -836,6 +872,9 @@ class Connection:
             raise ProtocolError("amqp:decode-error", f"not a performative: {value!r}"[:200])
         code = _SYMBOLIC.get(value.descriptor, value.descriptor)
         fields = value.value
+        if code not in _FIELDS:
+            raise ProtocolError("amqp:not-implemented", f"unknown performative {value.descriptor!r}"[:200])
+        _check_fields(code, fields)
         if code == OPEN:
             self._on_open(fields)
             return
@@ -860,10 +899,7 @@ class Connection:
         if code == TRANSFER:
             self._slow_transfer(session, fields, buffer[after:frame_end])
             return
-        handler = _SESSION_HANDLERS.get(code)
-        if handler is None:
-            raise ProtocolError("amqp:not-implemented", f"unknown performative {value.descriptor!r}")
-        handler(self, session, fields + [None] * 12)
+        _SESSION_HANDLERS[code](self, session, fields + [None] * 12)
 
     def _on_open(self, fields: list) -> None:
         self._move(Input.OPEN_IN)
@@ -983,10 +1019,14 @@ class Connection:
             raise ProtocolError("amqp:decode-error", "disposition without a first delivery id")
         if not receiver:
             return  # the peer settles what it sent us: we settle at once, nothing to do
-        last = first if last is None else last
+        span = 0 if last is None else (last - first) & MASK
         unsettled = session.unsettled_out
-        for index in range(((last - first) & MASK) + 1):
-            delivery_id = (first + index) & MASK
+        if span < len(unsettled):
+            named: Any = ((first + index) & MASK for index in range(span + 1))
+        else:  # a range wider than what is unsettled (up to 2**32 ids): walk what is unsettled
+            named = sorted((key for key in unsettled if (key - first) & MASK <= span),
+                           key=lambda key: (key - first) & MASK)
+        for delivery_id in named:
             link = unsettled.pop(delivery_id, None) if settled else unsettled.get(delivery_id)
             if link is not None and link.handler is not None:
                 link.handler.on_outcome(delivery_id, state, settled)

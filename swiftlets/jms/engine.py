@@ -1,4 +1,7 @@
-"""The AMQP 1.0 engine façade: proton's C engine, sans-IO, for one connection.
+"""The client's AMQP 1.0 engine façade: proton's C engine, sans-IO, for one connection.
+
+The router's listener runs on our own engine (:mod:`.amqp`); the client still runs on
+proton's behind this module until it moves onto that one too.
 
 Theory of operation
 -------------------
@@ -24,7 +27,7 @@ from typing import Any
 import proton
 from cproton_ffi import ffi, lib
 
-__all__ = ["Engine", "EngineClosed", "Tags", "lib", "ffi", "receive_transfer", "send_transfer", "settle"]
+__all__ = ["Engine", "EngineClosed", "Tags", "lib", "ffi", "receive_transfer"]
 
 
 class EngineClosed(Exception):
@@ -59,7 +62,6 @@ class Engine:
         self.connection.collect(self.collector)
         self.transport.bind(self.connection)
         self._transport = self.transport._impl
-        self.collector_pointer = self.collector._impl  # for per-message event loops (see the listener)
         self._out = ffi.new("char[]", 65536)  # reused for output
 
     def receive_data(self, data: bytes) -> None:
@@ -106,10 +108,10 @@ class Engine:
 
     def next_event(self) -> Any:
         """The next event pointer, or ``ffi.NULL``."""
-        return lib.pn_collector_peek(self.collector_pointer)
+        return lib.pn_collector_peek(self.collector._impl)
 
     def pop_event(self) -> None:
-        lib.pn_collector_pop(self.collector_pointer)
+        lib.pn_collector_pop(self.collector._impl)
 
     @property
     def closed(self) -> bool:
@@ -126,16 +128,10 @@ class Engine:
         return f"{condition.name}: {condition.description}" if condition else ""
 
 
-# The per-message C functions, bound once: a ``lib.`` attribute lookup adds ~40 ns to each
-# call, and a message takes some twenty of them.
+# The per-message C functions, bound once: a ``lib.`` attribute lookup adds ~40 ns to each call.
 pn_delivery_readable, pn_delivery_partial, pn_delivery_pending = (
     lib.pn_delivery_readable, lib.pn_delivery_partial, lib.pn_delivery_pending)
-pn_delivery_settled, pn_delivery_remote_state = lib.pn_delivery_settled, lib.pn_delivery_remote_state
-pn_delivery_update, pn_delivery_settle, pn_delivery = lib.pn_delivery_update, lib.pn_delivery_settle, lib.pn_delivery
-pn_link_recv, pn_link_send, pn_link_advance = lib.pn_link_recv, lib.pn_link_send, lib.pn_link_advance
-pn_link_credit, pn_link_flow = lib.pn_link_credit, lib.pn_link_flow
-pn_collector_peek, pn_collector_pop, pn_event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
-pn_event_delivery, pn_delivery_link = lib.pn_event_delivery, lib.pn_delivery_link
+pn_link_recv, pn_link_advance = lib.pn_link_recv, lib.pn_link_advance
 _unpack = ffi.unpack
 
 _receive_buffers = threading.local()  # one reusable buffer per thread (routers may run in several)
@@ -173,21 +169,3 @@ class Tags:
 
 
 _pack_tag = struct.Struct(">Q").pack_into
-
-
-def send_transfer(link: Any, tags: Tags, payload: bytes, *, settled: bool = False) -> Any:
-    """Send one message on a sender link; the delivery pointer."""
-    tags.count += 1  # Tags.next(), inline: this runs once per message sent
-    _pack_tag(tags.view, 0, tags.count)
-    delivery = pn_delivery(link, tags.tag)
-    pn_link_send(link, payload, len(payload))  # bytes go to a char * as they are (from_buffer costs 0.2 µs)
-    pn_link_advance(link)
-    if settled:
-        pn_delivery_settle(delivery)
-    return delivery
-
-
-def settle(delivery: Any, outcome: int) -> None:
-    """Settle a delivery with an outcome (``lib.PN_ACCEPTED``, ``PN_REJECTED``, …)."""
-    pn_delivery_update(delivery, outcome)
-    pn_delivery_settle(delivery)
