@@ -520,13 +520,6 @@ class Session:
             self.write(END, [error.described() if error else None])
             self.connection.forget(self)
 
-    def link(self, name: str, *, is_sender: bool) -> Link:
-        """A new link of ours (a client's): set its termini, then :meth:`Link.attach`."""
-        handle = next(number for number in range(len(self.handles) + 1) if number not in self.handles)
-        link = Link(self, name, is_sender, handle)
-        self.handles[handle] = link
-        return link
-
     def forget(self, link: Link) -> None:
         """Drop a link once both ends have detached."""
         if link.attached or link.remote_attached:
@@ -615,8 +608,9 @@ def _list_with_raw_last(fields: list, raw: bytes) -> bytes:
 
 
 class Connection:
-    """One AMQP connection, as the server (after SASL) or as a client (SASL is done in front
-    of it by the owner in both cases)."""
+    """One AMQP connection, after SASL (done in front of it by the owner). Written for the
+    listener (``server=True``); begins and attaches that answer ours are understood, for
+    when the client moves onto this engine."""
 
     def __init__(self, *, container_id: str, server: bool = True, idle_timeout: float = 0.0,
                  max_frame_size: int = 65536, channel_max: int = 65535, hostname: str | None = None,
@@ -688,13 +682,6 @@ class Connection:
         self._move(Input.CLOSE_OUT)
         self.write(0, CLOSE, [error.described() if error else None])
         self._finished = self.server or self.state is State.END
-
-    def session(self) -> Session:
-        """A new session of ours (a client's); it is begun at once."""
-        channel = next(number for number in range(len(self.channels) + 1) if number not in self.channels)
-        session = self.channels[channel] = Session(self, channel)
-        session.begin()
-        return session
 
     def forget(self, session: Session) -> None:
         if session.begun or session.remote_begun:

@@ -78,9 +78,9 @@ def _filters(source: amqp.Terminus) -> tuple[str | None, bool]:
 
 def _transaction_id(state: Any) -> bytes | None:
     """The txn-id of a transfer's or disposition's transactional state [4.5.5], else None."""
-    if amqp.state_code(state) != TRANSACTIONAL_STATE or not state.value:
+    if amqp.state_code(state) != TRANSACTIONAL_STATE or not isinstance(state.value, list) or not state.value:
         return None
-    return bytes(state.value[0]) if isinstance(state.value[0], (bytes, str)) else None
+    return state.value[0] if isinstance(state.value[0], bytes) else None
 
 
 def _rejected(condition: str, description: str) -> bytes:
@@ -240,7 +240,7 @@ class OutgoingLink:
         elif code == REJECTED:
             consumer.reject(entry, "rejected by the client")
         elif code == MODIFIED:
-            fields = list(state.value or []) + [None, None]
+            fields = (state.value if isinstance(state.value, list) else []) + [None, None]
             consumer.modify(entry, delivery_failed=bool(fields[0]), undeliverable_here=bool(fields[1]))
         else:  # settled by the client without an outcome (or a transactional state without an id)
             consumer.accept(entry)
