@@ -256,14 +256,22 @@ def test_a_wrong_protocol_header_is_answered_with_ours():
     assert engine.finished
 
 
-def test_a_transfer_beyond_credit_is_refused():
-    engine = opened_engine()
+def attached_link(engine: amqp.Connection, *, peer_receives: bool) -> amqp.Link:
+    """Begin a session and attach link "l" (handle 0) from the peer's side; we answer it."""
     engine.receive_data(frame(0x11, [None, UInt(0), UInt(100), UInt(100)]))
-    target = amqp.Terminus(kind=amqp.TARGET, address="q").described()
-    engine.receive_data(frame(0x12, ["l", UInt(0), False, None, None, None, target]))
+    kind = amqp.SOURCE if peer_receives else amqp.TARGET
+    terminus = amqp.Terminus(kind=kind, address="q").described()
+    source, target = (terminus, None) if peer_receives else (None, terminus)
+    engine.receive_data(frame(0x12, ["l", UInt(0), peer_receives, None, None, source, target]))
     link = engine.events[-1].link
     link.handler = Recorder()
-    link.attach()  # and no credit granted
+    link.attach()
+    return link
+
+
+def test_a_transfer_beyond_credit_is_refused():
+    engine = opened_engine()
+    attached_link(engine, peer_receives=False)  # and no credit granted
     engine.receive_data(frame(0x14, [UInt(0), UInt(0), b"t", UInt(0), False], b"payload"))
     assert engine.events[-1].error.condition == "amqp:link:transfer-limit-exceeded"
 
@@ -311,12 +319,7 @@ def _redecode(described: Described) -> tuple:
 
 def test_a_disposition_naming_every_delivery_id_settles_only_ours():
     engine = opened_engine()
-    engine.receive_data(frame(0x11, [None, UInt(0), UInt(100), UInt(100)]))
-    source = amqp.Terminus(kind=amqp.SOURCE, address="q").described()
-    engine.receive_data(frame(0x12, ["l", UInt(0), True, None, None, source, None]))  # the peer receives
-    link = engine.events[-1].link
-    link.handler = Recorder()
-    link.attach()
+    link = attached_link(engine, peer_receives=True)
     engine.receive_data(frame(0x13, [UInt(0), UInt(100), UInt(0), UInt(100), UInt(0), UInt(0), UInt(10)]))
     sent = [link.send(b"m") for _ in range(3)]
     accepted = Described(ULong(amqp.ACCEPTED_CODE), [])

@@ -140,9 +140,9 @@ def _check_fields(code: int, fields: list) -> None:
                 raise ProtocolError("amqp:decode-error", f"{name} field {index} is {value!r}"[:200])
 
 
-def outcome(code: int, *fields: Any) -> bytes:
-    """The encoding of a delivery state, e.g. ``outcome(REJECTED, error.described())``."""
-    return encode(Described(ULong(code), list(fields)))
+def outcome(code: int, *fields: Any) -> Described:
+    """A delivery state, e.g. ``outcome(REJECTED, error.described())``."""
+    return Described(ULong(code), list(fields))
 
 
 ACCEPTED, RELEASED = outcome(ACCEPTED_CODE), outcome(RELEASED_CODE)
@@ -462,7 +462,7 @@ class Link:
             self.credit = 0
             self.session.write_flow(self)
 
-    def settle(self, delivery_id: int, state: bytes | None = None) -> None:
+    def settle(self, delivery_id: int, state: Described | None = None) -> None:
         """Settle a delivery, with a state for an incoming one (``ACCEPTED``, ``outcome(…)``).
 
         Incoming settlements are batched into ranged dispositions."""
@@ -537,7 +537,7 @@ class Session:
             fields += [UInt(link.handle), UInt(link.delivery_count), UInt(link.credit), None, link.drain]
         self.write(FLOW, fields)
 
-    def dispose(self, receiver: bool, delivery_id: int, state: bytes | None) -> None:
+    def dispose(self, receiver: bool, delivery_id: int, state: Described | None) -> None:
         """Settle one delivery towards the peer, extending the pending range when it can."""
         if not self.begun:
             return
@@ -555,9 +555,7 @@ class Session:
         if pending is not None:
             self._disposition = None
             receiver, first, last, state = pending
-            body = b"\x00\x53\x15" + encode([receiver, UInt(first), UInt(last), True]) if state is None else (
-                b"\x00\x53\x15" + _list_with_raw_last([receiver, UInt(first), UInt(last), True], state))
-            self.connection.write_raw(self.channel, body)
+            self.connection.write(self.channel, DISPOSITION, [receiver, UInt(first), UInt(last), True, state])
 
     def send_frames(self, link: Link, delivery_id: int, payload: bytes, settled: bool) -> None:
         """A transfer in as many frames as the peer's max frame size needs; frames beyond
@@ -591,20 +589,6 @@ class Session:
     def blocked(self) -> bool:
         """Transfer frames are waiting for the peer's incoming window: send no more now."""
         return bool(self._blocked) or self.remote_incoming_window <= 0
-
-
-def _list_with_raw_last(fields: list, raw: bytes) -> bytes:
-    """A list whose last field is already encoded (a delivery state)."""
-    head = encode(fields)  # list8 or list32 of the other fields
-    if head[0] == 0xC0 and len(head) + len(raw) < 256:
-        return bytes([0xC0, head[1] + len(raw), head[2] + 1]) + head[3:] + raw
-    if head[0] == 0xC0:
-        body = head[3:]
-        count = head[2]
-    else:
-        body = head[9:]
-        count = _U32.unpack_from(head, 5)[0]
-    return b"\xd0" + _U32.pack(len(body) + len(raw) + 4) + _U32.pack(count + 1) + body + raw
 
 
 class Connection:

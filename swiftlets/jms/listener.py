@@ -83,7 +83,7 @@ def _transaction_id(state: Any) -> bytes | None:
     return state.value[0] if isinstance(state.value[0], bytes) else None
 
 
-def _rejected(condition: str, description: str) -> bytes:
+def _rejected(condition: str, description: str) -> Described:
     return amqp.outcome(REJECTED, Error(condition, description).described())
 
 
@@ -167,8 +167,7 @@ class IncomingLink:
         txn_id = _transaction_id(state)
         self.connection.transaction(txn_id).send(address, message)
         if not remotely_settled:
-            accepted = Described(ULong(amqp.ACCEPTED_CODE), [])
-            self.link.settle(delivery_id, amqp.outcome(TRANSACTIONAL_STATE, txn_id, accepted))
+            self.link.settle(delivery_id, amqp.outcome(TRANSACTIONAL_STATE, txn_id, ACCEPTED))
             self.connection.wake()
 
     def close(self) -> None:
