@@ -338,6 +338,8 @@ class LinkFlow:
 class State(enum.Enum):
     START = "awaiting the protocol header"
     HDR_EXCH = "header exchanged"
+    OPEN_PIPE = "open sent before the peer's header"
+    CLOSE_PIPE = "open and close sent before the peer's header"
     OPEN_RCVD = "open received"
     OPEN_SENT = "open sent"
     OPENED = "opened"
@@ -355,9 +357,14 @@ class Input(enum.Enum):
 
 
 # (state, input) -> next state; a missing pair from the peer is a protocol error. We send
-# our header at once, so there is no separate header-sent state.
+# our header at once, so there is no separate header-sent state; a client opens (and may
+# close) before the peer's header arrives, through the pipelined states.
 TRANSITIONS = {
     (State.START, Input.HEADER): State.HDR_EXCH,
+    (State.START, Input.OPEN_OUT): State.OPEN_PIPE,
+    (State.OPEN_PIPE, Input.HEADER): State.OPEN_SENT,
+    (State.OPEN_PIPE, Input.CLOSE_OUT): State.CLOSE_PIPE,
+    (State.CLOSE_PIPE, Input.HEADER): State.CLOSE_SENT,
     (State.HDR_EXCH, Input.OPEN_IN): State.OPEN_RCVD,
     (State.HDR_EXCH, Input.OPEN_OUT): State.OPEN_SENT,
     (State.OPEN_RCVD, Input.OPEN_OUT): State.OPENED,
@@ -368,6 +375,14 @@ TRANSITIONS = {
     (State.CLOSE_RCVD, Input.CLOSE_OUT): State.END,
     (State.CLOSE_SENT, Input.CLOSE_IN): State.END,
 }
+
+
+_AWAITING_HEADER = (State.START, State.OPEN_PIPE, State.CLOSE_PIPE)
+
+
+def _lowest_free(numbers: dict[int, Any]) -> int:
+    """The lowest number not in use (a channel or a handle)."""
+    return next(number for number in range(len(numbers) + 1) if number not in numbers)
 
 
 class Link:
@@ -433,8 +448,9 @@ class Link:
 
     # -- sending ------------------------------------------------------------------------------
 
-    def send(self, payload: bytes, settled: bool = False) -> int:
-        """Send one message (uses one credit); its delivery id. The caller checks :attr:`credit`."""
+    def send(self, payload: bytes, settled: bool = False, state: Described | None = None) -> int:
+        """Send one message (uses one credit), with a delivery ``state`` if given (e.g. a
+        transactional one); its delivery id. The caller checks :attr:`credit`."""
         session = self.session
         delivery_id = session.next_delivery_id
         session.next_delivery_id = (delivery_id + 1) & MASK
@@ -443,7 +459,10 @@ class Link:
         if not settled:
             session.unsettled_out[delivery_id] = self
         connection = session.connection
-        if len(payload) + 64 <= connection.remote_max_frame_size and session.remote_incoming_window > 0:
+        if session._disposition is not None:
+            session.flush_disposition()  # frames go out in the order they were made
+        if state is None and len(payload) + 64 <= connection.remote_max_frame_size \
+                and session.remote_incoming_window > 0:
             session.remote_incoming_window -= 1
             session.next_outgoing_id = (session.next_outgoing_id + 1) & MASK
             out = connection.out
@@ -451,7 +470,7 @@ class Link:
                                       b"\x43\x41" if settled else b"\x43\x42"))
             out.append(payload)
         else:
-            session.send_frames(self, delivery_id, payload, settled)
+            session.send_frames(self, delivery_id, payload, settled, state)
         return delivery_id
 
     def drained(self) -> None:
@@ -520,6 +539,13 @@ class Session:
             self.write(END, [error.described() if error else None])
             self.connection.forget(self)
 
+    def link(self, name: str, *, sender: bool) -> Link:
+        """A new link end on this session, with our next free handle: set its ``source``,
+        ``target`` and ``handler``, then :meth:`Link.attach` it."""
+        handle = _lowest_free(self.handles)
+        link = self.handles[handle] = Link(self, name, sender, handle)
+        return link
+
     def forget(self, link: Link) -> None:
         """Drop a link once both ends have detached."""
         if link.attached or link.remote_attached:
@@ -557,24 +583,32 @@ class Session:
             receiver, first, last, state = pending
             self.connection.write(self.channel, DISPOSITION, [receiver, UInt(first), UInt(last), True, state])
 
-    def send_frames(self, link: Link, delivery_id: int, payload: bytes, settled: bool) -> None:
+    def send_frames(self, link: Link, delivery_id: int, payload: bytes, settled: bool,
+                    state: Described | None = None) -> None:
         """A transfer in as many frames as the peer's max frame size needs; frames beyond
         the peer's incoming window wait for it to open."""
-        connection = self.connection
-        room = connection.remote_max_frame_size - 64
-        first = True
-        for start in range(0, max(len(payload), 1), room):
-            chunk = payload[start:start + room]
-            more = start + room < len(payload)
-            if first:
-                body = _TRANSFER_FIRST.pack(b"\x00\x53\x14", 0xC0, 20, 6, 0x70, link.handle, 0x70, delivery_id,
+
+        def first(more: bool) -> bytes:
+            if state is None:
+                return _TRANSFER_FIRST.pack(b"\x00\x53\x14", 0xC0, 20, 6, 0x70, link.handle, 0x70, delivery_id,
                                             0xA0, 4, delivery_id, 0x43, 0x41 if settled else 0x42,
                                             0x41 if more else 0x42)
-                first = False
-            else:
+            return b"\x00\x53\x14" + encode([UInt(link.handle), UInt(delivery_id), _U32.pack(delivery_id), UInt(0),
+                                              settled, more, None, state])
+
+        limit = self.connection.remote_max_frame_size - 8  # the frame header
+        body = first(False)
+        if len(body) + len(payload) <= limit:
+            self._blocked.append((self.channel, body + payload))
+        else:
+            head = limit - len(body)  # what the first frame carries
+            self._blocked.append((self.channel, first(True) + payload[:head]))
+            room = limit - _TRANSFER_NEXT.size
+            for start in range(head, len(payload), room):
+                more = start + room < len(payload)
                 body = _TRANSFER_NEXT.pack(b"\x00\x53\x14", 0xC0, 11, 6, 0x70, link.handle, 0x40, 0x40, 0x40, 0x40,
                                            0x41 if more else 0x42)
-            self._blocked.append((self.channel, body + chunk))
+                self._blocked.append((self.channel, body + payload[start:start + room]))
         self.release_blocked()
 
     def release_blocked(self) -> None:
@@ -592,9 +626,11 @@ class Session:
 
 
 class Connection:
-    """One AMQP connection, after SASL (done in front of it by the owner). Written for the
-    listener (``server=True``); begins and attaches that answer ours are understood, for
-    when the client moves onto this engine."""
+    """One AMQP connection, after SASL (done in front of it by the owner). A server
+    (``server=True``, the listener) answers the peer's open, begins and attaches; a client
+    opens at once (:meth:`open`), begins sessions (:meth:`session`) and attaches links
+    (:meth:`Session.link`), and its :meth:`close` ends the output only when the peer's close
+    has answered it."""
 
     def __init__(self, *, container_id: str, server: bool = True, idle_timeout: float = 0.0,
                  max_frame_size: int = 65536, channel_max: int = 65535, hostname: str | None = None,
@@ -643,9 +679,9 @@ class Connection:
     # -- what the owner does ----------------------------------------------------------------
 
     def open(self) -> None:
-        """Send our ``open`` (a server: in answer to :class:`ConnectionOpened`); nothing once
-        the connection is closing."""
-        if self.state in (State.CLOSE_SENT, State.END):
+        """Send our ``open`` (a server: in answer to :class:`ConnectionOpened`; a client: at
+        once); nothing once the connection is closing."""
+        if self.state in (State.CLOSE_SENT, State.CLOSE_PIPE, State.END):
             return
         self._move(Input.OPEN_OUT)
         idle = UInt(int(self.idle_timeout * 1000)) if self.idle_timeout else None
@@ -656,16 +692,27 @@ class Connection:
 
     def close(self, error: Error | None = None) -> None:
         """Send our ``close`` (an ``open`` first if we had not); the output then ends."""
-        if self.state in (State.CLOSE_SENT, State.END):
+        if self.state in (State.CLOSE_SENT, State.CLOSE_PIPE, State.END):
             return
         self._closing = True  # what the peer sent after its open is not read any more
         if self.state in (State.START, State.HDR_EXCH, State.OPEN_RCVD):
-            if self.state is State.START:
-                self.state = State.HDR_EXCH
+            if self.state is State.START and self.server:
+                self.state = State.HDR_EXCH  # refusing before the peer's header came: answer it anyway
             self.open()
         self._move(Input.CLOSE_OUT)
         self.write(0, CLOSE, [error.described() if error else None])
         self._finished = self.server or self.state is State.END
+
+    def session(self) -> Session:
+        """Begin a session of ours; :class:`SessionBegun` follows when the peer answers."""
+        session = self._new_session()
+        session.begin()
+        return session
+
+    def _new_session(self) -> Session:
+        channel = _lowest_free(self.channels)
+        session = self.channels[channel] = Session(self, channel)
+        return session
 
     def forget(self, session: Session) -> None:
         if session.begun or session.remote_begun:
@@ -713,7 +760,7 @@ class Connection:
             self._last_input, self._input_seen = now, False
         if self._last_output is None or self._output_sent:
             self._last_output, self._output_sent = now, False
-        if self.state in (State.END, State.CLOSE_SENT):
+        if self.state in (State.END, State.CLOSE_SENT, State.CLOSE_PIPE):
             return 0.0
         deadlines = []
         if self.idle_timeout:
@@ -765,7 +812,7 @@ class Connection:
     def _frames(self, buffer: bytes) -> int:
         """Handle every complete frame in ``buffer``; the offset of what is left."""
         offset, end = 0, len(buffer)
-        if self.state is State.START:
+        if self.state in _AWAITING_HEADER:
             if end < 8:
                 if not AMQP_HEADER.startswith(buffer):
                     raise ProtocolError("amqp:connection:framing-error", f"not an AMQP 1.0 header: {buffer!r}")
@@ -895,15 +942,13 @@ class Connection:
             if session is None:
                 raise ProtocolError("amqp:not-allowed", f"begin answers channel {fields[0]}, which we did not begin")
         else:
-            local = next(number for number in range(len(self.channels) + 1) if number not in self.channels)
-            session = self.channels[local] = Session(self, local)
+            session = self._new_session()
         session.remote_channel = channel
         session.remote_begun = True
         session.next_incoming_id = fields[1] or 0
         session.remote_incoming_window = fields[2] or 0
         self.sessions[channel] = session
-        if self.server:
-            session.begin()
+        session.begin()  # the answer, unless it was ours
         self.events.append(SessionBegun(session))
 
     def _on_end(self, session: Session, fields: list) -> None:
@@ -928,8 +973,7 @@ class Connection:
         link = next((mine for mine in session.handles.values()
                      if mine.name == name and mine.is_sender == is_sender and mine.remote_handle is None), None)
         if link is None:
-            local = next(number for number in range(len(session.handles) + 1) if number not in session.handles)
-            link = session.handles[local] = Link(session, name, is_sender, local)
+            link = session.link(name, sender=is_sender)
             link.snd_settle_mode = fields[3] if fields[3] is not None else 2
         link.remote_handle = handle
         link.remote_attached = True

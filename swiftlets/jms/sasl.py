@@ -1,9 +1,9 @@
-"""Server-side AMQP 1.0 SASL (OASIS AMQP 1.0 part 5.3), sans-IO.
+"""AMQP 1.0 SASL (OASIS AMQP 1.0 part 5.3), both sides, sans-IO, in front of the engine.
 
 Theory of operation
 -------------------
-proton's engine as shipped on PyPI cannot verify a PLAIN password on the server side
-(``shared/reference/amqp-engine.md`` §3), so SASL runs here, in front of it:
+The AMQP engine (:mod:`.amqp`) starts after SASL; this module does the exchange before it.
+The server side (:class:`SaslServer`, the listener):
 
 1. The client sends the SASL protocol header ``AMQP 3 1 0 0`` [5.3.1]; we answer with the
    same header and a ``sasl-mechanisms`` frame listing ANONYMOUS and/or PLAIN [5.3.3.1].
@@ -22,18 +22,25 @@ Input arrives in any pieces. A wrong header, a malformed or oversized frame, an 
 mechanism or a second init raise :class:`SaslError`; the shell answers what
 :attr:`SaslServer.data_to_send` holds (our header, so the client sees what we speak) and
 closes. The transitions live in :data:`TRANSITIONS`.
+
+The client side (:class:`SaslClient`, our client) sends the SASL header at once, answers
+the server's mechanisms with ``sasl-init`` — PLAIN when it has a user, else ANONYMOUS —
+and is done on an ok outcome; any other outcome raises :class:`SaslRefused`. Its
+transitions are :data:`CLIENT_TRANSITIONS`.
 """
 
 from __future__ import annotations
 
 import enum
 import struct
+from typing import Any
 
 import attrs
 
 from messaging.codec import Array, DecodeError, Described, Symbol, UByte, ULong, decode, encode
 
-__all__ = ["SaslServer", "SaslError", "Credentials", "SASL_HEADER", "AMQP_HEADER", "TLS_HEADER"]
+__all__ = ["SaslServer", "SaslClient", "SaslError", "SaslRefused", "Credentials", "SASL_HEADER", "AMQP_HEADER",
+           "TLS_HEADER"]
 
 SASL_HEADER = b"AMQP\x03\x01\x00\x00"
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
@@ -46,6 +53,14 @@ _FRAME = struct.Struct(">IBBH")
 
 class SaslError(Exception):
     """The peer broke the SASL exchange; close the connection after sending ``data_to_send``."""
+
+
+class SaslRefused(SaslError):
+    """The server's outcome refused the client's credentials (``code``: 1 auth, 2 sys, …)."""
+
+    def __init__(self, code: int):
+        super().__init__(f"the server refused the login (sasl-outcome code {code})")
+        self.code = code
 
 
 @attrs.frozen
@@ -82,6 +97,34 @@ TRANSITIONS = {
     (State.DECIDING, Input.ACCEPT): State.DONE,
     (State.DECIDING, Input.REFUSE): State.FAILED,
 }
+
+
+_NAMES = {"amqp:sasl-mechanisms:list": MECHANISMS, "amqp:sasl-init:list": INIT, "amqp:sasl-outcome:list": OUTCOME}
+
+
+def _take_frame(buffer: bytearray) -> tuple[int, list] | None:
+    """Remove one complete SASL frame from ``buffer``: (performative code, fields); None
+    until a whole frame is there.
+
+    Raises:
+        SaslError: a bad frame header, a malformed body, or not a performative.
+    """
+    if len(buffer) < 8:
+        return None
+    size, doff, kind, _channel = _FRAME.unpack_from(buffer)
+    if size > MAX_SASL_FRAME or size < 8 or doff < 2 or doff * 4 > size or kind != SASL_FRAME:
+        raise SaslError(f"bad SASL frame header (size {size}, doff {doff}, type {kind})")
+    if len(buffer) < size:
+        return None
+    body = bytes(buffer[doff * 4:size])
+    del buffer[:size]
+    try:
+        performative, _ = decode(body)
+    except DecodeError as exc:
+        raise SaslError(f"malformed SASL frame: {exc}") from None
+    if not isinstance(performative, Described) or not isinstance(performative.value, list):
+        raise SaslError(f"not a SASL performative: {performative!r}"[:200])
+    return _NAMES.get(performative.descriptor, performative.descriptor), performative.value + [None] * 3
 
 
 def sasl_frame(performative: int, fields: list) -> bytes:
@@ -158,27 +201,16 @@ class SaslServer:
         raise SaslError(f"not an AMQP 1.0 SASL or AMQP header: {bytes(self._buffer[:8])!r}")
 
     def _read_init(self) -> Credentials | None:
-        if len(self._buffer) < 8:
-            return None
-        size, doff, kind, _channel = _FRAME.unpack_from(self._buffer)
-        if size > MAX_SASL_FRAME or size < 8 or doff < 2 or kind != SASL_FRAME:
-            self.state = State.FAILED
-            raise SaslError(f"bad SASL frame header (size {size}, doff {doff}, type {kind})")
-        if len(self._buffer) < size:
-            return None
-        body = bytes(self._buffer[doff * 4:size])
-        del self._buffer[:size]
         try:
-            performative, _ = decode(body)
-        except DecodeError as exc:
+            frame = _take_frame(self._buffer)
+            if frame is not None and (frame[0] != INIT or frame[1][0] is None):
+                raise SaslError(f"expected sasl-init, got performative {frame[0]!r} {frame[1][:3]!r}"[:200])
+        except SaslError:
             self.state = State.FAILED
-            raise SaslError(f"malformed SASL frame: {exc}") from None
-        if not isinstance(performative, Described) or performative.descriptor not in (INIT, "amqp:sasl-init:list") \
-                or not isinstance(performative.value, list) or not performative.value:
-            self.state = State.FAILED
-            raise SaslError(f"expected sasl-init, got {performative!r}"[:200])
-        fields = performative.value + [None] * 3
-        mechanism, response, hostname = fields[0], fields[1], fields[2]
+            raise
+        if frame is None:
+            return None
+        mechanism, response, hostname = frame[1][:3]
         if mechanism not in self.mechanisms:
             self.state = State.FAILED
             self._out += sasl_frame(OUTCOME, [UByte(1)])
@@ -206,3 +238,77 @@ class SaslServer:
         self._move(Input.REFUSE)
         if not self._skipped_sasl:
             self._out += sasl_frame(OUTCOME, [UByte(1)])
+
+
+class ClientState(enum.Enum):
+    MECHANISMS = "awaiting the server's header and mechanisms"
+    OUTCOME = "awaiting the outcome"
+    DONE = "done"
+    FAILED = "failed"
+
+
+# (state, performative received) -> next state; anything missing is a protocol error.
+CLIENT_TRANSITIONS = {
+    (ClientState.MECHANISMS, MECHANISMS): ClientState.OUTCOME,
+    (ClientState.OUTCOME, OUTCOME): ClientState.DONE,
+}
+
+
+class SaslClient:
+    """The client side of one connection's SASL exchange: PLAIN with ``user``, else ANONYMOUS."""
+
+    def __init__(self, user: str | None = None, password: str | None = None, hostname: str | None = None):
+        self.mechanism = "PLAIN" if user is not None else "ANONYMOUS"
+        self._response = f"\0{user}\0{password or ''}".encode() if user is not None else b""
+        self._hostname = hostname
+        self.state = ClientState.MECHANISMS
+        self._header_seen = False
+        self._buffer = bytearray()
+        self._out = bytearray(SASL_HEADER)
+
+    @property
+    def data_to_send(self) -> bytes:
+        """Bytes to write to the server now (taking them empties the buffer)."""
+        data, self._out = bytes(self._out), bytearray()
+        return data
+
+    @property
+    def remaining(self) -> bytes:
+        """After the exchange: what the server sent beyond SASL, for the AMQP engine."""
+        return bytes(self._buffer)
+
+    def receive_data(self, data: bytes) -> bool:
+        """Feed bytes from the server; True once its outcome let us in.
+
+        Raises:
+            SaslRefused: the server refused the credentials.
+            SaslError: the server broke the exchange or does not offer our mechanism.
+        """
+        self._buffer += data
+        try:
+            if not self._header_seen:
+                if len(self._buffer) < 8:
+                    return False
+                if self._buffer[:8] != SASL_HEADER:
+                    raise SaslError(f"the server does not speak SASL: header {bytes(self._buffer[:8])!r}")
+                del self._buffer[:8]
+                self._header_seen = True
+            while self.state is not ClientState.DONE and (frame := _take_frame(self._buffer)) is not None:
+                self._on_frame(*frame)
+        except SaslError:
+            self.state = ClientState.FAILED
+            raise
+        return self.state is ClientState.DONE
+
+    def _on_frame(self, code: Any, fields: list) -> None:
+        following = CLIENT_TRANSITIONS.get((self.state, code))
+        if following is None:
+            raise SaslError(f"unexpected SASL performative {code!r} while {self.state.value}")
+        if code == MECHANISMS:
+            offered = fields[0].items if isinstance(fields[0], Array) else [fields[0]]
+            if self.mechanism not in [str(name) for name in offered]:
+                raise SaslError(f"the server does not offer {self.mechanism} (offered: {offered!r})"[:200])
+            self._out += sasl_frame(INIT, [Symbol(self.mechanism), self._response, self._hostname])
+        elif fields[0] != 0:
+            raise SaslRefused(fields[0] if isinstance(fields[0], int) else -1)
+        self.state = following

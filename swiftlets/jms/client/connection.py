@@ -2,11 +2,13 @@
 
 Theory of operation
 -------------------
-A :class:`Connection` owns one socket and one client-mode engine (:mod:`..engine`, the same
-façade the listener uses) and runs two tasks in the nursery of :func:`connect`: the reader
-feeds the socket's bytes to the engine and handles its events, the writer sends what the
-engine has to send whenever an API call or an event woke it. Everything runs in the
-caller's trio thread, so the engine needs no lock.
+A :class:`Connection` owns one socket and one client-mode AMQP engine (:mod:`..amqp`, the
+engine the listener runs on; SASL before it is :class:`..sasl.SaslClient`) and runs two
+tasks in the nursery of :func:`connect`: the reader feeds the socket's bytes to the engine
+and handles its events, the writer sends what the engine has to send whenever an API call
+or an event woke it. Everything runs in the caller's trio thread, so the engine needs no
+lock. Per-message calls come straight from the engine to the link objects here
+(``on_transfer``, ``on_outcome``).
 
 Each JMS object maps onto AMQP as Qpid JMS maps it (``shared/reference/amqp-jms.md``):
 a session is an AMQP session; a producer is a sender link (an anonymous one — null target,
@@ -37,12 +39,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import proton
 import trio
 
+from messaging.codec import Described, Symbol, ULong, encode
 from messaging.message import MessageError
 
-from ..engine import Engine, EngineClosed, Tags, ffi, lib, receive_transfer
+from .. import amqp
+from ..amqp import ACCEPTED_CODE, DECLARED, MODIFIED, REJECTED, TRANSACTIONAL_STATE, Terminus
+from ..sasl import SaslClient, SaslError, SaslRefused
 from .messages import (
     DeliveryMode,
     Destination,
@@ -64,9 +68,9 @@ __all__ = [
     "TransactionRolledBack", "ConnectionLost",
 ]
 
-TRANSACTIONAL_STATE, DECLARED = 0x34, 0x33
-SELECTOR = proton.symbol("apache.org:selector-filter:string")
-NO_LOCAL = proton.symbol("apache.org:no-local-filter:list")
+SELECTOR = Symbol("apache.org:selector-filter:string")
+NO_LOCAL = Symbol("apache.org:no-local-filter:list")
+AMQP_VALUE, DECLARE, DISCHARGE = 0x77, 0x31, 0x32
 CLOSE_TIMEOUT = 5.0
 ATTACH_TIMEOUT = 30.0
 
@@ -125,20 +129,23 @@ def _error(name: str | None, description: str | None, info: Any = None) -> JMSEr
     return JMSError(description, name)
 
 
-def _condition_error(condition: proton.Condition | None, fallback: str) -> JMSError:
-    if condition is None:
+def _condition_error(error: amqp.Error | None, fallback: str) -> JMSError:
+    if error is None:
         return JMSError(fallback)
-    return _error(condition.name, condition.description, condition.info)
+    return _error(error.condition, error.description, error.info)
 
 
-def _delivery_error(delivery: Any) -> JMSError:
-    condition = lib.pn_disposition_condition(lib.pn_delivery_remote(delivery))
-    if not lib.pn_condition_is_set(condition):
-        return JMSError("the router did not accept the message")
-    name = lib.pn_condition_get_name(condition)
-    text = lib.pn_condition_get_description(condition)
-    return _error(ffi.string(name).decode() if name != ffi.NULL else "",
-                  ffi.string(text).decode() if text != ffi.NULL else "")
+def _delivery_error(state: Any) -> JMSError:
+    """Why the router did not accept a message: a rejected outcome's error, else a plain refusal."""
+    error = None
+    if amqp.state_code(state) == REJECTED and isinstance(state.value, list) and state.value:
+        error = amqp.Error.from_value(state.value[0])
+    return _condition_error(error, "the router did not accept the message")
+
+
+def _control(descriptor: int, fields: list) -> bytes:
+    """A transaction controller's message [4.3]: ``declare`` or ``discharge`` as its amqp-value."""
+    return encode(Described(ULong(AMQP_VALUE), Described(ULong(descriptor), fields)))
 
 
 class _Outcome:
@@ -188,12 +195,13 @@ class _Attaching:
 class _Link:
     """Shared link bookkeeping: the attach outcome and the peer's detach."""
 
-    def __init__(self, connection: Connection, link: proton.Link):
+    def __init__(self, connection: Connection, link: amqp.Link):
         self.connection = connection
         self.link = link
-        self.pointer = link._impl
+        link.handler = self
         self.attached = _Outcome()
         self.error: JMSError | None = None  # why the peer detached, or the connection ended
+        self.remote_error: amqp.Error | None = None  # the condition of the peer's detach
         self.changed = trio.Event()  # credit, arrival or detach
         self.detaching = False  # we asked for the detach
 
@@ -201,8 +209,9 @@ class _Link:
         self.changed.set()
         self.changed = trio.Event()
 
-    def remote_detached(self) -> None:
-        self.error = _condition_error(self.link.remote_condition, "the router closed the link")
+    def remote_detached(self, error: amqp.Error | None) -> None:
+        self.remote_error = error
+        self.error = _condition_error(error, "the router closed the link")
         self.attached.resolve(error=self.error)
         self.notify()
 
@@ -224,59 +233,50 @@ class _Link:
         if self.error is not None or self.connection.lost is not None:
             return
         self.detaching = True
-        if detach_only:
-            self.link.detach()
-        else:
-            self.link.close()
+        self.link.detach(closed=not detach_only)
         self.connection.wake()
         with trio.move_on_after(CLOSE_TIMEOUT):
             while self.error is None:
                 await self.changed.wait()
-        self.connection.links.pop(self.pointer, None)
+        self.connection.links.pop(self.link, None)
 
 
 class _SenderLink(_Link):
-    def __init__(self, connection: Connection, link: proton.Link):
+    def __init__(self, connection: Connection, link: amqp.Link):
         super().__init__(connection, link)
-        self.unsettled: dict[Any, tuple[_Outcome, Callable[[_Outcome], None] | None]] = {}
-        self._tags = Tags()
+        self.unsettled: dict[int, tuple[_Outcome, Callable[[_Outcome], None] | None]] = {}
 
-    async def send(self, payload: bytes, *, txn_id: bytes | None = None,
+    async def send(self, payload: bytes, *, state: Described | None = None,
                    on_outcome: Callable[[_Outcome], None] | None = None) -> _Outcome:
-        """Send one message when there is credit; its outcome (accepted, or a :class:`JMSError`)."""
-        while lib.pn_link_credit(self.pointer) <= 0:
+        """Send one message when there is credit (with a delivery ``state``: a transactional
+        one); its outcome (accepted, or a :class:`JMSError`)."""
+        while self.link.credit <= 0:
             self.check()
             await self.changed.wait()
         self.check()
-        delivery = lib.pn_delivery(self.pointer, self._tags.next())
-        if txn_id is not None:
-            proton.Data(lib.pn_disposition_data(lib.pn_delivery_local(delivery))).put_object([txn_id])
-            lib.pn_delivery_update(delivery, TRANSACTIONAL_STATE)
-        lib.pn_link_send(self.pointer, ffi.from_buffer(payload), len(payload))
-        lib.pn_link_advance(self.pointer)
         outcome = _Outcome()
-        self.unsettled[delivery] = (outcome, on_outcome)
+        self.unsettled[self.link.send(payload, False, state)] = (outcome, on_outcome)
         self.connection.wake()
         return outcome
 
-    def on_delivery(self, delivery: Any) -> None:
-        if not (lib.pn_delivery_updated(delivery) or lib.pn_delivery_settled(delivery)):
-            return
-        outcome, callback = self.unsettled.pop(delivery, (None, None))
-        state = lib.pn_delivery_remote_state(delivery)
+    def on_outcome(self, delivery_id: int, state: Any, settled: bool) -> None:
+        """The router's disposition: accepted (or declared: the value is its fields), else an error."""
+        outcome, callback = self.unsettled.pop(delivery_id, (None, None))
         if outcome is not None:
-            if state in (lib.PN_ACCEPTED, TRANSACTIONAL_STATE, DECLARED):
-                value = None
-                if state != lib.PN_ACCEPTED:
-                    data = proton.Data(lib.pn_disposition_data(lib.pn_delivery_remote(delivery)))
-                    data.rewind()
-                    value = data.get_object() if data.next() else None
-                outcome.resolve(value)
+            code = amqp.state_code(state)
+            if code == TRANSACTIONAL_STATE:  # transactional-state(txn-id, outcome) [4.5.5]
+                inner = state.value[1] if isinstance(state.value, list) and len(state.value) > 1 else None
+                code, state = (amqp.state_code(inner), inner) if inner is not None else (ACCEPTED_CODE, None)
+            if code == ACCEPTED_CODE:
+                outcome.resolve()
+            elif code == DECLARED and isinstance(state.value, list) and state.value:
+                outcome.resolve(state.value)
             else:
-                outcome.resolve(error=_delivery_error(delivery))
+                outcome.resolve(error=_delivery_error(state))
             if callback is not None:
                 callback(outcome)
-        lib.pn_delivery_settle(delivery)
+        if not settled:
+            self.link.settle(delivery_id)
 
     def fail(self, error: JMSError) -> None:
         super().fail(error)
@@ -288,25 +288,23 @@ class _SenderLink(_Link):
 
 
 class _ReceiverLink(_Link):
-    def __init__(self, connection: Connection, link: proton.Link, window: int):
+    def __init__(self, connection: Connection, link: amqp.Link, window: int):
         super().__init__(connection, link)
         self.window = window
-        self.buffer: deque[tuple[Any, bytes]] = deque()
+        self.buffer: deque[tuple[int | None, bytes]] = deque()  # (delivery id, None if settled; the message)
 
-    def on_delivery(self, delivery: Any) -> None:
-        data = receive_transfer(self.pointer, delivery)
-        if data is not None:
-            self.buffer.append((delivery, data))
-            self.notify()
+    def on_transfer(self, delivery_id: int, payload: bytes, settled: bool, state: Any) -> None:
+        self.buffer.append((None if settled else delivery_id, payload))
+        self.notify()
 
     def top_up(self) -> None:
         """Keep credit + buffered near the window (refill once below half of it)."""
-        wanted = self.window - lib.pn_link_credit(self.pointer) - len(self.buffer)
+        wanted = self.window - self.link.credit - len(self.buffer)
         if wanted >= max(1, self.window // 2) and self.error is None:
-            lib.pn_link_flow(self.pointer, wanted)
+            self.link.flow(self.link.credit + wanted)
             self.connection.wake()
 
-    async def next(self, deadline: float) -> tuple[Any, bytes] | None:
+    async def next(self, deadline: float) -> tuple[int | None, bytes] | None:
         """The next delivery, or None at the deadline."""
         with trio.move_on_at(deadline):
             while not self.buffer:
@@ -319,19 +317,17 @@ class _ReceiverLink(_Link):
         self.top_up()
         return item
 
-    def settle(self, delivery: Any, state: int, *, failed: bool = False) -> None:
-        if self.error is None and self.connection.lost is None:
-            if failed:
-                lib.pn_disposition_set_failed(lib.pn_delivery_local(delivery), True)
-            lib.pn_delivery_update(delivery, state)
-            lib.pn_delivery_settle(delivery)
+    def settle(self, delivery_id: int | None, state: Described) -> None:
+        """Settle an incoming message with ``state`` (nothing for one the router sent settled)."""
+        if delivery_id is not None and self.error is None and self.connection.lost is None:
+            self.link.settle(delivery_id, state)
             self.connection.wake()
 
     def release_buffered(self) -> None:
         """Give prefetched messages back (recover and rollback redeliver in order)."""
         while self.buffer:
-            delivery, _ = self.buffer.popleft()
-            self.settle(delivery, lib.PN_RELEASED)
+            delivery_id, _ = self.buffer.popleft()
+            self.settle(delivery_id, amqp.RELEASED)
 
 
 # -- connection ----------------------------------------------------------------------------------
@@ -340,10 +336,10 @@ class _ReceiverLink(_Link):
 class Connection:
     """One AMQP connection to a router. Made by :func:`connect`; not used across threads."""
 
-    def __init__(self, stream: trio.abc.Stream, engine: Engine, *, consumer_cache_size: int | None):
+    def __init__(self, stream: trio.abc.Stream, engine: amqp.Connection, *, consumer_cache_size: int | None):
         self._stream = stream
         self.engine = engine
-        self.links: dict[Any, _Link] = {}
+        self.links: dict[amqp.Link, _Link] = {}
         self._opening: list[Any] = []  # outcomes of opens and attaches in the batch being handled
         self.lost: JMSError | None = None
         self._opened = _Outcome()
@@ -354,19 +350,16 @@ class Connection:
         self._consumer_cache_size = consumer_cache_size
         self.defaults: dict[str, Any] = {}
         self._handlers = {
-            lib.PN_CONNECTION_REMOTE_OPEN: self._on_open,
-            lib.PN_CONNECTION_REMOTE_CLOSE: self._on_close,
-            lib.PN_LINK_REMOTE_OPEN: self._on_link_open,
-            lib.PN_LINK_REMOTE_DETACH: self._on_link_detach,
-            lib.PN_LINK_REMOTE_CLOSE: self._on_link_detach,
-            lib.PN_LINK_FLOW: self._on_flow,
-            lib.PN_DELIVERY: self._on_delivery,
-            lib.PN_TRANSPORT_ERROR: self._on_transport_error,
+            amqp.ConnectionOpened: self._on_open,
+            amqp.ConnectionClosed: self._on_close,
+            amqp.LinkAttached: self._on_link_attached,
+            amqp.LinkDetached: self._on_link_detached,
+            amqp.LinkFlow: self._on_flow,
         }
 
     @property
     def client_id(self) -> str:
-        return self.engine.connection.container
+        return self.engine.container_id
 
     @property
     def router(self) -> str | None:
@@ -403,7 +396,7 @@ class Connection:
     async def close(self) -> None:
         """Close the connection (temporary destinations go with it); bounded wait for the router."""
         if self.lost is None:
-            self.engine.connection.close()
+            self.engine.close()
             self.wake()
             with trio.move_on_after(CLOSE_TIMEOUT):
                 await self._ended.wait()
@@ -426,7 +419,7 @@ class Connection:
                 await self._opened.wait()
                 task_status.started()
                 started = True
-        except* (trio.BrokenResourceError, trio.ClosedResourceError, EngineClosed, OSError) as group:
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
             self._fail(ConnectionLost(f"connection lost: {group.exceptions[0]}"))
         except* JMSError as group:
             self._fail(group.exceptions[0])
@@ -437,26 +430,19 @@ class Connection:
             raise self._opened.error or self.lost or ConnectionLost("the connection ended before it opened")
 
     async def _read_forever(self) -> None:
+        """Feed the engine until the router closes its side (the writer ends the connection
+        once the engine's output is over)."""
         engine = self.engine
-        while not engine.closed:
+        while True:
+            data = None
             deadline = engine.tick(trio.current_time())
             with trio.move_on_at(deadline if deadline else math.inf):
                 data = await self._stream.receive_some(65536)
                 engine.receive_data(data)
-                if not data:
-                    self._handle_events()
-                    break
             self._handle_events()
             self.wake()
-        self._fail(self.lost or self._transport_error())
-        self.wake()
-
-    def _transport_error(self) -> JMSError:
-        if self.engine.sasl_refused:
-            return SecurityError("login refused (wrong user or password, or host not allowed)",
-                                 "amqp:unauthorized-access")
-        error = _condition_error(self.engine.transport.condition, "the router closed the connection")
-        return ConnectionLost(error.description, error.condition) if type(error) is JMSError else error
+            if data == b"":
+                return
 
     async def _write_forever(self) -> None:
         while True:
@@ -464,11 +450,11 @@ class Connection:
             self._wakeup = trio.Event()
             self._handle_events()
             data = self.engine.data_to_send()
-            if data is None:
-                self._fail(self.lost or self._transport_error())
-                raise trio.ClosedResourceError("closed")  # ends the reader too
             if data:
                 await self._stream.send_all(data)
+            if self.engine.finished:
+                self._fail(ConnectionLost("the router closed the connection"))
+                raise trio.ClosedResourceError("the connection is over")  # ends the reader too
 
     def _fail(self, error: JMSError) -> None:
         if self.lost is None:
@@ -480,84 +466,80 @@ class Connection:
         self._ended.set()
 
     def _handle_events(self) -> None:
-        engine, handlers = self.engine, self._handlers
-        while (event := engine.next_event()) != ffi.NULL:
-            handler = handlers.get(lib.pn_event_type(event))
-            if handler is not None:
-                handler(event)
-            engine.pop_event()
+        events, handlers = self.engine.events, self._handlers
+        while events:
+            batch = events[:]
+            events.clear()
+            for event in batch:
+                handler = handlers.get(type(event))
+                if handler is not None:
+                    handler(event)
         for outcome in self._opening:
             outcome.resolve()  # unless a close or detach in the same batch refused it
         self._opening.clear()
 
     # -- events -----------------------------------------------------------------------------------
 
-    def _on_open(self, event: Any) -> None:
-        properties = self.engine.connection.remote_properties or {}
-        self.defaults = {str(key): value for key, value in properties.items()}
+    def _on_open(self, event: amqp.ConnectionOpened) -> None:
+        self.defaults = {str(key): value for key, value in self.engine.remote_properties.items()}
         self._opening.append(self._opened)  # a refusal is an open with a close right behind it
 
-    def _on_close(self, event: Any) -> None:
-        error = _condition_error(self.engine.connection.remote_condition, "the router closed the connection")
+    def _on_close(self, event: amqp.ConnectionClosed) -> None:
+        """The router closed the connection (its error refuses the open, if it was pending),
+        or it broke the protocol or went silent (our engine's error)."""
+        error = _condition_error(event.error, "the router closed the connection")
+        if not event.by_peer or type(error) is JMSError:
+            error = ConnectionLost(error.description, error.condition)
         self._opened.resolve(error=error)
         self._fail(error)
-        self.engine.connection.close()
 
-    def _on_transport_error(self, event: Any) -> None:
-        self._fail(self._transport_error())
-
-    def _on_link_open(self, event: Any) -> None:
-        state = self.links.get(lib.pn_event_link(event))
-        if state is None:
+    def _on_link_attached(self, event: amqp.LinkAttached) -> None:
+        link = event.link
+        state = self.links.get(link)
+        if state is None:  # the router attaching on its own: nothing of ours asked for it
+            link.attach()
+            link.detach(error=amqp.Error("amqp:not-implemented", "this client attaches its own links only"))
             return
-        link = state.link
         # A refused attach carries a null source (receiver) or target (sender), then a detach.
         # A refusal may also echo the terminus: the attach counts once no detach came with it.
-        terminus = link.remote_target if link.is_sender else link.remote_source
-        if terminus.type != proton.Terminus.UNSPECIFIED:
+        if (link.remote_target if link.is_sender else link.remote_source) is not None:
             self._opening.append(state.attached)
 
-    def _on_link_detach(self, event: Any) -> None:
-        state = self.links.pop(lib.pn_event_link(event), None)
+    def _on_link_detached(self, event: amqp.LinkDetached) -> None:
+        state = self.links.pop(event.link, None)
         if state is None:
             return
         if not state.detaching:
-            log.info("the router detached link %s: %s", state.link.name, state.link.remote_condition)
-        state.remote_detached()
-        if state.link.state & proton.Endpoint.LOCAL_ACTIVE:
-            state.link.close()
-        state.link.free()  # its name may be attached again (durable subscriptions)
+            log.info("the router detached link %s: %s", event.link.name, event.error)
+        state.remote_detached(event.error)
+        event.link.detach(closed=event.closed)  # our answer, unless we detached first
 
-    def _on_flow(self, event: Any) -> None:
-        state = self.links.get(lib.pn_event_link(event))
+    def _on_flow(self, event: amqp.LinkFlow) -> None:
+        state = self.links.get(event.link)
         if state is not None:
             state.on_flow()
-
-    def _on_delivery(self, event: Any) -> None:
-        delivery = lib.pn_event_delivery(event)
-        state = self.links.get(lib.pn_delivery_link(delivery))
-        if state is not None:
-            state.on_delivery(delivery)
 
     # -- links ------------------------------------------------------------------------------------
 
     async def attach(self, state: _Link) -> None:
-        """Open the link and wait for the router's answer (raises its refusal)."""
+        """Attach the link and wait for the router's answer (raises its refusal)."""
         self.check()
-        self.links[state.pointer] = state
-        state.link.open()
+        self.links[state.link] = state
+        state.link.attach()
         self.wake()
         with trio.move_on_after(ATTACH_TIMEOUT):
             return await state.attached.wait()
         raise JMSError(f"the router did not answer the attach of link {state.link.name} in {ATTACH_TIMEOUT} s")
 
-    async def create_temporary(self, session: proton.Session, topic: bool) -> Destination:
-        link = session.sender(self.name("temporary"))
-        link.target.dynamic = True
-        _set_capability(link.target, "temporary-topic" if topic else "temporary-queue")
+    async def create_temporary(self, session: amqp.Session, topic: bool) -> Destination:
+        link = _sender(session, self.name("temporary"), Terminus(
+            kind=amqp.TARGET, dynamic=True, capabilities=["temporary-topic" if topic else "temporary-queue"]))
         state = _SenderLink(self, link)
         await self.attach(state)
-        address = link.remote_target.address
+        address = link.remote_target.address if link.remote_target is not None else None
+        if not address:
+            await state.close()
+            raise JMSError("the router created no temporary destination (its attach named no address)")
         self._temporary[address] = state
         return TemporaryTopic(address) if topic else TemporaryQueue(address)
 
@@ -567,6 +549,46 @@ class Connection:
         if state is None:
             raise InvalidDestination(f"{destination.name!r} is not a temporary destination of this connection")
         await state.close()
+
+
+def _sender(session: amqp.Session, name: str, target: Terminus) -> amqp.Link:
+    link = session.link(name, sender=True)
+    link.source, link.target = Terminus(kind=amqp.SOURCE), target
+    return link
+
+
+def _receiver(session: amqp.Session, name: str, source: Terminus | None) -> amqp.Link:
+    link = session.link(name, sender=False)
+    link.source, link.target = source, Terminus(kind=amqp.TARGET)
+    return link
+
+
+async def _authenticate(stream: trio.abc.Stream, user: str | None, password: str | None, host: str) -> bytes:
+    """SASL in front of the engine (PLAIN with a user, else ANONYMOUS); what the router sent after it.
+
+    Raises:
+        SecurityError: the router refused the login.
+        ConnectionLost: the router broke the exchange or closed the connection.
+    """
+    sasl = SaslClient(user, password, host)
+    await stream.send_all(sasl.data_to_send)
+    try:
+        while True:
+            data = await stream.receive_some(4096)
+            if not data:
+                raise ConnectionLost("the router closed the connection during the SASL exchange")
+            done = sasl.receive_data(data)
+            if out := sasl.data_to_send:
+                await stream.send_all(out)
+            if done:
+                return sasl.remaining
+    except SaslRefused:
+        raise SecurityError("login refused (wrong user or password, or host not allowed)",
+                            "amqp:unauthorized-access") from None
+    except SaslError as exc:
+        raise ConnectionLost(f"SASL with the router failed: {exc}") from None
+    except (trio.BrokenResourceError, OSError) as exc:
+        raise ConnectionLost(f"connection lost during the SASL exchange: {exc}") from None
 
 
 @contextlib.asynccontextmanager
@@ -579,7 +601,9 @@ async def connect(url: str = "amqp://localhost:5672", *, client_id: str | None =
     ``client_id`` is the JMS client id (the AMQP container id; durable subscriptions need
     one); without it a random one is used. ``ssl_context`` verifies the router's
     certificate (default: the system's trust store). ``consumer_cache_size`` overrides the
-    listener's consumer credit window. The connection closes when the block ends.
+    listener's consumer credit window. ``idle_timeout`` (seconds): a router silent for
+    longer is taken as lost (the router keeps us alive by sending at half of it). The
+    connection closes when the block ends.
 
     Raises:
         SecurityError: wrong user or password, or this host is not allowed.
@@ -598,19 +622,28 @@ async def connect(url: str = "amqp://localhost:5672", *, client_id: str | None =
             stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
     except (OSError, trio.TooSlowError) as exc:
         raise ConnectionLost(f"cannot connect to {host}:{port}: {exc}") from None
-    if parts.scheme == "amqps":
-        stream = trio.SSLStream(stream, ssl_context or ssl.create_default_context(), server_hostname=host)
-        try:
-            with trio.fail_after(connect_timeout):
-                await stream.do_handshake()
-        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
-            await trio.aclose_forcefully(stream)
-            reason = exc.__cause__ or exc
-            raise ConnectionLost(f"TLS handshake with {host}:{port} failed: {reason}") from None
-    engine = Engine(server=False, container_id=client_id or f"martinet-client:{uuid.uuid4()}",
-                    idle_timeout=idle_timeout, hostname=host, user=user, password=password)
+    try:
+        with trio.fail_after(connect_timeout):
+            if parts.scheme == "amqps":
+                stream = trio.SSLStream(stream, ssl_context or ssl.create_default_context(), server_hostname=host)
+                try:
+                    await stream.do_handshake()
+                except trio.BrokenResourceError as exc:
+                    raise ConnectionLost(f"TLS handshake with {host}:{port} failed: {exc.__cause__ or exc}") \
+                        from None
+            remaining = await _authenticate(stream, user, password, host)
+    except trio.TooSlowError:
+        await trio.aclose_forcefully(stream)
+        raise ConnectionLost(f"{host}:{port} did not finish TLS and SASL within {connect_timeout} s") from None
+    except JMSError:
+        await trio.aclose_forcefully(stream)
+        raise
+    engine = amqp.Connection(server=False, container_id=client_id or f"martinet-client:{uuid.uuid4()}",
+                             idle_timeout=idle_timeout, hostname=host)
+    engine.open()
+    if remaining:
+        engine.receive_data(remaining)
     connection = Connection(stream, engine, consumer_cache_size=consumer_cache_size)
-    engine.connection.open()
     try:
         async with trio.open_nursery() as nursery:
             try:
@@ -643,10 +676,9 @@ class Session:
         self.connection = connection
         self.transacted = transacted
         self.ack_mode = ack_mode
-        self._session = connection.engine.connection.session()
-        self._session.open()
+        self._session = connection.engine.session()
         self._consumers: list[Consumer] = []
-        self._unacknowledged: list[tuple[_ReceiverLink, Any]] = []
+        self._unacknowledged: list[tuple[_ReceiverLink, int | None]] = []
         self._coordinator: _SenderLink | None = None
         self._txn_id: bytes | None = None
         self._txn_failure: JMSError | None = None
@@ -655,9 +687,8 @@ class Session:
         connection.wake()
 
     async def _attach_coordinator(self) -> None:
-        link = self._session.sender(self.connection.name("txn"))
-        link.target.type = proton.Terminus.COORDINATOR
-        link.target.capabilities.put_object(proton.symbol("amqp:local-transactions"))
+        link = _sender(self._session, self.connection.name("txn"),
+                       Terminus(kind=amqp.COORDINATOR, capabilities=["amqp:local-transactions"]))
         self._coordinator = _SenderLink(self.connection, link)
         await self.connection.attach(self._coordinator)
 
@@ -669,8 +700,7 @@ class Session:
                 self._declaring = _Outcome()
                 declaring = self._declaring
                 try:
-                    body = proton.Message(body=proton.Described(proton.symbol("amqp:declare:list"), []))
-                    outcome = await self._coordinator.send(body.encode())
+                    outcome = await self._coordinator.send(_control(DECLARE, []))
                     self._txn_id = bytes((await outcome.wait())[0])
                     declaring.resolve()
                 except BaseException as exc:
@@ -698,9 +728,7 @@ class Session:
 
         async def make() -> Producer:
             self._check()
-            link = self._session.sender(self.connection.name("sender"))
-            if destination is not None:
-                _set_terminus(link.target, destination)
+            link = _sender(self._session, self.connection.name("sender"), _terminus(amqp.TARGET, destination))
             producer = Producer(self, _SenderLink(self.connection, link), destination, delivery_mode, priority, ttl)
             await self.connection.attach(producer._link)
             return producer
@@ -726,12 +754,10 @@ class Session:
     async def _consumer(self, name: str, destination: Destination, selector: str | None, no_local: bool,
                         *, durable: bool) -> Consumer:
         self._check()
-        link = self._session.receiver(name)
-        _set_terminus(link.source, destination)
-        _set_filters(link.source, selector, no_local)
+        source = _terminus(amqp.SOURCE, destination, selector, no_local)
         if durable:
-            link.source.durability = proton.Terminus.DELIVERIES
-            link.source.expiry_policy = proton.Terminus.EXPIRE_NEVER
+            source.durable, source.expiry_policy = 2, "never"  # unsettled-state, kept while detached
+        link = _receiver(self._session, name, source)
         state = _ReceiverLink(self.connection, link, self.connection.consumer_cache_size)
         await self.connection.attach(state)
         state.top_up()
@@ -749,12 +775,11 @@ class Session:
         self._check()
         if any(c.durable and c._link.link.name == name for c in self._consumers):
             raise JMSError(f"durable subscription {name!r} has an active subscriber in this session")
-        link = self._session.receiver(name)
-        link.source.type = proton.Terminus.UNSPECIFIED  # a null source: look the subscription up
+        link = _receiver(self._session, name, None)  # a null source: look the subscription up
         state = _ReceiverLink(self.connection, link, 0)
         await self.connection.attach(state)
         await state.close()
-        if state.error is not None and state.link.remote_condition is not None:
+        if state.error is not None and state.remote_error is not None:
             raise state.error
 
     def browser(self, queue: Queue, *, selector: str | None = None) -> _Attaching:
@@ -762,10 +787,9 @@ class Session:
 
         async def make() -> Browser:
             self._check()
-            link = self._session.receiver(self.connection.name("browser"))
-            _set_terminus(link.source, queue)
-            _set_filters(link.source, selector, False)
-            link.source.distribution_mode = proton.Terminus.DIST_MODE_COPY
+            source = _terminus(amqp.SOURCE, queue, selector)
+            source.distribution_mode = "copy"
+            link = _receiver(self._session, self.connection.name("browser"), source)
             state = _ReceiverLink(self.connection, link, self.connection.consumer_cache_size)
             await self.connection.attach(state)
             return Browser(state)
@@ -797,24 +821,22 @@ class Session:
 
     # -- acknowledgement and transactions -----------------------------------------------------
 
-    async def _delivered(self, link: _ReceiverLink, delivery: Any, message: Message) -> None:
+    async def _delivered(self, link: _ReceiverLink, delivery_id: int | None, message: Message) -> None:
         """Acknowledge per the session's mode what a consumer just handed to the application."""
         if self.transacted:
             txn_id = await self._transaction()
-            data = proton.Data(lib.pn_disposition_data(lib.pn_delivery_local(delivery)))
-            data.put_object([txn_id, proton.Described(proton.ulong(lib.PN_ACCEPTED), [])])
-            link.settle(delivery, TRANSACTIONAL_STATE)
+            link.settle(delivery_id, amqp.outcome(TRANSACTIONAL_STATE, txn_id, amqp.ACCEPTED))
         elif self.ack_mode is AckMode.CLIENT_ACKNOWLEDGE:
-            self._unacknowledged.append((link, delivery))
+            self._unacknowledged.append((link, delivery_id))
             message._acknowledge = self.acknowledge
         else:
-            link.settle(delivery, lib.PN_ACCEPTED)
+            link.settle(delivery_id, amqp.ACCEPTED)
 
     async def acknowledge(self) -> None:
         """CLIENT_ACKNOWLEDGE: acknowledge every message delivered so far in this session."""
         self._check()
-        for link, delivery in self._unacknowledged:
-            link.settle(delivery, lib.PN_ACCEPTED)
+        for link, delivery_id in self._unacknowledged:
+            link.settle(delivery_id, amqp.ACCEPTED)
         self._unacknowledged.clear()
 
     async def recover(self) -> None:
@@ -822,8 +844,9 @@ class Session:
         self._check()
         if self.transacted:
             raise JMSError("recover() is for non-transacted sessions; use rollback()")
-        for link, delivery in self._unacknowledged:
-            link.settle(delivery, lib.PN_MODIFIED, failed=True)
+        failed = amqp.outcome(MODIFIED, True)  # delivery-failed: counted, so redelivered
+        for link, delivery_id in self._unacknowledged:
+            link.settle(delivery_id, failed)
         self._unacknowledged.clear()
         for consumer in self._consumers:
             consumer._link.release_buffered()
@@ -852,10 +875,8 @@ class Session:
         if self._txn_id is not None:
             txn_id, self._txn_id = self._txn_id, None
             assert self._coordinator is not None
-            body = proton.Message(body=proton.Described(proton.symbol("amqp:discharge:list"),
-                                                        [txn_id, fail or failure is not None]))
             try:
-                await (await self._coordinator.send(body.encode())).wait()
+                await (await self._coordinator.send(_control(DISCHARGE, [txn_id, fail or failure is not None]))).wait()
             except TransactionRolledBack:
                 raise
             except JMSError as exc:  # incl. a connection lost meanwhile: the router rolls back
@@ -877,33 +898,25 @@ class Session:
         for consumer in list(self._consumers):
             await consumer.close()
         if self.connection.lost is None:
-            self._session.close()
+            self._session.end()
             self.connection.wake()
 
 
-def _set_terminus(terminus: proton.Terminus, destination: Destination) -> None:
+def _terminus(kind: int, destination: Destination | None, selector: str | None = None,
+              no_local: bool = False) -> Terminus:
+    """A source or target for ``destination`` (None: an anonymous target, routed by ``to``),
+    with its kind as a capability and the JMS filters, as Qpid JMS sends them."""
+    if destination is None:
+        return Terminus(kind=kind)
     if not isinstance(destination, Destination):
         raise TypeError(f"a destination is a Queue or Topic, not {type(destination).__name__}")
-    terminus.address = destination.name
-    _set_capability(terminus, {0: "queue", 1: "topic", 2: "temporary-queue", 3: "temporary-topic"}[destination.kind])
-
-
-def _set_capability(terminus: proton.Terminus, capability: str) -> None:
-    """The terminus's capabilities: an array of the one symbol (as Qpid JMS sends them)."""
-    terminus.capabilities.put_array(False, proton.Data.SYMBOL)
-    terminus.capabilities.enter()
-    terminus.capabilities.put_symbol(capability)
-    terminus.capabilities.exit()
-
-
-def _set_filters(source: proton.Terminus, selector: str | None, no_local: bool) -> None:
+    capability = {0: "queue", 1: "topic", 2: "temporary-queue", 3: "temporary-topic"}[destination.kind]
     filters = {}
     if selector:
-        filters[proton.symbol("jms-selector")] = proton.Described(SELECTOR, selector)
+        filters[Symbol("jms-selector")] = Described(SELECTOR, selector)
     if no_local:
-        filters[proton.symbol("no-local")] = proton.Described(NO_LOCAL, [])
-    if filters:
-        source.filter.put_object(filters)
+        filters[Symbol("no-local")] = Described(NO_LOCAL, [])
+    return Terminus(kind=kind, address=destination.name, capabilities=[capability], filter=filters or None)
 
 
 # -- producers and consumers ---------------------------------------------------------------------
@@ -953,7 +966,8 @@ class Producer:
                                  priority=priority, ttl=self.ttl if ttl is None else ttl, now_ms=now_ms())
         txn_id = await session._transaction() if session.transacted else None
         wait = mode is DeliveryMode.PERSISTENT and txn_id is None
-        outcome = await self._link.send(payload, txn_id=txn_id, on_outcome=None if wait else self._remember)
+        state = amqp.outcome(TRANSACTIONAL_STATE, txn_id) if txn_id is not None else None
+        outcome = await self._link.send(payload, state=state, on_outcome=None if wait else self._remember)
         if wait:
             await outcome.wait()
 
@@ -1003,7 +1017,7 @@ class Consumer:
                 message = decode_message(raw)
             except MessageError as exc:
                 log.warning("message on %s rejected: %s", self.destination, exc)
-                self._link.settle(delivery, lib.PN_REJECTED)
+                self._link.settle(delivery, amqp.outcome(REJECTED))
                 continue
             await self.session._delivered(self._link, delivery, message)
             return message
@@ -1051,12 +1065,12 @@ class Browser:
 
     async def __anext__(self) -> Message:
         """The next copy; the iteration ends when the router has sent all (a drain)."""
-        link, pointer = self._link, self._link.pointer
+        link, engine_link = self._link, self._link.link
         if not link.buffer:
-            if not lib.pn_link_draining(pointer):
-                lib.pn_link_drain(pointer, link.window)
+            if not (engine_link.drain and engine_link.credit > 0):
+                engine_link.flow(link.window, drain=True)
                 link.connection.wake()
-            while not link.buffer and lib.pn_link_draining(pointer):
+            while not link.buffer and engine_link.drain and engine_link.credit > 0:
                 link.check()
                 await link.changed.wait()
             if not link.buffer:
