@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from messaging.codec import Described, UInt, ULong, encode
 from swiftlets.jms import amqp
+from swiftlets.jms.sasl import SaslClient
 
 
 class Recorder:
@@ -368,3 +369,170 @@ def test_any_bytes_end_in_events_never_in_exceptions(data):
     engine.data_to_send()
     if engine.finished:
         assert engine.data_to_send() is None
+
+
+# -- client mode: our engine (after our SASL client) against proton as the server ------------------
+
+class ServerPeer:
+    """proton as the server (SASL ANONYMOUS, then AMQP), our SASL client and client-mode
+    engine in front of it, in memory. proton's side opens what is opened to it, grants
+    ``credit`` to links it receives on and keeps what arrives."""
+
+    def __init__(self, *, max_frame: int = 0, credit: int = 100, refuse: str | None = None):
+        self.transport = proton.Transport(proton.Transport.SERVER)
+        if max_frame:
+            self.transport.max_frame_size = max_frame
+        self.transport.sasl().allowed_mechs("ANONYMOUS")
+        self.server = proton.Connection()
+        self.server.container = "broker"
+        self.collector = proton.Collector()
+        self.server.collect(self.collector)
+        self.transport.bind(self.server)
+        self.sasl = SaslClient(hostname="broker")
+        self.engine = amqp.Connection(container_id="client", server=False, hostname="broker")
+        self.engine.open()  # pipelined: sent once SASL is done, before proton's header came
+        self.sasl_done = False
+        self.credit, self.refuse = credit, refuse
+        self.received: list[tuple[bytes, proton.Delivery]] = []
+        self.links: dict[str, proton.Link] = {}
+
+    def pump(self) -> None:
+        for _ in range(1000):
+            moved = False
+            out = self.engine.data_to_send() if self.sasl_done else self.sasl.data_to_send
+            if out:
+                self.transport.push(out)
+                moved = True
+            if (pending := self.transport.pending()) > 0:
+                data = self.transport.peek(pending)
+                self.transport.pop(pending)
+                if self.sasl_done:
+                    self.engine.receive_data(data)
+                elif self.sasl.receive_data(data):
+                    self.sasl_done = True
+                    if self.sasl.remaining:
+                        self.engine.receive_data(self.sasl.remaining)
+                moved = True
+            moved = self.serve() or moved
+            if not moved:
+                return
+        raise AssertionError("the two engines keep talking")
+
+    def serve(self) -> bool:
+        acted = False
+        while (event := self.collector.peek()) is not None:
+            acted = True
+            kind = event.type
+            if kind == proton.Event.CONNECTION_REMOTE_OPEN:
+                event.connection.open()
+            elif kind == proton.Event.SESSION_REMOTE_OPEN:
+                event.session.open()
+            elif kind == proton.Event.LINK_REMOTE_OPEN:
+                link = event.link
+                self.links[link.name] = link
+                link.source.copy(link.remote_source)
+                link.target.copy(link.remote_target)
+                if link.is_receiver:
+                    link.flow(self.credit)
+                link.open()
+                if self.refuse and link.name == self.refuse:
+                    link.condition = proton.Condition("amqp:not-found", "no such node")
+                    link.close()
+            elif kind == proton.Event.DELIVERY and event.link.is_receiver:
+                delivery = event.delivery
+                if delivery.readable and not delivery.partial:
+                    self.received.append((event.link.recv(delivery.pending), delivery))
+                    event.link.advance()
+            elif kind == proton.Event.LINK_REMOTE_CLOSE:
+                event.link.close()
+            elif kind == proton.Event.CONNECTION_REMOTE_CLOSE:
+                event.connection.close()
+            self.collector.pop()
+        return acted
+
+    def link(self, name: str, *, sender: bool, address: str = "q") -> amqp.Link:
+        session = self.engine.channels.get(0) or self.engine.session()
+        link = session.link(name, sender=sender)
+        link.source = amqp.Terminus(kind=amqp.SOURCE, address=None if sender else address)
+        link.target = amqp.Terminus(kind=amqp.TARGET, address=address if sender else None)
+        link.handler = Recorder()
+        link.attach()
+        return link
+
+
+def test_client_mode_sends_receives_and_closes_against_a_proton_server():
+    peer = ServerPeer()
+    assert peer.engine.state is amqp.State.OPEN_PIPE
+    peer.pump()
+    engine = peer.engine
+    assert engine.opened and engine.remote_container_id == "broker" and peer.server.remote_hostname == "broker"
+    sender, receiver = peer.link("up", sender=True), peer.link("down", sender=False)
+    peer.pump()
+    attached = [event.link for event in engine.events if isinstance(event, amqp.LinkAttached)]
+    assert attached == [sender, receiver] and sender.credit == 100
+    assert peer.links["up"].remote_target.address == "q" and peer.links["down"].remote_source.address == "q"
+
+    sent = [sender.send(f"m{n}".encode()) for n in range(20)]
+    peer.pump()
+    assert [payload for payload, _ in peer.received] == [f"m{n}".encode() for n in range(20)]
+    for _, delivery in peer.received:
+        delivery.update(proton.Delivery.ACCEPTED)
+        delivery.settle()
+    peer.pump()
+    assert sender.handler.outcomes == [(delivery_id, amqp.ACCEPTED_CODE, True) for delivery_id in sent]
+
+    receiver.flow(10)
+    peer.pump()
+    proton_sender = peer.links["down"]
+    assert proton_sender.credit == 10
+    deliveries = []
+    for n in range(5):
+        deliveries.append(proton_sender.delivery(str(n)))
+        proton_sender.send(f"r{n}".encode())
+        proton_sender.advance()
+    peer.pump()
+    assert [payload for _, payload, _ in receiver.handler.transfers] == [f"r{n}".encode() for n in range(5)]
+    for delivery_id, _, _ in receiver.handler.transfers:
+        receiver.settle(delivery_id, amqp.ACCEPTED)
+    peer.pump()
+    assert all(d.remote_state == proton.Delivery.ACCEPTED and d.settled for d in deliveries)
+    assert proton_sender.credit == 5
+
+    engine.close()
+    assert not engine.finished  # a client waits for the server's close
+    peer.pump()
+    assert peer.server.state & proton.Endpoint.REMOTE_CLOSED and engine.finished
+    assert engine.data_to_send() is None
+
+
+def test_client_mode_multi_frame_send_with_a_transactional_state():
+    peer = ServerPeer(max_frame=512)
+    peer.pump()
+    sender = peer.link("up", sender=True)
+    peer.pump()
+    big = bytes(range(256)) * 12  # 3,072 bytes: seven frames of 512
+    state = amqp.outcome(amqp.TRANSACTIONAL_STATE, b"txn-1")
+    out_before = len(peer.received)
+    sender.send(big, False, state)
+    peer.pump()
+    assert len(peer.received) == out_before + 1
+    payload, delivery = peer.received[-1]
+    assert payload == big and delivery.remote_state == amqp.TRANSACTIONAL_STATE
+    assert list(delivery.remote.data) == [b"txn-1"]
+
+
+def test_client_mode_refused_attach_and_peer_close():
+    peer = ServerPeer(refuse="nowhere")
+    peer.pump()
+    link = peer.link("nowhere", sender=True, address="missing")
+    peer.pump()
+    detached = [event for event in peer.engine.events if isinstance(event, amqp.LinkDetached)]
+    assert detached and detached[0].link is link and detached[0].closed
+    assert detached[0].error == amqp.Error("amqp:not-found", "no such node")
+    link.detach()
+    peer.server.condition = proton.Condition("amqp:connection:forced", "shutting down")
+    peer.server.close()
+    peer.pump()
+    closed = [event for event in peer.engine.events if isinstance(event, amqp.ConnectionClosed)]
+    assert closed == [amqp.ConnectionClosed(amqp.Error("amqp:connection:forced", "shutting down"), by_peer=True)]
+    assert peer.engine.finished and peer.transport.closed

@@ -397,3 +397,35 @@ async def test_connection_usage_counts_and_rates(amqp_broker):
         assert rates[-1] > 0
     await trio.sleep(0.1)
     assert not broker.router.management.resolve("/sys$jms/usage/connections").children
+
+
+async def test_the_client_drops_a_router_that_goes_silent(nursery, autojump_clock):
+    """A router that answers SASL and the open, then says nothing more: past the client's
+    idle timeout the connection is lost (the clock jumps while everything waits)."""
+    from swiftlets.jms import amqp
+    from swiftlets.jms.sasl import SaslServer
+
+    [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listener.socket.getsockname()[1]
+
+    async def silent_router():
+        async with listener, await listener.accept() as stream:
+            sasl = SaslServer()
+            while sasl.receive_data(await stream.receive_some(4096)) is None:
+                await stream.send_all(sasl.data_to_send)
+            sasl.accept()
+            await stream.send_all(sasl.data_to_send)
+            engine = amqp.Connection(container_id="silent")  # announces no idle timeout: asks for no heartbeats
+            while not engine.events:  # (the client sends its header and open after the outcome)
+                engine.receive_data(await stream.receive_some(4096))
+            engine.open()
+            await stream.send_all(engine.data_to_send())
+            await trio.sleep_forever()
+
+    nursery.start_soon(silent_router)
+    async with connect(f"amqp://127.0.0.1:{port}", idle_timeout=2) as connection:
+        session = await connection.session()
+        started = trio.current_time()
+        with pytest.raises(ConnectionLost, match="idle-timeout"):
+            await (await session.producer(Queue("q"))).send(TextMessage("never acknowledged"))
+        assert 2 <= trio.current_time() - started < 3

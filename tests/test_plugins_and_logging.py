@@ -73,16 +73,17 @@ def test_a_hook_with_a_typo_fails_loudly():
         load_swiftlet_specs([Typo()])
 
 
-def test_every_swiftlet_folder_is_packaged_and_registered():
+def test_every_package_folder_is_packaged_and_every_swiftlet_registered():
     """A folder missing from pyproject would work in a checkout and vanish from the wheel."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     packages = set(pyproject["tool"]["setuptools"]["packages"])
     entry_points = set(pyproject["project"]["entry-points"]["martinet.swiftlets"].values())
+    for top in ("kernel", "messaging", "swiftlets"):
+        for init in (ROOT / top).rglob("__init__.py"):
+            assert ".".join(init.parent.relative_to(ROOT).parts) in packages, init
     for folder in (ROOT / "swiftlets").iterdir():
-        if (folder / "__init__.py").exists():
-            assert f"swiftlets.{folder.name}" in packages
-            if "def martinet_swiftlets" in (folder / "__init__.py").read_text():
-                assert f"swiftlets.{folder.name}" in entry_points
+        if "def martinet_swiftlets" in ((folder / "__init__.py").read_text() if folder.is_dir() else ""):
+            assert f"swiftlets.{folder.name}" in entry_points
     assert (ROOT / "conf" / "router.xml").exists() and "kernel.conf" in packages
 
 

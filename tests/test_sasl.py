@@ -1,4 +1,4 @@
-"""Server-side SASL, sans-IO: the exchanges of AMQP 1.0 part 5.3 and every way to break them."""
+"""SASL, sans-IO, both sides: the exchanges of AMQP 1.0 part 5.3 and every way to break them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from messaging.codec import Described, Symbol, ULong, decode, encode
-from swiftlets.jms.sasl import AMQP_HEADER, SASL_HEADER, Credentials, SaslError, SaslServer, State, sasl_frame
+from swiftlets.jms.sasl import (
+    AMQP_HEADER,
+    SASL_HEADER,
+    ClientState,
+    Credentials,
+    SaslClient,
+    SaslError,
+    SaslRefused,
+    SaslServer,
+    State,
+    sasl_frame,
+)
 
 
 def init_frame(mechanism, response=None, hostname=None, *, frame_type=1):
@@ -112,3 +123,50 @@ def test_random_input_only_ever_raises_sasl_errors(prefix, data):
             sasl.receive_data(chunk)
         except SaslError:
             return
+
+
+# -- the client side, against our server side --------------------------------------------------------
+
+def exchange(client: SaslClient, server: SaslServer, *, accept: bool = True, trailing: bytes = b"") -> Credentials:
+    """Run the exchange a byte at a time each way; the credentials the server saw."""
+    credentials = None
+    for _ in range(10):
+        for byte in client.data_to_send:
+            credentials = server.receive_data(bytes([byte])) or credentials
+        if credentials is not None and server.state is State.DECIDING:
+            server.accept() if accept else server.refuse()
+        out = server.data_to_send + (trailing if server.state is State.DONE else b"")
+        trailing = b"" if server.state is State.DONE else trailing
+        for at in range(len(out)):
+            if client.receive_data(out[at:at + 1]):
+                client.receive_data(out[at + 1:])  # the rest arrives after the outcome
+                break
+        if client.state is ClientState.DONE:
+            return credentials
+    raise AssertionError("the exchange did not end")
+
+
+def test_client_plain_and_anonymous_against_our_server():
+    client = SaslClient("alice", "s3cret", "broker.example")
+    credentials = exchange(client, SaslServer(), trailing=AMQP_HEADER + b"open")
+    assert credentials == Credentials("PLAIN", "alice", "s3cret", "broker.example")
+    assert client.remaining == AMQP_HEADER + b"open"  # what follows SASL is for the AMQP engine
+    anonymous = SaslClient()
+    assert exchange(anonymous, SaslServer()).mechanism == "ANONYMOUS"
+
+
+def test_client_refused_and_broken_exchanges():
+    with pytest.raises(SaslRefused, match="code 1") as refused:
+        exchange(SaslClient("alice", "wrong"), SaslServer(), accept=False)
+    assert refused.value.code == 1
+    with pytest.raises(SaslError, match="does not offer ANONYMOUS"):
+        exchange(SaslClient(), SaslServer(mechanisms=("PLAIN",)))
+    with pytest.raises(SaslError, match="does not speak SASL"):
+        SaslClient().receive_data(AMQP_HEADER)
+    client = SaslClient()
+    with pytest.raises(SaslError, match="bad SASL frame header"):
+        client.receive_data(SASL_HEADER + b"\x00\x00\x10\x00\x02\x00\x00\x00")  # a 4 KiB+ frame of type 0
+    assert client.state is ClientState.FAILED
+    client = SaslClient()
+    with pytest.raises(SaslError, match="unexpected SASL performative"):
+        client.receive_data(SASL_HEADER + sasl_frame(0x44, [ULong(0)]))  # an outcome before the mechanisms

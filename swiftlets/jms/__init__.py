@@ -5,7 +5,7 @@ timeout, frame size, incoming credit, TLS, connection-factory defaults announced
 open frame), SASL ANONYMOUS and PLAIN checked by ``sys$authentication`` (:mod:`.sasl`),
 our AMQP 1.0 engine (:mod:`.amqp`), the links and their JMS semantics (:mod:`.listener`),
 per-connection usage sampled every ``collect-interval``, and the Python client
-(:mod:`.client`, on proton's C engine behind :mod:`.engine` for now).
+(:mod:`.client`, on the same engine in client mode).
 """
 
 from __future__ import annotations
