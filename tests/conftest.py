@@ -155,23 +155,29 @@ AMQP_ROUTER = """
     </groups>
     <users><user name="app" password="s3cret" group="apps"/></users>
   </swiftlet>
-  <swiftlet name="sys$queuemanager" auto-create-queues="{autocreate}"/>
+  <swiftlet name="sys$queuemanager" auto-create-queues="{autocreate}">{queues}</swiftlet>
   <swiftlet name="sys$jms" collect-interval="{collect}">
-    <listeners><listener name="amqp" port="0" bind-address="127.0.0.1" max-connections="{maxconn}">{hosts}</listener>
+    <listeners><listener name="amqp" port="0" bind-address="127.0.0.1" max-connections="{maxconn}" {listener}>{hosts}
+    </listener>
     </listeners>
   </swiftlet>
 </router>
 """
 
 
+def amqp_router_xml(tmp_path, **options) -> str:
+    """:data:`AMQP_ROUTER` with its defaults, overridden by ``options`` (its placeholders)."""
+    settings = {"auth": "false", "anonymous": "false", "autocreate": "true", "maxconn": "-1",
+                "collect": "10000", "hosts": "", "queues": "", "listener": ""} | options
+    return AMQP_ROUTER.format(store=tmp_path / "store", **settings)
+
+
 class AmqpBroker:
     """A router with sys$jms on a free loopback port, store in the test's temp dir."""
 
     def __init__(self, nursery, tmp_path, **options):
-        settings = {"auth": "false", "anonymous": "false", "autocreate": "true", "maxconn": "-1",
-                    "collect": "10000", "hosts": ""} | options
         self.path = tmp_path / "router.xml"
-        self.path.write_text(AMQP_ROUTER.format(store=tmp_path / "store", **settings))
+        self.path.write_text(amqp_router_xml(tmp_path, **options))
         self.nursery = nursery
 
     async def start(self) -> AmqpBroker:

@@ -14,18 +14,12 @@ from proton.utils import BlockingConnection, LinkDetached, SendException
 
 from kernel import Router
 
-from conftest import AMQP_ROUTER
+from conftest import amqp_router_xml as router_xml
 
 
 @pytest.fixture
 def broker(amqp_broker):
     return amqp_broker
-
-
-def router_xml(tmp_path) -> str:
-    """The test router's config with the defaults, for tests that edit it before starting."""
-    return AMQP_ROUTER.format(store=tmp_path / "store", auth="false", anonymous="false", autocreate="true",
-                              maxconn="-1", collect="10000", hosts="")
 
 
 def in_thread(function, *args):
@@ -391,8 +385,7 @@ async def test_a_silent_peer_is_dropped_after_the_idle_timeout(nursery, tmp_path
     from swiftlets.jms.sasl import AMQP_HEADER
 
     path = tmp_path / "router.xml"
-    path.write_text(router_xml(tmp_path).replace('max-connections="-1"',
-                                                        'max-connections="-1" keepalive-interval="2000"'))
+    path.write_text(router_xml(tmp_path, listener='keepalive-interval="2000"'))
     router = Router.from_file(path)
     await nursery.start(router.run)
     port = router.management.get("/sys$jms/usage/listeners/amqp", "port")
@@ -419,9 +412,7 @@ async def test_tls_listener(nursery, tmp_path):
                             "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
                             "-keyout", str(key), "-out", str(cert)], capture_stdout=True, capture_stderr=True)
     path = tmp_path / "router.xml"
-    path.write_text(router_xml(tmp_path).replace('max-connections="-1"',
-                                                        f'max-connections="-1" tls-certificate="{cert}" '
-                                                        f'tls-key="{key}"'))
+    path.write_text(router_xml(tmp_path, listener=f'tls-certificate="{cert}" tls-key="{key}"'))
     router = Router.from_file(path)
     await nursery.start(router.run)
     port = router.management.get("/sys$jms/usage/listeners/amqp", "port")
@@ -457,8 +448,7 @@ async def test_tls_listener(nursery, tmp_path):
 
 async def test_a_missing_tls_certificate_fails_the_start(tmp_path):
     path = tmp_path / "router.xml"
-    path.write_text(router_xml(tmp_path).replace('max-connections="-1"',
-                                                        'max-connections="-1" tls-certificate="/nope/cert.pem"'))
+    path.write_text(router_xml(tmp_path, listener='tls-certificate="/nope/cert.pem"'))
     from kernel import SwiftletFailed
 
     with pytest.raises(SwiftletFailed, match="sys\\$jms failed to start: .*cannot load the TLS certificate "

@@ -124,6 +124,9 @@ class IncomingLink:
         self.topic = topic
         self.window = connection.config.incoming_credit
         self.unreplenished = 0  # transfers since the credit was last topped up
+        self.delay_ms = 0  # the largest flow-control delay a send got since then
+        self.delayed_queue: str | None = None  # where that send went (None: a topic)
+        self.throttled = False  # the top-up waits for the delay
 
     def start(self) -> None:
         self.link.flow(self.window)
@@ -144,10 +147,14 @@ class IncomingLink:
                 address, topic = connection.route(message)
             if state is not None and amqp.state_code(state) == TRANSACTIONAL_STATE:
                 self._stage(delivery_id, address, topic, message, state, remotely_settled)
-            elif topic:
-                connection.publish(address, message, None if remotely_settled else durable)
             else:
-                connection.qm.send_nowait(address, message, on_durable=None if remotely_settled else durable)
+                if topic:
+                    result = connection.publish(address, message, None if remotely_settled else durable)
+                else:
+                    result = connection.qm.send_nowait(address, message,
+                                                       on_durable=None if remotely_settled else durable)
+                if result.delay_ms > self.delay_ms:
+                    self.delay_ms, self.delayed_queue = result.delay_ms, None if topic else address
         except (QueueError, TopicError, MessageError, _Refused) as exc:
             log.info("transfer to %s refused: %s", self.address or "(anonymous relay)", exc)
             if not remotely_settled:
@@ -155,9 +162,18 @@ class IncomingLink:
                         "amqp:resource-limit-exceeded" if isinstance(exc, QueueFull) else "amqp:invalid-field")
                 link.settle(delivery_id, _rejected(name, str(exc)))
         self.unreplenished += 1
-        if self.unreplenished >= self.window // 2:  # half the window used: top the credit up
-            self.unreplenished = 0
-            link.flow(self.window)
+        if self.unreplenished >= self.window // 2 and not self.throttled:  # half the window used
+            if self.delay_ms:
+                self.throttled = True
+                connection.throttle(self)
+            else:
+                self.unreplenished = 0
+                link.flow(self.window)
+
+    def resume(self) -> None:
+        """The flow-control wait is over: top the credit up."""
+        self.delay_ms, self.delayed_queue, self.throttled, self.unreplenished = 0, None, False, 0
+        self.link.flow(self.window)
 
     def _stage(self, delivery_id: int, address: str, topic: bool, message: Message, state: Any,
                remotely_settled: bool) -> None:
@@ -336,6 +352,7 @@ class AmqpConnection:
         self.links: dict[amqp.Link, IncomingLink | OutgoingLink | BrowsingLink | CoordinatorLink] = {}
         self.closed = False
         self.received = self.sent = 0  # messages from and to the client
+        self.flow_control_waits = 0  # producer credit withheld for a flow-control delay
         self.receive_rate = self.send_rate = 0.0
         self._rate_mark = (time.monotonic(), 0, 0)
         self.since = time.time()
@@ -364,6 +381,7 @@ class AmqpConnection:
                 "user": getattr(self.principal, "user", "") or "",
                 "connected-since": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.since)),
                 "links": len(self.links), "transactions": len(self.transactions),
+                "flow-control-waits": self.flow_control_waits,
                 "messages-received": self.received, "messages-sent": self.sent,
                 "receive-rate": round(self.receive_rate, 1), "send-rate": round(self.send_rate, 1)}
 
@@ -691,8 +709,34 @@ class AmqpConnection:
                 link.settle(delivery_id, ACCEPTED)
         self.wake()
 
-    def publish(self, topic: str, message: Message, on_durable: Any) -> None:
-        self.tm.publish(topic, message, client_id=self.client_id, on_durable=on_durable)
+    def publish(self, topic: str, message: Message, on_durable: Any) -> Any:
+        return self.tm.publish(topic, message, client_id=self.client_id, on_durable=on_durable)
+
+    def throttle(self, state: IncomingLink) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._resume_after_delay, state)
+
+    async def _resume_after_delay(self, state: IncomingLink) -> None:
+        """SwiftMQ's producer flow control over AMQP: a producer whose sends got a
+        flow-control delay gets no new credit until the delay has passed — or, when it sent
+        to a queue, until a consumer brought that queue back to its
+        ``flowcontrol-start-queuesize``, so a backlog that drains fast does not leave its
+        consumers idle for the rest of the delay."""
+        self.flow_control_waits += 1
+        cleared = trio.Event()
+        cancel = None
+        if state.delayed_queue is not None:
+            cancel = self.qm.when_backlog_cleared(state.delayed_queue, cleared.set)
+        if cancel is not None or state.delayed_queue is None:  # else the queue is not slowing sends now
+            try:
+                with trio.move_on_after(state.delay_ms / 1000):
+                    await cleared.wait()
+            finally:  # (also when the connection ends meanwhile)
+                if cancel is not None:
+                    cancel()
+        if self.links.get(state.link) is state:
+            state.resume()
+            self.wake()
 
     def _on_link_detach(self, event: amqp.LinkDetached) -> None:
         """Detach keeps a durable subscription; close (``closed=true``) deletes it."""

@@ -304,6 +304,27 @@ class QueueManager:
             raise QueueError(f"invalid queue name {name!r}: non-empty, without '/', '@' or spaces")
         return self._create(name, self.settings_for(name))
 
+    def when_backlog_cleared(self, address: str, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """While sends to ``address`` are slowed down — its queue has consumers and holds more
+        than its ``flowcontrol-start-queuesize`` — call ``callback`` once a consumed message
+        brings it back to that size, and return a function that cancels the call; None when
+        the queue is not slowing sends now. (A listener holding a producer back for a
+        flow-control delay lets it go early with this.)"""
+        try:
+            queue = self.queues.get(self.resolve(address))
+        except QueueError:  # no route any more
+            return None
+        if queue is None or not queue.consumers or not 0 <= queue.settings.flowcontrol_start_queuesize < queue.size:
+            return None
+        waiting = queue.backlog_callbacks
+        waiting.append(callback)
+
+        def cancel() -> None:
+            if callback in waiting:
+                waiting.remove(callback)
+
+        return cancel
+
     def _create(self, name: str, settings: QueueSettings, owner: Any = None) -> Queue:
         queue = self.queues[name] = Queue(self, name, settings, owner=owner)
         if self._usage is not None:

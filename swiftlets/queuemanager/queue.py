@@ -153,6 +153,7 @@ class Queue:
         self._ids: set[str] = set()
         self._id_order: deque[str] = deque()
         self.deleted = False
+        self.backlog_callbacks: list[Callable[[], None]] = []  # see QueueManager.when_backlog_cleared
         # counters
         self.enqueued = self.dequeued = self.expired = self.dead_lettered = self.duplicates = 0
         self.send_rate = self.receive_rate = 0.0
@@ -282,6 +283,10 @@ class Queue:
         self.dequeued += 1
         if entry.persistent:
             self.manager._defer_delete(entry)
+        if self.backlog_callbacks and self.size <= self.settings.flowcontrol_start_queuesize:
+            callbacks, self.backlog_callbacks = self.backlog_callbacks, []
+            for callback in callbacks:
+                callback()
 
     def release(self, entry: Entry, *, count_delivery: bool) -> None:
         """Give an entry back to the queue, counting a failed delivery if asked to; past
