@@ -432,6 +432,28 @@ async def test_flow_control_asks_producers_to_slow_down(make_broker):
     await running.stop()
 
 
+async def test_a_slowed_queue_calls_back_when_consumers_bring_it_back(make_broker):
+    running = make_broker(queues='<queue name="slow" flowcontrol-start-queuesize="2"/>')
+    await running.start()
+    qm = running.qm
+    calls = []
+    await qm.send("slow", msg(0))
+    assert qm.when_backlog_cleared("slow", lambda: calls.append("early")) is None  # no consumer: not slowed
+    consumer = qm.queue("slow").consumer()
+    assert qm.when_backlog_cleared("slow", lambda: calls.append("small")) is None  # at most 2: not slowed
+    for n in range(1, 5):
+        await qm.send("slow", msg(n))
+    cancel = qm.when_backlog_cleared("slow@r1", lambda: calls.append("cancelled"))
+    cancel()
+    qm.when_backlog_cleared("slow", lambda: calls.append("cleared"))
+    consumer.flow(5)
+    entries = [consumer.receive_nowait() for _ in range(5)]
+    for entry, size_after in zip(entries, (4, 3, 2, 1, 0), strict=True):
+        consumer.accept(entry)
+        assert calls == ([] if size_after > 2 else ["cleared"])  # once, when the size came back to 2
+    await running.stop()
+
+
 async def test_queues_in_the_management_tree(broker):
     tree = broker.router.management
     tree.add("/sys$queuemanager/queues", "managed", {"max-messages": "1"})
