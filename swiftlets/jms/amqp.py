@@ -12,7 +12,8 @@ settlement [2.6.12], multi-frame transfers and the peer's max frame size.
 What happens arrives two ways:
 
 - the rare things (open, begin, attach, detach, end, close, a link's credit changing) as
-  event objects in :attr:`Connection.events`, which the owner empties;
+  event objects in :attr:`Connection.events`, which the owner empties
+  (:meth:`Connection.dispatch`);
 - the per-message things straight to the link's ``handler`` (set by the owner at attach):
   ``handler.on_transfer(delivery_id, payload, settled, state)`` for each complete incoming
   message, ``handler.on_outcome(delivery_id, state, settled)`` for each delivery a peer's
@@ -733,6 +734,18 @@ class Connection:
         self.out.append(body)
         if payload:
             self.out.append(payload)
+
+    def dispatch(self, handlers: dict[type, Any]) -> None:
+        """Hand each pending event to ``handlers[type(event)]`` (events without one are
+        dropped), including the events the handlers cause."""
+        events = self.events
+        while events:
+            batch = events[:]
+            events.clear()
+            for event in batch:
+                handler = handlers.get(type(event))
+                if handler is not None:
+                    handler(event)
 
     @property
     def finished(self) -> bool:

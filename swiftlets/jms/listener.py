@@ -475,14 +475,7 @@ class AmqpConnection:
 
     def _handle_events(self) -> None:
         assert self.engine is not None
-        events, handlers = self.engine.events, self._handlers
-        while events:
-            batch = events[:]
-            events.clear()
-            for event in batch:
-                handler = handlers.get(type(event))
-                if handler is not None:
-                    handler(event)
+        self.engine.dispatch(self._handlers)
 
     # -- events ---------------------------------------------------------------------------------
 

@@ -466,14 +466,7 @@ class Connection:
         self._ended.set()
 
     def _handle_events(self) -> None:
-        events, handlers = self.engine.events, self._handlers
-        while events:
-            batch = events[:]
-            events.clear()
-            for event in batch:
-                handler = handlers.get(type(event))
-                if handler is not None:
-                    handler(event)
+        self.engine.dispatch(self._handlers)
         for outcome in self._opening:
             outcome.resolve()  # unless a close or detach in the same batch refused it
         self._opening.clear()
