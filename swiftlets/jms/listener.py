@@ -49,6 +49,7 @@ from swiftlets.topicmanager.hierarchy import TopicNameError, parse_topic
 from . import amqp
 from .amqp import ACCEPTED, COORDINATOR, DECLARED, MODIFIED, REJECTED, RELEASED_CODE, TRANSACTIONAL_STATE, Error
 from .sasl import SaslError, SaslServer
+from .shell import read_into
 
 log = logging.getLogger(__name__)
 
@@ -400,7 +401,7 @@ class AmqpConnection:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._write_forever)
-                await self._read_forever()
+                await read_into(self.engine, self.stream, self._after_input)
                 nursery.cancel_scope.cancel()
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
             log.debug("connection from %s ended: %s", self.host, group.exceptions[0])
@@ -441,21 +442,9 @@ class AmqpConnection:
         await self.stream.send_all(sasl.data_to_send)
         return sasl.remaining
 
-    async def _read_forever(self) -> None:
-        """Feed the engine until the peer closes its side (the writer ends the connection
-        once the engine's output is over)."""
-        assert self.engine is not None
-        engine = self.engine
-        while True:
-            data = None
-            deadline = engine.tick(trio.current_time())
-            with trio.move_on_at(deadline if deadline else float("inf")):
-                data = await self.stream.receive_some(65536)
-                engine.receive_data(data)
-            self._handle_events()
-            self.wake()
-            if data == b"":
-                return
+    def _after_input(self) -> None:
+        self._handle_events()
+        self.wake()
 
     async def _write_forever(self) -> None:
         assert self.engine is not None and self._nursery is not None

@@ -133,7 +133,19 @@ def sasl_frame(performative: int, fields: list) -> bytes:
     return _FRAME.pack(8 + len(body), 2, SASL_FRAME, 0) + body
 
 
-class SaslServer:
+class _Exchange:
+    """What both sides share: the bytes queued for the peer."""
+
+    _out: bytearray
+
+    @property
+    def data_to_send(self) -> bytes:
+        """Bytes to write to the peer now (taking them empties the buffer)."""
+        data, self._out = bytes(self._out), bytearray()
+        return data
+
+
+class SaslServer(_Exchange):
     """The server side of one connection's SASL exchange."""
 
     def __init__(self, mechanisms: tuple[str, ...] = ("PLAIN", "ANONYMOUS")):
@@ -151,12 +163,6 @@ class SaslServer:
             self.state = State.FAILED
             raise SaslError(problem)
         self.state = next_state
-
-    @property
-    def data_to_send(self) -> bytes:
-        """Bytes to write to the peer now (taking them empties the buffer)."""
-        data, self._out = bytes(self._out), bytearray()
-        return data
 
     @property
     def remaining(self) -> bytes:
@@ -254,7 +260,7 @@ CLIENT_TRANSITIONS = {
 }
 
 
-class SaslClient:
+class SaslClient(_Exchange):
     """The client side of one connection's SASL exchange: PLAIN with ``user``, else ANONYMOUS."""
 
     def __init__(self, user: str | None = None, password: str | None = None, hostname: str | None = None):
@@ -265,12 +271,6 @@ class SaslClient:
         self._header_seen = False
         self._buffer = bytearray()
         self._out = bytearray(SASL_HEADER)
-
-    @property
-    def data_to_send(self) -> bytes:
-        """Bytes to write to the server now (taking them empties the buffer)."""
-        data, self._out = bytes(self._out), bytearray()
-        return data
 
     @property
     def remaining(self) -> bytes:

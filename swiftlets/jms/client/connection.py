@@ -47,6 +47,7 @@ from messaging.message import MessageError
 from .. import amqp
 from ..amqp import ACCEPTED_CODE, DECLARED, MODIFIED, REJECTED, TRANSACTIONAL_STATE, Terminus
 from ..sasl import SaslClient, SaslError, SaslRefused
+from ..shell import read_into
 from .messages import (
     DeliveryMode,
     Destination,
@@ -415,7 +416,7 @@ class Connection:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_forever)
-                nursery.start_soon(self._read_forever)
+                nursery.start_soon(read_into, self.engine, self._stream, self._after_input)
                 await self._opened.wait()
                 task_status.started()
                 started = True
@@ -429,20 +430,9 @@ class Connection:
         if not started:
             raise self._opened.error or self.lost or ConnectionLost("the connection ended before it opened")
 
-    async def _read_forever(self) -> None:
-        """Feed the engine until the router closes its side (the writer ends the connection
-        once the engine's output is over)."""
-        engine = self.engine
-        while True:
-            data = None
-            deadline = engine.tick(trio.current_time())
-            with trio.move_on_at(deadline if deadline else math.inf):
-                data = await self._stream.receive_some(65536)
-                engine.receive_data(data)
-            self._handle_events()
-            self.wake()
-            if data == b"":
-                return
+    def _after_input(self) -> None:
+        self._handle_events()
+        self.wake()
 
     async def _write_forever(self) -> None:
         while True:
