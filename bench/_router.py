@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from kernel import Router
+from martinet.kernel import Router
 
 
 async def accept_all(consumer: Any, count: int) -> None:

@@ -110,7 +110,7 @@ def martinet(loadgen: Path, folder: Path, args: argparse.Namespace) -> dict[str,
     config = folder / "router.xml"
     config.write_text(ROUTER.format(folder=folder, port=port))
     with (folder / "martinet.log").open("w") as log:
-        router = subprocess.Popen([sys.executable, "-m", "kernel", "run", str(config)], stderr=log, cwd=folder)
+        router = subprocess.Popen([sys.executable, "-m", "martinet.kernel", "run", str(config)], stderr=log, cwd=folder)
     try:
         wait_for_port(port, 60, router)
         return measure("Martinet", loadgen, port, "", args, [])

@@ -15,7 +15,7 @@ import attrs
 import trio
 import trio.testing
 
-from kernel import Event, EventBus, Overflow, Pool
+from martinet.kernel import Event, EventBus, Overflow, Pool
 
 
 @attrs.frozen(kw_only=True)

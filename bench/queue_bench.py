@@ -25,8 +25,8 @@ import tracemalloc
 import trio
 from _router import accept_all, running_router
 
-from kernel import Router
-from messaging.message import build
+from martinet.kernel import Router
+from martinet.messaging.message import build
 
 CONFIG = """<router name="bench" startorder="sys$store sys$queuemanager">
   <swiftlet name="sys$store" path="{path}" sync="{sync}"/>

@@ -16,8 +16,8 @@ import time
 import trio
 from _router import accept_all, running_router
 
-from kernel import Router
-from messaging.message import build
+from martinet.kernel import Router
+from martinet.messaging.message import build
 
 CONFIG = """<router name="bench" startorder="sys$store sys$queuemanager sys$topicmanager">
   <swiftlet name="sys$store" path="{path}"/>

@@ -2,7 +2,7 @@
 
 The kernel knows nothing about messaging. Swiftlets import what they need from here::
 
-    from kernel import SwiftletSpec, SwiftletContext, config_class, prop, hookimpl
+    from martinet.kernel import SwiftletSpec, SwiftletContext, config_class, prop, hookimpl
 
 Layers, bottom up: :mod:`kernel.schema` (declaring config), :mod:`kernel.xmlconfig`
 (reading and writing it), :mod:`kernel.bus`, :mod:`kernel.pools`, :mod:`kernel.mgmt`

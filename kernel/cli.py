@@ -37,7 +37,7 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
 def default_config() -> Path:
     """The packaged default config (one router named ``router1``)."""
-    return Path(str(importlib.resources.files("kernel.conf") / "router.xml"))
+    return Path(str(importlib.resources.files("martinet.kernel.conf") / "router.xml"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,6 +6,10 @@ Every log record gets a ``router`` attribute: the name of the router whose task 
 task a router's tasks start (and ``trio.to_thread`` into threads), so records from
 swiftlets, pools and libraries they call are tagged without passing loggers around —
 which also keeps several routers in one process apart.
+
+Records also carry ``record.component``: the logger's name without the ``martinet.``
+namespace every module of ours lives in (``kernel.router``, ``swiftlets.jms.listener``),
+which is what a log line shows.
 """
 
 from __future__ import annotations
@@ -18,11 +22,11 @@ __all__ = ["current_router", "install_record_factory", "configure_logging", "FOR
 
 current_router: contextvars.ContextVar[str] = contextvars.ContextVar("martinet_router", default="-")
 
-FORMAT = "%(asctime)s %(levelname)-7s [%(router)s] %(name)s: %(message)s"
+FORMAT = "%(asctime)s %(levelname)-7s [%(router)s] %(component)s: %(message)s"
 
 
 def install_record_factory() -> None:
-    """Make every log record carry ``record.router``; idempotent."""
+    """Make every log record carry ``record.router`` and ``record.component``; idempotent."""
     previous = logging.getLogRecordFactory()
     if getattr(previous, "martinet", False):
         return
@@ -30,6 +34,7 @@ def install_record_factory() -> None:
     def factory(*args: object, **kwargs: object) -> logging.LogRecord:
         record = previous(*args, **kwargs)
         record.router = current_router.get()
+        record.component = record.name.removeprefix("martinet.")
         return record
 
     factory.martinet = True  # type: ignore[attr-defined]

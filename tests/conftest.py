@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from kernel import Router, SwiftletFailed, load_swiftlet_specs
+from martinet.kernel import Router, SwiftletFailed, load_swiftlet_specs
 
 import probe_plugin
 

@@ -12,8 +12,8 @@ import sys
 
 import trio
 
-from kernel import Router
-from messaging.message import build
+from martinet.kernel import Router
+from martinet.messaging.message import build
 
 
 async def main(config: str, run: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import trio
 
-from kernel import PoolSpec, SwiftletContext, SwiftletSpec, config_class, hookimpl, prop
+from martinet.kernel import PoolSpec, SwiftletContext, SwiftletSpec, config_class, hookimpl, prop
 
 
 @config_class

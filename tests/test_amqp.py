@@ -12,7 +12,7 @@ from proton import Disposition, Message
 from proton.reactor import Selector
 from proton.utils import BlockingConnection, LinkDetached, SendException
 
-from kernel import Router
+from martinet.kernel import Router
 
 from conftest import amqp_router_xml as router_xml
 
@@ -381,8 +381,8 @@ async def test_a_client_id_is_used_by_one_connection_at_a_time(broker):
 
 
 async def test_a_silent_peer_is_dropped_after_the_idle_timeout(nursery, tmp_path, autojump_clock):
-    from messaging.codec import Described, ULong, encode
-    from swiftlets.jms.sasl import AMQP_HEADER
+    from martinet.messaging.codec import Described, ULong, encode
+    from martinet.messaging.amqp.wire import AMQP_HEADER
 
     path = tmp_path / "router.xml"
     path.write_text(router_xml(tmp_path, listener='keepalive-interval="2000"'))
@@ -435,7 +435,7 @@ async def test_tls_listener(nursery, tmp_path):
     # our client, verifying the router's certificate
     import ssl
 
-    from swiftlets.jms.client import ConnectionLost, Queue, TextMessage, connect
+    from martinet.messaging.client import ConnectionLost, Queue, TextMessage, connect
     async with connect(f"amqps://127.0.0.1:{port}", ssl_context=ssl.create_default_context(cafile=str(cert))) as c:
         session = await c.session()
         await (await session.producer(Queue("ours"))).send(TextMessage("ours, encrypted"))
@@ -449,7 +449,7 @@ async def test_tls_listener(nursery, tmp_path):
 async def test_a_missing_tls_certificate_fails_the_start(tmp_path):
     path = tmp_path / "router.xml"
     path.write_text(router_xml(tmp_path, listener='tls-certificate="/nope/cert.pem"'))
-    from kernel import SwiftletFailed
+    from martinet.kernel import SwiftletFailed
 
     with pytest.raises(SwiftletFailed, match="sys\\$jms failed to start: .*cannot load the TLS certificate "
                                              "'/nope/cert.pem'"):

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from messaging.codec import Described, UInt, ULong, encode
-from swiftlets.jms import amqp
-from swiftlets.jms.sasl import SaslClient
+from martinet.messaging.codec import Described, UInt, ULong, encode
+from martinet.messaging import amqp
+from martinet.messaging.amqp.sasl import SaslClient
 
 
 class Recorder:
@@ -313,7 +313,7 @@ def test_termini_round_trip_with_filters_and_capabilities():
 
 
 def _redecode(described: Described) -> tuple:
-    from messaging.codec import decode
+    from martinet.messaging.codec import decode
     value, _ = decode(encode(described))
     return value.descriptor, value.value
 
@@ -462,7 +462,7 @@ class ServerPeer:
 
 def test_client_mode_sends_receives_and_closes_against_a_proton_server():
     peer = ServerPeer()
-    assert peer.engine.state is amqp.State.OPEN_PIPE
+    assert peer.engine.state is amqp.ConnectionState.OPEN_PIPE
     peer.pump()
     engine = peer.engine
     assert engine.opened and engine.remote_container_id == "broker" and peer.server.remote_hostname == "broker"

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from proton import Message
 from proton.utils import BlockingConnection
 
-from kernel import Router
-from messaging.codec import Described, Symbol, ULong, encode
-from swiftlets.jms.sasl import AMQP_HEADER, SASL_HEADER
+from martinet.kernel import Router
+from martinet.messaging.codec import Described, Symbol, ULong, encode
+from martinet.messaging.amqp.wire import AMQP_HEADER, SASL_HEADER
 
 CONFIG = """<router name="fuzz" startorder="sys$store sys$queuemanager sys$jms">
   <swiftlet name="sys$store" path="{store}" sync="off"/>

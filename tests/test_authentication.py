@@ -7,8 +7,8 @@ import logging
 import pytest
 import trio
 
-from kernel import Router
-from swiftlets.authentication import AccessDenied, AuthenticationFailed
+from martinet.kernel import Router
+from martinet.swiftlets.authentication import AccessDenied, AuthenticationFailed
 
 CONFIG = """
 <router name="r1" startorder="sys$authentication">

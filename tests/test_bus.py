@@ -6,7 +6,7 @@ import attrs
 import pytest
 import trio
 
-from kernel import Event, EventBus, Overflow, SubscriberOverflow, event_types
+from martinet.kernel import Event, EventBus, Overflow, SubscriberOverflow, event_types
 
 from conftest import drain
 
@@ -114,7 +114,7 @@ async def test_a_blocked_receiver_is_woken_by_publish():
 def test_event_types_are_found_by_name():
     found = event_types()
     assert found["Ping"] is Ping and found["LoudPing"] is LoudPing
-    assert found["PropertyChanged"].__module__ == "kernel.bus"
+    assert found["PropertyChanged"].__module__ == "martinet.kernel.bus"
 
 
 def test_events_are_frozen():

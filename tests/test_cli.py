@@ -21,7 +21,7 @@ class RouterProcess:
         self.log = cwd / "stderr.log"
         with self.log.open("wb") as stderr:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kernel", "run", *args],
+                [sys.executable, "-m", "martinet.kernel", "run", *args],
                 cwd=cwd,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
@@ -153,7 +153,7 @@ def test_ctrl_c_to_the_process_group_stops_cleanly(tmp_path):
     """A terminal's Ctrl-C reaches the router and its store engine; the stop stays orderly."""
     log = tmp_path / "stderr.log"
     with log.open("wb") as stderr:
-        router = subprocess.Popen([sys.executable, "-m", "kernel", "run"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+        router = subprocess.Popen([sys.executable, "-m", "martinet.kernel", "run"], cwd=tmp_path, stdout=subprocess.DEVNULL,
                                   stderr=stderr, start_new_session=True)
     try:
         deadline = time.monotonic() + 30

@@ -8,8 +8,8 @@ import trio
 from proton import Message as ProtonMessage
 from proton.utils import BlockingConnection
 
-from messaging.codec import Int
-from swiftlets.jms.client import (
+from martinet.messaging.codec import Int
+from martinet.messaging.client import (
     AckMode,
     BytesMessage,
     ConnectionLost,
@@ -328,7 +328,7 @@ async def test_consumer_closed_by_the_router_and_connection_loss(amqp_broker):
 
 
 async def test_blocking_facade(amqp_broker):
-    from swiftlets.jms.client.blocking import BlockingConnection
+    from martinet.messaging.client.blocking import BlockingConnection
 
     broker = await amqp_broker(auth="true")
 
@@ -402,8 +402,8 @@ async def test_connection_usage_counts_and_rates(amqp_broker):
 async def test_the_client_drops_a_router_that_goes_silent(nursery, autojump_clock):
     """A router that answers SASL and the open, then says nothing more: past the client's
     idle timeout the connection is lost (the clock jumps while everything waits)."""
-    from swiftlets.jms import amqp
-    from swiftlets.jms.sasl import SaslServer
+    from martinet.messaging import amqp
+    from martinet.messaging.amqp.sasl import SaslServer
 
     [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listener.socket.getsockname()[1]

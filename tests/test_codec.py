@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from messaging.codec import (
+from martinet.messaging.codec import (
     Array,
     Byte,
     Char,
@@ -29,7 +29,7 @@ from messaging.codec import (
     encode,
     skip,
 )
-from messaging.message import Message, MessageError, Stamp, build
+from martinet.messaging.message import Message, MessageError, Stamp, build
 
 # (value, its encoding) per AMQP 1.0 part 1 §1.6
 SPEC = [

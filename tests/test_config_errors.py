@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kernel import ConfigErrors, load_config
+from martinet.kernel import ConfigErrors, load_config
 
 R = '<router name="r1" startorder="test$a">'
 
@@ -161,7 +161,7 @@ def test_check_command_prints_every_error_and_exits_2(write_config):
         '<swiftlet name="sys$log" level="LOUD" number-old-logfiles="-3"/></router>'
     )
     done = subprocess.run(
-        [sys.executable, "-m", "kernel", "check", str(path)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "martinet.kernel", "check", str(path)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
@@ -171,10 +171,10 @@ def test_check_command_prints_every_error_and_exits_2(write_config):
 
 
 def test_check_command_accepts_the_default_config():
-    from kernel.cli import default_config
+    from martinet.kernel.cli import default_config
 
     done = subprocess.run(
-        [sys.executable, "-m", "kernel", "check", str(default_config())],
+        [sys.executable, "-m", "martinet.kernel", "check", str(default_config())],
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr

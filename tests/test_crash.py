@@ -16,7 +16,7 @@ from pathlib import Path
 
 import trio
 
-from kernel import Router
+from martinet.kernel import Router
 
 ROUNDS = int(os.environ.get("MARTINET_CRASH_ROUNDS", "6"))
 CONFIG = """<router name="crash" startorder="sys$store sys$queuemanager">

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from kernel import ConfigErrors, ManagementError, Router, load_config, load_swiftlet_specs
+from martinet.kernel import ConfigErrors, ManagementError, Router, load_config, load_swiftlet_specs
 
 from conftest import ECHO_PLUGIN
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from swiftlets.jms.client import Queue, TextMessage, Topic, connect
+from martinet.messaging.client import Queue, TextMessage, Topic, connect
 
 INTEROP = Path(__file__).parent / "interop"
 if shutil.which("node") is None or shutil.which("npm") is None:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import pytest
 import trio
 
-from kernel import (
+from martinet.kernel import (
     EntityAdded,
     EntityRemoved,
     EventBus,
@@ -22,7 +22,7 @@ from kernel import (
     load_config,
     prop,
 )
-from kernel.config import to_xml
+from martinet.kernel.config import to_xml
 
 from conftest import drain
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from kernel import PluginError, Router, SwiftletSpec, config_class, hookimpl, load_swiftlet_specs, prop
+from martinet.kernel import PluginError, Router, SwiftletSpec, config_class, hookimpl, load_swiftlet_specs, prop
 
 import probe_plugin
 
@@ -41,7 +41,7 @@ def spec(name: str, config=Empty, **kwargs) -> SwiftletSpec:
 
 def test_builtin_swiftlets_come_from_the_entry_point_group():
     specs = load_swiftlet_specs()
-    assert specs["sys$log"].factory.__module__ == "swiftlets.log"
+    assert specs["sys$log"].factory.__module__ == "martinet.swiftlets.log"
 
 
 def test_two_plugins_claiming_one_name_is_an_error():
@@ -80,11 +80,11 @@ def test_every_package_folder_is_packaged_and_every_swiftlet_registered():
     entry_points = set(pyproject["project"]["entry-points"]["martinet.swiftlets"].values())
     for top in ("kernel", "messaging", "swiftlets"):
         for init in (ROOT / top).rglob("__init__.py"):
-            assert ".".join(init.parent.relative_to(ROOT).parts) in packages, init
+            assert ".".join(("martinet", *init.parent.relative_to(ROOT).parts)) in packages, init
     for folder in (ROOT / "swiftlets").iterdir():
         if "def martinet_swiftlets" in ((folder / "__init__.py").read_text() if folder.is_dir() else ""):
-            assert f"swiftlets.{folder.name}" in entry_points
-    assert (ROOT / "conf" / "router.xml").exists() and "kernel.conf" in packages
+            assert f"martinet.swiftlets.{folder.name}" in entry_points
+    assert (ROOT / "conf" / "router.xml").exists() and "martinet.kernel.conf" in packages
 
 
 async def test_each_router_logs_to_its_own_file(write_config, tmp_path, monkeypatch):

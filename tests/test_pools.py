@@ -7,7 +7,7 @@ import logging
 import pytest
 import trio
 
-from kernel import Pool, PoolFull
+from martinet.kernel import Pool, PoolFull
 
 
 @pytest.fixture

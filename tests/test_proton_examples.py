@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from kernel import Router
+from martinet.kernel import Router
 
 EXAMPLES = Path("/usr/share/proton/examples/python")
 if not (EXAMPLES / "helloworld.py").exists():

@@ -8,10 +8,10 @@ import time
 import pytest
 import trio
 
-from messaging.codec import Symbol
-from messaging.message import build
-from messaging.selector import SelectorError, compile_selector
-from swiftlets.queuemanager import (
+from martinet.messaging.codec import Symbol
+from martinet.messaging.message import build
+from martinet.messaging.selector import SelectorError, compile_selector
+from martinet.swiftlets.queuemanager import (
     ConsumerRefused,
     MessageTooLarge,
     QueueError,
@@ -412,7 +412,7 @@ async def test_bad_input_is_refused_clearly(make_broker):
     await qm.send("small", msg(2))
     with pytest.raises(QueueFull, match="queue small is full \\(2 messages\\)"):
         await qm.send("small", msg(3))
-    from messaging.message import Message
+    from martinet.messaging.message import Message
     with pytest.raises(QueueError, match="malformed message for queue unroutable"):
         await qm.send("unroutable", Message(b"\x00\x53\x70\xc0\x09"))
     with pytest.raises(QueueError, match="routerdlq is predefined"):

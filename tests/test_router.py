@@ -7,7 +7,7 @@ import logging
 import pytest
 import trio
 
-from kernel import Router, SwiftletFailed, SwiftletStarted, SwiftletStopped
+from martinet.kernel import Router, SwiftletFailed, SwiftletStarted, SwiftletStopped
 
 from conftest import drain
 

@@ -8,10 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from messaging.codec import Described, Symbol, ULong, decode, encode
-from swiftlets.jms.sasl import (
-    AMQP_HEADER,
-    SASL_HEADER,
+from martinet.messaging.amqp.sasl import (
     ClientState,
     Credentials,
     SaslClient,
@@ -21,6 +18,8 @@ from swiftlets.jms.sasl import (
     State,
     sasl_frame,
 )
+from martinet.messaging.amqp.wire import AMQP_HEADER, SASL_HEADER
+from martinet.messaging.codec import Described, Symbol, ULong, decode, encode
 
 
 def init_frame(mechanism, response=None, hostname=None, *, frame_type=1):

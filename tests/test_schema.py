@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel import config_class, entity, entity_list, load_config, prop
-from kernel.config import RouterConfig, RouterSettings, SwiftletSection, to_xml
-from kernel.schema import Prop, parse_value
+from martinet.kernel import config_class, entity, entity_list, load_config, prop
+from martinet.kernel.config import RouterConfig, RouterSettings, SwiftletSection, to_xml
+from martinet.kernel.schema import Prop, parse_value
 
 INT = Prop(description="", min=-1, max=100)
 
@@ -110,7 +110,7 @@ class Outer:
                                             default=[Item(name="x")])
 
 
-from kernel import SwiftletSpec  # noqa: E402
+from martinet.kernel import SwiftletSpec  # noqa: E402
 
 SPECS = {"t$outer": SwiftletSpec(name="t$outer", description="", config=Outer, factory=lambda c: None)}
 # Characters XML 1.0 can carry (no controls but tab/newline, no surrogates).

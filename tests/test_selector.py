@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from messaging.message import build
-from messaging.selector import SelectorError, compile_selector, message_identifiers
+from martinet.messaging.message import build
+from martinet.messaging.selector import SelectorError, compile_selector, message_identifiers
 
 from selector_vectors import CASES, CUSTOM_CASES, INVALID, STANDARD_MESSAGE
 

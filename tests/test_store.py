@@ -7,8 +7,8 @@ import sqlite3
 import pytest
 import trio
 
-from kernel import Router, SwiftletFailed
-from swiftlets.store.api import (
+from martinet.kernel import Router, SwiftletFailed
+from martinet.swiftlets.store.api import (
     DeleteMessage,
     DeleteRecord,
     PutMessage,

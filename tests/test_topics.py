@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from messaging.message import build
-from swiftlets.topicmanager import TopicError, TopicInterestChanged
-from swiftlets.topicmanager.hierarchy import TopicNameError, matches, parse_topic
+from martinet.messaging.message import build
+from martinet.swiftlets.topicmanager import TopicError, TopicInterestChanged
+from martinet.swiftlets.topicmanager.hierarchy import TopicNameError, matches, parse_topic
 
 from conftest import RunningRouter, drain
 

@@ -5,7 +5,7 @@ import sys
 
 import trio
 
-from swiftlets.jms.client import Queue, TextMessage, Topic, connect
+from martinet.messaging.client import Queue, TextMessage, Topic, connect
 
 
 async def main(url: str) -> None:

@@ -33,8 +33,8 @@ from typing import Any
 import attrs
 import trio
 
-from kernel import SwiftletContext, SwiftletSpec, config_class, entity_list, hookimpl, prop
-from messaging.selector import SelectorError, like_pattern
+from martinet.kernel import SwiftletContext, SwiftletSpec, config_class, entity_list, hookimpl, prop
+from martinet.messaging.selector import SelectorError, like_pattern
 
 __all__ = ["Authentication", "Principal", "AuthenticationFailed", "AccessDenied"]
 

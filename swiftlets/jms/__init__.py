@@ -18,11 +18,11 @@ from typing import Any
 
 import trio
 
-from kernel import Entity, SwiftletContext, SwiftletSpec, UsageList, Veto, config_class, entity_list, hookimpl, prop
-from messaging.selector import like_pattern
+from martinet.kernel import Entity, SwiftletContext, SwiftletSpec, UsageList, Veto, config_class, entity_list, hookimpl, prop
+from martinet.messaging.selector import like_pattern
 
 from .listener import AmqpConnection
-from .sasl import Credentials
+from martinet.messaging.amqp.sasl import Credentials
 
 log = logging.getLogger(__name__)
 

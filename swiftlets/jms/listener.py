@@ -37,33 +37,49 @@ from typing import Any
 
 import trio
 
-from messaging.codec import Described, Int, Symbol, ULong
-from messaging.message import Message, MessageError, Stamp
-from messaging.selector import SelectorError, compile_selector
-from swiftlets.authentication import AccessDenied, AuthenticationFailed
-from swiftlets.queuemanager import ConsumerRefused, QueueError, QueueFull, QueueNotFound
-from swiftlets.store.api import StoreError
-from swiftlets.topicmanager import TopicError, durable_queue_name
-from swiftlets.topicmanager.hierarchy import TopicNameError, parse_topic
+from martinet.messaging import amqp
+from martinet.messaging.amqp import (
+    ACCEPTED,
+    COORDINATOR,
+    DECLARE,
+    DECLARED,
+    DISCHARGE,
+    JMS_DEST,
+    JMS_TEMPORARY_TOPIC,
+    JMS_TOPIC,
+    MODIFIED,
+    NO_LOCAL_FILTER,
+    NO_LOCAL_FILTER_CODE,
+    QUEUE_PREFIX,
+    REJECTED,
+    RELEASED_CODE,
+    SELECTOR_FILTER,
+    SELECTOR_FILTER_CODE,
+    TOPIC_PREFIX,
+    TRANSACTIONAL_STATE,
+    Error,
+)
+from martinet.messaging.amqp.sasl import SaslError, SaslServer
+from martinet.messaging.codec import Described, Int, Symbol, ULong
+from martinet.messaging.io import read_into
+from martinet.messaging.message import Message, MessageError, Stamp
+from martinet.messaging.selector import SelectorError, compile_selector
+from martinet.swiftlets.authentication import AccessDenied, AuthenticationFailed
+from martinet.swiftlets.queuemanager import ConsumerRefused, QueueError, QueueFull, QueueNotFound
+from martinet.swiftlets.store.api import StoreError
+from martinet.swiftlets.topicmanager import TopicError, durable_queue_name
+from martinet.swiftlets.topicmanager.hierarchy import TopicNameError, parse_topic
 
-from . import amqp
-from .amqp import ACCEPTED, COORDINATOR, DECLARED, MODIFIED, REJECTED, RELEASED_CODE, TRANSACTIONAL_STATE, Error
-from .sasl import SaslError, SaslServer
-from .shell import read_into
 
 log = logging.getLogger(__name__)
 
 SASL_TIMEOUT = 30.0
 
 
-TOPIC_PREFIX, QUEUE_PREFIX = "topic://", "queue://"
-DECLARE, DISCHARGE = 0x31, 0x32  # AMQP part 4
-DECLARE_NAMES = (DECLARE, "amqp:declare:list")
-DISCHARGE_NAMES = (DISCHARGE, "amqp:discharge:list")
-SELECTOR_FILTERS = ("apache.org:selector-filter:string", 0x0000468C00000004)
-NO_LOCAL_FILTERS = ("apache.org:no-local-filter:list", 0x0000468C00000003)
+SELECTOR_FILTERS = (SELECTOR_FILTER, SELECTOR_FILTER_CODE)
+NO_LOCAL_FILTERS = (NO_LOCAL_FILTER, NO_LOCAL_FILTER_CODE)
 CLIENT_ID_ANNOTATION = Symbol("x-opt-martinet-cid")  # the producer's client id (SwiftMQ's JMS_SWIFTMQ_CID)
-JMS_DEST_ANNOTATION, JMS_TOPIC_TYPES = Symbol("x-opt-jms-dest"), (1, 3)  # Qpid JMS: 1 topic, 3 temporary topic
+JMS_TOPIC_TYPES = (JMS_TOPIC, JMS_TEMPORARY_TOPIC)
 
 
 def _filters(source: amqp.Terminus) -> tuple[str | None, bool]:
@@ -284,11 +300,11 @@ class CoordinatorLink:
         connection, link = self.connection, self.link
         try:
             control = Message(data).body()
-            kind = getattr(control, "descriptor", None)
+            kind = amqp.descriptor_code(getattr(control, "descriptor", None))
             fields = list(getattr(control, "value", None) or [])
-            if kind in DECLARE_NAMES:
+            if kind == DECLARE:
                 link.settle(delivery_id, amqp.outcome(DECLARED, connection.declare()))
-            elif kind in DISCHARGE_NAMES and fields:
+            elif kind == DISCHARGE and fields:
                 connection.discharge(link, delivery_id, bytes(fields[0]), bool(fields[1]) if len(fields) > 1 else False)
             else:
                 raise _Refused("amqp:invalid-field", f"not a declare or discharge: {control!r}"[:200])
@@ -653,7 +669,7 @@ class AmqpConnection:
             raise _Refused("amqp:invalid-field", "a message on an anonymous relay link needs a 'to' address")
         if to.startswith(TOPIC_PREFIX):
             return self._check(to[len(TOPIC_PREFIX):], "publish", topic=True), True
-        if message.message_annotations.get(JMS_DEST_ANNOTATION) in JMS_TOPIC_TYPES:
+        if message.message_annotations.get(JMS_DEST) in JMS_TOPIC_TYPES:
             return self._check(to, "publish", topic=True), True
         return self._check(to[len(QUEUE_PREFIX):] if to.startswith(QUEUE_PREFIX) else to, "send"), False
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import trio
 
-from kernel import Change, SwiftletContext, SwiftletSpec, config_class, hookimpl, prop
-from kernel.logs import FORMAT
+from martinet.kernel import Change, SwiftletContext, SwiftletSpec, config_class, hookimpl, prop
+from martinet.kernel.logs import FORMAT
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 

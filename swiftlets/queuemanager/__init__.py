@@ -13,7 +13,7 @@ expired, dead-lettered, duplicates-dropped, consumers, send-rate, receive-rate).
 
 from __future__ import annotations
 
-from kernel import SwiftletSpec, hookimpl
+from martinet.kernel import SwiftletSpec, hookimpl
 
 from .config import QueueManagerConfig
 from .manager import MessageTooLarge, QueueManager, QueueNotFound, SendResult, Transaction, TransactionError

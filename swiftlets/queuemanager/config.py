@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kernel import config_class, entity_list, prop
+from martinet.kernel import config_class, entity_list, prop
 
 PERSISTENCE_MODES = ("as_message", "persistent", "non_persistent")
 CONSUMER_MODES = ("shared", "exclusive", "activestandby")

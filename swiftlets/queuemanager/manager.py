@@ -44,11 +44,11 @@ from typing import Any, NamedTuple
 import attrs
 import trio
 
-from kernel import Change, Entity, SwiftletContext, UsageList, Veto
-from messaging.codec import Symbol
-from messaging.message import Message, MessageError
-from messaging.selector import like_pattern
-from swiftlets.store.api import (
+from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
+from martinet.messaging.codec import Symbol
+from martinet.messaging.message import Message, MessageError
+from martinet.messaging.selector import like_pattern
+from martinet.swiftlets.store.api import (
     DeleteMessage,
     DeleteRecord,
     Op,

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from messaging.message import Message
-from messaging.selector import Selector, message_identifiers
+from martinet.messaging.message import Message
+from martinet.messaging.selector import Selector, message_identifiers
 
 from .config import QueueSettings
 

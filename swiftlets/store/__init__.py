@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from kernel import SwiftletContext, SwiftletSpec, config_class, hookimpl, prop
+from martinet.kernel import SwiftletContext, SwiftletSpec, config_class, hookimpl, prop
 
 from .api import Op, Recovered
 from .sqlite import SqliteStore

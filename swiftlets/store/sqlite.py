@@ -134,7 +134,7 @@ class SqliteStore:
         """
         self.path.parent.mkdir(parents=True, exist_ok=True)
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "swiftlets.store", str(self.path), self.sync],
+            [sys.executable, "-m", "martinet.swiftlets.store", str(self.path), self.sync],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},

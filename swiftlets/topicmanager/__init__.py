@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import attrs
 import trio
 
-from kernel import (
+from martinet.kernel import (
     Change,
     Entity,
     Event,
@@ -44,10 +44,10 @@ from kernel import (
     hookimpl,
     prop,
 )
-from messaging.message import Message
-from messaging.selector import Selector, compile_selector, message_identifiers
-from swiftlets.queuemanager import Consumer, Queue, QueueError
-from swiftlets.store.api import DeleteRecord, PutRecord
+from martinet.messaging.message import Message
+from martinet.messaging.selector import Selector, compile_selector, message_identifiers
+from martinet.swiftlets.queuemanager import Consumer, Queue, QueueError
+from martinet.swiftlets.store.api import DeleteRecord, PutRecord
 
 from .hierarchy import TopicName, TopicNameError, matches, parse_topic
 

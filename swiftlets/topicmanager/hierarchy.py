@@ -23,7 +23,7 @@ import re
 
 import attrs
 
-from messaging.selector import SelectorError, like_pattern
+from martinet.messaging.selector import SelectorError, like_pattern
 
 __all__ = ["TopicName", "TopicNameError", "parse_topic", "matches"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import trio
 
-from kernel import (
+from martinet.kernel import (
     Change,
     Entity,
     Event,

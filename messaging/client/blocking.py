@@ -1,7 +1,7 @@
 """A blocking facade over the trio client, for plain scripts.
 
-    from swiftlets.jms.client.blocking import BlockingConnection
-    from swiftlets.jms.client import Queue, TextMessage
+    from martinet.messaging.client.blocking import BlockingConnection
+    from martinet.messaging.client import Queue, TextMessage
 
     with BlockingConnection("amqp://localhost:5672") as connection:
         session = connection.session()

@@ -19,8 +19,9 @@ from typing import Any
 
 import attrs
 
-from messaging.codec import Byte, Described, Symbol, Timestamp, UByte, UInt, ULong, encode
-from messaging.message import (
+from ..amqp.wire import JMS_DEST, JMS_MSG_TYPE, JMS_REPLY_TO, TOPIC_PREFIX
+from ..codec import Byte, Described, Symbol, Timestamp, UByte, UInt, ULong, encode
+from ..message import (
     AMQP_SEQUENCE,
     AMQP_VALUE,
     APPLICATION_PROPERTIES,
@@ -29,15 +30,14 @@ from messaging.message import (
     MESSAGE_ANNOTATIONS,
     PROPERTIES,
 )
-from messaging.message import Message as AmqpMessage
+from ..message import Message as AmqpMessage
 
 __all__ = [
     "DeliveryMode", "Destination", "Queue", "Topic", "TemporaryQueue", "TemporaryTopic",
     "Message", "TextMessage", "BytesMessage", "MapMessage", "StreamMessage", "MessageFormatError",
 ]
 
-MSG_TYPE, DEST, REPLY_TO = Symbol("x-opt-jms-msg-type"), Symbol("x-opt-jms-dest"), Symbol("x-opt-jms-reply-to")
-TOPIC_PREFIX = "topic://"
+MSG_TYPE, DEST, REPLY_TO = JMS_MSG_TYPE, JMS_DEST, JMS_REPLY_TO
 PROPERTY_TYPES = (bool, int, float, str, bytes, type(None))
 
 

@@ -32,23 +32,20 @@ transitions are :data:`CLIENT_TRANSITIONS`.
 from __future__ import annotations
 
 import enum
-import struct
 from typing import Any
 
 import attrs
 
-from messaging.codec import Array, DecodeError, Described, Symbol, UByte, ULong, decode, encode
+from ..codec import Array, DecodeError, Described, Symbol, UByte, ULong, decode, encode
+from .wire import AMQP_HEADER, SASL_FRAME, SASL_HEADER, descriptor_code
+from .wire import FRAME_HEADER as _FRAME
+from .wire import SASL_INIT as INIT
+from .wire import SASL_MECHANISMS as MECHANISMS
+from .wire import SASL_OUTCOME as OUTCOME
 
-__all__ = ["SaslServer", "SaslClient", "SaslError", "SaslRefused", "Credentials", "SASL_HEADER", "AMQP_HEADER",
-           "TLS_HEADER"]
+__all__ = ["SaslServer", "SaslClient", "SaslError", "SaslRefused", "Credentials"]
 
-SASL_HEADER = b"AMQP\x03\x01\x00\x00"
-AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
-TLS_HEADER = b"AMQP\x02\x01\x00\x00"
-SASL_FRAME = 0x01
-MECHANISMS, INIT, OUTCOME = 0x40, 0x41, 0x44
 MAX_SASL_FRAME = 4096  # sasl frames are small; a larger one is an attack or a mistake
-_FRAME = struct.Struct(">IBBH")
 
 
 class SaslError(Exception):
@@ -99,9 +96,6 @@ TRANSITIONS = {
 }
 
 
-_NAMES = {"amqp:sasl-mechanisms:list": MECHANISMS, "amqp:sasl-init:list": INIT, "amqp:sasl-outcome:list": OUTCOME}
-
-
 def _take_frame(buffer: bytearray) -> tuple[int, list] | None:
     """Remove one complete SASL frame from ``buffer``: (performative code, fields); None
     until a whole frame is there.
@@ -124,7 +118,7 @@ def _take_frame(buffer: bytearray) -> tuple[int, list] | None:
         raise SaslError(f"malformed SASL frame: {exc}") from None
     if not isinstance(performative, Described) or not isinstance(performative.value, list):
         raise SaslError(f"not a SASL performative: {performative!r}"[:200])
-    return _NAMES.get(performative.descriptor, performative.descriptor), performative.value + [None] * 3
+    return descriptor_code(performative.descriptor), performative.value + [None] * 3
 
 
 def sasl_frame(performative: int, fields: list) -> bytes:

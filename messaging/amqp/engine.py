@@ -41,50 +41,46 @@ from typing import Any
 
 import attrs
 
-from messaging.codec import (
-    Array,
-    DecodeError,
-    Described,
-    Symbol,
-    UByte,
-    UInt,
-    ULong,
-    UShort,
-    decode,
-    encode,
+from ..codec import DecodeError, Described, UByte, UInt, UShort, decode, encode
+from .wire import (
+    AMQP_HEADER,
+    ATTACH,
+    BEGIN,
+    CLOSE,
+    COORDINATOR,
+    DETACH,
+    DISPOSITION,
+    END,
+    FLOW,
+    MASK,
+    MIN_MAX_FRAME_SIZE,
+    OPEN,
+    SOURCE,
+    TRANSFER,
+    Error,
+    ProtocolError,
+    RemoteProtocolError,
+    Terminus,
+    descriptor_code,
+    symbol_array,
+    symbols,
 )
+from .wire import FRAME_HEADER as _FRAME
 
 __all__ = [
-    "Connection", "Session", "Link", "Terminus", "Error", "ProtocolError",
-    "ConnectionOpened", "ConnectionClosed", "SessionBegun", "SessionEnded", "LinkAttached", "LinkDetached",
-    "LinkFlow", "AMQP_HEADER", "ACCEPTED", "RELEASED", "outcome", "state_code", "SOURCE", "TARGET", "COORDINATOR",
+    "Connection", "Session", "Link", "ConnectionOpened", "ConnectionClosed", "SessionBegun", "SessionEnded",
+    "LinkAttached", "LinkDetached", "LinkFlow", "ConnectionState",
 ]
 
-AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
-OPEN, BEGIN, ATTACH, FLOW, TRANSFER, DISPOSITION, DETACH, END, CLOSE = range(0x10, 0x19)
-ERROR, SOURCE, TARGET, COORDINATOR = 0x1D, 0x28, 0x29, 0x30
-RECEIVED, ACCEPTED_CODE, REJECTED, RELEASED_CODE, MODIFIED = 0x23, 0x24, 0x25, 0x26, 0x27
-DECLARED, TRANSACTIONAL_STATE = 0x33, 0x34
-_SYMBOLIC = {f"amqp:{name}:list": code for name, code in (
-    ("open", OPEN), ("begin", BEGIN), ("attach", ATTACH), ("flow", FLOW), ("transfer", TRANSFER),
-    ("disposition", DISPOSITION), ("detach", DETACH), ("end", END), ("close", CLOSE), ("error", ERROR),
-    ("source", SOURCE), ("target", TARGET), ("received", RECEIVED), ("accepted", ACCEPTED_CODE),
-    ("rejected", REJECTED), ("released", RELEASED_CODE), ("modified", MODIFIED))}
-_SYMBOLIC.update({"amqp:coordinator:list": COORDINATOR, "amqp:declared:list": DECLARED,
-                  "amqp:transactional-state:list": TRANSACTIONAL_STATE})
-MASK = 0xFFFFFFFF  # sequence numbers are 32-bit serial numbers [RFC 1982]
-MIN_MAX_FRAME_SIZE = 512  # [2.7.1]
 INCOMING_WINDOW = 0x7FFFFFFF  # transfer frames we take before a session flow reopens the window
-_FRAME = struct.Struct(">IBBH")
-
 
 def _check_frame_header(size: int, doff: int, kind: int, limit: int) -> None:
     """Raises unless a frame header that is not the usual one is still valid."""
     if size > limit or size < 8 or doff < 2 or doff * 4 > size:
-        raise ProtocolError("amqp:connection:framing-error",
+        raise RemoteProtocolError("amqp:connection:framing-error",
                             f"bad frame header (size {size}, data offset {doff}; max frame size {limit})")
     if kind != 0:
-        raise ProtocolError("amqp:connection:framing-error", f"frame type {kind} is not AMQP")
+        raise RemoteProtocolError("amqp:connection:framing-error", f"frame type {kind} is not AMQP")
 
 
 def _transfer_tails() -> dict[bytes, tuple[bool, bool]]:
@@ -138,149 +134,7 @@ def _check_fields(code: int, fields: list) -> None:
         if index < len(fields) and (value := fields[index]) is not None:
             if type(value) is not kind and not (kind is str and isinstance(value, str)) or \
                     kind is int and not 0 <= value <= largest:
-                raise ProtocolError("amqp:decode-error", f"{name} field {index} is {value!r}"[:200])
-
-
-def outcome(code: int, *fields: Any) -> Described:
-    """A delivery state, e.g. ``outcome(REJECTED, error.described())``."""
-    return Described(ULong(code), list(fields))
-
-
-ACCEPTED, RELEASED = outcome(ACCEPTED_CODE), outcome(RELEASED_CODE)
-
-
-def state_code(state: Any) -> int | None:
-    """The descriptor code of a decoded delivery state (``ACCEPTED_CODE``, …); None for none."""
-    if not isinstance(state, Described):
-        return None
-    return _SYMBOLIC.get(state.descriptor, state.descriptor)
-
-
-class ProtocolError(Exception):
-    """The peer broke the protocol: the connection closes with ``condition``."""
-
-    def __init__(self, condition: str, description: str):
-        super().__init__(description)
-        self.condition = condition
-
-
-@attrs.frozen
-class Error:
-    """An AMQP error [2.8.14]: a condition symbol, a description, an info map."""
-
-    condition: str
-    description: str | None = None
-    info: dict | None = None
-
-    def described(self) -> Described:
-        return Described(ULong(ERROR), [Symbol(self.condition), self.description, self.info])
-
-    @classmethod
-    def from_value(cls, value: Any) -> Error | None:
-        if not isinstance(value, Described) or not isinstance(value.value, list) or not value.value:
-            return None
-        fields = value.value + [None, None]
-        return cls(str(fields[0]), fields[1] if isinstance(fields[1], str) else None,
-                   fields[2] if isinstance(fields[2], dict) else None)
-
-    def __str__(self) -> str:
-        return f"{self.condition}: {self.description}" if self.description else self.condition
-
-
-def _symbols(value: Any) -> list[str]:
-    """A multiple symbol field (one symbol, an array, or null) as a list of strings."""
-    if value is None:
-        return []
-    if isinstance(value, Array):
-        return [str(item) for item in value.items]
-    if isinstance(value, list):
-        return [str(item) for item in value]
-    return [str(value)]
-
-
-def _symbol_array(names: list[str]) -> Array | None:
-    return Array(0xA3, tuple(Symbol(name) for name in names)) if names else None
-
-
-def _ulong_descriptors(value: Any) -> Any:
-    """Decoded values lose their integer widths; descriptors must go back out as ulongs."""
-    if isinstance(value, Described):
-        descriptor = value.descriptor
-        if type(descriptor) is int and 0 <= descriptor < 2**64:
-            descriptor = ULong(descriptor)
-        return Described(descriptor, _ulong_descriptors(value.value))
-    if isinstance(value, dict):
-        return {key: _ulong_descriptors(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_ulong_descriptors(item) for item in value]
-    return value
-
-
-@attrs.define
-class Terminus:
-    """A source, target or coordinator [3.5.3, 3.5.4, 4.5.1]."""
-
-    kind: int = SOURCE
-    address: str | None = None
-    durable: int = 0  # 0 none, 1 configuration, 2 unsettled-state
-    expiry_policy: str = "session-end"
-    timeout: int = 0
-    dynamic: bool = False
-    dynamic_node_properties: dict | None = None
-    distribution_mode: str | None = None  # sources only: "move" or "copy"
-    filter: dict | None = None  # sources only
-    default_outcome: Any = None
-    outcomes: Any = None
-    capabilities: list[str] = attrs.Factory(list)
-
-    @classmethod
-    def from_value(cls, value: Any) -> Terminus | None:
-        """Decode a terminus field; None for a null terminus.
-
-        Raises:
-            ProtocolError: not a terminus.
-        """
-        if value is None:
-            return None
-        kind = value.descriptor if isinstance(value, Described) else None
-        kind = _SYMBOLIC.get(kind, kind)
-        if kind not in (SOURCE, TARGET, COORDINATOR) or not isinstance(value.value, list):
-            raise ProtocolError("amqp:decode-error", f"not a source, target or coordinator: {value!r}"[:200])
-        fields = value.value
-        if kind == COORDINATOR:
-            return cls(kind=COORDINATOR, capabilities=_symbols(fields[0] if fields else None))
-        fields = fields + [None] * (11 - len(fields))
-        for index in (1, 3):  # durable, timeout: uints
-            if fields[index] is not None and (type(fields[index]) is not int or not 0 <= fields[index] <= MASK):
-                raise ProtocolError("amqp:decode-error", f"terminus field {index} is {fields[index]!r}"[:200])
-        address = fields[0]
-        terminus = cls(kind=kind, address=str(address) if address is not None else None, durable=fields[1] or 0,
-                       expiry_policy=str(fields[2] or "session-end"), timeout=fields[3] or 0,
-                       dynamic=bool(fields[4]), dynamic_node_properties=fields[5])
-        if kind == SOURCE:
-            terminus.distribution_mode = str(fields[6]) if fields[6] is not None else None
-            terminus.filter = fields[7] if isinstance(fields[7], dict) else None
-            terminus.default_outcome, terminus.outcomes = fields[8], fields[9]
-            terminus.capabilities = _symbols(fields[10])
-        else:
-            terminus.capabilities = _symbols(fields[6])
-        return terminus
-
-    def described(self) -> Described:
-        capabilities = _symbol_array(self.capabilities)
-        if self.kind == COORDINATOR:
-            return Described(ULong(COORDINATOR), [capabilities])
-        fields = [self.address, UInt(self.durable), Symbol(self.expiry_policy), UInt(self.timeout), self.dynamic,
-                  _ulong_descriptors(self.dynamic_node_properties)]
-        if self.kind == SOURCE:
-            fields += [Symbol(self.distribution_mode) if self.distribution_mode else None,
-                       _ulong_descriptors(self.filter), _ulong_descriptors(self.default_outcome),
-                       _ulong_descriptors(self.outcomes)]
-        fields.append(capabilities)
-        return Described(ULong(self.kind), fields)
-
-    def copy(self) -> Terminus:
-        return attrs.evolve(self, capabilities=list(self.capabilities))
+                raise RemoteProtocolError("amqp:decode-error", f"{name} field {index} is {value!r}"[:200])
 
 
 # -- events (the rare ones; per-message work goes to the link handlers) ---------------------
@@ -336,7 +190,7 @@ class LinkFlow:
 
 # -- the connection state machine [2.4.6] ---------------------------------------------------
 
-class State(enum.Enum):
+class ConnectionState(enum.Enum):
     START = "awaiting the protocol header"
     HDR_EXCH = "header exchanged"
     OPEN_PIPE = "open sent before the peer's header"
@@ -349,7 +203,7 @@ class State(enum.Enum):
     END = "ended"
 
 
-class Input(enum.Enum):
+class ConnectionInput(enum.Enum):
     HEADER = "the protocol header"
     OPEN_IN = "open received"
     OPEN_OUT = "open sent"
@@ -361,24 +215,24 @@ class Input(enum.Enum):
 # our header at once, so there is no separate header-sent state; a client opens (and may
 # close) before the peer's header arrives, through the pipelined states.
 TRANSITIONS = {
-    (State.START, Input.HEADER): State.HDR_EXCH,
-    (State.START, Input.OPEN_OUT): State.OPEN_PIPE,
-    (State.OPEN_PIPE, Input.HEADER): State.OPEN_SENT,
-    (State.OPEN_PIPE, Input.CLOSE_OUT): State.CLOSE_PIPE,
-    (State.CLOSE_PIPE, Input.HEADER): State.CLOSE_SENT,
-    (State.HDR_EXCH, Input.OPEN_IN): State.OPEN_RCVD,
-    (State.HDR_EXCH, Input.OPEN_OUT): State.OPEN_SENT,
-    (State.OPEN_RCVD, Input.OPEN_OUT): State.OPENED,
-    (State.OPEN_SENT, Input.OPEN_IN): State.OPENED,
-    (State.OPENED, Input.CLOSE_IN): State.CLOSE_RCVD,
-    (State.OPENED, Input.CLOSE_OUT): State.CLOSE_SENT,
-    (State.OPEN_SENT, Input.CLOSE_OUT): State.CLOSE_SENT,
-    (State.CLOSE_RCVD, Input.CLOSE_OUT): State.END,
-    (State.CLOSE_SENT, Input.CLOSE_IN): State.END,
+    (ConnectionState.START, ConnectionInput.HEADER): ConnectionState.HDR_EXCH,
+    (ConnectionState.START, ConnectionInput.OPEN_OUT): ConnectionState.OPEN_PIPE,
+    (ConnectionState.OPEN_PIPE, ConnectionInput.HEADER): ConnectionState.OPEN_SENT,
+    (ConnectionState.OPEN_PIPE, ConnectionInput.CLOSE_OUT): ConnectionState.CLOSE_PIPE,
+    (ConnectionState.CLOSE_PIPE, ConnectionInput.HEADER): ConnectionState.CLOSE_SENT,
+    (ConnectionState.HDR_EXCH, ConnectionInput.OPEN_IN): ConnectionState.OPEN_RCVD,
+    (ConnectionState.HDR_EXCH, ConnectionInput.OPEN_OUT): ConnectionState.OPEN_SENT,
+    (ConnectionState.OPEN_RCVD, ConnectionInput.OPEN_OUT): ConnectionState.OPENED,
+    (ConnectionState.OPEN_SENT, ConnectionInput.OPEN_IN): ConnectionState.OPENED,
+    (ConnectionState.OPENED, ConnectionInput.CLOSE_IN): ConnectionState.CLOSE_RCVD,
+    (ConnectionState.OPENED, ConnectionInput.CLOSE_OUT): ConnectionState.CLOSE_SENT,
+    (ConnectionState.OPEN_SENT, ConnectionInput.CLOSE_OUT): ConnectionState.CLOSE_SENT,
+    (ConnectionState.CLOSE_RCVD, ConnectionInput.CLOSE_OUT): ConnectionState.END,
+    (ConnectionState.CLOSE_SENT, ConnectionInput.CLOSE_IN): ConnectionState.END,
 }
 
 
-_AWAITING_HEADER = (State.START, State.OPEN_PIPE, State.CLOSE_PIPE)
+_AWAITING_HEADER = (ConnectionState.START, ConnectionState.OPEN_PIPE, ConnectionState.CLOSE_PIPE)
 
 
 def _lowest_free(numbers: dict[int, Any]) -> int:
@@ -645,7 +499,7 @@ class Connection:
         self.hostname = hostname
         self.offered_capabilities: list[str] = []
         self.properties: dict | None = None
-        self.state = State.START
+        self.state = ConnectionState.START
         self.remote_container_id: str | None = None
         self.remote_hostname: str | None = None
         self.remote_max_frame_size = MIN_MAX_FRAME_SIZE  # until the peer's open says more
@@ -666,43 +520,43 @@ class Connection:
 
     # -- state ----------------------------------------------------------------------------------
 
-    def _move(self, event: Input) -> None:
+    def _move(self, event: ConnectionInput) -> None:
         following = TRANSITIONS.get((self.state, event))
         if following is None:
-            raise ProtocolError("amqp:not-allowed" if event in (Input.OPEN_IN, Input.CLOSE_IN)
+            raise RemoteProtocolError("amqp:not-allowed" if event in (ConnectionInput.OPEN_IN, ConnectionInput.CLOSE_IN)
                                 else "amqp:internal-error", f"{event.value} while {self.state.value}")
         self.state = following
 
     @property
     def opened(self) -> bool:
-        return self.state is State.OPENED
+        return self.state is ConnectionState.OPENED
 
     # -- what the owner does ----------------------------------------------------------------
 
     def open(self) -> None:
         """Send our ``open`` (a server: in answer to :class:`ConnectionOpened`; a client: at
         once); nothing once the connection is closing."""
-        if self.state in (State.CLOSE_SENT, State.CLOSE_PIPE, State.END):
+        if self.state in (ConnectionState.CLOSE_SENT, ConnectionState.CLOSE_PIPE, ConnectionState.END):
             return
-        self._move(Input.OPEN_OUT)
+        self._move(ConnectionInput.OPEN_OUT)
         idle = UInt(int(self.idle_timeout * 1000)) if self.idle_timeout else None
         self.write(0, OPEN, [self.container_id, self.hostname, UInt(self.max_frame_size), UShort(self.channel_max),
-                             idle, None, None, _symbol_array(self.offered_capabilities), None, self.properties])
+                             idle, None, None, symbol_array(self.offered_capabilities), None, self.properties])
         if self._in and self.server and not self._closing:  # what the peer sent after its open waited for ours
             self._consume(self._in)
 
     def close(self, error: Error | None = None) -> None:
         """Send our ``close`` (an ``open`` first if we had not); the output then ends."""
-        if self.state in (State.CLOSE_SENT, State.CLOSE_PIPE, State.END):
+        if self.state in (ConnectionState.CLOSE_SENT, ConnectionState.CLOSE_PIPE, ConnectionState.END):
             return
         self._closing = True  # what the peer sent after its open is not read any more
-        if self.state in (State.START, State.HDR_EXCH, State.OPEN_RCVD):
-            if self.state is State.START and self.server:
-                self.state = State.HDR_EXCH  # refusing before the peer's header came: answer it anyway
+        if self.state in (ConnectionState.START, ConnectionState.HDR_EXCH, ConnectionState.OPEN_RCVD):
+            if self.state is ConnectionState.START and self.server:
+                self.state = ConnectionState.HDR_EXCH  # refusing before the peer's header came: answer it anyway
             self.open()
-        self._move(Input.CLOSE_OUT)
+        self._move(ConnectionInput.CLOSE_OUT)
         self.write(0, CLOSE, [error.described() if error else None])
-        self._finished = self.server or self.state is State.END
+        self._finished = self.server or self.state is ConnectionState.END
 
     def session(self) -> Session:
         """Begin a session of ours; :class:`SessionBegun` follows when the peer answers."""
@@ -773,15 +627,15 @@ class Connection:
             self._last_input, self._input_seen = now, False
         if self._last_output is None or self._output_sent:
             self._last_output, self._output_sent = now, False
-        if self.state in (State.END, State.CLOSE_SENT, State.CLOSE_PIPE):
+        if self.state in (ConnectionState.END, ConnectionState.CLOSE_SENT, ConnectionState.CLOSE_PIPE):
             return 0.0
         deadlines = []
         if self.idle_timeout:
             if now >= self._last_input + self.idle_timeout:
-                self._fail(ProtocolError("amqp:resource-limit-exceeded", "local-idle-timeout expired"))
+                self._fail(RemoteProtocolError("amqp:resource-limit-exceeded", "local-idle-timeout expired"))
                 return 0.0
             deadlines.append(self._last_input + self.idle_timeout)
-        if self.remote_idle_timeout and self.state is not State.START:
+        if self.remote_idle_timeout and self.state is not ConnectionState.START:
             if now >= self._last_output + self.remote_idle_timeout / 2:
                 self.out.append(b"\x00\x00\x00\x08\x02\x00\x00\x00")  # an empty frame keeps us alive
                 self._last_output = now
@@ -791,13 +645,13 @@ class Connection:
     def receive_data(self, data: bytes) -> None:
         """Feed what the peer sent (``b""``: it closed its side). A protocol error closes
         the connection (see the module docstring); nothing is raised."""
-        if self.state is State.END or self._finished:
+        if self.state is ConnectionState.END or self._finished:
             return
         if not data:
-            if self.state is not State.CLOSE_RCVD:
+            if self.state is not ConnectionState.CLOSE_RCVD:
                 self.events.append(ConnectionClosed(Error("amqp:connection:framing-error",
                                                           "the peer closed the socket"), by_peer=True))
-            self.state, self._finished = State.END, True
+            self.state, self._finished = ConnectionState.END, True
             return
         if type(data) is not bytes:
             data = bytes(data)
@@ -811,7 +665,7 @@ class Connection:
             self._fail(exc)
             return
         except DecodeError as exc:
-            self._fail(ProtocolError("amqp:decode-error", str(exc)))
+            self._fail(RemoteProtocolError("amqp:decode-error", str(exc)))
             return
         self._in = buffer[offset:]
 
@@ -828,11 +682,11 @@ class Connection:
         if self.state in _AWAITING_HEADER:
             if end < 8:
                 if not AMQP_HEADER.startswith(buffer):
-                    raise ProtocolError("amqp:connection:framing-error", f"not an AMQP 1.0 header: {buffer!r}")
+                    raise RemoteProtocolError("amqp:connection:framing-error", f"not an AMQP 1.0 header: {buffer!r}")
                 return 0
             if buffer[:8] != AMQP_HEADER:
-                raise ProtocolError("amqp:connection:framing-error", f"not an AMQP 1.0 header: {buffer[:8]!r}")
-            self._move(Input.HEADER)
+                raise RemoteProtocolError("amqp:connection:framing-error", f"not an AMQP 1.0 header: {buffer[:8]!r}")
+            self._move(ConnectionInput.HEADER)
             offset = 8
         unpack_frame, unpack_u32, tails = _FRAME.unpack_from, _U32.unpack_from, _TRANSFER_TAILS
         sessions, limit = self.sessions, self.max_frame_size
@@ -898,62 +752,62 @@ class Connection:
     def _performative(self, channel: int, buffer: bytes, body: int, frame_end: int) -> None:
         value, after = decode(buffer, body)
         if after > frame_end:
-            raise ProtocolError("amqp:decode-error", "a performative runs past its frame")
+            raise RemoteProtocolError("amqp:decode-error", "a performative runs past its frame")
         if not isinstance(value, Described) or not isinstance(value.value, list):
-            raise ProtocolError("amqp:decode-error", f"not a performative: {value!r}"[:200])
-        code = _SYMBOLIC.get(value.descriptor, value.descriptor)
+            raise RemoteProtocolError("amqp:decode-error", f"not a performative: {value!r}"[:200])
+        code = descriptor_code(value.descriptor)
         fields = value.value
         if code not in _FIELDS:
-            raise ProtocolError("amqp:not-implemented", f"unknown performative {value.descriptor!r}"[:200])
+            raise RemoteProtocolError("amqp:not-implemented", f"unknown performative {value.descriptor!r}"[:200])
         _check_fields(code, fields)
         if code == OPEN:
             self._on_open(fields)
             return
         if code == CLOSE:
-            self._move(Input.CLOSE_IN)
+            self._move(ConnectionInput.CLOSE_IN)
             error = Error.from_value(fields[0] if fields else None)
             self.events.append(ConnectionClosed(error, by_peer=True))
-            if self.state is State.CLOSE_RCVD:
+            if self.state is ConnectionState.CLOSE_RCVD:
                 self.close()
             self._finished = True
             return
-        if self.state is State.CLOSE_SENT:
+        if self.state is ConnectionState.CLOSE_SENT:
             return  # after our close, the rest is ignored [2.4.6]
-        if self.state is not State.OPENED:
-            raise ProtocolError("amqp:not-allowed", f"performative 0x{code:02x} before the connection is open")
+        if self.state is not ConnectionState.OPENED:
+            raise RemoteProtocolError("amqp:not-allowed", f"performative 0x{code:02x} before the connection is open")
         if code == BEGIN:
             self._on_begin(channel, fields)
             return
         session = self.sessions.get(channel)
         if session is None:
-            raise ProtocolError("amqp:not-allowed", f"performative 0x{code:02x} on channel {channel}, not begun")
+            raise RemoteProtocolError("amqp:not-allowed", f"performative 0x{code:02x} on channel {channel}, not begun")
         if code == TRANSFER:
             self._slow_transfer(session, fields, buffer[after:frame_end])
             return
         _SESSION_HANDLERS[code](self, session, fields + [None] * 12)
 
     def _on_open(self, fields: list) -> None:
-        self._move(Input.OPEN_IN)
+        self._move(ConnectionInput.OPEN_IN)
         fields = fields + [None] * 10
         self.remote_container_id = fields[0]
         self.remote_hostname = fields[1]
         self.remote_max_frame_size = max(fields[2] if fields[2] is not None else MASK, MIN_MAX_FRAME_SIZE)
         self.remote_idle_timeout = (fields[4] or 0) / 1000
-        self.remote_offered_capabilities = _symbols(fields[7])
-        self.remote_desired_capabilities = _symbols(fields[8])
+        self.remote_offered_capabilities = symbols(fields[7])
+        self.remote_desired_capabilities = symbols(fields[8])
         self.remote_properties = fields[9] if isinstance(fields[9], dict) else {}
         self.events.append(ConnectionOpened())
 
     def _on_begin(self, channel: int, fields: list) -> None:
         fields = fields + [None] * 8
         if channel in self.sessions:
-            raise ProtocolError("amqp:not-allowed", f"channel {channel} is begun already")
+            raise RemoteProtocolError("amqp:not-allowed", f"channel {channel} is begun already")
         if channel > self.channel_max:
-            raise ProtocolError("amqp:connection:framing-error", f"channel {channel} above channel-max")
+            raise RemoteProtocolError("amqp:connection:framing-error", f"channel {channel} above channel-max")
         if fields[0] is not None:  # the answer to our begin
             session = self.channels.get(fields[0])
             if session is None:
-                raise ProtocolError("amqp:not-allowed", f"begin answers channel {fields[0]}, which we did not begin")
+                raise RemoteProtocolError("amqp:not-allowed", f"begin answers channel {fields[0]}, which we did not begin")
         else:
             session = self._new_session()
         session.remote_channel = channel
@@ -979,9 +833,9 @@ class Connection:
     def _on_attach(self, session: Session, fields: list) -> None:
         name, handle, role = fields[0], fields[1], fields[2]
         if not isinstance(name, str) or not isinstance(handle, int) or not isinstance(role, bool):
-            raise ProtocolError("amqp:decode-error", "attach without a name, handle or role")
+            raise RemoteProtocolError("amqp:decode-error", "attach without a name, handle or role")
         if handle in session.links:
-            raise ProtocolError("amqp:session:handle-in-use", f"handle {handle} is in use")
+            raise RemoteProtocolError("amqp:session:handle-in-use", f"handle {handle} is in use")
         is_sender = role  # the peer is the receiver: we send
         link = next((mine for mine in session.handles.values()
                      if mine.name == name and mine.is_sender == is_sender and mine.remote_handle is None), None)
@@ -1001,7 +855,7 @@ class Connection:
     def _link(self, session: Session, handle: Any) -> Link:
         link = session.links.get(handle)
         if link is None:
-            raise ProtocolError("amqp:session:unattached-handle", f"handle {handle!r} is not attached")
+            raise RemoteProtocolError("amqp:session:unattached-handle", f"handle {handle!r} is not attached")
         return link
 
     def _on_detach(self, session: Session, fields: list) -> None:
@@ -1044,7 +898,7 @@ class Connection:
     def _on_disposition(self, session: Session, fields: list) -> None:
         receiver, first, last, settled, state = fields[0], fields[1], fields[2], bool(fields[3]), fields[4]
         if not isinstance(first, int):
-            raise ProtocolError("amqp:decode-error", "disposition without a first delivery id")
+            raise RemoteProtocolError("amqp:decode-error", "disposition without a first delivery id")
         if not receiver:
             return  # the peer settles what it sent us: we settle at once, nothing to do
         span = 0 if last is None else (last - first) & MASK
@@ -1069,7 +923,7 @@ class Connection:
     def _delivery(self, session: Session, link: Link, delivery_id: int | None, payload: bytes, settled: bool,
                   more: bool, state: Any, aborted: bool) -> None:
         if link.is_sender:
-            raise ProtocolError("amqp:not-allowed", f"transfer on {link.name!r}, on which the peer receives")
+            raise RemoteProtocolError("amqp:not-allowed", f"transfer on {link.name!r}, on which the peer receives")
         session.next_incoming_id = (session.next_incoming_id + 1) & MASK
         session.incoming_window -= 1
         if session.incoming_window < INCOMING_WINDOW // 2:
@@ -1077,9 +931,9 @@ class Connection:
             session.write_flow()
         if link._partial is None:
             if delivery_id is None:
-                raise ProtocolError("amqp:decode-error", "the first transfer of a delivery needs a delivery-id")
+                raise RemoteProtocolError("amqp:decode-error", "the first transfer of a delivery needs a delivery-id")
             if link.credit <= 0:
-                raise ProtocolError("amqp:link:transfer-limit-exceeded", f"transfer on {link.name!r} beyond credit")
+                raise RemoteProtocolError("amqp:link:transfer-limit-exceeded", f"transfer on {link.name!r} beyond credit")
             link.credit -= 1
             link.delivery_count = (link.delivery_count + 1) & MASK
             if more:
@@ -1091,7 +945,7 @@ class Connection:
             link._partial.append(payload)
             link._partial_size += len(payload)
             if link._partial_size > self.max_message_size:
-                raise ProtocolError("amqp:link:message-size-exceeded",
+                raise RemoteProtocolError("amqp:link:message-size-exceeded",
                                     f"a message on {link.name!r} above {self.max_message_size} bytes")
             settled = settled or link._partial_settled
             state = state if state is not None else link._partial_state

@@ -41,13 +41,24 @@ from urllib.parse import unquote, urlsplit
 
 import trio
 
-from messaging.codec import Described, Symbol, ULong, encode
-from messaging.message import MessageError
+from ..codec import Described, Symbol, ULong, encode
+from ..message import AMQP_VALUE, MessageError
 
 from .. import amqp
-from ..amqp import ACCEPTED_CODE, DECLARED, MODIFIED, REJECTED, TRANSACTIONAL_STATE, Terminus
-from ..sasl import SaslClient, SaslError, SaslRefused
-from ..shell import read_into
+from ..amqp import (
+    ACCEPTED_CODE,
+    DECLARE,
+    DECLARED,
+    DISCHARGE,
+    MODIFIED,
+    NO_LOCAL_FILTER,
+    REJECTED,
+    SELECTOR_FILTER,
+    TRANSACTIONAL_STATE,
+    Terminus,
+)
+from ..amqp.sasl import SaslClient, SaslError, SaslRefused
+from ..io import read_into
 from .messages import (
     DeliveryMode,
     Destination,
@@ -69,9 +80,6 @@ __all__ = [
     "TransactionRolledBack", "ConnectionLost",
 ]
 
-SELECTOR = Symbol("apache.org:selector-filter:string")
-NO_LOCAL = Symbol("apache.org:no-local-filter:list")
-AMQP_VALUE, DECLARE, DISCHARGE = 0x77, 0x31, 0x32
 CLOSE_TIMEOUT = 5.0
 ATTACH_TIMEOUT = 30.0
 
@@ -896,9 +904,9 @@ def _terminus(kind: int, destination: Destination | None, selector: str | None =
     capability = {0: "queue", 1: "topic", 2: "temporary-queue", 3: "temporary-topic"}[destination.kind]
     filters = {}
     if selector:
-        filters[Symbol("jms-selector")] = Described(SELECTOR, selector)
+        filters[Symbol("jms-selector")] = Described(SELECTOR_FILTER, selector)
     if no_local:
-        filters[Symbol("no-local")] = Described(NO_LOCAL, [])
+        filters[Symbol("no-local")] = Described(NO_LOCAL_FILTER, [])
     return Terminus(kind=kind, address=destination.name, capabilities=[capability], filter=filters or None)
 
 

@@ -1,6 +1,6 @@
 """Martinet's JMS-shaped Python client: AMQP 1.0 on trio, with a blocking facade.
 
-    from swiftlets.jms.client import connect, Queue, TextMessage
+    from martinet.messaging.client import connect, Queue, TextMessage
 
     async with connect("amqp://localhost:5672", client_id="app") as connection:
         async with connection.session() as session:
