@@ -58,7 +58,7 @@ from ..amqp import (
     Terminus,
 )
 from ..amqp.sasl import SaslClient, SaslError, SaslRefused
-from ..io import read_into
+from ..io import Driver, PeerClosed, lead_in
 from .messages import (
     DeliveryMode,
     Destination,
@@ -353,7 +353,7 @@ class Connection:
         self.lost: JMSError | None = None
         self._opened = _Outcome()
         self._ended = trio.Event()
-        self._wakeup = trio.Event()
+        self._driver = Driver(stream, engine, on_input=self._handle_events)
         self._names = itertools.count(1)
         self._temporary: dict[str, _SenderLink] = {}
         self._consumer_cache_size = consumer_cache_size
@@ -381,7 +381,7 @@ class Connection:
         return self._consumer_cache_size or int(self.defaults.get("martinet:consumer-cache-size", 500))
 
     def wake(self) -> None:
-        self._wakeup.set()
+        self._driver.wake()
 
     def check(self) -> None:
         if self.lost is not None:
@@ -413,18 +413,18 @@ class Connection:
 
     # -- tasks ------------------------------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, remaining: bytes = b"", *,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Read and write until the connection ends; started once the router's open arrived.
+        ``remaining``: what the router sent after SASL.
 
         Raises (before started): the :class:`JMSError` that refused the connection.
         Never raises after it started: a lost connection fails the outstanding calls instead.
         """
         started = False
-        self.wake()  # our open is waiting to be written
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._write_forever)
-                nursery.start_soon(read_into, self.engine, self._stream, self._after_input)
+                nursery.start_soon(self._drive, remaining)
                 await self._opened.wait()
                 task_status.started()
                 started = True
@@ -438,21 +438,9 @@ class Connection:
         if not started:
             raise self._opened.error or self.lost or ConnectionLost("the connection ended before it opened")
 
-    def _after_input(self) -> None:
-        self._handle_events()
-        self.wake()
-
-    async def _write_forever(self) -> None:
-        while True:
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
-            self._handle_events()
-            data = self.engine.data_to_send()
-            if data:
-                await self._stream.send_all(data)
-            if self.engine.finished:
-                self._fail(ConnectionLost("the router closed the connection"))
-                raise trio.ClosedResourceError("the connection is over")  # ends the reader too
+    async def _drive(self, remaining: bytes) -> None:
+        await self._driver.run(remaining)
+        self._fail(ConnectionLost("the router closed the connection"))
 
     def _fail(self, error: JMSError) -> None:
         if self.lost is None:
@@ -561,23 +549,15 @@ async def _authenticate(stream: trio.abc.Stream, user: str | None, password: str
         SecurityError: the router refused the login.
         ConnectionLost: the router broke the exchange or closed the connection.
     """
-    sasl = SaslClient(user, password, host)
-    await stream.send_all(sasl.data_to_send)
     try:
-        while True:
-            data = await stream.receive_some(4096)
-            if not data:
-                raise ConnectionLost("the router closed the connection during the SASL exchange")
-            done = sasl.receive_data(data)
-            if out := sasl.data_to_send:
-                await stream.send_all(out)
-            if done:
-                return sasl.remaining
+        return await lead_in(stream, SaslClient(user, password, host))
     except SaslRefused:
         raise SecurityError("login refused (wrong user or password, or host not allowed)",
                             "amqp:unauthorized-access") from None
     except SaslError as exc:
         raise ConnectionLost(f"SASL with the router failed: {exc}") from None
+    except PeerClosed:
+        raise ConnectionLost("the router closed the connection during the SASL exchange") from None
     except (trio.BrokenResourceError, OSError) as exc:
         raise ConnectionLost(f"connection lost during the SASL exchange: {exc}") from None
 
@@ -632,14 +612,12 @@ async def connect(url: str = "amqp://localhost:5672", *, client_id: str | None =
     engine = amqp.Connection(server=False, container_id=client_id or f"martinet-client:{uuid.uuid4()}",
                              idle_timeout=idle_timeout, hostname=host)
     engine.open()
-    if remaining:
-        engine.receive_data(remaining)
     connection = Connection(stream, engine, consumer_cache_size=consumer_cache_size)
     try:
         async with trio.open_nursery() as nursery:
             try:
                 with trio.fail_after(connect_timeout):
-                    await nursery.start(connection.run)
+                    await nursery.start(connection.run, remaining)
             except trio.TooSlowError:
                 raise ConnectionLost(f"{host}:{port} did not answer the AMQP open within {connect_timeout} s") \
                     from None

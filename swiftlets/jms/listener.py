@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -59,9 +60,9 @@ from martinet.messaging.amqp import (
     TRANSACTIONAL_STATE,
     Error,
 )
-from martinet.messaging.amqp.sasl import SaslError, SaslServer
+from martinet.messaging.amqp.sasl import Credentials, SaslError, SaslServer
 from martinet.messaging.codec import Described, Int, Symbol, ULong
-from martinet.messaging.io import read_into
+from martinet.messaging.io import Driver, lead_in
 from martinet.messaging.message import Message, MessageError, Stamp
 from martinet.messaging.selector import SelectorError, compile_selector
 from martinet.swiftlets.authentication import AccessDenied, AuthenticationFailed
@@ -349,6 +350,37 @@ class BrowsingLink:
         self._entries = iter(())
 
 
+class _Login:
+    """The lead-in stage of a client connection: SASL, with the authentication swiftlet's
+    decision on the credentials (:class:`messaging.io.Stage`)."""
+
+    def __init__(self, sasl: SaslServer, login: Callable[[Credentials], Any]):
+        self._sasl = sasl
+        self._login = login
+        self.principal: Any = None
+
+    def receive_data(self, data: bytes) -> bool:
+        """Raises: SaslError (a broken exchange), AuthenticationFailed (refused)."""
+        credentials = self._sasl.receive_data(data)
+        if credentials is None:
+            return False
+        try:
+            self.principal = self._login(credentials)
+        except AuthenticationFailed:
+            self._sasl.refuse()
+            raise
+        self._sasl.accept()
+        return True
+
+    @property
+    def data_to_send(self) -> bytes:
+        return self._sasl.data_to_send
+
+    @property
+    def remaining(self) -> bytes:
+        return self._sasl.remaining
+
+
 class AmqpConnection:
     """One client connection."""
 
@@ -364,7 +396,7 @@ class AmqpConnection:
         self.principal: Any = None
         self.transactions: dict[bytes, Any] = {}
         self._transaction_ids = itertools.count(1)
-        self._nursery: trio.Nursery | None = None
+        self._driver: Driver | None = None
         self.engine: amqp.Connection | None = None
         self.links: dict[amqp.Link, IncomingLink | OutgoingLink | BrowsingLink | CoordinatorLink] = {}
         self.closed = False
@@ -373,7 +405,6 @@ class AmqpConnection:
         self.receive_rate = self.send_rate = 0.0
         self._rate_mark = (time.monotonic(), 0, 0)
         self.since = time.time()
-        self._wakeup = trio.Event()
         self._handlers = {
             amqp.ConnectionOpened: self._on_connection_open,
             amqp.ConnectionClosed: self._on_connection_closed,
@@ -383,7 +414,9 @@ class AmqpConnection:
         }
 
     def wake(self) -> None:
-        self._wakeup.set()
+        """Have the writer move deliveries onto links and write what the engine has."""
+        if self._driver is not None:
+            self._driver.wake()
 
     def sample_rates(self) -> None:
         at, received, sent = self._rate_mark
@@ -404,21 +437,23 @@ class AmqpConnection:
 
     async def run(self) -> None:
         try:
-            remaining = await self._authenticate()
-            if remaining is None:
+            login = _Login(SaslServer(), lambda credentials: self.swiftlet.login(credentials, self.host))
+            with trio.move_on_after(SASL_TIMEOUT) as timer:
+                remaining = await lead_in(self.stream, login)
+            if timer.cancelled_caught:
+                log.info("connection from %s closed: no SASL exchange within %.0f s", self.host, SASL_TIMEOUT)
                 return
+            self.principal = login.principal
             self.engine = amqp.Connection(container_id=f"martinet:{self.swiftlet.router_name}",
                                           idle_timeout=self.config.keepalive_interval / 1000,
                                           max_frame_size=self.config.max_frame_size)
-            if remaining:  # (empty is not end of input here)
-                self.engine.receive_data(remaining)
-            self._handle_events()
-            self.wake()  # a client that skipped SASL may have sent open, begin and attach already
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._write_forever)
-                await read_into(self.engine, self.stream, self._after_input)
-                nursery.cancel_scope.cancel()
+            self._driver = Driver(self.stream, self.engine, on_input=self._handle_events,
+                                  before_write=self._before_write)
+            await self._driver.run(remaining)
+        except* SaslError as group:
+            log.info("connection from %s refused: %s", self.host, group.exceptions[0])
+        except* AuthenticationFailed as group:  # logged by the authentication swiftlet
+            log.debug("login refused: %s", group.exceptions[0])
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
             log.debug("connection from %s ended: %s", self.host, group.exceptions[0])
         finally:
@@ -427,56 +462,11 @@ class AmqpConnection:
                 with trio.move_on_after(1):
                     await self.stream.aclose()
 
-    async def _authenticate(self) -> bytes | None:
-        """SASL in front of the engine; the bytes that follow it, or None if refused."""
-        sasl = SaslServer()
-        credentials = None
-        with trio.move_on_after(SASL_TIMEOUT) as timer:
-            while credentials is None:
-                data = await self.stream.receive_some(4096)
-                if not data:
-                    return None
-                try:
-                    credentials = sasl.receive_data(data)
-                except SaslError as exc:
-                    log.info("connection from %s refused: %s", self.host, exc)
-                    await self.stream.send_all(sasl.data_to_send)
-                    return None
-                if out := sasl.data_to_send:
-                    await self.stream.send_all(out)
-        if timer.cancelled_caught:
-            log.info("connection from %s closed: no SASL exchange within %.0f s", self.host, SASL_TIMEOUT)
-            return None
-        try:
-            self.principal = self.swiftlet.login(credentials, self.host)
-        except AuthenticationFailed as exc:  # logged by the authentication swiftlet
-            log.debug("login refused: %s", exc)
-            sasl.refuse()
-            await self.stream.send_all(sasl.data_to_send)
-            return None
-        sasl.accept()
-        await self.stream.send_all(sasl.data_to_send)
-        return sasl.remaining
-
-    def _after_input(self) -> None:
+    def _before_write(self) -> None:
+        for link in list(self.links.values()):
+            if isinstance(link, (OutgoingLink, BrowsingLink)):
+                link.pump()
         self._handle_events()
-        self.wake()
-
-    async def _write_forever(self) -> None:
-        assert self.engine is not None and self._nursery is not None
-        while True:
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
-            for link in list(self.links.values()):
-                if isinstance(link, (OutgoingLink, BrowsingLink)):
-                    link.pump()
-            self._handle_events()
-            data = self.engine.data_to_send()
-            if data:
-                await self.stream.send_all(data)
-            if self.engine.finished:  # the connection is over
-                self._nursery.cancel_scope.cancel()
-                return
 
     def _handle_events(self) -> None:
         assert self.engine is not None
@@ -523,8 +513,7 @@ class AmqpConnection:
             self._refuse(link, refusal)
             return
         except _Deferred as deferred:
-            assert self._nursery is not None
-            self._nursery.start_soon(self._finish_attach, link, deferred.finish)
+            self._driver.start_soon(self._finish_attach, link, deferred.finish)
             return
         self._activate(link, state)
 
@@ -691,8 +680,7 @@ class AmqpConnection:
     def discharge(self, link: amqp.Link, delivery_id: int, txn_id: bytes, fail: bool) -> None:
         transaction = self.transaction(txn_id)
         del self.transactions[txn_id]
-        assert self._nursery is not None
-        self._nursery.start_soon(self._finish, link, delivery_id, transaction, fail)
+        self._driver.start_soon(self._finish, link, delivery_id, transaction, fail)
 
     async def _finish(self, link: amqp.Link, delivery_id: int, transaction: Any, fail: bool) -> None:
         """Commit or roll back (the store is awaited), then answer the discharge."""
@@ -711,8 +699,7 @@ class AmqpConnection:
         return self.tm.publish(topic, message, client_id=self.client_id, on_durable=on_durable)
 
     def throttle(self, state: IncomingLink) -> None:
-        assert self._nursery is not None
-        self._nursery.start_soon(self._resume_after_delay, state)
+        self._driver.start_soon(self._resume_after_delay, state)
 
     async def _resume_after_delay(self, state: IncomingLink) -> None:
         """SwiftMQ's producer flow control over AMQP: a producer whose sends got a
@@ -742,8 +729,8 @@ class AmqpConnection:
         state = self.links.pop(link, None)
         if state is not None:
             state.close()
-            if closed and isinstance(state, OutgoingLink) and state.durable and self._nursery is not None:
-                self._nursery.start_soon(self._unsubscribe, link, *state.durable)
+            if closed and isinstance(state, OutgoingLink) and state.durable and self._driver is not None:
+                self._driver.start_soon(self._unsubscribe, link, *state.durable)
                 return  # answered once the subscription is gone
         if not link.attached:  # detached while its attach was pending: answer both
             link.attach()
