@@ -3,6 +3,9 @@ proton clients in both directions."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import trio
 from proton import Message as ProtonMessage
@@ -465,3 +468,16 @@ async def test_flow_control_holds_a_producer_back_until_the_queue_drains(amqp_br
         with trio.fail_after(5):  # the last acknowledgements are on their way
             while broker.usage("slow")["messages"]:
                 await trio.sleep(0.01)
+
+
+def test_importing_the_client_imports_nothing_of_the_router():
+    """An application that only sends and receives gets the client, the AMQP stack and trio:
+    not the kernel, not the config machinery (lxml, cattrs), not pluggy, not a swiftlet."""
+    script = ("import sys, martinet.messaging.client, martinet.messaging.client.blocking\n"
+              "print('\\n'.join(sorted(sys.modules)))")
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                            timeout=60).stdout.split()
+    assert "martinet.messaging.client" in loaded and "trio" in loaded  # the check itself works
+    forbidden = [name for name in loaded if name.split(".")[0] in ("lxml", "cattrs", "pluggy", "msgpack", "sqlite3")
+                 or name.startswith(("martinet.kernel", "martinet.swiftlets"))]
+    assert forbidden == []

@@ -11,27 +11,21 @@
 
 Works with any AMQP 1.0 broker for the basics; the connection-factory defaults (consumer
 cache size, delivery mode, priority, ttl) come from a Martinet listener. See
-:mod:`.connection` for how JMS maps onto AMQP and :mod:`.blocking` for plain scripts.
+:mod:`._connection` for how JMS maps onto AMQP and :mod:`.blocking` for plain scripts.
 """
 
-from .connection import (
+from ._connection import Connection, connect
+from ._errors import (
     AckMode,
-    Browser,
-    Connection,
     ConnectionLost,
-    Consumer,
     InvalidClientId,
     InvalidDestination,
     InvalidSelector,
     JMSError,
-    Producer,
-    Requestor,
     SecurityError,
-    Session,
     TransactionRolledBack,
-    connect,
 )
-from .messages import (
+from ._messages import (
     BytesMessage,
     DeliveryMode,
     Destination,
@@ -45,6 +39,7 @@ from .messages import (
     TextMessage,
     Topic,
 )
+from ._session import Browser, Consumer, Producer, Requestor, Session
 
 __all__ = [
     "connect", "Connection", "Session", "Producer", "Consumer", "Browser", "Requestor", "AckMode",

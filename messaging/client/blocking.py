@@ -24,7 +24,9 @@ from typing import Any
 
 import trio
 
-from .connection import Browser, Connection, Consumer, Producer, Requestor, Session, _Attaching, connect
+from ._connection import Connection, connect
+from ._links import Attaching
+from ._session import Browser, Consumer, Producer, Requestor, Session
 
 __all__ = ["BlockingConnection"]
 
@@ -41,7 +43,7 @@ class _Blocking:
     def _run(self, function: Any, *args: Any, **kwargs: Any) -> Any:
         async def call() -> Any:
             result = function(*args, **kwargs)
-            if inspect.isawaitable(result) or isinstance(result, _Attaching):
+            if inspect.isawaitable(result) or isinstance(result, Attaching):
                 result = await result
             return result
 
