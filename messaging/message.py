@@ -14,9 +14,9 @@ sections only *skips* over values (:func:`messaging.codec.skip`), so a section n
 asks for (usually the body) is never decoded.
 
 :func:`build` encodes a new message from Python values (tests, benchmarks, the client
-library); :meth:`Message.with_annotations` (or a reusable :class:`Stamp`) and
+library); :meth:`Message.with_annotations` (or a reusable :class:`AnnotationPatch`) and
 :meth:`Message.with_delivery_count` splice a changed section in front of the unchanged
-remainder. Stamping a message that has no message-annotations yet also reads its header on
+remainder. Patching a message that has no message-annotations yet also reads its header on
 the way, which the queue manager's :meth:`Message.queue_info` then uses once.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 
 from .codec import DecodeError, Described, Symbol, Timestamp, UByte, UInt, ULong, decode, encode, skip
 
-__all__ = ["Message", "MessageError", "Header", "Properties", "Stamp", "build", "SECTIONS"]
+__all__ = ["Message", "MessageError", "Header", "Properties", "AnnotationPatch", "build", "SECTIONS"]
 
 # Section descriptor codes (part 3, §3.2).
 HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES = 0x70, 0x71, 0x72, 0x73
@@ -99,7 +99,7 @@ class Message:
         self._properties: Properties | None = None
         self._application: dict | None = None
         self._annotations: dict | None = None
-        # What a Stamp read on its way in, for queue_info() to use once:
+        # What an AnnotationPatch read on its way in, for queue_info() to use once:
         # ((durable, priority, ttl), where the properties section may start).
         self._front: tuple[tuple[bool, int, int | None], int] | None = None
 
@@ -221,7 +221,7 @@ class Message:
         """
         raw = self.raw
         header, front = self._header, self._front
-        if front is not None:  # stamped on the way in: the header is read already
+        if front is not None:  # patched on the way in: the header is read already
             self._front = None
             durable, priority, ttl = front[0]
         elif header is not None:
@@ -239,7 +239,7 @@ class Message:
             if front is None:
                 span = _find_section(raw, PROPERTIES)
                 value_at = None if span is None else span[1]
-            else:  # the stamp knows where a properties section would start
+            else:  # the patch knows where a properties section would start
                 at = front[1]
                 value_at = at + 3 if raw[at:at + 3] == _PROPERTIES_PREFIX else None
             if value_at is not None:
@@ -273,7 +273,7 @@ class Message:
 
     def with_annotations(self, changes: Mapping[Any, Any]) -> Message:
         """A copy whose message-annotations have ``changes`` merged in (other bytes unchanged)."""
-        return Stamp(changes).apply(self)
+        return AnnotationPatch(changes).apply(self)
 
     def with_delivery_count(self, count: int) -> Message:
         """A copy whose header says ``delivery-count = count`` (for redelivery)."""
@@ -293,9 +293,9 @@ class Message:
         return Message(self.raw[:at] + section + self.raw[at:])
 
 
-class Stamp:
-    """Message annotations to merge into many messages, encoded once (a listener stamps
-    every message a producer sends with the producer's client id)."""
+class AnnotationPatch:
+    """Message annotations to merge into many messages, encoded once (the listener adds the
+    producer's client id to every message it sends)."""
 
     __slots__ = ("changes", "_section")
 
@@ -316,9 +316,9 @@ class Stamp:
             return message._replace(MESSAGE_ANNOTATIONS, encode(Described(ULong(MESSAGE_ANNOTATIONS), merged)))
         at, header_fields = front
         section = self._section
-        stamped = Message(raw[:at] + section + raw[at:])
-        stamped._front = header_fields, at + len(section)
-        return stamped
+        patched = Message(raw[:at] + section + raw[at:])
+        patched._front = header_fields, at + len(section)
+        return patched
 
 
 def _expect(value: Any, kind: type, code: int) -> Any:

@@ -29,7 +29,7 @@ from martinet.messaging.codec import (
     encode,
     skip,
 )
-from martinet.messaging.message import Message, MessageError, Stamp, build
+from martinet.messaging.message import Message, MessageError, AnnotationPatch, build
 
 # (value, its encoding) per AMQP 1.0 part 1 §1.6
 SPEC = [
@@ -193,9 +193,9 @@ def test_changed_copies_splice_sections_and_keep_the_rest():
         Message(encode(Described(Symbol("amqp:header:list"), [True])) + encode(Described(ULong(0x75), b"x"))),
     ],
 )
-def test_a_stamp_adds_annotations_and_what_it_read_on_the_way_matches_a_fresh_read(original):
-    stamp = Stamp({Symbol("x-opt-martinet-cid"): "client-1"})
-    stamped = stamp.apply(original)
+def test_an_annotation_patch_adds_annotations_and_what_it_read_on_the_way_matches_a_fresh_read(original):
+    patch = AnnotationPatch({Symbol("x-opt-martinet-cid"): "client-1"})
+    stamped = patch.apply(original)
     fresh = Message(stamped.raw)
     assert stamped.queue_info(1000) == fresh.queue_info(1000) == original.queue_info(1000)
     assert fresh.message_annotations == {**original.message_annotations, "x-opt-martinet-cid": "client-1"}

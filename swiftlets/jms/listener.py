@@ -11,7 +11,7 @@ durable). Both run in the router's trio thread, so the engine needs no lock.
 
 Links, by what the client attaches:
 
-- :class:`IncomingLink` — the client *sends*: each complete transfer is stamped with the
+- :class:`IncomingLink` — the client *sends*: each complete transfer gets the
   producer's client id and goes to the queue or topic of the target (or of the message's
   ``to`` on an anonymous-relay link, or into a transaction); it is settled as accepted
   when durable (at once for a non-persistent one); credit is topped up to
@@ -63,7 +63,7 @@ from martinet.messaging.amqp import (
 from martinet.messaging.amqp.sasl import Credentials, SaslError, SaslServer
 from martinet.messaging.codec import Described, Int, Symbol, ULong
 from martinet.messaging.io import Driver, lead_in
-from martinet.messaging.message import Message, MessageError, Stamp
+from martinet.messaging.message import Message, MessageError, AnnotationPatch
 from martinet.messaging.selector import SelectorError, compile_selector
 from martinet.swiftlets.authentication import AccessDenied, AuthenticationFailed
 from martinet.swiftlets.queuemanager import ConsumerRefused, QueueError, QueueFull, QueueNotFound
@@ -159,7 +159,7 @@ class IncomingLink:
                 connection.wake()
 
         try:
-            message = connection.stamp(Message(data))
+            message = connection.with_client_id(Message(data))
             address, topic = self.address, self.topic
             if address is None:  # anonymous relay: route by the message's own address
                 address, topic = connection.route(message)
@@ -392,7 +392,7 @@ class AmqpConnection:
         self.qm = swiftlet.qm
         self.tm = swiftlet.tm
         self.client_id: str | None = None
-        self._stamp: Stamp | None = None  # the client id annotation, once the client opened
+        self._client_id_patch: AnnotationPatch | None = None  # the client id annotation, once the client opened
         self.principal: Any = None
         self.transactions: dict[bytes, Any] = {}
         self._transaction_ids = itertools.count(1)
@@ -493,7 +493,7 @@ class AmqpConnection:
                                {Symbol("invalid-field"): Symbol("container-id")}))
             return
         self.client_id = client_id
-        self._stamp = Stamp({CLIENT_ID_ANNOTATION: client_id})
+        self._client_id_patch = AnnotationPatch({CLIENT_ID_ANNOTATION: client_id})
         if client_id:
             in_use[client_id] = in_use.get(client_id, 0) + 1
         engine.open()
@@ -662,9 +662,9 @@ class AmqpConnection:
             return self._check(to, "publish", topic=True), True
         return self._check(to[len(QUEUE_PREFIX):] if to.startswith(QUEUE_PREFIX) else to, "send"), False
 
-    def stamp(self, message: Message) -> Message:
+    def with_client_id(self, message: Message) -> Message:
         """The message with the producer's client id annotated (as SwiftMQ's JMS_SWIFTMQ_CID)."""
-        return message if self._stamp is None else self._stamp.apply(message)
+        return message if self._client_id_patch is None else self._client_id_patch.apply(message)
 
     def declare(self) -> bytes:
         txn_id = f"txn-{next(self._transaction_ids)}".encode()
