@@ -1,7 +1,7 @@
-"""``python -m swiftlets.store PATH SYNC`` runs a store engine (see :mod:`.engine`)."""
+"""``python -m martinet.swiftlets.store PATH SYNC`` runs a store process (see :mod:`.dbprocess`)."""
 
 import sys
 
-from .engine import main
+from .dbprocess import main
 
 sys.exit(main(sys.argv[1:]))

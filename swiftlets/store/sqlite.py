@@ -1,19 +1,19 @@
-"""The SQLite backend, router side: group commit in front of the engine process.
+"""The SQLite backend, router side: group commit in front of the store process.
 
 Theory of operation
 -------------------
-The database is driven by one dedicated engine process per store
-(:mod:`swiftlets.store.engine`, which explains why a process and not a thread), started
+The database is driven by one dedicated store process per store
+(:mod:`swiftlets.store.dbprocess`, which explains why a process and not a thread), started
 with the swiftlet and fed over a pipe; the router's trio loop never blocks on disk.
 
 Group commit: :meth:`SqliteStore.commit` appends its operations to the pending list and
 waits. A single committer task takes *everything* pending (up to ``max-batch``
-operations) whenever the engine is free, sends it as one batch — one SQLite transaction,
-one WAL append and, with ``sync="full"``, one fsync — and wakes every waiter of that batch
-when the engine confirms. While the engine works, new commits pile up for the next batch,
-so the batch size adapts to the load by itself: throughput is bounded by fsync rate ×
+operations) whenever the store process is free, sends it as one batch — one SQLite
+transaction, one WAL append and, with ``sync="full"``, one fsync — and wakes every waiter
+of that batch when the store process confirms. While it works, new commits pile up for the
+next batch, so the batch size adapts to the load by itself: throughput is bounded by fsync rate ×
 batch, not by the fsync rate. A message stored and consumed within one batch is written
-neither way (the engine drops the pair).
+neither way (the store process drops the pair).
 
 A failed commit fails its waiters and then the store itself (the router stops): a store
 that cannot write can no longer keep the broker's promises.
@@ -34,13 +34,13 @@ from typing import Any
 import trio
 
 from .api import Op, Recovered, StoredMessage, StoreError
-from .engine import LENGTH, encode_ops, pack_frame, unpack_frame
+from .dbprocess import LENGTH, encode_ops, pack_frame, unpack_frame
 
 log = logging.getLogger(__name__)
 
 
 def _enlarge_pipe(fd: int) -> None:
-    """Let a pipe hold a whole batch (Linux; 64 KiB by default), so the engine can take a
+    """Let a pipe hold a whole batch (Linux; 64 KiB by default), so the store process can take a
     batch without waiting for the busy trio loop to feed it 64 KiB at a time."""
     setpipe = getattr(fcntl, "F_SETPIPE_SZ", 1031)
     for size in (4 << 20, 1 << 20):
@@ -52,7 +52,7 @@ def _enlarge_pipe(fd: int) -> None:
 
 
 class _FrameReader:
-    """Reads the engine's length-prefixed msgpack frames from a trio stream."""
+    """Reads the store process's length-prefixed msgpack frames from a trio stream."""
 
     def __init__(self, stream: trio.abc.ReceiveStream):
         self._stream = stream
@@ -62,7 +62,7 @@ class _FrameReader:
         """The next frame's body.
 
         Raises:
-            StoreError: the engine closed its output (it exited).
+            StoreError: the store process closed its output (it exited).
         """
         buffer = self._buffer
         while True:
@@ -74,7 +74,7 @@ class _FrameReader:
                     return unpack_frame(payload)
             data = await self._stream.receive_some(1 << 20)
             if not data:
-                raise StoreError("the store engine process exited")
+                raise StoreError("the store process process exited")
             buffer += data
 
 
@@ -108,8 +108,8 @@ class SqliteStore:
         self._pending: list[_Pending] = []
         self._pending_ops = 0
         self._wakeup = trio.Event()
-        self._engine_input: trio.abc.SendStream | None = None
-        self._engine_output: _FrameReader | None = None
+        self._process_input: trio.abc.SendStream | None = None
+        self._process_output: _FrameReader | None = None
         self._closed = False
         self._recovered: Recovered | None = None
         # usage counters
@@ -126,7 +126,7 @@ class SqliteStore:
         return self._recovered
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start the engine, recover, then commit until cancelled.
+        """Start the store process, recover, then commit until cancelled.
 
         Raises:
             StoreError: the database cannot be opened, is not a Martinet store or has a
@@ -142,8 +142,8 @@ class SqliteStore:
         assert process.stdin is not None and process.stdout is not None
         for stream in (process.stdin, process.stdout):
             _enlarge_pipe(stream.fileno())
-        self._engine_input = process.stdin
-        self._engine_output = _FrameReader(process.stdout)
+        self._process_input = process.stdin
+        self._process_output = _FrameReader(process.stdout)
         try:
             self._recovered = await self._recover()
             task_status.started()
@@ -154,11 +154,11 @@ class SqliteStore:
             for waiting in pending:
                 waiting.finish(StoreError("the store stopped before this commit was applied"))
             with trio.CancelScope(shield=True):
-                await process.stdin.aclose()  # end of input: the engine closes the database
+                await process.stdin.aclose()  # end of input: the store process closes the database
                 with trio.move_on_after(10):
                     await process.wait()
                 if process.returncode is None:
-                    log.error("store engine of %s did not exit; killing it", self.path)
+                    log.error("store process of %s did not exit; killing it", self.path)
                     process.kill()
                     await process.wait()
 
@@ -167,7 +167,7 @@ class SqliteStore:
         records: dict[str, dict[str, bytes]] = {}
         remembered: dict[str, list[str]] = {}
         while True:
-            frame = await self._engine_output.read()
+            frame = await self._process_output.read()
             kind = frame[0]
             if kind == "messages":
                 messages.extend(StoredMessage(*row) for row in frame[1])
@@ -184,7 +184,7 @@ class SqliteStore:
             elif kind == "error":
                 raise StoreError(frame[1])
             else:
-                raise StoreError(f"unexpected frame {kind!r} from the store engine")
+                raise StoreError(f"unexpected frame {kind!r} from the store process")
 
     async def commit(self, ops: Sequence[Op]) -> None:
         if not ops:
@@ -202,7 +202,7 @@ class SqliteStore:
         self._submit(_Pending(ops, on_done))
 
     def _submit(self, pending: _Pending) -> _Pending:
-        if self._closed or self._engine_input is None:
+        if self._closed or self._process_input is None:
             raise StoreError("the store is not running")
         self._pending.append(pending)
         self._pending_ops += len(pending.ops)
@@ -219,8 +219,8 @@ class SqliteStore:
                 # Shielded: once sent, a batch's waiters learn its real outcome.
                 with trio.CancelScope(shield=True):
                     try:
-                        await self._engine_input.send_all(pack_frame(["commit", encode_ops(ops)]))
-                        reply = await self._engine_output.read()
+                        await self._process_input.send_all(pack_frame(["commit", encode_ops(ops)]))
+                        reply = await self._process_output.read()
                         if reply[0] != "done":
                             raise StoreError(reply[1] if len(reply) > 1 else repr(reply))
                     except (StoreError, trio.BrokenResourceError, OSError) as exc:

@@ -1,4 +1,4 @@
-"""The SQLite engine: runs in its own process (``python -m swiftlets.store PATH SYNC``).
+"""The store process: owns the SQLite database, in a process of its own (``python -m martinet.swiftlets.store PATH SYNC``).
 
 Theory of operation
 -------------------
@@ -8,20 +8,20 @@ take it back afterwards, and a busy trio loop keeps releasing and re-taking the 
 (``epoll`` with timeout 0 between batches); the two convoy. Measured on the development
 machine: 5 commits of 1000 rows took 0.056 s next to a busy pure-Python thread and 1.55 s
 next to a busy thread that polls epoll, and a 1000-row commit took up to 44 s inside a busy
-router. In its own process the engine has its own interpreter and GIL.
+router. In its own process the database has its own interpreter and GIL.
 
 Protocol, over the process's stdin/stdout: frames of a 4-byte big-endian length and a
 msgpack body (an array whose first element names it).
 
-- At start the engine opens (creating or upgrading) the database and sends the recovered
+- At start the store process opens (creating or upgrading) the database and sends the recovered
   state: ``["messages", [[id, queue, body, delivery_count, txid], …]]`` (in chunks),
   ``["records", [[kind, key, value], …]]``, ``["remembered", [[queue, message_id], …]]``,
   then ``["ready", next_id]``; or ``["error", text]`` and exits with status 1.
 - ``["commit", [op, …]]`` applies the operations in one transaction and answers
   ``["done", cancelled_pairs]`` or ``["error", text]`` (nothing of it applied). Each op is
   ``[code, fields…]`` with the codes of :data:`OP_CODES`.
-- End of input: the engine closes the database and exits with status 0. So when the
-  router dies, even by ``kill -9``, its engine finishes at most the transaction it is in
+- End of input: the store process closes the database and exits with status 0. So when the
+  router dies, even by ``kill -9``, its store process finishes at most the transaction it is in
   and exits; SQLite's WAL keeps every transaction all or nothing.
 
 Schema version 1: ``messages`` (rowid = message id), ``records`` (kind, key → blob),
@@ -70,7 +70,7 @@ CREATE INDEX IF NOT EXISTS remembered_ids_queue ON remembered_ids (queue, id);
 """
 
 
-class EngineError(Exception):
+class DatabaseError(Exception):
     """The database cannot be used (message for the operator)."""
 
 
@@ -88,26 +88,26 @@ def encode_ops(ops: Sequence[Any]) -> list[tuple]:
     return [(OP_CODES[type(op)], *op) for op in ops]
 
 
-class Engine:
+class Database:
     """The database side: open and recover, apply batches, close."""
 
     def __init__(self, path: str, sync: str):
         try:
             db = sqlite3.connect(path, isolation_level=None)
-            db.execute("PRAGMA busy_timeout = 10000")  # an engine of a killed router may still be finishing
+            db.execute("PRAGMA busy_timeout = 10000")  # the store process of a killed router may still be finishing
             db.execute("PRAGMA page_size = 16384")
             mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode != "wal":
-                raise EngineError(f"{path}: cannot use WAL mode (got {mode})")
+                raise DatabaseError(f"{path}: cannot use WAL mode (got {mode})")
             db.execute(f"PRAGMA synchronous = {sync.upper()}")
             db.executescript(_SCHEMA)
             found = db.execute("SELECT value FROM meta WHERE key = 'schema-version'").fetchone()
         except sqlite3.DatabaseError as exc:
-            raise EngineError(f"{path}: not a usable Martinet store: {exc}") from None
+            raise DatabaseError(f"{path}: not a usable Martinet store: {exc}") from None
         if found is None:
             db.execute("INSERT INTO meta VALUES ('schema-version', ?)", (str(SCHEMA_VERSION),))
         elif int(found[0]) > SCHEMA_VERSION:
-            raise EngineError(f"{path}: schema version {found[0]} is newer than this release understands "
+            raise DatabaseError(f"{path}: schema version {found[0]} is newer than this release understands "
                               f"({SCHEMA_VERSION})")
         self.db = db
 
@@ -217,7 +217,7 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
 def main(argv: list[str]) -> int:
     """Serve one router's store until end of input; the exit status."""
     path, sync = argv
-    # Ctrl-C and SIGTERM reach the whole process group; the engine outlives its router's
+    # Ctrl-C and SIGTERM reach the whole process group; the store process outlives its router's
     # orderly stop (which may still commit) and leaves when its input ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -228,9 +228,9 @@ def main(argv: list[str]) -> int:
         sink.flush()
 
     try:
-        engine = Engine(path, sync)
-        engine.recover(send)
-    except (EngineError, sqlite3.Error, OSError) as exc:
+        database = Database(path, sync)
+        database.recover(send)
+    except (DatabaseError, sqlite3.Error, OSError) as exc:
         send(["error", str(exc)])
         return 1
     try:
@@ -243,7 +243,7 @@ def main(argv: list[str]) -> int:
                 send(["error", f"unknown request {request[0]!r}"])
                 continue
             try:
-                cancelled = engine.apply(request[1])
+                cancelled = database.apply(request[1])
             except (sqlite3.Error, ValueError, IndexError) as exc:
                 send(["error", f"{type(exc).__name__}: {exc}"])
             else:
@@ -251,6 +251,6 @@ def main(argv: list[str]) -> int:
     except BrokenPipeError:
         pass  # the router is gone
     finally:
-        engine.close()
+        database.close()
     return 0
 
