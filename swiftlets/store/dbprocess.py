@@ -1,4 +1,5 @@
-"""The store process: owns the SQLite database, in a process of its own (``python -m martinet.swiftlets.store PATH SYNC``).
+"""The store process: owns the SQLite database, in a process of its own
+(``python -m martinet.swiftlets.store PATH SYNC``).
 
 Theory of operation
 -------------------
