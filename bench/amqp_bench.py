@@ -11,7 +11,7 @@ figure is messages per second from the first send to the last receive; the best 
 
 Brokers, each in its own process, on loopback ports chosen here, data in a temporary folder:
 
-- Martinet (``python -m kernel run``; ``sync="full"``, i.e. fsync per group commit);
+- Martinet (``python -m martinet.kernel run``; ``sync="full"``, i.e. fsync per group commit);
 - RabbitMQ 3.10 from Debian (``apt-get install rabbitmq-server``), private node, the
   ``rabbitmq_amqp1_0`` plugin, address ``/queue/<name>`` (a durable queue), PLAIN as guest.
 
