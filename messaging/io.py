@@ -54,6 +54,10 @@ class SansIO(Protocol):
     def tick(self, now: float) -> float:
         """Act on the time ``now`` (trio's clock); the next deadline, 0 for none."""
 
+    @property
+    def finished(self) -> bool:
+        """Everything was taken from :meth:`data_to_send` and the connection is over."""
+
 
 class Stage(Protocol):
     """A lead-in exchange in front of the connection protocol (SASL, a handshake)."""
@@ -145,6 +149,7 @@ class Driver:
             if remaining:  # (empty is not end of input here)
                 self.protocol.receive_data(remaining)
                 self._on_input()
+            self.wake()  # what the protocol has already (a client's open, answers to remaining)
             nursery.start_soon(self._write)
             task_status.started()
             await self._read()
@@ -170,15 +175,16 @@ class Driver:
         protocol, stream = self.protocol, self.stream
         try:
             while True:
-                self._wakeup = trio.Event()  # wakes from here on are seen
+                # Wait for a wake-up even right after a write: output that builds up meanwhile
+                # without waking us goes out in the next, larger write.
+                await self._wakeup.wait()
+                self._wakeup = trio.Event()
                 self._before_write()
                 data = protocol.data_to_send()
-                if data is None:  # the connection is over
-                    return
                 if data:
                     await stream.send_all(data)
-                else:
-                    await self._wakeup.wait()
+                if data is None or protocol.finished:  # the connection is over
+                    return
         finally:
             self._written.set()
             if self._nursery is not None:
