@@ -39,10 +39,10 @@ def make_message(n: int, size: int, durable: bool):
 
 
 async def throughput(router: Router, count: int, durable: bool) -> tuple[float, dict]:
-    qm = router.swiftlet("sys$queuemanager")
+    queue_manager = router.swiftlet("sys$queuemanager")
     queue_name = "persistent" if durable else "transient"
     messages = [make_message(n, 1024 - 120, durable) for n in range(count)]
-    consumer = qm.queue(queue_name).consumer()
+    consumer = queue_manager.queue(queue_name).consumer()
     consumer.flow(count)
     store_before = router.management.resolve("/sys$store/usage").properties()
     window = trio.Semaphore(1000)
@@ -57,7 +57,7 @@ async def throughput(router: Router, count: int, durable: bool) -> tuple[float, 
                 window.acquire_nowait()
             except trio.WouldBlock:
                 await window.acquire()
-            qm.send_nowait(queue_name, message, on_durable=stored)
+            queue_manager.send_nowait(queue_name, message, on_durable=stored)
             if n % 100 == 99:
                 await trio.sleep(0)  # as a listener yields after each batch of frames it read
         for _ in range(1000):  # until every send is durable
@@ -80,14 +80,14 @@ async def throughput(router: Router, count: int, durable: bool) -> tuple[float, 
 
 
 async def memory(router: Router, count: int) -> float:
-    qm = router.swiftlet("sys$queuemanager")
-    queue = qm.queue("memory")
+    queue_manager = router.swiftlet("sys$queuemanager")
+    queue = queue_manager.queue("memory")
     payload = b"y" * 100
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     for _ in range(count):
-        await qm.send("memory", build(payload))
+        await queue_manager.send("memory", build(payload))
     gc.collect()
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()

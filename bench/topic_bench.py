@@ -25,8 +25,8 @@ CONFIG = """<router name="bench" startorder="sys$store sys$queuemanager sys$topi
 
 
 async def fan_out(router: Router, subscribers: int, count: int) -> float:
-    tm = router.swiftlet("sys$topicmanager")
-    subscriptions = [tm.subscribe("bench") for _ in range(subscribers)]
+    topic_manager = router.swiftlet("sys$topicmanager")
+    subscriptions = [topic_manager.subscribe("bench") for _ in range(subscribers)]
     message = build(b"p" * 100, message_id="ID:bench:1")
     done = trio.Semaphore(0)
 
@@ -41,7 +41,7 @@ async def fan_out(router: Router, subscribers: int, count: int) -> float:
         for subscription in subscriptions:
             nursery.start_soon(consume, subscription)
         for n in range(count):
-            tm.publish("bench.prices", message)
+            topic_manager.publish("bench.prices", message)
             if n % 50 == 49:
                 await trio.sleep(0)  # as a listener yields between batches of frames
         for _ in subscriptions:

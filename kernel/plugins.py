@@ -72,8 +72,9 @@ class SwiftletSpec:
         factory: ``factory(context) -> Swiftlet``.
         pools: the pools the swiftlet uses, with their default sizes.
 
-    Other swiftlets reach a running swiftlet through ``context.lookup(name)``, which
-    returns the object the factory built; its public methods are its interface.
+    Other swiftlets reach a running swiftlet through ``context.lookup(name, kind)``, which
+    returns the object the factory built once it has checked that the object provides
+    ``kind``: the protocol the swiftlet publishes in its ``api`` module, its interface.
     """
 
     name: str

@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -55,6 +55,8 @@ __all__ = ["Router", "SwiftletContext", "SwiftletFailed"]
 log = logging.getLogger(__name__)
 
 _POOLS = ListOf(PoolConfig, "pool", "The swiftlet's task pools and their sizes.")
+
+T = TypeVar("T")
 
 
 def _release() -> str:
@@ -119,18 +121,56 @@ class SwiftletContext:
     def management(self) -> Tree:
         return self._router.management
 
-    def lookup(self, name: str) -> Any:
-        """The running swiftlet object ``name`` (a swiftlet started earlier).
+    def lookup(self, name: str, kind: type[T]) -> T:
+        """The running swiftlet ``name`` (a swiftlet started earlier), as the interface ``kind``.
+
+        ``kind`` is what the caller is going to use of it: the ``@runtime_checkable``
+        protocol the other swiftlet publishes in its ``api`` module (e.g.
+        ``context.lookup("sys$queuemanager", QueueManager)``), or a class. The object is
+        checked once, here, with ``isinstance`` — for a protocol, whether it has every
+        member — so a swiftlet replaced by one that does not provide the interface stops the
+        start with a clear message instead of failing later with an ``AttributeError``.
 
         Raises:
-            LookupError: it is not running.
+            LookupError: no swiftlet ``name`` is running.
+            TypeError: it runs but does not provide ``kind`` (the message names the
+                swiftlet, the interface and the members missing); or ``kind`` is a protocol
+                without ``@runtime_checkable``.
         """
-        return self._router.swiftlet(name)
+        swiftlet = self._router.swiftlet(name)
+        try:
+            provided = isinstance(swiftlet, kind)
+        except TypeError:  # a Protocol that is not runtime checkable: a bug of the caller
+            raise TypeError(f"lookup of swiftlet {name}: the interface {_qualified(kind)} must be a class or a "
+                            "@runtime_checkable Protocol") from None
+        if not provided:
+            missing = _missing_members(swiftlet, kind)
+            raise TypeError(
+                f"swiftlet {name} on router {self.router_name} ({_qualified(type(swiftlet))}) does not provide "
+                f"the interface {_qualified(kind)}" + (f": it lacks {', '.join(missing)}" if missing else "")
+            )
+        return swiftlet
 
     def shutdown_scope(self) -> trio.CancelScope:
         """A shielded scope for awaiting cleanup, expiring after ``shutdown-timeout``."""
         grace = self._router.config.settings.shutdown_timeout / 1000
         return trio.CancelScope(shield=True, deadline=trio.current_time() + grace)
+
+
+def _qualified(kind: type) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _missing_members(obj: Any, kind: type) -> list[str]:
+    """The public members ``kind`` declares (methods, properties, annotated attributes,
+    through its bases) that ``obj`` lacks; for the error message of a failed lookup."""
+    names: set[str] = set()
+    for klass in kind.__mro__:
+        if klass.__module__ in ("builtins", "typing"):  # object, Protocol, Generic
+            continue
+        names.update(vars(klass))
+        names.update(getattr(klass, "__annotations__", {}))
+    return sorted(n for n in names if not n.startswith("_") and not hasattr(obj, n))
 
 
 class _Host:

@@ -35,7 +35,8 @@ Choices where implementations differ (each pinned by a test):
 - Arithmetic on anything but numbers, and AND/OR/NOT on anything but booleans, is
   UNKNOWN at runtime; with a literal operand it is refused when parsing.
 - ``IN``, ``LIKE`` and ``IS NULL`` apply to identifiers only; an ESCAPE is one character
-  and may precede only ``%``, ``_`` or itself.
+  and may precede only ``%``, ``_`` or itself (the pattern language is :mod:`.like`'s,
+  shared with the router's names).
 - Exact literals may be decimal, hexadecimal (``0x1F``) or octal (``017``), as the Java
   brokers accept; approximate literals use Java syntax (``7.``, ``.5``, ``1.5E3``).
 
@@ -53,7 +54,9 @@ from typing import Any
 
 import attrs
 
-__all__ = ["SelectorError", "Selector", "compile_selector", "message_identifiers", "like_pattern"]
+from .like import LikePatternError, like_pattern
+
+__all__ = ["SelectorError", "Selector", "compile_selector", "message_identifiers"]
 
 
 class SelectorError(ValueError):
@@ -313,7 +316,10 @@ class _Parser:
                 escape = escape_token.value
                 if len(escape) != 1:
                     raise SelectorError("ESCAPE must be exactly one character", escape_token.position)
-            _like_regex(pattern.value, escape, pattern.position)  # validate now
+            try:
+                like_pattern(pattern.value, escape)  # validate now
+            except LikePatternError as exc:
+                raise SelectorError(str(exc), pattern.position) from None
             return Like(operand, pattern.value, escape, negated)
         if negated:
             self.fail("expected BETWEEN, IN or LIKE after NOT")
@@ -399,32 +405,6 @@ def _identifier(node: Any, token: Token, what: str) -> Identifier:
     if not isinstance(node, Identifier):
         raise SelectorError(f"{what} applies to an identifier only", token.position)
     return node
-
-
-def _like_regex(pattern: str, escape: str | None, position: int) -> re.Pattern[str]:
-    parts, index = [], 0
-    while index < len(pattern):
-        char = pattern[index]
-        if escape is not None and char == escape:
-            if index + 1 >= len(pattern) or pattern[index + 1] not in ("%", "_", escape):
-                raise SelectorError(f"escape character {escape!r} must precede %, _ or itself", position)
-            parts.append(re.escape(pattern[index + 1]))
-            index += 2
-            continue
-        parts.append(".*" if char == "%" else "." if char == "_" else re.escape(char))
-        index += 1
-    return re.compile("".join(parts), re.DOTALL)
-
-
-def like_pattern(pattern: str, escape: str | None = "\\") -> re.Pattern[str]:
-    """A compiled SQL-LIKE pattern (``%`` any run, ``_`` one character, ``escape`` before
-    either or itself), for names such as queue-controller predicates; match with
-    ``fullmatch``.
-
-    Raises:
-        SelectorError: a misplaced escape character.
-    """
-    return _like_regex(pattern, escape, 0)
 
 
 # -- evaluation ---------------------------------------------------------------------------
@@ -532,7 +512,7 @@ def _compile(node: Any) -> Evaluator:
 
         return in_list
     if isinstance(node, Like):
-        name, regex, negated = node.operand.name, _like_regex(node.pattern, node.escape, 0), node.negated
+        name, regex, negated = node.operand.name, like_pattern(node.pattern, node.escape), node.negated
 
         def like(get: Lookup) -> bool | None:
             value = get(name)

@@ -118,7 +118,7 @@ class RunningRouter:
         return await self.start()
 
     @property
-    def qm(self):
+    def queue_manager(self):
         return self.router.swiftlet("sys$queuemanager")
 
     @property

@@ -20,14 +20,14 @@ async def main(config: str, run: str) -> None:
     router = Router.from_file(config)
     async with trio.open_nursery() as nursery:
         await nursery.start(router.run)
-        qm = router.swiftlet("sys$queuemanager")
+        queue_manager = router.swiftlet("sys$queuemanager")
         print("ready", flush=True)
 
         async def transactions(worker: int) -> None:
             n = 0
             while True:
                 txn = f"{run}-{worker}-{n}"
-                transaction = qm.transaction()
+                transaction = queue_manager.transaction()
                 for queue, count in (("a", 3), ("b", 2)):
                     for k in range(count):
                         transaction.send(queue, build(b"x" * 200, durable=True, message_id=f"{txn}-{queue}{k}",
@@ -40,12 +40,13 @@ async def main(config: str, run: str) -> None:
             n = 0
             while True:
                 key = int(run) * 10_000_000 + n
-                await qm.send("c", build(b"y" * 300, durable=True, message_id=f"c-{key}", properties={"id": key}))
+                await queue_manager.send("c", build(b"y" * 300, durable=True, message_id=f"c-{key}",
+                                                    properties={"id": key}))
                 print("send", key, flush=True)
                 n += 1
 
         async def consume() -> None:
-            consumer = qm.queue("c").consumer()
+            consumer = queue_manager.queue("c").consumer()
             consumer.flow(10_000_000)
             while True:
                 entry = await consumer.receive()

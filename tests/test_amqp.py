@@ -281,22 +281,23 @@ def transactional(url, queue, *, sends=0, receive=0, finish="abort"):
 
 async def test_transactions_commit_abort_and_connection_loss(broker):
     running = await broker()
-    qm = running.router.swiftlet("sys$queuemanager")
+    queue_manager = running.router.swiftlet("sys$queuemanager")
     await in_thread(lambda: transactional(running.url, "txq", sends=3, finish="abort"))
-    assert qm.queue("txq").size == 0  # aborted sends never appear
+    assert queue_manager.queue("txq").size == 0  # aborted sends never appear
     await in_thread(lambda: transactional(running.url, "txq", sends=3, finish="vanish"))
     await trio.sleep(0.1)
-    assert qm.queue("txq").size == 0  # a lost connection rolls back
+    assert queue_manager.queue("txq").size == 0  # a lost connection rolls back
     await in_thread(lambda: transactional(running.url, "txq", sends=3, finish="commit"))
-    assert qm.queue("txq").size == 3
+    assert queue_manager.queue("txq").size == 3
     got = await in_thread(lambda: transactional(running.url, "txq", receive=2, finish="abort"))
     assert got == ["t0", "t1"]
     await trio.sleep(0.1)
-    assert qm.queue("txq").size == 3 and [e.redelivered for e in qm.queue("txq").browse()] == [True, True, False]
+    assert queue_manager.queue("txq").size == 3 and [
+        e.redelivered for e in queue_manager.queue("txq").browse()] == [True, True, False]
     got = await in_thread(lambda: transactional(running.url, "txq", receive=3, finish="commit"))
     assert got == ["t0", "t1", "t2"]
     await trio.sleep(0.1)
-    assert qm.queue("txq").size == 0
+    assert queue_manager.queue("txq").size == 0
 
 
 async def test_producer_client_id_and_no_local(broker):
@@ -349,8 +350,8 @@ def durable_client(url, client_id, *, take=0, end="detach"):
 async def test_durable_subscriptions_with_the_qpid_jms_conventions(broker):
     running = await broker()
     await in_thread(durable_client, running.url, "client-1")
-    tm = running.router.swiftlet("sys$topicmanager")
-    assert sorted(tm.durable_subscriptions()) == ["client-1$orders-sub"]  # detach keeps it
+    topic_manager = running.router.swiftlet("sys$topicmanager")
+    assert sorted(topic_manager.durable_subscriptions()) == ["client-1$orders-sub"]  # detach keeps it
     await in_thread(send, running.url, "topic://orders", ["o1", "o2"])
     await trio.sleep(0.05)
     await running.stop()  # it keeps the messages across a restart

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from martinet.kernel import Router
-from martinet.swiftlets.authentication import AccessDenied, AuthenticationFailed
+from martinet.swiftlets.authentication.api import AccessDenied, AuthenticationFailed
 
 CONFIG = """
 <router name="r1" startorder="sys$authentication">

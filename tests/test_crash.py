@@ -58,15 +58,15 @@ async def test_kill_9_at_random_points_loses_nothing_acknowledged(tmp_path):
         router = Router.from_file(config)
         async with trio.open_nursery() as nursery:
             await nursery.start(router.run)
-            qm = router.swiftlet("sys$queuemanager")
-            counts = {name: Counter(e.message.application_properties["txn"] for e in qm.queue(name).browse())
+            queue_manager = router.swiftlet("sys$queuemanager")
+            counts = {name: Counter(e.message.application_properties["txn"] for e in queue_manager.queue(name).browse())
                       for name in ("a", "b")}
             for txn in set(counts["a"]) | set(counts["b"]):
                 assert (counts["a"][txn], counts["b"][txn]) == (3, 2), f"transaction {txn} is there in part"
             missing = acknowledged_txns - set(counts["a"])
             assert not missing, f"acknowledged transactions lost: {sorted(missing)[:5]}"
             # Sends to c: the consumer accepted the odd ones, so only the even ones must stay.
-            present = {e.message.application_properties["id"] for e in qm.queue("c").browse()}
+            present = {e.message.application_properties["id"] for e in queue_manager.queue("c").browse()}
             lost = {n for n in acknowledged_sends if n % 2 == 0} - present
             assert not lost, f"acknowledged sends lost: {sorted(lost)[:5]}"
             router.request_stop()

@@ -41,7 +41,7 @@ def spec(name: str, config=Empty, **kwargs) -> SwiftletSpec:
 
 def test_builtin_swiftlets_come_from_the_entry_point_group():
     specs = load_swiftlet_specs()
-    assert specs["sys$log"].factory.__module__ == "martinet.swiftlets.log"
+    assert specs["sys$log"].factory.__module__ == "martinet.swiftlets.log.handler"
 
 
 def test_two_plugins_claiming_one_name_is_an_error():

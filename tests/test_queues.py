@@ -11,7 +11,7 @@ import trio
 from martinet.messaging.codec import Symbol
 from martinet.messaging.message import build
 from martinet.messaging.selector import SelectorError, compile_selector
-from martinet.swiftlets.queuemanager import (
+from martinet.swiftlets.queuemanager.api import (
     ConsumerRefused,
     MessageTooLarge,
     QueueError,
@@ -34,10 +34,10 @@ def take(consumer, count):
 
 
 async def test_send_and_receive_in_order(broker):
-    qm = broker.qm
+    queue_manager = broker.queue_manager
     for n in range(5):
-        await qm.send("orders", msg(n))
-    consumer = qm.queue("orders").consumer()
+        await queue_manager.send("orders", msg(n))
+    consumer = queue_manager.queue("orders").consumer()
     with pytest.raises(trio.WouldBlock):
         consumer.receive_nowait()  # no credit, no delivery
     consumer.flow(3)
@@ -53,33 +53,34 @@ async def test_send_and_receive_in_order(broker):
 
 
 async def test_names_resolve_against_the_local_router(broker):
-    qm = broker.qm
-    await qm.send("orders@r1", msg(1))
-    assert qm.queue("orders").size == 1
+    queue_manager = broker.queue_manager
+    await queue_manager.send("orders@r1", msg(1))
+    assert queue_manager.queue("orders").size == 1
     with pytest.raises(QueueNotFound, match="no route to router 'paris' \\(for 'orders@paris'\\)"):
-        await qm.send("orders@paris", msg(2))
-    qm.add_redirection("%@paris", "rt$paris")
-    await qm.send("orders@paris", msg(3))
-    assert qm.queue("rt$paris").size == 1 and qm.queue("rt$paris").settings.persistence_mode == "as_message"
+        await queue_manager.send("orders@paris", msg(2))
+    queue_manager.add_redirection("%@paris", "rt$paris")
+    await queue_manager.send("orders@paris", msg(3))
+    assert (queue_manager.queue("rt$paris").size == 1
+            and queue_manager.queue("rt$paris").settings.persistence_mode == "as_message")
 
 
 async def test_priority_order_then_fifo(broker):
-    qm = broker.qm
+    queue_manager = broker.queue_manager
     for n, priority in enumerate([4, 9, 0, 9, 4, 7]):
-        await qm.send("p", msg(n, priority=priority))
-    consumer = qm.queue("p").consumer()
+        await queue_manager.send("p", msg(n, priority=priority))
+    consumer = queue_manager.queue("p").consumer()
     consumer.flow(10)
     assert bodies(take(consumer, 6)) == ["m1", "m3", "m5", "m0", "m4", "m2"]
 
 
 async def test_shared_consumers_take_turns(broker):
-    qm = broker.qm
-    queue = qm.queue("shared")
+    queue_manager = broker.queue_manager
+    queue = queue_manager.queue("shared")
     first, second = queue.consumer(), queue.consumer()
     first.flow(10)
     second.flow(10)
     for n in range(6):
-        await qm.send("shared", msg(n))
+        await queue_manager.send("shared", msg(n))
     assert bodies(take(first, 3)) == ["m0", "m2", "m4"]
     assert bodies(take(second, 3)) == ["m1", "m3", "m5"]
 
@@ -87,7 +88,7 @@ async def test_shared_consumers_take_turns(broker):
 async def test_exclusive_queue_refuses_a_second_consumer(make_broker):
     running = make_broker(queues='<queue name="solo" consumer-mode="exclusive"/>')
     await running.start()
-    queue = running.qm.queue("solo")
+    queue = running.queue_manager.queue("solo")
     queue.consumer()
     with pytest.raises(ConsumerRefused, match="queue solo is exclusive and has a consumer already"):
         queue.consumer()
@@ -97,12 +98,12 @@ async def test_exclusive_queue_refuses_a_second_consumer(make_broker):
 async def test_active_standby_takes_over_when_the_active_leaves(make_broker):
     running = make_broker(queues='<queue name="ha" consumer-mode="activestandby"/>')
     await running.start()
-    qm = running.qm
-    active, standby = qm.queue("ha").consumer(), qm.queue("ha").consumer()
+    queue_manager = running.queue_manager
+    active, standby = queue_manager.queue("ha").consumer(), queue_manager.queue("ha").consumer()
     active.flow(10)
     standby.flow(10)
     for n in range(3):
-        await qm.send("ha", msg(n))
+        await queue_manager.send("ha", msg(n))
     assert bodies(take(active, 3)) == ["m0", "m1", "m2"]
     with pytest.raises(trio.WouldBlock):
         standby.receive_nowait()
@@ -113,10 +114,10 @@ async def test_active_standby_takes_over_when_the_active_leaves(make_broker):
 
 
 async def test_outcomes(broker):
-    qm = broker.qm
+    queue_manager = broker.queue_manager
     for n in range(4):
-        await qm.send("work", msg(n))
-    consumer = qm.queue("work").consumer()
+        await queue_manager.send("work", msg(n))
+    consumer = queue_manager.queue("work").consumer()
     consumer.flow(1)
     first = consumer.receive_nowait()
     consumer.release(first)  # not delivered: back in place, count unchanged
@@ -128,7 +129,7 @@ async def test_outcomes(broker):
     third = consumer.receive_nowait()
     assert (third.id, third.delivery_count, third.redelivered) == (first.id, 1, True)
     consumer.reject(third, "cannot parse it")
-    dlq = qm.queue("routerdlq")
+    dlq = queue_manager.queue("routerdlq")
     [dead] = list(dlq.browse())
     assert dead.message.body() == b"m0"
     assert dead.message.message_annotations == {"x-opt-martinet-dlq-reason": "cannot parse it",
@@ -145,36 +146,36 @@ async def test_outcomes(broker):
 async def test_max_delivery_count_sends_to_the_dlq(make_broker):
     running = make_broker(queues='<queue name="poison" max-delivery-count="2"/>')
     await running.start()
-    qm = running.qm
-    await qm.send("poison", msg(1))
-    consumer = qm.queue("poison").consumer()
+    queue_manager = running.queue_manager
+    await queue_manager.send("poison", msg(1))
+    consumer = queue_manager.queue("poison").consumer()
     for _ in range(2):
         consumer.flow(1)
         consumer.modify(consumer.receive_nowait())
-    assert qm.queue("poison").size == 0
-    [dead] = list(qm.queue("routerdlq").browse())
+    assert queue_manager.queue("poison").size == 0
+    [dead] = list(queue_manager.queue("routerdlq").browse())
     assert "max-delivery-count 2" in dead.message.message_annotations["x-opt-martinet-dlq-reason"]
     await running.stop()
 
 
 async def test_closing_returns_what_was_never_received_without_counting(broker):
-    qm = broker.qm
+    queue_manager = broker.queue_manager
     for n in range(3):
-        await qm.send("c", msg(n))
-    consumer = qm.queue("c").consumer()
+        await queue_manager.send("c", msg(n))
+    consumer = queue_manager.queue("c").consumer()
     consumer.flow(3)
     received = consumer.receive_nowait()  # m0 seen; m1, m2 delivered but never received
     assert received.delivery_count == 0
     consumer.close()
     with pytest.raises(trio.ClosedResourceError):
         consumer.receive_nowait()
-    counts = [(e.message.body(), e.delivery_count) for e in qm.queue("c").browse()]
+    counts = [(e.message.body(), e.delivery_count) for e in queue_manager.queue("c").browse()]
     assert counts == [(b"m0", 1), (b"m1", 0), (b"m2", 0)]
 
 
 async def test_a_waiting_receiver_is_woken(broker):
-    qm = broker.qm
-    consumer = qm.queue("wake").consumer()
+    queue_manager = broker.queue_manager
+    consumer = queue_manager.queue("wake").consumer()
     consumer.flow(1)
     async with trio.open_nursery() as nursery:
         got = []
@@ -184,42 +185,42 @@ async def test_a_waiting_receiver_is_woken(broker):
 
         nursery.start_soon(wait)
         await trio.testing.wait_all_tasks_blocked()
-        await qm.send("wake", msg(1))
+        await queue_manager.send("wake", msg(1))
     assert bodies(got) == ["m1"]
 
 
 async def test_batch_take_and_notification_when_deliveries_start_waiting(broker):
-    qm = broker.qm
-    consumer = qm.queue("batch").consumer()
+    queue_manager = broker.queue_manager
+    consumer = queue_manager.queue("batch").consumer()
     wakeups = []
     consumer.notify = lambda: wakeups.append(consumer.buffered)
     consumer.flow(10)
     for n in range(4):
-        await qm.send("batch", msg(n))
+        await queue_manager.send("batch", msg(n))
     assert consumer.buffered == 4 and wakeups == [1]  # once, when the first one arrived
     assert bodies(consumer.take(3)) == ["m0", "m1", "m2"]
     assert bodies(consumer.take(10)) == ["m3"] and consumer.take(10) == []
-    await qm.send("batch", msg(4))
+    await queue_manager.send("batch", msg(4))
     assert wakeups == [1, 1] and bodies(consumer.take(1)) == ["m4"]
 
 
 async def test_drain_drops_unused_credit(broker):
-    qm = broker.qm
-    await qm.send("d", msg(1))
-    consumer = qm.queue("d").consumer()
+    queue_manager = broker.queue_manager
+    await queue_manager.send("d", msg(1))
+    consumer = queue_manager.queue("d").consumer()
     consumer.flow(5)
     assert consumer.drain() == 4
-    await qm.send("d", msg(2))
+    await queue_manager.send("d", msg(2))
     assert bodies(take(consumer, 1)) == ["m1"]
     with pytest.raises(trio.WouldBlock):
         consumer.receive_nowait()
 
 
 async def test_selectors_on_consumers_and_browsers(broker):
-    qm = broker.qm
+    queue_manager = broker.queue_manager
     for n in range(6):
-        await qm.send("sel", build(b"x", properties={"n": n, "colour": "green" if n % 2 else "red"}))
-    queue = qm.queue("sel")
+        await queue_manager.send("sel", build(b"x", properties={"n": n, "colour": "green" if n % 2 else "red"}))
+    queue = queue_manager.queue("sel")
     browsed = [e.message.application_properties["n"] for e in queue.browse(compile_selector("n > 2"))]
     assert browsed == [3, 4, 5]
     greens = queue.consumer(compile_selector("colour = 'green'"))
@@ -228,7 +229,7 @@ async def test_selectors_on_consumers_and_browsers(broker):
     reds = queue.consumer(compile_selector("colour = 'red' AND n >= 2"))
     reds.flow(10)
     assert [e.message.application_properties["n"] for e in take(reds, 2)] == [2, 4]
-    await qm.send("sel", build(b"x", properties={"n": 8, "colour": "red"}))  # wakes the parked consumer
+    await queue_manager.send("sel", build(b"x", properties={"n": 8, "colour": "red"}))  # wakes the parked consumer
     assert reds.receive_nowait().message.application_properties["n"] == 8
     assert [e.message.application_properties["n"] for e in queue.browse()] == [0]  # the rest is delivered
     with pytest.raises(SelectorError):
@@ -238,59 +239,60 @@ async def test_selectors_on_consumers_and_browsers(broker):
 async def test_expired_messages_are_never_delivered(make_broker):
     running = make_broker(queues='<queue name="ttl" expired-to-dlq="true"/><queue name="drop"/>')
     await running.start()
-    qm = running.qm
+    queue_manager = running.queue_manager
     past = int(time.time() * 1000) - 1
-    await qm.send("ttl", msg(1, absolute_expiry_time=past))  # expired on arrival
-    await qm.send("ttl", msg(2, ttl=100))
-    await qm.send("ttl", msg(3))
-    await qm.send("drop", msg(4, ttl=100))
+    await queue_manager.send("ttl", msg(1, absolute_expiry_time=past))  # expired on arrival
+    await queue_manager.send("ttl", msg(2, ttl=100))
+    await queue_manager.send("ttl", msg(3))
+    await queue_manager.send("drop", msg(4, ttl=100))
     await trio.sleep(0.2)  # real time: expiry is wall-clock time
-    consumer = qm.queue("ttl").consumer()
+    consumer = queue_manager.queue("ttl").consumer()
     consumer.flow(10)
     assert bodies(take(consumer, 1)) == ["m3"]
-    assert qm.queue("drop").remove_expired() == 1
-    usage = qm.queue("ttl").usage()
+    assert queue_manager.queue("drop").remove_expired() == 1
+    usage = queue_manager.queue("ttl").usage()
     assert (usage["expired"], usage["messages"]) == (2, 1)
-    reasons = [e.message.message_annotations["x-opt-martinet-dlq-reason"] for e in qm.queue("routerdlq").browse()]
+    reasons = [e.message.message_annotations["x-opt-martinet-dlq-reason"]
+               for e in queue_manager.queue("routerdlq").browse()]
     assert reasons == ["expired before it arrived", "expired"]
     await running.stop()
 
 
 async def test_duplicates_are_dropped_when_in_doubt(broker):
-    qm = broker.qm
-    assert not (await qm.send("dup", msg(1, durable=True))).duplicate
-    assert not (await qm.send("dup", msg(1, durable=True))).duplicate  # no doubt: a normal send
-    assert (await qm.send("dup", msg(1, durable=True), possible_duplicate=True)).duplicate
-    assert not (await qm.send("dup", msg(2, durable=True), possible_duplicate=True)).duplicate
-    assert qm.queue("dup").size == 3 and qm.queue("dup").duplicates == 1
+    queue_manager = broker.queue_manager
+    assert not (await queue_manager.send("dup", msg(1, durable=True))).duplicate
+    assert not (await queue_manager.send("dup", msg(1, durable=True))).duplicate  # no doubt: a normal send
+    assert (await queue_manager.send("dup", msg(1, durable=True), possible_duplicate=True)).duplicate
+    assert not (await queue_manager.send("dup", msg(2, durable=True), possible_duplicate=True)).duplicate
+    assert queue_manager.queue("dup").size == 3 and queue_manager.queue("dup").duplicates == 1
     await broker.restart()  # the backlog survives
-    qm = broker.qm
-    assert (await qm.send("dup", msg(2, durable=True), possible_duplicate=True)).duplicate
-    assert not (await qm.send("dup", msg(3, durable=True), possible_duplicate=True)).duplicate
+    queue_manager = broker.queue_manager
+    assert (await queue_manager.send("dup", msg(2, durable=True), possible_duplicate=True)).duplicate
+    assert not (await queue_manager.send("dup", msg(3, durable=True), possible_duplicate=True)).duplicate
 
 
 async def test_duplicate_check_always(make_broker):
     running = make_broker(queues='<queue name="strict" duplicate-check="always" '
                                  'duplicate-detection-backlog-size="2"/>')
     await running.start()
-    qm = running.qm
-    results = [(await qm.send("strict", msg(n))).duplicate for n in (1, 1, 2, 3, 1)]
+    queue_manager = running.queue_manager
+    results = [(await queue_manager.send("strict", msg(n))).duplicate for n in (1, 1, 2, 3, 1)]
     assert results == [False, True, False, False, False]  # id-1 fell out of the backlog of 2
     await running.stop()
 
 
 async def test_persistent_messages_survive_a_restart(broker):
-    qm = broker.qm
-    await qm.send("keep", msg(1, durable=True))
-    await qm.send("keep", msg(2))  # non-persistent
-    await qm.send("keep", msg(3, durable=True, priority=8))
-    consumer = qm.queue("keep").consumer()
+    queue_manager = broker.queue_manager
+    await queue_manager.send("keep", msg(1, durable=True))
+    await queue_manager.send("keep", msg(2))  # non-persistent
+    await queue_manager.send("keep", msg(3, durable=True, priority=8))
+    consumer = queue_manager.queue("keep").consumer()
     consumer.flow(1)
     consumer.modify(consumer.receive_nowait())  # m3 delivered once
     consumer.close()
     await trio.sleep(0.05)  # the redelivery count reaches the store in the background
     await broker.restart()
-    consumer = broker.qm.queue("keep").consumer()
+    consumer = broker.queue_manager.queue("keep").consumer()
     consumer.flow(10)
     got = take(consumer, 2)
     assert [(b, e.delivery_count) for b, e in zip(bodies(got), got, strict=True)] == [("m3", 1), ("m1", 0)]
@@ -300,53 +302,54 @@ async def test_forced_persistence_modes(make_broker):
     running = make_broker(queues='<queue name="always" persistence-mode="persistent"/>'
                                  '<queue name="never" persistence-mode="non_persistent"/>')
     await running.start()
-    await running.qm.send("always", msg(1))
-    await running.qm.send("never", msg(2, durable=True))
+    await running.queue_manager.send("always", msg(1))
+    await running.queue_manager.send("never", msg(2, durable=True))
     await running.restart()
-    assert running.qm.queue("always").size == 1 and running.qm.queue("never").size == 0
+    assert running.queue_manager.queue("always").size == 1 and running.queue_manager.queue("never").size == 0
     await running.stop()
 
 
 async def test_transaction_spanning_queues_commits_together(broker):
-    qm = broker.qm
-    await qm.send("in", msg(0, durable=True))
-    consumer = qm.queue("in").consumer()
+    queue_manager = broker.queue_manager
+    await queue_manager.send("in", msg(0, durable=True))
+    consumer = queue_manager.queue("in").consumer()
     consumer.flow(1)
     entry = consumer.receive_nowait()
-    transaction = qm.transaction()
+    transaction = queue_manager.transaction()
     transaction.acknowledge(consumer, entry)
     transaction.send("out-a", msg(1, durable=True))
     transaction.send("out-b", msg(2))
-    assert qm.queue("out-a").size == 0  # invisible until commit
+    assert queue_manager.queue("out-a").size == 0  # invisible until commit
     await transaction.commit()
-    assert (qm.queue("in").size, qm.queue("out-a").size, qm.queue("out-b").size) == (0, 1, 1)
+    assert (queue_manager.queue("in").size, queue_manager.queue("out-a").size,
+            queue_manager.queue("out-b").size) == (0, 1, 1)
     with pytest.raises(TransactionError, match="transaction is committed, not active"):
         transaction.send("out-a", msg(3))
     await broker.restart()
-    assert (broker.qm.queue("in").size, broker.qm.queue("out-a").size) == (0, 1)
+    assert (broker.queue_manager.queue("in").size, broker.queue_manager.queue("out-a").size) == (0, 1)
 
 
 async def test_rollback_redelivers_and_drops_sends(broker):
-    qm = broker.qm
-    await qm.send("in", msg(0, durable=True))
-    consumer = qm.queue("in").consumer()
+    queue_manager = broker.queue_manager
+    await queue_manager.send("in", msg(0, durable=True))
+    consumer = queue_manager.queue("in").consumer()
     consumer.flow(2)
     entry = consumer.receive_nowait()
-    transaction = qm.transaction()
+    transaction = queue_manager.transaction()
     transaction.acknowledge(consumer, entry)
     transaction.send("out", msg(1, durable=True))
     await transaction.rollback()
     again = consumer.receive_nowait()
     assert again.id == entry.id and again.redelivered
-    assert qm.queue("out").size == 0
+    assert queue_manager.queue("out").size == 0
 
 
 async def test_a_lost_session_rolls_back_without_waiting(broker):
-    qm = broker.qm
-    await qm.send("in", msg(0))
-    consumer = qm.queue("in").consumer()
+    queue_manager = broker.queue_manager
+    await queue_manager.send("in", msg(0))
+    consumer = queue_manager.queue("in").consumer()
     consumer.flow(2)
-    transaction = qm.transaction()
+    transaction = queue_manager.transaction()
     transaction.acknowledge(consumer, consumer.receive_nowait())
     transaction.rollback_nowait()
     assert consumer.receive_nowait().redelivered and transaction.state == "rolled-back"
@@ -355,13 +358,13 @@ async def test_a_lost_session_rolls_back_without_waiting(broker):
 
 
 async def test_prepared_transactions_survive_a_restart(broker):
-    qm = broker.qm
+    queue_manager = broker.queue_manager
     for n in range(2):
-        await qm.send("in", msg(n, durable=True))
-    consumer = qm.queue("in").consumer()
+        await queue_manager.send("in", msg(n, durable=True))
+    consumer = queue_manager.queue("in").consumer()
     consumer.flow(2)
     first, second = take(consumer, 2)
-    commit_me, roll_me_back = qm.transaction(), qm.transaction()
+    commit_me, roll_me_back = queue_manager.transaction(), queue_manager.transaction()
     commit_me.acknowledge(consumer, first)
     commit_me.send("out", msg(10, durable=True))
     roll_me_back.acknowledge(consumer, second)
@@ -369,32 +372,33 @@ async def test_prepared_transactions_survive_a_restart(broker):
     await commit_me.prepare("xid-commit")
     await roll_me_back.prepare("xid-rollback")
     with pytest.raises(TransactionError, match="a transaction 'xid-commit' is prepared already"):
-        await qm.transaction().prepare("xid-commit")
+        await queue_manager.transaction().prepare("xid-commit")
     await broker.restart()
-    qm = broker.qm
-    assert sorted(qm.prepared_transactions()) == ["xid-commit", "xid-rollback"]
-    assert qm.queue("out").size == 0 and qm.queue("in").available == 0  # sends hidden, acks held
-    await qm.resolve_prepared("xid-commit", commit=True)
-    await qm.resolve_prepared("xid-rollback", commit=False)
+    queue_manager = broker.queue_manager
+    assert sorted(queue_manager.prepared_transactions()) == ["xid-commit", "xid-rollback"]
+    assert queue_manager.queue("out").size == 0 and queue_manager.queue("in").available == 0  # sends hidden, acks held
+    await queue_manager.resolve_prepared("xid-commit", commit=True)
+    await queue_manager.resolve_prepared("xid-rollback", commit=False)
     with pytest.raises(TransactionError, match="no prepared transaction 'xid-commit'"):
-        await qm.resolve_prepared("xid-commit", commit=True)
-    assert bodies(qm.queue("out").browse()) == ["m10"]
-    assert bodies(qm.queue("in").browse()) == ["m1"]
+        await queue_manager.resolve_prepared("xid-commit", commit=True)
+    assert bodies(queue_manager.queue("out").browse()) == ["m10"]
+    assert bodies(queue_manager.queue("in").browse()) == ["m1"]
     await broker.restart()
-    qm = broker.qm
-    assert qm.prepared_transactions() == {}
-    assert bodies(qm.queue("out").browse()) == ["m10"] and bodies(qm.queue("in").browse()) == ["m1"]
+    queue_manager = broker.queue_manager
+    assert queue_manager.prepared_transactions() == {}
+    assert (bodies(queue_manager.queue("out").browse()) == ["m10"]
+            and bodies(queue_manager.queue("in").browse()) == ["m1"])
 
 
 async def test_temporary_queues_go_with_their_owner(broker):
-    qm = broker.qm
+    queue_manager = broker.queue_manager
     owner = object()
-    temporary = qm.create_temporary_queue(owner)
+    temporary = queue_manager.create_temporary_queue(owner)
     assert temporary.name.startswith("tmp$") and temporary.settings.persistence_mode == "non_persistent"
-    await qm.send(temporary.name, msg(1))
+    await queue_manager.send(temporary.name, msg(1))
     consumer = temporary.consumer()
-    qm.delete_temporary_queues(owner)
-    assert temporary.name not in qm.queues and consumer.closed
+    queue_manager.delete_temporary_queues(owner)
+    assert temporary.name not in queue_manager.queues and consumer.closed
     with pytest.raises(QueueError, match="has been deleted"):
         temporary.consumer()
 
@@ -403,30 +407,30 @@ async def test_bad_input_is_refused_clearly(make_broker):
     running = make_broker(manager='auto-create-queues="false" max-message-size="1000"',
                           queues='<queue name="small" max-messages="2"/>')
     await running.start()
-    qm = running.qm
+    queue_manager = running.queue_manager
     with pytest.raises(QueueNotFound, match="queue 'nope' does not exist on router r1"):
-        await qm.send("nope", msg(1))
+        await queue_manager.send("nope", msg(1))
     with pytest.raises(MessageTooLarge, match="message of 2\\d\\d\\d bytes exceeds max-message-size 1000"):
-        await qm.send("small", build(b"x" * 2000))
-    await qm.send("small", msg(1))
-    await qm.send("small", msg(2))
+        await queue_manager.send("small", build(b"x" * 2000))
+    await queue_manager.send("small", msg(1))
+    await queue_manager.send("small", msg(2))
     with pytest.raises(QueueFull, match="queue small is full \\(2 messages\\)"):
-        await qm.send("small", msg(3))
+        await queue_manager.send("small", msg(3))
     from martinet.messaging.message import Message
     with pytest.raises(QueueError, match="malformed message for queue unroutable"):
-        await qm.send("unroutable", Message(b"\x00\x53\x70\xc0\x09"))
+        await queue_manager.send("unroutable", Message(b"\x00\x53\x70\xc0\x09"))
     with pytest.raises(QueueError, match="routerdlq is predefined"):
-        qm.delete_queue("routerdlq")
-    assert qm.queue("small").size == 2  # nothing lost
+        queue_manager.delete_queue("routerdlq")
+    assert queue_manager.queue("small").size == 2  # nothing lost
     await running.stop()
 
 
 async def test_flow_control_asks_producers_to_slow_down(make_broker):
     running = make_broker(queues='<queue name="slow" flowcontrol-start-queuesize="5" max-flowcontrol-delay="300"/>')
     await running.start()
-    qm = running.qm
-    qm.queue("slow").consumer().flow(1)  # a receiver that takes one and stops
-    delays = [(await qm.send("slow", msg(n))).delay_ms for n in range(20)]
+    queue_manager = running.queue_manager
+    queue_manager.queue("slow").consumer().flow(1)  # a receiver that takes one and stops
+    delays = [(await queue_manager.send("slow", msg(n))).delay_ms for n in range(20)]
     assert delays[:6] == [0] * 6
     assert 0 < delays[-1] <= 300 and delays == sorted(delays)
     await running.stop()
@@ -435,17 +439,17 @@ async def test_flow_control_asks_producers_to_slow_down(make_broker):
 async def test_a_slowed_queue_calls_back_when_consumers_bring_it_back(make_broker):
     running = make_broker(queues='<queue name="slow" flowcontrol-start-queuesize="2"/>')
     await running.start()
-    qm = running.qm
+    queue_manager = running.queue_manager
     calls = []
-    await qm.send("slow", msg(0))
-    assert qm.when_backlog_cleared("slow", lambda: calls.append("early")) is None  # no consumer: not slowed
-    consumer = qm.queue("slow").consumer()
-    assert qm.when_backlog_cleared("slow", lambda: calls.append("small")) is None  # at most 2: not slowed
+    await queue_manager.send("slow", msg(0))
+    assert queue_manager.when_backlog_cleared("slow", lambda: calls.append("early")) is None  # no consumer: not slowed
+    consumer = queue_manager.queue("slow").consumer()
+    assert queue_manager.when_backlog_cleared("slow", lambda: calls.append("small")) is None  # at most 2: not slowed
     for n in range(1, 5):
-        await qm.send("slow", msg(n))
-    cancel = qm.when_backlog_cleared("slow@r1", lambda: calls.append("cancelled"))
+        await queue_manager.send("slow", msg(n))
+    cancel = queue_manager.when_backlog_cleared("slow@r1", lambda: calls.append("cancelled"))
     cancel()
-    qm.when_backlog_cleared("slow", lambda: calls.append("cleared"))
+    queue_manager.when_backlog_cleared("slow", lambda: calls.append("cleared"))
     consumer.flow(5)
     entries = [consumer.receive_nowait() for _ in range(5)]
     for entry, size_after in zip(entries, (4, 3, 2, 1, 0), strict=True):
@@ -457,13 +461,13 @@ async def test_a_slowed_queue_calls_back_when_consumers_bring_it_back(make_broke
 async def test_queues_in_the_management_tree(broker):
     tree = broker.router.management
     tree.add("/sys$queuemanager/queues", "managed", {"max-messages": "1"})
-    qm = broker.qm
-    await qm.send("managed", msg(1))
+    queue_manager = broker.queue_manager
+    await queue_manager.send("managed", msg(1))
     with pytest.raises(QueueFull):
-        await qm.send("managed", msg(2))
+        await queue_manager.send("managed", msg(2))
     tree.set("/sys$queuemanager/queues/managed", "max-messages", "5")  # applies at once
-    await qm.send("managed", msg(2))
-    qm.queue("managed").consumer()
+    await queue_manager.send("managed", msg(2))
+    queue_manager.queue("managed").consumer()
     with pytest.raises(Exception, match="queue managed has 1 consumer"):
         tree.remove("/sys$queuemanager/queues", "managed")
     assert tree.get("/sys$queuemanager/usage/queues/managed", "messages") == 2
@@ -473,23 +477,23 @@ async def test_queues_in_the_management_tree(broker):
 async def test_controllers_give_settings_to_unlisted_queues(make_broker):
     running = make_broker(manager="", queues="")
     await running.start()
-    qm = running.qm
-    assert qm.queue("tmp$99").settings.persistence_mode == "non_persistent"
-    assert qm.queue("plain").settings.consumer_mode == "shared"
-    assert qm.settings_for("routerdlq").name == "06"
+    queue_manager = running.queue_manager
+    assert queue_manager.queue("tmp$99").settings.persistence_mode == "non_persistent"
+    assert queue_manager.queue("plain").settings.consumer_mode == "shared"
+    assert queue_manager.settings_for("routerdlq").name == "06"
     running.router.management.add("/sys$queuemanager/queue-controllers", "00", {
         "predicate": "audit%", "max-messages": "7"})
-    assert qm.queue("audit-log").settings.max_messages == 7
+    assert queue_manager.queue("audit-log").settings.max_messages == 7
     await running.stop()
 
 
 async def test_dead_letter_annotations_keep_the_message(broker):
-    qm = broker.qm
+    queue_manager = broker.queue_manager
     original = build(b"payload", durable=True, message_id="keep-me", annotations={Symbol("x-opt-a"): 1})
-    await qm.send("x", original)
-    consumer = qm.queue("x").consumer()
+    await queue_manager.send("x", original)
+    consumer = queue_manager.queue("x").consumer()
     consumer.flow(1)
     consumer.reject(consumer.receive_nowait())
-    [dead] = list(qm.queue("routerdlq").browse())
+    [dead] = list(queue_manager.queue("routerdlq").browse())
     assert dead.message.message_id == "keep-me" and dead.message.body() == b"payload"
     assert dead.message.message_annotations["x-opt-a"] == 1 and dead.persistent

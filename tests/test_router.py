@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from typing import Protocol, runtime_checkable
 
 import pytest
 import trio
 
 from martinet.kernel import Router, SwiftletFailed, SwiftletStarted, SwiftletStopped
 
+import probe_plugin
 from conftest import drain
 
 
@@ -118,8 +120,46 @@ async def test_lookup_finds_running_swiftlets_only(make_router):
     async with trio.open_nursery() as nursery:
         await nursery.start(router.run)
         probe = router.swiftlet("test$a")
-        assert probe.context.lookup("test$a") is probe
+        assert probe.context.lookup("test$a", probe_plugin.ProbeSwiftlet) is probe
         assert probe.context.config.fail == "never"
+        router.request_stop()
+
+
+@runtime_checkable
+class Probing(Protocol):
+    cleaned_up: bool
+
+    async def run(self, *, task_status) -> None: ...
+
+
+@runtime_checkable
+class Publishing(Protocol):
+    def publish(self, topic: str) -> None: ...
+
+    @property
+    def interest(self) -> frozenset[str]: ...
+
+
+class Unchecked(Protocol):
+    def run(self) -> None: ...
+
+
+async def test_lookup_returns_the_interface_asked_for_or_says_what_is_missing(make_router):
+    router = make_router('<router name="r1" startorder="test$a test$b"/>')
+    async with trio.open_nursery() as nursery:
+        await nursery.start(router.run)
+        context = router.swiftlet("test$b").context
+        probe = router.swiftlet("test$a")
+        assert context.lookup("test$a", Probing) is probe
+        with pytest.raises(TypeError) as caught:
+            context.lookup("test$a", Publishing)
+        assert str(caught.value) == (
+            "swiftlet test$a on router r1 (probe_plugin.ProbeSwiftlet) does not provide the interface "
+            "test_router.Publishing: it lacks interest, publish")
+        with pytest.raises(TypeError, match="test_router.Unchecked must be a class or a @runtime_checkable"):
+            context.lookup("test$a", Unchecked)
+        with pytest.raises(LookupError, match="swiftlet test\\$c is not running on router r1"):
+            context.lookup("test$c", Probing)
         router.request_stop()
 
 

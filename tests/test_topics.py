@@ -7,8 +7,7 @@ import pytest
 import trio
 
 from martinet.messaging.message import build
-from martinet.swiftlets.topicmanager import TopicError, TopicInterestChanged
-from martinet.swiftlets.topicmanager.hierarchy import TopicNameError, matches, parse_topic
+from martinet.swiftlets.topicmanager.api import TopicError, TopicInterestChanged, TopicNameError, matches, parse_topic
 
 from conftest import RunningRouter, drain
 
@@ -26,7 +25,7 @@ class TopicRouter(RunningRouter):
         self.path.write_text(TOPIC_ROUTER.format(store=tmp_path / "store", manager=manager, children=children))
 
     @property
-    def tm(self):
+    def topic_manager(self):
         return self.router.swiftlet("sys$topicmanager")
 
 
@@ -117,10 +116,10 @@ def test_bad_topic_names(name, message):
 
 
 async def test_publish_reaches_the_hierarchy_through_real_queues(topics):
-    tm = topics.tm
-    subscribers = {name: tm.subscribe(name) for name in ("iit", "iit.sales", "iit.sales.US", "iit.projects")}
+    topic_manager = topics.topic_manager
+    subscribers = {name: topic_manager.subscribe(name) for name in ("iit", "iit.sales", "iit.sales.US", "iit.projects")}
     for topic in ("iit", "iit.sales", "iit.sales.US", "iit.projects.x"):
-        tm.publish(topic, build(topic.encode()))
+        topic_manager.publish(topic, build(topic.encode()))
     assert received(subscribers["iit"]) == ["iit", "iit.sales", "iit.sales.US", "iit.projects.x"]
     assert received(subscribers["iit.sales"]) == ["iit", "iit.sales", "iit.sales.US"]
     assert received(subscribers["iit.sales.US"]) == ["iit", "iit.sales", "iit.sales.US"]
@@ -128,90 +127,90 @@ async def test_publish_reaches_the_hierarchy_through_real_queues(topics):
 
 
 async def test_a_subscriber_receives_a_message_once_however_many_subscriptions_match(topics):
-    tm = topics.tm
-    first = tm.subscribe("iit.sales")
-    tm.subscribe("iit.%", queue=first.queue)  # the same subscriber, overlapping subscriptions
-    tm.subscribe("iit", queue=first.queue)
-    result = tm.publish("iit.sales.US", build(b"once"))
+    topic_manager = topics.topic_manager
+    first = topic_manager.subscribe("iit.sales")
+    topic_manager.subscribe("iit.%", queue=first.queue)  # the same subscriber, overlapping subscriptions
+    topic_manager.subscribe("iit", queue=first.queue)
+    result = topic_manager.publish("iit.sales.US", build(b"once"))
     assert result.deliveries == 1
     assert received(first) == ["once"]
 
 
 async def test_no_local_and_selectors(topics):
-    tm = topics.tm
-    mine = tm.subscribe("news", no_local=True, client_id="c1")
-    others = tm.subscribe("news", client_id="c1")
-    greens = tm.subscribe("news", selector="colour = 'green'")
-    tm.publish("news", build(b"from-c1-red", properties={"colour": "red"}), client_id="c1")
-    tm.publish("news", build(b"from-c2-green", properties={"colour": "green"}), client_id="c2")
+    topic_manager = topics.topic_manager
+    mine = topic_manager.subscribe("news", no_local=True, client_id="c1")
+    others = topic_manager.subscribe("news", client_id="c1")
+    greens = topic_manager.subscribe("news", selector="colour = 'green'")
+    topic_manager.publish("news", build(b"from-c1-red", properties={"colour": "red"}), client_id="c1")
+    topic_manager.publish("news", build(b"from-c2-green", properties={"colour": "green"}), client_id="c2")
     assert received(mine) == ["from-c2-green"]
     assert received(others) == ["from-c1-red", "from-c2-green"]
     assert received(greens) == ["from-c2-green"]
 
 
 async def test_closing_a_subscription_drops_its_queue(topics):
-    tm = topics.tm
-    subscription = tm.subscribe("news")
+    topic_manager = topics.topic_manager
+    subscription = topic_manager.subscribe("news")
     consumer = subscription.consumer()
-    tm.publish("news", build(b"x"))
+    topic_manager.publish("news", build(b"x"))
     subscription.close()
-    assert subscription.queue.name not in topics.qm.queues and consumer.closed
-    assert tm.publish("news", build(b"y")).deliveries == 0
+    assert subscription.queue.name not in topics.queue_manager.queues and consumer.closed
+    assert topic_manager.publish("news", build(b"y")).deliveries == 0
 
 
 async def test_durable_subscription_life_cycle(topics):
-    tm = topics.tm
-    durable = await tm.durable_subscribe("client-1", "orders", "shop.orders", selector="amount > 10")
+    topic_manager = topics.topic_manager
+    durable = await topic_manager.durable_subscribe("client-1", "orders", "shop.orders", selector="amount > 10")
     assert durable.queue.name == "client-1$orders"
-    tm.publish("shop.orders", build(b"big", durable=True, properties={"amount": 50}))
-    tm.publish("shop.orders", build(b"small", durable=True, properties={"amount": 5}))
-    tm.publish("shop.orders.eu", build(b"big-eu", durable=True, properties={"amount": 11}))
+    topic_manager.publish("shop.orders", build(b"big", durable=True, properties={"amount": 50}))
+    topic_manager.publish("shop.orders", build(b"small", durable=True, properties={"amount": 5}))
+    topic_manager.publish("shop.orders.eu", build(b"big-eu", durable=True, properties={"amount": 11}))
     await trio.sleep(0.05)  # the copies are stored in the background of publish
     await topics.restart()  # it keeps receiving while nobody is connected, and survives restarts
-    tm = topics.tm
-    assert sorted(tm.durable_subscriptions()) == ["client-1$orders"]
-    tm.publish("shop.orders", build(b"after-restart", properties={"amount": 99}))
-    resumed = await tm.durable_subscribe("client-1", "orders", "shop.orders", selector="amount > 10")
+    topic_manager = topics.topic_manager
+    assert sorted(topic_manager.durable_subscriptions()) == ["client-1$orders"]
+    topic_manager.publish("shop.orders", build(b"after-restart", properties={"amount": 99}))
+    resumed = await topic_manager.durable_subscribe("client-1", "orders", "shop.orders", selector="amount > 10")
     assert received(resumed) == ["big", "big-eu", "after-restart"]
 
-    tm.publish("shop.orders", build(b"pending", properties={"amount": 99}))
-    changed = await tm.durable_subscribe("client-1", "orders", "shop.orders")  # other selector: new one
+    topic_manager.publish("shop.orders", build(b"pending", properties={"amount": 99}))
+    changed = await topic_manager.durable_subscribe("client-1", "orders", "shop.orders")  # other selector: new one
     assert changed is not resumed and changed.queue.size == 0
-    tm.publish("shop.orders", build(b"any", properties={"amount": 1}))
+    topic_manager.publish("shop.orders", build(b"any", properties={"amount": 1}))
     consumer = changed.consumer()
     with pytest.raises(TopicError, match="has 1 active consumer"):
-        await tm.unsubscribe("client-1", "orders")
+        await topic_manager.unsubscribe("client-1", "orders")
     consumer.close()
-    await tm.unsubscribe("client-1", "orders")
-    assert "client-1$orders" not in topics.qm.queues and tm.durable_subscriptions() == {}
+    await topic_manager.unsubscribe("client-1", "orders")
+    assert "client-1$orders" not in topics.queue_manager.queues and topic_manager.durable_subscriptions() == {}
     with pytest.raises(TopicError, match="no durable subscription 'client-1\\$orders'"):
-        await tm.unsubscribe("client-1", "orders")
+        await topic_manager.unsubscribe("client-1", "orders")
     await topics.restart()
-    assert topics.tm.durable_subscriptions() == {}
+    assert topics.topic_manager.durable_subscriptions() == {}
 
 
 async def test_durable_subscriptions_can_be_managed_without_a_client(topics):
-    tm = topics.tm
-    created = await tm.durable_subscribe("admin@r1", "audit", "shop")  # the router suffix is dropped
+    topic_manager = topics.topic_manager
+    created = await topic_manager.durable_subscribe("admin@r1", "audit", "shop")  # the router suffix is dropped
     assert created.queue.name == "admin$audit"
     usage = topics.router.management.resolve("/sys$topicmanager/usage/durable-subscribers/admin$audit")
     assert usage.properties()["topic"] == "shop"
-    await tm.unsubscribe("admin", "audit")
+    await topic_manager.unsubscribe("admin", "audit")
     with pytest.raises(TopicError, match="invalid durable subscription"):
-        await tm.durable_subscribe("c", "a$b", "shop")
+        await topic_manager.durable_subscribe("c", "a$b", "shop")
 
 
 async def test_interest_events(topics):
-    tm = topics.tm
+    topic_manager = topics.topic_manager
     events = topics.router.bus.subscribe(TopicInterestChanged)
-    first = tm.subscribe("iit.sales")
-    second = tm.subscribe("iit")
-    durable = await tm.durable_subscribe("c", "d", "other.x")
-    assert tm.interest() == {"iit", "other"}
+    first = topic_manager.subscribe("iit.sales")
+    second = topic_manager.subscribe("iit")
+    durable = await topic_manager.durable_subscribe("c", "d", "other.x")
+    assert topic_manager.interest() == {"iit", "other"}
     first.close()
     second.close()
-    await tm.unsubscribe("c", "d")
-    assert tm.interest() == frozenset()
+    await topic_manager.unsubscribe("c", "d")
+    assert topic_manager.interest() == frozenset()
     assert [(e.root, e.interested) for e in drain(events)] == [
         ("iit", True), ("other", True), ("iit", False), ("other", False)]
     assert durable.closed
@@ -224,21 +223,21 @@ async def test_slow_subscribers(make_topics):
         <slow-subscriber-condition name="waits" max-messages="2"/>
       </slow-subscriber-conditions>""")
     await running.start()
-    tm = running.tm
-    dropping = tm.subscribe("drops")
-    durable = await tm.durable_subscribe("c", "keep", "drops")
-    results = [tm.publish("drops", build(b"x")) for _ in range(4)]
+    topic_manager = running.topic_manager
+    dropping = topic_manager.subscribe("drops")
+    durable = await topic_manager.durable_subscribe("c", "keep", "drops")
+    results = [topic_manager.publish("drops", build(b"x")) for _ in range(4)]
     assert [r.dropped for r in results] == [0, 0, 1, 1]
     assert dropping.queue.size == 2 and durable.queue.size == 4  # durable: never dropped
     assert results[-1].delay_ms == 5000  # ... but publishers are told to wait
 
-    cut = tm.subscribe("cuts")
+    cut = topic_manager.subscribe("cuts")
     consumer = cut.consumer()
     for _ in range(3):
-        tm.publish("cuts", build(b"x"))
+        topic_manager.publish("cuts", build(b"x"))
     assert cut.closed and consumer.closed
-    waiting = tm.subscribe("waits")
-    delays = [tm.publish("waits", build(b"x")).delay_ms for _ in range(3)]
+    waiting = topic_manager.subscribe("waits")
+    delays = [topic_manager.publish("waits", build(b"x")).delay_ms for _ in range(3)]
     assert delays == [0, 0, 5000] and waiting.queue.size == 3
     usage = running.router.management.resolve("/sys$topicmanager/usage/topics/cuts").properties()
     assert (usage["disconnected"], usage["published"]) == (1, 3)
@@ -248,16 +247,16 @@ async def test_slow_subscribers(make_topics):
 async def test_bad_input(make_topics):
     running = make_topics(manager='auto-create-topics="false"', children='<topics><topic name="known.x"/></topics>')
     await running.start()
-    tm = running.tm
+    topic_manager = running.topic_manager
     with pytest.raises(TopicError, match="root topic 'unknown' is not defined on router r1"):
-        tm.publish("unknown", build(b"x"))
+        topic_manager.publish("unknown", build(b"x"))
     with pytest.raises(TopicError, match="root topic 'unknown' is not defined"):
-        tm.subscribe("unknown.y")
-    assert tm.publish("known.y", build(b"x")).deliveries == 0  # the root is defined
+        topic_manager.subscribe("unknown.y")
+    assert topic_manager.publish("known.y", build(b"x")).deliveries == 0  # the root is defined
     with pytest.raises(TopicError, match="may not be a predicate"):
-        tm.subscribe("%")
+        topic_manager.subscribe("%")
     with pytest.raises(TopicError, match="at position"):
-        tm.subscribe("known", selector="colour = ")
+        topic_manager.subscribe("known", selector="colour = ")
     with pytest.raises(Exception, match="may not be a predicate"):
         running.router.management.add("/sys$topicmanager/topics", "_bad")
     await running.stop()

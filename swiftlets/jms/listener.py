@@ -65,12 +65,10 @@ from martinet.messaging.codec import Described, Int, Symbol, ULong
 from martinet.messaging.io import Driver, lead_in
 from martinet.messaging.message import Message, MessageError, AnnotationPatch
 from martinet.messaging.selector import SelectorError, compile_selector
-from martinet.swiftlets.authentication import AccessDenied, AuthenticationFailed
-from martinet.swiftlets.queuemanager import ConsumerRefused, QueueError, QueueFull, QueueNotFound
+from martinet.swiftlets.authentication.api import AccessDenied, AuthenticationFailed
+from martinet.swiftlets.queuemanager.api import ConsumerRefused, QueueError, QueueFull, QueueNotFound
 from martinet.swiftlets.store.api import StoreError
-from martinet.swiftlets.topicmanager import TopicError, durable_queue_name
-from martinet.swiftlets.topicmanager.hierarchy import TopicNameError, parse_topic
-
+from martinet.swiftlets.topicmanager.api import TopicError, TopicNameError, durable_queue_name, parse_topic
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +167,8 @@ class IncomingLink:
                 if topic:
                     result = connection.publish(address, message, None if remotely_settled else durable)
                 else:
-                    result = connection.qm.send_nowait(address, message,
-                                                       on_durable=None if remotely_settled else durable)
+                    result = connection.queue_manager.send_nowait(address, message,
+                                                                  on_durable=None if remotely_settled else durable)
                 if result.delay_ms > self.delay_ms:
                     self.delay_ms, self.delayed_queue = result.delay_ms, None if topic else address
         except (QueueError, TopicError, MessageError, _Refused) as exc:
@@ -389,8 +387,8 @@ class AmqpConnection:
         self.config = config
         self.stream = stream
         self.host = host
-        self.qm = swiftlet.qm
-        self.tm = swiftlet.tm
+        self.queue_manager = swiftlet.queue_manager
+        self.topic_manager = swiftlet.topic_manager
         self.client_id: str | None = None
         self._client_id_patch: AnnotationPatch | None = None  # the client id annotation, once the client opened
         self.principal: Any = None
@@ -548,13 +546,13 @@ class AmqpConnection:
             raise _Refused("amqp:invalid-field", "an address is required")
         try:
             if topic:
-                if self.tm is None:
+                if self.topic_manager is None:
                     raise _Refused("amqp:not-found", "topics are not available: sys$topicmanager is not running")
                 parse_topic(address)
                 if self.principal is not None:
                     self.principal.check_topic(address, action)
             else:
-                self.qm.queue(address)
+                self.queue_manager.queue(address)
                 if self.principal is not None:
                     self.principal.check_queue(address, action)
         except _Refused:
@@ -582,17 +580,17 @@ class AmqpConnection:
 
     def _delete_temporary(self, name: str) -> None:
         """A temporary queue goes with its link (unless the connection's end took it already)."""
-        if name in self.qm.queues:
-            self.qm.delete_queue(name)
+        if name in self.queue_manager.queues:
+            self.queue_manager.delete_queue(name)
 
     def _temporary_destination(self, link: amqp.Link) -> IncomingLink:
         if "temporary-topic" in link.target.capabilities:
-            if self.tm is None:
+            if self.topic_manager is None:
                 raise _Refused("amqp:not-found", "topics are not available: sys$topicmanager is not running")
             name = self.swiftlet.temporary_topic_name()
             link.target.address = name
             return IncomingLink(self, link, name, True)
-        queue = self.qm.create_temporary_queue(self)
+        queue = self.queue_manager.create_temporary_queue(self)
         link.target.address = queue.name
         return IncomingLink(self, link, queue.name, False, on_close=lambda: self._delete_temporary(queue.name))
 
@@ -605,7 +603,7 @@ class AmqpConnection:
         except SelectorError as exc:
             raise _Refused("amqp:invalid-field", f"invalid selector: {exc}") from None
         if source.dynamic:  # a temporary queue, gone with the link
-            queue = self.qm.create_temporary_queue(self)
+            queue = self.queue_manager.create_temporary_queue(self)
             link.source.address = queue.name
             return OutgoingLink(self, link, queue.consumer(selector, owner=self),
                                 lambda: self._delete_temporary(queue.name))
@@ -617,15 +615,15 @@ class AmqpConnection:
             raise _Deferred(lambda: self._attach_durable(link, name, text, no_local))
         if not topic and source.distribution_mode == "copy":
             address = self._check(name, "browse")
-            return BrowsingLink(self, link, iter(list(self.qm.queue(address).browse(selector))))
+            return BrowsingLink(self, link, iter(list(self.queue_manager.queue(address).browse(selector))))
         if topic:
             self._check(name, "subscribe", topic=True)
-            subscription = self.tm.subscribe(name, selector=text, no_local=no_local, client_id=self.client_id,
-                                             owner=self)
+            subscription = self.topic_manager.subscribe(name, selector=text, no_local=no_local,
+                                                        client_id=self.client_id, owner=self)
             return OutgoingLink(self, link, subscription.consumer(), subscription.close)
         address = self._check(name, "receive")
         try:
-            consumer = self.qm.queue(address).consumer(selector, owner=self)
+            consumer = self.queue_manager.queue(address).consumer(selector, owner=self)
         except ConsumerRefused as exc:
             raise _Refused("amqp:resource-locked", str(exc)) from None
         return OutgoingLink(self, link, consumer)
@@ -636,15 +634,15 @@ class AmqpConnection:
         if not self.client_id:
             raise _Refused("amqp:invalid-field", "a durable subscription needs a client id (container id)")
         try:
-            subscription = await self.tm.durable_subscribe(self.client_id, link.name, topic, selector=selector,
-                                                           no_local=no_local)
+            subscription = await self.topic_manager.durable_subscribe(self.client_id, link.name, topic,
+                                                                      selector=selector, no_local=no_local)
         except TopicError as exc:
             raise _Refused("amqp:invalid-field", str(exc)) from None
         return OutgoingLink(self, link, subscription.consumer(), durable=(self.client_id, link.name))
 
     def _existing_durable(self, link: amqp.Link) -> OutgoingLink:
-        subscription = self.tm.durable_subscriptions().get(
-            durable_queue_name(self.client_id or "", link.name)) if self.tm else None
+        subscription = self.topic_manager.durable_subscriptions().get(
+            durable_queue_name(self.client_id or "", link.name)) if self.topic_manager else None
         if subscription is None:
             raise _Refused("amqp:not-found", f"no durable subscription {link.name!r} for client {self.client_id!r}")
         link.source = amqp.Terminus(kind=amqp.SOURCE, address=f"{TOPIC_PREFIX}{subscription.topic.text}",
@@ -668,7 +666,7 @@ class AmqpConnection:
 
     def declare(self) -> bytes:
         txn_id = f"txn-{next(self._transaction_ids)}".encode()
-        self.transactions[txn_id] = self.qm.transaction()
+        self.transactions[txn_id] = self.queue_manager.transaction()
         return txn_id
 
     def transaction(self, txn_id: bytes) -> Any:
@@ -696,7 +694,7 @@ class AmqpConnection:
         self.wake()
 
     def publish(self, topic: str, message: Message, on_durable: Any) -> Any:
-        return self.tm.publish(topic, message, client_id=self.client_id, on_durable=on_durable)
+        return self.topic_manager.publish(topic, message, client_id=self.client_id, on_durable=on_durable)
 
     def throttle(self, state: IncomingLink) -> None:
         self._driver.start_soon(self._resume_after_delay, state)
@@ -711,7 +709,7 @@ class AmqpConnection:
         cleared = trio.Event()
         cancel = None
         if state.delayed_queue is not None:
-            cancel = self.qm.when_backlog_cleared(state.delayed_queue, cleared.set)
+            cancel = self.queue_manager.when_backlog_cleared(state.delayed_queue, cleared.set)
         if cancel is not None or state.delayed_queue is None:  # else the queue is not slowing sends now
             try:
                 with trio.move_on_after(state.delay_ms / 1000):
@@ -747,7 +745,7 @@ class AmqpConnection:
         """Delete a durable subscription, then answer the client's closing detach."""
         error = None
         try:
-            await self.tm.unsubscribe(client_id, name)
+            await self.topic_manager.unsubscribe(client_id, name)
         except TopicError as exc:
             log.info("durable subscription %s/%s not deleted: %s", client_id, name, exc)
             error = Error("amqp:resource-locked", str(exc))
@@ -773,6 +771,6 @@ class AmqpConnection:
         for state in self.links.values():
             state.close()
         self.links.clear()
-        self.qm.delete_temporary_queues(self)
-        if self.tm is not None:
-            self.tm.close_subscriptions(self)
+        self.queue_manager.delete_temporary_queues(self)
+        if self.topic_manager is not None:
+            self.topic_manager.close_subscriptions(self)

@@ -39,15 +39,15 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import attrs
 import trio
 
 from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
 from martinet.messaging.codec import Symbol
+from martinet.messaging.like import like_pattern
 from martinet.messaging.message import Message, MessageError
-from martinet.messaging.selector import like_pattern
 from martinet.swiftlets.store.api import (
     DeleteMessage,
     DeleteRecord,
@@ -60,36 +60,17 @@ from martinet.swiftlets.store.api import (
     Store,
 )
 
+from .api import MessageTooLarge, QueueError, QueueNotFound, SendResult, TransactionError
 from .config import QueueManagerConfig, QueueSettings
-from .queue import GONE, HELD, Consumer, Entry, Queue, QueueError, now_ms
+from .queue import GONE, HELD, Consumer, Entry, Queue, now_ms
 
 log = logging.getLogger(__name__)
 
-__all__ = ["QueueManager", "Transaction", "SendResult", "QueueNotFound", "MessageTooLarge", "TransactionError"]
+__all__ = ["QueueManager", "Transaction"]
 
 PREDEFINED = ("unroutable", "routerdlq")
 DLQ_REASON = Symbol("x-opt-martinet-dlq-reason")
 DLQ_QUEUE = Symbol("x-opt-martinet-dlq-queue")
-
-
-class QueueNotFound(QueueError):
-    """No such queue (and it may not be created), or no route to the router named."""
-
-
-class MessageTooLarge(QueueError):
-    """The message exceeds ``max-message-size``."""
-
-
-class TransactionError(QueueError):
-    """The transaction is not in a state that allows the request."""
-
-
-class SendResult(NamedTuple):
-    """What a send returns: the flow-control delay (ms) the producer should observe, and
-    whether the message was dropped as a duplicate."""
-
-    delay_ms: int
-    duplicate: bool = False
 
 
 _NOT_DELAYED = SendResult(0)
@@ -122,7 +103,9 @@ def id_key(message_id: Any) -> str | None:
 
 
 class QueueManager:
-    """``sys$queuemanager``; the object ``context.lookup("sys$queuemanager")`` returns."""
+    """``sys$queuemanager``: what ``context.lookup("sys$queuemanager", QueueManager)`` returns
+    (it provides the protocol :class:`.api.QueueManager`), and the
+    :class:`.queue.QueueServices` its queues call."""
 
     def __init__(self, context: SwiftletContext):
         self.context = context
@@ -143,7 +126,7 @@ class QueueManager:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self._store = self.context.lookup("sys$store")
+        self._store = self.context.lookup("sys$store", Store)
         self._usage = self.context.usage.add_list("queues")
         self.context.usage.provide(self._manager_usage)
         self.context.entity.on_change(self._settings_changed)
@@ -192,10 +175,12 @@ class QueueManager:
         self._deferred.extend(ops)
         self._deferred_wakeup.set()
 
-    def _defer_delete(self, entry: Entry) -> None:
+    def persist_removal(self, entry: Entry) -> None:
+        """(:class:`.queue.QueueServices`) Delete a consumed persistent entry, in the background."""
         self._defer(DeleteMessage(entry.id))
 
-    def _defer_delivery_count(self, entry: Entry) -> None:
+    def persist_delivery_count(self, entry: Entry) -> None:
+        """(:class:`.queue.QueueServices`) Store an entry's new delivery count, in the background."""
         self._defer(SetDeliveryCount(entry.id, entry.delivery_count))
 
     # -- recovery -----------------------------------------------------------------------------
@@ -415,7 +400,7 @@ class QueueManager:
         if expires is not None and expires <= now:
             queue.expired += 1
             if settings.expired_to_dlq:
-                self._dead_letter(queue, entry, "expired before it arrived")
+                self.dead_letter(queue, entry, "expired before it arrived")
             return None, key, False
         return entry, key, False
 
@@ -559,18 +544,20 @@ class QueueManager:
 
     # -- leaving without being consumed ----------------------------------------------------------
 
-    def _expire(self, queue: Queue, entry: Entry) -> None:
+    def expire(self, queue: Queue, entry: Entry) -> None:
+        """(:class:`.queue.QueueServices`) An entry taken out of ``queue`` has expired."""
         queue.expired += 1
         queue.size -= 1
         if queue.settings.expired_to_dlq and queue.name != "routerdlq":
-            self._dead_letter(queue, entry, "expired", count=False)
+            self.dead_letter(queue, entry, "expired", count=False)
         else:
             entry.state = GONE
             if entry.persistent:
-                self._defer_delete(entry)
+                self.persist_removal(entry)
 
-    def _dead_letter(self, source: Queue, entry: Entry, reason: str, *, count: bool = True) -> None:
-        """Move an entry that left ``source`` (its size already adjusted) to routerdlq."""
+    def dead_letter(self, source: Queue, entry: Entry, reason: str, *, count: bool = True) -> None:
+        """(:class:`.queue.QueueServices`) Move an entry that left ``source`` (its size
+        already adjusted) to routerdlq; ``count`` it as dead-lettered by ``source``."""
         if count:
             source.dead_lettered += 1
         entry.state = GONE

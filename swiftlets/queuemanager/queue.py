@@ -23,8 +23,8 @@ selector matches nothing available is parked until a new entry arrives.
 
 Expired entries are never delivered: dispatch and the periodic cleanup remove them
 (optionally to ``routerdlq``). Everything here is synchronous and runs in the router's
-trio thread; persistence is the manager's business (:mod:`.manager`), which this module
-calls through a few methods of its ``manager`` object.
+trio thread; persistence and dead letters are the manager's business (:mod:`.manager`),
+which a queue reaches only through the small :class:`QueueServices` interface it is given.
 """
 
 from __future__ import annotations
@@ -32,33 +32,40 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
 from martinet.messaging.message import Message
 from martinet.messaging.selector import Selector, message_identifiers
 
+from .api import ConsumerRefused, QueueError, QueueFull
 from .config import QueueSettings
 
-if TYPE_CHECKING:
-    from .manager import QueueManager
-
-__all__ = ["Entry", "Queue", "Consumer", "QueueError", "ConsumerRefused", "QueueFull", "FlowController"]
+__all__ = ["Entry", "Queue", "Consumer", "QueueServices", "FlowController"]
 
 AVAILABLE, DELIVERED, HELD, GONE = 0, 1, 2, 3
 
 
-class QueueError(Exception):
-    """A queue operation was refused; the message says why."""
+class QueueServices(Protocol):
+    """What a queue needs from the manager that holds it: persistence of what leaves or
+    changes, and dead letters; the manager implements it. Each method is called
+    synchronously, in the router's trio thread, and raises nothing.
+    """
 
+    def expire(self, queue: Queue, entry: Entry) -> None:
+        """``entry``, just taken out of ``queue``'s deques, has expired: count it, adjust the
+        queue's size, and drop it or move it to routerdlq."""
 
-class QueueFull(QueueError):
-    """The queue holds ``max-messages`` already."""
+    def dead_letter(self, source: Queue, entry: Entry, reason: str) -> None:
+        """Move ``entry``, which left ``source`` (its size already adjusted), to routerdlq
+        with ``reason`` (or drop it, logged, when routerdlq refuses it)."""
 
+    def persist_removal(self, entry: Entry) -> None:
+        """A persistent ``entry`` was consumed: delete it from the store (in the background)."""
 
-class ConsumerRefused(QueueError):
-    """The queue's consumer mode does not allow another consumer."""
+    def persist_delivery_count(self, entry: Entry) -> None:
+        """A persistent ``entry``'s delivery count changed: store it (in the background)."""
 
 
 class Entry:
@@ -135,9 +142,10 @@ class FlowController:
 
 
 class Queue:
-    """A local queue. Created and owned by the :class:`QueueManager`."""
+    """A local queue. Created and owned by the queue manager, which it reaches only as
+    ``manager``, a :class:`QueueServices`."""
 
-    def __init__(self, manager: QueueManager, name: str, settings: QueueSettings, *, owner: Any = None):
+    def __init__(self, manager: QueueServices, name: str, settings: QueueSettings, *, owner: Any = None):
         self.manager = manager
         self.name = name
         self.settings = settings
@@ -252,7 +260,7 @@ class Queue:
                     entry = level.popleft()
                     if entry.expires is not None and entry.expires <= (now or (now := now_ms())):
                         self.available -= 1
-                        self.manager._expire(self, entry)
+                        self.manager.expire(self, entry)
                         continue
                     self.available -= 1
                     return entry
@@ -282,7 +290,7 @@ class Queue:
         self.size -= 1
         self.dequeued += 1
         if entry.persistent:
-            self.manager._defer_delete(entry)
+            self.manager.persist_removal(entry)
         if self.backlog_callbacks and self.size <= self.settings.flowcontrol_start_queuesize:
             callbacks, self.backlog_callbacks = self.backlog_callbacks, []
             for callback in callbacks:
@@ -296,11 +304,11 @@ class Queue:
             limit = self.settings.max_delivery_count
             if limit >= 0 and entry.delivery_count >= limit:
                 self.size -= 1
-                self.manager._dead_letter(self, entry, f"delivered {entry.delivery_count} times "
-                                          f"(max-delivery-count {limit})")
+                self.manager.dead_letter(self, entry, f"delivered {entry.delivery_count} times "
+                                         f"(max-delivery-count {limit})")
                 return
             if entry.persistent:
-                self.manager._defer_delivery_count(entry)
+                self.manager.persist_delivery_count(entry)
         if self.deleted:
             return
         self._reinsert(entry)
@@ -356,7 +364,7 @@ class Queue:
                 for entry in level:
                     if entry.expires is not None and entry.expires <= now:
                         self.available -= 1
-                        self.manager._expire(self, entry)
+                        self.manager.expire(self, entry)
                         removed += 1
                     else:
                         keep.append(entry)
@@ -519,7 +527,7 @@ class Consumer:
         """Unprocessable: the entry goes to routerdlq with ``reason``."""
         self._settle(entry)
         self.queue.size -= 1
-        self.queue.manager._dead_letter(self.queue, entry, reason)
+        self.queue.manager.dead_letter(self.queue, entry, reason)
 
     def hold(self, entry: Entry) -> Entry:
         """Hand an unsettled delivery to a transaction (it stays out of the queue)."""

@@ -1,6 +1,6 @@
 """The store's public interface: what other swiftlets may call and the operations they send.
 
-A swiftlet gets the store with ``context.lookup("sys$store")`` and uses only what is
+A swiftlet gets the store with ``context.lookup("sys$store", Store)`` and uses only what is
 defined here, so a second backend (PostgreSQL, say) can implement the same protocol.
 
 Everything persistent goes through :meth:`Store.commit`: a list of operations applied
@@ -15,7 +15,7 @@ Operations are plain named tuples (cheap: the queue manager creates one per mess
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import attrs
 
@@ -118,8 +118,9 @@ class Recovered:
     next_id: int
 
 
+@runtime_checkable
 class Store(Protocol):
-    """What ``context.lookup("sys$store")`` returns."""
+    """What ``context.lookup("sys$store", Store)`` returns."""
 
     @property
     def recovered(self) -> Recovered:

@@ -23,7 +23,7 @@ import re
 
 import attrs
 
-from martinet.messaging.selector import SelectorError, like_pattern
+from martinet.messaging.like import LikePatternError, like_pattern
 
 __all__ = ["TopicName", "TopicNameError", "parse_topic", "matches"]
 
@@ -83,7 +83,7 @@ def parse_topic(text: str) -> TopicName:
         if _WILDCARDS.search(part) or "\\" in part:
             try:
                 levels.append(Level(part, like_pattern(part)))
-            except SelectorError:
+            except LikePatternError:
                 raise TopicNameError(f"topic {text!r}: level {part!r} ends with a lone escape '\\'") from None
         else:
             levels.append(Level(part, None))

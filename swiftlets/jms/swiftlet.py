@@ -1,0 +1,153 @@
+"""The running ``sys$jms``: its listeners, the connections they accept, and what those share.
+
+Theory of operation
+-------------------
+At start :class:`JmsSwiftlet` looks up the queue manager (required), the topic manager
+and the authentication swiftlet (both optional: without the one there are no topics over
+AMQP, without the other every client is let in), then opens every configured listener.
+A listener checks each accepted socket against its host access list and
+``max-connections`` and hands it to an :class:`~.listener.AmqpConnection`, which runs
+SASL, the AMQP engine and the links until the client goes. The swiftlet keeps what the
+connections share: the client ids in use, the temporary topic names, the peers above,
+and per-connection usage, whose message rates are sampled every ``collect-interval``.
+Listeners change only at the next start.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import ssl
+from typing import Any
+
+import trio
+
+from martinet.kernel import Entity, SwiftletContext, UsageList, Veto
+from martinet.messaging.amqp.sasl import Credentials
+from martinet.messaging.like import like_pattern
+from martinet.swiftlets.authentication.api import Authentication, Principal
+from martinet.swiftlets.queuemanager.api import QueueManager
+from martinet.swiftlets.topicmanager.api import TopicManager
+
+from .listener import AmqpConnection
+
+__all__ = ["JmsSwiftlet"]
+
+log = logging.getLogger(__name__)
+
+
+class JmsSwiftlet:
+    """``sys$jms``."""
+
+    def __init__(self, context: SwiftletContext):
+        self.context = context
+        self.router_name = context.router_name
+        self.queue_manager: QueueManager  # looked up in run()
+        self.topic_manager: TopicManager | None = None  # None: sys$topicmanager is not running
+        self._auth: Authentication | None = None
+        self._nursery: trio.Nursery | None = None
+        self._usage: UsageList | None = None
+        self._listeners: dict[str, dict[str, Any]] = {}
+        self.client_ids: dict[str, int] = {}  # client id → connections using it
+        self._connections: UsageList | None = None
+        self._connection_ids = itertools.count(1)
+        self._live: set[AmqpConnection] = set()
+        self._temporary_topics = 0
+
+    def temporary_topic_name(self) -> str:
+        self._temporary_topics += 1
+        return f"tmp$topic${self._temporary_topics}"
+
+    def login(self, credentials: Credentials, host: str) -> Principal | None:
+        """A principal for the credentials, or raise; everyone is let in without sys$authentication."""
+        if self._auth is None:
+            return None
+        user = credentials.user if credentials.mechanism == "PLAIN" else None
+        return self._auth.login(user, credentials.password, host)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.queue_manager = self.context.lookup("sys$queuemanager", QueueManager)
+        try:
+            self.topic_manager = self.context.lookup("sys$topicmanager", TopicManager)
+        except LookupError:
+            log.info("sys$topicmanager is not running: no topics over AMQP")
+        try:
+            self._auth = self.context.lookup("sys$authentication", Authentication)
+        except LookupError:
+            log.warning("sys$authentication is not running: every client is let in")
+        self._usage = self.context.usage.add_list("listeners")
+        self._connections = self.context.usage.add_list("connections")
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for entity in self.context.entity.entity_list("listeners").entities.values():
+                await nursery.start(self._serve, entity)
+            self.context.entity.entity_list("listeners").bind(None, self._listener_removed)
+            nursery.start_soon(self._collect_forever)
+            task_status.started()
+
+    async def _collect_forever(self) -> None:
+        """Sample each connection's message counts into rates every collect-interval."""
+        while True:
+            await trio.sleep(self.context.entity.snapshot().collect_interval / 1000)
+            for connection in self._live:
+                connection.sample_rates()
+
+    def _listener_removed(self, entity: Entity) -> None:
+        raise Veto("listeners change at the next start (reboot)")
+
+    async def _serve(self, entity: Entity, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        config = entity.snapshot()
+        tcp = await trio.open_tcp_listeners(config.port, host=config.bind_address)
+        port = tcp[0].socket.getsockname()[1]
+        listeners: list[trio.abc.Listener] = list(tcp)
+        if config.tls_certificate:
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            try:
+                tls.load_cert_chain(config.tls_certificate, config.tls_key or None)
+            except (OSError, ssl.SSLError) as exc:
+                for listener in tcp:
+                    await listener.aclose()
+                raise RuntimeError(f"listener {config.name}: cannot load the TLS certificate "
+                                   f"{config.tls_certificate!r} / key {config.tls_key!r}: {exc}") from None
+            listeners = [trio.SSLListener(listener, tls) for listener in tcp]
+        state = self._listeners[config.name] = {"port": port, "connections": 0, "accepted": 0, "refused": 0}
+        assert self._usage is not None
+        self._usage.add(config.name, lambda: dict(state))
+        log.info("AMQP listener %s on %s:%d%s", config.name, config.bind_address, port,
+                 " (TLS)" if config.tls_certificate else "")
+
+        async def handle(stream: trio.abc.Stream) -> None:
+            live = entity.snapshot()
+            try:
+                socket_stream = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+                host = socket_stream.socket.getpeername()[0]
+            except OSError:
+                return
+            refusal = None
+            if live.host_access_list and not any(like_pattern(p).fullmatch(host) for p in live.host_access_list):
+                refusal = "not in the host access list"
+            elif 0 <= live.max_connections <= state["connections"]:
+                refusal = f"max-connections {live.max_connections} reached"
+            if refusal is not None:
+                state["refused"] += 1
+                log.warning("connection from %s to listener %s closed: %s", host, config.name, refusal)
+                await stream.aclose()
+                return
+            state["connections"] += 1
+            state["accepted"] += 1
+            connection = AmqpConnection(self, live, stream, host)
+            name = f"{next(self._connection_ids)}"
+            self._live.add(connection)
+            assert self._connections is not None
+            self._connections.add(name, lambda: connection.usage(config.name))
+            try:
+                await connection.run()
+            except Exception:  # a bug in one connection must not take the listener down
+                log.exception("connection from %s failed", host)
+            finally:
+                state["connections"] -= 1
+                self._live.discard(connection)
+                self._connections.remove(name)
+
+        task_status.started()
+        await trio.serve_listeners(handle, listeners)

@@ -1,0 +1,98 @@
+"""The running ``sys$log``: a rotating file handler that takes only this router's records.
+
+Theory of operation
+-------------------
+Every log record carries the name of the router it was logged for (the ``router`` tag,
+see :mod:`kernel.logs`). :class:`LogSwiftlet` adds one :class:`logging.handlers.RotatingFileHandler`
+to the root logger, filtered to its own router's records, so several routers in one
+process keep separate files; the filter also counts the records by level for usage. The
+root logger's level is lowered when the file wants more than the console does (the
+console handler keeps its own level). The handler is removed and closed when the
+swiftlet stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+from collections import Counter
+from typing import Any
+
+import trio
+
+from martinet.kernel import Change, SwiftletContext
+from martinet.kernel.logs import FORMAT
+
+from .config import LEVELS
+
+__all__ = ["LogSwiftlet"]
+
+
+class _RouterFilter(logging.Filter):
+    """Passes the records of one router and counts them by level."""
+
+    def __init__(self, router: str):
+        super().__init__()
+        self.router = router
+        self.counts: Counter[str] = Counter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "router", None) != self.router:
+            return False
+        self.counts[record.levelname] += 1
+        return True
+
+
+class LogSwiftlet:
+    """``sys$log``: adds the router's file handler while it runs."""
+
+    def __init__(self, context: SwiftletContext):
+        self.context = context
+        self._filter = _RouterFilter(context.router_name)
+        self._handler: logging.Handler | None = None
+
+    def _on_change(self, change: Change) -> None:
+        if change.name == "level" and self._handler is not None:
+            self._apply_level(self._handler, change.new)
+
+    @staticmethod
+    def _apply_level(handler: logging.Handler, level: str) -> None:
+        handler.setLevel(level)
+        root = logging.getLogger()
+        # The root logger must let the records through for the file to see them; the
+        # console handler keeps its own level (see kernel.logs.configure_logging).
+        if root.getEffectiveLevel() > handler.level:
+            root.setLevel(handler.level)
+
+    def _usage(self) -> dict[str, Any]:
+        counts = self._filter.counts
+        return {
+            "logfile": self.context.config.logfile,
+            **{f"{level.lower()}-records": counts[level] for level in LEVELS},
+        }
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        config = self.context.config
+        root = logging.getLogger()
+        if config.logfile:
+            # Opening the file may raise OSError: the start fails with that cause.
+            handler = logging.handlers.RotatingFileHandler(
+                config.logfile,
+                maxBytes=config.logfile_max_size * 1024,
+                backupCount=config.number_old_logfiles,
+                encoding="utf-8",
+            )
+            handler.setFormatter(logging.Formatter(FORMAT))
+            handler.addFilter(self._filter)
+            self._apply_level(handler, config.level)
+            self._handler = handler
+            root.addHandler(handler)
+        self.context.entity.on_change(self._on_change)
+        self.context.usage.provide(self._usage)
+        try:
+            task_status.started()
+            await trio.sleep_forever()
+        finally:
+            if self._handler is not None:
+                root.removeHandler(self._handler)
+                self._handler.close()

@@ -1,0 +1,443 @@
+"""The queue manager's public interface: what other swiftlets may call, the values they see
+and the errors they catch.
+
+A swiftlet gets the queue manager with ``context.lookup("sys$queuemanager", QueueManager)``
+and uses only what is defined here; the rest of :mod:`swiftlets.queuemanager` is its inside
+and may change. The protocols below describe the running objects (the manager, its queues,
+consumers, deliveries and transactions) by what a caller may use of them.
+
+Theory of operation, for callers
+--------------------------------
+**Names.** ``q`` and ``q@<this router>`` name the local queue ``q``; ``q@other`` goes to the
+local queue a redirection names (routing installs ``%@other`` → ``rt$other``), or raises
+:class:`QueueNotFound`. Unknown local queues are created on first use when the manager's
+``auto-create-queues`` is on.
+
+**Sending.** :meth:`QueueManager.send` returns once a persistent message is durable;
+:meth:`QueueManager.send_nowait` returns at once and reports durability through a callback
+(a listener settles the producer's delivery there); :meth:`QueueManager.send_to_queues`
+fans one message out to several queues (a topic publish). A send returns a
+:class:`SendResult`: the flow-control delay the producer should observe before its next
+send, and whether the message was dropped as a duplicate.
+
+**Receiving.** ``queue(address).consumer(selector)`` attaches a :class:`Consumer`. It
+receives only within its credit (AMQP link credit: :meth:`Consumer.flow`,
+:meth:`Consumer.set_credit`), and every delivery — an :class:`Entry` — must be settled:
+accepted, released, modified, rejected, or acknowledged in a :class:`Transaction`.
+Closing a consumer gives its unsettled deliveries back to the queue.
+
+**Transactions.** :meth:`QueueManager.transaction` stages sends and acknowledgements that
+take effect together at :meth:`Transaction.commit`, or not at all; two-phase callers
+(routing, XA) :meth:`Transaction.prepare` under an xid, and a prepared transaction
+survives a restart until :meth:`QueueManager.resolve_prepared` commits or rolls it back.
+
+**Threads and cancellation.** Everything runs in the router's trio thread and, except
+the ``async`` methods, without waiting. The ``async`` methods wait for the store; once
+the store has the data, cancelling the caller does not interrupt them: they finish (or
+fail) as if uncancelled and the cancellation takes effect at the caller's next
+checkpoint, so a sent message or a committed transaction is never half done.
+
+**Errors.** Everything a caller may catch is a :class:`QueueError`; the subclasses say
+what was refused. Store failures (:class:`~swiftlets.store.api.StoreError`) pass through
+from the transaction methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+from martinet.messaging.message import Message
+from martinet.messaging.selector import Selector
+
+from .config import QueueSettings
+
+__all__ = [
+    "QueueManager",
+    "Queue",
+    "Consumer",
+    "Entry",
+    "Transaction",
+    "SendResult",
+    "QueueSettings",
+    "QueueError",
+    "QueueNotFound",
+    "QueueFull",
+    "MessageTooLarge",
+    "ConsumerRefused",
+    "TransactionError",
+]
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+class QueueError(Exception):
+    """A queue operation was refused; the message says why."""
+
+
+class QueueNotFound(QueueError):
+    """No such queue (and it may not be created), or no route to the router named."""
+
+
+class QueueFull(QueueError):
+    """The queue holds ``max-messages`` already."""
+
+
+class MessageTooLarge(QueueError):
+    """The message exceeds ``max-message-size``."""
+
+
+class ConsumerRefused(QueueError):
+    """The queue's consumer mode does not allow another consumer."""
+
+
+class TransactionError(QueueError):
+    """The transaction is not in a state that allows the request."""
+
+
+# -- values ---------------------------------------------------------------------------------
+
+
+class SendResult(NamedTuple):
+    """What a send returns: the flow-control delay (ms) the producer should observe, and
+    whether the message was dropped as a duplicate."""
+
+    delay_ms: int
+    duplicate: bool = False
+
+
+# QueueSettings (re-exported from the manager's config): a queue's settings, a frozen value
+# (persistence mode, max-messages, flow-control start and max delay, consumer mode, …).
+
+
+# -- the running objects --------------------------------------------------------------------
+
+
+class Entry(Protocol):
+    """A message in one queue, as a consumer receives it. Read-only."""
+
+    @property
+    def id(self) -> int:
+        """Unique within the router, ascending in send order."""
+
+    @property
+    def message(self) -> Message:
+        """The message (shared by every queue it is in; immutable)."""
+
+    @property
+    def priority(self) -> int:
+        """0–9; 9 is delivered first."""
+
+    @property
+    def delivery_count(self) -> int:
+        """Failed deliveries so far (released with delivery-failed, or rolled back)."""
+
+    @property
+    def redelivered(self) -> bool:
+        """``delivery_count > 0``."""
+
+
+class Consumer(Protocol):
+    """A receiver on one queue. Deliveries need credit; every delivery must be settled.
+
+    Settling an entry that is not an unsettled delivery of this consumer raises
+    :class:`QueueError`.
+    """
+
+    #: A listener's wake-up: called when deliveries wait to be taken (the buffer was empty)
+    #: and when the consumer is closed under its owner (its queue was deleted).
+    notify: Callable[[], None] | None
+
+    @property
+    def queue(self) -> Queue:
+        """The queue this consumer reads."""
+
+    @property
+    def selector(self) -> Selector | None:
+        """Only entries this selector matches are delivered; None: all."""
+
+    @property
+    def owner(self) -> Any:
+        """Whatever the caller gave as ``owner`` when attaching (a connection, a subscription)."""
+
+    @property
+    def credit(self) -> int:
+        """Deliveries this consumer may still receive."""
+
+    @property
+    def closed(self) -> bool:
+        """Closed by its owner, or because its queue was deleted."""
+
+    @property
+    def buffered(self) -> int:
+        """Deliveries made to this consumer and not yet taken."""
+
+    def flow(self, credit: int) -> None:
+        """Add ``credit``; deliveries start at once if entries wait."""
+
+    def set_credit(self, credit: int) -> None:
+        """Set the credit to ``credit`` (AMQP link credit is absolute); 0 drains."""
+
+    def drain(self) -> int:
+        """Deliver what is available within the credit, then drop the rest of the credit
+        (AMQP drain); returns the credit dropped."""
+
+    def receive_nowait(self) -> Entry:
+        """The next delivery.
+
+        Raises:
+            trio.WouldBlock: none is waiting.
+            trio.ClosedResourceError: the consumer is closed.
+        """
+
+    async def receive(self) -> Entry:
+        """The next delivery, waiting for one (it needs credit to come). Cancellation
+        while waiting takes nothing.
+
+        Raises:
+            trio.ClosedResourceError: the consumer is (or gets) closed.
+        """
+
+    def take(self, limit: int) -> list[Entry]:
+        """Up to ``limit`` deliveries, oldest first, without waiting; empty for a closed
+        consumer."""
+
+    def accept(self, entry: Entry) -> None:
+        """Consumed: the entry leaves the queue (its deletion is persisted in the background)."""
+
+    def release(self, entry: Entry) -> None:
+        """Not processed: back to the queue, delivery count unchanged."""
+
+    def modify(self, entry: Entry, *, delivery_failed: bool = True, undeliverable_here: bool = False) -> None:
+        """Back to the queue; ``delivery_failed`` counts a failed delivery (and may send the
+        entry to routerdlq past ``max-delivery-count``). ``undeliverable_here`` is accepted
+        but not honoured."""
+
+    def reject(self, entry: Entry, reason: str = "rejected by the consumer") -> None:
+        """Unprocessable: the entry goes to routerdlq with ``reason``."""
+
+    def close(self) -> None:
+        """Detach (idempotent); deliveries never taken go back as they were, taken but
+        unsettled ones go back counted as a failed delivery."""
+
+
+class Queue(Protocol):
+    """A local queue, as other swiftlets see it."""
+
+    @property
+    def name(self) -> str:
+        """The local name (without ``@router``)."""
+
+    @property
+    def settings(self) -> QueueSettings:
+        """The queue's current settings."""
+
+    @property
+    def owner(self) -> Any:
+        """A temporary queue's owner (it is deleted with it); None for other queues."""
+
+    @property
+    def size(self) -> int:
+        """Entries not yet gone: available, delivered and unsettled, or held by a transaction."""
+
+    @property
+    def consumers(self) -> Sequence[Consumer]:
+        """The attached consumers, in attach order (the first is the active one in
+        active-standby mode)."""
+
+    @property
+    def deleted(self) -> bool:
+        """The queue has been deleted; sends and new consumers are refused."""
+
+    def consumer(self, selector: Selector | None = None, *, owner: Any = None) -> Consumer:
+        """Attach a consumer (no credit yet: call :meth:`Consumer.flow`).
+
+        Raises:
+            ConsumerRefused: exclusive mode and a consumer is attached already.
+            QueueError: the queue was deleted.
+        """
+
+    def browse(self, selector: Selector | None = None) -> Iterator[Entry]:
+        """The available entries in delivery order (a snapshot; nothing is consumed)."""
+
+
+class Transaction(Protocol):
+    """A local transaction over any number of queues: sends and acknowledgements that take
+    effect together at :meth:`commit`, or not at all.
+
+    States: ``active`` → (``prepared``) → ``committed`` | ``rolled-back``.
+    """
+
+    @property
+    def xid(self) -> str | None:
+        """The xid it was prepared under; None before."""
+
+    @property
+    def state(self) -> str:
+        """``active``, ``prepared``, ``committed`` or ``rolled-back``."""
+
+    def send(self, address: str, message: Message, *, possible_duplicate: bool = False) -> SendResult:
+        """Stage a send; the message becomes visible at commit.
+
+        Raises:
+            QueueNotFound, QueueFull, MessageTooLarge, QueueError, TransactionError.
+        """
+
+    def acknowledge(self, consumer: Consumer, entry: Entry) -> None:
+        """Stage the acknowledgement of an unsettled delivery of ``consumer``; the entry is
+        held (neither redelivered nor removed) until commit or rollback.
+
+        Raises:
+            QueueError: not an unsettled delivery of that consumer.
+            TransactionError: the transaction is not active.
+        """
+
+    async def prepare(self, xid: str) -> None:
+        """Phase one: make the transaction durable as prepared under ``xid``. Not
+        interrupted by cancellation once the store has it (see the module header).
+
+        Raises:
+            TransactionError: not active, or ``xid`` is in use.
+            StoreError: the store failed (the transaction stays active).
+        """
+
+    async def commit(self) -> None:
+        """Make every staged send visible and remove every acknowledged entry, durably. Not
+        interrupted by cancellation once the store has it (see the module header).
+
+        Raises:
+            TransactionError: already committed or rolled back.
+            StoreError: the store failed (nothing took effect).
+        """
+
+    async def rollback(self) -> None:
+        """Drop the staged sends and redeliver the acknowledged entries (as failed
+        deliveries); a prepared transaction's record is removed from the store first.
+
+        Raises:
+            TransactionError: already committed or rolled back.
+            StoreError: the store failed to forget a prepared transaction (it stays prepared).
+        """
+
+    def rollback_nowait(self) -> None:
+        """Roll back an active transaction without waiting (it has written nothing yet);
+        used when its session or connection is lost.
+
+        Raises:
+            TransactionError: the transaction is prepared (resolve it by xid instead).
+        """
+
+
+@runtime_checkable
+class QueueManager(Protocol):
+    """What ``context.lookup("sys$queuemanager", QueueManager)`` returns."""
+
+    @property
+    def queues(self) -> Mapping[str, Queue]:
+        """The local queues by name (read-only for callers)."""
+
+    def resolve(self, address: str) -> str:
+        """The local queue that ``address`` (``q`` or ``q@router``) ends up in.
+
+        Raises:
+            QueueNotFound: ``q@other`` and no redirection covers it.
+        """
+
+    def queue(self, address: str, *, create: bool | None = None) -> Queue:
+        """The local queue for ``address``, created if allowed (``create`` overrides
+        ``auto-create-queues``).
+
+        Raises:
+            QueueNotFound: unknown and not to be created, or no route.
+            QueueError: an invalid queue name.
+        """
+
+    async def send(self, address: str, message: Message, *, possible_duplicate: bool = False) -> SendResult:
+        """Put ``message`` into the queue for ``address``; a persistent message is durable
+        when this returns. ``possible_duplicate`` marks a resend after a failure (checked
+        against the queue's duplicate backlog). Once the message is taken, cancellation
+        waits for its durability (see the module header).
+
+        Raises:
+            QueueNotFound, QueueFull, MessageTooLarge, QueueError: the message was not taken.
+            StoreError: it was taken but could not be stored.
+        """
+
+    def send_nowait(
+        self,
+        address: str,
+        message: Message,
+        *,
+        possible_duplicate: bool = False,
+        on_durable: Callable[[BaseException | None], None] | None = None,
+    ) -> SendResult:
+        """Put ``message`` into the queue for ``address`` without waiting; for a persistent
+        message ``on_durable(None)`` is called once it is stored (``on_durable(error)`` if
+        storing failed), for any other at once.
+
+        Raises:
+            QueueNotFound, QueueFull, MessageTooLarge, QueueError: the message was not taken
+                (``on_durable`` is not called).
+            StoreError: the store is not running (the message was taken but is not stored).
+        """
+
+    def send_to_queues(
+        self,
+        queues: Sequence[Queue],
+        message: Message,
+        *,
+        on_durable: Callable[[BaseException | None], None] | None = None,
+    ) -> tuple[int, list[Queue]]:
+        """Put one message into several local queues (a topic publish fans out this way);
+        ``on_durable`` is called once when every persistent copy is stored. Returns the
+        largest flow-control delay among the queues and the queues that were full (or
+        deleted) and got no copy.
+
+        Raises:
+            MessageTooLarge, QueueError (malformed message): no queue got a copy.
+        """
+
+    def when_backlog_cleared(self, address: str, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """While sends to ``address`` are slowed down, call ``callback`` once a consumed
+        message brings its queue back to ``flowcontrol-start-queuesize``, and return a
+        function that cancels the call; None when the queue is not slowing sends now."""
+
+    def create_temporary_queue(self, owner: Any) -> Queue:
+        """A new ``tmp$<n>`` queue, deleted by :meth:`delete_temporary_queues` (owner)."""
+
+    def delete_temporary_queues(self, owner: Any) -> None:
+        """Delete every temporary queue created for ``owner`` (a lost connection)."""
+
+    def delete_queue(self, name: str) -> None:
+        """Delete a queue with its messages; its consumers are closed.
+
+        Raises:
+            QueueNotFound: no such queue.
+            QueueError: a predefined queue (``unroutable``, ``routerdlq``).
+        """
+
+    def add_redirection(self, predicate: str, target: str) -> None:
+        """Send everything addressed to names matching ``predicate`` (SQL-LIKE on the full
+        ``q@router`` name) to local queue ``target``; routing uses ``%@R`` → ``rt$R``.
+
+        Raises:
+            LikePatternError: ``predicate`` is malformed.
+        """
+
+    def remove_redirection(self, predicate: str) -> None:
+        """Undo :meth:`add_redirection` (nothing happens for an unknown predicate)."""
+
+    def transaction(self) -> Transaction:
+        """A new local transaction."""
+
+    def prepared_transactions(self) -> Mapping[str, Transaction]:
+        """Prepared transactions by xid (including those recovered at start)."""
+
+    async def resolve_prepared(self, xid: str, *, commit: bool) -> None:
+        """Commit or roll back the prepared transaction ``xid``.
+
+        Raises:
+            TransactionError: no prepared transaction has that xid.
+            StoreError: the store failed.
+        """

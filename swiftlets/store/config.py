@@ -1,0 +1,26 @@
+"""``sys$store`` configuration: where the database lives, how hard it syncs, batch size."""
+
+from __future__ import annotations
+
+from martinet.kernel import config_class, prop
+
+
+@config_class
+class StoreConfig:
+    path: str = prop(
+        "store",
+        reboot_required=True,
+        description="Folder of the store; the database is <path>/<router name>.sqlite. A relative "
+        "path is resolved against the directory the router was started in.",
+    )
+    sync: str = prop(
+        "full",
+        choices=("full", "normal", "off"),
+        reboot_required=True,
+        description="full: fsync every group commit (survives power loss); normal: no fsync "
+        "(survives a process crash, not an OS crash); off: leave it to the OS.",
+    )
+    max_batch: int = prop(
+        20_000, min=1, max=1_000_000,
+        description="Most operations in one group commit; bounds commit latency under load.",
+    )

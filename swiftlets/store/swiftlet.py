@@ -1,0 +1,54 @@
+"""The running ``sys$store``: the kernel-facing shell around the SQLite backend.
+
+It builds the backend (:mod:`.sqlite`, which drives the engine process of :mod:`.engine`)
+from the config, publishes its usage, applies runtime changes of ``max-batch``, and
+offers other swiftlets the :class:`~.api.Store` protocol by delegating to the backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from martinet.kernel import SwiftletContext
+
+from .api import Op, Recovered
+from .sqlite import SqliteStore
+
+__all__ = ["StoreSwiftlet"]
+
+
+class StoreSwiftlet:
+    """The running store; the object ``context.lookup("sys$store", Store)`` returns."""
+
+    def __init__(self, context: SwiftletContext):
+        config = context.config
+        self._store = SqliteStore(
+            Path(config.path) / f"{context.router_name}.sqlite",
+            sync=config.sync,
+            max_batch=config.max_batch,
+            name=context.router_name,
+        )
+        self._context = context
+
+    @property
+    def recovered(self) -> Recovered:
+        return self._store.recovered
+
+    async def commit(self, ops: list[Op]) -> None:
+        await self._store.commit(ops)
+
+    def commit_nowait(self, ops: list[Op], on_done: Callable[[BaseException | None], None]) -> None:
+        self._store.commit_nowait(ops, on_done)
+
+    def _on_change(self, change: Any) -> None:
+        if change.name == "max-batch":
+            self._store.max_batch = change.new
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._context.usage.provide(self._store.usage)
+        self._context.entity.on_change(self._on_change)
+        await self._store.run(task_status=task_status)

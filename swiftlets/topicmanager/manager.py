@@ -1,0 +1,377 @@
+"""The running ``sys$topicmanager``: roots, subscriptions, publishing, durable subscribers.
+
+Theory of operation
+-------------------
+Every subscription delivers into a queue of the queue manager: a non-durable one into its
+own temporary queue (``tmp$…``, non-persistent, deleted with the subscription), a durable
+one into the queue ``<client id>$<durable name>`` (persistent messages stay persistent
+there, and the queue's contents survive restarts like any queue's). Consumers then read
+those queues with everything the queue manager offers (credit, outcomes, transactions).
+
+Publishing (:meth:`TopicManager.publish`) finds the subscriptions of the published topic's
+root whose topic matches (:mod:`.hierarchy`; the list is cached per published topic until
+subscriptions change), applies each one's no-local flag and selector, keeps one copy per
+subscriber queue — so a subscriber receives a message once however many of its
+subscriptions match — applies the root's slow-subscriber condition, and hands the message
+to the queue manager once for all target queues (its metadata is read once).
+
+Durable subscriptions are records in the store (kind ``durable``), rebuilt at start.
+Interest: when a root's subscription count goes 0 → 1 or 1 → 0 a
+:class:`TopicInterestChanged` event goes on the bus (the federation will announce it);
+:meth:`TopicManager.interest` is the current set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import trio
+
+from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
+from martinet.messaging.message import Message
+from martinet.messaging.selector import Selector, compile_selector, message_identifiers
+from martinet.swiftlets.queuemanager.api import Consumer, Queue, QueueError, QueueManager
+from martinet.swiftlets.store.api import DeleteRecord, PutRecord, Store
+
+from .api import PublishResult, TopicError, TopicInterestChanged, durable_queue_name
+from .config import SlowSubscriberCondition
+from .hierarchy import TopicName, TopicNameError, matches, parse_topic
+
+__all__ = ["TopicManager", "Subscription"]
+
+log = logging.getLogger(__name__)
+
+
+class Subscription:
+    """A subscription delivering into ``queue`` (provides :class:`.api.Subscription`).
+    Read it with :meth:`consumer`."""
+
+    def __init__(self, manager: TopicManager, topic: TopicName, queue: Queue, *, selector: Selector | None,
+                 no_local: bool, client_id: str | None, durable_name: str | None = None, owns_queue: bool = True):
+        self._manager = manager
+        self.owns_queue = owns_queue
+        self.topic = topic
+        self.queue = queue
+        self.selector = selector
+        self.no_local = no_local
+        self.client_id = client_id
+        self.durable_name = durable_name
+        self.closed = False
+
+    @property
+    def durable(self) -> bool:
+        return self.durable_name is not None
+
+    def consumer(self) -> Consumer:
+        """A consumer on the subscription's queue (give it credit to receive)."""
+        return self.queue.consumer(owner=self)
+
+    def close(self) -> None:
+        """End a non-durable subscription: its queue and undelivered messages go away.
+        (A durable subscription ends with :meth:`TopicManager.unsubscribe`.)"""
+        if not self.closed and not self.durable:
+            self._manager._remove(self)
+
+    def __repr__(self) -> str:
+        kind = f"durable {self.queue.name}" if self.durable else "non-durable"
+        return f"<Subscription {kind} to {self.topic.text}>"
+
+
+@attrs.define(eq=False)
+class _Root:
+    name: str
+    subscriptions: list[Subscription] = attrs.Factory(list)
+    published: int = 0
+    deliveries: int = 0
+    dropped: int = 0
+    disconnected: int = 0
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "subscriptions": len(self.subscriptions),
+            "durable-subscriptions": sum(1 for s in self.subscriptions if s.durable),
+            "published": self.published,
+            "deliveries": self.deliveries,
+            "dropped": self.dropped,
+            "disconnected": self.disconnected,
+        }
+
+
+# -- the swiftlet -----------------------------------------------------------------------------
+
+
+class TopicManager:
+    """``sys$topicmanager``; what ``context.lookup("sys$topicmanager", TopicManager)`` returns
+    (it provides the protocol :class:`.api.TopicManager`)."""
+
+    MATCH_CACHE = 10_000
+
+    def __init__(self, context: SwiftletContext):
+        self.context = context
+        self.auto_create_topics = context.config.auto_create_topics
+        self._roots: dict[str, _Root] = {}
+        self._durables: dict[str, Subscription] = {}
+        self._matches: dict[str, tuple[Subscription, ...]] = {}
+        self._conditions: dict[str, SlowSubscriberCondition] = {}
+        self._queue_manager: QueueManager  # both looked up in run()
+        self._store: Store
+        self._root_usage: UsageList | None = None
+        self._durable_usage: UsageList | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._store = self.context.lookup("sys$store", Store)
+        self._queue_manager = self.context.lookup("sys$queuemanager", QueueManager)
+        usage = self.context.usage
+        self._root_usage = usage.add_list("topics")
+        self._durable_usage = usage.add_list("durable-subscribers")
+        usage.provide(lambda: {"roots": len(self._roots), "durable-subscribers": len(self._durables),
+                               "interest": " ".join(sorted(self.interest()))})
+        entity = self.context.entity
+        entity.on_change(self._settings_changed)
+        entity.entity_list("topics").bind(self._topic_defined)  # a root stays while it has subscriptions
+        entity.entity_list("slow-subscriber-conditions").bind(self._condition_added, self._condition_removed)
+        self._recover()
+        task_status.started()
+        await trio.sleep_forever()
+
+    def _settings_changed(self, change: Change) -> None:
+        if change.name == "auto-create-topics":
+            self.auto_create_topics = change.new
+
+    def _topic_defined(self, entity: Entity) -> None:
+        try:
+            self._root(parse_topic(entity.name).root, create=True)
+        except TopicNameError as exc:
+            raise Veto(str(exc)) from None
+
+    def _condition_added(self, entity: Entity) -> None:
+        self._conditions[entity.name] = entity.snapshot()
+        entity.on_change(lambda change: self._condition_changed(entity.name, change))
+
+    def _condition_changed(self, root: str, change: Change) -> None:
+        self._conditions[root] = attrs.evolve(self._conditions[root], **{change.name.replace("-", "_"): change.new})
+
+    def _condition_removed(self, entity: Entity) -> None:
+        self._conditions.pop(entity.name, None)
+
+    def _recover(self) -> None:
+        for key, record in self._store.recovered.records.get("durable", {}).items():
+            data = json.loads(record)
+            try:
+                topic = parse_topic(data["topic"])
+                selector = compile_selector(data["selector"]) if data["selector"] else None
+            except (TopicNameError, ValueError) as exc:
+                log.error("durable subscription %s cannot be restored (%s); it is kept in the store", key, exc)
+                continue
+            queue = self._queue_manager.queue(key, create=True)
+            self._add(Subscription(self, topic, queue, selector=selector, no_local=data["no_local"],
+                                   client_id=data["client_id"], durable_name=data["name"]))
+        if self._durables:
+            log.info("topic manager restored %d durable subscription(s)", len(self._durables))
+
+    # -- roots and interest --------------------------------------------------------------------
+
+    def _root(self, name: str, *, create: bool | None = None) -> _Root:
+        root = self._roots.get(name)
+        if root is None:
+            defined = name in {parse_topic(t).root for t in self.context.entity.entity_list("topics").entities}
+            if not (defined or (self.auto_create_topics if create is None else create)):
+                raise TopicError(f"root topic {name!r} is not defined on router {self.context.router_name}")
+            root = self._roots[name] = _Root(name)
+            if self._root_usage is not None:
+                self._root_usage.add(name, root.usage)
+        return root
+
+    def interest(self) -> frozenset[str]:
+        """The root topics that have local subscriptions now."""
+        return frozenset(name for name, root in self._roots.items() if root.subscriptions)
+
+    def _add(self, subscription: Subscription) -> None:
+        root = self._root(subscription.topic.root, create=True)
+        root.subscriptions.append(subscription)
+        self._matches.clear()
+        if subscription.durable:
+            self._durables[subscription.queue.name] = subscription
+            if self._durable_usage is not None:
+                self._durable_usage.add(subscription.queue.name, lambda: _durable_usage(subscription))
+        if len(root.subscriptions) == 1:
+            self.context.bus.publish(TopicInterestChanged(root=root.name, interested=True))
+
+    def _remove(self, subscription: Subscription) -> None:
+        subscription.closed = True
+        root = self._roots[subscription.topic.root]
+        root.subscriptions.remove(subscription)
+        self._matches.clear()
+        if subscription.durable:
+            self._durables.pop(subscription.queue.name, None)
+            if self._durable_usage is not None:
+                self._durable_usage.remove(subscription.queue.name)
+        if subscription.owns_queue and subscription.queue.name in self._queue_manager.queues:
+            self._queue_manager.delete_queue(subscription.queue.name)
+        if not root.subscriptions:
+            self.context.bus.publish(TopicInterestChanged(root=root.name, interested=False))
+
+    # -- subscribing --------------------------------------------------------------------------
+
+    def subscribe(self, topic: str, *, selector: str | None = None, no_local: bool = False,
+                  client_id: str | None = None, owner: Any = None, queue: Queue | None = None) -> Subscription:
+        """A non-durable subscription with its own temporary queue — or delivering into
+        ``queue``, which a subscriber with several subscriptions shares (it then receives
+        each message once, however many of them match; closing leaves the queue).
+
+        Raises:
+            TopicError: invalid topic name or selector, or an undefined root.
+        """
+        name, compiled = self._check(topic, selector)
+        self._root(name.root)
+        owns_queue = queue is None
+        if queue is None:
+            queue = self._queue_manager.create_temporary_queue(owner)
+        subscription = Subscription(self, name, queue, selector=compiled, no_local=no_local, client_id=client_id,
+                                    owns_queue=owns_queue)
+        self._add(subscription)
+        return subscription
+
+    def close_subscriptions(self, owner: Any) -> None:
+        """Close every non-durable subscription created with ``owner`` (a lost connection)."""
+        for root in list(self._roots.values()):
+            for subscription in list(root.subscriptions):
+                if not subscription.durable and subscription.queue.owner is owner:
+                    subscription.close()
+
+    async def durable_subscribe(self, client_id: str, name: str, topic: str, *, selector: str | None = None,
+                                no_local: bool = False) -> Subscription:
+        """Create the durable subscription ``client_id`` / ``name``, or resume it if it exists
+        with the same topic, selector and no-local; with other parameters the old one is
+        dropped with its messages and a new one created. Also the administrative create.
+
+        Raises:
+            TopicError: invalid names, topic or selector; or the old one, to be replaced,
+                has active consumers.
+        """
+        if not client_id or not name or "$" in name or "/" in name or "/" in client_id:
+            raise TopicError(f"invalid durable subscription {client_id!r} / {name!r}: both non-empty, "
+                             "the name without '$' or '/'")
+        topic_name, compiled = self._check(topic, selector)
+        key = durable_queue_name(client_id, name)
+        existing = self._durables.get(key)
+        if existing is not None:
+            if (existing.topic.text, existing.selector, existing.no_local) == (topic, compiled, no_local):
+                return existing
+            await self.unsubscribe(client_id, name)
+            log.info("durable subscription %s changed: dropped and created anew", key)
+        self._root(topic_name.root)
+        record = {"client_id": client_id, "name": name, "topic": topic, "selector": selector or "",
+                  "no_local": no_local}
+        await self._store.commit([PutRecord("durable", key, json.dumps(record).encode())])
+        queue = self._queue_manager.queue(key, create=True)
+        subscription = Subscription(self, topic_name, queue, selector=compiled, no_local=no_local,
+                                    client_id=client_id, durable_name=name)
+        self._add(subscription)
+        return subscription
+
+    async def unsubscribe(self, client_id: str, name: str) -> None:
+        """Delete the durable subscription and its messages (also the administrative delete).
+
+        Raises:
+            TopicError: no such subscription, or it has active consumers.
+        """
+        key = durable_queue_name(client_id, name)
+        subscription = self._durables.get(key)
+        if subscription is None:
+            raise TopicError(f"no durable subscription {key!r} on router {self.context.router_name}")
+        if subscription.queue.consumers:
+            raise TopicError(f"durable subscription {key} has {len(subscription.queue.consumers)} active "
+                             "consumer(s): close them first")
+        del self._durables[key]  # gone for everyone from now on, while the store forgets it
+        await self._store.commit([DeleteRecord("durable", key)])
+        self._remove(subscription)
+
+    def durable_subscriptions(self) -> dict[str, Subscription]:
+        """Durable subscriptions by queue name (``clientid$name``)."""
+        return dict(self._durables)
+
+    def _check(self, topic: str, selector: str | None) -> tuple[TopicName, Selector | None]:
+        try:
+            name = parse_topic(topic)
+            return name, (compile_selector(selector) if selector else None)
+        except (TopicNameError, ValueError) as exc:
+            raise TopicError(str(exc)) from None
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def publish(self, topic: str, message: Message, *, client_id: str | None = None,
+                on_durable: Callable[[BaseException | None], None] | None = None) -> PublishResult:
+        """Deliver ``message`` to every matching subscription (once per subscriber).
+
+        ``client_id`` is the publishing connection's (for no-local); ``on_durable`` is
+        called once every persistent copy is stored.
+
+        Raises:
+            TopicError: invalid topic, undefined root, or a message the queues refuse.
+        """
+        try:
+            name = parse_topic(topic)
+        except TopicNameError as exc:
+            raise TopicError(str(exc)) from None
+        root = self._root(name.root)
+        root.published += 1
+        targets = self._matches.get(topic)
+        if targets is None:
+            if len(self._matches) >= self.MATCH_CACHE:
+                self._matches.clear()
+            targets = self._matches[topic] = tuple(s for s in root.subscriptions if matches(s.topic, name))
+        queues: list[Queue] = []
+        seen: set[int] = set()
+        lookup = None
+        condition = self._conditions.get(root.name)
+        slow_limit = condition.max_messages if condition is not None else -1
+        pressure = 0
+        dropped = 0
+        for subscription in targets:
+            queue = subscription.queue
+            if id(queue) in seen or (subscription.no_local and client_id is not None
+                                     and subscription.client_id == client_id):
+                continue
+            if subscription.selector is not None:
+                lookup = lookup or message_identifiers(message)
+                if not subscription.selector.matches(lookup):
+                    continue
+            if 0 <= slow_limit <= queue.size:
+                action = condition.action if not subscription.durable else "flow-control"
+                if action == "drop":
+                    dropped += 1
+                    continue
+                if action == "disconnect":
+                    log.warning("slow subscriber to %s disconnected (%d messages waiting)", topic, queue.size)
+                    root.disconnected += 1
+                    dropped += 1
+                    subscription.close()
+                    continue
+                pressure = max(pressure, queue.settings.max_flowcontrol_delay)
+            seen.add(id(queue))
+            queues.append(queue)
+        try:
+            delay, full = self._queue_manager.send_to_queues(queues, message, on_durable=on_durable)
+        except QueueError as exc:
+            raise TopicError(f"cannot publish to {topic}: {exc}") from None
+        delivered = len(queues) - len(full)
+        root.deliveries += delivered
+        root.dropped += dropped + len(full)
+        return PublishResult(max(delay, pressure), delivered, dropped + len(full))
+
+
+def _durable_usage(subscription: Subscription) -> dict[str, Any]:
+    return {
+        "client-id": subscription.client_id,
+        "name": subscription.durable_name,
+        "topic": subscription.topic.text,
+        "selector": subscription.selector.text if subscription.selector else "",
+        "no-local": subscription.no_local,
+        "messages": subscription.queue.size,
+        "consumers": len(subscription.queue.consumers),
+    }
