@@ -22,7 +22,22 @@ Adding and removing entities of an entity list works the same way. A swiftlet th
 list with :meth:`EntityList.bind` first gets every entry already present through the same
 ``on_add`` callback as later additions, so startup and runtime share one code path.
 
-:meth:`Tree.snapshot` turns the live tree back into frozen config objects (for ``save``).
+Names. The tree, its paths, :meth:`Entity.get`/:meth:`Entity.set` and the bus events speak
+XML names (``max-batch``), as the config file and the operator do; what a swiftlet's code
+sees speaks Python: a :class:`Change` names the property by its config-class field
+(``change.field == "max_batch"``) and :attr:`Entity.config` is the config-class object.
+
+Two frozen views of an entity:
+
+- :attr:`Entity.config` — the config *in effect*, what the owning swiftlet should act on
+  (``SwiftletContext.config`` is this view of the swiftlet's entity). Built from the live
+  values and cached; a commit anywhere below an entity drops the cached objects of it and
+  its ancestors (each node knows its parent), so reading it per use costs an attribute
+  lookup. A reboot-required property keeps here the value it had when its owner started
+  (:meth:`Entity.settle`); its new value takes effect at the next start.
+- :meth:`Entity.snapshot` — the config as configured, every committed value included, for
+  ``save``.
+
 Everything here runs in the router's trio thread; nothing is locked.
 """
 
@@ -57,12 +72,37 @@ class Veto(Exception):
     """Raised by a change listener to refuse a change; the message is the reason."""
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Change:
-    """A property change offered to a listener, and the result of :meth:`Tree.set`."""
+    """A property change offered to a listener, and the result of :meth:`Tree.set`.
+
+    A listener identifies the property by ``field``, the Python name under which the
+    entity's config class declares it, so it can compare and evolve without translating::
+
+        def on_change(change: Change) -> None:
+            if change.field == "max_batch":
+                store.max_batch = change.new
+
+        settings = attrs.evolve(settings, **{change.field: change.new})
+
+    ``xml_name`` is the same property's name in the config file, in paths and in
+    :class:`kernel.bus.PropertyChanged` (``max-batch``); use it in messages to operators.
+    The listener is called *before* the commit: inside it, :attr:`Entity.config` and
+    :meth:`Entity.get` still hold ``old``.
+
+    Attributes:
+        path: the entity's path in the management tree, e.g. ``/sys$store``.
+        field: the property's config-class field name, e.g. ``max_batch``.
+        xml_name: the property's XML name, e.g. ``max-batch``.
+        old: the value before the change, typed as the config class holds it.
+        new: the value after the change (already parsed and checked), typed likewise.
+        reboot_required: the property takes effect at the next start; such a change is
+            committed without being offered to the listener.
+    """
 
     path: str
-    name: str
+    field: str
+    xml_name: str
     old: Any
     new: Any
     reboot_required: bool = False
@@ -75,15 +115,20 @@ def _join(path: str, name: str) -> str:
 class Entity:
     """A config entity: scalar properties plus child entities and lists.
 
-    ``children`` maps XML names to child nodes (entities, lists, usage parts).
+    ``children`` maps XML names to child nodes (entities, lists, usage parts). ``parent``
+    is the entity or entity list whose config holds this one (``None`` for a root, and
+    for the swiftlet entities and pools lists the router hangs below the tree's root).
     """
 
-    def __init__(self, tree: Tree, path: str, value: Any):
+    def __init__(self, tree: Tree, path: str, value: Any, parent: Entity | EntityList | None = None):
         self.tree = tree
         self.path = path
+        self.parent = parent
         self.config_type = type(value)
         self.props: dict[str, tuple[attrs.Attribute, Prop]] = {}
         self._values: dict[str, Any] = {}
+        self._at_start: dict[str, Any] = {}  # reboot-required props changed since settle()
+        self._config: Any = value  # the config in effect; None when it must be rebuilt
         self.children: dict[str, Entity | EntityList | Usage | UsageList] = {}
         self._config_children: dict[str, str] = {}  # XML name -> field name
         self._listener: Callable[[Change], None] | None = None
@@ -94,10 +139,10 @@ class Entity:
                 self.props[key] = (field, meta)
                 self._values[key] = current
             elif isinstance(meta, Child):
-                self.children[key] = Entity(tree, _join(path, key), current)
+                self.children[key] = Entity(tree, _join(path, key), current, self)
                 self._config_children[key] = field.name
             else:
-                self.children[key] = EntityList(tree, _join(path, key), meta, current)
+                self.children[key] = EntityList(tree, _join(path, key), meta, current, self)
                 self._config_children[key] = field.name
 
     @property
@@ -116,6 +161,51 @@ class Entity:
     def properties(self) -> dict[str, Any]:
         """All properties and their current values, by XML name."""
         return dict(self._values)
+
+    @property
+    def config(self) -> Any:
+        """The entity's config in effect, as a frozen object of its config class.
+
+        Every property has its current committed value, except that a reboot-required one
+        keeps its value from the owner's start (see :meth:`settle`); child entities and
+        entity lists are included, the kernel's ``pools`` and ``usage`` are not. The object
+        is cached until something below this entity changes, so reading it per use is
+        cheap; keep it no longer than one use if it should follow runtime changes.
+        During a change listener it still holds the old value (the change is offered
+        before it is committed).
+        """
+        if self._config is None:
+            kwargs = {
+                field.name: self._at_start.get(key, self._values[key])
+                for key, (field, _) in self.props.items()
+            }
+            for key, field_name in self._config_children.items():
+                child = self.children[key]
+                assert isinstance(child, (Entity, EntityList))  # config children only
+                kwargs[field_name] = child.config
+            self._config = self.config_type(**kwargs)
+        return self._config
+
+    def settle(self) -> None:
+        """Make every committed value of this entity and below it the value in effect.
+
+        The kernel calls this when the owning swiftlet starts, so reboot-required changes
+        made before that take effect at this start.
+        """
+        self._at_start.clear()
+        self._invalidate()
+        for child in self.children.values():
+            if isinstance(child, Entity):
+                child.settle()
+            elif isinstance(child, EntityList):
+                for entity in child.entities.values():
+                    entity.settle()
+
+    def _invalidate(self) -> None:
+        """Drop the cached :attr:`config` of this entity and of every ancestor."""
+        self._config = None
+        if self.parent is not None:
+            self.parent._invalidate()
 
     def describe(self, name: str) -> Prop:
         """The declaration of property ``name``: description, bounds, choices, reboot flag."""
@@ -165,18 +255,29 @@ class Entity:
             value = parse_value(field.type, meta, raw)
         except ValueError as exc:
             raise ManagementError(f"{where}: {exc}") from None
-        change = Change(self.path, name, self._values[name], value, meta.reboot_required)
+        change = Change(
+            path=self.path,
+            field=field.name,
+            xml_name=name,
+            old=self._values[name],
+            new=value,
+            reboot_required=meta.reboot_required,
+        )
         if self._listener is not None and not meta.reboot_required:
             try:
                 self._listener(change)
             except Veto as veto:
                 raise ManagementError(f"{where}: change refused: {veto}") from None
+        if meta.reboot_required:
+            self._at_start.setdefault(name, change.old)  # in effect until the next start
         self._values[name] = value
+        self._invalidate()
         self.tree.bus.publish(PropertyChanged(path=self.path, name=name, old=change.old, new=value))
         return change
 
     def snapshot(self) -> Any:
-        """The entity as a frozen config object."""
+        """The entity as configured, as a frozen config object: every committed value,
+        reboot-required ones included (what ``save`` writes). Built anew on each call."""
         kwargs = {field.name: self._values[key] for key, (field, _) in self.props.items()}
         for key, field_name in self._config_children.items():
             kwargs[field_name] = self.children[key].snapshot()  # type: ignore[union-attr]
@@ -193,12 +294,20 @@ class Entity:
 class EntityList:
     """A keyed list of entities of one config class (listeners, queues, pools …)."""
 
-    def __init__(self, tree: Tree, path: str, meta: ListOf, items: Mapping[str, Any]):
+    def __init__(
+        self,
+        tree: Tree,
+        path: str,
+        meta: ListOf,
+        items: Mapping[str, Any],
+        parent: Entity | None = None,
+    ):
         self.tree = tree
         self.path = path
         self.meta = meta
+        self.parent = parent
         self.entities: dict[str, Entity] = {
-            name: Entity(tree, _join(path, name), item) for name, item in items.items()
+            name: Entity(tree, _join(path, name), item, self) for name, item in items.items()
         }
         self._on_add: Callable[[Entity], None] | None = None
         self._on_remove: Callable[[Entity], None] | None = None
@@ -238,13 +347,14 @@ class EntityList:
             item = self.tree.reader.structure({**(values or {}), "name": name}, self.meta.item_type)
         except ValueError as exc:
             raise ManagementError(f"{where}: {exc}") from None
-        entity = Entity(self.tree, _join(self.path, name), item)
+        entity = Entity(self.tree, _join(self.path, name), item, self)
         if self._on_add is not None:
             try:
                 self._on_add(entity)
             except Veto as veto:
                 raise ManagementError(f"{where}: refused: {veto}") from None
         self.entities[name] = entity
+        self._invalidate()
         self.tree.bus.publish(EntityAdded(path=self.path, name=name))
         return entity
 
@@ -263,10 +373,21 @@ class EntityList:
             except Veto as veto:
                 raise ManagementError(f"{self.path}: cannot remove {name!r}: refused: {veto}") from None
         del self.entities[name]
+        self._invalidate()
         self.tree.bus.publish(EntityRemoved(path=self.path, name=name))
 
+    @property
+    def config(self) -> dict[str, Any]:
+        """The entries' configs in effect, by name (see :attr:`Entity.config`)."""
+        return {name: entity.config for name, entity in self.entities.items()}
+
     def snapshot(self) -> dict[str, Any]:
+        """The entries as configured, by name (see :meth:`Entity.snapshot`)."""
         return {name: entity.snapshot() for name, entity in self.entities.items()}
+
+    def _invalidate(self) -> None:
+        if self.parent is not None:
+            self.parent._invalidate()
 
 
 class Usage:

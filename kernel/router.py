@@ -45,7 +45,7 @@ import trio
 from .bus import EventBus, RouterStarted, RouterStopping, SwiftletStarted, SwiftletStopped
 from .config import RouterConfig, SwiftletSection, load_config, save_config
 from .logs import current_router, install_record_factory
-from .mgmt import Entity, EntityList, Tree, Usage, Veto
+from .mgmt import Change, Entity, EntityList, Tree, Usage, Veto
 from .plugins import SwiftletSpec, load_swiftlet_specs
 from .pools import Pool, PoolConfig
 from .schema import ListOf
@@ -95,7 +95,6 @@ class SwiftletContext:
 
     Attributes:
         name: the swiftlet's name, e.g. ``sys$log``.
-        config: the swiftlet's frozen config object, as it was when the swiftlet started.
         entity: the swiftlet's entity in the management tree (to set change listeners).
         usage: the swiftlet's read-only ``usage`` part (to publish runtime state).
         pools: the swiftlet's running pools, by name.
@@ -107,11 +106,22 @@ class SwiftletContext:
         self._router = router
         self.name = name
         self.entity = entity
-        self.config = entity.snapshot()
         self.usage = _usage(entity)
         self.pools = pools
         self.bus = router.bus
         self.log = logging.getLogger(f"swiftlet.{name}")
+
+    @property
+    def config(self) -> Any:
+        """The swiftlet's current config: a frozen object of its config class.
+
+        It follows runtime changes made through the management tree — read it when you
+        use a value (it is cached until the next change, so this is cheap) rather than
+        keeping the object. Reboot-required properties keep the values the swiftlet
+        started with. Inside a change listener it still holds the old value; the new one
+        is ``change.new``. Same as ``context.entity.config``.
+        """
+        return self.entity.config
 
     @property
     def router_name(self) -> str:
@@ -189,7 +199,8 @@ class _Host:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         entity = self.router.management.entity(self.name)
-        pools = {name: Pool.from_config(e.snapshot()) for name, e in _pool_list(entity).entities.items()}
+        entity.settle()  # changes committed so far, reboot-required ones too, take effect now
+        pools = {name: Pool.from_config(e.config) for name, e in _pool_list(entity).entities.items()}
         self.state = "starting"
         started = False
         try:
@@ -231,8 +242,8 @@ class _Host:
         """Publish pool usage and apply runtime changes of ``max-concurrency``."""
         usage = _usage(entity).add_list("pools")
 
-        def resize(pool: Pool, change: Any) -> None:
-            if change.name == "max-concurrency":
+        def resize(pool: Pool, change: Change) -> None:
+            if change.field == "max_concurrency":
                 pool.resize(change.new)
 
         def on_add(pool_entity: Entity) -> None:

@@ -7,9 +7,9 @@ Every swiftlet declares its configuration as classes decorated with :func:`confi
 the helper's metadata is all that the rest of the kernel needs to read, check, manage and
 save that field:
 
-- :func:`prop` — a scalar property (``int``, ``float``, ``str`` or ``bool``) with its default,
-  bounds, choices, description and whether changing it at runtime needs a reboot. A
-  property without a default is mandatory.
+- :func:`prop` — a scalar property (``int``, ``float``, ``str``, ``bool`` or a string
+  :class:`enum.Enum`) with its default, bounds, choices, description and whether changing
+  it at runtime needs a reboot. A property without a default is mandatory.
 - :func:`entity` — a fixed child element, itself a config class.
 - :func:`entity_list` — a keyed collection of config-class items, written in XML as a
   container element holding one item element per entry, each with a ``name`` attribute
@@ -19,6 +19,24 @@ save that field:
 XML names are field names with ``_`` replaced by ``-``. Values are checked in one place,
 :func:`parse_value`, used both when a file is read and when a property is set at runtime,
 and the attrs validators call the same check, so a config object that exists is valid.
+
+Declarations are checked once, when :func:`config_class` decorates the class, so a broken
+declaration fails at import rather than when some file happens to omit the attribute:
+
+- a property's type is ``bool``, ``int``, ``float``, ``str`` or an Enum whose values are
+  all strings;
+- ``min``/``max`` belong to number fields only, an ``int`` field's bounds are ``int``, and
+  ``min <= max``; ``choices`` belong to ``str`` and Enum fields only;
+- the default has the field's exact type (``1.0``, not ``1``, for a ``float``; a member,
+  not its string, for an Enum) and lies within the bounds and choices.
+
+Enums. ``choices=SomeEnum`` declares a property whose allowed XML strings are the enum's
+*values*; such a field must be typed with that enum, and its value in a config object is
+always a member (the XML text ``"persistent"`` becomes ``PersistenceMode.PERSISTENT``;
+writing it back gives ``"persistent"`` again). A :class:`enum.StrEnum` is the natural
+choice: its members compare equal to their strings, so code comparing with ``"persistent"``
+keeps working. For convenience the constructor of a config class also accepts a value
+string for an Enum field and converts it to the member.
 """
 
 from __future__ import annotations
@@ -26,6 +44,7 @@ from __future__ import annotations
 import re
 import types
 from collections.abc import Iterable, Mapping
+from enum import Enum
 from typing import Any, TypeVar
 
 import attrs
@@ -42,7 +61,9 @@ __all__ = [
     "meta_of",
     "xml_name",
     "parse_value",
+    "check_value",
     "format_value",
+    "is_enum",
 ]
 
 _META = "martinet"
@@ -53,14 +74,20 @@ _INTEGER = re.compile(r"[+-]?\d+\Z")
 
 @attrs.frozen
 class Prop:
-    """Metadata of a scalar property."""
+    """Metadata of a scalar property.
+
+    ``choices`` are always the allowed XML strings; for a property declared with
+    ``choices=SomeEnum`` they are the enum's values and ``enum`` is the enum class (the
+    field's type), otherwise ``enum`` is ``None``.
+    """
 
     description: str
-    min: float | None = None
-    max: float | None = None
+    min: int | float | None = None
+    max: int | float | None = None
     choices: tuple[str, ...] | None = None
     reboot_required: bool = False
     read_only: bool = False
+    enum: type[Enum] | None = None
 
 
 @attrs.frozen
@@ -98,21 +125,43 @@ def _type_name(kind: type) -> str:
     return {bool: "'true' or 'false'", int: "an integer", float: "a number", str: "text"}[kind]
 
 
+def is_enum(kind: Any) -> bool:
+    """Whether ``kind`` is an Enum class (a property type whose values are its members)."""
+    return isinstance(kind, type) and issubclass(kind, Enum)
+
+
+def _allowed(choices: Iterable[str]) -> str:
+    return ", ".join(repr(c) for c in choices)
+
+
 def parse_value(kind: type, meta: Prop, raw: Any) -> Any:
     """Turn ``raw`` (XML text, or an already typed value) into a checked value of ``kind``.
 
     Booleans are strictly ``true``/``false``; integers are plain decimal digits with an
-    optional sign; bounds and choices are enforced.
+    optional sign; an Enum ``kind`` takes one of its members or the exact value string of
+    one (no stripping, case-sensitive) and returns the member; bounds and choices are
+    enforced.
 
     Raises:
         ValueError: with a message saying what was expected and what was found.
     """
-    if isinstance(raw, str) and kind is not str:
+    if is_enum(kind):
+        if isinstance(raw, kind):
+            value: Any = raw
+        else:
+            try:
+                value = kind(raw) if isinstance(raw, str) else None
+            except ValueError:
+                value = None
+            if value is None:
+                values = [member.value for member in kind]  # type: ignore[attr-defined]
+                raise ValueError(f"expected one of {_allowed(values)}, found {raw!r}")
+    elif isinstance(raw, str) and kind is not str:
         text = raw.strip()
         if kind is bool:
             if text not in ("true", "false"):
                 raise ValueError(f"expected 'true' or 'false', found {raw!r}")
-            value: Any = text == "true"
+            value = text == "true"
         elif kind is int:
             if not _INTEGER.match(text):
                 raise ValueError(f"expected an integer, found {raw!r}")
@@ -137,12 +186,14 @@ def parse_value(kind: type, meta: Prop, raw: Any) -> Any:
 def check_value(meta: Prop, value: Any) -> None:
     """Enforce the bounds and choices of ``meta`` on an already typed value.
 
+    An Enum member is checked by its value against the choices.
+
     Raises:
         ValueError: naming the allowed range or choices and the value found.
     """
-    if meta.choices is not None and value not in meta.choices:
-        allowed = ", ".join(repr(c) for c in meta.choices)
-        raise ValueError(f"expected one of {allowed}, found {value!r}")
+    text = value.value if isinstance(value, Enum) else value
+    if meta.choices is not None and text not in meta.choices:
+        raise ValueError(f"expected one of {_allowed(meta.choices)}, found {text!r}")
     low, high = meta.min, meta.max
     if (low is not None and value < low) or (high is not None and value > high):
         if low is not None and high is not None:
@@ -160,6 +211,8 @@ def _num(x: float) -> str:
 
 def format_value(value: Any) -> str:
     """The XML text of a scalar value (the inverse of :func:`parse_value`)."""
+    if isinstance(value, Enum):
+        return str(value.value)
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
@@ -169,26 +222,45 @@ def prop(
     default: Any = attrs.NOTHING,
     *,
     description: str,
-    min: float | None = None,  # noqa: A002 - the seeds' own names
-    max: float | None = None,  # noqa: A002
-    choices: Iterable[str] | None = None,
+    min: int | float | None = None,  # noqa: A002 - the seeds' own names
+    max: int | float | None = None,  # noqa: A002
+    choices: Iterable[str] | type[Enum] | None = None,
     reboot_required: bool = False,
     read_only: bool = False,
 ) -> Any:
-    """Declare a scalar property. Without ``default`` the property is mandatory."""
+    """Declare a scalar property. Without ``default`` the property is mandatory.
+
+    ``choices`` is either the allowed strings or an Enum class; with an Enum the field must
+    be typed with it, and its values are members (see the module header). Everything is
+    checked by :func:`config_class` when the class is declared.
+    """
+    enum_class = choices if is_enum(choices) else None
+    if enum_class is not None:
+        allowed: tuple[Any, ...] | None = tuple(m.value for m in enum_class)  # type: ignore[union-attr]
+    else:
+        allowed = tuple(choices) if choices is not None else None  # type: ignore[arg-type]
     meta = Prop(
         description=description,
         min=min,
         max=max,
-        choices=tuple(choices) if choices is not None else None,
+        choices=allowed,
         reboot_required=reboot_required,
         read_only=read_only,
+        enum=enum_class,  # type: ignore[arg-type]
     )
 
     def validate(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
         check_value(meta, value)
 
-    return attrs.field(default=default, validator=validate, metadata={_META: meta})
+    def to_member(value: Any) -> Any:  # an Enum field's value string becomes its member
+        return parse_value(enum_class, meta, value)  # type: ignore[arg-type]
+
+    return attrs.field(
+        default=default,
+        validator=validate,
+        converter=to_member if enum_class is not None else None,
+        metadata={_META: meta},
+    )
 
 
 def entity(cls: type[_C], *, description: str) -> Any:
@@ -223,9 +295,14 @@ def entity_list(
 def config_class(cls: type[_C]) -> type[_C]:
     """Make ``cls`` a frozen, keyword-only attrs config class and check its declarations.
 
+    Every message starts with ``Class.field:``.
+
     Raises:
-        TypeError: when a field was not declared with prop/entity/entity_list, a property
-            has an unsupported type, or an entity-list item has no ``name`` property.
+        TypeError: a field was not declared with prop/entity/entity_list; a property has
+            an unsupported type, bounds or choices that do not fit its type, or a default
+            of the wrong type; an entity-list default holds an entry of the wrong class;
+            an entity-list item has no mandatory ``name`` property.
+        ValueError: ``min > max``, or a default outside the bounds or choices.
     """
     cls = attrs.frozen(kw_only=True)(cls)
     attrs.resolve_types(cls)
@@ -234,10 +311,69 @@ def config_class(cls: type[_C]) -> type[_C]:
         where = f"{cls.__qualname__}.{f.name}"
         if meta is None:
             raise TypeError(f"{where}: declare config fields with prop(), entity() or entity_list()")
-        if isinstance(meta, Prop) and f.type not in SCALAR_TYPES:
-            raise TypeError(f"{where}: a property must be bool, int, float or str, not {f.type!r}")
+        if isinstance(meta, Prop):
+            _check_prop(where, f.type, meta)
+            if f.default is not attrs.NOTHING:
+                _check_default(where, f.type, meta, f.default)
         if isinstance(meta, ListOf):
             names = {a.name: a for a in attrs.fields(meta.item_type)}
             if "name" not in names or names["name"].default is not attrs.NOTHING:
                 raise TypeError(f"{where}: entity-list items need a mandatory 'name' property")
+            for item in f.default.factory().values():  # type: ignore[union-attr]
+                if not isinstance(item, meta.item_type):
+                    raise TypeError(f"{where}: default entry {item!r} is not a {meta.item_type.__qualname__}")
     return cls
+
+
+def _check_prop(where: str, kind: Any, meta: Prop) -> None:
+    """The declaration of one property: its type, and bounds and choices that fit it."""
+    if is_enum(kind):
+        if meta.enum is not kind:
+            raise TypeError(f"{where}: a property typed {kind.__qualname__} needs choices={kind.__qualname__}")
+        bad = [m for m in kind if not isinstance(m.value, str)]
+        if bad:
+            raise TypeError(f"{where}: the values of {kind.__qualname__} must be strings (the XML text), "
+                            f"found {bad[0].value!r}")
+    elif kind not in SCALAR_TYPES:
+        raise TypeError(f"{where}: a property must be bool, int, float or str (or an Enum of strings), not {kind!r}")
+    elif meta.enum is not None:
+        raise TypeError(f"{where}: choices={meta.enum.__qualname__} needs the field typed "
+                        f"{meta.enum.__qualname__}, not {kind.__name__}")
+    if meta.choices is not None:
+        if not (kind is str or is_enum(kind)):
+            raise TypeError(f"{where}: choices are for str or Enum properties, not {kind.__name__}")
+        if not meta.choices or not all(isinstance(c, str) for c in meta.choices):
+            raise TypeError(f"{where}: choices must be a non-empty collection of strings, found {meta.choices!r}")
+    for label, bound in (("min", meta.min), ("max", meta.max)):
+        if bound is None:
+            continue
+        if kind not in (int, float):
+            name = kind.__qualname__ if is_enum(kind) else kind.__name__
+            raise TypeError(f"{where}: {label} is for int or float properties, not {name}")
+        number = isinstance(bound, (int, float)) and not isinstance(bound, bool)
+        if not number or (kind is int and not isinstance(bound, int)):
+            expected = "an int" if kind is int else "a number"
+            raise TypeError(f"{where}: {label}={bound!r} must be {expected}: the field is {kind.__name__}")
+    if meta.min is not None and meta.max is not None and meta.min > meta.max:
+        raise ValueError(f"{where}: min {meta.min!r} is above max {meta.max!r}")
+
+
+def _check_default(where: str, kind: Any, meta: Prop, default: Any) -> None:
+    """A property's default: of the field's exact type, within its bounds and choices."""
+    if is_enum(kind):
+        if not isinstance(default, kind):
+            hint = ""
+            if isinstance(default, str) and default in meta.choices:  # type: ignore[operator]
+                hint = f"; write {kind.__qualname__}.{kind(default).name}"
+            raise TypeError(f"{where}: default {default!r} is not a {kind.__qualname__} member{hint}")
+        return  # a member is one of the choices by construction
+    if type(default) is not kind:
+        hint = f"; write {float(default)!r}" if kind is float and type(default) is int else ""
+        raise TypeError(f"{where}: default {default!r} has type {type(default).__name__}, "
+                        f"expected {kind.__name__}{hint}")
+    if meta.choices is not None and default not in meta.choices:
+        raise ValueError(f"{where}: default {default!r} is not one of {_allowed(meta.choices)}")
+    if meta.min is not None and default < meta.min:
+        raise ValueError(f"{where}: default {default!r} is below the minimum {meta.min!r}")
+    if meta.max is not None and default > meta.max:
+        raise ValueError(f"{where}: default {default!r} is above the maximum {meta.max!r}")

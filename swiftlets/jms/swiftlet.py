@@ -88,7 +88,7 @@ class JmsSwiftlet:
     async def _collect_forever(self) -> None:
         """Sample each connection's message counts into rates every collect-interval."""
         while True:
-            await trio.sleep(self.context.entity.snapshot().collect_interval / 1000)
+            await trio.sleep(self.context.config.collect_interval / 1000)
             for connection in self._live:
                 connection.sample_rates()
 

@@ -52,7 +52,7 @@ class LogSwiftlet:
         self._handler: logging.Handler | None = None
 
     def _on_change(self, change: Change) -> None:
-        if change.name == "level" and self._handler is not None:
+        if change.field == "level" and self._handler is not None:
             self._apply_level(self._handler, change.new)
 
     @staticmethod

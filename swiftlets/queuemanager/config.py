@@ -4,24 +4,42 @@ Names, defaults and bounds follow SwiftMQ's queue manager (see
 ``shared/reference/swiftmq-internals.md`` §4): consumer mode ``shared``, cleanup every
 120 s, duplicate detection on with a backlog of 2000, flow control from 400 messages with
 at most 5000 ms delay, and the default controllers below (first match wins).
+
+The persistence and consumer modes are string enums: a config object holds members
+(``PersistenceMode.PERSISTENT``), the XML holds their values (``persistent``), and a
+member compares equal to its value.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 
 from martinet.kernel import config_class, entity_list, prop
 
-PERSISTENCE_MODES = ("as_message", "persistent", "non_persistent")
-CONSUMER_MODES = ("shared", "exclusive", "activestandby")
+
+class PersistenceMode(StrEnum):
+    """Whether a queue stores a message: as the message says, or forced either way."""
+
+    AS_MESSAGE = "as_message"
+    PERSISTENT = "persistent"
+    NON_PERSISTENT = "non_persistent"
+
+
+class ConsumerMode(StrEnum):
+    """How a queue shares its messages among its consumers."""
+
+    SHARED = "shared"
+    EXCLUSIVE = "exclusive"
+    ACTIVESTANDBY = "activestandby"
 
 
 @config_class
 class QueueSettings:
     """What a queue, or a controller for the queues it matches, configures."""
 
-    persistence_mode: str = prop(
-        "as_message", choices=PERSISTENCE_MODES,
+    persistence_mode: PersistenceMode = prop(
+        PersistenceMode.AS_MESSAGE, choices=PersistenceMode,
         description="as_message: as the message's durable flag says; or force persistent / non_persistent.",
     )
     max_messages: int = prop(-1, min=-1, description="Most messages the queue holds; -1: unlimited. "
@@ -39,9 +57,11 @@ class QueueSettings:
     flowcontrol_start_queuesize: int = prop(400, min=-1, description="Queue size from which producers are "
                                             "told to slow down; -1: no flow control.")
     max_flowcontrol_delay: int = prop(5000, min=0, description="Largest flow-control delay in milliseconds.")
-    consumer_mode: str = prop("shared", choices=CONSUMER_MODES,
-                              description="shared: competing consumers; exclusive: one consumer only; "
-                              "activestandby: one consumer receives, the others wait to take over.")
+    consumer_mode: ConsumerMode = prop(
+        ConsumerMode.SHARED, choices=ConsumerMode,
+        description="shared: competing consumers; exclusive: one consumer only; "
+        "activestandby: one consumer receives, the others wait to take over.",
+    )
     max_delivery_count: int = prop(-1, min=-1, description="Deliveries after which a message goes to "
                                    "routerdlq instead of back to the queue; -1: unlimited.")
 
@@ -58,7 +78,7 @@ class ControllerConfig(QueueSettings):
 
 
 DEFAULT_CONTROLLERS = [
-    ControllerConfig(name="01", predicate="tmp$%", persistence_mode="non_persistent"),
+    ControllerConfig(name="01", predicate="tmp$%", persistence_mode=PersistenceMode.NON_PERSISTENT),
     ControllerConfig(name="02", predicate="sys$%"),
     ControllerConfig(name="03", predicate="rt$%"),
     ControllerConfig(name="04", predicate="unroutable"),

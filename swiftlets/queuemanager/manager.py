@@ -146,9 +146,9 @@ class QueueManager:
                     await self._store.commit(ops)
 
     def _settings_changed(self, change: Change) -> None:
-        if change.name == "auto-create-queues":
+        if change.field == "auto_create_queues":
             self.auto_create_queues = change.new
-        elif change.name == "max-message-size":
+        elif change.field == "max_message_size":
             self.max_message_size = change.new
 
     async def _flush_forever(self) -> None:
@@ -362,7 +362,7 @@ class QueueManager:
     def _queue_changed(self, name: str, change: Change) -> None:
         queue = self.queues.get(name)
         if queue is not None:  # listeners run before the change is committed: apply it
-            queue.settings = attrs.evolve(queue.settings, **{change.name.replace("-", "_"): change.new})
+            queue.settings = attrs.evolve(queue.settings, **{change.field: change.new})
 
     def _queue_unconfigured(self, entity: Entity) -> None:
         queue = self.queues.get(entity.name)

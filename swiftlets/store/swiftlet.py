@@ -45,7 +45,7 @@ class StoreSwiftlet:
         self._store.commit_nowait(ops, on_done)
 
     def _on_change(self, change: Any) -> None:
-        if change.name == "max-batch":
+        if change.field == "max_batch":
             self._store.max_batch = change.new
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -139,7 +139,7 @@ class TopicManager:
         await trio.sleep_forever()
 
     def _settings_changed(self, change: Change) -> None:
-        if change.name == "auto-create-topics":
+        if change.field == "auto_create_topics":
             self.auto_create_topics = change.new
 
     def _topic_defined(self, entity: Entity) -> None:
@@ -153,7 +153,7 @@ class TopicManager:
         entity.on_change(lambda change: self._condition_changed(entity.name, change))
 
     def _condition_changed(self, root: str, change: Change) -> None:
-        self._conditions[root] = attrs.evolve(self._conditions[root], **{change.name.replace("-", "_"): change.new})
+        self._conditions[root] = attrs.evolve(self._conditions[root], **{change.field: change.new})
 
     def _condition_removed(self, entity: Entity) -> None:
         self._conditions.pop(entity.name, None)

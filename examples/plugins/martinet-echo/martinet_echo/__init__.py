@@ -6,6 +6,11 @@ every counter whose ``event-types`` match (subclasses included) and, with
 ``log-events="true"``, logs it. Counters are an entity list bound with
 :meth:`kernel.EntityList.bind`, so the configured ones and those added at runtime go
 through the same code, and a counter that names an unknown event type is vetoed.
+
+Config is read the way a plugin should read it: ``self.context.config`` (and
+``entity.config`` for a counter) is the current frozen config, so ``log-events`` and
+``greeting`` are read per event and follow runtime changes without a listener; the
+listener of a counter compares ``change.field``, the Python field name.
 """
 
 from __future__ import annotations
@@ -86,13 +91,13 @@ class EchoSwiftlet:
     # -- management listeners: the same path for configured and added counters ----------
 
     def _counter_added(self, entity: Entity) -> None:
-        counter = _Counter(_resolve(entity.get("event-types")))
+        counter = _Counter(_resolve(entity.config.event_types))
         entity.on_change(lambda change: self._counter_changed(counter, change))
         self.counters[entity.name] = counter
         self._usage.add(entity.name, counter.usage)
 
     def _counter_changed(self, counter: _Counter, change: Change) -> None:
-        if change.name == "event-types":
+        if change.field == "event_types":
             counter.kinds = _resolve(change.new)
 
     def _counter_removed(self, entity: Entity) -> None:
@@ -106,8 +111,9 @@ class EchoSwiftlet:
             if isinstance(event, counter.kinds):
                 counter.count += 1
                 counter.last = type(event).__name__
-        if self.context.entity.get("log-events"):
-            self.context.log.info("%s: %r", self.context.entity.get("greeting"), event)
+        config = self.context.config  # current: follows runtime changes, cheap to read
+        if config.log_events:
+            self.context.log.info("%s: %r", config.greeting, event)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         counters = self.context.entity.entity_list("counters")
