@@ -101,7 +101,7 @@ class Authentication:
 
     def _group(self, name: str) -> GroupConfig:
         group = self.context.entity.entity_list("groups").entities.get(name)
-        return group.snapshot() if group is not None else GroupConfig(name=name)
+        return group.config if group is not None else GroupConfig(name=name)
 
     def login(self, user: str | None, password: str | None, host: str) -> Principal:
         """Check a login; ``user`` None means anonymous.
@@ -113,7 +113,7 @@ class Authentication:
         """
         users = self.context.entity.entity_list("users").entities
         entity = users.get(user) if user is not None else None
-        config: UserConfig | None = entity.snapshot() if entity is not None else None
+        config: UserConfig | None = entity.config if entity is not None else None
         if config is not None and config.host_access_list and not any(
                 like_pattern(pattern).fullmatch(host) for pattern in config.host_access_list):
             self._refuse(f"host {host} is not allowed for user {user}", user, host, "host not allowed")

@@ -96,7 +96,7 @@ class JmsSwiftlet:
         raise Veto("listeners change at the next start (reboot)")
 
     async def _serve(self, entity: Entity, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        config = entity.snapshot()
+        config = entity.config
         tcp = await trio.open_tcp_listeners(config.port, host=config.bind_address)
         port = tcp[0].socket.getsockname()[1]
         listeners: list[trio.abc.Listener] = list(tcp)
@@ -117,7 +117,7 @@ class JmsSwiftlet:
                  " (TLS)" if config.tls_certificate else "")
 
         async def handle(stream: trio.abc.Stream) -> None:
-            live = entity.snapshot()
+            live = entity.config
             try:
                 socket_stream = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
                 host = socket_stream.socket.getpeername()[0]

@@ -263,12 +263,12 @@ class QueueManager:
         entity = self.context.entity
         defined = entity.entity_list("queues").entities.get(name)
         if defined is not None:
-            return defined.snapshot()
+            return defined.config
         controllers = entity.entity_list("queue-controllers").entities
         for controller_name in sorted(controllers):
             controller = controllers[controller_name]
             if like_pattern(controller.get("predicate")).fullmatch(name):
-                return controller.snapshot()
+                return controller.config
         return QueueSettings()
 
     def queue(self, address: str, *, create: bool | None = None) -> Queue:
@@ -351,7 +351,7 @@ class QueueManager:
         log.info("queue %s deleted (%d message(s) dropped)", name, len(dropped))
 
     def _queue_configured(self, entity: Entity) -> None:
-        settings = entity.snapshot()
+        settings = entity.config
         queue = self.queues.get(entity.name)
         if queue is None:
             self._create(entity.name, settings)

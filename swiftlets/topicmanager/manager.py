@@ -149,7 +149,7 @@ class TopicManager:
             raise Veto(str(exc)) from None
 
     def _condition_added(self, entity: Entity) -> None:
-        self._conditions[entity.name] = entity.snapshot()
+        self._conditions[entity.name] = entity.config
         entity.on_change(lambda change: self._condition_changed(entity.name, change))
 
     def _condition_changed(self, root: str, change: Change) -> None:
