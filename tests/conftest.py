@@ -13,6 +13,7 @@ import trio
 from martinet.kernel import Router, SwiftletFailed, load_swiftlet_specs
 
 import probe_plugin
+from network import Network
 
 ROOT = Path(__file__).resolve().parent.parent
 ECHO_PLUGIN = ROOT / "examples" / "plugins" / "martinet-echo"
@@ -203,3 +204,11 @@ class AmqpBroker:
 def amqp_broker(nursery, tmp_path):
     """``await amqp_broker(auth="true", ...)``: a started :class:`AmqpBroker`."""
     return lambda **options: AmqpBroker(nursery, tmp_path, **options).start()
+
+
+@pytest.fixture
+async def network(nursery, tmp_path):
+    """A :class:`network.Network`: routers built from RouterConfig objects, in this process."""
+    routers = Network(nursery, tmp_path)
+    yield routers
+    await routers.stop_all()

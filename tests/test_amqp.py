@@ -382,8 +382,8 @@ async def test_a_client_id_is_used_by_one_connection_at_a_time(broker):
 
 
 async def test_a_silent_peer_is_dropped_after_the_idle_timeout(nursery, tmp_path, autojump_clock):
-    from martinet.messaging.codec import Described, ULong, encode
     from martinet.messaging.amqp.wire import AMQP_HEADER
+    from martinet.messaging.codec import Described, ULong, encode
 
     path = tmp_path / "router.xml"
     path.write_text(router_xml(tmp_path, listener='keepalive-interval="2000"'))

@@ -15,8 +15,8 @@ from proton import Message
 from proton.utils import BlockingConnection
 
 from martinet.kernel import Router
-from martinet.messaging.codec import Described, Symbol, ULong, encode
 from martinet.messaging.amqp.wire import AMQP_HEADER, SASL_HEADER
+from martinet.messaging.codec import Described, Symbol, ULong, encode
 
 CONFIG = """<router name="fuzz" startorder="sys$store sys$queuemanager sys$jms">
   <swiftlet name="sys$store" path="{store}" sync="off"/>

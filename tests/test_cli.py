@@ -153,8 +153,8 @@ def test_ctrl_c_to_the_process_group_stops_cleanly(tmp_path):
     """A terminal's Ctrl-C reaches the router and its store engine; the stop stays orderly."""
     log = tmp_path / "stderr.log"
     with log.open("wb") as stderr:
-        router = subprocess.Popen([sys.executable, "-m", "martinet.kernel", "run"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                                  stderr=stderr, start_new_session=True)
+        router = subprocess.Popen([sys.executable, "-m", "martinet.kernel", "run"], cwd=tmp_path,
+                                  stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
     try:
         deadline = time.monotonic() + 30
         while "router router1 started" not in log.read_text():

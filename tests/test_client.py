@@ -11,7 +11,6 @@ import trio
 from proton import Message as ProtonMessage
 from proton.utils import BlockingConnection
 
-from martinet.messaging.codec import Int
 from martinet.messaging.client import (
     AckMode,
     BytesMessage,
@@ -32,6 +31,7 @@ from martinet.messaging.client import (
     TransactionRolledBack,
     connect,
 )
+from martinet.messaging.codec import Int
 
 
 async def test_send_and_receive_every_message_type(amqp_broker):

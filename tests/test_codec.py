@@ -29,7 +29,7 @@ from martinet.messaging.codec import (
     encode,
     skip,
 )
-from martinet.messaging.message import Message, MessageError, AnnotationPatch, build
+from martinet.messaging.message import AnnotationPatch, Message, MessageError, build
 
 # (value, its encoding) per AMQP 1.0 part 1 §1.6
 SPEC = [
