@@ -1,6 +1,9 @@
-"""The AMQP engine (swiftlets/jms/amqp.py) against proton's engine as the peer, in memory:
+"""The AMQP engine (messaging/amqp/engine.py) against proton's engine as the peer, in memory:
 bytes are pumped between our sans-IO connection and a proton client transport, so every
-frame we write is judged by proton and every frame proton writes is read by us."""
+frame we write is judged by proton and every frame proton writes is read by us. Then the
+peer's breaches of a link, a session and the connection, from raw frames in memory and
+against a live router over a socket: each is answered at its scope and nothing else is
+disturbed. (The state tables themselves: tests/test_amqp_states.py.)"""
 
 from __future__ import annotations
 
@@ -8,11 +11,12 @@ import struct
 
 import proton
 import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from martinet.messaging.codec import Described, UInt, ULong, encode
 from martinet.messaging import amqp
+from martinet.messaging.codec import Described, Symbol, UInt, ULong, UShort, decode, encode
 from martinet.messaging.amqp.sasl import SaslClient
 
 
@@ -138,7 +142,7 @@ def test_messages_both_ways_with_ranged_dispositions():
     codes = {delivery_id: code for delivery_id, code, settled in outbound.handler.outcomes if settled}
     assert sorted(codes) == sorted(sent)
     assert [code for _, code in sorted(codes.items())].count(amqp.RELEASED_CODE) == 3
-    assert not outbound.session.unsettled_out
+    assert not outbound.session.unsettled
 
 
 def test_multi_frame_transfers_both_ways():
@@ -313,7 +317,6 @@ def test_termini_round_trip_with_filters_and_capabilities():
 
 
 def _redecode(described: Described) -> tuple:
-    from martinet.messaging.codec import decode
     value, _ = decode(encode(described))
     return value.descriptor, value.value
 
@@ -395,6 +398,7 @@ class ServerPeer:
         self.credit, self.refuse = credit, refuse
         self.received: list[tuple[bytes, proton.Delivery]] = []
         self.links: dict[str, proton.Link] = {}
+        self.session: amqp.Session | None = None
 
     def pump(self) -> None:
         for _ in range(1000):
@@ -451,7 +455,9 @@ class ServerPeer:
         return acted
 
     def link(self, name: str, *, sender: bool, address: str = "q") -> amqp.Link:
-        session = self.engine.channels.get(0) or self.engine.session()
+        if self.session is None:
+            self.session = self.engine.session()
+        session = self.session
         link = session.link(name, sender=sender)
         link.source = amqp.Terminus(kind=amqp.SOURCE, address=None if sender else address)
         link.target = amqp.Terminus(kind=amqp.TARGET, address=address if sender else None)
@@ -536,3 +542,386 @@ def test_client_mode_refused_attach_and_peer_close():
     closed = [event for event in peer.engine.events if isinstance(event, amqp.ConnectionClosed)]
     assert closed == [amqp.ConnectionClosed(amqp.Error("amqp:connection:forced", "shutting down"), by_peer=True)]
     assert peer.engine.finished and peer.transport.closed
+
+
+# -- breaches answered at their scope: a link, a session, the connection [2.8.15-2.8.17] ----------
+
+def performatives(data: bytes) -> list[tuple[int, int, list]]:
+    """(channel, code, fields) of each frame we wrote, headers and empty frames skipped."""
+    got, offset = [], 0
+    while offset < len(data):
+        if data.startswith(b"AMQP", offset):
+            offset += 8
+            continue
+        size, _, _, channel = struct.unpack_from(">IBBH", data, offset)
+        if size > 8:
+            value, _ = decode(data, offset + 8)
+            got.append((channel, int(value.descriptor), value.value + [None] * 12))
+        offset += size
+    return got
+
+
+def begin(channel: int = 0) -> bytes:
+    return frame(0x11, [None, UInt(0), UInt(1000), UInt(1000)], channel=channel)
+
+
+def attach(name: str, handle: int, *, peer_receives: bool, channel: int = 0) -> bytes:
+    terminus = amqp.Terminus(kind=amqp.SOURCE if peer_receives else amqp.TARGET, address="q").described()
+    source, target = (terminus, None) if peer_receives else (None, terminus)
+    return frame(0x12, [name, UInt(handle), peer_receives, None, None, source, target, None, None,
+                        None if peer_receives else UInt(0)], channel=channel)
+
+
+def transfer(handle: int, delivery_id: int | None, *, channel: int = 0, more: bool = False,
+             payload: bytes = b"\x00\x53\x77\xa1\x02hi") -> bytes:
+    return frame(0x14, [UInt(handle), None if delivery_id is None else UInt(delivery_id), b"t", UInt(0), False, more],
+                 payload, channel=channel)
+
+
+def answered(engine: amqp.Connection, credit: int = 10) -> dict[str, amqp.Link]:
+    """The owner's side: answer every attach (credit for what the peer sends); the links by name."""
+    links = {}
+    for event in engine.events:
+        if isinstance(event, amqp.LinkAttached):
+            link = links[event.link.name] = event.link
+            link.source, link.target = link.remote_source, link.remote_target
+            link.handler = Recorder()
+            link.attach()
+            if not link.is_sender:
+                link.flow(credit)
+    engine.events.clear()
+    return links
+
+
+def test_a_transfer_beyond_credit_detaches_that_link_and_the_rest_keeps_working():
+    """[2.6.7] transfer-limit-exceeded on one link: a closing detach with the error and a
+    LinkDetached for the owner; what the peer sends on it until its detach is dropped
+    (but counted by the session); the other links carry on; once the peer's detach
+    answered, its handle takes a new link."""
+    engine = opened_engine()
+    engine.receive_data(begin() + attach("bad", 0, peer_receives=False) + attach("good", 1, peer_receives=False)
+                        + attach("out", 2, peer_receives=True))
+    links = answered(engine)
+    bad, good, out = links["bad"], links["good"], links["out"]
+    bad.flow(2)
+    engine.data_to_send()
+    engine.receive_data(transfer(0, 0) + transfer(0, 1) + transfer(0, 2))
+    assert [event.link for event in engine.events] == [bad]
+    detached = engine.events.pop()
+    assert (detached.closed, detached.error.condition, detached.by_peer) == \
+        (True, "amqp:link:transfer-limit-exceeded", False)
+    assert bad.handler.transfers == [(0, b"\x00\x53\x77\xa1\x02hi", False), (1, b"\x00\x53\x77\xa1\x02hi", False)]
+    [(_, code, fields)] = performatives(engine.data_to_send())
+    assert code == amqp.DETACH and fields[0] == bad.handle and fields[1] is True
+    assert amqp.Error.from_value(fields[2]).condition == "amqp:link:transfer-limit-exceeded"
+    assert bad.state is amqp.LinkState.DISCARDING and not bad.attached and bad.credit == 0
+
+    engine.receive_data(transfer(0, 3) + frame(0x13, [UInt(0), UInt(1000), UInt(0), UInt(1000), UInt(0), UInt(0),
+                                                      UInt(5)])  # a flow for "bad": dropped too
+                        + transfer(1, 4) + frame(0x13, [UInt(0), UInt(1000), UInt(0), UInt(1000), UInt(2), UInt(0),
+                                                        UInt(1)]))  # credit for "out"
+    assert [type(event) for event in engine.events] == [amqp.LinkFlow] and engine.events.pop().link is out
+    assert len(bad.handler.transfers) == 2 and bad.credit == 0
+    assert [delivery_id for delivery_id, _, _ in good.handler.transfers] == [4]
+    good.settle(4, amqp.ACCEPTED)
+    good.flow(10)
+    out.send(b"reply")
+    written = performatives(engine.data_to_send())
+    assert [code for _, code, _ in written] == [amqp.DISPOSITION, amqp.FLOW, amqp.TRANSFER]
+    assert written[1][2][0] == 5  # next-incoming-id: all five transfers counted, the dropped ones too
+    assert written[2][2][0] == out.handle
+
+    engine.receive_data(frame(0x16, [UInt(0), True]))  # the peer's answering detach: handle 0 is free
+    assert engine.events == [amqp.LinkDetached(bad, True, None)] and bad.state is amqp.LinkState.DETACHED
+    engine.events.clear()
+    engine.receive_data(attach("again", 0, peer_receives=False))
+    again = answered(engine)["again"]
+    assert again is not bad and again.remote_handle == 0 and again.state is amqp.LinkState.ATTACHED
+    engine.receive_data(transfer(0, 5))
+    assert [delivery_id for delivery_id, _, _ in again.handler.transfers] == [5]
+    assert not engine.finished and engine.opened
+
+
+@pytest.mark.parametrize("breach, condition", [
+    (transfer(2, 0), "amqp:not-allowed"),  # a transfer on a link where the peer receives
+    (transfer(0, 0, more=True) + transfer(0, 9), "amqp:not-allowed"),  # a continuation naming another delivery
+    (transfer(0, None), "amqp:decode-error"),  # a first transfer without a delivery-id
+    (transfer(0, 0, more=True, payload=b"x" * 400) + transfer(0, None, payload=b"y" * 400),
+     "amqp:link:message-size-exceeded"),
+])
+def test_other_link_breaches_detach_only_that_link(breach, condition):
+    engine = opened_engine(max_message_size=600)
+    engine.receive_data(begin() + attach("in", 0, peer_receives=False) + attach("other", 1, peer_receives=False)
+                        + attach("out", 2, peer_receives=True))
+    links = answered(engine)
+    engine.data_to_send()
+    engine.receive_data(breach + transfer(1, 20))
+    detached = [event for event in engine.events if isinstance(event, amqp.LinkDetached)]
+    assert [(event.error.condition, event.by_peer, event.closed) for event in detached] == [(condition, False, True)]
+    assert detached[0].link.state is amqp.LinkState.DISCARDING
+    assert [delivery_id for delivery_id, _, _ in links["other"].handler.transfers] == [20]
+    written = performatives(engine.data_to_send())
+    assert [(code, fields[0]) for _, code, fields in written] == [(amqp.DETACH, detached[0].link.handle)]
+    assert engine.opened
+
+
+def test_a_transfer_before_the_owner_answered_the_attach_is_refused_with_an_attach_and_a_detach():
+    """A client that pipelines a transfer behind its attach sends beyond (zero) credit. The
+    link has to be attached before it can be detached [2.6.3]: our attach with a null
+    target, then the detach; the owner's late answer does nothing."""
+    engine = opened_engine()
+    engine.data_to_send()
+    engine.receive_data(begin() + attach("eager", 0, peer_receives=False) + transfer(0, 0))
+    assert [type(event) for event in engine.events] == [amqp.SessionBegun, amqp.LinkAttached, amqp.LinkDetached]
+    link = engine.events[1].link
+    assert engine.events[2] == amqp.LinkDetached(link, True, engine.events[2].error, by_peer=False)
+    written = performatives(engine.data_to_send())
+    assert [code for _, code, _ in written] == [amqp.BEGIN, amqp.ATTACH, amqp.DETACH]
+    assert written[1][2][6] is None  # a null target: refused
+    engine.events.clear()
+    link.handler = Recorder()
+    link.attach()  # the owner answering LinkAttached: too late, nothing goes out
+    link.flow(10)
+    link.detach()
+    assert engine.data_to_send() == b"" and link.state is amqp.LinkState.DISCARDING
+
+
+@pytest.mark.parametrize("breach, condition", [
+    (transfer(5, 0), "amqp:session:unattached-handle"),
+    (frame(0x13, [UInt(0), UInt(1000), UInt(0), UInt(1000), UInt(5), UInt(0), UInt(1)]),
+     "amqp:session:unattached-handle"),  # a flow naming no link
+    (frame(0x16, [UInt(5), True]), "amqp:session:unattached-handle"),
+    (attach("twice", 0, peer_receives=False), "amqp:session:handle-in-use"),
+])
+def test_a_session_breach_ends_only_that_session(breach, condition):
+    """[2.5.5] the session ends with the error (its links with it); frames on its channel are
+    dropped until the peer's end; the other session carries on; the channel is free again
+    after the peer's end."""
+    engine = opened_engine()
+    engine.receive_data(begin(0) + attach("first", 0, peer_receives=False)
+                        + begin(1) + attach("second", 0, peer_receives=False, channel=1))
+    links = answered(engine)
+    first, second = links["first"], links["second"]
+    engine.data_to_send()
+    engine.receive_data(breach)
+    session = first.session
+    assert engine.events == [amqp.LinkDetached(first, False, engine.events[0].error, by_peer=False),
+                             amqp.SessionEnded(session, engine.events[0].error, by_peer=False)]
+    assert engine.events[0].error.condition == condition and session.state is amqp.SessionState.DISCARDING
+    assert first.state is amqp.LinkState.DETACHED
+    [(channel, code, fields)] = performatives(engine.data_to_send())
+    assert (channel, code) == (session.channel, amqp.END) and amqp.Error.from_value(fields[0]).condition == condition
+    engine.events.clear()
+
+    engine.receive_data(transfer(0, 1) + attach("late", 1, peer_receives=False) + transfer(0, 2, channel=1))
+    assert not engine.events and not first.handler.transfers  # channel 0: dropped
+    assert [delivery_id for delivery_id, _, _ in second.handler.transfers] == [2]
+    engine.receive_data(frame(0x17, [], channel=0))  # the peer's end
+    assert engine.events == [amqp.SessionEnded(session, None)] and session.state is amqp.SessionState.ENDED
+    assert engine.data_to_send() == b""  # ours went first: no second end
+    engine.events.clear()
+    engine.receive_data(begin(0))
+    assert [type(event) for event in engine.events] == [amqp.SessionBegun] and engine.opened
+
+
+def test_a_handle_above_handle_max_closes_the_connection():
+    """[2.7.2] "A peer that receives a handle outside the supported range MUST close the
+    connection with the framing-error error-code"."""
+    engine = opened_engine(handle_max=3)
+    engine.receive_data(begin())
+    assert performatives(engine.data_to_send())[-1][2][4] == 3  # our begin's handle-max
+    engine.receive_data(attach("high", 4, peer_receives=False))
+    assert engine.events[-1] == amqp.ConnectionClosed(engine.events[-1].error, by_peer=False)
+    assert engine.events[-1].error.condition == "amqp:connection:framing-error"
+
+
+def test_the_owners_misuse_raises_and_its_repeated_calls_do_nothing():
+    engine = amqp.Connection(container_id="router")
+    with pytest.raises(amqp.LocalProtocolError, match="session while awaiting the protocol header"):
+        engine.session()  # before our open
+    engine.receive_data(amqp.AMQP_HEADER + frame(0x10, ["peer"]))
+    engine.open()
+    with pytest.raises(amqp.LocalProtocolError) as raised:
+        engine.open()
+    assert (raised.value.condition, raised.value.scope) == ("amqp:not-allowed", "connection")
+    engine.receive_data(begin() + attach("l", 0, peer_receives=False))
+    link = engine.events[-1].link
+    engine.data_to_send()
+    for premature in (link.detach, lambda: link.flow(1)):  # before our attach
+        with pytest.raises(amqp.LocalProtocolError) as raised:
+            premature()
+        assert raised.value.scope == "link" and raised.value.endpoint is link
+    assert link.state is amqp.LinkState.ATTACH_RCVD and engine.data_to_send() == b""
+    link.attach()
+    link.attach()
+    link.detach()
+    link.detach(error=amqp.Error("amqp:internal-error", "again"))
+    assert [code for _, code, _ in performatives(engine.data_to_send())] == [amqp.ATTACH, amqp.DETACH]
+    session = link.session
+    session.end()
+    session.end()
+    with pytest.raises(amqp.LocalProtocolError) as raised:
+        session.link("late", sender=True)
+    assert raised.value.scope == "session" and raised.value.endpoint is session
+    assert [code for _, code, _ in performatives(engine.data_to_send())] == [amqp.END]
+
+
+def test_a_client_may_end_a_session_before_the_peer_answered_its_begin():
+    """Begin and end pipelined: the peer's begin, then its end, still arrive and are taken
+    (before, the forgotten channel made the begin a connection error)."""
+    engine = amqp.Connection(container_id="client", server=False)
+    engine.open()
+    session = engine.session()
+    session.end()
+    assert session.state is amqp.SessionState.END_PIPE
+    engine.receive_data(amqp.AMQP_HEADER + frame(0x10, ["broker"])
+                        + frame(0x11, [UShort(0), UInt(0), UInt(10), UInt(10)])
+                        + frame(0x17, []))
+    assert session.state is amqp.SessionState.ENDED and engine.opened
+    assert [type(event) for event in engine.events] == [amqp.ConnectionOpened, amqp.SessionEnded]
+    assert engine.session().channel == 0  # the channel is free again
+
+
+def test_what_a_handler_may_do_from_inside_a_call():
+    """LinkHandler's contract: the credit already counts the delivery; a handler may settle,
+    grant credit and detach from inside on_transfer; after its detach with an error, or its
+    close of the connection, nothing more of that read reaches a handler."""
+    engine = opened_engine()
+    engine.receive_data(begin() + attach("in", 0, peer_receives=False) + attach("other", 1, peer_receives=False))
+    links = answered(engine, credit=10)
+    engine.data_to_send()
+    seen = []
+
+    class Busy:
+        def __init__(self, link):
+            self.link = link
+
+        def on_transfer(self, delivery_id, payload, settled, state):
+            seen.append((self.link.name, delivery_id, self.link.credit))
+            if delivery_id == 0:
+                self.link.settle(delivery_id, amqp.ACCEPTED)
+                self.link.flow(20)
+            elif delivery_id == 1:
+                self.link.detach(error=amqp.Error("amqp:internal-error", "enough"))
+            elif delivery_id == 4:
+                engine.close()
+
+    for link in links.values():
+        link.handler = Busy(link)
+    engine.receive_data(transfer(0, 0) + transfer(0, 1) + transfer(0, 2) + transfer(1, 3))
+    assert seen == [("in", 0, 9), ("in", 1, 19), ("other", 3, 9)]
+    assert not engine.events  # the owner's own detach: no event
+    written = performatives(engine.data_to_send())
+    assert [code for _, code, _ in written] == [amqp.DISPOSITION, amqp.FLOW, amqp.DETACH]
+    engine.receive_data(transfer(1, 4) + transfer(1, 5) + transfer(1, 6))
+    assert seen[-1] == ("other", 4, 8) and len(seen) == 4
+    assert [code for _, code, _ in performatives(engine.data_to_send())] == [amqp.CLOSE]
+
+
+# -- the same against a live router, over a socket, from raw frames --------------------------------
+
+class RawClient:
+    """A client made of raw frames on a trio socket (no engine of ours on this side): it
+    writes what the test says and reads the router's frames with the codec."""
+
+    def __init__(self, stream: trio.abc.Stream):
+        self.stream = stream
+        self.buffer = b""
+        self.unclaimed: list[tuple[int, int, list, bytes]] = []  # read, not asked for yet
+
+    async def send(self, *frames: bytes) -> None:
+        await self.stream.send_all(b"".join(frames))
+
+    async def receive(self, code: int, match=lambda fields, payload: True) -> tuple[int, list, bytes]:
+        """The router's first ``code`` performative (not taken before) that ``match``
+        accepts: (channel, fields, payload)."""
+        with trio.fail_after(10):
+            while True:
+                for index, (channel, kind, fields, payload) in enumerate(self.unclaimed):
+                    if kind == code and match(fields, payload):
+                        del self.unclaimed[index]
+                        return channel, fields, payload
+                if self.buffer.startswith(b"AMQP"):
+                    self.buffer = self.buffer[8:]
+                elif len(self.buffer) >= 8 and len(self.buffer) >= (size := struct.unpack_from(">I", self.buffer)[0]):
+                    whole, self.buffer = self.buffer[:size], self.buffer[size:]
+                    if size > 8 and whole[5] == 0:  # (not an empty frame, nor SASL's)
+                        value, after = decode(whole, whole[4] * 4)
+                        self.unclaimed.append((struct.unpack_from(">H", whole, 6)[0], int(value.descriptor),
+                                               value.value + [None] * 12, whole[after:]))
+                else:
+                    data = await self.stream.receive_some(65536)
+                    assert data, "the router closed the connection"
+                    self.buffer += data
+
+
+def flow(handle: int, credit: int, channel: int = 0) -> bytes:
+    return frame(0x13, [UInt(0), UInt(1000), UInt(0), UInt(1000), UInt(handle), UInt(0), UInt(credit)],
+                 channel=channel)
+
+
+def named(name: str):
+    return lambda fields, payload: fields[0] == name
+
+
+def disposition(first: int) -> bytes:
+    return frame(0x15, [True, UInt(first), UInt(first), True, Described(ULong(amqp.ACCEPTED_CODE), [])])
+
+
+async def test_a_live_router_detaches_the_breaching_link_and_ends_the_breaching_session_only(amqp_broker):
+    """A client on a real socket pipelines a transfer behind the attach of its link "bad"
+    (zero credit: beyond it [2.6.7]); the router refuses that link alone — attach with a
+    null target, detach with amqp:link:transfer-limit-exceeded — while the client's other
+    links on the same connection send and receive, and handle 0 takes a new link once the
+    detach exchange is done. A transfer on a handle nobody attached then ends the second
+    session alone (amqp:session:unattached-handle), releasing its consumer."""
+    running = await amqp_broker()
+    stream = await trio.open_tcp_stream("127.0.0.1", running.port)
+    client = RawClient(stream)
+    sasl_init = encode(Described(ULong(0x41), [Symbol("ANONYMOUS"), b"raw", None]))
+    hello = b"\x00\x53\x77\xa1\x05hello"
+    await client.send(amqp.SASL_HEADER, struct.pack(">IBBH", 8 + len(sasl_init), 2, 1, 0), sasl_init,
+                      amqp.AMQP_HEADER, frame(0x10, ["raw-client"]), begin(),
+                      attach("bad", 0, peer_receives=False), transfer(0, 0))
+    _, refused, _ = await client.receive(amqp.ATTACH, named("bad"))
+    assert refused[6] is None  # a null target: the router refuses the link
+    _, detach, _ = await client.receive(amqp.DETACH)
+    assert detach[0] == refused[1] and detach[1] is True
+    assert amqp.Error.from_value(detach[2]).condition == "amqp:link:transfer-limit-exceeded"
+
+    out_target = amqp.Terminus(kind=amqp.TARGET, address="q2").described()
+    in_source = amqp.Terminus(kind=amqp.SOURCE, address="q2").described()
+    await client.send(frame(0x16, [UInt(0), True]),  # our answer: handle 0 is free again
+                      frame(0x12, ["out", UInt(1), False, None, None, None, out_target, None, None, UInt(0)]),
+                      frame(0x12, ["in", UInt(2), True, None, None, in_source, None]), flow(2, 10))
+    _, out, _ = await client.receive(amqp.ATTACH, named("out"))
+    _, inbound, _ = await client.receive(amqp.ATTACH, named("in"))
+    await client.receive(amqp.FLOW, lambda fields, _: fields[4] == out[1] and fields[6])
+    await client.send(transfer(1, 1, payload=hello))
+    _, settled, _ = await client.receive(amqp.DISPOSITION, lambda fields, _: fields[1] == 1)
+    assert settled[3] is True and amqp.state_code(settled[4]) == amqp.ACCEPTED_CODE
+    _, delivered, payload = await client.receive(amqp.TRANSFER, lambda fields, _: fields[0] == inbound[1])
+    assert payload.endswith(hello)
+    await client.send(disposition(delivered[1]), attach("again", 0, peer_receives=False))
+    _, again, _ = await client.receive(amqp.ATTACH, named("again"))
+    assert again[6] is not None  # a target: taken this time
+    await client.receive(amqp.FLOW, lambda fields, _: fields[4] == again[1] and fields[6])
+    await client.send(transfer(0, 2))
+    await client.receive(amqp.DISPOSITION, lambda fields, _: fields[1] == 2)
+
+    sub_source = amqp.Terminus(kind=amqp.SOURCE, address="q3").described()
+    await client.send(begin(1), frame(0x12, ["sub", UInt(0), True, None, None, sub_source, None], channel=1),
+                      flow(0, 10, channel=1))
+    await client.receive(amqp.ATTACH, named("sub"))  # (sent once its consumer exists)
+    assert running.usage("q3")["consumers"] == 1
+    await client.send(transfer(7, 0, channel=1))  # handle 7: not attached
+    channel, end, _ = await client.receive(amqp.END)
+    assert channel == 1 and amqp.Error.from_value(end[0]).condition == "amqp:session:unattached-handle"
+    await client.send(frame(0x17, [], channel=1), transfer(1, 3, payload=hello))  # session 0 goes on
+    await client.receive(amqp.DISPOSITION, lambda fields, _: fields[1] == 3)
+    await client.receive(amqp.TRANSFER, lambda fields, _: fields[0] == inbound[1])
+    connection = next(iter(running.router.swiftlet("sys$jms")._live))
+    assert sorted(link.name for link in connection.links) == ["again", "in", "out"]
+    assert running.usage("q3")["consumers"] == 0  # the ended session's consumer is gone
+    assert running.usage("q")["enqueued"] == 1  # "again"'s message; "bad"'s was refused
+    await stream.aclose()

@@ -84,23 +84,27 @@ Scope = Literal["connection", "session", "link"]
 class ProtocolError(Exception):
     """A breach of the protocol, with the AMQP error ``condition`` to report and the
     ``scope`` it ends: the whole connection (``close``), one session (``end``) or one link
-    (``detach``) [2.8.14–2.8.17]. Abstract: raised as one of the two below."""
+    (``detach``) [2.8.14–2.8.17]; ``endpoint`` is that session or link (the engine's
+    object; None for the connection). Abstract: raised as one of the two below."""
 
-    def __init__(self, condition: str, description: str, scope: Scope = "connection"):
+    def __init__(self, condition: str, description: str, scope: Scope = "connection", endpoint: Any = None):
         super().__init__(description)
         self.condition = condition
         self.scope = scope
+        self.endpoint = endpoint
 
 
 class RemoteProtocolError(ProtocolError):
-    """The peer broke the protocol. The engine answers it itself (a ``close``, ``end`` or
-    ``detach`` carrying the error) and reports it as an event; it never reaches the owner
-    as an exception."""
+    """The peer broke the protocol. The engine answers it itself — a ``detach`` (scope
+    ``link``), an ``end`` (``session``) or a ``close`` (``connection``) carrying the error —
+    and reports it as an event (:class:`~.engine.LinkDetached`, :class:`~.engine.SessionEnded`
+    or :class:`~.engine.ConnectionClosed`, each with ``by_peer`` false); it never reaches
+    the owner as an exception."""
 
 
 class LocalProtocolError(ProtocolError):
     """The owner asked for something the protocol does not allow in this state (a bug in
-    the caller): raised by the engine's methods, nothing is sent."""
+    the caller): raised by the engine's methods, nothing is sent and no state changes."""
 
 
 def outcome(code: int, *fields: Any) -> Described:

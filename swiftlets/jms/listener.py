@@ -409,6 +409,7 @@ class AmqpConnection:
             amqp.LinkAttached: self._on_link_open,
             amqp.LinkDetached: self._on_link_detach,
             amqp.LinkFlow: self._on_flow,
+            amqp.SessionEnded: self._on_session_end,
         }
 
     def wake(self) -> None:
@@ -535,7 +536,7 @@ class AmqpConnection:
             if not self.closed:
                 self._refuse(link, refusal)
         else:
-            if self.closed or not link.remote_attached:
+            if self.closed or link.state is not amqp.LinkState.ATTACH_RCVD:  # no longer awaits our answer
                 state.close()
             else:
                 self._activate(link, state)
@@ -722,17 +723,32 @@ class AmqpConnection:
             self.wake()
 
     def _on_link_detach(self, event: amqp.LinkDetached) -> None:
-        """Detach keeps a durable subscription; close (``closed=true``) deletes it."""
+        """The client detached the link, or its session ended, or the engine detached it
+        because the client broke the protocol on it (``by_peer`` false). Its consumer,
+        temporary queue or subscription goes with it. The client's detach keeps a durable
+        subscription and its close (``closed=true``) deletes it; the engine's never does."""
         link, closed = event.link, event.closed
         state = self.links.pop(link, None)
+        if not event.by_peer:
+            log.info("link %s of %s detached: %s", link.name, self.host, event.error)
         if state is not None:
             state.close()
-            if closed and isinstance(state, OutgoingLink) and state.durable and self._driver is not None:
+            if closed and event.by_peer and isinstance(state, OutgoingLink) and state.durable \
+                    and self._driver is not None:
                 self._driver.start_soon(self._unsubscribe, link, *state.durable)
                 return  # answered once the subscription is gone
         if not link.attached:  # detached while its attach was pending: answer both
             link.attach()
-        link.detach(closed=closed)
+        link.detach(closed=closed)  # (nothing where no answer is due: the engine's own detach)
+
+    def _on_session_end(self, event: amqp.SessionEnded) -> None:
+        """The client ended a session, or the engine did because the client broke the
+        protocol on it. Its links' LinkDetached came first; any link of ours still on it
+        is released here all the same, so no consumer outlives its session."""
+        if not event.by_peer:
+            log.info("session of %s ended: %s", self.host, event.error)
+        for link in [link for link in self.links if link.session is event.session]:
+            self.links.pop(link).close()
 
     def detach(self, state: OutgoingLink, condition: str, description: str) -> None:
         """End a link from our side, with an error condition."""
