@@ -517,6 +517,7 @@ class Connection:
         self._last_input = self._last_output = None
         self._finished = False  # the output is complete: close the socket once it is written
         self._closing = False
+        self._close_end: int | None = None  # once our close is queued: where the output ends in ``out``
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -556,6 +557,7 @@ class Connection:
             self.open()
         self._move(ConnectionInput.CLOSE_OUT)
         self.write(0, CLOSE, [error.described() if error else None])
+        self._close_end = len(self.out)  # frames made after it (e.g. by events still handled) are dropped
         self._finished = self.server or self.state is ConnectionState.END
 
     def session(self) -> Session:
@@ -612,6 +614,10 @@ class Connection:
         for session in self.dirty:
             session.flush_disposition()
         self.dirty.clear()
+        if self._close_end is not None:
+            # "[The close] frame MUST be the last thing ever written onto a connection." [2.4.3]
+            del self.out[self._close_end:]
+            self._close_end = 0
         if not self.out:
             return None if self._finished else b""
         data = b"".join(self.out)
