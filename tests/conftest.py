@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,16 @@ def drain(subscription) -> list:
             got.append(subscription.receive_nowait())
         except (trio.WouldBlock, trio.EndOfChannel):
             return got
+
+
+async def wait_until(predicate: Callable[[], object], timeout: float = 10, what: str = "") -> None:
+    """Poll ``predicate`` every 10 ms until it holds, for what the code under test reaches in
+    the background (a settlement, a cleanup); fail the test after ``timeout`` seconds."""
+    with trio.move_on_after(timeout):
+        while not predicate():
+            await trio.sleep(0.01)
+        return
+    raise AssertionError(f"not within {timeout} s: {what or predicate.__doc__ or predicate}")
 
 
 @pytest.fixture
@@ -198,6 +209,11 @@ class AmqpBroker:
 
     def usage(self, queue: str) -> dict:
         return self.router.management.resolve(f"/sys$queuemanager/usage/queues/{queue}").properties()
+
+    def connections(self) -> int:
+        """Client connections of the listener; one is counted until its cleanup (rolling back
+        its transactions, releasing what it held) is done."""
+        return self.router.management.get("/sys$jms/usage/listeners/amqp", "connections")
 
 
 @pytest.fixture

@@ -8,13 +8,14 @@ import socket
 import proton
 import pytest
 import trio
-from proton import Disposition, Message
+from proton import ConnectionException, Disposition, Message
 from proton.reactor import Selector
 from proton.utils import BlockingConnection, LinkDetached, SendException
 
 from martinet.kernel import Router
 
 from conftest import amqp_router_xml as router_xml
+from conftest import wait_until
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ async def test_send_and_receive_through_a_queue(broker):
     await in_thread(send, running.url, "orders", [f"order {n}" for n in range(20)])
     got = await in_thread(receive, running.url, "orders", 20)
     assert [body for body, _ in got] == [f"order {n}" for n in range(20)]
-    await trio.sleep(0.05)
+    await wait_until(lambda: running.connections() == 0)  # the last acceptances are in
     assert (running.usage("orders")["enqueued"], running.usage("orders")["messages"]) == (20, 0)
 
 
@@ -72,7 +73,7 @@ async def test_released_and_rejected_messages(broker):
     await in_thread(send, running.url, "work", ["first", "second"])
     assert await in_thread(lambda: receive(running.url, "work", 1, outcome="release")) == [("first", 0)]
     assert await in_thread(lambda: receive(running.url, "work", 1, outcome="reject")) == [("first", 0)]
-    await trio.sleep(0.05)
+    await wait_until(lambda: running.connections() == 0)
     assert running.usage("routerdlq")["messages"] == 1
     assert await in_thread(receive, running.url, "work", 1) == [("second", 0)]
 
@@ -108,6 +109,7 @@ async def test_unknown_queue_is_not_found(broker):
     with pytest.raises(LinkDetached, match="amqp:not-found.*queue 'nowhere' does not exist on router r1"):
         await in_thread(send, running.url, "nowhere", ["x"])
     await in_thread(send, running.url, "unroutable", ["predefined queues exist"])
+    assert running.usage("unroutable")["messages"] == 1
 
 
 async def test_garbage_is_refused_and_the_router_keeps_serving(broker):
@@ -122,10 +124,15 @@ async def test_garbage_is_refused_and_the_router_keeps_serving(broker):
                 reply += chunk
             return reply
 
-    for payload in (b"GET / HTTP/1.1\r\n\r\n", b"AMQP\x03\x01\x00\x00" + b"\xff" * 64, b"\x00" * 3,
-                    b"AMQP\x00\x01\x00\x00" + b"\x00\x00\x00\x08\x02\x00\x00\x00garbage"):
-        reply = await in_thread(garbage, running.port, payload)
-        assert reply[:4] in (b"AMQP", b"")  # our header at most, then the socket closes
+    sasl_header, amqp_header = b"AMQP\x03\x01\x00\x00", b"AMQP\x00\x01\x00\x00"
+    mechanisms = b"\x00\x00\x00\x22\x02\x01\x00\x00\x00\x53\x40\xc0\x15\x01\xe0\x12\x02\xa3\x05PLAIN\x09ANONYMOUS"
+    for payload, answer in [
+        (b"GET / HTTP/1.1\r\n\r\n", sasl_header),  # not AMQP: our header, then the socket closes
+        (b"\x00" * 3, sasl_header),  # cannot become a header: the same, without waiting for more
+        (sasl_header + b"\xff" * 64, sasl_header + mechanisms),  # a frame too large for SASL: closed
+        (amqp_header + b"\x00\x00\x00\x08\x02\x00\x00\x00garbage", amqp_header),  # a frame cut short, then EOF
+    ]:
+        assert await in_thread(garbage, running.port, payload) == answer, payload
     await in_thread(send, running.url, "still", ["fine"])
     assert await in_thread(receive, running.url, "still", 1) == [("fine", 0)]
 
@@ -133,10 +140,10 @@ async def test_garbage_is_refused_and_the_router_keeps_serving(broker):
 async def test_connections_past_max_connections_are_closed(broker):
     running = await broker(maxconn="1")
     first = await in_thread(lambda: BlockingConnection(running.url, timeout=10))
-    with pytest.raises(Exception):  # noqa: B017 - proton reports the closed socket in its own words
+    with pytest.raises(ConnectionException, match="disconnected.*no protocol header found"):  # closed at once
         await in_thread(lambda: BlockingConnection(running.url, timeout=5))
     usage = running.router.management.resolve("/sys$jms/usage/listeners/amqp").properties()
-    assert usage["refused"] >= 1
+    assert (usage["connections"], usage["accepted"], usage["refused"]) == (1, 1, 1)
     await in_thread(first.close)
 
 
@@ -186,7 +193,7 @@ async def test_request_reply_with_a_dynamic_queue_and_anonymous_relay(broker):
         nursery.start_soon(in_thread, serve_one, running.url)
         reply_to, body, correlation = await in_thread(ask, running.url)
     assert reply_to.startswith("tmp$") and (body, correlation) == ("HELLO", "q-1")
-    await trio.sleep(0.05)
+    await wait_until(lambda: running.connections() == 0)
     assert reply_to not in running.router.swiftlet("sys$queuemanager").queues  # gone with its link
 
 
@@ -285,18 +292,18 @@ async def test_transactions_commit_abort_and_connection_loss(broker):
     await in_thread(lambda: transactional(running.url, "txq", sends=3, finish="abort"))
     assert queue_manager.queue("txq").size == 0  # aborted sends never appear
     await in_thread(lambda: transactional(running.url, "txq", sends=3, finish="vanish"))
-    await trio.sleep(0.1)
+    await wait_until(lambda: running.connections() == 0)
     assert queue_manager.queue("txq").size == 0  # a lost connection rolls back
     await in_thread(lambda: transactional(running.url, "txq", sends=3, finish="commit"))
     assert queue_manager.queue("txq").size == 3
     got = await in_thread(lambda: transactional(running.url, "txq", receive=2, finish="abort"))
     assert got == ["t0", "t1"]
-    await trio.sleep(0.1)
+    await wait_until(lambda: running.connections() == 0)
     assert queue_manager.queue("txq").size == 3 and [
         e.redelivered for e in queue_manager.queue("txq").browse()] == [True, True, False]
     got = await in_thread(lambda: transactional(running.url, "txq", receive=3, finish="commit"))
     assert got == ["t0", "t1", "t2"]
-    await trio.sleep(0.1)
+    await wait_until(lambda: running.connections() == 0)
     assert queue_manager.queue("txq").size == 0
 
 
@@ -352,13 +359,13 @@ async def test_durable_subscriptions_with_the_qpid_jms_conventions(broker):
     await in_thread(durable_client, running.url, "client-1")
     topic_manager = running.router.swiftlet("sys$topicmanager")
     assert sorted(topic_manager.durable_subscriptions()) == ["client-1$orders-sub"]  # detach keeps it
-    await in_thread(send, running.url, "topic://orders", ["o1", "o2"])
-    await trio.sleep(0.05)
+    await in_thread(send, running.url, "topic://orders", ["o1", "o2"])  # accepted once stored
+    assert running.usage("client-1$orders-sub")["messages"] == 2
     await running.stop()  # it keeps the messages across a restart
     await running.start()
     got = await in_thread(lambda: durable_client(running.url, "client-1", take=2, end="close"))
     assert got == ["o1", "o2"]
-    await trio.sleep(0.1)
+    await wait_until(lambda: running.connections() == 0)
     assert running.router.swiftlet("sys$topicmanager").durable_subscriptions() == {}  # close deletes it
 
 
@@ -376,14 +383,14 @@ async def test_a_client_id_is_used_by_one_connection_at_a_time(broker):
     with pytest.raises(Exception, match="amqp:invalid-field.*client id 'unique-client' is in use"):
         await in_thread(connect, "unique-client")
     await in_thread(first.close)
-    await trio.sleep(0.1)
+    await wait_until(lambda: running.connections() == 0)
     again = await in_thread(connect, "unique-client")  # free again once the first has gone
     await in_thread(again.close)
 
 
 async def test_a_silent_peer_is_dropped_after_the_idle_timeout(nursery, tmp_path, autojump_clock):
     from martinet.messaging.amqp.wire import AMQP_HEADER
-    from martinet.messaging.codec import Described, ULong, encode
+    from martinet.messaging.codec import Described, ULong, decode, encode
 
     path = tmp_path / "router.xml"
     path.write_text(router_xml(tmp_path, listener='keepalive-interval="2000"'))
@@ -399,7 +406,17 @@ async def test_a_silent_peer_is_dropped_after_the_idle_timeout(nursery, tmp_path
     with trio.fail_after(60):
         while chunk := await stream.receive_some(4096):
             received += chunk
-    assert received.startswith(AMQP_HEADER)  # the router answered, heartbeated, then hung up
+    assert received.startswith(AMQP_HEADER)  # the router answered, then hung up:
+    performatives, offset = [], len(AMQP_HEADER)
+    while offset < len(received):
+        size = int.from_bytes(received[offset:offset + 4], "big")
+        if size > 8:  # (an empty frame is a heartbeat)
+            performatives.append(decode(received[offset + 8:offset + size])[0])
+        offset += size
+    opened, closed = performatives
+    assert (opened.descriptor, opened.value[4]) == (0x10, 2000)  # open, announcing its idle timeout
+    assert closed.descriptor == 0x18 and closed.value[0].value[:2] == [
+        "amqp:resource-limit-exceeded", "local-idle-timeout expired"]
     assert 2 <= trio.current_time() - begin < 10
     await stream.aclose()
     router.request_stop()
@@ -429,9 +446,10 @@ async def test_tls_listener(nursery, tmp_path):
         return body
 
     assert await in_thread(over_tls) == "encrypted"
-    with pytest.raises(Exception):  # noqa: B017 - a plain client cannot talk to a TLS listener
+    with pytest.raises(ConnectionException, match="disconnected.*no protocol header found"):  # plain is not TLS
         await in_thread(lambda: send(f"amqp://127.0.0.1:{port}", "secure", ["plain"]))
-    await in_thread(over_tls)  # and the listener still serves TLS clients
+    assert await in_thread(over_tls) == "encrypted"  # and the listener still serves TLS clients
+    assert router.management.get("/sys$queuemanager/usage/queues/secure", "enqueued") == 2  # "plain" never came
 
     # our client, verifying the router's certificate
     import ssl

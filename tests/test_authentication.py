@@ -135,6 +135,7 @@ async def test_changes_apply_at_once(start):
     tree.set("/sys$authentication/users/carol", "password", "new")
     with pytest.raises(AuthenticationFailed):
         auth.login("carol", "pw", "h")
+    assert auth.login("carol", "new", "h").user == "carol"
     tree.set("/sys$authentication/groups/traders/topic-grants/prices.%", "publish-grant", "true")
     auth.login("alice", "secret", "h").check_topic("prices.eu", "publish")
     tree.set("/sys$authentication", "authentication-enabled", "false")

@@ -167,7 +167,8 @@ def test_check_command_prints_every_error_and_exits_2(write_config):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2
     assert lines[0].startswith(f"{path}:2: /router[@name='r1']/swiftlet[@name='sys$log']: attribute 'level':")
-    assert "number-old-logfiles" in lines[1]
+    assert lines[1].startswith(f"{path}:2: /router[@name='r1']/swiftlet[@name='sys$log']: "
+                               "attribute 'number-old-logfiles':")
 
 
 def test_check_command_accepts_the_default_config():

@@ -83,8 +83,12 @@ async def test_full_queue_refuses_and_counts(start_pool, autojump_clock):
 async def test_submit_waits_for_room(start_pool, autojump_clock):
     pool = await start_pool(1, queue_size=1)
     tracker = Tracker()
-    for n in range(6):
+    start, returned = trio.current_time(), []
+    for n in range(6):  # each job takes 1 s; one runs, one waits in the queue
         await pool.submit(tracker.job, n)  # waits instead of failing
+        returned.append((trio.current_time() - start, pool.queued))
+    # job 0 is taken at once, job 1 fills the queue; each later submit returns when a job ends
+    assert returned == [(0, 0), (0, 1), (1, 1), (2, 1), (3, 1), (4, 1)]
     await trio.sleep(100)
     assert pool.completed == 6 and pool.rejected == 0
 

@@ -17,12 +17,14 @@ import trio
 
 from martinet.kernel import Router
 
+from conftest import wait_until
+
 EXAMPLES = Path("/usr/share/proton/examples/python")
 if not (EXAMPLES / "helloworld.py").exists():
     if os.environ.get("CI"):
         raise RuntimeError(f"{EXAMPLES} is missing: .ci/run installs libqpid-proton11-dev-examples")
-    pytest.skip("apt-get install libqpid-proton11-dev-examples to run the proton examples",
-                allow_module_level=True)
+    pytest.skip(f"{EXAMPLES} is missing: `sudo apt-get install libqpid-proton11-dev-examples` "
+                "to run Debian's proton examples", allow_module_level=True)
 
 CONFIG = """<router name="examples" startorder="sys$store sys$queuemanager sys$topicmanager sys$jms">
   <swiftlet name="sys$store" path="{store}" sync="normal"/>
@@ -37,6 +39,12 @@ async def example(*args: str, timeout: float = 60) -> list[str]:
                                       capture_stderr=True, check=False)
     assert done.returncode == 0, f"{args}: exit {done.returncode}\n{done.stderr.decode()[-2000:]}"
     return done.stdout.decode().splitlines()
+
+
+def consumers(router: Router, queue: str) -> int:
+    """How many consumers ``queue`` has (0 while it does not exist)."""
+    found = router.swiftlet("sys$queuemanager").queues.get(queue)
+    return len(found.consumers) if found is not None else 0
 
 
 @pytest.fixture
@@ -68,7 +76,7 @@ async def test_client_server_and_sync_client(router):
     expected = [f"{line} => {line.upper()}" for line in inputs]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(example, "server.py")  # runs until cancelled
-        await trio.sleep(1)  # let the server attach to its queue
+        await wait_until(lambda: consumers(router, "examples"), 30)  # the server is attached to its queue
         assert await example("client.py") == expected
         assert await example("sync_client.py") == expected
         nursery.cancel_scope.cancel()
@@ -92,7 +100,7 @@ async def test_transactions(router):
               "All mimsy were the borogroves,", "And the mome raths outgrabe."]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(example, "server_tx.py")  # replies and accepts in one transaction each
-        await trio.sleep(1)
+        await wait_until(lambda: consumers(router, "examples"), 30)
         assert await example("client.py") == [f"{line} => {line.upper()}" for line in inputs]
         nursery.cancel_scope.cancel()
     # nothing is left over: every request was consumed within a committed transaction

@@ -9,7 +9,7 @@ import trio
 from martinet.messaging.message import build
 from martinet.swiftlets.topicmanager.api import TopicError, TopicInterestChanged, TopicNameError, matches, parse_topic
 
-from conftest import RunningRouter, drain
+from conftest import RunningRouter, drain, wait_until
 
 TOPIC_ROUTER = """
 <router name="r1" startorder="sys$store sys$queuemanager sys$topicmanager" shutdown-timeout="5000">
@@ -162,10 +162,15 @@ async def test_durable_subscription_life_cycle(topics):
     topic_manager = topics.topic_manager
     durable = await topic_manager.durable_subscribe("client-1", "orders", "shop.orders", selector="amount > 10")
     assert durable.queue.name == "client-1$orders"
+
+    def store_operations():
+        return topics.router.management.get("/sys$store/usage", "operations")
+
+    before = store_operations()
     topic_manager.publish("shop.orders", build(b"big", durable=True, properties={"amount": 50}))
     topic_manager.publish("shop.orders", build(b"small", durable=True, properties={"amount": 5}))
     topic_manager.publish("shop.orders.eu", build(b"big-eu", durable=True, properties={"amount": 11}))
-    await trio.sleep(0.05)  # the copies are stored in the background of publish
+    await wait_until(lambda: store_operations() == before + 2)  # the two copies, stored in the background
     await topics.restart()  # it keeps receiving while nobody is connected, and survives restarts
     topic_manager = topics.topic_manager
     assert sorted(topic_manager.durable_subscriptions()) == ["client-1$orders"]

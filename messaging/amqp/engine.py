@@ -913,6 +913,17 @@ class Session:
             self._blocked = deque(entry for entry in self._blocked if entry[0] != handle)
 
 
+class _SealedOutput(list):
+    """The output once our close is in it. "[The close] frame MUST be the last thing ever
+    written onto a connection" [2.4.3]: what is made after it (answers to events still
+    being handled, a consumer's pump) is dropped here, at no cost to the paths that append."""
+
+    __slots__ = ()
+
+    def append(self, item: bytes) -> None:
+        pass
+
+
 class Connection:
     """One AMQP connection, after SASL (done in front of it by the owner). A server
     (``server=True``, the listener) answers the peer's open, begins and attaches; a client
@@ -1025,6 +1036,7 @@ class Connection:
         # its transfers leave the fast path for _performative, which ignores them [2.4.6].
         self._sessions.clear()
         self._write(0, CLOSE, [error.described() if error else None])
+        self._out = _SealedOutput(self._out)
         self._finished = self.server or self._state is ConnectionState.END
 
     def session(self) -> Session:

@@ -26,8 +26,8 @@ class StoreSwiftlet:
 
     def __init__(self, context: SwiftletContext):
         config = context.config
-        self._store = SqliteStore(
-            Path(config.path) / f"{context.router_name}.sqlite",
+        self._store = SqliteStore(  # absolute, as the start-up log line and the usage show it
+            (Path(config.path) / f"{context.router_name}.sqlite").absolute(),
             sync=config.sync,
             max_batch=config.max_batch,
             name=context.router_name,

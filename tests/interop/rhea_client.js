@@ -39,16 +39,25 @@ async function main() {
     const connection = container.connect({host: '127.0.0.1', port, reconnect: false});
     await once(connection, 'connection_open');
 
-    // 1. three sends to a queue, each accepted
+    // 1. three sends to a queue: the outcome of each, in the order sent, once all are settled
     const sender = connection.open_sender('from-rhea');
     await once(sender, 'sendable');
-    let accepted = 0;
-    const allAccepted = new Promise((resolve) => sender.on('accepted', () => { if (++accepted === 3) resolve(); }));
+    const deliveries = [];
+    const outcomes = [null, null, null];
+    const allSettled = new Promise((resolve) => {
+        for (const outcome of ['accepted', 'released', 'rejected', 'modified']) {
+            sender.on(outcome, (context) => {
+                const n = deliveries.indexOf(context.delivery);
+                if (n < 0) outcomes.push(`${outcome} (unknown delivery)`); else outcomes[n] = outcome;
+                if (!outcomes.includes(null)) resolve();
+            });
+        }
+    });
     for (let n = 0; n < 3; n++) {
-        sender.send({body: `rhea ${n}`, application_properties: {n}, durable: true});
+        deliveries.push(sender.send({body: `rhea ${n}`, application_properties: {n}, durable: true}));
     }
-    await allAccepted;
-    say('sent', {accepted});
+    await allSettled;
+    say('sent', {outcomes});
 
     // 2. what our Python client put on a queue
     const [fromPython] = await receive(connection, 'to-rhea', 1).messages;
