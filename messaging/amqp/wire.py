@@ -119,7 +119,8 @@ def state_code(state: Any) -> int | None:
     """The descriptor code of a decoded delivery state (``ACCEPTED_CODE``, …); None for none."""
     if not isinstance(state, Described):
         return None
-    return descriptor_code(state.descriptor)
+    descriptor = state.descriptor
+    return descriptor if type(descriptor) is int else descriptor_code(descriptor)
 
 
 @attrs.frozen

@@ -413,9 +413,9 @@ class AmqpConnection:
         }
 
     def wake(self) -> None:
-        """Have the writer move deliveries onto links and write what the engine has."""
-        if self._driver is not None:
-            self._driver.wake()
+        """Have the writer move deliveries onto links and write what the engine has (the
+        driver's own ``wake`` replaces this method once the driver exists: it is called
+        per message)."""
 
     def sample_rates(self) -> None:
         at, received, sent = self._rate_mark
@@ -448,6 +448,7 @@ class AmqpConnection:
                                           max_frame_size=self.config.max_frame_size)
             self._driver = Driver(self.stream, self.engine, on_input=self._handle_events,
                                   before_write=self._before_write)
+            self.wake = self._driver.wake  # type: ignore[method-assign]
             await self._driver.run(remaining)
         except* SaslError as group:
             log.info("connection from %s refused: %s", self.host, group.exceptions[0])
