@@ -65,6 +65,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -469,6 +470,22 @@ def _missed(event: enum.Enum, state: enum.Enum, endpoint: Session | Link | None)
     return kind(condition, f"{event.value} while {state.value}", scope, endpoint)
 
 
+def _move(endpoint: Session | Link, table: Mapping[tuple[Any, Any], Any], event: enum.Enum) -> bool:
+    """Move ``endpoint`` (a session or link) by ``table`` on ``event``; False if the table
+    maps it to the same state (a repeated call: nothing to do).
+
+    Raises:
+        RemoteProtocolError: a peer's input the table lacks.
+        LocalProtocolError: an owner's input the table lacks.
+    """
+    state = endpoint._state
+    following = table.get((state, event))
+    if following is None:
+        raise _missed(event, state, endpoint)
+    endpoint._state = following
+    return following is not state
+
+
 # A link's states by who is attached: ours sent and not detached; the peer's received and not detached
 _OURS_ATTACHED = frozenset({LinkState.ATTACH_SENT, LinkState.ATTACHED, LinkState.DETACH_RCVD})
 _PEERS_ATTACHED = frozenset({LinkState.ATTACH_RCVD, LinkState.ATTACHED, LinkState.DETACH_SENT,
@@ -552,18 +569,8 @@ class Link:
         return self.snd_settle_mode == 1
 
     def _move(self, event: LinkInput) -> bool:
-        """Take ``event``; False if the table maps it to the same state (nothing to do).
-
-        Raises:
-            RemoteProtocolError: a peer's input the table lacks (scope session).
-            LocalProtocolError: an owner's input the table lacks (scope link).
-        """
-        state = self._state
-        following = LINK_TRANSITIONS.get((state, event))
-        if following is None:
-            raise _missed(event, state, self)
-        self._state = following
-        return following is not state
+        """Take ``event`` (see :func:`_move`; a peer's breach has scope session, the owner's link)."""
+        return _move(self, LINK_TRANSITIONS, event)
 
     def _stop(self) -> None:
         """Nothing more goes to the handler or out: no credit (so the fast path passes
@@ -743,18 +750,8 @@ class Session:
         return len(self._unsettled_out)
 
     def _move(self, event: SessionInput) -> bool:
-        """Take ``event``; False if the table maps it to the same state (nothing to do).
-
-        Raises:
-            RemoteProtocolError: a peer's input the table lacks (scope connection).
-            LocalProtocolError: an owner's input the table lacks (scope session).
-        """
-        state = self._state
-        following = SESSION_TRANSITIONS.get((state, event))
-        if following is None:
-            raise _missed(event, state, self)
-        self._state = following
-        return following is not state
+        """Take ``event`` (see :func:`_move`; a peer's breach has scope connection, the owner's session)."""
+        return _move(self, SESSION_TRANSITIONS, event)
 
     # -- what the owner does ----------------------------------------------------------------------
 
