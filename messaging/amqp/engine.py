@@ -41,7 +41,7 @@ from typing import Any
 
 import attrs
 
-from ..codec import DecodeError, Described, UByte, UInt, UShort, decode, encode
+from ..codec import DecodeError, Described, UByte, UInt, ULong, UShort, decode, encode
 from .wire import (
     AMQP_HEADER,
     ATTACH,
@@ -174,7 +174,9 @@ class LinkAttached:
 
 @attrs.frozen
 class LinkDetached:
-    """The peer detached (``closed``: for good) or its session ended under the link."""
+    """The peer detached (``closed``: for good), or its session ended under the link, or we
+    detached it for the peer's error on it (a message above its max-message-size; ``error``
+    says which, and the link is closed on our side already)."""
 
     link: Link
     closed: bool
@@ -263,6 +265,11 @@ class Link:
         self.delivery_count = 0
         self.credit = 0  # as a sender: what the peer granted; as a receiver: what we granted
         self.drain = False
+        # As a receiver: the largest message we take, announced in our attach (0: no limit).
+        # A bigger one detaches the link with amqp:link:message-size-exceeded [2.7.3]; the
+        # fast path takes single-frame messages up to _fast_limit only.
+        self.max_message_size = 0
+        self._fast_limit = MASK
         self._partial: list[bytes] | None = None  # an incoming multi-frame transfer
         self._partial_id = self._partial_size = 0
         self._partial_settled = False
@@ -290,7 +297,10 @@ class Link:
         fields = [self.name, UInt(self.handle), not self.is_sender, UByte(self.snd_settle_mode),
                   UByte(self.rcv_settle_mode), self.source.described() if self.source else None,
                   self.target.described() if self.target else None, None, None,
-                  UInt(self.delivery_count) if self.is_sender else None]
+                  UInt(self.delivery_count) if self.is_sender else None,
+                  ULong(self.max_message_size) if self.max_message_size else None]
+        if self.max_message_size:
+            self._fast_limit = self.max_message_size
         self.session.write(ATTACH, fields)
 
     def detach(self, *, closed: bool = True, error: Error | None = None) -> None:
@@ -498,6 +508,7 @@ class Connection:
         self.max_message_size = max_message_size  # a multi-frame transfer beyond it ends the connection
         self.hostname = hostname
         self.offered_capabilities: list[str] = []
+        self.desired_capabilities: list[str] = []  # asked of the peer in our open (a client's)
         self.properties: dict | None = None
         self.state = ConnectionState.START
         self.remote_container_id: str | None = None
@@ -541,7 +552,8 @@ class Connection:
         self._move(ConnectionInput.OPEN_OUT)
         idle = UInt(int(self.idle_timeout * 1000)) if self.idle_timeout else None
         self.write(0, OPEN, [self.container_id, self.hostname, UInt(self.max_frame_size), UShort(self.channel_max),
-                             idle, None, None, symbol_array(self.offered_capabilities), None, self.properties])
+                             idle, None, None, symbol_array(self.offered_capabilities),
+                             symbol_array(self.desired_capabilities), self.properties])
         if self._in and self.server and not self._closing:  # what the peer sent after its open waited for ours
             self._consume(self._in)
 
@@ -729,7 +741,7 @@ class Connection:
                     flags = tails.get(buffer[at:after]) if 3 <= count <= 7 and after <= frame_end else None
                     link = session.links.get(handle)
                     if flags is not None and link is not None and not flags[1] and link._partial is None \
-                            and link.credit > 0 and not link.is_sender:
+                            and link.credit > 0 and not link.is_sender and frame_end - after <= link._fast_limit:
                         session.next_incoming_id = (session.next_incoming_id + 1) & MASK
                         session.incoming_window -= 1
                         if session.incoming_window < INCOMING_WINDOW // 2:
@@ -929,6 +941,9 @@ class Connection:
         if session.incoming_window < INCOMING_WINDOW // 2:
             session.incoming_window = INCOMING_WINDOW
             session.write_flow()
+        if link.detached:
+            return  # we detached the link (a link error): what the peer sent before it saw that is dropped
+        limit = link.max_message_size
         if link._partial is None:
             if delivery_id is None:
                 raise RemoteProtocolError("amqp:decode-error", "the first transfer of a delivery needs a delivery-id")
@@ -936,6 +951,9 @@ class Connection:
                 raise RemoteProtocolError("amqp:link:transfer-limit-exceeded", f"transfer on {link.name!r} beyond credit")
             link.credit -= 1
             link.delivery_count = (link.delivery_count + 1) & MASK
+            if limit and len(payload) > limit:
+                self._message_too_large(link)
+                return
             if more:
                 link._partial, link._partial_id, link._partial_settled, link._partial_state = (
                     [payload], delivery_id, settled, state)
@@ -944,6 +962,9 @@ class Connection:
         else:
             link._partial.append(payload)
             link._partial_size += len(payload)
+            if limit and link._partial_size > limit:
+                self._message_too_large(link)  # at once: the rest of the message is not collected
+                return
             if link._partial_size > self.max_message_size:
                 raise RemoteProtocolError("amqp:link:message-size-exceeded",
                                     f"a message on {link.name!r} above {self.max_message_size} bytes")
@@ -956,6 +977,16 @@ class Connection:
         if aborted:
             return
         link.handler.on_transfer(delivery_id, payload, settled, state)
+
+    def _message_too_large(self, link: Link) -> None:
+        """Detach ``link`` with amqp:link:message-size-exceeded ("Any attempt to deliver a
+        message larger than this results in a message-size-exceeded link-error" [2.7.3]):
+        only the link ends; the owner hears of it through :class:`LinkDetached`."""
+        error = Error("amqp:link:message-size-exceeded",
+                      f"a message on link {link.name!r} exceeds its max-message-size of {link.max_message_size} bytes")
+        link._partial, link.credit = None, 0
+        link.detach(closed=True, error=error)
+        self.events.append(LinkDetached(link, True, error))
 
 
 _SESSION_HANDLERS = {
