@@ -9,6 +9,7 @@ import proton
 import pytest
 import trio
 from proton import ConnectionException, Disposition, Message
+from proton.handlers import MessagingHandler
 from proton.reactor import Selector
 from proton.utils import BlockingConnection, LinkDetached, SendException
 
@@ -369,23 +370,92 @@ async def test_durable_subscriptions_with_the_qpid_jms_conventions(broker):
     assert running.router.swiftlet("sys$topicmanager").durable_subscriptions() == {}  # close deletes it
 
 
-async def test_a_client_id_is_used_by_one_connection_at_a_time(broker):
+SOLE = proton.symbol("sole-connection-for-container")
+
+
+def held(url, client_id, *, sole):
+    """A proton connection with container id ``client_id``, desiring sole use of it or not."""
     from proton.reactor import Container
 
+    container = Container()
+    container.container_id = client_id
+    return BlockingConnection(url, timeout=10, container=container, desired_capabilities=[SOLE] if sole else None)
+
+
+class Opener(MessagingHandler):
+    """Opens a connection with container id ``client_id`` (desiring its sole use or not):
+    :attr:`outcome` is "accepted" once a link on it attaches, else the condition, description
+    and info of the router's refusing close."""
+
+    def __init__(self, url, sole):
+        super().__init__()
+        self.url, self.sole, self.outcome = url, sole, None
+
+    def on_start(self, event):
+        event.container.connect(self.url, reconnect=False, desired_capabilities=[SOLE] if self.sole else None)
+
+    def on_connection_opened(self, event):
+        event.container.create_sender(event.connection, "probe")  # its answer comes after any refusal
+
+    def on_link_opened(self, event):
+        self.outcome = "accepted"
+        event.connection.close()
+
+    def on_connection_error(self, event):
+        condition = event.connection.remote_condition
+        self.outcome = (condition.name, condition.description, dict(condition.info or {}))
+        event.connection.close()
+
+    def on_transport_error(self, event):
+        self.outcome = self.outcome or f"transport error: {event.transport.condition}"
+
+
+def open_one(url, client_id, *, sole):
+    from proton.reactor import Container
+
+    opener = Opener(url, sole)
+    container = Container(opener)
+    container.container_id = client_id
+    container.run()
+    return opener.outcome
+
+
+async def test_sole_connection_for_container_makes_a_client_id_exclusive(broker):
+    """Issue 14, item 3: several connections may share a container id (proton and rhea open
+    every connection of a container with its id); one that desires
+    sole-connection-for-container (Qpid JMS does when its application set a client id) is
+    refused while another uses the id — amqp:invalid-field with info {invalid-field:
+    container-id}, which Qpid JMS turns into InvalidClientIDException — and while it has
+    the id, no other connection gets it. allow-same-clientid lifts the rule."""
     running = await broker()
+    url = running.url
 
-    def connect(client_id):
-        container = Container()
-        container.container_id = client_id
-        return BlockingConnection(running.url, timeout=10, container=container)
+    def in_use(client_id):
+        return ("amqp:invalid-field", f"client id {client_id!r} is in use", {"invalid-field": "container-id"})
 
-    first = await in_thread(connect, "unique-client")
-    with pytest.raises(Exception, match="amqp:invalid-field.*client id 'unique-client' is in use"):
-        await in_thread(connect, "unique-client")
-    await in_thread(first.close)
-    await wait_until(lambda: running.connections() == 0)
-    again = await in_thread(connect, "unique-client")  # free again once the first has gone
-    await in_thread(again.close)
+    async def all_gone():
+        with trio.fail_after(10):
+            while running.router.management.get("/sys$jms/usage/listeners/amqp", "connections"):
+                await trio.sleep(0.01)
+
+    plain = [await in_thread(lambda: held(url, "shared", sole=False)) for _ in range(2)]  # share it
+    assert await in_thread(lambda: open_one(url, "shared", sole=False)) == "accepted"
+    assert await in_thread(lambda: open_one(url, "shared", sole=True)) == in_use("shared")
+    for connection in plain:
+        await in_thread(connection.close)
+
+    sole = await in_thread(lambda: held(url, "alone", sole=True))
+    assert sole.conn.remote_offered_capabilities is not None and SOLE in sole.conn.remote_offered_capabilities
+    assert await in_thread(lambda: open_one(url, "alone", sole=True)) == in_use("alone")
+    assert await in_thread(lambda: open_one(url, "alone", sole=False)) == in_use("alone")
+    await in_thread(sole.close)
+    await all_gone()
+    assert await in_thread(lambda: open_one(url, "alone", sole=True)) == "accepted"  # free again
+
+    running.router.management.set("/sys$jms/listeners/amqp", "allow-same-clientid", "true")  # new connections
+    sole = await in_thread(lambda: held(url, "alone", sole=True))
+    assert await in_thread(lambda: open_one(url, "alone", sole=True)) == "accepted"
+    await in_thread(sole.close)
 
 
 async def test_a_silent_peer_is_dropped_after_the_idle_timeout(nursery, tmp_path, autojump_clock):
@@ -420,6 +490,251 @@ async def test_a_silent_peer_is_dropped_after_the_idle_timeout(nursery, tmp_path
     assert 2 <= trio.current_time() - begin < 10
     await stream.aclose()
     router.request_stop()
+
+
+class OversizedSender(MessagingHandler):
+    """Streams part of a message above the router's limit on one link (the first frames of
+    it, never the end), sends a whole oversized message on a second, then a small one on a
+    third; what the router answered goes into :attr:`seen`. Gives up after 20 s."""
+
+    def __init__(self, url: str, first_frames: bytes, whole: Message):
+        super().__init__()
+        self.url, self.first_frames, self.whole = url, first_frames, whole
+        self.seen: dict = {}
+
+    def on_start(self, event):
+        self.connection = event.container.connect(self.url)
+        self.links = {name: event.container.create_sender(self.connection, name, name=name)
+                      for name in ("streamed", "whole", "small")}
+        self.timer = event.container.schedule(20, self)
+
+    def on_timer_task(self, event):
+        self.seen["timed out"] = True
+        self.connection.close()
+
+    def on_link_opened(self, event):
+        self.seen.setdefault("max-message-size", {})[event.link.name] = event.link.remote_max_message_size
+
+    def on_sendable(self, event):
+        name = event.sender.name
+        if name in self.seen.setdefault("sent", []):
+            return
+        self.seen["sent"].append(name)
+        if name == "streamed":  # "more" frames of one message; its last frame never comes
+            event.sender.delivery(b"streamed")
+            event.sender.stream(self.first_frames)
+        elif name == "whole":
+            event.sender.send(self.whole)
+
+    def on_link_error(self, event):
+        condition = event.link.remote_condition
+        self.seen.setdefault("detached", {})[event.link.name] = (condition.name, condition.description)
+        if len(self.seen["detached"]) == 2:  # both refused: the connection still serves the third
+            self.links["small"].send(Message(body="small"))
+
+    def on_accepted(self, event):
+        self.seen["accepted"] = event.sender.name
+        self.timer.cancel()
+        event.connection.close()
+
+
+async def test_a_message_above_max_message_size_detaches_its_link_at_once(broker):
+    """Issue 14, item 6: the attach of a link we receive on announces the queue manager's
+    max-message-size, and a message above it detaches that link with
+    amqp:link:message-size-exceeded [2.7.3] as soon as its first frames pass the limit —
+    the router neither waits for the rest nor ends the connection."""
+    from proton.reactor import Container
+
+    running = await broker()
+
+    def announced(url):
+        connection = BlockingConnection(url, timeout=10)
+        try:
+            return connection.create_sender("any").link.remote_max_message_size
+        finally:
+            connection.close()
+
+    assert await in_thread(announced, running.url) == 10 * 1024 * 1024  # the default
+    running.router.management.set("/sys$queuemanager", "max-message-size", "200000")  # applies to new links
+
+    encoded = Message(body=b"x" * 600_000).encode()
+    client = OversizedSender(running.url, encoded[:300_000], Message(body=b"y" * 600_000))
+    container = Container(client)
+    await in_thread(container.run)  # (bounded by the client's own timer)
+    limit_error = ("amqp:link:message-size-exceeded", "a message on link '{}' exceeds its max-message-size of "
+                   "200000 bytes")
+    assert client.seen == {
+        "max-message-size": {"streamed": 200000, "whole": 200000, "small": 200000},
+        "sent": ["streamed", "whole", "small"],
+        "detached": {name: (limit_error[0], limit_error[1].format(name)) for name in ("streamed", "whole")},
+        "accepted": "small",
+    }
+    assert {name: running.usage(name)["messages"] for name in ("streamed", "whole", "small")} == {
+        "streamed": 0, "whole": 0, "small": 1}
+
+
+class DrainingBrowser(MessagingHandler):
+    """Browses ``queue`` (distribution-mode copy) in rounds of ``window`` credit with drain
+    set, as a client that wants to know where the queue ends does; :attr:`rounds` holds
+    (bodies received, credit the router gave back drained) per round. Gives up after 20 s."""
+
+    def __init__(self, url: str, queue: str, window: int):
+        super().__init__(prefetch=0)
+        self.url, self.queue, self.window = url, queue, window
+        self.rounds: list[tuple[list, int]] = []
+        self.current: list | None = None
+
+    def on_start(self, event):
+        from proton.reactor import Copy
+
+        self.connection = event.container.connect(self.url)
+        event.container.create_receiver(self.connection, self.queue, options=Copy())
+        self.timer = event.container.schedule(20, self)
+
+    def on_timer_task(self, event):
+        self.rounds.append(("timed out", 0))
+        self.connection.close()
+
+    def on_link_opened(self, event):
+        self.next_round(event.receiver)
+
+    def next_round(self, receiver):
+        self.current = []
+        receiver.drain(self.window)
+
+    def on_message(self, event):
+        self.current.append(event.message.body)
+        self.round_over(event.receiver)
+
+    def on_link_flow(self, event):
+        self.round_over(event.receiver)
+
+    def round_over(self, receiver):
+        if self.current is None or receiver.draining() or receiver.queued:
+            return  # the router has not used or given back all of this round's credit yet
+        self.rounds.append((self.current, receiver.drained()))
+        if len(self.current) < self.window:  # the end of the queue
+            self.current = None
+            self.timer.cancel()
+            self.connection.close()
+        else:
+            self.next_round(receiver)
+
+
+async def test_a_browser_gets_the_whole_queue_and_drained_credit_only_at_its_end(broker):
+    """Issue 14, item 7 (see tests/test_proton_examples.py for what the example needs): a
+    browsing link delivers every message the queue holds, and advances its delivery-count
+    for credit it cannot use (drained) only once the queue is exhausted [2.6.7]."""
+    from proton.reactor import Container
+
+    running = await broker()
+    await in_thread(send, running.url, "browsed", [f"m{n}" for n in range(95)])
+    client = DrainingBrowser(running.url, "browsed", 10)
+    await in_thread(Container(client).run)  # (bounded by the client's own timer)
+    assert client.rounds == [([f"m{n}" for n in range(start, start + 10)], 0) for start in range(0, 90, 10)] + [
+        ([f"m{n}" for n in range(90, 95)], 5)]
+    assert running.usage("browsed")["messages"] == 95  # nothing consumed
+
+
+class DetachAtOnce(MessagingHandler):
+    """Attaches durable subscribers and detaches each in the same write as its attach:
+    ``gone`` closing (``closed=true``), ``kept`` not; :attr:`answered` lists the links whose
+    detach the router answered. Gives up after 20 s."""
+
+    def __init__(self, url: str):
+        super().__init__()
+        self.url, self.answered = url, []
+
+    def on_start(self, event):
+        from proton.reactor import DurableSubscription
+
+        self.connection = event.container.connect(self.url)
+        for name in ("gone", "kept"):
+            receiver = event.container.create_receiver(self.connection, "topic://at.once", name=name,
+                                                       options=DurableSubscription())
+            receiver.close() if name == "gone" else receiver.detach()
+        self.timer = event.container.schedule(20, self)
+
+    def on_timer_task(self, event):
+        self.answered.append("timed out")
+        self.connection.close()
+
+    def on_link_closed(self, event):  # the router's closing detach
+        self.answer(event.link.name)
+
+    def on_link_remote_detach(self, event):  # and its plain one
+        self.answer(event.link.name)
+
+    def answer(self, name):
+        self.answered.append(name)
+        if len(self.answered) == 2:
+            self.timer.cancel()
+            self.connection.close()
+
+
+async def test_a_durable_subscriber_detached_with_its_attach(broker):
+    """Issue 14, item 1, "any ordering of frames AMQP allows": a durable subscriber's
+    attach waits for the store; a detach sent right behind it is answered with it, after
+    that — a closing detach deletes the subscription the attach made (it used to be
+    answered at once, and the subscription stayed), a plain detach keeps it."""
+    from proton.reactor import Container
+
+    running = await broker()
+    client = DetachAtOnce(running.url)
+    container = Container(client)
+    container.container_id = "at-once"
+    await in_thread(container.run)  # (bounded by the client's own timer)
+    assert sorted(client.answered) == ["gone", "kept"]
+    assert list(running.router.swiftlet("sys$topicmanager").durable_subscriptions()) == ["at-once$kept"]
+
+
+def performatives(data: bytes) -> list[int]:
+    """The performative codes of the AMQP frames in ``data`` (which must hold whole frames)."""
+    from martinet.messaging.codec import decode
+
+    codes, offset = [], 0
+    while offset < len(data):
+        size, doff = int.from_bytes(data[offset:offset + 4], "big"), data[offset + 4]
+        assert data[offset + 5] == 0 and offset + size <= len(data), f"not whole AMQP frames: {data[offset:]!r}"
+        codes.append(int(decode(data, offset + doff * 4)[0].descriptor))
+        offset += size
+    return codes
+
+
+async def test_the_answer_to_a_half_closed_peer_is_still_written(broker):
+    """Issue 14, item 9: a client that sends the header and an open and then shuts down its
+    sending side gets our header and open (and, if we close, a close). Before the driver
+    wrote what was queued on the peer's end of input (commit 7c2948d), about half of such
+    clients got nothing, and some of those that waited for our header before sending their
+    open got only that header; hence 20 of each."""
+    from martinet.messaging.amqp.wire import AMQP_HEADER, CLOSE, OPEN
+    from martinet.messaging.codec import Described, ULong, encode
+
+    running = await broker()
+    body = encode(Described(ULong(OPEN), ["half-closed"]))  # open(container-id)
+    open_frame = (8 + len(body)).to_bytes(4, "big") + b"\x02\x00\x00\x00" + body
+
+    async def half_closed(wait_for_our_header: bool) -> bytes:
+        stream = await trio.open_tcp_stream("127.0.0.1", running.port)
+        received = b""
+        with trio.fail_after(10):
+            if wait_for_our_header:
+                await stream.send_all(AMQP_HEADER)
+                while len(received) < 8 and (chunk := await stream.receive_some(4096)):
+                    received += chunk
+                await stream.send_all(open_frame)
+            else:
+                await stream.send_all(AMQP_HEADER + open_frame)
+            await stream.send_eof()
+            while chunk := await stream.receive_some(4096):
+                received += chunk
+        await stream.aclose()
+        return received
+
+    for wait in [False] * 20 + [True] * 20:
+        received = await half_closed(wait)
+        assert received[:8] == AMQP_HEADER, f"{received!r} (waited for our header: {wait})"
+        assert performatives(received[8:]) in ([OPEN], [OPEN, CLOSE])
 
 
 async def test_tls_listener(nursery, tmp_path):

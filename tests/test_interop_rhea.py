@@ -1,11 +1,13 @@
 """rhea, the Node.js AMQP 1.0 library, against a live router and our client: sends and
 accepts, a JMS selector, a topic by capability, request/reply over a dynamic queue
-(``tests/interop/rhea_client.js``, installed from npm at the pinned version on first use)."""
+(``tests/interop/rhea_client.js``, installed from npm at the pinned version on first use);
+and rhea where it first broke the router (issue 14, ``tests/interop/rhea_cases.js``)."""
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -80,3 +82,69 @@ async def test_rhea_and_our_client_through_the_router(amqp_broker):
         assert [(m.text, m.properties) for m in from_rhea] == [(f"rhea {n}", {"n": n}) for n in range(3)]
         async with session.browser(Queue("picked")) as browser:  # what was not selected is still there, alone
             assert [m.text async for m in browser] == ["b1"]
+
+
+async def rhea_case(port: int, case: str, *args: str, timeout: float = 120) -> dict[str, dict]:
+    """Run one case of ``tests/interop/rhea_cases.js``: its JSON lines by event name (each
+    event's last line; ``round`` events are collected in a list under ``rounds``)."""
+    await trio.to_thread.run_sync(install_rhea)
+    with trio.fail_after(timeout):
+        done = await trio.run_process(["node", "rhea_cases.js", case, str(port), *args], cwd=INTEROP,
+                                      capture_stdout=True, capture_stderr=True, check=False)
+    events: dict = {"rounds": []}
+    for line in done.stdout.decode().splitlines():
+        if line.startswith("{"):
+            event = json.loads(line)
+            name = event.pop("event")
+            if name == "round":
+                events["rounds"].append(event)
+            else:
+                events[name] = event
+    assert done.returncode == 0, f"rhea_cases.js {case} failed: {events}\n{done.stderr.decode()[-2000:]}"
+    return events
+
+
+async def test_durable_subscribers_attached_in_the_first_write(amqp_broker, caplog):
+    """Issue 14, item 1: without a user name rhea skips SASL and sends the AMQP header, open,
+    begin and a durable subscriber's attach in one go; that attach waits for the store, and
+    the connection used to be lost when the bytes after the header were handled before the
+    connection's tasks existed (an AssertionError in the listener, 11-25 rounds in 30)."""
+    broker = await amqp_broker()
+    events = await rhea_case(broker.port, "durable-pipelined", "30")
+    assert events["rounds"] == [{"n": n, "bodies": [f"round {n}"]} for n in range(30)]
+    assert sorted(broker.router.swiftlet("sys$topicmanager").durable_subscriptions()) == sorted(
+        f"pipelined-{n}$subscription" for n in range(30))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def test_one_container_two_connections(amqp_broker):
+    """Issue 14, item 3: rhea opens every connection of a container with the container's id;
+    the second used to be refused ("client id … is in use"). Now both work; only a durable
+    subscription held by one is refused to the other (amqp:resource-locked), until the
+    first detaches from it."""
+    broker = await amqp_broker()
+    events = await rhea_case(broker.port, "one-container")
+    assert events["both-open"] == {"container_ids": ["one-container", "one-container"], "bodies": ["across"]}
+    assert events["refused"] == {"condition": "amqp:resource-locked", "second_still_open": True}
+    assert events["taken-over"] == {"bodies": ["after"]}
+    assert list(broker.router.swiftlet("sys$topicmanager").durable_subscriptions()) == ["one-container$held"]
+
+
+@pytest.mark.parametrize("wildcards", [True, False])
+async def test_topic_wildcards_from_rheas_durable_subscription_example(amqp_broker, wildcards):
+    """Issue 14, item 8: rhea's durable-subscription example subscribes to
+    topic://PRICE.STOCK.NYSE.* and, against a router that takes * literally, silently
+    receives nothing. With the listener's topic-wildcards on, * is one level and a last #
+    any number of levels (a # elsewhere is refused); off, both are plain characters, as
+    before. Either way a publication to the root PRICE reaches every subscriber below it."""
+    broker = await amqp_broker(listener=f'topic-wildcards="{str(wildcards).lower()}"')
+    events = await rhea_case(broker.port, "wildcards")
+    if wildcards:
+        assert events["received"] == {"star": ["RHT", "IBM", "literal-star", "end"],
+                                      "hash": ["RHT", "MSFT", "IBM", "literal-star", "end"],
+                                      "middle": "amqp:invalid-field"}
+        assert broker.router.swiftlet("sys$topicmanager").durable_subscriptions()[
+            "my-client$my-subscription"].topic.text == "PRICE.STOCK.NYSE.%"
+    else:
+        assert events["received"] == {"star": ["literal-star", "end"], "hash": ["end"], "middle": "opened"}
+

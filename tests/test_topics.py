@@ -7,7 +7,14 @@ import pytest
 import trio
 
 from martinet.messaging.message import build
-from martinet.swiftlets.topicmanager.api import TopicError, TopicInterestChanged, TopicNameError, matches, parse_topic
+from martinet.swiftlets.topicmanager.api import (
+    TopicError,
+    TopicInterestChanged,
+    TopicNameError,
+    from_wildcards,
+    matches,
+    parse_topic,
+)
 
 from conftest import RunningRouter, drain, wait_until
 
@@ -113,6 +120,30 @@ def test_hierarchy_rules(published, subscribed, expected):
 def test_bad_topic_names(name, message):
     with pytest.raises(TopicNameError, match=message.replace("(", "\\(")):
         parse_topic(name)
+
+
+@pytest.mark.parametrize(("written", "native"), [
+    ("PRICE.STOCK.NYSE.*", "PRICE.STOCK.NYSE.%"),  # one level
+    ("PRICE.*.NYSE.*", "PRICE.%.NYSE.%"),
+    ("PRICE.#", "PRICE"),  # zero or more levels: a node reaches everything below it
+    ("PRICE.STOCK.*.#", "PRICE.STOCK.%"),
+    ("PRICE.STOCK", "PRICE.STOCK"),
+    ("PRICE.ST*.N#", "PRICE.ST*.N#"),  # wildcards are whole levels; these are plain characters
+    ("PRICE.st_ck", "PRICE.st_ck"),  # native predicates keep their meaning
+])
+def test_wildcards_translate_to_native_names(written, native):
+    assert from_wildcards(written) == native
+
+
+@pytest.mark.parametrize(("written", "message"), [
+    ("*.STOCK", "the root level may not be a wildcard"),
+    ("#", "the root level may not be a wildcard"),
+    ("PRICE.#.IBM", "'#' is supported as the last level only"),
+    ("PRICE.#.#", "'#' is supported as the last level only"),
+])
+def test_wildcards_the_hierarchy_cannot_express(written, message):
+    with pytest.raises(TopicNameError, match=message):
+        from_wildcards(written)
 
 
 async def test_publish_reaches_the_hierarchy_through_real_queues(topics):

@@ -70,7 +70,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from ..codec import DecodeError, Described, UByte, UInt, UShort, decode, encode
+from ..codec import DecodeError, Described, UByte, UInt, ULong, UShort, decode, encode
 from .wire import (
     AMQP_HEADER,
     ATTACH,
@@ -532,6 +532,11 @@ class Link:
         self.delivery_count = 0
         self.credit = 0  # as a sender: what the peer granted; as a receiver: what we granted
         self.drain = False
+        # As a receiver: the largest message we take, announced in our attach (0: no limit).
+        # A bigger one detaches the link with amqp:link:message-size-exceeded [2.7.3]; the
+        # fast path takes single-frame messages up to _fast_limit only.
+        self.max_message_size = 0
+        self._fast_limit = MASK
         self._state = LinkState.UNATTACHED
         # what every single-frame transfer on this link starts with after the frame size:
         # doff 2, type 0, channel; transfer descriptor; list8 of 19 bytes, 5 fields; the
@@ -595,7 +600,10 @@ class Link:
         fields = [self.name, UInt(self.handle), not self.is_sender, UByte(self.snd_settle_mode),
                   UByte(self.rcv_settle_mode), self.source.described() if self.source else None,
                   self.target.described() if self.target else None, None, None,
-                  UInt(self.delivery_count) if self.is_sender else None]
+                  UInt(self.delivery_count) if self.is_sender else None,
+                  ULong(self.max_message_size) if self.max_message_size else None]
+        if self.max_message_size:
+            self._fast_limit = self.max_message_size
         self.session._write(ATTACH, fields)
 
     def detach(self, *, closed: bool = True, error: Error | None = None) -> None:
@@ -950,6 +958,7 @@ class Connection:
         self.max_message_size = max_message_size
         self.hostname = hostname
         self.offered_capabilities: list[str] = []
+        self.desired_capabilities: list[str] = []  # asked of the peer in our open (a client's)
         self.properties: dict | None = None
         self.remote_container_id: str | None = None
         self.remote_hostname: str | None = None
@@ -965,8 +974,7 @@ class Connection:
         self._out: list[bytes] = [AMQP_HEADER]
         self._dirty: set[Session] = set()  # sessions with a disposition range pending
         self._in = b""
-        self._input_seen = self._output_sent = False
-        self._last_input = self._last_output = None
+        self._last_input = self._last_output = None  # None: since the last tick (or ever)
         self._finished = False  # the output is complete: close the socket once it is written
         # (No more instance attributes here: at 30, CPython 3.11 stops sharing the keys of
         # its instance dicts and every attribute load on the message paths gets slower.)
@@ -1016,7 +1024,7 @@ class Connection:
         idle = UInt(int(self.idle_timeout * 1000)) if self.idle_timeout else None
         self._write(0, OPEN, [self.container_id, self.hostname, UInt(self.max_frame_size),
                               UShort(self.channel_max), idle, None, None, symbol_array(self.offered_capabilities),
-                              None, self.properties])
+                              symbol_array(self.desired_capabilities), self.properties])
 
     def close(self, error: Error | None = None) -> None:
         """Send our ``close`` (an ``open`` first if we had not); nothing of the peer's
@@ -1103,7 +1111,7 @@ class Connection:
             return None if self._finished else b""
         data = b"".join(self._out)
         self._out.clear()
-        self._output_sent = True
+        self._last_output = None  # we spoke: the next tick counts from then
         return data
 
     def tick(self, now: float) -> float:
@@ -1111,10 +1119,10 @@ class Connection:
         longer than our idle timeout (a close with ``amqp:resource-limit-exceeded`` and
         :class:`ConnectionClosed`), send an empty frame when we would otherwise be silent
         for half of the peer's. The next deadline, 0 for none."""
-        if self._last_input is None or self._input_seen:
-            self._last_input, self._input_seen = now, False
-        if self._last_output is None or self._output_sent:
-            self._last_output, self._output_sent = now, False
+        if self._last_input is None:
+            self._last_input = now
+        if self._last_output is None:
+            self._last_output = now
         if self._state in (ConnectionState.END, ConnectionState.CLOSE_SENT, ConnectionState.CLOSE_PIPE):
             return 0.0
         deadlines = []
@@ -1152,7 +1160,7 @@ class Connection:
             return
         if type(data) is not bytes:
             data = bytes(data)
-        self._input_seen = True
+        self._last_input = None  # the peer spoke: the next tick counts from then
         self._consume(self._in + data if self._in else data)
 
     def _consume(self, buffer: bytes) -> None:
@@ -1256,7 +1264,7 @@ class Connection:
                     flags = tails.get(buffer[at:after]) if 3 <= count <= 7 and after <= frame_end else None
                     link = session._links.get(handle)
                     if flags is not None and link is not None and not flags[1] and link._partial is None \
-                            and link.credit > 0 and not link.is_sender:
+                            and link.credit > 0 and not link.is_sender and frame_end - after <= link._fast_limit:
                         session._next_incoming_id = (session._next_incoming_id + 1) & MASK
                         session._incoming_window -= 1
                         if session._incoming_window < INCOMING_WINDOW // 2:
@@ -1501,6 +1509,8 @@ class Connection:
                                           f"transfer on {link.name!r} beyond credit", "link", link)
             link.credit -= 1
             link.delivery_count = (link.delivery_count + 1) & MASK
+            if link.max_message_size and len(payload) > link.max_message_size:
+                raise _message_too_large(link)
             if more:
                 link._partial, link._partial_id, link._partial_settled, link._partial_state = (
                     [payload], delivery_id, settled, state)
@@ -1512,6 +1522,8 @@ class Connection:
                                           f"{delivery_id} amid delivery {link._partial_id}", "link", link)
             link._partial.append(payload)
             link._partial_size += len(payload)
+            if link.max_message_size and link._partial_size > link.max_message_size:
+                raise _message_too_large(link)  # at once: the rest of the message is not collected
             if link._partial_size > self.max_message_size:
                 raise RemoteProtocolError("amqp:link:message-size-exceeded",
                                           f"a message on {link.name!r} above {self.max_message_size} bytes",
@@ -1525,6 +1537,14 @@ class Connection:
         if aborted:
             return
         link.handler.on_transfer(delivery_id, payload, settled, state)
+
+
+def _message_too_large(link: Link) -> RemoteProtocolError:
+    """"Any attempt to deliver a message larger than this results in a message-size-exceeded
+    link-error" [2.7.3]: the link ends, the rest of the connection goes on."""
+    return RemoteProtocolError("amqp:link:message-size-exceeded",
+                               f"a message on link {link.name!r} exceeds its max-message-size of "
+                               f"{link.max_message_size} bytes", "link", link)
 
 
 _SESSION_HANDLERS = {

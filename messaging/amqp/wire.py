@@ -23,9 +23,9 @@ __all__ = [
     "DECLARE", "DISCHARGE", "DECLARED", "TRANSACTIONAL_STATE", "SASL_MECHANISMS", "SASL_INIT", "SASL_OUTCOME",
     "SELECTOR_FILTER", "SELECTOR_FILTER_CODE", "NO_LOCAL_FILTER", "NO_LOCAL_FILTER_CODE", "JMS_DEST",
     "JMS_REPLY_TO", "JMS_MSG_TYPE", "JMS_QUEUE", "JMS_TOPIC", "JMS_TEMPORARY_QUEUE", "JMS_TEMPORARY_TOPIC",
-    "TOPIC_PREFIX", "QUEUE_PREFIX", "descriptor_code", "Scope", "ProtocolError", "RemoteProtocolError",
-    "LocalProtocolError", "Error", "Terminus", "outcome", "state_code", "ACCEPTED", "RELEASED", "symbols",
-    "symbol_array",
+    "TOPIC_PREFIX", "QUEUE_PREFIX", "SOLE_CONNECTION_FOR_CONTAINER", "descriptor_code", "Scope", "ProtocolError",
+    "RemoteProtocolError", "LocalProtocolError", "Error", "Terminus", "outcome", "state_code", "ACCEPTED", "RELEASED",
+    "symbols", "symbol_array",
 ]
 
 # -- protocol headers and frames [2.2, 2.3, 5.1, 5.3.1] ----------------------------------------
@@ -66,6 +66,9 @@ JMS_REPLY_TO = Symbol("x-opt-jms-reply-to")  # and of ``reply-to``
 JMS_MSG_TYPE = Symbol("x-opt-jms-msg-type")
 JMS_QUEUE, JMS_TOPIC, JMS_TEMPORARY_QUEUE, JMS_TEMPORARY_TOPIC = 0, 1, 2, 3  # values of x-opt-jms-dest
 TOPIC_PREFIX, QUEUE_PREFIX = "topic://", "queue://"  # address prefixes naming the kind
+# A connection capability Qpid JMS desires in its open when the application set a client id:
+# no other connection may use this container id at the same time.
+SOLE_CONNECTION_FOR_CONTAINER = "sole-connection-for-container"
 
 
 def descriptor_code(descriptor: Any) -> Any:

@@ -285,7 +285,8 @@ async def connect(url: str = "amqp://localhost:5672", *, client_id: str | None =
     """Connect to a router: ``amqp://[user:password@]host[:port]`` or ``amqps://`` for TLS.
 
     ``client_id`` is the JMS client id (the AMQP container id; durable subscriptions need
-    one); without it a random one is used. ``ssl_context`` verifies the router's
+    one), which this connection asks to have alone (``sole-connection-for-container``);
+    without it a random one is used. ``ssl_context`` verifies the router's
     certificate (default: the system's trust store). ``consumer_cache_size`` overrides the
     listener's consumer credit window. ``idle_timeout`` (seconds): a router silent for
     longer is taken as lost (the router keeps us alive by sending at half of it). The
@@ -326,6 +327,8 @@ async def connect(url: str = "amqp://localhost:5672", *, client_id: str | None =
         raise
     engine = amqp.Connection(server=False, container_id=client_id or f"martinet-client:{uuid.uuid4()}",
                              idle_timeout=idle_timeout, hostname=host)
+    if client_id:  # a JMS client id is the connection's alone, as Qpid JMS asks for it
+        engine.desired_capabilities = [amqp.SOLE_CONNECTION_FOR_CONTAINER]
     engine.open()
     connection = Connection(stream, engine, consumer_cache_size=consumer_cache_size)
     try:

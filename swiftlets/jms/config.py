@@ -29,8 +29,15 @@ class ListenerConfig:
     tls_certificate: str = prop("", reboot_required=True, description="PEM certificate chain for TLS; "
                                 "empty: plain TCP. Clients then connect with amqps://.")
     tls_key: str = prop("", reboot_required=True, description="PEM private key of the TLS certificate.")
-    allow_same_clientid: bool = prop(False, description="Let several connections use one client id "
-                                     "(container id) at once; false refuses the second with amqp:invalid-field.")
+    allow_same_clientid: bool = prop(False, description="Several connections may always share a client id "
+                                     "(container id), even when one asks to be its only connection "
+                                     "(capability sole-connection-for-container, sent by Qpid JMS when a client id "
+                                     "is set); false: such a request is refused with amqp:invalid-field while "
+                                     "another connection uses the id, and holds the id exclusively once granted.")
+    topic_wildcards: bool = prop(False, description="Topic addresses of this listener's clients use the "
+                                 "AMQP/ActiveMQ wildcards: a level * matches any one level, a last level # "
+                                 "zero or more; they are translated to SQL-LIKE predicates (* to %, a last # "
+                                 "dropped). false: * and # are plain characters. New connections follow a change.")
     host_access_list: Mapping[str, HostAccessEntry] = entity_list(
         HostAccessEntry, item="host-access-entry", description="Client addresses allowed to connect (SQL-LIKE "
         "patterns); empty: any. Others are closed at once and logged.")

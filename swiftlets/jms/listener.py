@@ -16,7 +16,8 @@ Links, by what the client attaches:
   ``to`` on an anonymous-relay link, or into a transaction); it is settled as accepted
   when durable (at once for a non-persistent one); credit is topped up to
   ``incoming-credit``. A dynamic target makes a temporary queue or topic that lives as
-  long as the link.
+  long as the link. Its attach announces the queue manager's max-message-size; the engine
+  detaches it (amqp:link:message-size-exceeded) as soon as a message's frames pass that.
 - :class:`OutgoingLink` — the client *receives*: a queue consumer (a queue, a dynamic
   temporary queue, a topic subscription's queue, a durable subscription's queue) whose
   credit follows the link's; the client's outcome settles the queue entry; closing the
@@ -56,6 +57,7 @@ from martinet.messaging.amqp import (
     RELEASED_CODE,
     SELECTOR_FILTER,
     SELECTOR_FILTER_CODE,
+    SOLE_CONNECTION_FOR_CONTAINER,
     TOPIC_PREFIX,
     TRANSACTIONAL_STATE,
     Error,
@@ -66,9 +68,21 @@ from martinet.messaging.io import Driver, lead_in
 from martinet.messaging.message import Message, MessageError, AnnotationPatch
 from martinet.messaging.selector import SelectorError, compile_selector
 from martinet.swiftlets.authentication.api import AccessDenied, AuthenticationFailed
-from martinet.swiftlets.queuemanager.api import ConsumerRefused, QueueError, QueueFull, QueueNotFound
+from martinet.swiftlets.queuemanager.api import (
+    ConsumerRefused,
+    MessageTooLarge,
+    QueueError,
+    QueueFull,
+    QueueNotFound,
+)
 from martinet.swiftlets.store.api import StoreError
-from martinet.swiftlets.topicmanager.api import TopicError, TopicNameError, durable_queue_name, parse_topic
+from martinet.swiftlets.topicmanager.api import (
+    TopicError,
+    TopicNameError,
+    durable_queue_name,
+    from_wildcards,
+    parse_topic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +189,9 @@ class IncomingLink:
             log.info("transfer to %s refused: %s", self.address or "(anonymous relay)", exc)
             if not remotely_settled:
                 name = (exc.condition if isinstance(exc, _Refused) else
-                        "amqp:resource-limit-exceeded" if isinstance(exc, QueueFull) else "amqp:invalid-field")
+                        "amqp:resource-limit-exceeded" if isinstance(exc, QueueFull) else
+                        "amqp:link:message-size-exceeded" if isinstance(exc, MessageTooLarge) else
+                        "amqp:invalid-field")
                 link.settle(delivery_id, _rejected(name, str(exc)))
         self.unreplenished += 1
         if self.unreplenished >= self.window // 2 and not self.throttled:  # half the window used
@@ -319,7 +335,8 @@ class CoordinatorLink:
 
 class BrowsingLink:
     """A link with distribution-mode copy: settled copies of what the queue holds at attach
-    time, in delivery order; nothing is consumed. A drain ends the browse."""
+    time, in delivery order; nothing is consumed. A drain ends the browse: credit the client
+    asks to drain is given back (delivery-count advanced) only once every copy was sent."""
 
     def __init__(self, connection: AmqpConnection, link: amqp.Link, entries: Any):
         self.connection = connection
@@ -390,6 +407,7 @@ class AmqpConnection:
         self.queue_manager = swiftlet.queue_manager
         self.topic_manager = swiftlet.topic_manager
         self.client_id: str | None = None
+        self.sole = False  # the client asked to be the only connection of its container id
         self._client_id_patch: AnnotationPatch | None = None  # the client id annotation, once the client opened
         self.principal: Any = None
         self.transactions: dict[bytes, Any] = {}
@@ -397,6 +415,7 @@ class AmqpConnection:
         self._driver: Driver | None = None
         self.engine: amqp.Connection | None = None
         self.links: dict[amqp.Link, IncomingLink | OutgoingLink | BrowsingLink | CoordinatorLink] = {}
+        self._pending: dict[amqp.Link, bool | None] = {}  # attaches that wait → the peer's detach (closed?)
         self.closed = False
         self.received = self.sent = 0  # messages from and to the client
         self.flow_control_waits = 0  # producer credit withheld for a flow-control delay
@@ -463,9 +482,13 @@ class AmqpConnection:
                     await self.stream.aclose()
 
     def _before_write(self) -> None:
-        for link in list(self.links.values()):
-            if isinstance(link, (OutgoingLink, BrowsingLink)):
-                link.pump()
+        # "Sending a close signals that the sender will not be sending any more frames" [2.7.9]:
+        # a client that closed while it still had credit (proton's queue_browser.py does) used
+        # to get transfers after our close.
+        if self.engine.opened:
+            for link in list(self.links.values()):
+                if isinstance(link, (OutgoingLink, BrowsingLink)):
+                    link.pump()
         self._handle_events()
 
     def _handle_events(self) -> None:
@@ -475,9 +498,18 @@ class AmqpConnection:
     # -- events ---------------------------------------------------------------------------------
 
     def _on_connection_open(self, event: amqp.ConnectionOpened) -> None:
+        """A container id (the JMS client id) may be used by several connections at once, as
+        proton and rhea do for all connections of one container; only a client that asks for
+        ``sole-connection-for-container`` (Qpid JMS, when its application set a client id)
+        gets it exclusively: it is refused while another connection uses the id, and a later
+        one is refused while it does — unless the listener's ``allow-same-clientid``. Durable
+        subscriptions are guarded per subscription (``_attach_durable``)."""
         engine = self.engine
         client_id = engine.remote_container_id
+        sole = SOLE_CONNECTION_FOR_CONTAINER in engine.remote_desired_capabilities
         engine.offered_capabilities = ["ANONYMOUS-RELAY"]
+        if sole and not self.config.allow_same_clientid:
+            engine.offered_capabilities.append(SOLE_CONNECTION_FOR_CONTAINER)  # it is enforced
         config = self.config  # the connection-factory settings, for clients that use them (ours)
         engine.properties = {
             Symbol("martinet:consumer-cache-size"): Int(config.consumer_cache_size),
@@ -486,19 +518,21 @@ class AmqpConnection:
             Symbol("martinet:default-ttl"): ULong(config.jms_default_message_ttl),
             Symbol("martinet:router"): self.swiftlet.router_name,
         }
-        in_use = self.swiftlet.client_ids
-        if client_id and in_use.get(client_id) and not self.config.allow_same_clientid:
-            log.info("connection from %s refused: client id %r is in use", self.host, client_id)
+        others = self.swiftlet.client_ids.get(client_id, []) if client_id else []
+        if others and not self.config.allow_same_clientid and (sole or any(other.sole for other in others)):
+            log.info("connection from %s refused: client id %r is in use%s", self.host, client_id,
+                     "" if sole else " by a connection that asked to be its only one")
             engine.close(Error("amqp:invalid-field", f"client id {client_id!r} is in use",
                                {Symbol("invalid-field"): Symbol("container-id")}))
             return
-        self.client_id = client_id
+        self.client_id, self.sole = client_id, sole
         self._client_id_patch = AnnotationPatch({CLIENT_ID_ANNOTATION: client_id})
         if client_id:
-            in_use[client_id] = in_use.get(client_id, 0) + 1
+            self.swiftlet.client_ids.setdefault(client_id, []).append(self)
         engine.open()
 
     def _on_connection_closed(self, event: amqp.ConnectionClosed) -> None:
+        self.closed = True  # late answers (settlements, attaches, credit) are not sent any more
         if event.error is not None and not event.by_peer:
             log.info("connection from %s closed: %s", self.host, event.error)
 
@@ -513,6 +547,7 @@ class AmqpConnection:
             self._refuse(link, refusal)
             return
         except _Deferred as deferred:
+            self._pending[link] = None
             self._driver.start_soon(self._finish_attach, link, deferred.finish)
             return
         self._activate(link, state)
@@ -531,25 +566,44 @@ class AmqpConnection:
         link.detach(closed=True, error=Error(refusal.condition, str(refusal)))
 
     async def _finish_attach(self, link: amqp.Link, finish: Any) -> None:
+        """Answer an attach that had to wait — and the peer's detach, if it came meanwhile
+        (a client may send attach and detach in one go): a closing detach of a durable
+        subscriber deletes the subscription that the attach created or resumed."""
         try:
             state = await finish()
         except _Refused as refusal:
+            self._pending.pop(link, None)
             if not self.closed:
                 self._refuse(link, refusal)
         else:
-            if self.closed or link.state is not amqp.LinkState.ATTACH_RCVD:  # no longer awaits our answer
+            detached = self._pending.pop(link, None)  # None: not detached; else closed or not
+            if self.closed:
                 state.close()
-            else:
+            elif detached is None:
                 self._activate(link, state)
+            else:
+                state.close()
+                link.attach()
+                if detached and isinstance(state, OutgoingLink) and state.durable:
+                    self._driver.start_soon(self._unsubscribe, link, *state.durable)  # detaches once it is gone
+                else:
+                    link.detach(closed=detached)
         self.wake()
 
     def _check(self, address: str | None, action: str, *, topic: bool = False) -> str:
+        """The queue or topic an address names, once checked (a topic in the topic manager's
+        syntax: with the listener's ``topic-wildcards``, ``*`` and ``#`` levels translated).
+
+        Raises: _Refused, with the condition for the client.
+        """
         if not address:
             raise _Refused("amqp:invalid-field", "an address is required")
         try:
             if topic:
                 if self.topic_manager is None:
                     raise _Refused("amqp:not-found", "topics are not available: sys$topicmanager is not running")
+                if self.config.topic_wildcards:
+                    address = from_wildcards(address)
                 parse_topic(address)
                 if self.principal is not None:
                     self.principal.check_topic(address, action)
@@ -568,6 +622,10 @@ class AmqpConnection:
         return address
 
     def _attach_incoming(self, link: amqp.Link) -> IncomingLink | CoordinatorLink:
+        # Announced in our attach [2.7.3]: the engine detaches the link with
+        # amqp:link:message-size-exceeded as soon as a message's frames pass it, so a client
+        # learns early and the router never collects the whole of an oversized message.
+        link.max_message_size = self.queue_manager.max_message_size
         link.source = link.remote_source
         link.target = target = (link.remote_target or amqp.Terminus(kind=amqp.TARGET)).copy()
         if target.kind == COORDINATOR:
@@ -613,13 +671,13 @@ class AmqpConnection:
             return self._existing_durable(link)
         name, topic = _destination(source)
         if topic and source.durable:
-            self._check(name, "durable", topic=True)
+            name = self._check(name, "durable", topic=True)
             raise _Deferred(lambda: self._attach_durable(link, name, text, no_local))
         if not topic and source.distribution_mode == "copy":
             address = self._check(name, "browse")
             return BrowsingLink(self, link, iter(list(self.queue_manager.queue(address).browse(selector))))
         if topic:
-            self._check(name, "subscribe", topic=True)
+            name = self._check(name, "subscribe", topic=True)
             subscription = self.topic_manager.subscribe(name, selector=text, no_local=no_local,
                                                         client_id=self.client_id, owner=self)
             return OutgoingLink(self, link, subscription.consumer(), subscription.close)
@@ -632,21 +690,34 @@ class AmqpConnection:
 
     async def _attach_durable(self, link: amqp.Link, topic: str, selector: str | None, no_local: bool) -> Any:
         """A durable subscription named by the client id (container id) and the link name:
-        created, resumed, or replaced when its topic or selector changed."""
+        created, resumed, or replaced when its topic or selector changed. One link at a time
+        uses it: while another has it (the client id's other connection, say), the attach is
+        refused with amqp:resource-locked."""
         if not self.client_id:
             raise _Refused("amqp:invalid-field", "a durable subscription needs a client id (container id)")
+        self._check_not_in_use(link.name)  # (before: a changed one would be dropped otherwise)
         try:
             subscription = await self.topic_manager.durable_subscribe(self.client_id, link.name, topic,
                                                                       selector=selector, no_local=no_local)
         except TopicError as exc:
             raise _Refused("amqp:invalid-field", str(exc)) from None
+        self._check_not_in_use(link.name)  # (and after: another attach may have taken it meanwhile)
         return OutgoingLink(self, link, subscription.consumer(), durable=(self.client_id, link.name))
+
+    def _check_not_in_use(self, name: str) -> None:
+        """Raises _Refused (amqp:resource-locked) while a link consumes the client id's
+        durable subscription ``name``."""
+        subscription = self.topic_manager.durable_subscriptions().get(durable_queue_name(self.client_id or "", name))
+        if subscription is not None and subscription.queue.consumers:
+            raise _Refused("amqp:resource-locked", f"durable subscription {name!r} of client {self.client_id!r} "
+                           "is in use by another link")
 
     def _existing_durable(self, link: amqp.Link) -> OutgoingLink:
         subscription = self.topic_manager.durable_subscriptions().get(
             durable_queue_name(self.client_id or "", link.name)) if self.topic_manager else None
         if subscription is None:
             raise _Refused("amqp:not-found", f"no durable subscription {link.name!r} for client {self.client_id!r}")
+        self._check_not_in_use(link.name)
         link.source = amqp.Terminus(kind=amqp.SOURCE, address=f"{TOPIC_PREFIX}{subscription.topic.text}",
                                     durable=2, expiry_policy="never")  # the request's source was null
         return OutgoingLink(self, link, subscription.consumer(), durable=(self.client_id or "", link.name))
@@ -719,7 +790,7 @@ class AmqpConnection:
             finally:  # (also when the connection ends meanwhile)
                 if cancel is not None:
                     cancel()
-        if self.links.get(state.link) is state:
+        if not self.closed and self.links.get(state.link) is state:
             state.resume()
             self.wake()
 
@@ -729,15 +800,18 @@ class AmqpConnection:
         temporary queue or subscription goes with it. The client's detach keeps a durable
         subscription and its close (``closed=true``) deletes it; the engine's never does."""
         link, closed = event.link, event.closed
+        if event.error is not None:
+            log.info("link %r of %s detached: %s", link.name, self.host, event.error)
         state = self.links.pop(link, None)
-        if not event.by_peer:
-            log.info("link %s of %s detached: %s", link.name, self.host, event.error)
         if state is not None:
             state.close()
             if closed and event.by_peer and isinstance(state, OutgoingLink) and state.durable \
                     and self._driver is not None:
                 self._driver.start_soon(self._unsubscribe, link, *state.durable)
                 return  # answered once the subscription is gone
+        elif link in self._pending:  # answered with the attach, which waits (_finish_attach)
+            self._pending[link] = closed and event.by_peer  # (the engine's detach deletes nothing)
+            return
         if not link.attached:  # detached while its attach was pending: answer both
             link.attach()
         link.detach(closed=closed)  # (nothing where no answer is due: the engine's own detach)
@@ -777,11 +851,11 @@ class AmqpConnection:
 
     def _release(self) -> None:
         self.closed = True
-        if self.client_id:
-            in_use = self.swiftlet.client_ids
-            in_use[self.client_id] -= 1
-            if not in_use[self.client_id]:
-                del in_use[self.client_id]
+        connections = self.swiftlet.client_ids.get(self.client_id) if self.client_id else None
+        if connections is not None and self in connections:
+            connections.remove(self)
+            if not connections:
+                del self.swiftlet.client_ids[self.client_id]
         for transaction in self.transactions.values():  # a lost connection rolls back
             transaction.rollback_nowait()
         self.transactions.clear()

@@ -8,7 +8,7 @@ AMQP, without the other every client is let in), then opens every configured lis
 A listener checks each accepted socket against its host access list and
 ``max-connections`` and hands it to an :class:`~.listener.AmqpConnection`, which runs
 SASL, the AMQP engine and the links until the client goes. The swiftlet keeps what the
-connections share: the client ids in use, the temporary topic names, the peers above,
+connections share: the client ids in use (by which connections), the temporary topic names, the peers above,
 and per-connection usage, whose message rates are sampled every ``collect-interval``.
 Listeners change only at the next start.
 """
@@ -48,7 +48,7 @@ class JmsSwiftlet:
         self._nursery: trio.Nursery | None = None
         self._usage: UsageList | None = None
         self._listeners: dict[str, dict[str, Any]] = {}
-        self.client_ids: dict[str, int] = {}  # client id → connections using it
+        self.client_ids: dict[str, list[AmqpConnection]] = {}  # client id → the connections using it
         self._connections: UsageList | None = None
         self._connection_ids = itertools.count(1)
         self._live: set[AmqpConnection] = set()

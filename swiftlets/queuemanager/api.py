@@ -337,6 +337,12 @@ class QueueManager(Protocol):
     def queues(self) -> Mapping[str, Queue]:
         """The local queues by name (read-only for callers)."""
 
+    @property
+    def max_message_size(self) -> int:
+        """The largest message (its encoded bytes) a send accepts now: the manager's
+        ``max-message-size``, which may change at runtime; a bigger one raises
+        :class:`MessageTooLarge`."""
+
     def resolve(self, address: str) -> str:
         """The local queue that ``address`` (``q`` or ``q@router``) ends up in.
 

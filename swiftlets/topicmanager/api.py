@@ -4,7 +4,8 @@ interest, topic names, and the errors.
 A swiftlet gets the topic manager with ``context.lookup("sys$topicmanager", TopicManager)``
 and uses only what is defined here; the rest of :mod:`swiftlets.topicmanager` is its
 inside. Topic names are plain values: :func:`parse_topic` (with :class:`TopicName`,
-:class:`TopicNameError` and :func:`matches`, from :mod:`.hierarchy`, re-exported here) and
+:class:`TopicNameError`, :func:`matches` and :func:`from_wildcards`, from :mod:`.hierarchy`,
+re-exported here) and
 :func:`durable_queue_name` need no running topic manager.
 
 Theory of operation, for callers
@@ -36,7 +37,7 @@ from martinet.messaging.message import Message
 from martinet.messaging.selector import Selector
 from martinet.swiftlets.queuemanager.api import Consumer, Queue
 
-from .hierarchy import TopicName, TopicNameError, matches, parse_topic
+from .hierarchy import TopicName, TopicNameError, from_wildcards, matches, parse_topic
 
 __all__ = [
     "TopicManager",
@@ -48,6 +49,7 @@ __all__ = [
     "TopicNameError",
     "parse_topic",
     "matches",
+    "from_wildcards",
     "durable_queue_name",
 ]
 

@@ -14,6 +14,13 @@ publication *match* when their levels agree pairwise over their common prefix (t
 shorter one's length). Two levels agree when they are equal, or when one is a predicate
 that matches the other as text; two predicates agree only when one matches the other's
 text (so ``a.%`` and ``a.b%`` agree, ``a.x%`` and ``a.y%`` do not).
+
+Clients written for other brokers use the AMQP/ActiveMQ-style wildcards instead: a level
+``*`` for any one level, a last level ``#`` for zero or more levels. :func:`from_wildcards`
+translates such a name into this syntax (a listener does it for its clients when told to):
+``*`` becomes the predicate ``%``; a last ``#`` is dropped, since a node already reaches
+everything below it. A ``#`` anywhere else would need a level that matches several levels,
+which the hierarchy does not have: it is refused.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import attrs
 
 from martinet.messaging.like import LikePatternError, like_pattern
 
-__all__ = ["TopicName", "TopicNameError", "parse_topic", "matches"]
+__all__ = ["TopicName", "TopicNameError", "parse_topic", "matches", "from_wildcards"]
 
 _WILDCARDS = re.compile(r"(?<!\\)[%_]")
 
@@ -93,3 +100,19 @@ def parse_topic(text: str) -> TopicName:
 def matches(subscription: TopicName, publication: TopicName) -> bool:
     """Whether a subscription to ``subscription`` receives a publication to ``publication``."""
     return all(s.agrees(p) for s, p in zip(subscription.levels, publication.levels, strict=False))
+
+
+def from_wildcards(text: str) -> str:
+    """The native name of a topic name written with ``*`` and ``#`` wildcards (whole levels
+    only; ``a*`` is a plain level). Other characters keep their meaning, so ``%`` and ``_``
+    are still predicates. The result is not checked: :func:`parse_topic` does that.
+
+    Raises:
+        TopicNameError: a wildcard root, or ``#`` before the last level.
+    """
+    levels = text.split(".")
+    if levels[0] in ("*", "#"):
+        raise TopicNameError(f"topic {text!r}: the root level may not be a wildcard (it names the topic broker)")
+    if "#" in levels[:-1]:
+        raise TopicNameError(f"topic {text!r}: '#' is supported as the last level only")
+    return ".".join("%" if level == "*" else level for level in (levels[:-1] if levels[-1] == "#" else levels))
