@@ -541,7 +541,7 @@ def _encode(value: Any, out: bytearray) -> None:
         out += b"\x98" + value.bytes
     elif isinstance(value, Described):
         out += b"\x00"
-        _encode(value.descriptor, out)
+        _encode_descriptor(value.descriptor, out)
         _encode(value.value, out)
     elif isinstance(value, list | tuple):
         if not value:
@@ -559,19 +559,150 @@ def _encode(value: Any, out: bytearray) -> None:
         raise TypeError(f"cannot encode {type(value).__name__} as AMQP: {value!r}")
 
 
-def _encode_array(array: Array, out: bytearray) -> None:
+def _encode_descriptor(descriptor: Any, out: bytearray) -> None:
+    """A descriptor is a symbol or a ulong [1.5]: a plain ``int`` (as decoded) is a ulong."""
+    _encode(ULong(descriptor) if type(descriptor) is int else descriptor, out)
+
+
+def _fixed_element(fmt: str) -> Callable[[Any, bytearray], None]:
+    pack = struct.Struct(fmt).pack
+
+    def element(value: Any, out: bytearray) -> None:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise TypeError(f"array element {value!r} is not a number")
+        out += pack(value)
+
+    return element
+
+
+def _constant_element(allowed: tuple) -> Callable[[Any, bytearray], None]:
+    def element(value: Any, out: bytearray) -> None:
+        if value not in allowed or type(value) is float:
+            raise TypeError(f"array element {value!r} does not fit its zero-width constructor")
+
+    return element
+
+
+def _variable_element(wide: bool, kind: type) -> Callable[[Any, bytearray], None]:
+    def element(value: Any, out: bytearray) -> None:
+        if kind is bytes:
+            if not isinstance(value, (bytes, bytearray, memoryview)):
+                raise TypeError(f"array element {value!r} is not binary")
+            raw = bytes(value)
+        elif not isinstance(value, str):
+            raise TypeError(f"array element {value!r} is not text")
+        else:
+            raw = value.encode("ascii" if kind is Symbol else "utf-8")
+        if not wide and len(raw) > 255:
+            raise TypeError(f"array element of {len(raw)} bytes does not fit a one-byte size")
+        out += (_P32 if wide else _P8)(len(raw)) + raw
+
+    return element
+
+
+def _compound_element(wide: bool, kind: type) -> Callable[[Any, bytearray], None]:
+    def element(value: Any, out: bytearray) -> None:
+        if kind is Array:
+            if not isinstance(value, Array):
+                raise TypeError(f"array element {value!r} is not an array")
+            body, count = _array_body(value)
+        else:
+            if not isinstance(value, dict if kind is dict else (list, tuple)):
+                raise TypeError(f"array element {value!r} is not a {kind.__name__}")
+            items = [part for pair in value.items() for part in pair] if kind is dict else list(value)
+            body = bytearray()
+            for item in items:
+                _encode(item, body)
+            count = len(items)
+        if wide:
+            out += _P32(len(body) + 4) + _P32(count) + body
+        elif len(body) + 1 < 256 and count < 256:
+            out += _P8(len(body) + 1) + _P8(count) + body
+        else:
+            raise TypeError(f"array element of {len(body)} bytes does not fit a one-byte size")
+
+    return element
+
+
+def _char_element(value: Any, out: bytearray) -> None:
+    if not isinstance(value, str) or len(value) != 1:
+        raise TypeError(f"array element {value!r} is not one character")
+    out += struct.pack(">I", ord(value))
+
+
+def _uuid_element(value: Any, out: bytearray) -> None:
+    if not isinstance(value, uuid.UUID):
+        raise TypeError(f"array element {value!r} is not a uuid")
+    out += value.bytes
+
+
+def _decimal_element(code: int) -> Callable[[Any, bytearray], None]:
+    def element(value: Any, out: bytearray) -> None:
+        if not isinstance(value, Decimal) or value.code != code:
+            raise TypeError(f"array element {value!r} is not a decimal of constructor 0x{code:02x}")
+        out += value.raw
+
+    return element
+
+
+def _boolean_element(value: Any, out: bytearray) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"array element {value!r} is not a boolean")
+    out.append(1 if value else 0)
+
+
+# How each element of an array is written after the array's one constructor (part 1,
+# §1.6.24): what the constructor says, whatever Python type the element has — so a decoded
+# array encodes again exactly (its elements decode to plain ints and floats).
+_ELEMENT_ENCODERS: dict[int, Callable[[Any, bytearray], None]] = {
+    0x40: _constant_element((None,)),
+    0x41: _constant_element((True,)),
+    0x42: _constant_element((False,)),
+    0x43: _constant_element((0,)),
+    0x44: _constant_element((0,)),
+    0x45: _constant_element(([], ())),
+    0x56: _boolean_element,
+    **{code: _fixed_element(fmt) for code, fmt in {
+        0x50: ">B", 0x52: ">B", 0x53: ">B", 0x60: ">H", 0x70: ">I", 0x80: ">Q",
+        0x51: ">b", 0x54: ">b", 0x55: ">b", 0x61: ">h", 0x71: ">i", 0x81: ">q",
+        0x72: ">f", 0x82: ">d", 0x83: ">q"}.items()},
+    0x73: _char_element,
+    0x98: _uuid_element,
+    0x74: _decimal_element(0x74),
+    0x84: _decimal_element(0x84),
+    0x94: _decimal_element(0x94),
+    0xA0: _variable_element(False, bytes),
+    0xB0: _variable_element(True, bytes),
+    0xA1: _variable_element(False, str),
+    0xB1: _variable_element(True, str),
+    0xA3: _variable_element(False, Symbol),
+    0xB3: _variable_element(True, Symbol),
+    0xC0: _compound_element(False, list),
+    0xD0: _compound_element(True, list),
+    0xC1: _compound_element(False, dict),
+    0xD1: _compound_element(True, dict),
+    0xE0: _compound_element(False, Array),
+    0xF0: _compound_element(True, Array),
+}
+
+
+def _array_body(array: Array) -> tuple[bytearray, int]:
+    """The bytes of an array after its size and count (descriptor, constructor, elements)."""
     body = bytearray()
     if array.descriptor is not None:
         body += b"\x00"
-        _encode(array.descriptor, body)
+        _encode_descriptor(array.descriptor, body)
+    element = _ELEMENT_ENCODERS.get(array.code)
+    if element is None:
+        raise TypeError(f"0x{array.code:02x} is not a constructor arrays can have")
     body.append(array.code)
     for item in array.items:
-        element = bytearray()
-        _encode(item, element)
-        if element[0] != array.code:
-            raise TypeError(f"array element {item!r} does not encode with constructor 0x{array.code:02x}")
-        body += element[1:]
-    count = len(array.items)
+        element(item, body)
+    return body, len(array.items)
+
+
+def _encode_array(array: Array, out: bytearray) -> None:
+    body, count = _array_body(array)
     if len(body) + 1 < 256 and count < 256:
         out += b"\xe0" + _P8(len(body) + 1) + _P8(count) + body
     else:

@@ -14,14 +14,28 @@ sections only *skips* over values (:func:`messaging.codec.skip`), so a section n
 asks for (usually the body) is never decoded.
 
 :func:`build` encodes a new message from Python values (tests, benchmarks, the client
-library); :meth:`Message.with_annotations` (or a reusable :class:`AnnotationPatch`) and
-:meth:`Message.with_delivery_count` splice a changed section in front of the unchanged
-remainder. Patching a message that has no message-annotations yet also reads its header on
-the way, which the queue manager's :meth:`Message.queue_info` then uses once.
+library). Changed copies never decode and re-encode what a client sent, since decoding
+loses AMQP types (a byte, a ubyte and a long all become ``int``, a float becomes a double)
+and Qpid JMS, for one, relies on them (``x-opt-jms-msg-type`` must stay a byte):
+
+- :meth:`Message.with_annotations` (or a reusable :class:`AnnotationPatch`) *splices*: a
+  message without message-annotations gets a new section in front of its unchanged
+  remainder; one with them gets the new entries appended to the encoded map (an entry
+  whose key is already there replaced in place), only the map's size and count rewritten —
+  every other entry keeps its bytes. Patching a message that has no message-annotations
+  yet also reads its header on the way, which the queue manager's
+  :meth:`Message.queue_info` then uses once.
+- :meth:`Message.redelivered` and :meth:`Message.with_delivery_count` rewrite only the
+  header's ``first-acquirer`` and ``delivery-count`` elements; the other header fields
+  keep their bytes.
+
+Errors: anything unreadable raises :class:`MessageError` (a ``ValueError``), as do
+annotation values that have no AMQP encoding; nothing else escapes these methods.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -272,15 +286,65 @@ class Message:
     # -- changed copies -----------------------------------------------------------------
 
     def with_annotations(self, changes: Mapping[Any, Any]) -> Message:
-        """A copy whose message-annotations have ``changes`` merged in (other bytes unchanged)."""
+        """A copy whose message-annotations have ``changes`` merged in, spliced as
+        :class:`AnnotationPatch` does (every other byte unchanged).
+
+        Raises:
+            MessageError: malformed message-annotations, or a change without an AMQP encoding.
+        """
         return AnnotationPatch(changes).apply(self)
 
+    def redelivered(self, failures: int) -> Message:
+        """This message as it goes out again after an earlier acquisition: [3.2.1] its
+        header's ``delivery-count`` is the count the producer sent plus ``failures`` (the
+        failed delivery attempts since; capped at 2**32-1), and ``first-acquirer`` is false
+        ("this message MAY have previously been acquired by another link"). Only those two
+        header elements are rewritten; a message without a header gets one only when
+        ``failures`` is non-zero (an absent header already means count 0, not first
+        acquirer). Returns ``self`` when nothing changes.
+
+        Raises:
+            MessageError: the header is malformed.
+        """
+        raw = self.raw
+        span = _find_section(raw, HEADER)
+        if span is None:
+            if not failures:
+                return self
+            return Message(_list_section(_HEADER_PREFIX, [_NULL, _NULL, _NULL, _FALSE, _uint(failures)], False)
+                           + raw)
+        elements = _list_elements(raw, span[1], span[2], HEADER)
+        first_acquirer = raw[elements[3][0]:elements[3][1]] if len(elements) > 3 else _NULL
+        if not failures and first_acquirer in _NOT_FIRST_ACQUIRER:
+            return self
+        sent = _count_value(raw, elements[4]) if len(elements) > 4 else 0
+        return self._with_header(span, elements, first_acquirer=_FALSE,
+                                 delivery_count=_uint(min(sent + failures, _UINT_MAX)))
+
     def with_delivery_count(self, count: int) -> Message:
-        """A copy whose header says ``delivery-count = count`` (for redelivery)."""
-        header = self.header
-        fields = [header.durable, UByte(header.priority), None if header.ttl is None else UInt(header.ttl),
-                  header.first_acquirer, UInt(count)]
-        return self._replace(HEADER, encode(Described(ULong(HEADER), fields)))
+        """A copy whose header says ``delivery-count = count``; the other header elements
+        keep their bytes (a header is added when there is none).
+
+        Raises:
+            MessageError: the header is malformed.
+        """
+        raw = self.raw
+        span = _find_section(raw, HEADER)
+        if span is None:
+            return Message(_list_section(_HEADER_PREFIX, [_NULL, _NULL, _NULL, _NULL, _uint(count)], False) + raw)
+        return self._with_header(span, _list_elements(raw, span[1], span[2], HEADER), delivery_count=_uint(count))
+
+    def _with_header(self, span: tuple[int, int, int], elements: list[tuple[int, int]], *,
+                     first_acquirer: bytes | None = None, delivery_count: bytes) -> Message:
+        raw = self.raw
+        start, value_at, end = span
+        parts = [raw[s:e] for s, e in elements]
+        parts += [_NULL] * (5 - len(parts))
+        if first_acquirer is not None:
+            parts[3] = first_acquirer
+        parts[4] = delivery_count
+        section = _list_section(raw[start:value_at], parts, raw[value_at] == 0xD0)
+        return Message(raw[:start] + section + raw[end:])
 
     def _replace(self, code: int, section: bytes) -> Message:
         offsets = _find_sections(self.raw)
@@ -295,30 +359,204 @@ class Message:
 
 class AnnotationPatch:
     """Message annotations to merge into many messages, encoded once (the listener adds the
-    producer's client id to every message it sends)."""
+    producer's client id to every message it sends).
 
-    __slots__ = ("changes", "_section")
+    Merging splices [3.2.10]: the message's other annotations keep their bytes (and so their
+    AMQP types). A plain ``int`` key is a ulong (annotation keys are symbols or ulongs); a
+    key matches an existing one of the same AMQP type and value, whatever its encoding.
+
+    Raises (constructor):
+        MessageError: a key or value has no AMQP encoding.
+    """
+
+    __slots__ = ("changes", "_section", "_entries", "_by_bytes", "_by_value")
 
     def __init__(self, changes: Mapping[Any, Any]):
         self.changes = dict(changes)
-        self._section = encode(Described(ULong(MESSAGE_ANNOTATIONS), self.changes))
+        entries: list[bytes] = []  # each change's encoded key and value
+        self._by_bytes: dict[bytes, int] = {}  # encoded key → index in entries
+        self._by_value: dict[Any, int] = {}  # (AMQP type, value) of the key → index
+        for key, value in self.changes.items():
+            if type(key) is int:
+                key = ULong(key)
+            try:
+                encoded_key, encoded_value = encode(key), encode(value)
+            except (TypeError, ValueError, struct.error) as exc:
+                raise MessageError(f"annotation {key!r} has no AMQP encoding: {exc}") from None
+            identity = _key_identity(encoded_key, 0, len(encoded_key))
+            index = self._by_value.setdefault(identity, len(entries))
+            if index == len(entries):
+                entries.append(b"")
+            entries[index] = encoded_key + encoded_value
+            self._by_bytes[encoded_key] = index
+        self._entries = entries
+        self._section = _map_section(b"\x00\x53\x72", b"".join(entries), 2 * len(entries), False)
 
     def apply(self, message: Message) -> Message:
         """``message`` with these annotations merged in, other bytes unchanged.
 
         Raises:
-            MessageError: malformed message-annotations (only read when it has some).
+            MessageError: malformed message-annotations (only read when it has some), or a
+                malformed section in front of them.
         """
         raw = message.raw
         front = _front(raw)
         if front is None:  # it has message-annotations already, or an unusual encoding
-            merged = {**message.message_annotations, **self.changes}
-            return message._replace(MESSAGE_ANNOTATIONS, encode(Described(ULong(MESSAGE_ANNOTATIONS), merged)))
+            span = _find_section(raw, MESSAGE_ANNOTATIONS)
+            if span is None:
+                return message._replace(MESSAGE_ANNOTATIONS, self._section)
+            if type(raw) is not bytes:  # (slices of it are looked up as keys)
+                raw = bytes(raw)
+            start, value_at, end = span
+            section = self._splice(raw, start, value_at, end)
+            patched = Message(raw[:start] + section + raw[end:])
+            if raw[:3] == _HEADER_PREFIX:
+                header_fields = _header_fields(raw)
+            elif start == 0 or raw[:3] == _DELIVERY_ANNOTATIONS_PREFIX:  # no header
+                header_fields = _DEFAULT_HEADER_FIELDS
+            else:
+                header_fields = None
+            if header_fields is not None:  # what queue_info() would look for, as on the fast path
+                patched._front = header_fields, start + len(section)
+            return patched
         at, header_fields = front
         section = self._section
         patched = Message(raw[:at] + section + raw[at:])
         patched._front = header_fields, at + len(section)
         return patched
+
+    def _splice(self, raw: bytes, start: int, at: int, end: int) -> bytes:
+        """The message-annotations section ``raw[start:end]`` (its map at ``at``) with these
+        entries merged in: a key already there has its entry's bytes replaced in place
+        (later duplicates of it dropped), new keys go at the end, the map's size and count
+        are rewritten (a map8 that outgrows one byte becomes a map32)."""
+        code = raw[at]
+        if code == 0xC1:
+            count, position = raw[at + 2], at + 3
+        elif code == 0xD1:
+            count, position = int.from_bytes(raw[at + 5:at + 9], "big"), at + 9
+        else:
+            raise MessageError(f"the message-annotations section must be a map, found constructor 0x{code:02x}")
+        if count % 2:
+            raise MessageError(f"the message-annotations map has an odd number of elements ({count})")
+        pieces: list[bytes] = []
+        kept_from, placed, dropped, entries = position, set(), 0, self._entries
+        try:
+            for _ in range(count // 2):
+                key_at = position
+                key_end = skip(raw, key_at)
+                position = skip(raw, key_end)
+                index = self._match(raw, key_at, key_end)
+                if index is not None:
+                    pieces.append(raw[kept_from:key_at])
+                    if index in placed:
+                        dropped += 1
+                    else:
+                        pieces.append(entries[index])
+                        placed.add(index)
+                    kept_from = position
+        except DecodeError as exc:
+            raise MessageError(f"malformed message-annotations: {exc}") from None
+        if position != end:
+            raise MessageError(f"the message-annotations map's {count} elements end at offset {position}, "
+                               f"its size says {end}")
+        pieces.append(raw[kept_from:end])
+        pieces += [entry for index, entry in enumerate(entries) if index not in placed]
+        count += 2 * (len(entries) - len(placed) - dropped)
+        return _map_section(raw[start:at], b"".join(pieces), count, code == 0xD1)
+
+    def _match(self, raw: bytes, at: int, end: int) -> int | None:
+        """The index of the change whose key the map key ``raw[at:end]`` is, or None."""
+        index = self._by_bytes.get(raw[at:end])
+        if index is not None or raw[at] in _SHORT_TEXT:
+            return index  # (a str8/sym8 key is encoded as ours would be: other bytes, other key)
+        if raw[at] not in _KEY_TYPES:
+            return None  # a compound or described key: only the same bytes are the same key
+        try:
+            return self._by_value.get(_key_identity(raw, at, end))
+        except MessageError:
+            return None
+
+
+# Key constructors by AMQP type, so that a key matches whatever encoding of its type it uses.
+_KEY_TYPES = {
+    0xA3: "symbol", 0xB3: "symbol", 0xA1: "string", 0xB1: "string", 0xA0: "binary", 0xB0: "binary",
+    0x80: "ulong", 0x53: "ulong", 0x44: "ulong", 0x70: "uint", 0x52: "uint", 0x43: "uint",
+    0x50: "ubyte", 0x60: "ushort", 0x51: "byte", 0x61: "short", 0x71: "int", 0x54: "int",
+    0x81: "long", 0x55: "long", 0x56: "boolean", 0x41: "boolean", 0x42: "boolean",
+    0x83: "timestamp", 0x98: "uuid", 0x73: "char", 0x40: "null",
+}
+_SHORT_TEXT = frozenset((0xA1, 0xA3))
+
+
+def _key_identity(raw: bytes, at: int, end: int) -> Any:
+    """What makes a map key that key: its AMQP type and value (its bytes for compound keys)."""
+    kind = _KEY_TYPES.get(raw[at])
+    if kind is None:
+        return "encoded", bytes(raw[at:end])
+    try:
+        return kind, decode(raw, at)[0]
+    except DecodeError as exc:
+        raise MessageError(f"malformed annotation key: {exc}") from None
+
+
+def _map_section(descriptor: bytes, body: bytes, count: int, wide: bool) -> bytes:
+    """A described map: ``descriptor`` (its bytes), then a map8 or (``wide`` or too big) map32."""
+    if not wide and len(body) + 1 < 256 and count < 256:
+        return descriptor + bytes((0xC1, len(body) + 1, count)) + body
+    return descriptor + b"\xd1" + (len(body) + 4).to_bytes(4, "big") + count.to_bytes(4, "big") + body
+
+
+def _list_section(descriptor: bytes, parts: list[bytes], wide: bool) -> bytes:
+    """A described list of the encoded ``parts``: list8 unless ``wide`` or too big."""
+    body = b"".join(parts)
+    if not wide and len(body) + 1 < 256 and len(parts) < 256:
+        return descriptor + bytes((0xC0, len(body) + 1, len(parts))) + body
+    return descriptor + b"\xd0" + (len(body) + 4).to_bytes(4, "big") + len(parts).to_bytes(4, "big") + body
+
+
+def _list_elements(raw: bytes, at: int, end: int, code: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of each element of the list that section ``code`` holds at ``at``.
+
+    Raises:
+        MessageError: not a list, or a malformed one.
+    """
+    constructor = raw[at]
+    if constructor == 0x45:
+        return []
+    if constructor == 0xC0:
+        count, position = raw[at + 2], at + 3
+    elif constructor == 0xD0:
+        count, position = int.from_bytes(raw[at + 5:at + 9], "big"), at + 9
+    else:
+        raise MessageError(f"the {_name(code)} section must be a list, found constructor 0x{constructor:02x}")
+    elements = []
+    try:
+        for _ in range(count):
+            element_at, position = position, skip(raw, position)
+            elements.append((element_at, position))
+    except DecodeError as exc:
+        raise MessageError(f"malformed {_name(code)} section: {exc}") from None
+    if position != end:
+        raise MessageError(f"the {_name(code)} list's {count} elements end at offset {position}, its size says {end}")
+    return elements
+
+
+def _count_value(raw: bytes, span: tuple[int, int]) -> int:
+    """The delivery-count a producer put in its header: a uint; anything else counts as 0."""
+    try:
+        value = decode(raw, span[0])[0]
+    except DecodeError as exc:
+        raise MessageError(f"malformed header delivery-count: {exc}") from None
+    return value if type(value) is int and 0 <= value <= _UINT_MAX else 0
+
+
+def _uint(value: int) -> bytes:
+    return encode(UInt(value))
+
+
+_NULL, _FALSE, _UINT_MAX = b"\x40", b"\x42", 2**32 - 1
+_NOT_FIRST_ACQUIRER = (_NULL, _FALSE, b"\x56\x00")  # first-acquirer absent, or false as encoded
 
 
 def _expect(value: Any, kind: type, code: int) -> Any:
@@ -336,6 +574,7 @@ def _name(code: int) -> str:
 
 _HEADER_PREFIX, _DELIVERY_ANNOTATIONS_PREFIX, _PROPERTIES_PREFIX = b"\x00\x53\x70", b"\x00\x53\x71", b"\x00\x53\x73"
 _DEFAULT_HEADER_FIELDS = (False, 4, None)
+_UINT_CODES = frozenset((0x40, 0x43, 0x52, 0x70))
 
 
 def _list_count(raw: bytes, offset: int) -> int:
@@ -350,7 +589,9 @@ def _list_count(raw: bytes, offset: int) -> int:
 
 def _header_fields(raw: bytes) -> tuple[bool, int, int | None] | None:
     """(durable, priority, ttl) read straight from the usual encodings of a header list
-    starting at offset 3; ``None`` for anything unusual (the caller decodes properly)."""
+    starting at offset 3, whose first-acquirer and delivery-count are checked for their
+    usual encodings too (a redelivery rewrites those in place); ``None`` for anything
+    unusual (the caller decodes properly, which refuses what cannot be decoded)."""
     try:
         code = raw[3]
         if code == 0x45:
@@ -358,6 +599,8 @@ def _header_fields(raw: bytes) -> tuple[bool, int, int | None] | None:
         if code != 0xC0:
             return None
         count, position = raw[5], 6
+        if count > 5:
+            return None
         durable, priority, ttl = False, 4, None
         if count > 0:
             code = raw[position]
@@ -382,12 +625,27 @@ def _header_fields(raw: bytes) -> tuple[bool, int, int | None] | None:
             code = raw[position]
             if code == 0x70:
                 ttl = int.from_bytes(raw[position + 1:position + 5], "big")
+                position += 5
             elif code == 0x52:
                 ttl = raw[position + 1]
+                position += 2
             elif code == 0x43:
                 ttl = 0
-            elif code != 0x40:
+                position += 1
+            elif code == 0x40:
+                position += 1
+            else:
                 return None
+        if count > 3:  # first-acquirer, a boolean
+            code = raw[position]
+            if code == 0x56 and raw[position + 1] <= 1:
+                position += 2
+            elif code == 0x40 or code == 0x41 or code == 0x42:
+                position += 1
+            else:
+                return None
+        if count > 4 and raw[position] not in _UINT_CODES:  # delivery-count, a uint
+            return None
         return durable, priority, ttl
     except IndexError:
         return None

@@ -55,6 +55,7 @@ from typing import Any
 import attrs
 
 from .like import LikePatternError, like_pattern
+from .message import MessageError
 
 __all__ = ["SelectorError", "Selector", "compile_selector", "message_identifiers"]
 
@@ -633,34 +634,42 @@ def message_identifiers(message: Any, delivery_count: int = 0) -> Lookup:
     JMS headers map to AMQP fields as Qpid JMS maps them: JMSDeliveryMode ← durable,
     JMSPriority ← priority, JMSMessageID ← message-id, JMSTimestamp ← creation-time,
     JMSCorrelationID ← correlation-id, JMSType ← subject, JMSXUserID ← user-id,
-    JMSXGroupID ← group-id, JMSXGroupSeq ← group-sequence, JMSXDeliveryCount ←
-    ``delivery_count + 1``. Any other name is an application property.
+    JMSXGroupID ← group-id, JMSXGroupSeq ← group-sequence, JMSXDeliveryCount ← the
+    header's delivery-count + 1, where ``delivery_count`` (the failed deliveries since the
+    message arrived) is added to the count the producer sent [3.2.1], as the consumer will
+    see it. Any other name is an application property.
     """
 
     def get(name: str) -> Any:
-        if name[:3] == "JMS":
-            if name == "JMSDeliveryMode":
-                return _DELIVERY_MODES[message.header.durable]
-            if name == "JMSPriority":
-                return message.header.priority
-            if name == "JMSMessageID":
-                return _jms_id(message.properties.message_id)
-            if name == "JMSTimestamp":
-                value = message.properties.creation_time
-                return None if value is None else int(value)
-            if name == "JMSCorrelationID":
-                return _jms_id(message.properties.correlation_id)
-            if name == "JMSType":
-                return message.properties.subject
-            if name == "JMSXUserID":
-                user = message.properties.user_id
-                return user.decode("utf-8", "replace") if isinstance(user, bytes) else None
-            if name == "JMSXGroupID":
-                return message.properties.group_id
-            if name == "JMSXGroupSeq":
-                return message.properties.group_sequence
-            if name == "JMSXDeliveryCount":
-                return delivery_count + 1
-        return _plain(message.application_properties.get(name))
+        # An unreadable section makes the value unknown (NULL): the selector does not pick
+        # the message, and the dispatch that asked (a queue's, a topic's) goes on.
+        try:
+            if name[:3] == "JMS":
+                if name == "JMSDeliveryMode":
+                    return _DELIVERY_MODES[message.header.durable]
+                if name == "JMSPriority":
+                    return message.header.priority
+                if name == "JMSMessageID":
+                    return _jms_id(message.properties.message_id)
+                if name == "JMSTimestamp":
+                    value = message.properties.creation_time
+                    return None if value is None else int(value)
+                if name == "JMSCorrelationID":
+                    return _jms_id(message.properties.correlation_id)
+                if name == "JMSType":
+                    return message.properties.subject
+                if name == "JMSXUserID":
+                    user = message.properties.user_id
+                    return user.decode("utf-8", "replace") if isinstance(user, bytes) else None
+                if name == "JMSXGroupID":
+                    return message.properties.group_id
+                if name == "JMSXGroupSeq":
+                    return message.properties.group_sequence
+                if name == "JMSXDeliveryCount":
+                    sent = message.header.delivery_count
+                    return (sent if type(sent) is int else 0) + delivery_count + 1
+            return _plain(message.application_properties.get(name))
+        except MessageError:
+            return None
 
     return get

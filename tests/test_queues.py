@@ -503,3 +503,44 @@ async def test_dead_letter_annotations_keep_the_message(broker):
     [dead] = list(queue_manager.queue("routerdlq").browse())
     assert dead.message.message_id == "keep-me" and dead.message.body() == b"payload"
     assert dead.message.message_annotations["x-opt-a"] == 1 and dead.persistent
+
+
+async def test_undeliverable_here_passes_the_consumer_over_for_that_entry_only(broker):
+    """[3.4.5] modified with undeliverable-here: that consumer (with or without a selector)
+    never gets the entry again, other entries still; another consumer gets it."""
+    queue_manager = broker.queue_manager
+    for n in range(2):
+        await queue_manager.send("picky", msg(n))
+    queue = queue_manager.queue("picky")
+    first = queue.consumer(compile_selector("n >= 0"))
+    first.flow(1)
+    refused = first.receive_nowait()
+    assert not refused.acquired
+    first.modify(refused, delivery_failed=False, undeliverable_here=True)
+    first.flow(2)
+    assert bodies(take(first, 1)) == ["m1"]  # passed over m0, took the next
+    with pytest.raises(trio.WouldBlock):
+        first.receive_nowait()
+    second = queue.consumer()
+    second.flow(1)
+    again = second.receive_nowait()
+    assert (again.id, again.delivery_count, again.acquired) == (refused.id, 0, True)
+    second.release(again)  # back again: still not for the first consumer
+    assert queue.available == 1 and first.credit == 1 and not first.buffered
+
+
+async def test_modified_annotations_are_spliced_into_the_entry_only(broker):
+    queue_manager = broker.queue_manager
+    await queue_manager.send("noted", msg(1, annotations={Symbol("x-opt-a"): 1}))
+    consumer = queue_manager.queue("noted").consumer()
+    consumer.flow(1)
+    entry = consumer.receive_nowait()
+    original = entry.message
+    consumer.modify(entry, annotations={Symbol("x-opt-b"): "two"})
+    consumer.flow(1)
+    again = consumer.receive_nowait()
+    assert again.message.message_annotations == {"x-opt-a": 1, "x-opt-b": "two"}
+    assert again.message.raw.startswith(original.raw[:original.sections()[0x72][1]])  # the section before
+    consumer.modify(again, annotations={Symbol("x-opt-c"): object()})  # no AMQP encoding: left out
+    consumer.flow(1)
+    assert consumer.receive_nowait().message.message_annotations == {"x-opt-a": 1, "x-opt-b": "two"}

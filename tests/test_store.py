@@ -15,6 +15,7 @@ from martinet.swiftlets.store.api import (
     PutRecord,
     RememberId,
     SetDeliveryCount,
+    SetMessageBody,
     SetTransaction,
     StoreError,
 )
@@ -123,3 +124,12 @@ async def test_a_relative_path_is_under_the_start_directory_and_logged_absolute(
     assert database.exists() and usage(router)["path"] == str(database)
     assert f"store {database} opened: 0 messages, 0 records" in caplog.messages
     router.request_stop()
+
+
+async def test_a_message_body_is_replaced_stored_or_in_the_same_batch(broker):
+    await broker.store.commit([PutMessage(1, "a", b"one")])
+    await broker.store.commit([SetMessageBody(1, b"one, annotated"), PutMessage(2, "a", b"two"),
+                               SetMessageBody(2, b"two, annotated"), SetDeliveryCount(2, 3)])
+    await broker.restart()
+    assert [tuple(m) for m in broker.store.recovered.messages] == [
+        (1, "a", b"one, annotated", 0, None), (2, "a", b"two, annotated", 3, None)]

@@ -18,10 +18,15 @@ Links, by what the client attaches:
   ``incoming-credit``. A dynamic target makes a temporary queue or topic that lives as
   long as the link. Its attach announces the queue manager's max-message-size; the engine
   detaches it (amqp:link:message-size-exceeded) as soon as a message's frames pass that.
+  A message that cannot be read is rejected (``amqp:decode-error``) and the link goes on:
+  nothing about one message ends a connection.
 - :class:`OutgoingLink` — the client *receives*: a queue consumer (a queue, a dynamic
   temporary queue, a topic subscription's queue, a durable subscription's queue) whose
-  credit follows the link's; the client's outcome settles the queue entry; closing the
-  link or losing the connection releases what is unsettled.
+  credit follows the link's; the client's outcome settles the queue entry (all of
+  modified's fields [3.4.5]); closing the link or losing the connection releases what is
+  unsettled. A message goes out as it came in, unless it was acquired before: then its
+  header says so [3.2.1] (first-acquirer false, delivery-count counted on from the
+  producer's).
 - :class:`BrowsingLink` (distribution-mode copy) and :class:`CoordinatorLink`
   (transactions).
 
@@ -63,13 +68,14 @@ from martinet.messaging.amqp import (
     Error,
 )
 from martinet.messaging.amqp.sasl import Credentials, SaslError, SaslServer
-from martinet.messaging.codec import Described, Int, Symbol, ULong
+from martinet.messaging.codec import DecodeError, Described, Int, Symbol, ULong
 from martinet.messaging.io import Driver, lead_in
-from martinet.messaging.message import Message, MessageError, AnnotationPatch
+from martinet.messaging.message import AnnotationPatch, Message, MessageError
 from martinet.messaging.selector import SelectorError, compile_selector
 from martinet.swiftlets.authentication.api import AccessDenied, AuthenticationFailed
 from martinet.swiftlets.queuemanager.api import (
     ConsumerRefused,
+    MalformedMessage,
     MessageTooLarge,
     QueueError,
     QueueFull,
@@ -185,14 +191,10 @@ class IncomingLink:
                                                                   on_durable=None if remotely_settled else durable)
                 if result.delay_ms > self.delay_ms:
                     self.delay_ms, self.delayed_queue = result.delay_ms, None if topic else address
-        except (QueueError, TopicError, MessageError, _Refused) as exc:
+        except (QueueError, TopicError, MessageError, DecodeError, _Refused) as exc:
             log.info("transfer to %s refused: %s", self.address or "(anonymous relay)", exc)
             if not remotely_settled:
-                name = (exc.condition if isinstance(exc, _Refused) else
-                        "amqp:resource-limit-exceeded" if isinstance(exc, QueueFull) else
-                        "amqp:link:message-size-exceeded" if isinstance(exc, MessageTooLarge) else
-                        "amqp:invalid-field")
-                link.settle(delivery_id, _rejected(name, str(exc)))
+                link.settle(delivery_id, _rejected(_condition(exc), str(exc)))
         self.unreplenished += 1
         if self.unreplenished >= self.window // 2 and not self.throttled:  # half the window used
             if self.delay_ms:
@@ -221,6 +223,28 @@ class IncomingLink:
     def close(self) -> None:
         if self.on_close is not None:
             self.on_close()
+
+
+def _condition(exc: Exception) -> str:
+    """The AMQP error condition that refuses a transfer for ``exc``."""
+    if isinstance(exc, _Refused):
+        return exc.condition
+    if isinstance(exc, (MessageError, DecodeError, MalformedMessage)):
+        return "amqp:decode-error"
+    if isinstance(exc, MessageTooLarge):
+        return "amqp:link:message-size-exceeded"
+    return "amqp:resource-limit-exceeded" if isinstance(exc, QueueFull) else "amqp:invalid-field"
+
+
+def _outgoing(entry: Any) -> Message:
+    """The message of a queue entry as a delivery carries it: as it came in, or — acquired
+    before — with first-acquirer false and the failed deliveries added to the producer's
+    delivery-count [3.2.1].
+
+    Raises:
+        MessageError: its header cannot be read (the caller dead-letters it).
+    """
+    return entry.message.redelivered(entry.delivery_count) if entry.acquired else entry.message
 
 
 class OutgoingLink:
@@ -252,15 +276,24 @@ class OutgoingLink:
         if credit > 0 and consumer.buffered and not link.session.blocked:
             presettled, unsettled, send = link.presettled, self.unsettled, link.send
             entries = consumer.take(min(credit, link.session.remote_incoming_window))
+            sent = len(entries)
             for entry in entries:
-                message = entry.message if not entry.delivery_count else entry.message.with_delivery_count(
-                    entry.delivery_count)
-                delivery_id = send(message.raw, presettled)
+                try:
+                    raw = entry.message.raw if not entry.acquired else _outgoing(entry).raw
+                except MessageError as exc:  # (no delivery was made: the link's credit stays)
+                    log.error("message %d of queue %s cannot be delivered, moved to routerdlq: %s",
+                              entry.id, consumer.queue.name, exc)
+                    consumer.reject(entry, f"cannot be delivered: {exc}")
+                    sent -= 1
+                    continue
+                delivery_id = send(raw, presettled)
                 if presettled:
                     consumer.accept(entry)
                 else:
                     unsettled[delivery_id] = entry
-            self.connection.sent += len(entries)
+            self.connection.sent += sent
+            if sent < len(entries):  # the link's credit for those is unused: the consumer gets it back
+                self.sync_credit()
         if link.drain and link.credit > 0 and not consumer.buffered:
             consumer.drain()
             link.drained()
@@ -286,9 +319,11 @@ class OutgoingLink:
             consumer.release(entry)
         elif code == REJECTED:
             consumer.reject(entry, "rejected by the client")
-        elif code == MODIFIED:
-            fields = (state.value if isinstance(state.value, list) else []) + [None, None]
-            consumer.modify(entry, delivery_failed=bool(fields[0]), undeliverable_here=bool(fields[1]))
+        elif code == MODIFIED:  # [3.4.5] delivery-failed, undeliverable-here, message-annotations
+            fields = (state.value if isinstance(state.value, list) else []) + [None, None, None]
+            annotations = fields[2] if isinstance(fields[2], dict) else None
+            consumer.modify(entry, delivery_failed=bool(fields[0]), undeliverable_here=bool(fields[1]),
+                            annotations=annotations)
         else:  # settled by the client without an outcome (or a transactional state without an id)
             consumer.accept(entry)
 
@@ -319,12 +354,12 @@ class CoordinatorLink:
             fields = list(getattr(control, "value", None) or [])
             if kind == DECLARE:
                 link.settle(delivery_id, amqp.outcome(DECLARED, connection.declare()))
-            elif kind == DISCHARGE and fields:
-                connection.discharge(link, delivery_id, bytes(fields[0]), bool(fields[1]) if len(fields) > 1 else False)
+            elif kind == DISCHARGE and fields and isinstance(fields[0], bytes):
+                connection.discharge(link, delivery_id, fields[0], bool(fields[1]) if len(fields) > 1 else False)
             else:
                 raise _Refused("amqp:invalid-field", f"not a declare or discharge: {control!r}"[:200])
-        except (_Refused, MessageError) as exc:
-            link.settle(delivery_id, _rejected(getattr(exc, "condition", "amqp:invalid-field"), str(exc)))
+        except (_Refused, MessageError, DecodeError) as exc:
+            link.settle(delivery_id, _rejected(_condition(exc), str(exc)))
         if link.credit < 50:
             link.flow(100)
         connection.wake()
@@ -356,7 +391,12 @@ class BrowsingLink:
             if entry is None:
                 link.drained()
                 return
-            link.send(entry.message.raw, True)
+            try:
+                message = _outgoing(entry)
+            except MessageError as exc:  # a copy nobody can read: left out of the browse
+                log.warning("message %d not browsed: %s", entry.id, exc)
+                continue
+            link.send(message.raw, True)
 
     def on_outcome(self, delivery_id: int, state: Any, settled: bool) -> None:
         pass  # browsed copies go out settled

@@ -64,6 +64,7 @@ __all__ = [
     "QueueNotFound",
     "QueueFull",
     "MessageTooLarge",
+    "MalformedMessage",
     "ConsumerRefused",
     "TransactionError",
 ]
@@ -86,6 +87,11 @@ class QueueFull(QueueError):
 
 class MessageTooLarge(QueueError):
     """The message exceeds ``max-message-size``."""
+
+
+class MalformedMessage(QueueError):
+    """The message's bytes cannot be read as an AMQP 1.0 message (a listener answers
+    ``amqp:decode-error``)."""
 
 
 class ConsumerRefused(QueueError):
@@ -123,7 +129,8 @@ class Entry(Protocol):
 
     @property
     def message(self) -> Message:
-        """The message (shared by every queue it is in; immutable)."""
+        """The message (shared by every queue it is in; immutable). A modified outcome with
+        message-annotations replaces it, for this entry only, by an annotated copy."""
 
     @property
     def priority(self) -> int:
@@ -131,11 +138,20 @@ class Entry(Protocol):
 
     @property
     def delivery_count(self) -> int:
-        """Failed deliveries so far (released with delivery-failed, or rolled back)."""
+        """Failed deliveries at this router so far (modified with delivery-failed, unsettled
+        when its consumer went, or rolled back). The header's delivery-count as the producer
+        sent it comes on top [3.2.1]: a listener delivers
+        ``entry.message.redelivered(entry.delivery_count)`` once ``acquired``."""
 
     @property
     def redelivered(self) -> bool:
         """``delivery_count > 0``."""
+
+    @property
+    def acquired(self) -> bool:
+        """A consumer has had it before (it came back: released, modified, rolled back, or
+        recovered after a restart, where nobody knows): its next delivery must say
+        first-acquirer false [3.2.1]. While false, the message goes out as it came in."""
 
 
 class Consumer(Protocol):
@@ -209,10 +225,15 @@ class Consumer(Protocol):
     def release(self, entry: Entry) -> None:
         """Not processed: back to the queue, delivery count unchanged."""
 
-    def modify(self, entry: Entry, *, delivery_failed: bool = True, undeliverable_here: bool = False) -> None:
-        """Back to the queue; ``delivery_failed`` counts a failed delivery (and may send the
-        entry to routerdlq past ``max-delivery-count``). ``undeliverable_here`` is accepted
-        but not honoured."""
+    def modify(self, entry: Entry, *, delivery_failed: bool = True, undeliverable_here: bool = False,
+               annotations: Mapping[Any, Any] | None = None) -> None:
+        """Back to the queue, as AMQP's modified outcome says [3.4.5]. ``delivery_failed``
+        counts a failed delivery (and may send the entry to routerdlq past
+        ``max-delivery-count``); ``undeliverable_here``: this consumer never gets the entry
+        again (another consumer does; until one comes, it waits in the queue);
+        ``annotations`` are merged into the message-annotations of the entry's message
+        (what it had keeps its bytes; stored for a persistent entry). Annotations that
+        cannot be merged are logged and left out; the rest of the outcome still applies."""
 
     def reject(self, entry: Entry, reason: str = "rejected by the consumer") -> None:
         """Unprocessable: the entry goes to routerdlq with ``reason``."""

@@ -56,13 +56,14 @@ from martinet.swiftlets.store.api import (
     PutRecord,
     RememberId,
     SetDeliveryCount,
+    SetMessageBody,
     SetTransaction,
     Store,
 )
 
-from .api import MessageTooLarge, QueueError, QueueNotFound, SendResult, TransactionError
+from .api import MalformedMessage, MessageTooLarge, QueueError, QueueNotFound, SendResult, TransactionError
 from .config import QueueManagerConfig, QueueSettings
-from .queue import GONE, HELD, Consumer, Entry, Queue, now_ms
+from .queue import DELIVERED, GONE, HELD, Consumer, Entry, Queue, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,11 @@ class QueueManager:
         """(:class:`.queue.QueueServices`) Store an entry's new delivery count, in the background."""
         self._defer(SetDeliveryCount(entry.id, entry.delivery_count))
 
+    def persist_message(self, entry: Entry) -> None:
+        """(:class:`.queue.QueueServices`) Store an entry's replaced (annotated) message, in
+        the background."""
+        self._defer(SetMessageBody(entry.id, entry.message.raw))
+
     # -- recovery -----------------------------------------------------------------------------
 
     def _recover(self) -> None:
@@ -206,7 +212,9 @@ class QueueManager:
                 log.error("stored message %d of %s is unreadable (%s); dropped", stored.id, stored.queue, exc)
                 orphans.append(DeleteMessage(stored.id))
                 continue
-            entry = Entry(stored.id, message, priority, expires, True, stored.delivery_count)
+            # Acquired, for all we know: a delivery unsettled at a crash was never counted, and
+            # first-acquirer false is always true [3.2.1: "MAY have previously been acquired"].
+            entry = Entry(stored.id, message, priority, expires, True, stored.delivery_count, acquired=True)
             if stored.txid is not None:
                 transaction = prepared.get(stored.txid)
                 if transaction is None:  # prepared sends without a prepare record: never prepared
@@ -379,7 +387,7 @@ class QueueManager:
         for a duplicate, or a message that expired before it arrived.
 
         Raises:
-            MessageTooLarge, QueueFull, QueueError (malformed message).
+            MessageTooLarge, QueueFull, MalformedMessage.
         """
         if len(message.raw) > self.max_message_size:
             raise MessageTooLarge(f"message of {len(message.raw)} bytes exceeds max-message-size "
@@ -388,7 +396,7 @@ class QueueManager:
         try:
             durable, priority, expires, message_id = message.queue_info(now)
         except MessageError as exc:
-            raise QueueError(f"malformed message for queue {queue.name}: {exc}") from None
+            raise MalformedMessage(f"malformed message for queue {queue.name}: {exc}") from None
         settings = queue.settings
         key = id_key(message_id) if settings.duplicate_detection_enabled else None
         if key is not None and queue.is_duplicate(key, possible_duplicate):
@@ -493,7 +501,7 @@ class QueueManager:
         try:
             durable, priority, expires, _ = message.queue_info(now)
         except MessageError as exc:
-            raise QueueError(f"malformed message: {exc}") from None
+            raise MalformedMessage(f"malformed message: {exc}") from None
         if expires is not None and expires <= now:
             if on_durable is not None:
                 on_durable(None)
@@ -560,6 +568,7 @@ class QueueManager:
         already adjusted) to routerdlq; ``count`` it as dead-lettered by ``source``."""
         if count:
             source.dead_lettered += 1
+        acquired = entry.acquired or entry.state in (DELIVERED, HELD)  # a consumer had it
         entry.state = GONE
         ops: list[Op] = [DeleteMessage(entry.id)] if entry.persistent else []
         dlq = self.queues["routerdlq"]
@@ -573,7 +582,8 @@ class QueueManager:
                       entry.id, source.name, reason, exc)
             self._defer(*ops)
             return
-        moved = Entry(next(self._ids), message, entry.priority, None, entry.persistent, entry.delivery_count)
+        moved = Entry(next(self._ids), message, entry.priority, None, entry.persistent, entry.delivery_count,
+                      acquired=acquired)
         if moved.persistent:
             ops.append(PutMessage(moved.id, dlq.name, message.raw, moved.delivery_count))
         dlq.add(moved)

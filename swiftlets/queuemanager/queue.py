@@ -12,7 +12,14 @@ A message in a queue is an :class:`Entry` (the shared, immutable
 - **gone**: accepted, expired or dead-lettered.
 
 An entry leaves its deque when it is delivered and goes back to its place (by id) when
-it is released, so order and priority survive redelivery.
+it is released, so order and priority survive redelivery. Going back marks it
+``acquired`` (AMQP 1.0 §3.2.1: its next delivery must say first-acquirer false) and, for a
+failed delivery, counts it in ``delivery_count`` (the consumer's listener adds that to the
+count the producer put in the header). A consumer that answers modified with
+undeliverable-here (§3.4.5) is put on the entry's ``excluded`` list: dispatch passes that
+consumer over for that entry, which waits for another consumer if need be; the list
+names consumers by serial number, so a closed consumer's entry is simply never matched
+again.
 
 Delivery is credit-driven, as AMQP links are: a consumer receives at most as many entries
 as it has credit. Consumers with credit wait in a round-robin ``ready`` ring; every new
@@ -29,14 +36,16 @@ which a queue reaches only through the small :class:`QueueServices` interface it
 
 from __future__ import annotations
 
+import itertools
+import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import trio
 
-from martinet.messaging.message import Message
+from martinet.messaging.message import Message, MessageError
 from martinet.messaging.selector import Selector, message_identifiers
 
 from .api import ConsumerRefused, QueueError, QueueFull
@@ -44,7 +53,10 @@ from .config import QueueSettings
 
 __all__ = ["Entry", "Queue", "Consumer", "QueueServices", "FlowController"]
 
+log = logging.getLogger(__name__)
+
 AVAILABLE, DELIVERED, HELD, GONE = 0, 1, 2, 3
+_serials = itertools.count(1)  # consumers, for Entry.excluded
 
 
 class QueueServices(Protocol):
@@ -67,15 +79,25 @@ class QueueServices(Protocol):
     def persist_delivery_count(self, entry: Entry) -> None:
         """A persistent ``entry``'s delivery count changed: store it (in the background)."""
 
+    def persist_message(self, entry: Entry) -> None:
+        """A persistent ``entry``'s message was replaced (annotated): store its bytes (in the
+        background)."""
+
 
 class Entry:
     """A message in one queue. Public, read-only: ``id``, ``message``, ``priority``,
-    ``delivery_count``, ``redelivered``."""
+    ``delivery_count``, ``redelivered``, ``acquired``.
 
-    __slots__ = ("id", "message", "priority", "expires", "delivery_count", "state", "persistent")
+    An entry made with a delivery count (recovered, moved to routerdlq) has been acquired
+    before: say so with ``acquired=True``, since only that flag makes a listener rewrite
+    the header. ``excluded`` holds the serials of consumers that must not get it
+    (undeliverable-here)."""
+
+    __slots__ = ("id", "message", "priority", "expires", "delivery_count", "state", "persistent", "acquired",
+                 "excluded")
 
     def __init__(self, id: int, message: Message, priority: int, expires: int | None,
-                 persistent: bool, delivery_count: int = 0):
+                 persistent: bool, delivery_count: int = 0, *, acquired: bool = False):
         self.id = id
         self.message = message
         self.priority = priority
@@ -83,6 +105,8 @@ class Entry:
         self.persistent = persistent
         self.delivery_count = delivery_count
         self.state = AVAILABLE
+        self.acquired = acquired
+        self.excluded: tuple[int, ...] | None = None
 
     @property
     def redelivered(self) -> bool:
@@ -237,7 +261,7 @@ class Queue:
         ready = self._ready
         while ready and self.available:
             consumer = ready[0]
-            entry = self._take(consumer.selector)
+            entry = self._take(consumer)
             if entry is None:  # nothing this consumer selects: wait for new entries
                 ready.popleft()
                 self._parked.append(consumer)
@@ -250,8 +274,10 @@ class Queue:
             elif len(ready) > 1:
                 ready.rotate(-1)
 
-    def _take(self, selector: Selector | None) -> Entry | None:
-        now = 0
+    def _take(self, consumer: Consumer) -> Entry | None:
+        """The next available entry for ``consumer`` (its selector matches, it is not
+        excluded from it), out of its deque; None if there is none."""
+        selector, now = consumer.selector, 0
         for level in self._highest_first:
             if not level:
                 continue
@@ -262,16 +288,22 @@ class Queue:
                         self.available -= 1
                         self.manager.expire(self, entry)
                         continue
+                    if entry.excluded is not None and consumer.serial in entry.excluded:
+                        level.appendleft(entry)
+                        break  # not for this consumer: look along the level (below)
                     self.available -= 1
                     return entry
-            else:
-                for index, entry in enumerate(level):
-                    if entry.expires is not None and entry.expires <= (now or (now := now_ms())):
-                        continue  # left for the cleanup
-                    if selector.matches(message_identifiers(entry.message, entry.delivery_count)):
-                        del level[index]
-                        self.available -= 1
-                        return entry
+                else:
+                    continue
+            for index, entry in enumerate(level):
+                if entry.expires is not None and entry.expires <= (now or (now := now_ms())):
+                    continue  # left for the cleanup
+                if entry.excluded is not None and consumer.serial in entry.excluded:
+                    continue
+                if selector is None or selector.matches(message_identifiers(entry.message, entry.delivery_count)):
+                    del level[index]
+                    self.available -= 1
+                    return entry
         return None
 
     def _ready_up(self, consumer: Consumer) -> None:
@@ -296,9 +328,16 @@ class Queue:
             for callback in callbacks:
                 callback()
 
-    def release(self, entry: Entry, *, count_delivery: bool) -> None:
+    def release(self, entry: Entry, *, count_delivery: bool, acquired: bool = True,
+                exclude: Consumer | None = None) -> None:
         """Give an entry back to the queue, counting a failed delivery if asked to; past
-        ``max-delivery-count`` it goes to routerdlq instead."""
+        ``max-delivery-count`` it goes to routerdlq instead. ``acquired``: a client had it
+        (first-acquirer is false from now on); ``exclude``: a consumer that must not get it
+        again (undeliverable-here)."""
+        if acquired:
+            entry.acquired = True
+        if exclude is not None:
+            entry.excluded = (*(entry.excluded or ()), exclude.serial)
         if count_delivery:
             entry.delivery_count += 1
             limit = self.settings.max_delivery_count
@@ -418,6 +457,7 @@ class Consumer:
         self.queue = queue
         self.selector = selector
         self.owner = owner
+        self.serial = next(_serials)  # what Entry.excluded names this consumer by
         self.credit = 0
         self.closed = False
         self._buffer: deque[Entry] = deque()
@@ -517,11 +557,26 @@ class Consumer:
         """Not processed: back to the queue, delivery count unchanged."""
         self.queue.release(self._settle(entry), count_delivery=False)
 
-    def modify(self, entry: Entry, *, delivery_failed: bool = True, undeliverable_here: bool = False) -> None:
-        """Back to the queue; ``delivery_failed`` counts a delivery (redelivered, and
-        max-delivery-count). ``undeliverable_here`` is accepted but not honoured: the entry
-        may come back to this consumer."""
-        self.queue.release(self._settle(entry), count_delivery=delivery_failed)
+    def modify(self, entry: Entry, *, delivery_failed: bool = True, undeliverable_here: bool = False,
+               annotations: Mapping[Any, Any] | None = None) -> None:
+        """Back to the queue, as AMQP's modified outcome says [3.4.5]: ``delivery_failed``
+        counts a failed delivery (and max-delivery-count); ``undeliverable_here``: never
+        again to this consumer (another one gets it; with none, it waits for one);
+        ``annotations`` are merged into the entry's message-annotations (spliced: what the
+        message had keeps its bytes; stored for a persistent entry). Annotations that
+        cannot be merged (no AMQP encoding, or the message's own are unreadable) are logged
+        and left out; the rest of the outcome still applies."""
+        entry = self._settle(entry)
+        if annotations:
+            try:
+                entry.message = entry.message.with_annotations(annotations)
+            except MessageError as exc:
+                log.warning("queue %s: annotations of a modified outcome not merged into message %d: %s",
+                            self.queue.name, entry.id, exc)
+            else:
+                if entry.persistent:
+                    self.queue.manager.persist_message(entry)
+        self.queue.release(entry, count_delivery=delivery_failed, exclude=self if undeliverable_here else None)
 
     def reject(self, entry: Entry, reason: str = "rejected by the consumer") -> None:
         """Unprocessable: the entry goes to routerdlq with ``reason``."""
@@ -546,7 +601,8 @@ class Consumer:
         self._buffer.clear()
         self.queue._detach(self)
         for entry in sorted(self.unsettled.values(), key=lambda e: e.id):
-            self.queue.release(entry, count_delivery=entry.id not in never_seen)
+            taken = entry.id not in never_seen
+            self.queue.release(entry, count_delivery=taken, acquired=taken)
         self.unsettled.clear()
         if self.notify is not None:  # closed under its owner (the queue was deleted): tell it
             self.notify()

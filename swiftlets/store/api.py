@@ -27,6 +27,7 @@ __all__ = [
     "PutMessage",
     "DeleteMessage",
     "SetDeliveryCount",
+    "SetMessageBody",
     "SetTransaction",
     "PutRecord",
     "DeleteRecord",
@@ -57,6 +58,13 @@ class DeleteMessage(NamedTuple):
 class SetDeliveryCount(NamedTuple):
     id: int
     delivery_count: int
+
+
+class SetMessageBody(NamedTuple):
+    """Replace the stored bytes of message ``id`` (a consumer's modified outcome annotated it)."""
+
+    id: int
+    body: bytes
 
 
 class SetTransaction(NamedTuple):
@@ -90,7 +98,8 @@ class RememberId(NamedTuple):
     keep: int
 
 
-Op = PutMessage | DeleteMessage | SetDeliveryCount | SetTransaction | PutRecord | DeleteRecord | RememberId
+Op = (PutMessage | DeleteMessage | SetDeliveryCount | SetMessageBody | SetTransaction | PutRecord | DeleteRecord
+      | RememberId)
 
 
 class StoredMessage(NamedTuple):

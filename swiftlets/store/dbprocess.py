@@ -40,11 +40,21 @@ from typing import Any, BinaryIO
 
 import msgpack
 
-from .api import DeleteMessage, DeleteRecord, PutMessage, PutRecord, RememberId, SetDeliveryCount, SetTransaction
+from .api import (
+    DeleteMessage,
+    DeleteRecord,
+    PutMessage,
+    PutRecord,
+    RememberId,
+    SetDeliveryCount,
+    SetMessageBody,
+    SetTransaction,
+)
 
 SCHEMA_VERSION = 1
 OP_CODES = {PutMessage: 1, DeleteMessage: 2, SetDeliveryCount: 3, SetTransaction: 4, PutRecord: 5,
-            DeleteRecord: 6, RememberId: 7}
+            DeleteRecord: 6, RememberId: 7, SetMessageBody: 8}
+_SET_COLUMNS = {3: (3, "delivery_count"), 4: (4, "txid"), 8: (2, "body")}  # op code → (put field, column)
 RECOVERY_CHUNK = 2000
 LENGTH = struct.Struct(">I")  # the frame length prefix
 
@@ -153,12 +163,12 @@ class Database:
                     cancelled += 1
                 else:
                     deletes.append(op[1])
-            elif code == 3 or code == 4:
+            elif code == 3 or code == 4 or code == 8:
+                field, column = _SET_COLUMNS[code]
                 put = puts.get(op[1])
-                if put is not None:
-                    put[3 if code == 3 else 4] = op[2]
+                if put is not None:  # stored in this batch: store it changed
+                    put[field] = op[2]
                 else:
-                    column = "delivery_count" if code == 3 else "txid"
                     updates.append((f"UPDATE messages SET {column} = ? WHERE id = ?", (op[2], op[1])))
             elif code == 5:
                 records.append(tuple(op[1:]))
