@@ -97,18 +97,24 @@ async def connections(port: int, count: int, wave: int) -> None:
     """``count`` connections in waves of ``wave`` open at once."""
     for first in range(0, count, wave):
         size = min(wave, count - first)
-        all_open = trio.Event()
-        waiting = [size]
-
-        def opened() -> None:
-            waiting[0] -= 1
-            if not waiting[0]:
-                all_open.set()
-
+        barrier = _Barrier(size)
         with trio.fail_after(120):
             async with trio.open_nursery() as nursery:
                 for number in range(first, first + size):
-                    nursery.start_soon(one_connection, port, number, opened, all_open)
+                    nursery.start_soon(one_connection, port, number, barrier.arrived, barrier.all_in)
+
+
+class _Barrier:
+    """``all_in`` is set once ``arrived`` was called ``size`` times."""
+
+    def __init__(self, size: int):
+        self.waiting = size
+        self.all_in = trio.Event()
+
+    def arrived(self) -> None:
+        self.waiting -= 1
+        if not self.waiting:
+            self.all_in.set()
 
 
 class Router:

@@ -31,7 +31,7 @@ from proton import Message
 from proton.utils import BlockingConnection, LinkDetached
 
 from martinet.messaging import amqp
-from martinet.messaging.codec import Described, ULong, UInt, decode, encode
+from martinet.messaging.codec import Described, UInt, ULong, decode, encode
 
 from conftest import wait_until
 
@@ -232,7 +232,7 @@ def test_taking_channels_and_handles_costs_the_same_for_the_thousandth_as_for_th
     assert sorted(link.handle for link in engine._channels[0]._handles.values()) == list(range(links))
     per_session = operations_in_engine(lambda: engine.receive_data(begins), budget=400 * sessions) / sessions
     assert sorted(engine._channels) == list(range(sessions + 1))
-    assert per_link < 400 and per_session < 400 and engine.opened
+    assert per_link < 400 and per_session < 400 and engine.opened, (per_link, per_session)
 
 
 # -- item 7a: incomplete multi-frame messages -------------------------------------------------
@@ -292,7 +292,8 @@ def router_side_objects() -> dict[str, int]:
     counts: dict[str, int] = {}
     for obj in gc.get_objects():
         kind = type(obj)
-        if kind.__name__ in ROUTER_SIDE and kind.__module__.startswith(("martinet.swiftlets.jms", "martinet.messaging")):
+        if kind.__name__ in ROUTER_SIDE and kind.__module__.startswith(("martinet.swiftlets.jms",
+                                                                         "martinet.messaging")):
             counts[kind.__name__] = counts.get(kind.__name__, 0) + 1
     return counts
 
