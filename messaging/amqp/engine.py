@@ -45,11 +45,15 @@ breach [2.8.15–2.8.17]:
   :class:`LinkDetached` for each of its links and :class:`SessionEnded`, all with
   ``by_peer`` false; frames on the channel are dropped until the peer's ``end``;
 - the connection (framing, a frame that does not decode, anything before ``open``, a
-  channel not begun, a handle above handle-max): a ``close`` with the error, and
-  :class:`ConnectionClosed`; the connection is over.
+  channel not begun, a channel above channel-max, a handle above handle-max, incomplete
+  multi-frame messages of all links above :attr:`Connection.max_incoming_buffer`): a
+  ``close`` with the error, and :class:`ConnectionClosed`; the connection is over.
 
 After the peer's detach (end) answers ours, the handle (channel) is free for a new link
-(session).
+(session). Ours are the lowest free ones, taken in O(log n) (:class:`_Numbered`), and a
+peer's attach finds the link of ours it answers by name in O(1): a peer with thousands of
+sessions or links costs linear time, never quadratic. A connection that is over is taken
+apart by :meth:`Connection.release`, so it is freed without the cyclic collector.
 
 Why Python and not proton's C engine: driving proton through cffi costs some twenty
 C crossings and two collector events per message, while a 64 KiB read here is one loop
@@ -63,9 +67,10 @@ the general codec. proton stays the test oracle: every real client in the tests 
 from __future__ import annotations
 
 import enum
+import heapq
 import struct
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -501,9 +506,36 @@ _AWAITING_HEADER = (ConnectionState.START, ConnectionState.OPEN_PIPE, Connection
 _OPEN_SENT = (ConnectionState.OPEN_PIPE, ConnectionState.OPEN_SENT, ConnectionState.OPENED)
 
 
-def _lowest_free(numbers: dict[int, Any]) -> int:
-    """The lowest number not in use (a channel or a handle)."""
-    return next(number for number in range(len(numbers) + 1) if number not in numbers)
+class _Numbered(dict):
+    """Our channels (a connection's sessions) or handles (a session's links), by number.
+    :meth:`take` gives the lowest number not in use — a freed one (a heap) if any, else the
+    next never used — in O(log n); :meth:`free` gives one back. (A scan from 0 made a peer
+    attaching 30,000 links on one session, or beginning thousands of sessions, cost
+    quadratic time and stalled the router: issue 13.)"""
+
+    __slots__ = ("_freed", "_next")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._freed: list[int] = []  # a heap of numbers given back
+        self._next = 0  # the lowest number never taken
+
+    def take(self) -> int:
+        """The number for a new entry (set it before the next :meth:`take`)."""
+        if self._freed:
+            return heapq.heappop(self._freed)
+        self._next += 1
+        return self._next - 1
+
+    def free(self, number: int) -> None:
+        """Forget the entry of ``number``; it is taken again before any higher one."""
+        del self[number]
+        heapq.heappush(self._freed, number)
+
+    def clear(self) -> None:
+        super().clear()
+        self._freed.clear()
+        self._next = 0
 
 
 class Link:
@@ -581,8 +613,10 @@ class Link:
         """Nothing more goes to the handler or out: no credit (so the fast path passes
         the peer's transfers to the slow one, which drops them), no partial message, our
         unsettled deliveries and waiting frames forgotten."""
-        self.credit, self.drain, self._partial = 0, False, None
         session = self.session
+        if self._partial is not None:
+            session.connection._buffered -= self._partial_size
+        self.credit, self.drain, self._partial = 0, False, None
         session._drop_blocked(self.handle)
         if self.is_sender and session._unsettled_out:
             for delivery_id in [key for key, owner in session._unsettled_out.items() if owner is self]:
@@ -597,6 +631,8 @@ class Link:
         answered). Never raises: the table takes it in every state."""
         if not self._move(LinkInput.ATTACH_OUT):
             return
+        if self._state is LinkState.ATTACH_SENT:  # ours first: the peer's attach answers it
+            self.session._awaiting.setdefault((self.name, self.is_sender), self)
         fields = [self.name, UInt(self.handle), not self.is_sender, UByte(self.snd_settle_mode),
                   UByte(self.rcv_settle_mode), self.source.described() if self.source else None,
                   self.target.described() if self.target else None, None, None,
@@ -732,7 +768,8 @@ class Session:
         self._next_incoming_id = 0
         self._incoming_window = INCOMING_WINDOW
         self._links: dict[int, Link] = {}  # by the peer's handle, while the peer's end is attached
-        self._handles: dict[int, Link] = {}  # by ours, until both ends are detached
+        self._handles = _Numbered()  # links by our handle, until both ends are detached
+        self._awaiting: dict[tuple[str, bool], Link] = {}  # ours attached first, by (name, is_sender)
         self._unsettled_out: dict[int, Link] = {}  # delivery id → link, for what we sent unsettled
         self._disposition: list | None = None  # [role, first, last, state]: the range being batched
         self._blocked: deque[tuple[int, bytes]] = deque()  # (handle, transfer frame body) waiting for the window
@@ -772,7 +809,7 @@ class Session:
         """
         if self._state not in _SENDING:
             raise LocalProtocolError("amqp:not-allowed", f"a link on a session {self._state.value}", "session", self)
-        handle = _lowest_free(self._handles)
+        handle = self._handles.take()
         link = self._handles[handle] = Link(self, name, sender, handle)
         return link
 
@@ -817,6 +854,7 @@ class Session:
         without detach frames; the owner hears of those it would otherwise wait on."""
         events, links = self.connection.events, list(self._handles.values())
         self._handles.clear()
+        self._awaiting.clear()
         self._links.clear()
         self._unsettled_out.clear()
         self._blocked.clear()
@@ -833,7 +871,7 @@ class Session:
             return
         link._stop()
         if self._handles.get(link.handle) is link:
-            del self._handles[link.handle]
+            self._handles.free(link.handle)
         if self._links.get(link.remote_handle) is link:
             del self._links[link.remote_handle]
 
@@ -940,15 +978,22 @@ class Connection:
     (seconds; a peer silent for longer is dropped), ``max_frame_size``, ``channel_max``,
     ``handle_max`` (the largest handle the peer may attach on a session of ours),
     ``max_message_size`` (a larger incoming multi-frame message detaches its link),
+    ``max_incoming_buffer`` (the bytes of incomplete multi-frame messages held for all links
+    together; beyond it the connection closes with ``amqp:resource-limit-exceeded``),
     :attr:`offered_capabilities`, :attr:`properties`. What the peer's open said is in the
     ``remote_*`` attributes once :class:`ConnectionOpened` came. :attr:`events` holds the
     events not yet dispatched; the owner may read and clear it itself instead of
     :meth:`dispatch`.
     """
 
+    # Asked of the peer in our open; assigned by a client that wants some. A class default,
+    # so a server's connections keep 29 instance attributes (see the end of __init__).
+    desired_capabilities: Sequence[str] = ()
+
     def __init__(self, *, container_id: str, server: bool = True, idle_timeout: float = 0.0,
                  max_frame_size: int = 65536, channel_max: int = 65535, handle_max: int = MASK,
-                 hostname: str | None = None, max_message_size: int = 256 * 1024 * 1024):
+                 hostname: str | None = None, max_message_size: int = 256 * 1024 * 1024,
+                 max_incoming_buffer: int = 256 * 1024 * 1024):
         self.container_id = container_id
         self.server = server
         self.idle_timeout = idle_timeout
@@ -956,9 +1001,9 @@ class Connection:
         self.channel_max = channel_max
         self.handle_max = handle_max
         self.max_message_size = max_message_size
+        self.max_incoming_buffer = max_incoming_buffer
         self.hostname = hostname
         self.offered_capabilities: list[str] = []
-        self.desired_capabilities: list[str] = []  # asked of the peer in our open (a client's)
         self.properties: dict | None = None
         self.remote_container_id: str | None = None
         self.remote_hostname: str | None = None
@@ -970,11 +1015,15 @@ class Connection:
         self.events: list[Any] = []
         self._state = ConnectionState.START
         self._sessions: dict[int, Session] = {}  # by the peer's channel, while the peer's end is begun
-        self._channels: dict[int, Session] = {}  # by ours, until both ends are ended
+        self._channels = _Numbered()  # sessions by our channel, until both ends are ended
         self._out: list[bytes] = [AMQP_HEADER]
         self._dirty: set[Session] = set()  # sessions with a disposition range pending
         self._in = b""
-        self._last_input = self._last_output = None  # None: since the last tick (or ever)
+        # when the peer last sent and when we last wrote, as of the last tick; None: since
+        # then (or never yet), to be read as that tick's now
+        self._last_input: float | None = None
+        self._last_output: float | None = None
+        self._buffered = 0  # bytes of incoming multi-frame messages not complete yet, on all links
         self._finished = False  # the output is complete: close the socket once it is written
         # (No more instance attributes here: at 30, CPython 3.11 stops sharing the keys of
         # its instance dicts and every attribute load on the message paths gets slower.)
@@ -1057,7 +1106,7 @@ class Connection:
         return session
 
     def _new_session(self) -> Session:
-        channel = _lowest_free(self._channels)
+        channel = self._channels.take()
         session = self._channels[channel] = Session(self, channel)
         return session
 
@@ -1066,9 +1115,35 @@ class Connection:
         if session._state is not SessionState.ENDED:
             return
         if self._channels.get(session.channel) is session:
-            del self._channels[session.channel]
+            self._channels.free(session.channel)
         if self._sessions.get(session.remote_channel) is session:
             del self._sessions[session.remote_channel]
+
+    def release(self) -> None:
+        """Break the references between the connection, its sessions, its links and their
+        handlers (each refers to the other), so that all of it is freed as soon as the
+        owner lets go of it, without waiting for the cyclic garbage collector — which a
+        long-running process may run rarely (issue 13: a router kept every closed
+        connection until a full collection). For when the connection is over and the owner
+        is done with it: the sessions and links are forgotten, the links lose their
+        handlers, pending events are dropped, and nothing more is read or written."""
+        for session in list(self._channels.values()) + list(self._sessions.values()):
+            for link in list(session._handles.values()) + list(session._links.values()):
+                link._partial = None
+                link.handler = None
+            session._handles.clear()
+            session._links.clear()
+            session._awaiting.clear()
+            session._unsettled_out.clear()
+            session._blocked.clear()
+            session._disposition = None
+        self._channels.clear()
+        self._sessions.clear()
+        self._dirty.clear()
+        self.events.clear()
+        self._out = _SealedOutput()
+        self._in = b""
+        self._finished = True
 
     def dispatch(self, handlers: dict[type, Any]) -> None:
         """Hand each pending event to ``handlers[type(event)]`` (events without one are
@@ -1381,8 +1456,7 @@ class Connection:
             raise RemoteProtocolError("amqp:session:handle-in-use", f"handle {handle} is in use", "session", session)
         source, target = Terminus.from_value(fields[5]), Terminus.from_value(fields[6])
         is_sender = role  # the peer is the receiver: we send
-        link = next((mine for mine in session._handles.values() if mine.name == name and mine.is_sender == is_sender
-                     and mine._state in (LinkState.ATTACH_SENT, LinkState.DETACH_PIPE)), None)
+        link = session._awaiting.pop((name, is_sender), None)  # the answer to ours?
         if link is None:
             if session._state is not SessionState.MAPPED:
                 return  # a new link on a session we ended: its end ends it [2.5.5]
@@ -1515,6 +1589,7 @@ class Connection:
                 link._partial, link._partial_id, link._partial_settled, link._partial_state = (
                     [payload], delivery_id, settled, state)
                 link._partial_size = len(payload)
+                self._buffer(len(payload))
                 return
         else:
             if delivery_id is not None and delivery_id != link._partial_id:  # [2.7.5 delivery-id]
@@ -1522,21 +1597,37 @@ class Connection:
                                           f"{delivery_id} amid delivery {link._partial_id}", "link", link)
             link._partial.append(payload)
             link._partial_size += len(payload)
+            self._buffered += len(payload)  # (counted before the checks: Link._stop takes it back)
             if link.max_message_size and link._partial_size > link.max_message_size:
                 raise _message_too_large(link)  # at once: the rest of the message is not collected
             if link._partial_size > self.max_message_size:
                 raise RemoteProtocolError("amqp:link:message-size-exceeded",
                                           f"a message on {link.name!r} above {self.max_message_size} bytes",
                                           "link", link)
+            self._buffer(0)
             settled = settled or link._partial_settled
             state = state if state is not None else link._partial_state
             if more and not aborted:
                 link._partial_settled, link._partial_state = settled, state
                 return
+            self._buffered -= link._partial_size
             delivery_id, payload, link._partial = link._partial_id, b"".join(link._partial), None
         if aborted:
             return
         link.handler.on_transfer(delivery_id, payload, settled, state)
+
+    def _buffer(self, size: int) -> None:
+        """Count ``size`` more bytes of incomplete messages.
+
+        Raises:
+            RemoteProtocolError: the connection holds more than :attr:`max_incoming_buffer`
+                of them (connection scope: amqp:resource-limit-exceeded).
+        """
+        self._buffered += size
+        if self._buffered > self.max_incoming_buffer:
+            raise RemoteProtocolError("amqp:resource-limit-exceeded",
+                                      f"incomplete incoming messages above {self.max_incoming_buffer} bytes "
+                                      "on one connection (max-incoming-buffer)")
 
 
 def _message_too_large(link: Link) -> RemoteProtocolError:

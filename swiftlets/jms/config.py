@@ -24,6 +24,23 @@ class ListenerConfig:
     keepalive_interval: int = prop(60_000, min=0, description="Milliseconds of silence after which a "
                                    "peer counts as dead (the AMQP idle timeout we announce); 0: never.")
     max_frame_size: int = prop(1_048_576, min=512, description="Largest AMQP frame, in bytes.")
+    max_sessions: int = prop(256, min=1, max=65536, description="Sessions one connection may have at once: "
+                             "we announce channel-max one less in our open, and a begin on a higher channel "
+                             "closes the connection with amqp:connection:framing-error [2.7.1].")
+    max_links_per_session: int = prop(1024, min=1, max=4_294_967_296, description="Links one session may "
+                                      "have at once: we announce handle-max one less in our begin, and an attach "
+                                      "with a higher handle closes the connection with "
+                                      "amqp:connection:framing-error [2.7.2].")
+    max_incoming_buffer: int = prop(64 * 1024 * 1024, min=65536, description="Bytes of incomplete incoming "
+                                    "multi-frame messages one connection may hold, all its links together; "
+                                    "beyond it the connection is closed with amqp:resource-limit-exceeded. "
+                                    "(One message may hold up to sys$queuemanager's max-message-size, beyond "
+                                    "which its link is detached with amqp:link:message-size-exceeded: keep this "
+                                    "above it.)")
+    max_auto_created_queues_per_connection: int = prop(
+        1000, min=-1, description="Queues one connection may have created: those auto-created by its "
+        "attaches and anonymous-relay sends (they outlive it) and its temporary queues still alive; -1: "
+        "unlimited. An attach or send beyond it is refused with amqp:resource-limit-exceeded.")
     incoming_credit: int = prop(1000, min=1, max=1_000_000, description="Messages a producer may have "
                                 "in flight on one link (the link credit we grant).")
     tls_certificate: str = prop("", reboot_required=True, description="PEM certificate chain for TLS; "

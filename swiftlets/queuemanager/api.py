@@ -11,7 +11,7 @@ Theory of operation, for callers
 **Names.** ``q`` and ``q@<this router>`` name the local queue ``q``; ``q@other`` goes to the
 local queue a redirection names (routing installs ``%@other`` → ``rt$other``), or raises
 :class:`QueueNotFound`. Unknown local queues are created on first use when the manager's
-``auto-create-queues`` is on.
+``auto-create-queues`` is on and the router holds fewer than ``max-queues`` queues.
 
 **Sending.** :meth:`QueueManager.send` returns once a persistent message is durable;
 :meth:`QueueManager.send_nowait` returns at once and reports durability through a callback
@@ -63,6 +63,7 @@ __all__ = [
     "QueueError",
     "QueueNotFound",
     "QueueFull",
+    "TooManyQueues",
     "MessageTooLarge",
     "MalformedMessage",
     "ConsumerRefused",
@@ -83,6 +84,11 @@ class QueueNotFound(QueueError):
 
 class QueueFull(QueueError):
     """The queue holds ``max-messages`` already."""
+
+
+class TooManyQueues(QueueError):
+    """The router holds ``max-queues`` queues already: no queue is auto-created and no
+    temporary queue made."""
 
 
 class MessageTooLarge(QueueError):
@@ -377,6 +383,8 @@ class QueueManager(Protocol):
 
         Raises:
             QueueNotFound: unknown and not to be created, or no route.
+            TooManyQueues: unknown, to be auto-created (``create`` not given), and the router
+                holds ``max-queues`` queues.
             QueueError: an invalid queue name.
         """
 
@@ -431,7 +439,11 @@ class QueueManager(Protocol):
         function that cancels the call; None when the queue is not slowing sends now."""
 
     def create_temporary_queue(self, owner: Any) -> Queue:
-        """A new ``tmp$<n>`` queue, deleted by :meth:`delete_temporary_queues` (owner)."""
+        """A new ``tmp$<n>`` queue, deleted by :meth:`delete_temporary_queues` (owner).
+
+        Raises:
+            TooManyQueues: the router holds ``max-queues`` queues.
+        """
 
     def delete_temporary_queues(self, owner: Any) -> None:
         """Delete every temporary queue created for ``owner`` (a lost connection)."""

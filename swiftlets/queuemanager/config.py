@@ -95,6 +95,9 @@ class QueueManagerConfig:
         "false: using an unknown queue is an error.",
     )
     max_message_size: int = prop(10 * 1024 * 1024, min=1, description="Largest message accepted, in bytes.")
+    max_queues: int = prop(10_000, min=-1, description="Most queues the router holds; -1: unlimited. Beyond it "
+                           "no queue is auto-created and no temporary queue made (clients get "
+                           "amqp:resource-limit-exceeded); queues defined in the config are always created.")
     queues: Mapping[str, QueueConfig] = entity_list(QueueConfig, item="queue", description="Defined queues.")
     queue_controllers: Mapping[str, ControllerConfig] = entity_list(
         ControllerConfig, item="queue-controller", default=DEFAULT_CONTROLLERS,

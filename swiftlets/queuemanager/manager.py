@@ -6,7 +6,8 @@ Theory of operation
 resolved through the redirections routing installs (``%@paris`` → ``rt$paris``), or is
 unknown. A queue not defined in the config is created on first use when
 ``auto-create-queues`` is on, with the settings of the first queue controller (in name
-order) whose predicate matches its name.
+order) whose predicate matches its name — unless the router holds ``max-queues`` queues
+already (then neither an auto-created nor a temporary queue is made: ``TooManyQueues``).
 
 **Persistence.** A persistent message is written to the store (``PutMessage``) before the
 sender is told it is accepted; it is made available *first*, so a fast consumer may
@@ -61,7 +62,15 @@ from martinet.swiftlets.store.api import (
     Store,
 )
 
-from .api import MalformedMessage, MessageTooLarge, QueueError, QueueNotFound, SendResult, TransactionError
+from .api import (
+    MalformedMessage,
+    MessageTooLarge,
+    QueueError,
+    QueueNotFound,
+    SendResult,
+    TooManyQueues,
+    TransactionError,
+)
 from .config import QueueManagerConfig, QueueSettings
 from .queue import DELIVERED, GONE, HELD, Consumer, Entry, Queue, now_ms
 
@@ -114,6 +123,7 @@ class QueueManager:
         config: QueueManagerConfig = context.config
         self.auto_create_queues = config.auto_create_queues
         self.max_message_size = config.max_message_size
+        self.max_queues = config.max_queues
         self.queues: dict[str, Queue] = {}
         self._store: Store | None = None
         self._ids = itertools.count(1)  # entry ids; recovery moves the count past the stored ones
@@ -151,6 +161,8 @@ class QueueManager:
             self.auto_create_queues = change.new
         elif change.field == "max_message_size":
             self.max_message_size = change.new
+        elif change.field == "max_queues":
+            self.max_queues = change.new
 
     async def _flush_forever(self) -> None:
         assert self._store is not None
@@ -285,6 +297,8 @@ class QueueManager:
 
         Raises:
             QueueNotFound: unknown and not to be created, or no route.
+            TooManyQueues: unknown, to be auto-created (``create`` not given), and the router
+                holds ``max-queues`` queues.
             QueueError: an invalid queue name.
         """
         name = self.resolve(address)
@@ -295,6 +309,8 @@ class QueueManager:
             raise QueueNotFound(f"queue {name!r} does not exist on router {self.router_name}")
         if not name or "/" in name or "@" in name or any(c.isspace() for c in name):
             raise QueueError(f"invalid queue name {name!r}: non-empty, without '/', '@' or spaces")
+        if create is None:  # auto-created (an explicit create: recovery, durable subscriptions)
+            self._check_room(name)
         return self._create(name, self.settings_for(name))
 
     def when_backlog_cleared(self, address: str, callback: Callable[[], None]) -> Callable[[], None] | None:
@@ -318,6 +334,13 @@ class QueueManager:
 
         return cancel
 
+    def _check_room(self, name: str) -> None:
+        """Raises TooManyQueues unless one more queue (auto-created or temporary) fits in
+        ``max-queues``. (Queues defined in the config are created regardless.)"""
+        if 0 <= self.max_queues <= len(self.queues):
+            raise TooManyQueues(f"queue {name!r} not created: router {self.router_name} holds "
+                                f"max-queues {self.max_queues} queues already")
+
     def _create(self, name: str, settings: QueueSettings, owner: Any = None) -> Queue:
         queue = self.queues[name] = Queue(self, name, settings, owner=owner)
         if self._usage is not None:
@@ -325,7 +348,12 @@ class QueueManager:
         return queue
 
     def create_temporary_queue(self, owner: Any) -> Queue:
-        """A new ``tmp$<n>`` queue, deleted by :meth:`delete_temporary_queues` (owner)."""
+        """A new ``tmp$<n>`` queue, deleted by :meth:`delete_temporary_queues` (owner).
+
+        Raises:
+            TooManyQueues: the router holds ``max-queues`` queues.
+        """
+        self._check_room("tmp$<n>")
         self._temporary += 1
         name = f"tmp${self._temporary}"
         while name in self.queues:
