@@ -551,6 +551,7 @@ class AmqpConnection:
         if self.engine is not None:
             self.engine.release()
         self._driver = None
+        self.__dict__.pop("wake", None)  # the driver's wake, bound in run
         self._handlers = {}
 
     def _before_write(self) -> None:
