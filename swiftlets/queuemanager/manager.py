@@ -382,10 +382,11 @@ class QueueManager:
         Raises:
             MessageTooLarge, QueueFull, QueueError (malformed message).
         """
-        if len(message.raw) > self.max_message_size:
-            raise MessageTooLarge(f"message of {len(message.raw)} bytes exceeds max-message-size "
+        size = len(message.raw)
+        if size > self.max_message_size:
+            raise MessageTooLarge(f"message of {size} bytes exceeds max-message-size "
                                   f"{self.max_message_size} (queue {queue.name})")
-        queue.check_room(1, len(message.raw))
+        queue.check_room(1, size)
         try:
             durable, priority, expires, message_id = message.queue_info(now)
         except MessageError as exc:

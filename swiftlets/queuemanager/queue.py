@@ -181,12 +181,10 @@ class Queue:
         """Raises: QueueFull when ``extra`` more messages of ``extra_bytes`` together would
         exceed ``max-messages`` or ``max-bytes``."""
         settings = self.settings
-        limit = settings.max_messages
-        if limit >= 0 and self.size + extra > limit:
-            raise QueueFull(f"queue {self.name} is full ({limit} messages)")
-        limit = settings.max_bytes
-        if limit >= 0 and self.bytes + extra_bytes > limit:
-            raise QueueFull(f"queue {self.name} is full ({limit} bytes)")
+        if self.size + extra > settings.max_messages >= 0:
+            raise QueueFull(f"queue {self.name} is full ({settings.max_messages} messages)")
+        if self.bytes + extra_bytes > settings.max_bytes >= 0:
+            raise QueueFull(f"queue {self.name} is full ({settings.max_bytes} bytes)")
         if self.deleted:
             raise QueueError(f"queue {self.name} has been deleted")
 
