@@ -139,3 +139,37 @@ async def test_checkpoints_keep_the_wal_short_and_lose_nothing(broker, tmp_path)
     assert wal.stat().st_size < 2000 * frame
     await broker.restart()
     assert [m.id for m in broker.store.recovered.messages] == list(range(2, 3001, 2))
+
+
+async def test_stored_bodies_are_read_back(broker):
+    """Issue 13 (7c): the store's read request. A read returns the bodies of the stored
+    messages among the ids asked, as stored, and leaves out what was never stored or was
+    deleted; it sees every commit acknowledged before it, is served between group commits
+    while commits go on (reads and commits from concurrent tasks all get their answers),
+    and changes nothing (the same messages are recovered after a restart)."""
+    store = broker.store
+    bodies = {n: bytes([n % 256]) * (n * 37 % 3000) + b"end" for n in range(1, 401)}
+    await store.commit([PutMessage(n, "q", body) for n, body in bodies.items()])
+    await store.commit([DeleteMessage(n) for n in range(1, 401, 4)])
+    alive = {n: body for n, body in bodies.items() if n % 4 != 1}
+    assert await store.read_messages([]) == {}
+    assert await store.read_messages([400, 1, 2, 9999]) == {400: bodies[400], 2: bodies[2]}
+    answers = {}
+
+    async def read(start):
+        answers[start] = await store.read_messages(range(start, start + 100))
+
+    async with trio.open_nursery() as nursery:
+        for n in range(401, 601):
+            nursery.start_soon(store.commit, [PutMessage(n, "r", b"later")])
+        for start in range(1, 401, 100):
+            nursery.start_soon(read, start)
+    for start, answer in answers.items():
+        assert answer == {n: body for n, body in alive.items() if start <= n < start + 100}
+    assert await store.read_messages(range(1, 601)) == alive | {n: b"later" for n in range(401, 601)}
+    await broker.restart()
+    assert {m.id: m.body for m in broker.store.recovered.messages} == alive | {n: b"later" for n in range(401, 601)}
+    store = broker.store
+    await broker.stop()
+    with pytest.raises(StoreError, match="not running"):
+        await store.read_messages([2])

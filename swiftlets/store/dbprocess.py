@@ -21,6 +21,9 @@ msgpack body (an array whose first element names it).
 - ``["commit", [op, …]]`` applies the operations in one transaction and answers
   ``["done", cancelled_pairs]`` or ``["error", text]`` (nothing of it applied). Each op is
   ``[code, fields…]`` with the codes of :data:`OP_CODES`.
+- ``["read", [id, …]]`` answers ``["bodies", [[id, body], …]]``: the stored bodies of those
+  messages that exist (in id order), or ``["error", text]``; it changes nothing. (Issue 13:
+  the read-back of bodies a queue does not keep in memory.)
 - End of input: the store process closes the database and exits with status 0. So when the
   router dies, even by ``kill -9``, its store process finishes at most the transaction it is in
   and exits; SQLite's WAL keeps every transaction all or nothing.
@@ -199,6 +202,15 @@ class Database:
             raise
         return cancelled
 
+    def read(self, ids: list[int]) -> list[list[Any]]:
+        """``[[id, body], …]`` of the stored messages among ``ids``, in id order."""
+        rows: list[list[Any]] = []
+        for start in range(0, len(ids), _ROWS_PER_STATEMENT * 4):
+            chunk = ids[start:start + _ROWS_PER_STATEMENT * 4]
+            rows.extend([row[0], row[1]] for row in self.db.execute(
+                f"SELECT id, body FROM messages WHERE id IN ({', '.join('?' * len(chunk))}) ORDER BY id", chunk))
+        return rows
+
     def close(self) -> None:
         self.db.close()
 
@@ -334,6 +346,12 @@ def main(argv: list[str]) -> int:
             if payload is None:
                 break
             request = unpack_frame(payload)
+            if request[0] == "read":
+                try:
+                    send(["bodies", database.read(request[1])])
+                except (sqlite3.Error, ValueError, TypeError) as exc:
+                    send(["error", f"{type(exc).__name__}: {exc}"])
+                continue
             if request[0] != "commit":
                 send(["error", f"unknown request {request[0]!r}"])
                 continue
