@@ -30,6 +30,9 @@ from martinet.messaging.message import build
 
 CONFIG = """<router name="bench" startorder="sys$store sys$queuemanager">
   <swiftlet name="sys$store" path="{path}" sync="{sync}"/>
+  <swiftlet name="sys$queuemanager">
+    <queues><queue name="memory" max-messages="-1" max-bytes="-1"/></queues>
+  </swiftlet>
 </router>"""
 
 

@@ -473,6 +473,53 @@ async def test_flow_control_holds_a_producer_back_until_the_queue_drains(amqp_br
                 await trio.sleep(0.01)
 
 
+async def test_a_queue_nobody_reads_holds_its_producer_back_and_refuses_past_its_cap(amqp_broker):
+    """Issue 13 (7c), the memory budget over AMQP. A queue without consumers above its
+    flowcontrol-start-queuesize (5) holds its producer back by credit (the producer waits, it
+    is not refused); a consumer that arrives later drains it and gets every message once, in
+    order. A queue at its max-messages refuses the next message with
+    amqp:resource-limit-exceeded and keeps what it had."""
+    broker = await amqp_broker(queues='<queues><queue name="unread" flowcontrol-start-queuesize="5" '
+                                      'max-flowcontrol-delay="60000"/><queue name="capped" max-messages="3" '
+                                      'flowcontrol-start-queuesize="-1"/></queues>', listener='incoming-credit="10"')
+    total, sent = 2000, 0
+    usage = broker.router.management.resolve("/sys$jms/usage/connections").children
+
+    def flow_control_waits() -> int:
+        return sum(node.properties()["flow-control-waits"] for node in usage.values())
+
+    async with connect(broker.url) as connection:
+        session = await connection.session()
+        producer = await session.producer(Queue("unread"), delivery_mode=DeliveryMode.NON_PERSISTENT)
+
+        async def produce():
+            nonlocal sent
+            for n in range(total):
+                await producer.send(TextMessage(str(n)))
+                sent += 1
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce)
+            await wait_until(lambda: flow_control_waits() >= 3, what="the producer held back three times")
+            # Unthrottled, 2000 non-persistent sends take some 0.2 s; held back, some 30 a second.
+            assert sent < total and broker.usage("unread")["consumers"] == 0
+            consumer = await session.consumer(Queue("unread"))
+            received = [await consumer.receive(10) for _ in range(total)]
+        assert [message.text for message in received] == [str(n) for n in range(total)]
+        assert await consumer.receive(0.2) is None  # nothing twice
+
+        capped = await session.producer(Queue("capped"), delivery_mode=DeliveryMode.PERSISTENT)
+        for n in range(3):
+            await capped.send(TextMessage(f"c{n}"))
+        with pytest.raises(JMSError) as refused:
+            await capped.send(TextMessage("c3"))
+        assert refused.value.condition == "amqp:resource-limit-exceeded"
+        assert "queue capped is full (3 messages)" in str(refused.value)
+        consumer = await session.consumer(Queue("capped"))
+        assert [(await consumer.receive(10)).text for _ in range(3)] == ["c0", "c1", "c2"]
+        assert await consumer.receive(0.2) is None
+
+
 def test_importing_the_client_imports_nothing_of_the_router():
     """An application that only sends and receives gets the client, the AMQP stack and trio:
     not the kernel, not the config machinery (lxml, cattrs), not pluggy, not a swiftlet."""

@@ -442,13 +442,84 @@ async def test_flow_control_asks_producers_to_slow_down(make_broker):
     await running.stop()
 
 
+async def test_flow_control_slows_producers_of_a_queue_nobody_reads(make_broker):
+    """Issue 13 (7c): unlike SwiftMQ, a queue without consumers above its
+    flowcontrol-start-queuesize slows its producers as well (its delay grows per send, as
+    without receives), and a listener may wait for its backlog to clear; a consumer that
+    brings it back to the start size ends the wait."""
+    running = make_broker(queues='<queue name="unread" flowcontrol-start-queuesize="5" max-flowcontrol-delay="300"/>')
+    await running.start()
+    queue_manager = running.queue_manager
+    delays = [(await queue_manager.send("unread", msg(n))).delay_ms for n in range(40)]
+    assert delays[:6] == [0] * 6  # up to the start size: not slowed
+    assert all(delay > 0 for delay in delays[6:]) and delays[-1] == 300 and delays == sorted(delays)
+    calls = []
+    assert queue_manager.when_backlog_cleared("unread", lambda: calls.append("cleared")) is not None
+    consumer = queue_manager.queue("unread").consumer()
+    consumer.flow(40)
+    for entry in take(consumer, 40):
+        consumer.accept(entry)
+    assert calls == ["cleared"]
+    assert (await queue_manager.send("unread", msg(99))).delay_ms == 0  # back below the start size
+    await running.stop()
+
+
+async def test_queues_have_a_finite_memory_budget_by_default(make_broker):
+    """Issue 13 (7c): every queue, defined or from a default controller, is capped (100,000
+    messages, 256 MiB); a send past max-messages or max-bytes is refused with QueueFull and
+    nothing of it is kept; what leaves the queue (consumed, dead-lettered, rolled back) gives
+    its bytes back."""
+    running = make_broker(queues='<queue name="small" max-bytes="300" max-messages="-1"/>')
+    await running.start()
+    queue_manager = running.queue_manager
+    for name in ("plain", "tmp$1", "sys$x", "rt$paris", "unroutable", "client$durable", "routerdlq"):
+        settings = queue_manager.settings_for(name)
+        assert (settings.max_messages, settings.max_bytes) == (100_000, 256 * 1024 * 1024), name
+    small = queue_manager.queue("small")
+    sizes = []
+    while True:
+        message = msg(len(sizes))
+        try:
+            await queue_manager.send("small", message)
+        except QueueFull as exc:
+            assert str(exc) == "queue small is full (300 bytes)"
+            break
+        sizes.append(len(message.raw))
+    assert sum(sizes) <= 300 < sum(sizes) + len(msg(len(sizes)).raw)
+    assert small.size == len(sizes) and small.bytes == sum(sizes)
+    assert running.router.management.get("/sys$queuemanager/usage/queues/small", "bytes") == sum(sizes)
+    transaction = queue_manager.transaction()
+    with pytest.raises(QueueFull, match=r"\(300 bytes\)"):
+        transaction.send("small", msg(100))
+    consumer = small.consumer()
+    consumer.flow(2)
+    first, second = take(consumer, 2)
+    consumer.accept(first)  # consumed
+    consumer.reject(second)  # dead-lettered
+    assert small.bytes == sum(sizes[2:])
+    assert len(msg(8).raw) == sizes[0] and len(msg(9).raw) == sizes[1]
+    transaction.send("small", msg(8))  # room again, for exactly what left
+    transaction.send("small", msg(9))
+    with pytest.raises(QueueFull):
+        transaction.send("small", build(b"x" * 200))  # the staged sends count
+    await transaction.commit()
+    assert small.bytes == sum(sizes)
+    consumer.close()
+    rest = small.consumer()
+    rest.flow(100)
+    for entry in take(rest, small.size):
+        rest.accept(entry)
+    assert (small.size, small.bytes) == (0, 0)
+    await running.stop()
+
+
 async def test_a_slowed_queue_calls_back_when_consumers_bring_it_back(make_broker):
     running = make_broker(queues='<queue name="slow" flowcontrol-start-queuesize="2"/>')
     await running.start()
     queue_manager = running.queue_manager
     calls = []
     await queue_manager.send("slow", msg(0))
-    assert queue_manager.when_backlog_cleared("slow", lambda: calls.append("early")) is None  # no consumer: not slowed
+    assert queue_manager.when_backlog_cleared("slow", lambda: calls.append("early")) is None  # at most 2: not slowed
     consumer = queue_manager.queue("slow").consumer()
     assert queue_manager.when_backlog_cleared("slow", lambda: calls.append("small")) is None  # at most 2: not slowed
     for n in range(1, 5):

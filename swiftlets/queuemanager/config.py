@@ -3,7 +3,10 @@
 Names, defaults and bounds follow SwiftMQ's queue manager (see
 ``shared/reference/swiftmq-internals.md`` §4): consumer mode ``shared``, cleanup every
 120 s, duplicate detection on with a backlog of 2000, flow control from 400 messages with
-at most 5000 ms delay, and the default controllers below (first match wins).
+at most 5000 ms delay, and the default controllers below (first match wins). One
+deliberate difference, the memory budget: SwiftMQ's ``max-messages`` defaults to -1
+(unlimited), ours to 100,000 messages, with ``max-bytes`` 256 MiB beside it, so that no
+queue grows until the router runs out of memory.
 
 The persistence and consumer modes are string enums: a config object holds members
 (``PersistenceMode.PERSISTENT``), the XML holds their values (``persistent``), and a
@@ -42,8 +45,11 @@ class QueueSettings:
         PersistenceMode.AS_MESSAGE, choices=PersistenceMode,
         description="as_message: as the message's durable flag says; or force persistent / non_persistent.",
     )
-    max_messages: int = prop(-1, min=-1, description="Most messages the queue holds; -1: unlimited. "
-                             "A send to a full queue is refused.")
+    max_messages: int = prop(100_000, min=-1, description="Most messages the queue holds; -1: unlimited "
+                             "(SwiftMQ's default, which lets one queue take all memory). A send to a full "
+                             "queue is refused (AMQP: amqp:resource-limit-exceeded).")
+    max_bytes: int = prop(256 * 1024 * 1024, min=-1, description="Most bytes (encoded messages) the queue "
+                          "holds; -1: unlimited. A send that would pass it is refused like one to a full queue.")
     cleanup_interval: int = prop(120_000, min=1000, description="Milliseconds between removals of expired messages.")
     expired_to_dlq: bool = prop(False, description="Move expired messages to routerdlq instead of dropping them.")
     duplicate_detection_enabled: bool = prop(True, description="Remember message ids to drop duplicates.")

@@ -236,6 +236,7 @@ class QueueManager:
             elif stored.id in held:
                 entry.state = HELD
                 queue.size += 1
+                queue.bytes += entry.bytes
                 prepared[held[stored.id]]._acks.append((queue, entry))
             else:
                 queue.restore(entry)
@@ -314,8 +315,8 @@ class QueueManager:
         return self._create(name, self.settings_for(name))
 
     def when_backlog_cleared(self, address: str, callback: Callable[[], None]) -> Callable[[], None] | None:
-        """While sends to ``address`` are slowed down — its queue has consumers and holds more
-        than its ``flowcontrol-start-queuesize`` — call ``callback`` once a consumed message
+        """While sends to ``address`` are slowed down — its queue holds more than its
+        ``flowcontrol-start-queuesize``, with or without consumers — call ``callback`` once a consumed message
         brings it back to that size, and return a function that cancels the call; None when
         the queue is not slowing sends now. (A listener holding a producer back for a
         flow-control delay lets it go early with this.)"""
@@ -323,7 +324,7 @@ class QueueManager:
             queue = self.queues.get(self.resolve(address))
         except QueueError:  # no route any more
             return None
-        if queue is None or not queue.consumers or not 0 <= queue.settings.flowcontrol_start_queuesize < queue.size:
+        if queue is None or not 0 <= queue.settings.flowcontrol_start_queuesize < queue.size:
             return None
         waiting = queue.backlog_callbacks
         waiting.append(callback)
@@ -417,10 +418,11 @@ class QueueManager:
         Raises:
             MessageTooLarge, QueueFull, MalformedMessage.
         """
-        if len(message.raw) > self.max_message_size:
-            raise MessageTooLarge(f"message of {len(message.raw)} bytes exceeds max-message-size "
+        size = len(message.raw)
+        if size > self.max_message_size:
+            raise MessageTooLarge(f"message of {size} bytes exceeds max-message-size "
                                   f"{self.max_message_size} (queue {queue.name})")
-        queue.check_room()
+        queue.check_room(1, size)
         try:
             durable, priority, expires, message_id = message.queue_info(now)
         except MessageError as exc:
@@ -538,8 +540,8 @@ class QueueManager:
         skipped: list[Queue] = []
         delay = 0
         for queue in queues:
-            limit = queue.settings.max_messages
-            if queue.deleted or (0 <= limit <= queue.size):
+            limit, limit_bytes = queue.settings.max_messages, queue.settings.max_bytes
+            if queue.deleted or 0 <= limit <= queue.size or 0 <= limit_bytes < queue.bytes + len(message.raw):
                 skipped.append(queue)
                 continue
             mode = queue.settings.persistence_mode
@@ -584,6 +586,7 @@ class QueueManager:
         """(:class:`.queue.QueueServices`) An entry taken out of ``queue`` has expired."""
         queue.expired += 1
         queue.size -= 1
+        queue.bytes -= entry.bytes
         if queue.settings.expired_to_dlq and queue.name != "routerdlq":
             self.dead_letter(queue, entry, "expired", count=False)
         else:
@@ -603,8 +606,8 @@ class QueueManager:
         try:
             if source is dlq:
                 raise QueueError("it was rejected from routerdlq itself")
-            dlq.check_room()
             message = entry.message.with_annotations({DLQ_REASON: reason, DLQ_QUEUE: source.name})
+            dlq.check_room(1, len(message.raw))
         except (QueueError, MessageError) as exc:
             log.error("message %d of queue %s dropped instead of dead-lettered (%s): %s",
                       entry.id, source.name, reason, exc)
@@ -656,8 +659,8 @@ class Transaction:
         """
         self._require("active")
         queue = self._manager.queue(address)
-        staged = sum(1 for q, _ in self._sends if q is queue)
-        queue.check_room(staged + 1)
+        staged = [entry for q, entry in self._sends if q is queue]
+        queue.check_room(len(staged) + 1, sum(entry.bytes for entry in staged) + len(message.raw))
         now = now_ms()
         entry, key, duplicate = self._manager._entry(queue, message, possible_duplicate, now)
         if entry is None:
@@ -729,6 +732,7 @@ class Transaction:
         for queue, entry in self._acks:
             entry.state = GONE
             queue.size -= 1
+            queue.bytes -= entry.bytes
             queue.dequeued += 1
 
     async def rollback(self) -> None:

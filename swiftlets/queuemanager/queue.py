@@ -86,7 +86,8 @@ class QueueServices(Protocol):
 
 class Entry:
     """A message in one queue. Public, read-only: ``id``, ``message``, ``priority``,
-    ``delivery_count``, ``redelivered``, ``acquired``.
+    ``delivery_count``, ``redelivered``, ``acquired``; ``bytes`` is the encoded size counted
+    against the queue's ``max-bytes``.
 
     An entry made with a delivery count (recovered, moved to routerdlq) has been acquired
     before: say so with ``acquired=True``, since only that flag makes a listener rewrite
@@ -94,7 +95,7 @@ class Entry:
     (undeliverable-here)."""
 
     __slots__ = ("id", "message", "priority", "expires", "delivery_count", "state", "persistent", "acquired",
-                 "excluded")
+                 "excluded", "bytes")
 
     def __init__(self, id: int, message: Message, priority: int, expires: int | None,
                  persistent: bool, delivery_count: int = 0, *, acquired: bool = False):
@@ -107,6 +108,7 @@ class Entry:
         self.state = AVAILABLE
         self.acquired = acquired
         self.excluded: tuple[int, ...] | None = None
+        self.bytes = len(message.raw)
 
     @property
     def redelivered(self) -> bool:
@@ -123,12 +125,17 @@ def now_ms() -> int:
 class FlowController:
     """SwiftMQ's flow-control delay: how long a producer should wait before its next send.
 
-    Zero while nobody receives or the queue is at most ``flowcontrol-start-queuesize``.
-    Otherwise, over the current window: with send period ``stp = Δt / sent`` and receive
-    period ``rtp = Δt / received``, ``d = rtp - stp`` and ``delay = d · sent / send-calls +
-    (d + 2) · (size - start)`` — here every send is one call, so the first term is ``d`` —
-    clamped to ``[0, max-flowcontrol-delay]``; without receives in the window the delay grows
-    by 10 ms per call. The window restarts when the last receiver leaves and every second.
+    Zero while the queue is at most ``flowcontrol-start-queuesize``. Otherwise, over the
+    current window: with send period ``stp = Δt / sent`` and receive period ``rtp = Δt /
+    received``, ``d = rtp - stp`` and ``delay = d · sent / send-calls + (d + 2) · (size -
+    start)`` — here every send is one call, so the first term is ``d`` — clamped to ``[0,
+    max-flowcontrol-delay]``; without receives in the window the delay grows by 10 ms per
+    call. The window restarts every second.
+
+    Unlike SwiftMQ (no delay without receivers), a queue *without* receivers above its start
+    size slows its producers too, as a window without receives does: a flood into a queue
+    nobody reads is held back by the producers' credit long before it reaches the queue's
+    ``max-messages``/``max-bytes`` (where sends are refused).
     """
 
     WINDOW_MS = 1000
@@ -142,15 +149,11 @@ class FlowController:
     def delay(self, settings: QueueSettings, size: int, receivers: int, now: int) -> int:
         """The delay in ms for a producer sending at ``now`` (ms since the epoch)."""
         start = settings.flowcontrol_start_queuesize
-        if receivers == 0:
-            if self.sent or self.received:
-                self._reset(now)
-            return 0
         if start < 0 or size <= start:
             return 0
         if now - self._start >= self.WINDOW_MS:
             self._reset(now)
-        if self.received == 0:
+        if self.received == 0 or receivers == 0:
             self._growing += 10
             return min(self._growing, settings.max_flowcontrol_delay)
         self._growing = 0
@@ -178,6 +181,7 @@ class Queue:
         self._highest_first = self._levels[::-1]  # the same deques, in delivery order
         self.available = 0  # entries in the deques
         self.size = 0  # entries of this queue not yet gone (available, delivered, held)
+        self.bytes = 0  # their Entry.bytes, for max-bytes
         self.consumers: list[Consumer] = []
         self._ready: deque[Consumer] = deque()
         self._parked: list[Consumer] = []
@@ -197,11 +201,14 @@ class Queue:
 
     # -- entering ---------------------------------------------------------------------------
 
-    def check_room(self, extra: int = 1) -> None:
-        """Raises: QueueFull when ``extra`` more messages would exceed ``max-messages``."""
-        limit = self.settings.max_messages
-        if limit >= 0 and self.size + extra > limit:
-            raise QueueFull(f"queue {self.name} is full ({limit} messages)")
+    def check_room(self, extra: int = 1, extra_bytes: int = 0) -> None:
+        """Raises: QueueFull when ``extra`` more messages of ``extra_bytes`` together would
+        exceed ``max-messages`` or ``max-bytes``."""
+        settings = self.settings
+        if self.size + extra > settings.max_messages >= 0:
+            raise QueueFull(f"queue {self.name} is full ({settings.max_messages} messages)")
+        if self.bytes + extra_bytes > settings.max_bytes >= 0:
+            raise QueueFull(f"queue {self.name} is full ({settings.max_bytes} bytes)")
         if self.deleted:
             raise QueueError(f"queue {self.name} has been deleted")
 
@@ -223,6 +230,7 @@ class Queue:
     def add(self, entry: Entry) -> None:
         """Make a new entry available (it is counted as enqueued) and dispatch."""
         self.size += 1
+        self.bytes += entry.bytes
         self.enqueued += 1
         self.flow.sent += 1
         self._levels[entry.priority].append(entry)
@@ -231,6 +239,7 @@ class Queue:
     def restore(self, entry: Entry) -> None:
         """Put a recovered or held entry back in its place (not counted as enqueued)."""
         self.size += 1
+        self.bytes += entry.bytes
         self._reinsert(entry)
 
     def _reinsert(self, entry: Entry) -> None:
@@ -320,6 +329,7 @@ class Queue:
         """An entry was consumed (accepted, or acknowledged by a committed transaction)."""
         entry.state = GONE
         self.size -= 1
+        self.bytes -= entry.bytes
         self.dequeued += 1
         if entry.persistent:
             self.manager.persist_removal(entry)
@@ -343,6 +353,7 @@ class Queue:
             limit = self.settings.max_delivery_count
             if limit >= 0 and entry.delivery_count >= limit:
                 self.size -= 1
+                self.bytes -= entry.bytes
                 self.manager.dead_letter(self, entry, f"delivered {entry.delivery_count} times "
                                          f"(max-delivery-count {limit})")
                 return
@@ -418,6 +429,7 @@ class Queue:
             level.clear()
         self.available = 0
         self.size = 0
+        self.bytes = 0
         return entries
 
     def sample_rates(self) -> None:
@@ -432,6 +444,7 @@ class Queue:
     def usage(self) -> dict[str, Any]:
         return {
             "messages": self.size,
+            "bytes": self.bytes,
             "available": self.available,
             "enqueued": self.enqueued,
             "dequeued": self.dequeued,
@@ -582,6 +595,7 @@ class Consumer:
         """Unprocessable: the entry goes to routerdlq with ``reason``."""
         self._settle(entry)
         self.queue.size -= 1
+        self.queue.bytes -= entry.bytes
         self.queue.manager.dead_letter(self.queue, entry, reason)
 
     def hold(self, entry: Entry) -> Entry:

@@ -154,3 +154,18 @@ class Store(Protocol):
         Raises:
             StoreError: the store is not running.
         """
+
+    async def read_messages(self, ids: Sequence[int]) -> Mapping[int, bytes]:
+        """The stored bodies of messages ``ids``, read back from the store (for a queue
+        that keeps only the metadata of messages beyond a threshold in memory).
+
+        The result maps each id to its body as :class:`PutMessage` stored it; ids with no
+        stored message (never committed, or deleted) are left out. A read sees every commit
+        acknowledged before it was asked (reads are served between group commits, in order
+        with them), and it never waits for commits asked after it. The read does not block
+        the router's event loop; cancelling the caller abandons the answer, nothing else.
+
+        Raises:
+            StoreError: the store is not running, or the read failed (the store keeps
+                running: a failed read breaks no promise).
+        """

@@ -21,9 +21,17 @@ msgpack body (an array whose first element names it).
 - ``["commit", [op, …]]`` applies the operations in one transaction and answers
   ``["done", cancelled_pairs]`` or ``["error", text]`` (nothing of it applied). Each op is
   ``[code, fields…]`` with the codes of :data:`OP_CODES`.
+- ``["read", [id, …]]`` answers ``["bodies", [[id, body], …]]``: the stored bodies of those
+  messages that exist (in id order), or ``["error", text]``; it changes nothing. (Issue 13:
+  the read-back of bodies a queue does not keep in memory.)
 - End of input: the store process closes the database and exits with status 0. So when the
   router dies, even by ``kill -9``, its store process finishes at most the transaction it is in
   and exits; SQLite's WAL keeps every transaction all or nothing.
+
+Checkpoints (see :class:`Checkpointer`): SQLite's automatic WAL checkpoint is off; a thread
+of the store process with its own connection copies the WAL back into the database beside
+the commits, and the committing thread only catches up on the last few frames now and
+then, so that the WAL can start over.
 
 Schema version 1: ``messages`` (rowid = message id), ``records`` (kind, key → blob),
 ``remembered_ids`` (duplicate-detection backlogs), ``meta`` (``schema-version``).
@@ -35,6 +43,7 @@ import signal
 import sqlite3
 import struct
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
@@ -203,8 +212,104 @@ class Database:
             raise
         return cancelled
 
+    def read(self, ids: list[int]) -> list[list[Any]]:
+        """``[[id, body], …]`` of the stored messages among ``ids``, in id order."""
+        rows: list[list[Any]] = []
+        for start in range(0, len(ids), _ROWS_PER_STATEMENT * 4):
+            chunk = ids[start:start + _ROWS_PER_STATEMENT * 4]
+            rows.extend([row[0], row[1]] for row in self.db.execute(
+                f"SELECT id, body FROM messages WHERE id IN ({', '.join('?' * len(chunk))}) ORDER BY id", chunk))
+        return rows
+
     def close(self) -> None:
         self.db.close()
+
+
+class Checkpointer:
+    """Checkpoints the WAL mostly from a thread of the store process, so that commits do not
+    wait for the copying.
+
+    With SQLite's default (``wal_autocheckpoint`` = 1000 pages) the commit that makes the
+    WAL pass 1000 pages runs the whole checkpoint itself, inside the router's group commit:
+    it copies those pages into the database file and fsyncs it, and every producer waiting
+    for that batch waits for it too (the tail of ``bench/ack_latency.py``). Here the
+    automatic checkpoint is off on the committing connection, and:
+
+    - this thread, on a connection of its own, runs ``PRAGMA wal_checkpoint(PASSIVE)``
+      after every :data:`COMMITS` commits and at least every :data:`INTERVAL` seconds. A
+      PASSIVE checkpoint takes no lock a writer waits for: commits go on appending to the
+      WAL while it copies what was committed when it began.
+    - SQLite rewinds the WAL to its beginning at the first write after a checkpoint that
+      copied *everything*; under a stream of commits the thread's checkpoints never catch
+      up with the last one, so the WAL would grow for ever. So once the WAL holds
+      :data:`CATCH_UP_FRAMES` frames, the committing thread, between two batches, runs one
+      PASSIVE checkpoint itself (:meth:`catch_up`): it copies only the frames appended since
+      the thread's last pass, and the next commit rewinds the WAL. The WAL stays below
+      about :data:`CATCH_UP_FRAMES` frames, and a commit waits for a small copy once per
+      that many frames instead of a full one.
+
+    The thread needs the GIL only between SQLite calls (sqlite3 releases it inside them),
+    and the committing thread mostly waits on its pipe or in SQLite, so the two do not
+    convoy as a busy trio loop would (see the module doc).
+
+    Contract: :meth:`committed` is called by the committing thread after each commit and
+    never blocks; it calls :meth:`catch_up` (blocking, in that thread) when due. Errors of a
+    checkpoint are ignored (the next one tries again; commits are unaffected). :meth:`stop`
+    ends the thread (a checkpoint in progress finishes first); the database's last
+    connection checkpoints the rest when it closes.
+    """
+
+    COMMITS = 300
+    INTERVAL = 1.0
+    CATCH_UP_FRAMES = 1000
+
+    def __init__(self, path: str, db: sqlite3.Connection):
+        db.execute("PRAGMA wal_autocheckpoint = 0")  # the committing connection checkpoints only in catch_up
+        self._db = db
+        self._path = path
+        self._wakeup = threading.Event()
+        self._stopping = False
+        self._commits = 0
+        self.wal_frames = 0  # the WAL's length at the thread's last checkpoint
+        self._thread = threading.Thread(target=self._run, name="checkpointer", daemon=True)
+        self._thread.start()
+
+    def committed(self) -> None:
+        """A commit appended to the WAL (called by the committing thread)."""
+        self._commits += 1
+        if self._commits >= self.COMMITS:
+            self._commits = 0
+            self._wakeup.set()
+        if self.wal_frames >= self.CATCH_UP_FRAMES:
+            self.catch_up()
+
+    def catch_up(self) -> None:
+        """Checkpoint from the committing connection, so that no commit runs meanwhile."""
+        self.wal_frames = 0
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error:
+            pass
+
+    def _run(self) -> None:
+        db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        try:
+            while not self._stopping:
+                self._wakeup.wait(self.INTERVAL)
+                self._wakeup.clear()
+                if self._stopping:
+                    break
+                try:
+                    self.wal_frames = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()[0][1]
+                except sqlite3.Error:
+                    continue
+        finally:
+            db.close()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+        self._thread.join()
 
 
 def _insert_rows(db: sqlite3.Connection, table: str, rows: Sequence[Sequence[Any]], *, replace: bool = False) -> None:
@@ -244,12 +349,19 @@ def main(argv: list[str]) -> int:
     except (DatabaseError, sqlite3.Error, OSError) as exc:
         send(["error", str(exc)])
         return 1
+    checkpointer = Checkpointer(path, database.db)
     try:
         while (header := _read_exactly(source, 4)) is not None:
             payload = _read_exactly(source, LENGTH.unpack(header)[0])
             if payload is None:
                 break
             request = unpack_frame(payload)
+            if request[0] == "read":
+                try:
+                    send(["bodies", database.read(request[1])])
+                except (sqlite3.Error, ValueError, TypeError) as exc:
+                    send(["error", f"{type(exc).__name__}: {exc}"])
+                continue
             if request[0] != "commit":
                 send(["error", f"unknown request {request[0]!r}"])
                 continue
@@ -259,9 +371,11 @@ def main(argv: list[str]) -> int:
                 send(["error", f"{type(exc).__name__}: {exc}"])
             else:
                 send(["done", cancelled])
+                checkpointer.committed()
     except BrokenPipeError:
         pass  # the router is gone
     finally:
+        checkpointer.stop()
         database.close()
     return 0
 

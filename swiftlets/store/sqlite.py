@@ -27,7 +27,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,18 @@ class _Pending:
             self.done.set()
 
 
+class _Read:
+    """One :meth:`SqliteStore.read_messages` waiting for the committer to serve it."""
+
+    __slots__ = ("ids", "done", "bodies", "error")
+
+    def __init__(self, ids: list[int]):
+        self.ids = ids
+        self.done = trio.Event()
+        self.bodies: dict[int, bytes] = {}
+        self.error: str | None = None
+
+
 class SqliteStore:
     """A :class:`swiftlets.store.api.Store` on one SQLite file."""
 
@@ -107,6 +119,7 @@ class SqliteStore:
         self._name = name
         self._pending: list[_Pending] = []
         self._pending_ops = 0
+        self._reads: list[_Read] = []
         self._wakeup = trio.Event()
         self._process_input: trio.abc.SendStream | None = None
         self._process_output: _FrameReader | None = None
@@ -153,6 +166,10 @@ class SqliteStore:
             pending, self._pending = self._pending, []
             for waiting in pending:
                 waiting.finish(StoreError("the store stopped before this commit was applied"))
+            reads, self._reads = self._reads, []
+            for read in reads:
+                read.error = "the store stopped before this read was served"
+                read.done.set()
             with trio.CancelScope(shield=True):
                 await process.stdin.aclose()  # end of input: the store process closes the database
                 with trio.move_on_after(10):
@@ -201,6 +218,44 @@ class SqliteStore:
             return
         self._submit(_Pending(ops, on_done))
 
+    async def read_messages(self, ids: Sequence[int]) -> Mapping[int, bytes]:
+        """(:class:`~.api.Store`) Served by the committer task between two batches, so that
+        the store process's pipe carries one request at a time."""
+        if self._closed or self._process_input is None:
+            raise StoreError("the store is not running")
+        read = _Read(list(ids))
+        if not read.ids:
+            return {}
+        self._reads.append(read)
+        self._wakeup.set()
+        await read.done.wait()
+        if read.error is not None:
+            raise StoreError(f"{self.path}: read failed: {read.error}")
+        return read.bodies
+
+    async def _serve_reads(self) -> None:
+        """Answer every waiting read with one request to the store process."""
+        reads, self._reads = self._reads, []
+        wanted = sorted({message_id for read in reads for message_id in read.ids})
+        try:
+            with trio.CancelScope(shield=True):  # once asked, the answer must be taken off the pipe
+                await self._process_input.send_all(pack_frame(["read", wanted]))
+                reply = await self._process_output.read()
+        except BaseException as exc:
+            for read in reads:
+                read.error = f"{type(exc).__name__}: {exc}"
+                read.done.set()
+            raise
+        if reply[0] == "bodies":
+            bodies = dict(reply[1])
+            for read in reads:
+                read.bodies = {i: bodies[i] for i in read.ids if i in bodies}
+        else:
+            for read in reads:
+                read.error = str(reply[1]) if len(reply) > 1 else repr(reply)
+        for read in reads:
+            read.done.set()
+
     def _submit(self, pending: _Pending) -> _Pending:
         if self._closed or self._process_input is None:
             raise StoreError("the store is not running")
@@ -213,7 +268,14 @@ class SqliteStore:
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
-            while self._pending:
+            while self._pending or self._reads:
+                if self._reads:
+                    try:
+                        await self._serve_reads()
+                    except (StoreError, trio.BrokenResourceError, OSError) as exc:
+                        raise StoreError(f"{self.path}: the store process is gone: {exc}") from exc
+                    if not self._pending:
+                        continue
                 batch, ops = self._take_batch()
                 begin = time.perf_counter()
                 # Shielded: once sent, a batch's waiters learn its real outcome.

@@ -7,7 +7,7 @@ offers other swiftlets the :class:`~.api.Store` protocol by delegating to the ba
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,9 @@ class StoreSwiftlet:
 
     def commit_nowait(self, ops: list[Op], on_done: Callable[[BaseException | None], None]) -> None:
         self._store.commit_nowait(ops, on_done)
+
+    async def read_messages(self, ids: Sequence[int]) -> Mapping[int, bytes]:
+        return await self._store.read_messages(ids)
 
     def _on_change(self, change: Any) -> None:
         if change.field == "max_batch":
