@@ -39,6 +39,7 @@ Schema version 1: ``messages`` (rowid = message id), ``records`` (kind, key → 
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import struct
@@ -241,12 +242,15 @@ class Checkpointer:
       WAL while it copies what was committed when it began.
     - SQLite rewinds the WAL to its beginning at the first write after a checkpoint that
       copied *everything*; under a stream of commits the thread's checkpoints never catch
-      up with the last one, so the WAL would grow for ever. So once the WAL holds
+      up with the last one, so the WAL would grow for ever. So once the WAL file holds
       :data:`CATCH_UP_FRAMES` frames, the committing thread, between two batches, runs one
       PASSIVE checkpoint itself (:meth:`catch_up`): it copies only the frames appended since
-      the thread's last pass, and the next commit rewinds the WAL. The WAL stays below
-      about :data:`CATCH_UP_FRAMES` frames, and a commit waits for a small copy once per
-      that many frames instead of a full one.
+      the thread's last pass, and the next commit rewinds the WAL, which SQLite then cuts
+      back to nothing (``journal_size_limit`` 0), so the file's size is the WAL's length.
+      The committing thread reads that size itself after each commit (one ``stat``), so the
+      bound holds however late the thread runs: the WAL stays below about
+      :data:`CATCH_UP_FRAMES` frames, and a commit waits for a small copy once per that many
+      frames instead of a full one.
 
     The thread needs the GIL only between SQLite calls (sqlite3 releases it inside them),
     and the committing thread mostly waits on its pipe or in SQLite, so the two do not
@@ -265,12 +269,15 @@ class Checkpointer:
 
     def __init__(self, path: str, db: sqlite3.Connection):
         db.execute("PRAGMA wal_autocheckpoint = 0")  # the committing connection checkpoints only in catch_up
+        db.execute("PRAGMA journal_size_limit = 0")  # a rewound WAL is cut back: its size is its length
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
         self._db = db
         self._path = path
+        self._wal = f"{path}-wal"
+        self._catch_up_bytes = self.CATCH_UP_FRAMES * (page_size + 24)  # a frame: its header and a page
         self._wakeup = threading.Event()
         self._stopping = False
         self._commits = 0
-        self.wal_frames = 0  # the WAL's length at the thread's last checkpoint
         self._thread = threading.Thread(target=self._run, name="checkpointer", daemon=True)
         self._thread.start()
 
@@ -280,12 +287,15 @@ class Checkpointer:
         if self._commits >= self.COMMITS:
             self._commits = 0
             self._wakeup.set()
-        if self.wal_frames >= self.CATCH_UP_FRAMES:
+        try:
+            due = os.stat(self._wal).st_size >= self._catch_up_bytes
+        except OSError:
+            due = False
+        if due:
             self.catch_up()
 
     def catch_up(self) -> None:
         """Checkpoint from the committing connection, so that no commit runs meanwhile."""
-        self.wal_frames = 0
         try:
             self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         except sqlite3.Error:
@@ -300,7 +310,7 @@ class Checkpointer:
                 if self._stopping:
                     break
                 try:
-                    self.wal_frames = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()[0][1]
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 except sqlite3.Error:
                     continue
         finally:
