@@ -88,7 +88,7 @@ def _load(path: Path | None) -> Router | None:
 
 def _hash_password(iterations: int | None) -> int:
     """Print the hash of the password from a prompt (a terminal) or stdin's first line."""
-    from martinet.swiftlets.authentication.passwords import DEFAULT_ITERATIONS, hash_password
+    from .passwords import DEFAULT_ITERATIONS, hash_password
 
     if sys.stdin.isatty():
         import getpass

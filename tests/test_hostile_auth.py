@@ -17,7 +17,7 @@ from martinet.messaging.amqp.wire import AMQP_HEADER, FRAME_HEADER, descriptor_c
 from martinet.messaging.codec import decode
 from martinet.swiftlets.authentication import service
 from martinet.swiftlets.authentication.api import AuthenticationFailed
-from martinet.swiftlets.authentication.passwords import hash_password, verify_password
+from martinet.kernel.passwords import hash_password, verify_password
 
 HASHED = hash_password("s3cret-hashed", iterations=2000)
 

@@ -4,6 +4,7 @@ of recovered messages (item 7e): real SQLite files, real store processes."""
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import shutil
 import subprocess
@@ -26,7 +27,8 @@ def body(size: int = 1) -> bytes:
 
 
 def accept_empty(running: RunningRouter) -> None:
-    running.path.write_text(running.path.read_text().replace('sync="normal"', 'sync="normal" accept-empty-store="true"'))
+    text = running.path.read_text()
+    running.path.write_text(text.replace('sync="normal"', 'sync="normal" accept-empty-store="true"'))
 
 
 async def test_a_store_truncated_to_zero_bytes_is_refused_unless_accepted(make_broker, tmp_path, caplog):
@@ -58,7 +60,7 @@ async def test_a_new_store_starts_empty_without_a_word(make_broker, tmp_path, ca
     await running.stop()
     await running.start()  # and restarts: the marker matches
     await running.stop()
-    assert not caplog.records
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 async def test_another_database_in_place_of_the_store_is_refused(make_broker, nursery, tmp_path):

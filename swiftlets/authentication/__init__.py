@@ -6,8 +6,8 @@ swiftlet and states the rules (who is let in, which grant decides); :mod:`.confi
 the users, groups and grants.
 
 Passwords are kept in the config file in plain text (as SwiftMQ keeps them) or as salted
-hashes (``martinet hash-password``, :mod:`.passwords`); management never shows them. Failed
-logins are throttled and logged per source address (:mod:`.service`).
+hashes (``martinet hash-password``, :mod:`martinet.kernel.passwords`); management never
+shows them. Failed logins are throttled and logged per source address (:mod:`.service`).
 
 Usage: ``/sys$authentication/usage`` counts logins, refused logins and access denials.
 """

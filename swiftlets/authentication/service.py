@@ -20,8 +20,8 @@ live configuration (the swiftlet's entity), so runtime changes apply at once.
   checked here, as in SwiftMQ: their owners are checked where they are used.
 
 Passwords: a configured password is plain text (as SwiftMQ keeps them) or a salted hash
-``pbkdf2-sha256$…`` (:mod:`.passwords`, ``martinet hash-password``); the management tree
-never shows either. A user whose password is empty cannot log in (authentication enabled):
+``pbkdf2-sha256$…`` (:mod:`martinet.kernel.passwords`, ``martinet hash-password``); the
+management tree never shows either. A user whose password is empty cannot log in (authentication enabled):
 an empty password is a forgotten one, not an open door. An unknown user's password is
 checked against a dummy of the kind the config uses (hashed if any user's password is), so
 the time a refusal takes does not tell whether the user exists.
@@ -50,7 +50,7 @@ from martinet.messaging.like import LikePatternError, like_pattern
 
 from .api import QUEUE_ACTIONS, TOPIC_ACTIONS, AccessDenied, AuthenticationFailed
 from .config import GroupConfig, UserConfig
-from .passwords import hash_password, is_hashed, verify_password
+from martinet.kernel.passwords import hash_password, is_hashed, verify_password
 
 __all__ = ["Authentication", "Principal"]
 

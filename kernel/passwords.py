@@ -1,4 +1,5 @@
-"""Password hashes for ``sys$authentication``: ``pbkdf2-sha256$ITERATIONS$SALT$HASH``.
+"""Password hashes for ``sys$authentication`` and ``martinet hash-password``:
+``pbkdf2-sha256$ITERATIONS$SALT$HASH``.
 
 SALT and HASH are unpadded URL-safe base64; the hash is
 ``hashlib.pbkdf2_hmac("sha256", password, salt, ITERATIONS)`` (no dependency beyond the
