@@ -192,7 +192,7 @@ async def test_a_client_skipping_sasl_gets_an_amqp_close_when_authentication_is_
         "amqp:unauthorized-access", "anonymous login not allowed")
 
 
-async def test_host_access_list_and_max_connections_refusals_are_amqp_closes(amqp_broker):
+async def test_host_access_list_refusal_is_an_amqp_close(amqp_broker):
     broker = await amqp_broker(hosts='<host-access-list><host-access-entry name="10.%"/></host-access-list>')
     assert close_condition(await amqp_answer(broker.port)) == (
         "amqp:unauthorized-access", "not in the host access list")
