@@ -1,4 +1,6 @@
-"""The ``martinet`` command: ``martinet run [CONFIG]`` and ``martinet check CONFIG``.
+"""The ``martinet`` command: ``martinet run [CONFIG]``, ``martinet check CONFIG`` and
+``martinet hash-password`` (prints a salted hash for a user's ``password`` attribute; the
+password is read from stdin, or prompted for without echo on a terminal).
 
 Exit status: 0 after a clean run or a valid check; 1 when a swiftlet failed (to start or
 while running); 2 when the config (or a plugin) is invalid, with every problem printed,
@@ -54,9 +56,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     check = commands.add_parser("check", help="check a router config and report every problem")
     check.add_argument("config", type=Path)
+    hashing = commands.add_parser(
+        "hash-password", help="print a salted hash of a password (read from stdin, or prompted for) "
+        "for a user's password attribute")
+    hashing.add_argument("--iterations", type=int, default=None,
+                         help="PBKDF2-SHA256 iterations (default: the authentication swiftlet's)")
     args = parser.parse_args(argv)
     if args.command == "check":
         return _check(args.config)
+    if args.command == "hash-password":
+        return _hash_password(args.iterations)
     configure_logging(args.log_level)
     return _run(args.config)
 
@@ -75,6 +84,29 @@ def _load(path: Path | None) -> Router | None:
     if path is None:
         router.config_path = None  # never 'save' over the packaged default
     return router
+
+
+def _hash_password(iterations: int | None) -> int:
+    """Print the hash of the password from a prompt (a terminal) or stdin's first line."""
+    from .passwords import DEFAULT_ITERATIONS, hash_password
+
+    if sys.stdin.isatty():
+        import getpass
+
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Again: ") != password:
+            print("the passwords differ", file=sys.stderr)
+            return EXIT_FAILED
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        print("an empty password cannot log in; nothing printed", file=sys.stderr)
+        return EXIT_FAILED
+    if iterations is not None and iterations < 1000:
+        print("--iterations must be at least 1000", file=sys.stderr)
+        return EXIT_INVALID
+    print(hash_password(password, iterations=iterations or DEFAULT_ITERATIONS))
+    return EXIT_OK
 
 
 def _check(path: Path) -> int:

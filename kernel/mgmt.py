@@ -49,7 +49,7 @@ from typing import Any
 import attrs
 
 from .bus import EntityAdded, EntityRemoved, EventBus, PropertyChanged
-from .schema import Child, ListOf, Prop, fields_of, parse_value, xml_name
+from .schema import Child, ListOf, Prop, fields_of, parse_value, shown, xml_name
 from .xmlconfig import ElementReader
 
 __all__ = [
@@ -155,12 +155,13 @@ class Entity:
         Raises:
             ManagementError: no such property.
         """
-        self._prop(name)
-        return self._values[name]
+        _field, meta = self._prop(name)
+        return shown(meta, self._values[name])
 
     def properties(self) -> dict[str, Any]:
-        """All properties and their current values, by XML name."""
-        return dict(self._values)
+        """All properties and their current values, by XML name (secret ones masked)."""
+        return {key: shown(self.props[key][1], value) if key in self.props else value
+                for key, value in self._values.items()}
 
     @property
     def config(self) -> Any:
@@ -272,7 +273,8 @@ class Entity:
             self._at_start.setdefault(name, change.old)  # in effect until the next start
         self._values[name] = value
         self._invalidate()
-        self.tree.bus.publish(PropertyChanged(path=self.path, name=name, old=change.old, new=value))
+        self.tree.bus.publish(PropertyChanged(path=self.path, name=name, old=shown(meta, change.old),
+                                              new=shown(meta, value)))
         return change
 
     def snapshot(self) -> Any:

@@ -70,6 +70,12 @@ _META = "martinet"
 _C = TypeVar("_C")
 SCALAR_TYPES = (bool, int, float, str)
 _INTEGER = re.compile(r"[+-]?\d+\Z")
+SECRET_MASK = "********"  # how management shows a set secret property
+
+
+def shown(meta: Prop, value: Any) -> Any:
+    """``value`` as management may show it: masked when ``meta`` is secret and it is set."""
+    return SECRET_MASK if meta.secret and value else value
 
 
 @attrs.frozen
@@ -88,6 +94,7 @@ class Prop:
     reboot_required: bool = False
     read_only: bool = False
     enum: type[Enum] | None = None
+    secret: bool = False  # never shown by management (get, list, events); saved as it is
 
 
 @attrs.frozen
@@ -227,8 +234,12 @@ def prop(
     choices: Iterable[str] | type[Enum] | None = None,
     reboot_required: bool = False,
     read_only: bool = False,
+    secret: bool = False,
 ) -> Any:
     """Declare a scalar property. Without ``default`` the property is mandatory.
+
+    ``secret`` (a password): management shows a set value as :data:`SECRET_MASK` — reading
+    it, listing it, in change events — while the config object and ``save`` keep the real one.
 
     ``choices`` is either the allowed strings or an Enum class; with an Enum the field must
     be typed with it, and its values are members (see the module header). Everything is
@@ -247,6 +258,7 @@ def prop(
         reboot_required=reboot_required,
         read_only=read_only,
         enum=enum_class,  # type: ignore[arg-type]
+        secret=secret,
     )
 
     def validate(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:

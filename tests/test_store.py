@@ -25,16 +25,27 @@ def usage(router) -> dict:
     return router.management.resolve("/sys$store/usage").properties()
 
 
-async def test_everything_committed_is_recovered(broker):
+def stored_messages(tmp_path) -> list[tuple]:
+    """The messages in the (stopped) broker's database, read with sqlite3 itself."""
+    db = sqlite3.connect(tmp_path / "store" / "r1.sqlite")
+    try:
+        return db.execute("SELECT id, queue, body, delivery_count, txid FROM messages ORDER BY id").fetchall()
+    finally:
+        db.close()
+
+
+async def test_everything_committed_is_recovered(broker, tmp_path):
     store = broker.store
     await store.commit([PutMessage(1, "a", b"one"), PutMessage(2, "b", b"two", 0, "xid-1"),
                         PutMessage(3, "a", b"three"), PutRecord("durable", "c1$s", b"record"),
                         PutRecord("xa", "xid-1", b"{}"), RememberId("a", "m-1", 10), RememberId("a", "m-2", 10)])
     await store.commit([DeleteMessage(3), SetDeliveryCount(1, 4), SetTransaction(2, None),
                         DeleteRecord("xa", "xid-1")])
-    await broker.restart()
+    await broker.stop()
+    assert stored_messages(tmp_path) == [(1, "a", b"one", 4, None), (2, "b", b"two", 0, None)]
+    await broker.start()
     recovered = broker.store.recovered
-    assert [tuple(m) for m in recovered.messages] == [(1, "a", b"one", 4, None), (2, "b", b"two", 0, None)]
+    assert recovered.message_count == 2
     assert recovered.records == {"durable": {"c1$s": b"record"}}
     assert recovered.remembered_ids == {"a": ["m-1", "m-2"]}
     assert recovered.next_id == 3
@@ -58,7 +69,7 @@ async def test_concurrent_commits_share_transactions(broker):
     assert after["largest-batch"] > 1
 
 
-async def test_a_message_stored_and_deleted_in_one_batch_is_never_written(broker):
+async def test_a_message_stored_and_deleted_in_one_batch_is_never_written(broker, tmp_path):
     done = []
     broker.store.commit_nowait([PutMessage(7, "q", b"x")], done.append)
     broker.store.commit_nowait([DeleteMessage(7)], done.append)  # same batch: nothing pending ran yet
@@ -66,10 +77,12 @@ async def test_a_message_stored_and_deleted_in_one_batch_is_never_written(broker
     assert done == [None, None]
     assert usage(broker.router)["cancelled-pairs"] == 1
     await broker.restart()
-    assert broker.store.recovered.messages == []
+    assert broker.store.recovered.message_count == 0
+    await broker.stop()
+    assert stored_messages(tmp_path) == []
 
 
-async def test_a_failed_commit_fails_its_callers_and_stops_the_router(make_broker):
+async def test_a_failed_commit_fails_its_callers_and_stops_the_router(make_broker, tmp_path):
     running = make_broker()
     await running.start()
     await running.store.commit([PutMessage(1, "q", b"x")])
@@ -78,8 +91,9 @@ async def test_a_failed_commit_fails_its_callers_and_stops_the_router(make_broke
     await running._done.wait()  # the store failed, so the router stopped
     assert running.failure.swiftlet == "sys$store"
     assert "commit failed: IntegrityError: UNIQUE constraint failed: messages.id" in str(running.failure)
-    await running.start()  # the first commit is intact
-    assert [m.body for m in running.store.recovered.messages] == [b"x"]
+    assert [row[2] for row in stored_messages(tmp_path)] == [b"x"]  # the first commit is intact
+    await running.start()
+    assert running.store.recovered.message_count == 1
     await running.stop()
 
 

@@ -5,7 +5,9 @@ A listener logs clients in and checks their attaches through :mod:`.api`
 swiftlet and states the rules (who is let in, which grant decides); :mod:`.config` holds
 the users, groups and grants.
 
-Passwords are kept in the config file as SwiftMQ keeps them; protect the file.
+Passwords are kept in the config file in plain text (as SwiftMQ keeps them) or as salted
+hashes (``martinet hash-password``, :mod:`martinet.kernel.passwords`); management never
+shows them. Failed logins are throttled and logged per source address (:mod:`.service`).
 
 Usage: ``/sys$authentication/usage`` counts logins, refused logins and access denials.
 """

@@ -87,11 +87,16 @@ class Authentication(Protocol):
         when not, every login succeeds and everything is granted (host access lists still
         apply)."""
 
+    def refusal_delay(self, host: str) -> float:
+        """Seconds a listener waits before it answers a refused login from ``host`` (0 for a
+        first failure, growing with the failures in a row from that address; a success or a
+        quiet period resets it). Waiting is the listener's part; cancelling it is harmless."""
+
     def login(self, user: str | None, password: str | None, host: str) -> Principal:
         """Check a login; ``user`` None means anonymous.
 
         Raises:
-            AuthenticationFailed: unknown user, wrong password, host not allowed, or anonymous
-                not allowed. The client-facing reason does not say which of user or password
+            AuthenticationFailed: unknown user, wrong or empty password, host not allowed, or
+                anonymous not allowed. The client-facing reason does not say which of user or password
                 was wrong.
         """

@@ -38,7 +38,9 @@ class HostAccessEntry:
 @config_class
 class UserConfig:
     name: str = prop(description="User name.")
-    password: str = prop("", description="The user's password.")
+    password: str = prop("", secret=True, description="The user's password: plain text, or a salted hash "
+                         "pbkdf2-sha256$ITERATIONS$SALT$HASH as `martinet hash-password` prints it. Empty: the "
+                         "user cannot log in (with authentication enabled). Management shows it masked.")
     group: str = prop("public", description="The user's group.")
     host_access_list: Mapping[str, HostAccessEntry] = entity_list(
         HostAccessEntry, item="host-access-entry", description="Hosts this user may connect from; empty: any.")

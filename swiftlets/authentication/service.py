@@ -19,12 +19,25 @@ live configuration (the swiftlet's entity), so runtime changes apply at once.
 - Queue names containing ``$`` (temporary, durable-subscriber and system queues) are not
   checked here, as in SwiftMQ: their owners are checked where they are used.
 
-Passwords are kept in the config file as SwiftMQ keeps them; protect the file.
+Passwords: a configured password is plain text (as SwiftMQ keeps them) or a salted hash
+``pbkdf2-sha256$…`` (:mod:`martinet.kernel.passwords`, ``martinet hash-password``); the
+management tree never shows either. A user whose password is empty cannot log in (authentication enabled):
+an empty password is a forgotten one, not an open door. An unknown user's password is
+checked against a dummy of the kind the config uses (hashed if any user's password is), so
+the time a refusal takes does not tell whether the user exists.
+
+Failed logins, per source address:
+
+- *Throttled*: the refusal is sent after a delay (:meth:`Authentication.refusal_delay`)
+  that doubles with each failure from :data:`FIRST_DELAY` up to :data:`MAX_DELAY`; a
+  success from the address or :data:`QUIET_PERIOD` without failures resets it.
+- *Logged aggregated*: the first refusal from an address is logged (WARNING) with its
+  details; further ones within :data:`LOG_INTERVAL` are counted and logged as one WARNING
+  per address at the end of the interval.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -37,10 +50,18 @@ from martinet.messaging.like import LikePatternError, like_pattern
 
 from .api import QUEUE_ACTIONS, TOPIC_ACTIONS, AccessDenied, AuthenticationFailed
 from .config import GroupConfig, UserConfig
+from martinet.kernel.passwords import hash_password, is_hashed, verify_password
 
 __all__ = ["Authentication", "Principal"]
 
 log = logging.getLogger(__name__)
+
+FIRST_DELAY = 0.1  # seconds before the refusal of a second failed login from an address
+MAX_DELAY = 4.0
+QUIET_PERIOD = 60.0  # seconds without a failure after which an address starts afresh
+LOG_INTERVAL = 60.0  # refusals from one address within it are logged as one line
+_DUMMY_HASH = hash_password("not a password", salt=b"martinet-dummy..")
+_DUMMY_PLAIN = "not a password"
 
 
 def _grant(grants: Mapping[str, Any], name: str) -> Any:
@@ -94,6 +115,34 @@ class Authentication:
     def __init__(self, context: SwiftletContext):
         self.context = context
         self.logins = self.refused_logins = self.denials = 0
+        self._failures: dict[str, tuple[int, float]] = {}  # host → (failures in a row, time of the last)
+        self._unlogged: dict[str, list[Any]] = {}  # host → [refusals not logged yet, last detail]
+
+    def refusal_delay(self, host: str) -> float:
+        """Seconds to wait before answering a refused login from ``host`` (0 for its first
+        failure; doubling from FIRST_DELAY up to MAX_DELAY after that)."""
+        count, _last = self._failures.get(host, (0, 0.0))
+        return 0.0 if count <= 1 else min(FIRST_DELAY * 2 ** (count - 2), MAX_DELAY)
+
+    def _failed(self, host: str) -> None:
+        now = trio.current_time()
+        count, last = self._failures.get(host, (0, now))
+        if now - last >= QUIET_PERIOD:
+            count = 0
+        self._failures[host] = (count + 1, now)
+
+    def flush_log(self) -> None:
+        """Log the refusals counted since the last flush (one line per address) and forget
+        addresses quiet for QUIET_PERIOD; the swiftlet calls it every LOG_INTERVAL."""
+        unlogged, self._unlogged = self._unlogged, {}
+        for host, (count, detail) in unlogged.items():
+            if count:
+                log.warning("%d more login(s) refused from %s in the last %.0f s (last: %s)", count, host,
+                            LOG_INTERVAL, detail)
+        now = trio.current_time()
+        for host, (_count, last) in list(self._failures.items()):
+            if now - last >= QUIET_PERIOD:
+                del self._failures[host]
 
     @property
     def enabled(self) -> bool:
@@ -125,17 +174,35 @@ class Authentication:
                 self._refuse("anonymous logins are not allowed", user, host, "anonymous login not allowed")
             self.logins += 1
             return Principal("anonymous", host, "public", True, self)
+        # The same compare whether the user exists or not (see the module docstring).
+        stored = config.password if config is not None and config.password else self._dummy(users)
+        matches = verify_password(stored, password or "")
         if config is None:
             self._refuse(f"unknown user {user!r}", user, host, "invalid user name or password")
-        if not hmac.compare_digest((password or "").encode(), config.password.encode()):
+        if not config.password:
+            self._refuse(f"user {user!r} has no password configured", user, host, "invalid user name or password")
+        if not matches:
             self._refuse(f"wrong password for user {user!r}", user, host, "invalid user name or password")
+        self._failures.pop(host, None)
         self.logins += 1
         log.info("user %s logged in from %s", user, host)
         return Principal(user, host, config.group, True, self)
 
+    @staticmethod
+    def _dummy(users: Mapping[str, Any]) -> str:
+        hashed = any(is_hashed(entity.config.password) for entity in users.values())
+        return _DUMMY_HASH if hashed else _DUMMY_PLAIN
+
     def _refuse(self, detail: str, user: str | None, host: str, reason: str) -> None:
         self.refused_logins += 1
-        log.warning("login refused from %s: %s", host, detail)
+        self._failed(host)
+        pending = self._unlogged.get(host)
+        if pending is None:
+            self._unlogged[host] = [0, detail]
+            log.warning("login refused from %s: %s", host, detail)
+        else:
+            pending[0] += 1
+            pending[1] = detail
         raise AuthenticationFailed(reason, f"login of {user or 'anonymous'} from {host} refused: {detail}")
 
     def _denied(self, principal: Principal, what: str) -> None:
@@ -148,4 +215,9 @@ class Authentication:
         self.context.usage.provide(lambda: {"logins": self.logins, "refused-logins": self.refused_logins,
                                             "access-denials": self.denials})
         task_status.started()
-        await trio.sleep_forever()
+        try:
+            while True:
+                await trio.sleep(LOG_INTERVAL)
+                self.flush_log()
+        finally:
+            self.flush_log()

@@ -80,7 +80,8 @@ from martinet.messaging.amqp import (
     Error,
 )
 from martinet.messaging.amqp.sasl import Credentials, SaslError, SaslServer
-from martinet.messaging.codec import DecodeError, Described, Int, Symbol, ULong
+from martinet.messaging.amqp.wire import AMQP_HEADER, FRAME_HEADER
+from martinet.messaging.codec import DecodeError, Described, Int, Symbol, ULong, encode
 from martinet.messaging.io import Driver, lead_in
 from martinet.messaging.message import AnnotationPatch, Message, MessageError
 from martinet.messaging.selector import SelectorError, compile_selector
@@ -418,14 +419,33 @@ class BrowsingLink:
         self._entries = iter(())
 
 
+def refusal(container_id: str, condition: str, description: str) -> bytes:
+    """What a server answers a client that sent the AMQP header but may not stay: our header,
+    an ``open`` and a ``close`` with the error. "a peer that wishes to close the connection
+    with an error … MUST first send an open frame" [2.4.1]; the close carries the condition
+    [2.7.9], e.g. ``amqp:unauthorized-access`` or ``amqp:resource-limit-exceeded`` [2.8.15]."""
+    frames = [Described(ULong(0x10), [container_id]),
+              Described(ULong(0x18), [Described(ULong(0x1D), [Symbol(condition), description, None])])]
+    out = bytearray(AMQP_HEADER)
+    for performative in frames:
+        body = encode(performative)
+        out += FRAME_HEADER.pack(8 + len(body), 2, 0, 0) + body
+    return bytes(out)
+
+
 class _Login:
     """The lead-in stage of a client connection: SASL, with the authentication swiftlet's
-    decision on the credentials (:class:`messaging.io.Stage`)."""
+    decision on the credentials (:class:`messaging.io.Stage`).
+
+    A refusal is held back (:attr:`refusal`) rather than written by the lead-in, so that the
+    connection can answer it after the authentication swiftlet's throttling delay."""
 
     def __init__(self, sasl: SaslServer, login: Callable[[Credentials], Any]):
         self._sasl = sasl
         self._login = login
         self.principal: Any = None
+        self.refusal = b""
+        self.skipped_sasl = False
 
     def receive_data(self, data: bytes) -> bool:
         """Raises: SaslError (a broken exchange), AuthenticationFailed (refused)."""
@@ -436,6 +456,8 @@ class _Login:
             self.principal = self._login(credentials)
         except AuthenticationFailed:
             self._sasl.refuse()
+            self.refusal = self._sasl.data_to_send  # empty when the client skipped SASL
+            self.skipped_sasl = credentials.mechanism is None
             raise
         self._sasl.accept()
         return True
@@ -533,6 +555,7 @@ class AmqpConnection:
             log.info("connection from %s refused: %s", self.host, group.exceptions[0])
         except* AuthenticationFailed as group:  # logged by the authentication swiftlet
             log.debug("login refused: %s", group.exceptions[0])
+            await self._answer_refusal(login, group.exceptions[0])
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
             log.debug("connection from %s ended: %s", self.host, group.exceptions[0])
         finally:
@@ -553,6 +576,20 @@ class AmqpConnection:
         self._driver = None
         self.__dict__.pop("wake", None)  # the driver's wake, bound in run
         self._handlers = {}
+
+    async def _answer_refusal(self, login: _Login, failure: AuthenticationFailed) -> None:
+        """Answer a refused login after the authentication swiftlet's delay for this address:
+        a SASL outcome, or — a client that skipped SASL — an AMQP close [2.4.1]."""
+        answer = login.refusal
+        if login.skipped_sasl:
+            answer = refusal(f"martinet:{self.swiftlet.router_name}", "amqp:unauthorized-access", failure.reason)
+        try:
+            with trio.move_on_after(SASL_TIMEOUT):
+                await trio.sleep(self.swiftlet.refusal_delay(self.host))
+                if answer:
+                    await self.stream.send_all(answer)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the client left without waiting
 
     def _before_write(self) -> None:
         # "Sending a close signals that the sender will not be sending any more frames" [2.7.9]:

@@ -23,13 +23,15 @@ from typing import Any
 import trio
 
 from martinet.kernel import Entity, SwiftletContext, UsageList, Veto
-from martinet.messaging.amqp.sasl import Credentials
+from martinet.messaging.amqp.sasl import Credentials, SaslError, SaslServer
+from martinet.messaging.amqp.sasl import State as SaslState
+from martinet.messaging.amqp.wire import AMQP_HEADER
 from martinet.messaging.like import like_pattern
 from martinet.swiftlets.authentication.api import Authentication, Principal
 from martinet.swiftlets.queuemanager.api import QueueManager
 from martinet.swiftlets.topicmanager.api import TopicManager
 
-from .listener import AmqpConnection
+from .listener import AmqpConnection, refusal
 
 __all__ = ["JmsSwiftlet"]
 
@@ -57,6 +59,10 @@ class JmsSwiftlet:
     def temporary_topic_name(self) -> str:
         self._temporary_topics += 1
         return f"tmp$topic${self._temporary_topics}"
+
+    def refusal_delay(self, host: str) -> float:
+        """Seconds to wait before answering a refused login from ``host``."""
+        return self._auth.refusal_delay(host) if self._auth is not None else 0.0
 
     def login(self, credentials: Credentials, host: str) -> Principal | None:
         """A principal for the credentials, or raise; everyone is let in without sys$authentication."""
@@ -95,6 +101,33 @@ class JmsSwiftlet:
     def _listener_removed(self, entity: Entity) -> None:
         raise Veto("listeners change at the next start (reboot)")
 
+    async def _refuse(self, stream: trio.abc.Stream, condition: str, description: str) -> None:
+        """Close a refused connection with an AMQP close carrying ``condition`` [2.4.1]: a
+        SASL client's exchange is let through unchecked (nothing is granted by it; the
+        connection is closed right after the AMQP header), so that the client learns the
+        reason. A client that breaks the protocol or stays silent for 5 s is just closed."""
+        sasl = SaslServer()
+        try:
+            with trio.move_on_after(5):
+                while sasl.state is not SaslState.DONE:
+                    data = await stream.receive_some(4096)
+                    if not data:
+                        return
+                    if sasl.receive_data(data) is not None:
+                        sasl.accept()
+                    if out := sasl.data_to_send:
+                        await stream.send_all(out)
+                header = sasl.remaining
+                while len(header) < 8 and (data := await stream.receive_some(8)):
+                    header += data
+                if header[:8] == AMQP_HEADER:
+                    await stream.send_all(refusal(f"martinet:{self.router_name}", condition, description))
+        except (SaslError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await stream.aclose()
+
     async def _serve(self, entity: Entity, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         config = entity.config
         tcp = await trio.open_tcp_listeners(config.port, host=config.bind_address)
@@ -123,15 +156,15 @@ class JmsSwiftlet:
                 host = socket_stream.socket.getpeername()[0]
             except OSError:
                 return
-            refusal = None
+            refused = None
             if live.host_access_list and not any(like_pattern(p).fullmatch(host) for p in live.host_access_list):
-                refusal = "not in the host access list"
+                refused = ("amqp:unauthorized-access", "not in the host access list")
             elif 0 <= live.max_connections <= state["connections"]:
-                refusal = f"max-connections {live.max_connections} reached"
-            if refusal is not None:
+                refused = ("amqp:resource-limit-exceeded", f"max-connections {live.max_connections} reached")
+            if refused is not None:
                 state["refused"] += 1
-                log.warning("connection from %s to listener %s closed: %s", host, config.name, refusal)
-                await stream.aclose()
+                log.warning("connection from %s to listener %s closed: %s", host, config.name, refused[1])
+                await self._refuse(stream, *refused)
                 return
             state["connections"] += 1
             state["accepted"] += 1

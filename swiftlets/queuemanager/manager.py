@@ -215,7 +215,8 @@ class QueueManager:
                 held[message_id] = xid
         now = now_ms()
         orphans = []
-        for stored in recovered.messages:
+        messages = self._store.take_recovered_messages()  # ours now: freed as they are consumed
+        for stored in messages:
             queue = self.queues.get(stored.queue) or self.queue(stored.queue, create=True)
             message = Message(stored.body)
             try:
@@ -249,7 +250,7 @@ class QueueManager:
         if orphans:
             self._defer(*orphans)
         log.info("queue manager recovered %d messages in %d queues, %d prepared transaction(s)",
-                 len(recovered.messages) - len(orphans), len(self.queues), len(prepared))
+                 len(messages) - len(orphans), len(self.queues), len(prepared))
 
     # -- names and queues -----------------------------------------------------------------------
 

@@ -112,16 +112,17 @@ class StoredMessage(NamedTuple):
 
 @attrs.frozen
 class Recovered:
-    """Everything the store held at start.
+    """Everything the store held at start, except the messages
+    (:meth:`Store.take_recovered_messages` hands those over once).
 
     Attributes:
-        messages: every stored message, in ascending id order.
+        message_count: how many messages were recovered.
         records: ``{kind: {key: value}}``.
         remembered_ids: ``{queue: [message ids, oldest first]}``.
         next_id: an id larger than any stored.
     """
 
-    messages: Sequence[StoredMessage]
+    message_count: int
     records: Mapping[str, Mapping[str, bytes]]
     remembered_ids: Mapping[str, Sequence[str]]
     next_id: int
@@ -133,7 +134,21 @@ class Store(Protocol):
 
     @property
     def recovered(self) -> Recovered:
-        """The state loaded at start (read it once, while starting)."""
+        """The state loaded at start, but the messages (read it while starting).
+
+        Raises:
+            StoreError: the store has not been opened.
+        """
+
+    def take_recovered_messages(self) -> list[StoredMessage]:
+        """Every message stored at start, in ascending id order; once.
+
+        The store keeps no reference to them afterwards, so the caller (the queue manager)
+        owns them: recovered messages are freed as they are consumed, as live ones are.
+
+        Raises:
+            StoreError: the store has not been opened, or the messages were taken already.
+        """
 
     async def commit(self, ops: Sequence[Op]) -> None:
         """Apply ``ops`` atomically and durably.

@@ -24,3 +24,11 @@ class StoreConfig:
         20_000, min=1, max=1_000_000,
         description="Most operations in one group commit; bounds commit latency under load.",
     )
+    accept_empty_store: bool = prop(
+        False,
+        reboot_required=True,
+        description="Start even if the store existed and its database is now empty, replaced or "
+        "damaged (a WAL whose damage drops committed transactions, a failed integrity check); "
+        "each problem is logged as an ERROR. Set it for one start after an operator decided to "
+        "accept the loss, then remove it. Without it such a start is refused.",
+    )

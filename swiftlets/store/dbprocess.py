@@ -1,5 +1,5 @@
 """The store process: owns the SQLite database, in a process of its own
-(``python -m martinet.swiftlets.store PATH SYNC``).
+(``python -m martinet.swiftlets.store PATH SYNC ACCEPT``, ACCEPT ``accept-empty`` or ``refuse-empty``).
 
 Theory of operation
 -------------------
@@ -14,7 +14,8 @@ router. In its own process the database has its own interpreter and GIL.
 Protocol, over the process's stdin/stdout: frames of a 4-byte big-endian length and a
 msgpack body (an array whose first element names it).
 
-- At start the store process opens (creating or upgrading) the database and sends the recovered
+- At start the store process opens (creating or upgrading) the database, checks it (below),
+  sends ``["warning", text]`` for each problem it was told to accept, then the recovered
   state: ``["messages", [[id, queue, body, delivery_count, txid], …]]`` (in chunks),
   ``["records", [[kind, key, value], …]]``, ``["remembered", [[queue, message_id], …]]``,
   then ``["ready", next_id]``; or ``["error", text]`` and exits with status 1.
@@ -33,8 +34,26 @@ of the store process with its own connection copies the WAL back into the databa
 the commits, and the committing thread only catches up on the last few frames now and
 then, so that the WAL can start over.
 
+Checks at open, so that a store is never emptied or truncated silently:
+
+- *Did it exist?* At creation the database gets a random ``store-id`` (in ``meta``) and a
+  companion file ``<database>.store-id`` holding the same id, written atomically next to it.
+  A marker whose id the database does not have means the store existed and its database is
+  now empty (truncated to zero length, deleted, recreated) or another one: refused. The
+  marker lives outside the database, so nothing that happens to the database file can
+  erase the evidence; deleting the whole store folder is the way to start afresh.
+- *Unclean stop* (a ``-wal`` file is left; a clean close removes it): before SQLite sees it
+  the WAL is read and its checksum chain checked (:func:`inspect_wal`) — SQLite's recovery
+  stops silently at the first bad frame, and Python's sqlite3 gives no access to SQLite's
+  error log, so this is the only way to count what it drops. Then ``PRAGMA quick_check``.
+  Damage that drops committed transactions, or a failed check, is refused.
+
+A refused store is reported as an error with the counts; with ``accept-empty-store`` (the
+ACCEPT argument) the store process goes on with what is left, and the router logs each problem as an
+ERROR.
+
 Schema version 1: ``messages`` (rowid = message id), ``records`` (kind, key → blob),
-``remembered_ids`` (duplicate-detection backlogs), ``meta`` (``schema-version``).
+``remembered_ids`` (duplicate-detection backlogs), ``meta`` (``schema-version``, ``store-id``).
 """
 
 from __future__ import annotations
@@ -45,7 +64,9 @@ import sqlite3
 import struct
 import sys
 import threading
+import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgpack
@@ -66,6 +87,7 @@ OP_CODES = {PutMessage: 1, DeleteMessage: 2, SetDeliveryCount: 3, SetTransaction
             DeleteRecord: 6, RememberId: 7, SetMessageBody: 8}
 _SET_COLUMNS = {3: (3, "delivery_count"), 4: (4, "txid"), 8: (2, "body")}  # op code → (put field, column)
 RECOVERY_CHUNK = 2000
+MARKER_SUFFIX = ".store-id"  # the companion file recording that the store was created (see above)
 LENGTH = struct.Struct(">I")  # the frame length prefix
 
 # Rows per statement: a few large statements are much cheaper than one per row.
@@ -112,7 +134,19 @@ def encode_ops(ops: Sequence[Any]) -> list[tuple]:
 class Database:
     """The database side: open and recover, apply batches, close."""
 
-    def __init__(self, path: str, sync: str):
+    def __init__(self, path: str, sync: str, accept_empty: bool = False):
+        """Open (creating or upgrading) the store at ``path``.
+
+        Raises:
+            DatabaseError: not a store, a newer schema, or — unless ``accept_empty`` — a store
+                that existed (its marker says so) and is now empty, replaced or damaged.
+        """
+        self.warnings: list[str] = []  # for the router's log, sent with the recovery
+        marker = Path(path + MARKER_SUFFIX)
+        expected_id = marker.read_text().strip() if marker.exists() else None
+        wal = Path(path + "-wal")
+        unclean = wal.exists() and wal.stat().st_size > 0  # a clean close removes the WAL
+        damage = inspect_wal(wal.read_bytes()) if unclean else None
         try:
             db = sqlite3.connect(path, isolation_level=None)
             db.execute("PRAGMA busy_timeout = 10000")  # the store process of a killed router may still be finishing
@@ -121,15 +155,40 @@ class Database:
             if mode != "wal":
                 raise DatabaseError(f"{path}: cannot use WAL mode (got {mode})")
             db.execute(f"PRAGMA synchronous = {sync.upper()}")
+            store_id = _meta(db, "store-id")
+            problems = []
+            if expected_id is not None and store_id != expected_id:
+                problems.append(
+                    f"the store existed (its marker {marker.name} says so) but the database is "
+                    + ("empty or missing" if store_id is None else f"another store's (id {store_id}, "
+                                                                      f"expected {expected_id})"))
+            if damage is not None:
+                problems.append(damage)
+            if unclean:  # only after an unclean stop: it reads the whole database
+                checked = [row[0] for row in db.execute("PRAGMA quick_check")]
+                if checked != ["ok"]:
+                    problems.append(f"integrity check failed ({len(checked)} problem(s)): "
+                                    + "; ".join(checked[:5]))
+            if problems:
+                text = f"{path}: " + "; ".join(problems)
+                if not accept_empty:
+                    raise DatabaseError(text + " — refusing to start; start once with accept-empty-store=\"true\" "
+                                        "on sys$store to accept what is left")
+                self.warnings.append(text + " — accepted (accept-empty-store)")
             db.executescript(_SCHEMA)
-            found = db.execute("SELECT value FROM meta WHERE key = 'schema-version'").fetchone()
+            found = _meta(db, "schema-version")
+            if found is None:
+                db.execute("INSERT INTO meta VALUES ('schema-version', ?)", (str(SCHEMA_VERSION),))
+            elif int(found) > SCHEMA_VERSION:
+                raise DatabaseError(f"{path}: schema version {found} is newer than this release understands "
+                                    f"({SCHEMA_VERSION})")
+            if store_id is None:
+                store_id = uuid.uuid4().hex
+                db.execute("INSERT INTO meta VALUES ('store-id', ?)", (store_id,))
+            if store_id != expected_id:
+                _write_marker(marker, store_id)
         except sqlite3.DatabaseError as exc:
             raise DatabaseError(f"{path}: not a usable Martinet store: {exc}") from None
-        if found is None:
-            db.execute("INSERT INTO meta VALUES ('schema-version', ?)", (str(SCHEMA_VERSION),))
-        elif int(found[0]) > SCHEMA_VERSION:
-            raise DatabaseError(f"{path}: schema version {found[0]} is newer than this release understands "
-                              f"({SCHEMA_VERSION})")
         self.db = db
 
     def recover(self, send: Any) -> None:
@@ -209,7 +268,13 @@ class Database:
                         "WHERE queue = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)", (queue_name, size))
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # SQLite has rolled back already after some errors (SQLITE_FULL, SQLITE_IOERR):
+            # a ROLLBACK then fails with "no transaction is active" and would hide the cause.
+            if db.in_transaction:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass  # the original error is what the operator must see
             raise
         return cancelled
 
@@ -322,6 +387,86 @@ class Checkpointer:
         self._thread.join()
 
 
+def _meta(db: sqlite3.Connection, key: str) -> str | None:
+    """A ``meta`` value; None when absent (or when there is no ``meta`` table: an empty file)."""
+    try:
+        found = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return None
+        raise
+    return found[0] if found is not None else None
+
+
+def _write_marker(marker: Path, store_id: str) -> None:
+    """Write the marker atomically and durably (temporary file, fsync, rename, fsync the folder)."""
+    temporary = marker.with_name(marker.name + ".tmp")
+    with temporary.open("w") as file:
+        file.write(store_id + "\n")
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, marker)
+    folder = os.open(marker.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def _wal_checksum(data: bytes, words: str, s0: int, s1: int) -> tuple[int, int]:
+    """SQLite's WAL checksum over ``data`` (a multiple of 8 bytes), continuing from (s0, s1)."""
+    values = struct.unpack(f"{words}{len(data) // 4}I", data)
+    for i in range(0, len(values), 2):
+        s0 = (s0 + values[i] + s1) & 0xFFFFFFFF
+        s1 = (s1 + values[i + 1] + s0) & 0xFFFFFFFF
+    return s0, s1
+
+
+def inspect_wal(wal: bytes) -> str | None:
+    """What a WAL left by an unclean stop would lose beyond an interrupted transaction; None if nothing.
+
+    SQLite replays the WAL up to the last commit frame of the unbroken checksum chain and
+    silently ignores the rest. Frames of an interrupted transaction (valid checksums, no commit
+    frame after them) are expected after a crash. Frames of the current WAL generation (its
+    salts) *after* a frame whose checksum fails are not: they were written and then damaged,
+    and the commits among them are acknowledged transactions that recovery drops. Stale frames
+    of an earlier generation (other salts) are ignored, as SQLite does.
+    (Format: https://www.sqlite.org/fileformat.html#the_write_ahead_log)
+    """
+    if len(wal) < 32:
+        return None
+    magic, _version, page_size, _sequence, salt1, salt2 = struct.unpack_from(">6I", wal)
+    if magic not in (0x377F0682, 0x377F0683) or not page_size:
+        return f"the WAL ({len(wal)} bytes) has no valid header and is ignored"
+    words = ">" if magic & 1 else "<"
+    s0, s1 = _wal_checksum(wal[:24], words, 0, 0)
+    if (s0, s1) != struct.unpack_from(">2I", wal, 24):
+        return f"the WAL header fails its checksum; its {(len(wal) - 32) // (page_size + 24)} frame(s) are ignored"
+    frame_size = 24 + page_size
+    frames = (len(wal) - 32) // frame_size
+    broken_at = None
+    lost_frames = lost_commits = 0
+    for index in range(frames):
+        offset = 32 + index * frame_size
+        _page, committed_size, frame_salt1, frame_salt2, check0, check1 = struct.unpack_from(">6I", wal, offset)
+        if (frame_salt1, frame_salt2) != (salt1, salt2):
+            if broken_at is None:
+                break  # the end of the current generation: stale frames follow
+            continue
+        if broken_at is None:
+            s0, s1 = _wal_checksum(wal[offset:offset + 8], words, s0, s1)
+            s0, s1 = _wal_checksum(wal[offset + 24:offset + frame_size], words, s0, s1)
+            if (s0, s1) == (check0, check1):
+                continue
+            broken_at = index
+        lost_frames += 1
+        lost_commits += committed_size != 0
+    if broken_at is None or not lost_commits:
+        return None  # at most a torn, never acknowledged transaction: what a crash leaves
+    return (f"the WAL is damaged: frame {broken_at + 1} of {frames} fails its checksum; recovery drops "
+            f"{lost_frames} frame(s) from there, with {lost_commits} committed transaction(s)")
+
+
 def _insert_rows(db: sqlite3.Connection, table: str, rows: Sequence[Sequence[Any]], *, replace: bool = False) -> None:
     if not rows:
         return
@@ -342,7 +487,7 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
 
 def main(argv: list[str]) -> int:
     """Serve one router's store until end of input; the exit status."""
-    path, sync = argv
+    path, sync, accept_empty = argv
     # Ctrl-C and SIGTERM reach the whole process group; the store process outlives its router's
     # orderly stop (which may still commit) and leaves when its input ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -354,7 +499,9 @@ def main(argv: list[str]) -> int:
         sink.flush()
 
     try:
-        database = Database(path, sync)
+        database = Database(path, sync, accept_empty == "accept-empty")
+        for warning in database.warnings:
+            send(["warning", warning])
         database.recover(send)
     except (DatabaseError, sqlite3.Error, OSError) as exc:
         send(["error", str(exc)])

@@ -112,8 +112,9 @@ class _Read:
 class SqliteStore:
     """A :class:`swiftlets.store.api.Store` on one SQLite file."""
 
-    def __init__(self, path: Path, *, sync: str, max_batch: int, name: str):
+    def __init__(self, path: Path, *, sync: str, max_batch: int, name: str, accept_empty: bool = False):
         self.path = path
+        self.accept_empty = accept_empty
         self.sync = sync
         self.max_batch = max_batch
         self._name = name
@@ -125,6 +126,7 @@ class SqliteStore:
         self._process_output: _FrameReader | None = None
         self._closed = False
         self._recovered: Recovered | None = None
+        self._recovered_messages: list[StoredMessage] | None = None  # until taken
         # usage counters
         self.transactions = 0
         self.operations = 0
@@ -138,6 +140,15 @@ class SqliteStore:
             raise StoreError("the store has not been opened")
         return self._recovered
 
+    def take_recovered_messages(self) -> list[StoredMessage]:
+        """The recovered messages, once: the store keeps no reference to them afterwards."""
+        if self._recovered is None:
+            raise StoreError("the store has not been opened")
+        messages, self._recovered_messages = self._recovered_messages, None
+        if messages is None:
+            raise StoreError("the recovered messages were taken already")
+        return messages
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the store process, recover, then commit until cancelled.
 
@@ -147,7 +158,8 @@ class SqliteStore:
         """
         self.path.parent.mkdir(parents=True, exist_ok=True)
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "martinet.swiftlets.store", str(self.path), self.sync],
+            [sys.executable, "-m", "martinet.swiftlets.store", str(self.path), self.sync,
+             "accept-empty" if self.accept_empty else "refuse-empty"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
@@ -158,7 +170,7 @@ class SqliteStore:
         self._process_input = process.stdin
         self._process_output = _FrameReader(process.stdout)
         try:
-            self._recovered = await self._recover()
+            self._recovered, self._recovered_messages = await self._recover()
             task_status.started()
             await self._commit_forever()
         finally:
@@ -179,7 +191,7 @@ class SqliteStore:
                     process.kill()
                     await process.wait()
 
-    async def _recover(self) -> Recovered:
+    async def _recover(self) -> tuple[Recovered, list[StoredMessage]]:
         messages: list[StoredMessage] = []
         records: dict[str, dict[str, bytes]] = {}
         remembered: dict[str, list[str]] = {}
@@ -197,7 +209,9 @@ class SqliteStore:
             elif kind == "ready":
                 log.info("store %s opened: %d messages, %d records", self.path, len(messages),
                          sum(len(v) for v in records.values()))
-                return Recovered(messages, records, remembered, frame[1])
+                return Recovered(len(messages), records, remembered, frame[1]), messages
+            elif kind == "warning":  # a damaged or emptied store, accepted by accept-empty-store
+                log.error("%s", frame[1])
             elif kind == "error":
                 raise StoreError(frame[1])
             else:

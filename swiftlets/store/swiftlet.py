@@ -15,7 +15,7 @@ import trio
 
 from martinet.kernel import SwiftletContext
 
-from .api import Op, Recovered
+from .api import Op, Recovered, StoredMessage
 from .sqlite import SqliteStore
 
 __all__ = ["StoreSwiftlet"]
@@ -31,12 +31,16 @@ class StoreSwiftlet:
             sync=config.sync,
             max_batch=config.max_batch,
             name=context.router_name,
+            accept_empty=config.accept_empty_store,
         )
         self._context = context
 
     @property
     def recovered(self) -> Recovered:
         return self._store.recovered
+
+    def take_recovered_messages(self) -> list[StoredMessage]:
+        return self._store.take_recovered_messages()
 
     async def commit(self, ops: list[Op]) -> None:
         await self._store.commit(ops)

@@ -1,0 +1,204 @@
+"""Authentication against hostile or careless use (issue 13, item 9): empty passwords,
+hashed passwords, unknown users, throttled and aggregated refusals, refusals answered with
+an AMQP close, passwords never shown by management. Live listener where the wire matters."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import subprocess
+import sys
+
+import pytest
+import trio
+
+from martinet.messaging.amqp.sasl import SaslClient, SaslRefused
+from martinet.messaging.amqp.wire import AMQP_HEADER, FRAME_HEADER, descriptor_code
+from martinet.messaging.codec import decode
+from martinet.swiftlets.authentication import service
+from martinet.swiftlets.authentication.api import AuthenticationFailed
+from martinet.kernel.passwords import hash_password, verify_password
+
+HASHED = hash_password("s3cret-hashed", iterations=2000)
+
+
+async def sasl_login(port: int, user: str | None, password: str | None) -> bool:
+    """A real SASL exchange on a socket: True if let in; raises SaslRefused if refused."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        client = SaslClient(user, password)
+        with trio.fail_after(20):
+            while True:
+                if out := client.data_to_send:
+                    await stream.send_all(out)
+                data = await stream.receive_some(4096)
+                assert data, "the server closed without an outcome"
+                if client.receive_data(data):
+                    return True
+
+
+async def amqp_answer(port: int) -> list[tuple[int, list]]:
+    """Open with the AMQP header (no SASL); the performatives the server answers before it
+    closes the socket, as (descriptor code, fields)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(AMQP_HEADER)
+        received = b""
+        with trio.fail_after(20):
+            while data := await stream.receive_some(4096):
+                received += data
+    assert received[:8] == AMQP_HEADER, received
+    frames, rest = [], received[8:]
+    while rest:
+        size, doff, _kind, _channel = FRAME_HEADER.unpack_from(rest)
+        performative, _ = decode(rest[doff * 4:size])
+        frames.append((descriptor_code(performative.descriptor), performative.value))
+        rest = rest[size:]
+    return frames
+
+
+def close_condition(frames: list[tuple[int, list]]) -> tuple[str, str]:
+    assert [code for code, _ in frames] == [0x10, 0x18]  # open, then close [2.4.1]
+    error = frames[1][1][0]
+    return str(error.value[0]), error.value[1]
+
+
+async def add_user(broker, name: str, password: str | None) -> None:
+    values = {"group": "apps"} | ({"password": password} if password is not None else {})
+    broker.router.management.resolve("/sys$authentication/users").add(name, values)
+
+
+async def test_a_user_without_a_password_cannot_log_in_with_an_empty_one(amqp_broker, caplog):
+    broker = await amqp_broker(auth="true")
+    await add_user(broker, "nopw", None)
+    with caplog.at_level(logging.WARNING):
+        with pytest.raises(SaslRefused):
+            await sasl_login(broker.port, "nopw", "")
+    assert "user 'nopw' has no password configured" in caplog.text
+    assert await sasl_login(broker.port, "app", "s3cret")
+
+
+async def test_hashed_passwords_log_in_and_are_never_shown(amqp_broker, tmp_path):
+    broker = await amqp_broker(auth="true")
+    await add_user(broker, "hashed", HASHED)
+    assert await sasl_login(broker.port, "hashed", "s3cret-hashed")
+    with pytest.raises(SaslRefused):
+        await sasl_login(broker.port, "hashed", HASHED)  # the hash itself is not the password
+    management = broker.router.management
+    assert management.get("/sys$authentication/users/hashed", "password") == "********"
+    assert management.resolve("/sys$authentication/users/app").properties()["password"] == "********"
+    saved = broker.router.save(tmp_path / "saved.xml").read_text()
+    assert HASHED in saved and 'password="s3cret"' in saved  # saving writes the real values
+
+
+def test_hash_password_cli_makes_a_hash_that_verifies():
+    result = subprocess.run([sys.executable, "-m", "martinet.kernel", "hash-password", "--iterations", "2000"],
+                            input="correct horse\n", capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    hashed = result.stdout.strip()
+    assert hashed.startswith("pbkdf2-sha256$2000$")
+    assert verify_password(hashed, "correct horse") and not verify_password(hashed, "correct horse ")
+
+
+class Pbkdf2Calls:
+    """Counts calls of hashlib.pbkdf2_hmac in this thread (a profile hook, not a mock)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __enter__(self):
+        sys.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(None)
+
+    def _profile(self, frame, event, arg):
+        if event == "c_call" and arg is hashlib.pbkdf2_hmac:
+            self.count += 1
+
+
+async def test_unknown_users_go_through_the_same_compare(amqp_broker):
+    broker = await amqp_broker(auth="true")
+    await add_user(broker, "hashed", HASHED)
+    auth = broker.router.swiftlet("sys$authentication")
+    counts = []
+    for user in ("hashed", "nobody-by-this-name"):
+        with Pbkdf2Calls() as calls, pytest.raises(AuthenticationFailed):
+            auth.login(user, "wrong", "10.9.9.9")
+        counts.append(calls.count)
+    assert counts == [1, 1]
+
+
+async def test_failed_logins_are_throttled_per_address_and_reset_by_a_success(amqp_broker):
+    broker = await amqp_broker(auth="true")
+    auth = broker.router.swiftlet("sys$authentication")
+    delays = []
+    for _ in range(8):
+        with pytest.raises(AuthenticationFailed):
+            auth.login("app", "wrong", "10.1.1.1")
+        delays.append(auth.refusal_delay("10.1.1.1"))
+    assert delays == [0.0, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 4.0]  # doubling, capped
+    assert auth.refusal_delay("10.1.1.2") == 0.0  # per address
+    auth.login("app", "s3cret", "10.1.1.1")
+    assert auth.refusal_delay("10.1.1.1") == 0.0
+    # Live: refusals from 127.0.0.1 still arrive as SASL outcomes (after the delay).
+    for _ in range(3):
+        with pytest.raises(SaslRefused):
+            await sasl_login(broker.port, "app", "wrong")
+    assert auth.refusal_delay("127.0.0.1") == 0.2
+
+
+async def test_the_throttle_forgets_an_address_after_a_quiet_period(nursery, write_config, autojump_clock):
+    from martinet.kernel import Router
+
+    router = Router.from_file(write_config(
+        '<router name="r1" startorder="sys$authentication"><swiftlet name="sys$authentication" '
+        'authentication-enabled="true"><users><user name="u" password="p"/></users></swiftlet></router>'))
+    await nursery.start(router.run)
+    auth = router.swiftlet("sys$authentication")
+    for _ in range(4):
+        with pytest.raises(AuthenticationFailed):
+            auth.login("u", "wrong", "10.2.2.2")
+    assert auth.refusal_delay("10.2.2.2") == 0.4
+    await trio.sleep(service.QUIET_PERIOD + service.LOG_INTERVAL)  # MockClock: no real waiting
+    assert auth.refusal_delay("10.2.2.2") == 0.0
+    router.request_stop()
+
+
+async def test_refusals_are_logged_once_per_address_and_interval(nursery, write_config, autojump_clock, caplog):
+    from martinet.kernel import Router
+
+    router = Router.from_file(write_config(
+        '<router name="r1" startorder="sys$authentication"><swiftlet name="sys$authentication" '
+        'authentication-enabled="true"><users><user name="u" password="p"/></users></swiftlet></router>'))
+    await nursery.start(router.run)
+    auth = router.swiftlet("sys$authentication")
+    with caplog.at_level(logging.WARNING, logger="martinet.swiftlets.authentication"):
+        for _ in range(50):
+            with pytest.raises(AuthenticationFailed):
+                auth.login("u", "wrong", "10.3.3.3")
+        assert len(caplog.records) == 1  # the first, with its details
+        await trio.sleep(service.LOG_INTERVAL + 1)  # the swiftlet's periodic summary (MockClock)
+    assert [r.getMessage() for r in caplog.records] == [
+        "login refused from 10.3.3.3: wrong password for user 'u'",
+        "49 more login(s) refused from 10.3.3.3 in the last 60 s (last: wrong password for user 'u')"]
+    router.request_stop()
+
+
+async def test_a_client_skipping_sasl_gets_an_amqp_close_when_authentication_is_required(amqp_broker):
+    broker = await amqp_broker(auth="true")
+    assert close_condition(await amqp_answer(broker.port)) == (
+        "amqp:unauthorized-access", "anonymous login not allowed")
+
+
+async def test_host_access_list_refusal_is_an_amqp_close(amqp_broker):
+    broker = await amqp_broker(hosts='<host-access-list><host-access-entry name="10.%"/></host-access-list>')
+    assert close_condition(await amqp_answer(broker.port)) == (
+        "amqp:unauthorized-access", "not in the host access list")
+
+
+async def test_max_connections_refusal_is_an_amqp_close(amqp_broker):
+    broker = await amqp_broker(maxconn="0")
+    assert close_condition(await amqp_answer(broker.port)) == (
+        "amqp:resource-limit-exceeded", "max-connections 0 reached")
