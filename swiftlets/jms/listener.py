@@ -73,12 +73,45 @@ from martinet.swiftlets.topicmanager.api import TopicError, TopicNameError, dura
 log = logging.getLogger(__name__)
 
 SASL_TIMEOUT = 30.0
+_BROKEN_INPUT = ("amqp:decode-error", "amqp:connection:framing-error")  # closes logged as broken input
 
 
 SELECTOR_FILTERS = (SELECTOR_FILTER, SELECTOR_FILTER_CODE)
 NO_LOCAL_FILTERS = (NO_LOCAL_FILTER, NO_LOCAL_FILTER_CODE)
 CLIENT_ID_ANNOTATION = Symbol("x-opt-martinet-cid")  # the producer's client id (SwiftMQ's JMS_SWIFTMQ_CID)
 JMS_TOPIC_TYPES = (JMS_TOPIC, JMS_TEMPORARY_TOPIC)
+
+
+class BrokenInputLog:
+    """The WARNING lines for connections closed because the peer sent what does not decode
+    or breaks SASL or framing: one line each (the peer and the reason, never a traceback),
+    at most :attr:`LIMIT` per host per :attr:`PERIOD` seconds; beyond that they are
+    counted, and the count is logged in one line when the host's next period starts."""
+
+    LIMIT = 10
+    PERIOD = 60.0
+    HOSTS = 1024  # hosts remembered; the oldest periods are forgotten beyond that
+
+    def __init__(self) -> None:
+        self._periods: dict[str, list] = {}  # host -> [period start, lines logged, lines suppressed]
+
+    def warn(self, host: str, what: str, reason: object) -> None:
+        now = time.monotonic()
+        period = self._periods.get(host)
+        if period is None or now - period[0] >= self.PERIOD:
+            if period is not None and period[2]:
+                log.warning("%d more connections from %s closed for broken input in %.0f s (not logged one by one)",
+                            period[2], host, now - period[0])
+            if period is None and len(self._periods) >= self.HOSTS:
+                for old in sorted(self._periods, key=lambda key: self._periods[key][0])[:self.HOSTS // 4]:
+                    del self._periods[old]
+            period = self._periods[host] = [now, 0, 0]
+        if period[1] < self.LIMIT:
+            period[1] += 1
+            text = " ".join(str(reason).split())  # one line, whatever the peer put in it
+            log.warning("%s from %s closed: %s", what, host, text[:300])
+        else:
+            period[2] += 1
 
 
 def _filters(source: amqp.Terminus) -> tuple[str | None, bool]:
@@ -450,7 +483,7 @@ class AmqpConnection:
                                   before_write=self._before_write)
             await self._driver.run(remaining)
         except* SaslError as group:
-            log.info("connection from %s refused: %s", self.host, group.exceptions[0])
+            self.swiftlet.broken_input.warn(self.host, "connection (SASL)", group.exceptions[0])
         except* AuthenticationFailed as group:  # logged by the authentication swiftlet
             log.debug("login refused: %s", group.exceptions[0])
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
@@ -499,7 +532,10 @@ class AmqpConnection:
 
     def _on_connection_closed(self, event: amqp.ConnectionClosed) -> None:
         if event.error is not None and not event.by_peer:
-            log.info("connection from %s closed: %s", self.host, event.error)
+            if event.error.condition in _BROKEN_INPUT:
+                self.swiftlet.broken_input.warn(self.host, "connection", event.error)
+            else:
+                log.info("connection from %s closed: %s", self.host, event.error)
 
     def _on_link_open(self, event: amqp.LinkAttached) -> None:
         link = event.link

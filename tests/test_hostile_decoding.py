@@ -1,0 +1,307 @@
+"""Hostile encodings against a live listener (issue 13, items 1 and 2): counts and sizes that
+the bytes present cannot hold, nesting too deep to decode, frames cut inside a read, values of
+the wrong type where the broker reads message metadata. Each test sends the bytes that used
+to freeze the router or to crash a connection with a traceback, checks the answer (a close
+with ``amqp:decode-error``, a rejected transfer, or the socket closed during SASL), that the
+log holds one WARNING line and no traceback, and that a normal client is still served."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+import trio
+from proton import Message as ProtonMessage
+from proton.utils import BlockingConnection
+
+from martinet.messaging.amqp.wire import AMQP_HEADER, SASL_HEADER
+from martinet.messaging.codec import Described, Symbol, UInt, ULong, decode, encode
+from test_amqp_fuzz import LiveRouter
+
+SASL_INIT = 0x41
+
+
+def frame(performative: int, fields: list, kind: int = 0, channel: int = 0) -> bytes:
+    return raw_frame(encode(Described(ULong(performative), fields)), kind, channel)
+
+
+def raw_frame(body: bytes, kind: int = 0, channel: int = 0) -> bytes:
+    return (8 + len(body)).to_bytes(4, "big") + bytes([2, kind]) + channel.to_bytes(2, "big") + body
+
+
+LOGIN = SASL_HEADER + frame(SASL_INIT, [Symbol("ANONYMOUS"), b"", None], kind=1) + AMQP_HEADER
+OPEN = frame(0x10, ["hostile"])
+BEGIN = frame(0x11, [None, 0, 100, 100])
+# An array32 of 2**32-1 elements with a zero-width constructor (null): 13 bytes that claim
+# four billion values.
+HUGE_ARRAY = b"\xf0\x00\x00\x00\x05\xff\xff\xff\xff\x40"
+
+
+def split(reply: bytes) -> list[tuple[object, list]]:
+    """The reply as (protocol header name | performative code | "empty", fields); a frame cut
+    short ends the list."""
+    got, offset = [], 0
+    while offset < len(reply):
+        if reply[offset:offset + 4] == b"AMQP":
+            got.append(("SASL" if reply[offset:offset + 8] == SASL_HEADER else "AMQP", []))
+            offset += 8
+            continue
+        size = int.from_bytes(reply[offset:offset + 4], "big")
+        if size < 8 or offset + size > len(reply):
+            break
+        body = reply[offset + reply[offset + 4] * 4:offset + size]
+        if body:
+            performative, _ = decode(body)
+            got.append((int(performative.descriptor), performative.value))
+        else:
+            got.append(("empty", []))
+        offset += size
+    return got
+
+
+def exchange(port: int, data: bytes, timeout: float = 10) -> bytes:
+    """Send ``data``, half-close, and read until the router closes (bounded by ``timeout``)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw:
+        raw.sendall(data)
+        raw.shutdown(socket.SHUT_WR)
+        reply = b""
+        try:
+            while chunk := raw.recv(65536):
+                reply += chunk
+        except ConnectionResetError:
+            pass
+    return reply
+
+
+def closed_with(reply: bytes) -> str | None:
+    """The condition of the close that ends ``reply`` (None: no close)."""
+    pieces = split(reply)
+    if not pieces or pieces[-1][0] != 0x18:
+        return None
+    error = pieces[-1][1][0] if pieces[-1][1] else None
+    return str(error.value[0]) if error is not None else "(no error)"
+
+
+def normal_client(url: str, address: str) -> str:
+    connection = BlockingConnection(url, timeout=10)
+    try:
+        connection.create_sender(address).send(ProtonMessage(body="still serving"))
+        return connection.create_receiver(address).receive(timeout=10).body
+    finally:
+        connection.close()
+
+
+def clean_log(caplog, *, warned: str | None = None) -> None:
+    """No traceback and no ERROR in the log; with ``warned``: a one-line WARNING about the
+    peer containing it."""
+    tracebacks = [record.getMessage() for record in caplog.records if record.exc_info]
+    assert not tracebacks, tracebacks
+    errors = [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
+    assert not errors, errors
+    if warned is not None:
+        lines = [record.getMessage() for record in caplog.records
+                 if record.levelno == logging.WARNING and warned in record.getMessage()]
+        assert lines, [record.getMessage() for record in caplog.records]
+        assert all("\n" not in line and "127.0.0.1" in line and len(line) < 600 for line in lines), lines
+
+
+@pytest.fixture
+def live(tmp_path):
+    """A router in its own thread: a decoder that freezes the event loop cannot freeze the test."""
+    router = LiveRouter(tmp_path)
+    yield router
+    router.stop()
+
+
+# -- item 1: counts and sizes checked against the bytes present --------------------------------
+
+
+@pytest.mark.parametrize("where", ["sasl-init", "open"])
+def test_an_array_count_the_bytes_cannot_hold_is_refused_at_once(live, caplog, where):
+    """[1.6.24] An array holds ``count`` elements within ``size`` bytes: four billion nulls in
+    a 10-byte array used to loop on the event loop (and grow without bound)."""
+    caplog.set_level(logging.INFO)
+    if where == "sasl-init":  # before login
+        data = SASL_HEADER + raw_frame(b"\x00\x53\x41\xc0\x0f\x03\xa3\x09ANONYMOUS" + HUGE_ARRAY, kind=1)
+    else:
+        data = LOGIN + raw_frame(b"\x00\x53\x10\xc0\x0f\x02\xa1\x07hostile" + HUGE_ARRAY)
+    reply = exchange(live.port, data, timeout=5)
+    if where == "open":
+        assert closed_with(reply) == "amqp:decode-error"
+    else:
+        assert [kind for kind, _ in split(reply)] == ["SASL", 0x40]  # mechanisms, then the socket closes
+    assert normal_client(f"amqp://127.0.0.1:{live.port}", "after-array") == "still serving"
+    clean_log(caplog, warned="array")
+
+
+@pytest.mark.parametrize("encoded", [
+    b"\xf0\x00\x00\x00\x05\x00\x00\x10\x00\x45",  # 4096 list0s in 5 bytes
+    b"\xf0\x00\x00\x00\x09\x00\x01\x00\x00\x70\x00\x00\x00\x00",  # 65536 uints in 4 bytes
+    b"\xd0\x00\x00\x00\x05\xff\xff\xff\xff\x40",  # a list of 2**32-1 elements in 1 byte
+    b"\xd1\x00\x00\x00\x05\x00\x10\x00\x00\x40",  # a map of a million in 1 byte
+])
+async def test_compound_counts_beyond_their_size_close_with_decode_error(amqp_broker, caplog, encoded):
+    """[1.6.22-1.6.24] Each element takes at least one of the bytes its list, map or array
+    declares (a zero-width element included); more elements than that is a decode error."""
+    caplog.set_level(logging.INFO)
+    running = await amqp_broker()
+    body = b"\x00\x53\x10\xc0" + bytes([2 + 9 + len(encoded), 2]) + b"\xa1\x07hostile" + encoded
+    reply = await trio.to_thread.run_sync(exchange, running.port, LOGIN + raw_frame(body))
+    assert closed_with(reply) == "amqp:decode-error"
+    assert await trio.to_thread.run_sync(normal_client, running.url, "after-count") == "still serving"
+    clean_log(caplog, warned="decode-error")
+
+
+# -- item 2: nesting bounded, every decode problem one WARNING line -----------------------------
+
+
+async def test_deep_nesting_in_sasl_closes_without_a_traceback(amqp_broker, caplog):
+    """A descriptor nested 2000 deep in a sasl-init (before login) used to raise
+    RecursionError: a 20-150 KB traceback in the log per connection."""
+    caplog.set_level(logging.INFO)
+    running = await amqp_broker()
+    depth = 2000  # within the 4096 bytes of a SASL frame
+    deep = b"\x00" * depth + b"\x53\x01" + b"\x40" * depth
+    fields = b"\xa3\x09ANONYMOUS" + deep
+    body = b"\x00\x53\x41\xd0" + (len(fields) + 4).to_bytes(4, "big") + b"\x00\x00\x00\x02" + fields
+    reply = await trio.to_thread.run_sync(exchange, running.port, SASL_HEADER + raw_frame(body, kind=1))
+    assert [kind for kind, _ in split(reply)] == ["SASL", 0x40]
+    assert await trio.to_thread.run_sync(normal_client, running.url, "after-sasl-nesting") == "still serving"
+    clean_log(caplog, warned="deeper")
+
+
+@pytest.mark.parametrize("nest", ["descriptor", "value", "list", "array"])
+async def test_deep_nesting_in_a_performative_closes_with_decode_error(amqp_broker, caplog, nest):
+    """100 000 levels in an open frame: ``amqp:decode-error``, one WARNING line."""
+    caplog.set_level(logging.INFO)
+    running = await amqp_broker()
+    depth = 100_000
+    if nest == "descriptor":  # a descriptor whose descriptor is described, and so on
+        inner = b"\x00" * depth + b"\x53\x01" + b"\x40" * depth
+    elif nest == "value":  # a described value whose value is described, and so on
+        inner = b"\x00\x53\x01" * depth + b"\x40"
+    elif nest == "list":  # a list of one list of one list ..., 100 levels
+        inner = b"\x45"
+        for _ in range(100):
+            inner = b"\xd0" + (len(inner) + 4).to_bytes(4, "big") + b"\x00\x00\x00\x01" + inner
+    else:  # an array of one array of one array ..., 100 levels
+        element = b"\x00\x00\x00\x05\x00\x00\x00\x01\x40"  # an array32 of one null, without its constructor
+        for _ in range(100):
+            element = (len(element) + 5).to_bytes(4, "big") + b"\x00\x00\x00\x01\xf0" + element
+        inner = b"\xf0" + element
+    body = b"\x00\x53\x10\xd0" + (len(inner) + 4 + 9).to_bytes(4, "big") + b"\x00\x00\x00\x02\xa1\x07hostile" + inner
+    reply = await trio.to_thread.run_sync(exchange, running.port, LOGIN + raw_frame(body))
+    assert closed_with(reply) == "amqp:decode-error"
+    assert await trio.to_thread.run_sync(normal_client, running.url, f"after-{nest}") == "still serving"
+    clean_log(caplog, warned="decode-error")
+
+
+async def test_a_frame_body_of_one_or_two_bytes_at_the_end_of_a_read(amqp_broker, caplog):
+    """A frame whose body is one or two bytes, the last of what arrived: the frame reader
+    used to index past the buffer (IndexError)."""
+    caplog.set_level(logging.INFO)
+    running = await amqp_broker()
+    for body in (b"\x00", b"\x00\x53"):
+        reply = await trio.to_thread.run_sync(exchange, running.port, LOGIN + raw_frame(body))
+        assert closed_with(reply) == "amqp:decode-error", body
+        reply = await trio.to_thread.run_sync(exchange, running.port, LOGIN + OPEN + BEGIN + raw_frame(body))
+        assert closed_with(reply) == "amqp:decode-error", body
+    assert await trio.to_thread.run_sync(normal_client, running.url, "after-short") == "still serving"
+    clean_log(caplog, warned="decode-error")
+
+
+@pytest.mark.parametrize("descriptor", [[1, 2], {"a": 1}])
+async def test_a_list_or_map_as_descriptor(amqp_broker, caplog, descriptor):
+    """A list or map where a performative's or a terminus's descriptor goes names nothing
+    (it used to be looked up in a dict: ``unhashable``)."""
+    caplog.set_level(logging.INFO)
+    running = await amqp_broker()
+    performative = raw_frame(encode(Described(descriptor, ["hostile"])))
+    reply = await trio.to_thread.run_sync(exchange, running.port, LOGIN + performative)
+    assert closed_with(reply) == "amqp:not-implemented"
+    attach = frame(0x12, ["l", 0, True, None, None, Described(descriptor, ["q"]), None])
+    reply = await trio.to_thread.run_sync(exchange, running.port, LOGIN + OPEN + BEGIN + attach)
+    assert closed_with(reply) == "amqp:decode-error"
+    assert await trio.to_thread.run_sync(normal_client, running.url, "after-descriptor") == "still serving"
+    clean_log(caplog)
+
+
+async def test_sasl_init_with_a_response_of_the_wrong_type(amqp_broker, caplog):
+    """A PLAIN sasl-init whose initial response is a list, not binary [5.3.3.2]: refused,
+    no traceback."""
+    caplog.set_level(logging.INFO)
+    running = await amqp_broker()
+    for response in ([1, 2], "text", 7):
+        init = frame(SASL_INIT, [Symbol("PLAIN"), response, None], kind=1)
+        reply = await trio.to_thread.run_sync(exchange, running.port, SASL_HEADER + init)
+        kinds = [kind for kind, _ in split(reply)]
+        assert kinds == ["SASL", 0x40, 0x44] and split(reply)[-1][1][0] == 1, (response, kinds)
+    assert await trio.to_thread.run_sync(normal_client, running.url, "after-response") == "still serving"
+    clean_log(caplog)
+
+
+# -- message metadata of the wrong type --------------------------------------------------------
+
+
+def message(header: list | None = None, properties: list | None = None) -> bytes:
+    parts = []
+    if header is not None:
+        parts.append(encode(Described(ULong(0x70), header)))
+    if properties is not None:
+        parts.append(encode(Described(ULong(0x73), properties)))
+    return b"".join(parts) + encode(Described(ULong(0x77), "body"))
+
+
+async def send_transfer(port: int, payload: bytes) -> list:
+    """Log in, attach a sender to queue ``hostile``, wait for credit, send one unsettled
+    transfer of ``payload``; the router's disposition fields (or its close's)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        attach = frame(0x12, ["p", 0, False, None, None, Described(ULong(0x28), []),
+                              Described(ULong(0x29), ["hostile"])])
+        await stream.send_all(LOGIN + OPEN + BEGIN + attach)
+        reply = b""
+        with trio.fail_after(10):
+            while not any(kind == 0x13 for kind, _ in split(reply)):  # the flow with credit
+                chunk = await stream.receive_some(65536)
+                assert chunk, split(reply)
+                reply += chunk
+            transfer = frame(0x14, [UInt(0), UInt(0), b"t1", UInt(0), False])
+            size = int.from_bytes(transfer[:4], "big") + len(payload)
+            await stream.send_all(size.to_bytes(4, "big") + transfer[4:] + payload)
+            seen = len(split(reply))
+            while True:
+                pieces = split(reply)[seen:]
+                for kind, fields in pieces:
+                    if kind in (0x15, 0x18):
+                        return [kind, *fields]
+                chunk = await stream.receive_some(65536)
+                assert chunk, split(reply)
+                reply += chunk
+
+
+@pytest.mark.parametrize(("header", "properties"), [
+    ([True, "high"], None),  # priority: a string
+    ([True, None, "soon"], None),  # ttl: a string
+    ([True, None, -5], None),  # ttl: negative (a long, not a uint)
+    ([True, 3.5], None),  # priority: a double
+    (None, ["id", None, None, None, None, None, None, None, "tomorrow"]),  # absolute-expiry-time: a string
+    (None, ["id", None, None, None, None, None, None, None, b"\x01"]),  # absolute-expiry-time: binary
+    (None, ["id", None, None, None, None, None, None, None, [1]]),  # absolute-expiry-time: a list
+])
+async def test_message_metadata_of_the_wrong_type_is_rejected(amqp_broker, caplog, header, properties):
+    """[3.2.1, 3.2.4] priority is a ubyte, ttl a uint, absolute-expiry-time a timestamp; other
+    types used to raise TypeError/ValueError in the queue's metadata read (Message.queue_info)."""
+    caplog.set_level(logging.INFO)
+    running = await amqp_broker()
+    if header is not None:
+        header = [value if not isinstance(value, int) or isinstance(value, bool) or value < 0 else UInt(value)
+                  for value in header]
+    answer = await send_transfer(running.port, message(header, properties))
+    assert answer[0] == 0x15, answer  # a disposition, not a close
+    outcome = answer[5]
+    assert int(outcome.descriptor) == 0x25, answer  # rejected
+    assert "amqp:invalid-field" in str(outcome.value[0].value[0])
+    assert await trio.to_thread.run_sync(normal_client, running.url, "after-metadata") == "still serving"
+    clean_log(caplog)
