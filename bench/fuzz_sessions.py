@@ -34,6 +34,7 @@ import argparse
 import logging
 import os
 import random
+import struct
 import sys
 import tempfile
 import threading
@@ -308,7 +309,7 @@ def mutate_tree(frame: bytes, rng: random.Random) -> bytes | None:
     new = nested(old, rng) if rng.random() < 0.4 else hostile_value(rng)
     try:
         changed = encode(_replace(target, path, new))
-    except (TypeError, ValueError, OverflowError, RecursionError):
+    except (TypeError, ValueError, OverflowError, RecursionError, struct.error):
         return None
     if section_at is None:
         body = changed + payload
