@@ -188,14 +188,21 @@ class Message:
         return self._annotations
 
     def body(self) -> Any:
-        """The decoded body: bytes for one data section, a list of sections otherwise."""
+        """The decoded body: bytes for one data section, a list of sections otherwise.
+
+        Raises:
+            MessageError: malformed sections.
+        """
         values = []
         for code in _BODY:
             span = self.sections().get(code)
             if span is not None:
                 position = span[0]
                 while position < span[2]:
-                    value, position = decode(self.raw, position)
+                    try:
+                        value, position = decode(self.raw, position)
+                    except DecodeError as exc:
+                        raise MessageError(f"bad body section: {exc}") from None
                     values.append(value.value)
         return values[0] if len(values) == 1 else values
 

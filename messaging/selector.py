@@ -588,10 +588,14 @@ def compile_selector(text: str) -> Selector:
     """Parse, check and compile ``text``; an empty or blank text selects everything.
 
     Raises:
-        SelectorError: with the position of the first problem.
+        SelectorError: with the position of the first problem; also a selector nested
+            too deeply for the recursive parser (a peer's attach may carry any text).
     """
-    tree = _Parser(text).parse()
-    return Selector(text, tree, None if tree is None else _compile(tree))
+    try:
+        tree = _Parser(text).parse()
+        return Selector(text, tree, None if tree is None else _compile(tree))
+    except RecursionError:
+        raise SelectorError("the selector is nested too deeply", 0) from None
 
 
 # -- identifiers of a message ---------------------------------------------------------------

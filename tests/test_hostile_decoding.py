@@ -253,13 +253,12 @@ def message(header: list | None = None, properties: list | None = None) -> bytes
     return b"".join(parts) + encode(Described(ULong(0x77), "body"))
 
 
-async def send_transfer(port: int, payload: bytes) -> list:
-    """Log in, attach a sender to queue ``hostile``, wait for credit, send one unsettled
-    transfer of ``payload``; the router's disposition fields (or its close's)."""
+async def send_transfer(port: int, payload: bytes, target: Described = Described(ULong(0x29), ["hostile"])) -> list:
+    """Log in, attach a sender to ``target`` (queue ``hostile``), wait for credit, send one
+    unsettled transfer of ``payload``; the router's disposition fields (or its close's)."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
-        attach = frame(0x12, ["p", 0, False, None, None, Described(ULong(0x28), []),
-                              Described(ULong(0x29), ["hostile"])])
+        attach = frame(0x12, ["p", 0, False, None, None, Described(ULong(0x28), []), target])
         await stream.send_all(LOGIN + OPEN + BEGIN + attach)
         reply = b""
         with trio.fail_after(10):
@@ -299,10 +298,7 @@ async def test_message_metadata_of_the_wrong_type_is_rejected(amqp_broker, caplo
         header = [value if not isinstance(value, int) or isinstance(value, bool) or value < 0 else UInt(value)
                   for value in header]
     answer = await send_transfer(running.port, message(header, properties))
-    assert answer[0] == 0x15, answer  # a disposition, not a close
-    outcome = answer[5]
-    assert int(outcome.descriptor) == 0x25, answer  # rejected
-    assert "amqp:invalid-field" in str(outcome.value[0].value[0])
+    assert rejected_with(answer) == "amqp:invalid-field"
     assert await trio.to_thread.run_sync(normal_client, running.url, "after-metadata") == "still serving"
     clean_log(caplog)
 
@@ -334,6 +330,62 @@ async def test_application_properties_that_do_not_decode_are_unknown_to_selector
 
     assert await trio.to_thread.run_sync(select) == "good"
     assert running.usage("hostile")["messages"] == 1  # the bad one waits for a consumer without a selector
+    clean_log(caplog)
+
+
+def rejected_with(answer: list) -> str:
+    """The condition of the rejected outcome in a disposition's fields."""
+    assert answer[0] == 0x15, answer  # a disposition, not a close
+    assert int(answer[5].descriptor) == 0x25, answer  # rejected
+    return str(answer[5].value[0].value[0])
+
+
+async def test_a_coordinator_control_of_the_wrong_shape_is_rejected(amqp_broker, caplog):
+    """[4.5.3] A discharge's fields are a list whose txn-id is binary: a discharge whose value
+    is a number used to raise TypeError (``list(5)``) and one whose txn-id is a number
+    allocated that many bytes; a body nested too deep raised DecodeError past the listener."""
+    caplog.set_level(logging.INFO)
+    running = await amqp_broker()
+    coordinator = Described(ULong(0x30), [None])
+    for control in (Described(ULong(0x32), 5), Described(ULong(0x32), [UInt(2**31)]), nested_value(100)):
+        payload = encode(Described(ULong(0x77), control))
+        assert rejected_with(await send_transfer(running.port, payload, coordinator)) == "amqp:invalid-field"
+    assert await trio.to_thread.run_sync(normal_client, running.url, "after-coordinator") == "still serving"
+    clean_log(caplog)
+
+
+def nested_value(depth: int) -> Described:
+    value = None
+    for _ in range(depth):
+        value = Described(ULong(1), value)
+    return value
+
+
+async def test_an_anonymous_relay_message_whose_to_is_not_a_string_is_rejected(amqp_broker, caplog):
+    """[3.2.4] ``to`` is an address string; a number used to raise AttributeError in the
+    anonymous relay's routing."""
+    caplog.set_level(logging.INFO)
+    running = await amqp_broker()
+    relay = Described(ULong(0x29), [])  # no address: the anonymous relay
+    answer = await send_transfer(running.port, message(None, [None, None, UInt(5)]), relay)
+    assert rejected_with(answer) == "amqp:invalid-field"
+    assert await trio.to_thread.run_sync(normal_client, running.url, "after-relay") == "still serving"
+    clean_log(caplog)
+
+
+async def test_a_selector_nested_too_deeply_refuses_the_attach(amqp_broker, caplog):
+    """A selector of 3000 nested parentheses used to raise RecursionError out of the attach:
+    the connection dropped with a traceback. The attach is refused with amqp:invalid-field."""
+    caplog.set_level(logging.INFO)
+    running = await amqp_broker()
+    selector = Described(Symbol("apache.org:selector-filter:string"), "(" * 3000 + "a = 1" + ")" * 3000)
+    source = Described(ULong(0x28), ["hostile", None, None, None, None, None, None,
+                                     {Symbol("jms-selector"): selector}])
+    attach = frame(0x12, ["c", 0, True, None, None, source, Described(ULong(0x29), [])])
+    reply = await trio.to_thread.run_sync(exchange, running.port, LOGIN + OPEN + BEGIN + attach)
+    detaches = [fields for kind, fields in split(reply) if kind == 0x16]
+    assert detaches and str(detaches[0][2].value[0]) == "amqp:invalid-field", split(reply)
+    assert await trio.to_thread.run_sync(normal_client, running.url, "after-selector") == "still serving"
     clean_log(caplog)
 
 

@@ -333,11 +333,12 @@ class CoordinatorLink:
         try:
             control = Message(data).body()
             kind = amqp.descriptor_code(getattr(control, "descriptor", None))
-            fields = list(getattr(control, "value", None) or [])
+            fields = getattr(control, "value", None)
+            fields = fields if isinstance(fields, list) else []
             if kind == DECLARE:
                 link.settle(delivery_id, amqp.outcome(DECLARED, connection.declare()))
-            elif kind == DISCHARGE and fields:
-                connection.discharge(link, delivery_id, bytes(fields[0]), bool(fields[1]) if len(fields) > 1 else False)
+            elif kind == DISCHARGE and fields and isinstance(fields[0], bytes):  # txn-id: binary [4.5.3]
+                connection.discharge(link, delivery_id, fields[0], bool(fields[1]) if len(fields) > 1 else False)
             else:
                 raise _Refused("amqp:invalid-field", f"not a declare or discharge: {control!r}"[:200])
         except (_Refused, MessageError) as exc:
@@ -689,7 +690,7 @@ class AmqpConnection:
     def route(self, message: Message) -> tuple[str, bool]:
         """Where an anonymous-relay message goes: its ``to``, as a topic or a queue."""
         to = message.properties.to
-        if not to:
+        if not to or not isinstance(to, str):
             raise _Refused("amqp:invalid-field", "a message on an anonymous relay link needs a 'to' address")
         if to.startswith(TOPIC_PREFIX):
             return self._check(to[len(TOPIC_PREFIX):], "publish", topic=True), True
