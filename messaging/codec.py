@@ -547,8 +547,13 @@ def _encode_int(value: int, out: bytearray) -> None:
         _encode_width(value, out)
     elif -128 <= value <= 127:
         out += b"\x55" + struct.pack(">b", value)
+    elif 2**63 <= value < 2**64:  # only a ulong holds it (a decoded ulong echoed back, say)
+        out += b"\x80" + struct.pack(">Q", value)
     else:
-        out += b"\x81" + struct.pack(">q", value)
+        try:
+            out += b"\x81" + struct.pack(">q", value)
+        except struct.error:
+            raise TypeError(f"cannot encode {value} as AMQP: beyond long and ulong") from None
 
 
 def _encode_width(value: _Width, out: bytearray) -> None:
@@ -660,21 +665,42 @@ def _encode_array(array: Array, out: bytearray) -> None:
         element = bytearray()
         _encode(item, element)
         if element[0] != array.code:
-            # A decoded array echoed back (a terminus's outcomes, say): its numbers and
-            # booleans lost their widths, so pack them as the array's constructor says.
-            pack = _ARRAY_PACKERS.get(array.code)
-            try:
-                element[1:] = pack(item) if pack is not None else b"?"
-            except (TypeError, ValueError, struct.error, OverflowError):
-                pack = None
-            if pack is None or _FIXED_WIDTH.get(array.code) == 0 and _ZERO_WIDTH.get(array.code, []) != item:
-                raise TypeError(f"array element {item!r} does not encode with constructor 0x{array.code:02x}")
+            # A decoded array echoed back (a terminus's filter, say): its numbers and
+            # booleans lost their widths, and its strings, lists, maps and arrays may be
+            # shorter than the array's four-byte-size constructor: encode them as it says.
+            if element[0] in _WIDER and _WIDER[element[0]] == array.code:
+                element = _widened(element)
+            elif element[0] == 0x45 and array.code == 0xC0:
+                element = bytearray(b"\xc0\x01\x00")  # list0 as an empty list8
+            else:
+                pack = _ARRAY_PACKERS.get(array.code)
+                try:
+                    element[1:] = pack(item) if pack is not None else b"?"
+                except (TypeError, ValueError, struct.error, OverflowError):
+                    pack = None
+                if pack is None or _FIXED_WIDTH.get(array.code) == 0 and _ZERO_WIDTH.get(array.code, []) != item:
+                    raise TypeError(f"array element {item!r} does not encode with constructor 0x{array.code:02x}")
         body += element[1:]
     count = len(array.items)
     if len(body) + 1 < 256 and count < 256:
         out += b"\xe0" + _P8(len(body) + 1) + _P8(count) + body
     else:
         out += b"\xf0" + _P32(len(body) + 4) + _P32(count) + body
+
+
+# The four-byte-size constructor of each one-byte-size one (and of list0).
+_WIDER = {0xA0: 0xB0, 0xA1: 0xB1, 0xA3: 0xB3, 0xC0: 0xD0, 0xC1: 0xD1, 0xE0: 0xF0, 0x45: 0xD0}
+
+
+def _widened(element: bytearray) -> bytearray:
+    """An encoded value with a one-byte size (or a list0) in its four-byte-size form."""
+    code = element[0]
+    if code == 0x45:
+        return bytearray(b"\xd0" + _P32(4) + _P32(0))
+    if code in (0xA0, 0xA1, 0xA3):
+        return bytearray(_P8(_WIDER[code]) + _P32(element[1]) + element[2:])
+    rest = element[3:]  # list8, map8, array8: size, count, then the rest
+    return bytearray(_P8(_WIDER[code]) + _P32(len(rest) + 4) + _P32(element[2]) + rest)
 
 
 def _packer(form: str) -> Callable[[Any], bytes]:

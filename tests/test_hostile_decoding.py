@@ -389,6 +389,50 @@ async def test_a_selector_nested_too_deeply_refuses_the_attach(amqp_broker, capl
     clean_log(caplog)
 
 
+@pytest.mark.parametrize("source_fields", [
+    ["hostile", None, None, None, None, None, None, {Symbol("big"): ULong(2**64 - 1)}],  # a ulong beyond long
+    ["hostile", None, "s\u00e9ssion-end"],  # expiry-policy (a symbol) sent as a non-ASCII string
+    ["hostile", None, None, None, None, None, None, None, None, None, ["t\u00f6pic"]],  # capability
+])
+async def test_a_source_the_router_must_echo_encodes_or_is_refused(amqp_broker, caplog, source_fields):
+    """The attach answer echoes the source [2.6.3]: decoded values that could not be encoded
+    again (an unsigned long above 2**63, a symbol field given as a non-ASCII string) used to
+    raise while answering (struct.error, UnicodeEncodeError) and drop the connection with a
+    traceback. Now the first is echoed and the others close with amqp:decode-error."""
+    caplog.set_level(logging.INFO)
+    running = await amqp_broker()
+    attach = frame(0x12, ["c", 0, True, None, None, Described(ULong(0x28), source_fields), Described(ULong(0x29), [])])
+    reply = await trio.to_thread.run_sync(exchange, running.port, LOGIN + OPEN + BEGIN + attach)
+    kinds = [kind for kind, _ in split(reply)]
+    if isinstance(source_fields[-1], dict):
+        attached = [fields for kind, fields in split(reply) if kind == 0x12]
+        assert attached and attached[0][5].value[7] == {Symbol("big"): 2**64 - 1}, kinds
+    else:
+        assert closed_with(reply) == "amqp:decode-error", kinds
+    assert await trio.to_thread.run_sync(normal_client, running.url, "after-echo") == "still serving"
+    clean_log(caplog)
+
+
+async def test_arrays_of_strings_and_lists_in_a_filter_are_echoed(amqp_broker, caplog):
+    """[1.6.24] An array's elements share its constructor: a filter holding an array32 of one
+    string, an array of list32 holding an empty list, an array of list8 holding one, decoded
+    and echoed in the attach answer, used to fail to encode again (TypeError: the element
+    encodes shorter) and drop the connection with a traceback."""
+    caplog.set_level(logging.INFO)
+    running = await amqp_broker()
+    source = bytes.fromhex(  # (hand-written: encode() could not make these before the fix)
+        "005328c05508a107686f7374696c65404040404040c14306a307737472696e6773e00701b10000000161a3056c69737473"
+        "e01402d0000000060000000155010000000400000000a30b736d616c6c2d6c69737473e00401c00100")
+    fields = b"\xa1\x01c\x43\x41\x40\x40" + source + b"\x00\x53\x29\x45"  # name, handle, role, modes, source, target
+    attach = raw_frame(b"\x00\x53\x12\xc0" + bytes([len(fields) + 1, 7]) + fields)
+    reply = await trio.to_thread.run_sync(exchange, running.port, LOGIN + OPEN + BEGIN + attach)
+    attached = [fields for kind, fields in split(reply) if kind == 0x12]
+    assert attached, split(reply)
+    assert attached[0][5].value[7] == decode(source)[0].value[7]
+    assert await trio.to_thread.run_sync(normal_client, running.url, "after-arrays") == "still serving"
+    clean_log(caplog)
+
+
 # -- a seeded slice of bench/fuzz_sessions.py ----------------------------------------------------
 
 
