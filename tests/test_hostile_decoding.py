@@ -198,11 +198,12 @@ async def test_deep_nesting_in_a_performative_closes_with_decode_error(amqp_brok
 
 
 async def test_a_frame_body_of_one_or_two_bytes_at_the_end_of_a_read(amqp_broker, caplog):
-    """A frame whose body is one or two bytes, the last of what arrived: the frame reader
-    used to index past the buffer (IndexError)."""
+    """A frame whose body is one or two bytes (or a transfer's first four or five), the last
+    of what arrived: the frame reader and the transfer fast path used to index past the
+    buffer (IndexError)."""
     caplog.set_level(logging.INFO)
     running = await amqp_broker()
-    for body in (b"\x00", b"\x00\x53"):
+    for body in (b"\x00", b"\x00\x53", b"\x00\x53\x14\xc0", b"\x00\x53\x14\xc0\x05"):
         reply = await trio.to_thread.run_sync(exchange, running.port, LOGIN + raw_frame(body))
         assert closed_with(reply) == "amqp:decode-error", body
         reply = await trio.to_thread.run_sync(exchange, running.port, LOGIN + OPEN + BEGIN + raw_frame(body))

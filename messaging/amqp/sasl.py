@@ -18,8 +18,10 @@ A client that skips SASL and opens with ``AMQP 0 1 0 0`` directly is an anonymou
 :class:`Credentials` with mechanism ``None`` (the shell accepts or refuses it the same way;
 a refusal then closes the socket, as there is no SASL frame to carry it).
 
-Input arrives in any pieces. A wrong header, a malformed or oversized frame, an unknown
-mechanism or a second init raise :class:`SaslError`; the shell answers what
+Input arrives in any pieces. A wrong header, a malformed or oversized frame (the codec
+bounds counts and nesting: nothing a peer sends before login can make it loop or recurse
+beyond the frame's 4096 bytes), an init whose response or hostname has the wrong type, an
+unknown mechanism or a second init raise :class:`SaslError`; the shell answers what
 :attr:`SaslServer.data_to_send` holds (our header, so the client sees what we speak) and
 closes. The transitions live in :data:`TRANSITIONS`.
 

@@ -26,6 +26,12 @@ Links, by what the client attaches:
 
 Refused attaches answer with a null terminus and a detach carrying ``amqp:not-found``,
 ``amqp:unauthorized-access``, ``amqp:invalid-field`` or ``amqp:resource-locked``.
+
+Broken input never ends in a traceback: a connection closed because the peer broke SASL,
+framing or the encoding (``amqp:decode-error``) is one WARNING line with the peer and the
+reason (:class:`BrokenInputLog`: at most 10 a minute per host, then a count), and a
+message whose metadata is malformed or of the wrong type is rejected with
+``amqp:invalid-field``.
 """
 
 from __future__ import annotations
