@@ -299,11 +299,20 @@ class Message:
         return AnnotationPatch(changes).apply(self)
 
     def with_delivery_count(self, count: int) -> Message:
-        """A copy whose header says ``delivery-count = count`` (for redelivery)."""
-        header = self.header
-        fields = [header.durable, UByte(header.priority), None if header.ttl is None else UInt(header.ttl),
-                  header.first_acquirer, UInt(count)]
-        return self._replace(HEADER, encode(Described(ULong(HEADER), fields)))
+        """A copy whose header says ``delivery-count = count`` (for redelivery).
+
+        A message is accepted on the fields the queue reads (:meth:`queue_info`), so a
+        peer's message may be malformed beyond them (a header whose count its bytes cannot
+        hold, a broken section after the properties): such a message is returned unchanged
+        (redelivered as it came) rather than failing the consumer's connection.
+        """
+        try:
+            header = self.header
+            fields = [header.durable, UByte(header.priority), None if header.ttl is None else UInt(header.ttl),
+                      header.first_acquirer, UInt(count)]
+            return self._replace(HEADER, encode(Described(ULong(HEADER), fields)))
+        except MessageError:
+            return self
 
     def _replace(self, code: int, section: bytes) -> Message:
         offsets = _find_sections(self.raw)

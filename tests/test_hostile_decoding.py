@@ -434,6 +434,34 @@ async def test_arrays_of_strings_and_lists_in_a_filter_are_echoed(amqp_broker, c
     clean_log(caplog)
 
 
+async def test_a_message_malformed_beyond_what_the_queue_reads_is_redelivered(amqp_broker, caplog):
+    """A header whose list declares 127 fields in the bytes of three is accepted on the three
+    the queue reads; redelivering it (the header is rewritten with the delivery count) used
+    to raise MessageError in the consumer's connection (found by bench/fuzz_sessions.py).
+    It is redelivered as it came now."""
+    caplog.set_level(logging.INFO)
+    running = await amqp_broker()
+    header = b"\x00\x53\x70\xc0\x09\x7f\x41\x50\x05\x70\x00\x00\xea\x60"  # durable, priority 5, ttl 60 s
+    answer = await send_transfer(running.port, header + encode(Described(ULong(0x77), "malformed")))
+    assert answer[0] == 0x15 and int(answer[5].descriptor) == 0x24, answer  # accepted
+
+    def receive(settle: bool) -> str:
+        connection = BlockingConnection(running.url, timeout=10)
+        try:
+            receiver = connection.create_receiver("hostile")
+            got = receiver.receive(timeout=10).body
+            if settle:
+                receiver.accept()
+            return got
+        finally:
+            connection.close()  # unsettled: released, to be redelivered
+
+    assert await trio.to_thread.run_sync(receive, False) == "malformed"
+    assert await trio.to_thread.run_sync(receive, True) == "malformed"  # the redelivery
+    assert await trio.to_thread.run_sync(normal_client, running.url, "after-redelivery") == "still serving"
+    clean_log(caplog)
+
+
 # -- a seeded slice of bench/fuzz_sessions.py ----------------------------------------------------
 
 
