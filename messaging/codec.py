@@ -241,17 +241,18 @@ def _variable(size_width: int, kind: str) -> Decoder:
 def _compound(size_width: int, kind: str) -> Decoder:
     size_of = _U8 if size_width == 1 else _U32
 
-    def decode_compound(buf: bytes, offset: int, depth: int) -> tuple[Any, int]:
+    def decode_compound(buf: bytes, offset: int, depth: int, max_depth: int = MAX_DEPTH) -> tuple[Any, int]:
         _need(buf, offset + 2 * size_width, kind)
         size = size_of(buf, offset)[0]
         count = size_of(buf, offset + size_width)[0]
         end = offset + size_width + size
         _need(buf, end, kind)
         position = offset + 2 * size_width
-        if count > end - position:  # each element has at least its constructor byte
+        if count > end - position or depth >= max_depth:  # (one test on the way through)
+            if depth >= max_depth:
+                raise DecodeError(f"{kind} at offset {offset} nested deeper than {max_depth}")
+            # each element has at least its constructor byte
             raise DecodeError(f"{kind} at offset {offset} declares {count} elements in {end - position} bytes")
-        if depth >= MAX_DEPTH:
-            raise DecodeError(f"{kind} at offset {offset} nested deeper than {MAX_DEPTH}")
         depth += 1
         items = []
         for _ in range(count):
@@ -460,6 +461,12 @@ def decode(buf: bytes, offset: int = 0, depth: int = 0) -> tuple[Any, int]:
         return Timestamp(_I64(buf, offset)[0]), offset + 8
     if code == 0xC0 or code == 0xC1:  # list8, map8
         return _SMALL_COMPOUND[code](buf, offset, depth)
+    if code == 0x00:  # described: every performative, section and delivery state
+        if depth >= MAX_DEPTH:
+            raise DecodeError(f"described value at offset {offset - 1} nested deeper than {MAX_DEPTH}")
+        descriptor, offset = decode(buf, offset, depth + 1)
+        value, offset = decode(buf, offset, depth + 1)
+        return Described(descriptor, value), offset
     decoder = _DECODERS.get(code)
     if decoder is None:
         container = _CONTAINERS.get(code)
