@@ -27,6 +27,26 @@ described                   :class:`Described`
 
 Decimal types are decoded to their raw bytes in a :class:`Decimal` wrapper (the broker
 never computes with them). Malformed input raises :class:`DecodeError` with the offset.
+
+Hostile input
+-------------
+Every byte decoded comes from a peer, before or after login, so the decoder's work and
+memory are bounded by the bytes actually present (issue 13):
+
+- Every count and size read from the wire is checked against the bytes present *before*
+  any loop or allocation. A list or map of ``count`` elements needs at least ``count``
+  bytes (each element has a constructor). An array of a fixed-width constructor needs
+  exactly ``count × width`` bytes. An array of a zero-width constructor (null, true, false,
+  uint0, ulong0, list0) holds its elements in no bytes at all, so [1.6.24] alone would let
+  10 bytes claim four billion of them: here each element is charged one byte of the
+  array's declared ``size`` instead (``count <= size``), and such an array is built
+  without a Python loop per element. That is stricter than the spec only for an array of
+  more such elements than it has bytes, which no client we know sends (proton, Qpid JMS
+  and rhea encode booleans as 0x56 and numbers at their full width in arrays), and it
+  keeps the memory a decode can make linear in its input, however the arrays nest.
+- Nesting (described values, lists, maps, arrays) is bounded by :data:`MAX_DEPTH`;
+  deeper input is a :class:`DecodeError`, never a ``RecursionError``. :func:`skip` does
+  not recurse at all.
 """
 
 from __future__ import annotations
@@ -39,6 +59,7 @@ from typing import Any
 import attrs
 
 __all__ = [
+    "MAX_DEPTH",
     "DecodeError",
     "Described",
     "Symbol",
@@ -64,6 +85,15 @@ __all__ = [
 
 class DecodeError(ValueError):
     """The bytes are not a valid AMQP encoding; the message says what and at which offset."""
+
+
+# How deep described values, lists, maps and arrays may nest. The deepest structure AMQP
+# itself defines is about 8 levels (an attach: described list → described source → filter
+# map → described filter → its value); application data in message sections the broker
+# reads (properties, annotations) is flat. 64 leaves room for deeply nested amqp-value
+# bodies, which the broker never decodes except on coordinator links, while keeping the
+# recursion (two Python frames a level) far from Python's limit of 1000.
+MAX_DEPTH = 64
 
 
 class Symbol(str):
@@ -211,16 +241,22 @@ def _variable(size_width: int, kind: str) -> Decoder:
 def _compound(size_width: int, kind: str) -> Decoder:
     size_of = _U8 if size_width == 1 else _U32
 
-    def decode_compound(buf: bytes, offset: int) -> tuple[Any, int]:
+    def decode_compound(buf: bytes, offset: int, depth: int, max_depth: int = MAX_DEPTH) -> tuple[Any, int]:
         _need(buf, offset + 2 * size_width, kind)
         size = size_of(buf, offset)[0]
         count = size_of(buf, offset + size_width)[0]
         end = offset + size_width + size
         _need(buf, end, kind)
         position = offset + 2 * size_width
+        if count > end - position or depth >= max_depth:  # (one test on the way through)
+            if depth >= max_depth:
+                raise DecodeError(f"{kind} at offset {offset} nested deeper than {max_depth}")
+            # each element has at least its constructor byte
+            raise DecodeError(f"{kind} at offset {offset} declares {count} elements in {end - position} bytes")
+        depth += 1
         items = []
         for _ in range(count):
-            value, position = decode(buf, position)
+            value, position = decode(buf, position, depth)
             items.append(value)
         if position != end:
             held = position - offset - size_width
@@ -240,22 +276,50 @@ def _compound(size_width: int, kind: str) -> Decoder:
 def _array(size_width: int) -> Decoder:
     size_of = _U8 if size_width == 1 else _U32
 
-    def decode_array(buf: bytes, offset: int) -> tuple[Any, int]:
+    def decode_array(buf: bytes, offset: int, depth: int) -> tuple[Any, int]:
         _need(buf, offset + 2 * size_width + 1, "array")
         size = size_of(buf, offset)[0]
         count = size_of(buf, offset + size_width)[0]
         end = offset + size_width + size
         _need(buf, end, "array")
+        if size < size_width + 1:
+            raise DecodeError(f"array at offset {offset} declares {size} bytes, too few for its count and constructor")
+        if depth >= MAX_DEPTH:
+            raise DecodeError(f"array at offset {offset} nested deeper than {MAX_DEPTH}")
+        depth += 1
         position = offset + 2 * size_width
         descriptor = None
         code = buf[position]
         if code == 0x00:
-            descriptor, position = decode(buf, position + 1)
+            descriptor, position = decode(buf, position + 1, depth)
+            if position >= end:
+                raise DecodeError(f"array at offset {offset}: no element constructor within its size")
             code = buf[position]
         position += 1
+        width = _FIXED_WIDTH.get(code)
+        # Counts against the bytes present, before any loop (see "Hostile input" above).
+        if width == 0:
+            if count > size:
+                raise DecodeError(f"array at offset {offset} declares {count} zero-width elements in {size} bytes")
+            if position != end:
+                raise DecodeError(f"array at offset {offset} declares {size} bytes but does not hold them")
+            if code == 0x45:
+                return Array(code, tuple([[] for _ in range(count)]), descriptor), end
+            return Array(code, (_ZERO_WIDTH[code],) * count, descriptor), end
+        if width is not None and position + count * width != end or count > end - position:
+            raise DecodeError(f"array at offset {offset} declares {count} elements in {end - position} bytes")
         element = _DECODERS.get(code)
         if element is None:
-            raise DecodeError(f"unknown array element constructor 0x{code:02x} at offset {position - 1}")
+            container = _CONTAINERS.get(code)
+            if container is None:
+                raise DecodeError(f"unknown array element constructor 0x{code:02x} at offset {position - 1}")
+            items = []
+            for _ in range(count):
+                value, position = container(buf, position, depth)
+                items.append(value)
+            if position != end:
+                raise DecodeError(f"array at offset {offset} declares {size} bytes but does not hold them")
+            return Array(code, tuple(items), descriptor), end
         items = []
         for _ in range(count):
             value, position = element(buf, position)
@@ -267,9 +331,11 @@ def _array(size_width: int) -> Decoder:
     return decode_array
 
 
-def _described(buf: bytes, offset: int) -> tuple[Any, int]:
-    descriptor, offset = decode(buf, offset)
-    value, offset = decode(buf, offset)
+def _described(buf: bytes, offset: int, depth: int) -> tuple[Any, int]:
+    if depth >= MAX_DEPTH:
+        raise DecodeError(f"described value at offset {offset - 1} nested deeper than {MAX_DEPTH}")
+    descriptor, offset = decode(buf, offset, depth + 1)
+    value, offset = decode(buf, offset, depth + 1)
     return Described(descriptor, value), offset
 
 
@@ -303,7 +369,6 @@ def _boolean(buf: bytes, offset: int) -> tuple[Any, int]:
 
 
 _DECODERS: dict[int, Decoder] = {
-    0x00: _described,
     0x40: _const(None),
     0x41: _const(True),
     0x42: _const(False),
@@ -337,6 +402,12 @@ _DECODERS: dict[int, Decoder] = {
     0xA3: _variable(1, "symbol"),
     0xB3: _variable(4, "symbol"),
     0x45: _const(None),  # list0: replaced below so each call gets a fresh list
+}
+_DECODERS[0x45] = lambda buf, offset: ([], offset)
+
+# Values that contain values: their decoders take the nesting depth as well.
+_CONTAINERS: dict[int, Callable[[bytes, int, int], tuple[Any, int]]] = {
+    0x00: _described,
     0xC0: _compound(1, "list"),
     0xD0: _compound(4, "list"),
     0xC1: _compound(1, "map"),
@@ -344,17 +415,21 @@ _DECODERS: dict[int, Decoder] = {
     0xE0: _array(1),
     0xF0: _array(4),
 }
-_DECODERS[0x45] = lambda buf, offset: ([], offset)
+# The value of each zero-width constructor (list0 is made fresh for each element).
+_ZERO_WIDTH = {0x40: None, 0x41: True, 0x42: False, 0x43: 0, 0x44: 0}
 
 
-def decode(buf: bytes, offset: int = 0) -> tuple[Any, int]:
+def decode(buf: bytes, offset: int = 0, depth: int = 0) -> tuple[Any, int]:
     """Decode the value starting at ``offset``; return it and the offset after it.
+    ``depth``: how deep the value is nested already (the decoder's own business; callers
+    leave it 0).
 
     The constructors that make up nearly all message metadata are handled inline (this
     is the broker's per-message path); the rest go through ``_DECODERS``.
 
     Raises:
-        DecodeError: unknown constructor, truncated or inconsistent encoding.
+        DecodeError: unknown constructor, truncated or inconsistent encoding, a count
+            the bytes cannot hold, nesting deeper than :data:`MAX_DEPTH`.
     """
     try:
         code = buf[offset]
@@ -385,14 +460,23 @@ def decode(buf: bytes, offset: int = 0) -> tuple[Any, int]:
             raise DecodeError(f"truncated timestamp at offset {offset - 1}")
         return Timestamp(_I64(buf, offset)[0]), offset + 8
     if code == 0xC0 or code == 0xC1:  # list8, map8
-        return _SMALL_COMPOUND[code](buf, offset)
+        return _SMALL_COMPOUND[code](buf, offset, depth)
+    if code == 0x00:  # described: every performative, section and delivery state
+        if depth >= MAX_DEPTH:
+            raise DecodeError(f"described value at offset {offset - 1} nested deeper than {MAX_DEPTH}")
+        descriptor, offset = decode(buf, offset, depth + 1)
+        value, offset = decode(buf, offset, depth + 1)
+        return Described(descriptor, value), offset
     decoder = _DECODERS.get(code)
     if decoder is None:
-        raise DecodeError(f"unknown constructor 0x{code:02x} at offset {offset - 1}")
+        container = _CONTAINERS.get(code)
+        if container is None:
+            raise DecodeError(f"unknown constructor 0x{code:02x} at offset {offset - 1}")
+        return container(buf, offset, depth)
     return decoder(buf, offset)
 
 
-_SMALL_COMPOUND = {0xC0: _DECODERS[0xC0], 0xC1: _DECODERS[0xC1]}
+_SMALL_COMPOUND = {0xC0: _CONTAINERS[0xC0], 0xC1: _CONTAINERS[0xC1]}
 
 
 def decode_all(buf: bytes) -> list[Any]:
@@ -435,7 +519,7 @@ def skip(buf: bytes, offset: int) -> int:
             elif code & 0xF0 in (0xB0, 0xD0, 0xF0):  # four-byte size
                 end = offset + 4 + _U32(buf, offset)[0]
             elif code == 0x00:
-                return skip(buf, skip(buf, offset))
+                return _skip_described(buf, offset)
             else:
                 raise DecodeError(f"unknown constructor 0x{code:02x} at offset {offset - 1}")
     except (IndexError, struct.error):
@@ -443,6 +527,20 @@ def skip(buf: bytes, offset: int) -> int:
     if end > len(buf):
         raise DecodeError(f"truncated value at offset {offset - 1}: needs {end} bytes, have {len(buf)}")
     return end
+
+
+def _skip_described(buf: bytes, offset: int) -> int:
+    """The end of a described value whose 0x00 is just before ``offset``: a loop, not a
+    recursion (a descriptor may itself be described, as deep as the bytes go)."""
+    pending = 2  # its descriptor and its value
+    while pending:
+        if offset < len(buf) and buf[offset] == 0x00:
+            offset += 1
+            pending += 1  # this one is two values more, and itself no longer pending
+        else:
+            offset = skip(buf, offset)
+            pending -= 1
+    return offset
 
 
 # -- encoding -----------------------------------------------------------------------------
@@ -456,8 +554,13 @@ def _encode_int(value: int, out: bytearray) -> None:
         _encode_width(value, out)
     elif -128 <= value <= 127:
         out += b"\x55" + struct.pack(">b", value)
+    elif 2**63 <= value < 2**64:  # only a ulong holds it (a decoded ulong echoed back, say)
+        out += b"\x80" + struct.pack(">Q", value)
     else:
-        out += b"\x81" + struct.pack(">q", value)
+        try:
+            out += b"\x81" + struct.pack(">q", value)
+        except struct.error:
+            raise TypeError(f"cannot encode {value} as AMQP: beyond long and ulong") from None
 
 
 def _encode_width(value: _Width, out: bytearray) -> None:

@@ -70,12 +70,14 @@ class Header:
     __slots__ = ("durable", "priority", "ttl", "first_acquirer", "delivery_count")
 
     def __init__(self, fields: list[Any] = ()):  # type: ignore[assignment]
+        """Raises: MessageError: priority, ttl or delivery-count is not an unsigned number
+        of its width (ubyte, uint, uint) — the broker computes with them."""
         fields = list(fields) + [None] * (5 - len(fields))
         self.durable = bool(fields[0])
-        self.priority = 4 if fields[1] is None else fields[1]
-        self.ttl = fields[2]
+        self.priority = 4 if fields[1] is None else _unsigned(fields[1], 0xFF, "priority")
+        self.ttl = None if fields[2] is None else _unsigned(fields[2], 0xFFFFFFFF, "ttl")
         self.first_acquirer = bool(fields[3])
-        self.delivery_count = fields[4] or 0
+        self.delivery_count = _unsigned(fields[4], 0xFFFFFFFF, "delivery-count") if fields[4] else 0
 
 
 class Properties:
@@ -88,9 +90,21 @@ class Properties:
     )
 
     def __init__(self, fields: list[Any] = ()):  # type: ignore[assignment]
+        """Raises: MessageError: absolute-expiry-time or creation-time is not a timestamp
+        (an integer), or group-sequence not an integer — the broker computes with them."""
         fields = list(fields) + [None] * (13 - len(fields))
         for name, value in zip(self.__slots__, fields, strict=False):
             setattr(self, name, value)
+        for index in (8, 9, 11):  # absolute-expiry-time, creation-time, group-sequence
+            if fields[index] is not None and (not isinstance(fields[index], int) or isinstance(fields[index], bool)):
+                raise MessageError(f"properties field {self.__slots__[index]} is not a number: {fields[index]!r}"[:200])
+
+
+def _unsigned(value: Any, largest: int, name: str) -> int:
+    """``value`` if it is an integer in 0..largest (any AMQP integer encoding), else MessageError."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= largest:
+        raise MessageError(f"header field {name} is not an unsigned number up to {largest}: {value!r}"[:200])
+    return value
 
 
 _NO_HEADER = Header()
@@ -188,14 +202,21 @@ class Message:
         return self._annotations
 
     def body(self) -> Any:
-        """The decoded body: bytes for one data section, a list of sections otherwise."""
+        """The decoded body: bytes for one data section, a list of sections otherwise.
+
+        Raises:
+            MessageError: malformed sections.
+        """
         values = []
         for code in _BODY:
             span = self.sections().get(code)
             if span is not None:
                 position = span[0]
                 while position < span[2]:
-                    value, position = decode(self.raw, position)
+                    try:
+                        value, position = decode(self.raw, position)
+                    except DecodeError as exc:
+                        raise MessageError(f"bad body section: {exc}") from None
                     values.append(value.value)
         return values[0] if len(values) == 1 else values
 
@@ -271,6 +292,8 @@ class Message:
                             absolute = decode(raw, position)[0]
                     except (DecodeError, IndexError) as exc:
                         raise MessageError(f"malformed properties: {exc}") from None
+                    if absolute is not None and (not isinstance(absolute, int) or isinstance(absolute, bool)):
+                        raise MessageError(f"absolute-expiry-time is not a timestamp: {absolute!r}"[:200])
         if absolute:
             expiry: int | None = int(absolute)
         elif ttl:

@@ -589,10 +589,14 @@ def compile_selector(text: str) -> Selector:
     """Parse, check and compile ``text``; an empty or blank text selects everything.
 
     Raises:
-        SelectorError: with the position of the first problem.
+        SelectorError: with the position of the first problem; also a selector nested
+            too deeply for the recursive parser (a peer's attach may carry any text).
     """
-    tree = _Parser(text).parse()
-    return Selector(text, tree, None if tree is None else _compile(tree))
+    try:
+        tree = _Parser(text).parse()
+        return Selector(text, tree, None if tree is None else _compile(tree))
+    except RecursionError:
+        raise SelectorError("the selector is nested too deeply", 0) from None
 
 
 # -- identifiers of a message ---------------------------------------------------------------
@@ -669,7 +673,7 @@ def message_identifiers(message: Any, delivery_count: int = 0) -> Lookup:
                     sent = message.header.delivery_count
                     return (sent if type(sent) is int else 0) + delivery_count + 1
             return _plain(message.application_properties.get(name))
-        except MessageError:
+        except ValueError:  # MessageError, DecodeError: a section that does not decode
             return None
 
     return get

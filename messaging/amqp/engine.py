@@ -137,6 +137,7 @@ def _transfer_tails() -> dict[bytes, tuple[bool, bool]]:
 
 
 _TRANSFER_TAILS = _transfer_tails()
+_OPEN_PREFIX = bytes([0x00, 0x53, OPEN])
 _U32 = struct.Struct(">I")
 # A transfer as we send it: frame header, descriptor, list8 of handle, delivery-id, delivery-tag
 # (the 4-byte delivery-id), message-format 0 and settled; the payload follows.
@@ -1314,31 +1315,41 @@ class Connection:
             # straight to the link's handler. Anything else takes the codec (_performative),
             # and so does every transfer on a link that is not taking messages (no credit:
             # see Link._stop) or of a session ended with an error (no links).
+            # Hostile input: every index read is below the final ``at``, and a message is taken
+            # only if ``at <= after <= frame_end``, so nothing outside the frame counts; a frame
+            # cut short at the end of the read raises IndexError (zero-cost try: nothing on the
+            # way through) and takes the codec, which says what is wrong.
             if buffer.startswith(b"\x00\x53\x14\xc0", body) and (session := sessions.get(channel)) is not None:
-                at = body + 6
-                count, after = buffer[at - 1], at - 1 + buffer[at - 2]
-                code = buffer[at]
-                if code == 0x52:
-                    handle = buffer[at + 1]
-                    at += 2
-                else:
-                    handle = 0
-                    at += 1 if code == 0x43 else frame_end  # anything else: not this path
-                code = buffer[at] if at < frame_end else 0
-                if code == 0x70:
-                    delivery_id = unpack_u32(buffer, at + 1)[0]
-                    at += 5
-                elif code == 0x52:
-                    delivery_id = buffer[at + 1]
-                    at += 2
-                else:
-                    delivery_id = 0
-                    at += 1 if code == 0x43 else frame_end
-                if at < frame_end and buffer[at] == 0xA0:
-                    at += 2 + buffer[at + 1]
-                    flags = tails.get(buffer[at:after]) if 3 <= count <= 7 and after <= frame_end else None
+                flags = None
+                try:
+                    at = body + 6
+                    count, after = buffer[at - 1], at - 1 + buffer[at - 2]
+                    code = buffer[at]
+                    if code == 0x52:
+                        handle = buffer[at + 1]
+                        at += 2
+                    else:
+                        handle = 0
+                        at += 1 if code == 0x43 else frame_end  # anything else: not this path
+                    code = buffer[at] if at < frame_end else 0
+                    if code == 0x70:
+                        delivery_id = unpack_u32(buffer, at + 1)[0]
+                        at += 5
+                    elif code == 0x52:
+                        delivery_id = buffer[at + 1]
+                        at += 2
+                    else:
+                        delivery_id = 0
+                        at += 1 if code == 0x43 else frame_end
+                    if at < frame_end and buffer[at] == 0xA0:
+                        at += 2 + buffer[at + 1]
+                        if 3 <= count <= 7 and at <= after <= frame_end:
+                            flags = tails.get(buffer[at:after])
+                except (IndexError, struct.error):
+                    pass
+                if flags is not None:
                     link = session._links.get(handle)
-                    if flags is not None and link is not None and not flags[1] and link._partial is None \
+                    if link is not None and not flags[1] and link._partial is None \
                             and link.credit > 0 and not link.is_sender and frame_end - after <= link._fast_limit:
                         session._next_incoming_id = (session._next_incoming_id + 1) & MASK
                         session._incoming_window -= 1
@@ -1349,7 +1360,7 @@ class Connection:
                         link.delivery_count = (link.delivery_count + 1) & MASK
                         link.handler.on_transfer(delivery_id, buffer[after:frame_end], flags[0], None)
                         continue
-            if buffer[body] == 0 and buffer[body + 1] == 0x53 and buffer[body + 2] == OPEN and self.server:
+            if buffer.startswith(_OPEN_PREFIX, body, frame_end) and self.server:
                 self._performative(channel, buffer, body, frame_end)
                 return offset  # the rest waits for our open (the owner decides on it first)
             try:

@@ -18,8 +18,10 @@ A client that skips SASL and opens with ``AMQP 0 1 0 0`` directly is an anonymou
 :class:`Credentials` with mechanism ``None`` (the shell accepts or refuses it the same way;
 a refusal then closes the socket, as there is no SASL frame to carry it).
 
-Input arrives in any pieces. A wrong header, a malformed or oversized frame, an unknown
-mechanism or a second init raise :class:`SaslError`; the shell answers what
+Input arrives in any pieces. A wrong header, a malformed or oversized frame (the codec
+bounds counts and nesting: nothing a peer sends before login can make it loop or recurse
+beyond the frame's 4096 bytes), an init whose response or hostname has the wrong type, an
+unknown mechanism or a second init raise :class:`SaslError`; the shell answers what
 :attr:`SaslServer.data_to_send` holds (our header, so the client sees what we speak) and
 closes. The transitions live in :data:`TRANSITIONS`.
 
@@ -211,6 +213,11 @@ class SaslServer(_Exchange):
         if frame is None:
             return None
         mechanism, response, hostname = frame[1][:3]
+        if response is not None and type(response) is not bytes or hostname is not None and not isinstance(hostname, str):
+            self.state = State.FAILED  # [5.3.3.2] initial-response is binary, hostname a string
+            self._out += sasl_frame(OUTCOME, [UByte(1)])
+            raise SaslError(f"sasl-init with an initial-response or hostname of the wrong type: "
+                            f"{type(response).__name__}, {type(hostname).__name__}")
         if mechanism not in self.mechanisms:
             self.state = State.FAILED
             self._out += sasl_frame(OUTCOME, [UByte(1)])

@@ -226,6 +226,10 @@ class Terminus:
             terminus.capabilities = symbols(fields[10])
         else:
             terminus.capabilities = symbols(fields[6])
+        # Symbols are ASCII [1.6.21]; these go back out as symbols when the attach is answered.
+        if not all(name.isascii() for name in (terminus.expiry_policy, terminus.distribution_mode or "",
+                                                *terminus.capabilities)):
+            raise RemoteProtocolError("amqp:decode-error", "a terminus symbol field is not ASCII")
         return terminus
 
     def described(self) -> Described:

@@ -44,6 +44,12 @@ temporary ones alive), and the queue manager at most ``max-queues`` in all. When
 connection is over, :meth:`AmqpConnection.run` breaks the reference cycles between it, its
 links, the engine and the driver, so the memory goes back at once (the running router's
 collector is tuned to run full collections rarely: ``kernel/cli.py``).
+
+Broken input never ends in a traceback: a connection closed because the peer broke SASL,
+framing or the encoding (``amqp:decode-error``) is one WARNING line with the peer and the
+reason (:class:`BrokenInputLog`: at most 10 a minute per host, then a count), and a
+message whose metadata is malformed or of the wrong type is rejected with
+``amqp:invalid-field``.
 """
 
 from __future__ import annotations
@@ -107,12 +113,45 @@ from martinet.swiftlets.topicmanager.api import (
 log = logging.getLogger(__name__)
 
 SASL_TIMEOUT = 30.0
+_BROKEN_INPUT = ("amqp:decode-error", "amqp:connection:framing-error")  # closes logged as broken input
 
 
 SELECTOR_FILTERS = (SELECTOR_FILTER, SELECTOR_FILTER_CODE)
 NO_LOCAL_FILTERS = (NO_LOCAL_FILTER, NO_LOCAL_FILTER_CODE)
 CLIENT_ID_ANNOTATION = Symbol("x-opt-martinet-cid")  # the producer's client id (SwiftMQ's JMS_SWIFTMQ_CID)
 JMS_TOPIC_TYPES = (JMS_TOPIC, JMS_TEMPORARY_TOPIC)
+
+
+class BrokenInputLog:
+    """The WARNING lines for connections closed because the peer sent what does not decode
+    or breaks SASL or framing: one line each (the peer and the reason, never a traceback),
+    at most :attr:`LIMIT` per host per :attr:`PERIOD` seconds; beyond that they are
+    counted, and the count is logged in one line when the host's next period starts."""
+
+    LIMIT = 10
+    PERIOD = 60.0
+    HOSTS = 1024  # hosts remembered; the oldest periods are forgotten beyond that
+
+    def __init__(self) -> None:
+        self._periods: dict[str, list] = {}  # host -> [period start, lines logged, lines suppressed]
+
+    def warn(self, host: str, what: str, reason: object) -> None:
+        now = time.monotonic()
+        period = self._periods.get(host)
+        if period is None or now - period[0] >= self.PERIOD:
+            if period is not None and period[2]:
+                log.warning("%d more connections from %s closed for broken input in %.0f s (not logged one by one)",
+                            period[2], host, now - period[0])
+            if period is None and len(self._periods) >= self.HOSTS:
+                for old in sorted(self._periods, key=lambda key: self._periods[key][0])[:self.HOSTS // 4]:
+                    del self._periods[old]
+            period = self._periods[host] = [now, 0, 0]
+        if period[1] < self.LIMIT:
+            period[1] += 1
+            text = " ".join(str(reason).split())  # one line, whatever the peer put in it
+            log.warning("%s from %s closed: %s", what, host, text[:300])
+        else:
+            period[2] += 1
 
 
 def _filters(source: amqp.Terminus) -> tuple[str | None, bool]:
@@ -365,10 +404,11 @@ class CoordinatorLink:
         try:
             control = Message(data).body()
             kind = amqp.descriptor_code(getattr(control, "descriptor", None))
-            fields = list(getattr(control, "value", None) or [])
+            fields = getattr(control, "value", None)
+            fields = fields if isinstance(fields, list) else []
             if kind == DECLARE:
                 link.settle(delivery_id, amqp.outcome(DECLARED, connection.declare()))
-            elif kind == DISCHARGE and fields and isinstance(fields[0], bytes):
+            elif kind == DISCHARGE and fields and isinstance(fields[0], bytes):  # txn-id: binary [4.5.3]
                 connection.discharge(link, delivery_id, fields[0], bool(fields[1]) if len(fields) > 1 else False)
             else:
                 raise _Refused("amqp:invalid-field", f"not a declare or discharge: {control!r}"[:200])
@@ -552,7 +592,7 @@ class AmqpConnection:
             self.wake = self._driver.wake  # type: ignore[method-assign]
             await self._driver.run(remaining)
         except* SaslError as group:
-            log.info("connection from %s refused: %s", self.host, group.exceptions[0])
+            self.swiftlet.broken_input.warn(self.host, "connection (SASL)", group.exceptions[0])
         except* AuthenticationFailed as group:  # logged by the authentication swiftlet
             log.debug("login refused: %s", group.exceptions[0])
             await self._answer_refusal(login, group.exceptions[0])
@@ -644,7 +684,10 @@ class AmqpConnection:
     def _on_connection_closed(self, event: amqp.ConnectionClosed) -> None:
         self.closed = True  # late answers (settlements, attaches, credit) are not sent any more
         if event.error is not None and not event.by_peer:
-            log.info("connection from %s closed: %s", self.host, event.error)
+            if event.error.condition in _BROKEN_INPUT:
+                self.swiftlet.broken_input.warn(self.host, "connection", event.error)
+            else:
+                log.info("connection from %s closed: %s", self.host, event.error)
 
     def _on_link_open(self, event: amqp.LinkAttached) -> None:
         link = event.link
@@ -878,7 +921,7 @@ class AmqpConnection:
     def route(self, message: Message) -> tuple[str, bool]:
         """Where an anonymous-relay message goes: its ``to``, as a topic or a queue."""
         to = message.properties.to
-        if not to:
+        if not to or not isinstance(to, str):
             raise _Refused("amqp:invalid-field", "a message on an anonymous relay link needs a 'to' address")
         if to.startswith(TOPIC_PREFIX):
             return self._check(to[len(TOPIC_PREFIX):], "publish", topic=True), True

@@ -31,7 +31,7 @@ from martinet.swiftlets.authentication.api import Authentication, Principal
 from martinet.swiftlets.queuemanager.api import QueueManager
 from martinet.swiftlets.topicmanager.api import TopicManager
 
-from .listener import AmqpConnection, refusal
+from .listener import AmqpConnection, BrokenInputLog, refusal
 
 __all__ = ["JmsSwiftlet"]
 
@@ -55,6 +55,7 @@ class JmsSwiftlet:
         self._connection_ids = itertools.count(1)
         self._live: set[AmqpConnection] = set()
         self._temporary_topics = 0
+        self.broken_input = BrokenInputLog()  # one WARNING line per broken connection, rate-limited per host
 
     def temporary_topic_name(self) -> str:
         self._temporary_topics += 1

@@ -1,0 +1,535 @@
+"""Structure-aware fuzzing of the AMQP listener with mutated recordings of real client sessions.
+
+    .venv/bin/python bench/fuzz_sessions.py [--cases N] [--seed S]
+
+1. **Record.** A router runs in this process; a small trio proxy in front of its listener
+   records what clients send, write by write, and whether the router answered before the
+   client's next write. Two sessions: a proton client (python-qpid-proton, BlockingConnection:
+   SASL, open, begin, attach with a selector, transfers with header, properties, application
+   properties and annotations, disposition, detach, close) and ours
+   (:mod:`martinet.messaging.client`: a producer and a consumer on a queue, a topic
+   subscriber).
+2. **Mutate.** Each case takes one recording, split into protocol headers and frames, and
+   applies one to three mutations: a count or size field changed (0, 1, the size ± 1,
+   255, 2**31, 2**32 - 1, …); a constructor replaced (zero-width ones and arrays
+   included); a value of the decoded performative or message section nested in described
+   values, lists or arrays (2 … 20 000 deep) or replaced with a value of another type; the
+   frame header changed; a frame truncated, duplicated, dropped or spliced in from the
+   other session; bytes flipped.
+3. **Replay** each case against the live listener: each write is sent as recorded, and
+   where the router answered the client, the replay waits (bounded) for an answer too; then
+   it half-closes and reads until the router closes (bounded).
+
+Checked: no log record carries a traceback and none is at ERROR or above; every 25 cases
+and at the end a normal client (ours) still sends and receives through the router; the
+process's RSS before and after is printed (the CI slice in tests/test_hostile_decoding.py
+bounds its growth). A case that freezes the event loop for 30 s aborts the run (a watchdog
+thread prints the case and exits). Prints: cases run, crashes found (each with its case
+number, mutations and the log line), RSS before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import struct
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from martinet.kernel import Router
+from martinet.messaging.amqp.wire import AMQP_HEADER, SASL_HEADER
+from martinet.messaging.codec import (
+    Array,
+    Decimal,
+    DecodeError,
+    Described,
+    Symbol,
+    Timestamp,
+    UByte,
+    UInt,
+    ULong,
+    decode,
+    encode,
+    skip,
+)
+
+ROUTER = """<router name="fuzz" startorder="sys$store sys$queuemanager sys$topicmanager sys$jms">
+  <swiftlet name="sys$store" path="{path}/store" sync="off"/>
+  <swiftlet name="sys$jms"><listeners><listener name="amqp" port="0" bind-address="127.0.0.1"/></listeners>
+  </swiftlet>
+</router>"""
+
+Chunk = tuple[bytes, bool]  # what the client wrote, and whether the router answered before its next write
+
+
+# -- recording -----------------------------------------------------------------------------------
+
+
+async def _record_through_proxy(port: int, run_client: Any) -> list[Chunk]:
+    """Run ``run_client(proxy_port)`` against a recording proxy in front of ``port``; the
+    client's writes of its first connection."""
+    chunks: list[list] = []
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    proxy_port = listeners[0].socket.getsockname()[1]
+
+    async def handle(client: trio.SocketStream) -> None:
+        mine: list[list] = [] if chunks else chunks  # only the first connection is recorded
+        async with client, await trio.open_tcp_stream("127.0.0.1", port) as server:
+            async def upstream() -> None:
+                while data := await client.receive_some(65536):
+                    mine.append([data, False])
+                    await server.send_all(data)
+                await server.send_eof()
+
+            async def downstream() -> None:
+                while data := await server.receive_some(65536):
+                    if mine:
+                        mine[-1][1] = True
+                    try:
+                        await client.send_all(data)
+                    except trio.BrokenResourceError:
+                        return
+                nursery.cancel_scope.cancel()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(upstream)
+                nursery.start_soon(downstream)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, handle, listeners)
+        await run_client(proxy_port)
+        await trio.sleep(0.2)
+        nursery.cancel_scope.cancel()
+    return [(bytes(data), answered) for data, answered in chunks]
+
+
+def _proton_session(port: int) -> None:
+    from proton import Message
+    from proton.reactor import Selector
+    from proton.utils import BlockingConnection
+
+    connection = BlockingConnection(f"amqp://127.0.0.1:{port}", timeout=10)
+    try:
+        sender = connection.create_sender("fz-proton")
+        for number in range(2):
+            sender.send(Message(body=f"proton {number}", durable=True, priority=7, ttl=60,
+                                id=f"id-{number}", correlation_id=number, subject="fuzz",
+                                properties={"colour": "red", "n": number},
+                                annotations={Symbol("x-opt-fuzz"): number}))
+        receiver = connection.create_receiver("fz-proton", options=Selector("colour = 'red'"))
+        for _ in range(2):
+            receiver.receive(timeout=10)
+            receiver.accept()
+        receiver.close()
+        sender.close()
+    finally:
+        connection.close()
+
+
+async def _our_session(port: int) -> None:
+    from martinet.messaging.client import Queue, TextMessage, Topic, connect
+
+    async with connect(f"amqp://127.0.0.1:{port}", client_id="fuzz-client") as connection:
+        async with connection.session() as session:
+            subscriber = await session.consumer(Topic("fz-topic"))
+            await (await session.producer(Topic("fz-topic"))).send(TextMessage("to the topic"))
+            producer = await session.producer(Queue("fz-ours"))
+            message = TextMessage("ours")
+            message.properties["size"] = 3
+            await producer.send(message)
+            await (await session.consumer(Queue("fz-ours"))).receive(timeout=10)
+            await subscriber.receive(timeout=10)
+
+
+async def record(port: int) -> list[list[Chunk]]:
+    """The recorded client sessions against the listener on ``port``."""
+    proton = await _record_through_proxy(port, lambda proxy: trio.to_thread.run_sync(_proton_session, proxy))
+    ours = await _record_through_proxy(port, _our_session)
+    return [proton, ours]
+
+
+# -- units and mutations -------------------------------------------------------------------------
+
+
+def units(data: bytes) -> list[bytes]:
+    """``data`` split into protocol headers and frames (a cut remainder is one unit)."""
+    found, offset = [], 0
+    while offset < len(data):
+        if data[offset:offset + 4] == b"AMQP":
+            size = 8
+        else:
+            size = int.from_bytes(data[offset:offset + 4], "big") if offset + 4 <= len(data) else 0
+            size = size if 8 <= size <= len(data) - offset else len(data) - offset
+        found.append(data[offset:offset + size])
+        offset += size
+    return found
+
+
+def constructors(buf: bytes, start: int) -> list[tuple[int, int]]:
+    """(offset, constructor) of the values from ``start`` on, walking into described values,
+    lists and maps (arrays are stepped over whole)."""
+    found, offset = [], start
+    while offset < len(buf) and len(found) < 500:
+        code = buf[offset]
+        found.append((offset, code))
+        if code == 0x00:
+            offset += 1
+        elif code in (0xC0, 0xC1):
+            offset += 3
+        elif code in (0xD0, 0xD1):
+            offset += 9
+        else:
+            try:
+                offset = skip(buf, offset)
+            except DecodeError:
+                break
+    return found
+
+
+def with_size(frame: bytes) -> bytes:
+    return len(frame).to_bytes(4, "big") + frame[4:]
+
+
+INTERESTING = [0, 1, 2, 3, 0x7F, 0x80, 0xFF, 0x100, 0xFFFF, 0x10000, 2**31 - 1, 2**31, 2**32 - 1]
+CONSTRUCTORS = [0x00, 0x40, 0x41, 0x42, 0x43, 0x44, 0x45, 0x50, 0x52, 0x53, 0x56, 0x60, 0x70, 0x71, 0x72, 0x73,
+                0x80, 0x81, 0x82, 0x83, 0x94, 0x98, 0xA0, 0xA1, 0xA3, 0xB0, 0xB1, 0xB3, 0xC0, 0xC1, 0xD0,
+                0xD1, 0xE0, 0xF0, 0x01, 0xFF]
+
+
+def hostile_value(rng: random.Random) -> Any:
+    """A value of a random type, often a nasty one."""
+    kind = rng.randrange(14)
+    if kind == 0:
+        return [rng.randrange(5)] * rng.choice([0, 1, 3])
+    if kind == 1:
+        return {Symbol("k"): [1, {"x": None}]}
+    if kind == 2:
+        return Array(rng.choice([0x40, 0x41, 0x42, 0x43, 0x44, 0x45]), ())
+    if kind == 3:
+        return Described([1, 2], ["list as descriptor"])
+    if kind == 4:
+        return Described({"a": 1}, None)
+    if kind == 5:
+        return "s" * rng.choice([0, 1, 300, 70000])
+    if kind == 6:
+        return rng.choice([-1, -2**63, 2**64 - 1, 2**32, 3])
+    if kind == 7:
+        return rng.choice([3.5, float("nan"), float("inf")])
+    if kind == 8:
+        return Decimal(0x94, bytes(16))
+    if kind == 9:
+        return Array(0xA3, (Symbol("a"), Symbol("b")))
+    if kind == 10:
+        return Array(0x70, (UInt(1), UInt(2)), ULong(0x28))
+    if kind == 11:
+        return Timestamp(rng.choice([-1, 2**62]))
+    if kind == 12:
+        return rng.choice([True, False, None, b"\x00" * 40, UByte(255)])
+    return Described(ULong(rng.choice([0x23, 0x24, 0x25, 0x28, 0x29, 0x70, 0x73, 0x99])), [hostile_value(rng)])
+
+
+def nested(value: Any, rng: random.Random) -> Any:
+    depth = rng.choice([2, 30, 63, 65, 70, 200, 1200, 5000, 20000])
+    how = rng.randrange(3)
+    for _ in range(depth):
+        if how == 0:
+            value = Described(ULong(0x01), value)
+        elif how == 1:
+            value = [value]
+        else:
+            value = Described(value, None)  # the descriptor nested
+    return value
+
+
+def _paths(value: Any, path: tuple = ()) -> list[tuple]:
+    """Paths (indexes into lists, ``"d"``/``"v"`` into described) of every node, shallow first."""
+    found = [path]
+    if len(path) > 6:
+        return found
+    if isinstance(value, Described):
+        found += _paths(value.descriptor, path + ("d",)) + _paths(value.value, path + ("v",))
+    elif isinstance(value, list):
+        for index, item in enumerate(value[:16]):
+            found += _paths(item, path + (index,))
+    return found
+
+
+def _replace(value: Any, path: tuple, new: Any) -> Any:
+    if not path:
+        return new
+    step, rest = path[0], path[1:]
+    if step == "d":
+        return Described(_replace(value.descriptor, rest, new), value.value)
+    if step == "v":
+        return Described(value.descriptor, _replace(value.value, rest, new))
+    copy = list(value)
+    copy[step] = _replace(copy[step], rest, new)
+    return copy
+
+
+def _get(value: Any, path: tuple) -> Any:
+    for step in path:
+        value = value.descriptor if step == "d" else value.value if step == "v" else value[step]
+    return value
+
+
+def mutate_tree(frame: bytes, rng: random.Random) -> bytes | None:
+    """Decode the frame's performative (or, in a transfer, a message section), change one
+    node (nest it, or replace it with another type), encode it again."""
+    body = frame[8:] if len(frame) > 8 and frame[4] == 2 else b""
+    try:
+        performative, after = decode(body)
+    except DecodeError:
+        return None
+    payload = body[after:]
+    target, section_at = performative, None
+    if payload and rng.random() < 0.5:  # a transfer's message: one of its sections
+        sections, offset = [], 0
+        try:
+            while offset < len(payload):
+                value, end = decode(payload, offset)
+                sections.append((offset, end, value))
+                offset = end
+        except DecodeError:
+            sections = []
+        if sections:
+            section_at = rng.randrange(len(sections))
+            target = sections[section_at][2]
+    paths = _paths(target)
+    path = rng.choice(paths)
+    old = _get(target, path)
+    new = nested(old, rng) if rng.random() < 0.4 else hostile_value(rng)
+    try:
+        changed = encode(_replace(target, path, new))
+    except (TypeError, ValueError, OverflowError, RecursionError, struct.error):
+        return None
+    if section_at is None:
+        body = changed + payload
+    else:
+        start, end, _ = sections[section_at]
+        body = encode(performative) + payload[:start] + changed + payload[end:]
+    return with_size(frame[:8] + body)
+
+
+def mutate_count(frame: bytes, rng: random.Random) -> bytes | None:
+    found = [(at, code) for at, code in constructors(frame, 8) if code in (
+        0xA0, 0xA1, 0xA3, 0xB0, 0xB1, 0xB3, 0xC0, 0xC1, 0xD0, 0xD1, 0xE0, 0xF0)]
+    if not found:
+        return None
+    at, code = rng.choice(found)
+    width = 4 if code & 0xF0 in (0xB0, 0xD0, 0xF0) else 1
+    field = at + 1 + (width if code & 0xF0 in (0xC0, 0xD0, 0xE0, 0xF0) and rng.random() < 0.6 else 0)
+    if field + width > len(frame):
+        return None
+    current = int.from_bytes(frame[field:field + width], "big")
+    value = rng.choice(INTERESTING + [current + 1, max(current - 1, 0), current * 2 + 1]) % (256 ** width)
+    return frame[:field] + value.to_bytes(width, "big") + frame[field + width:]
+
+
+def mutate_constructor(frame: bytes, rng: random.Random) -> bytes | None:
+    found = constructors(frame, 8)
+    if not found:
+        return None
+    at, _ = rng.choice(found)
+    return frame[:at] + bytes([rng.choice(CONSTRUCTORS)]) + frame[at + 1:]
+
+
+def mutate_header(frame: bytes, rng: random.Random) -> bytes | None:
+    field = rng.randrange(4)
+    if field == 0:
+        return rng.choice([0, 7, 8, 9, len(frame) - 1, len(frame) + 1, 2**31]).to_bytes(4, "big") + frame[4:]
+    if field == 1:
+        return frame[:4] + bytes([rng.choice([0, 1, 3, 255])]) + frame[5:]
+    if field == 2:
+        return frame[:5] + bytes([rng.choice([1, 2, 255])]) + frame[6:]
+    return frame[:6] + rng.choice([1, 255, 65535]).to_bytes(2, "big") + frame[8:]
+
+
+def mutate_truncate(frame: bytes, rng: random.Random) -> bytes | None:
+    cut = rng.randrange(8, max(len(frame), 9))
+    short = frame[:cut]
+    return with_size(short) if rng.random() < 0.7 else short
+
+
+def mutate_bytes(frame: bytes, rng: random.Random) -> bytes | None:
+    data = bytearray(frame)
+    for _ in range(rng.choice([1, 2, 4])):
+        at = rng.randrange(8 if len(data) > 8 else 0, len(data))
+        data[at] = rng.randrange(256)
+    return bytes(data)
+
+
+FRAME_MUTATIONS = [mutate_tree, mutate_tree, mutate_count, mutate_count, mutate_constructor, mutate_header,
+                   mutate_truncate, mutate_bytes]
+
+
+def make_case(sessions: list[list[Chunk]], rng: random.Random) -> tuple[list[Chunk], list[str]]:
+    """A mutated copy of one recorded session, and what was done to it."""
+    session = rng.randrange(len(sessions))
+    chunks = [(units(data), answered) for data, answered in sessions[session]]
+    done = [f"session {session}"]
+    frames = [(c, u) for c, (found, _) in enumerate(chunks) for u, unit in enumerate(found)
+              if unit[:4] != b"AMQP" and len(unit) >= 8]
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        if not frames:
+            break
+        c, u = rng.choice(frames)
+        unit = chunks[c][0][u]
+        if rng.random() < 0.12:  # whole frames: drop, duplicate, splice from the other session
+            action = rng.randrange(3)
+            if action == 0:
+                chunks[c][0][u] = b""
+                done.append(f"drop {c}.{u}")
+            elif action == 1:
+                chunks[c][0][u] = unit * rng.choice([2, 50])
+                done.append(f"repeat {c}.{u}")
+            else:
+                other = [x for data, _ in sessions[1 - session] for x in units(data) if x[:4] != b"AMQP"]
+                chunks[c][0][u] = unit + rng.choice(other)
+                done.append(f"splice into {c}.{u}")
+            continue
+        mutation = rng.choice(FRAME_MUTATIONS)
+        changed = mutation(unit, rng)
+        if changed is not None:
+            chunks[c][0][u] = changed
+            done.append(f"{mutation.__name__[7:]} {c}.{u}")
+    return [(b"".join(found), answered) for found, answered in chunks], done
+
+
+# -- running -------------------------------------------------------------------------------------
+
+
+async def play(port: int, chunks: list[Chunk]) -> None:
+    """Send a case as recorded, waiting (bounded) for an answer where the router answered the
+    client; then half-close and read until the router closes (bounded)."""
+    with trio.move_on_after(10):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            try:
+                for data, answered in chunks:
+                    if data:
+                        await stream.send_all(data)
+                    if answered:
+                        with trio.move_on_after(0.5):
+                            if not await stream.receive_some(65536):
+                                return
+                await stream.send_eof()
+                while await stream.receive_some(65536):
+                    pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+
+
+async def normal_client(port: int, number: int) -> None:
+    from martinet.messaging.client import Queue, TextMessage, connect
+
+    with trio.fail_after(15):
+        async with connect(f"amqp://127.0.0.1:{port}") as connection:
+            async with connection.session() as session:
+                await (await session.producer(Queue("fz-check"))).send(TextMessage(f"check {number}"))
+                got = await (await session.consumer(Queue("fz-check"))).receive(timeout=10)
+                assert got is not None and got.text == f"check {number}", got
+
+
+class Problems(logging.Handler):
+    """Log records with a traceback or at ERROR and above."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.found: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info or record.levelno >= logging.ERROR:
+            self.found.append(record)
+
+
+def _leaf(exc: BaseException | None) -> str:
+    """The first exception inside (nested) exception groups, as ``Type: message``."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {str(exc)[:120]}" if exc is not None else "?"
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def fuzz(cases: int, seed: int, *, out: Any = print) -> dict[str, Any]:
+    """Run ``cases`` seeded cases against a router started here; the findings."""
+    rng = random.Random(seed)
+    problems = Problems()
+    logging.getLogger().addHandler(problems)
+    heartbeat = [time.monotonic(), "recording"]
+    stop = threading.Event()
+
+    def watchdog() -> None:
+        while not stop.wait(1):
+            if time.monotonic() - heartbeat[0] > 30:
+                print(f"FROZEN: the event loop made no progress for 30 s in {heartbeat[1]}", file=sys.stderr, flush=True)
+                os._exit(3)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    crashes: list[tuple[int, list[str], str]] = []
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "router.xml"
+            path.write_text(ROUTER.format(path=folder))
+            router = Router.from_file(path)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(router.run)
+                port = router.management.get("/sys$jms/usage/listeners/amqp", "port")
+                sessions = await record(port)
+                await normal_client(port, -1)
+                problems.found.clear()
+                before = rss_mb()
+                for number in range(cases):
+                    chunks, done = make_case(sessions, rng)
+                    heartbeat[:] = [time.monotonic(), f"case {number}: {', '.join(done)}"]
+                    seen = len(problems.found)
+                    await play(port, chunks)
+                    await trio.sleep(0)
+                    for record_ in problems.found[seen:]:
+                        line = record_.getMessage().splitlines()[0][:200]
+                        kind = _leaf(record_.exc_info[1]) if record_.exc_info else record_.levelname
+                        crashes.append((number, done, f"{kind}: {line}"))
+                    if number % 25 == 24 or number == cases - 1:
+                        heartbeat[0] = time.monotonic()
+                        await normal_client(port, number)
+                after = rss_mb()
+                router.request_stop()
+    finally:
+        stop.set()
+        logging.getLogger().removeHandler(problems)
+    out(f"cases run: {cases} (seed {seed}); crashes found: {len(crashes)}")
+    for number, done, line in crashes[:20]:
+        out(f"  case {number} [{'; '.join(done)}]: {line}")
+    out(f"RSS before {before:.1f} MB, after {after:.1f} MB ({after - before:+.1f} MB)")
+    return {"cases": cases, "crashes": crashes, "rss_before": before, "rss_after": after}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    logging.getLogger().setLevel(logging.INFO)  # the Problems handler sees every record
+    started = time.monotonic()
+    result = trio.run(fuzz, args.cases, args.seed)
+    print(f"{time.monotonic() - started:.0f} s")
+    sys.exit(1 if result["crashes"] else 0)
+
+
+if __name__ == "__main__":
+    main()
