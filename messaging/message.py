@@ -41,7 +41,7 @@ from typing import Any
 
 from .codec import DecodeError, Described, Symbol, Timestamp, UByte, UInt, ULong, decode, encode, skip
 
-__all__ = ["Message", "MessageError", "Header", "Properties", "AnnotationPatch", "build", "SECTIONS"]
+__all__ = ["Message", "MessageError", "MessageFieldError", "Header", "Properties", "AnnotationPatch", "build", "SECTIONS"]
 
 # Section descriptor codes (part 3, §3.2).
 HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES = 0x70, 0x71, 0x72, 0x73
@@ -62,6 +62,11 @@ _BODY = (DATA, AMQP_SEQUENCE, AMQP_VALUE)
 
 class MessageError(ValueError):
     """The bytes are not a valid AMQP 1.0 message."""
+
+
+class MessageFieldError(MessageError):
+    """The message decodes, but a header or properties field the broker computes with has
+    the wrong type or range (a listener answers ``amqp:invalid-field``)."""
 
 
 class Header:
@@ -97,13 +102,13 @@ class Properties:
             setattr(self, name, value)
         for index in (8, 9, 11):  # absolute-expiry-time, creation-time, group-sequence
             if fields[index] is not None and (not isinstance(fields[index], int) or isinstance(fields[index], bool)):
-                raise MessageError(f"properties field {self.__slots__[index]} is not a number: {fields[index]!r}"[:200])
+                raise MessageFieldError(f"properties field {self.__slots__[index]} is not a number: {fields[index]!r}"[:200])
 
 
 def _unsigned(value: Any, largest: int, name: str) -> int:
     """``value`` if it is an integer in 0..largest (any AMQP integer encoding), else MessageError."""
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= largest:
-        raise MessageError(f"header field {name} is not an unsigned number up to {largest}: {value!r}"[:200])
+        raise MessageFieldError(f"header field {name} is not an unsigned number up to {largest}: {value!r}"[:200])
     return value
 
 
@@ -293,7 +298,7 @@ class Message:
                     except (DecodeError, IndexError) as exc:
                         raise MessageError(f"malformed properties: {exc}") from None
                     if absolute is not None and (not isinstance(absolute, int) or isinstance(absolute, bool)):
-                        raise MessageError(f"absolute-expiry-time is not a timestamp: {absolute!r}"[:200])
+                        raise MessageFieldError(f"absolute-expiry-time is not a timestamp: {absolute!r}"[:200])
         if absolute:
             expiry: int | None = int(absolute)
         elif ttl:

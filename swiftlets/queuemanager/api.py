@@ -96,8 +96,13 @@ class MessageTooLarge(QueueError):
 
 
 class MalformedMessage(QueueError):
-    """The message's bytes cannot be read as an AMQP 1.0 message (a listener answers
-    ``amqp:decode-error``)."""
+    """The message's bytes cannot be read as an AMQP 1.0 message; ``condition`` is what a
+    listener answers: ``amqp:decode-error``, or ``amqp:invalid-field`` for a field of the
+    wrong type or range."""
+
+    def __init__(self, description: str, condition: str = "amqp:decode-error"):
+        super().__init__(description)
+        self.condition = condition
 
 
 class ConsumerRefused(QueueError):

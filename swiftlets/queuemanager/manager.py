@@ -48,7 +48,7 @@ import trio
 from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
 from martinet.messaging.codec import Symbol
 from martinet.messaging.like import like_pattern
-from martinet.messaging.message import Message, MessageError
+from martinet.messaging.message import Message, MessageError, MessageFieldError
 from martinet.swiftlets.store.api import (
     DeleteMessage,
     DeleteRecord,
@@ -111,6 +111,11 @@ def id_key(message_id: Any) -> str | None:
         return f"binary:{message_id.hex()}"
     return f"{type(message_id).__name__}:{message_id}"
 
+
+
+def _condition(exc: MessageError) -> str:
+    """What a listener answers for a message that cannot be queued because of ``exc``."""
+    return "amqp:invalid-field" if isinstance(exc, MessageFieldError) else "amqp:decode-error"
 
 class QueueManager:
     """``sys$queuemanager``: what ``context.lookup("sys$queuemanager", QueueManager)`` returns
@@ -427,7 +432,7 @@ class QueueManager:
         try:
             durable, priority, expires, message_id = message.queue_info(now)
         except MessageError as exc:
-            raise MalformedMessage(f"malformed message for queue {queue.name}: {exc}") from None
+            raise MalformedMessage(f"malformed message for queue {queue.name}: {exc}", _condition(exc)) from None
         settings = queue.settings
         key = id_key(message_id) if settings.duplicate_detection_enabled else None
         if key is not None and queue.is_duplicate(key, possible_duplicate):
@@ -532,7 +537,7 @@ class QueueManager:
         try:
             durable, priority, expires, _ = message.queue_info(now)
         except MessageError as exc:
-            raise MalformedMessage(f"malformed message: {exc}") from None
+            raise MalformedMessage(f"malformed message: {exc}", _condition(exc)) from None
         if expires is not None and expires <= now:
             if on_durable is not None:
                 on_durable(None)
