@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from martinet.messaging import amqp
-from martinet.messaging.codec import Described, Symbol, UInt, ULong, UShort, decode, encode
 from martinet.messaging.amqp.sasl import SaslClient
+from martinet.messaging.codec import Described, Symbol, UInt, ULong, UShort, decode, encode
 
 
 class Recorder:

@@ -12,12 +12,12 @@ import sys
 import pytest
 import trio
 
+from martinet.kernel.passwords import hash_password, verify_password
 from martinet.messaging.amqp.sasl import SaslClient, SaslRefused
 from martinet.messaging.amqp.wire import AMQP_HEADER, FRAME_HEADER, descriptor_code
 from martinet.messaging.codec import decode
 from martinet.swiftlets.authentication import service
 from martinet.swiftlets.authentication.api import AuthenticationFailed
-from martinet.kernel.passwords import hash_password, verify_password
 
 HASHED = hash_password("s3cret-hashed", iterations=2000)
 

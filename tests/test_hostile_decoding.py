@@ -14,10 +14,10 @@ import pytest
 import trio
 from proton import Message as ProtonMessage
 from proton.utils import BlockingConnection
+from test_amqp_fuzz import LiveRouter
 
 from martinet.messaging.amqp.wire import AMQP_HEADER, SASL_HEADER
 from martinet.messaging.codec import Described, Symbol, UInt, ULong, decode, encode
-from test_amqp_fuzz import LiveRouter
 
 SASL_INIT = 0x41
 
@@ -254,7 +254,10 @@ def message(header: list | None = None, properties: list | None = None) -> bytes
     return b"".join(parts) + encode(Described(ULong(0x77), "body"))
 
 
-async def send_transfer(port: int, payload: bytes, target: Described = Described(ULong(0x29), ["hostile"])) -> list:
+HOSTILE = Described(ULong(0x29), ["hostile"])  # a target: queue "hostile"
+
+
+async def send_transfer(port: int, payload: bytes, target: Described = HOSTILE) -> list:
     """Log in, attach a sender to ``target`` (queue ``hostile``), wait for credit, send one
     unsettled transfer of ``payload``; the router's disposition fields (or its close's)."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)

@@ -153,7 +153,8 @@ async def test_a_message_body_is_replaced_stored_or_in_the_same_batch(broker, tm
     await broker.restart()  # recovered (by the queue manager, which takes them) and kept
     assert broker.store.recovered.message_count == 2
     await broker.stop()
-    assert stored_messages(tmp_path) == [(1, "a", raw(b"one, annotated"), 0, None), (2, "a", raw(b"two, annotated"), 3, None)]
+    assert stored_messages(tmp_path) == [(1, "a", raw(b"one, annotated"), 0, None),
+                                         (2, "a", raw(b"two, annotated"), 3, None)]
 
 
 async def test_checkpoints_keep_the_wal_short_and_lose_nothing(broker, tmp_path):

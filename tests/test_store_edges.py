@@ -8,7 +8,6 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 import trio
