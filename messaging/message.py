@@ -22,10 +22,24 @@ the way, which the queue manager's :meth:`Message.queue_info` then uses once.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 from typing import Any
 
-from .codec import DecodeError, Described, Symbol, Timestamp, UByte, UInt, ULong, decode, encode, skip
+from .codec import (
+    _FIXED_WIDTH,
+    Array,
+    DecodeError,
+    Described,
+    Symbol,
+    Timestamp,
+    UByte,
+    UInt,
+    ULong,
+    decode,
+    encode,
+    skip,
+)
 
 __all__ = ["Message", "MessageError", "Header", "Properties", "AnnotationPatch", "build", "SECTIONS"]
 
@@ -56,12 +70,22 @@ class Header:
     __slots__ = ("durable", "priority", "ttl", "first_acquirer", "delivery_count")
 
     def __init__(self, fields: list[Any] = ()):  # type: ignore[assignment]
+        """Raises: MessageError: a field of the wrong type (a boolean where a number belongs,
+        a string for the priority, …): the queue manager computes with these."""
         fields = list(fields) + [None] * (5 - len(fields))
+        for index, (name, kind) in enumerate(_HEADER_TYPES):
+            value = fields[index]
+            if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+                raise MessageError(f"header field {index} ({name}) must be a {'boolean' if kind is bool else 'number'}"
+                                   f", found {type(value).__name__} {value!r:.40}")
         self.durable = bool(fields[0])
         self.priority = 4 if fields[1] is None else fields[1]
         self.ttl = fields[2]
         self.first_acquirer = bool(fields[3])
         self.delivery_count = fields[4] or 0
+
+
+_HEADER_TYPES = (("durable", bool), ("priority", int), ("ttl", int), ("first-acquirer", bool), ("delivery-count", int))
 
 
 class Properties:
@@ -126,6 +150,30 @@ class Message:
             MessageError: not a sequence of AMQP message sections.
         """
         return _find_sections(self.raw)
+
+    def check_sections(self) -> None:
+        """Check, cheaply, what the broker relies on in a message it takes in, before it is
+        queued: every section is framed right (its size within the bytes, the last one
+        ending where the bytes end), known and in order, and the application-properties
+        are a map with string keys and simple values (part 3, §3.2.5: "The keys of this map
+        are restricted to be of type string ... and the values are restricted to be of
+        simple types only, that is, excluding map, list, and array types"), keys and string
+        values valid UTF-8. A selector reads that map, and a redelivery splices a new header
+        into the framing, so a message that fails here would fail later, at a consumer.
+
+        Values are stepped over, not decoded, except the application-properties' strings.
+        The header and the properties are read by :meth:`queue_info`, which the queue
+        manager calls next: call this first, since it starts after the sections an
+        :class:`AnnotationPatch` read on the way in.
+
+        Raises:
+            MessageError: what is wrong, naming the section and the byte offset.
+        """
+        raw, front = self.raw, self._front
+        if front is not None:  # header and annotations were read by the patch: start after them
+            _check_sections(raw, front[1], MESSAGE_ANNOTATIONS)
+        else:
+            _check_sections(raw, 0, HEADER - 1)
 
     def validate(self) -> None:
         """Check the bytes once: sections in order, no unknown section, metadata decodable.
@@ -258,6 +306,9 @@ class Message:
                     except (DecodeError, IndexError) as exc:
                         raise MessageError(f"malformed properties: {exc}") from None
         if absolute:
+            if not isinstance(absolute, int) or isinstance(absolute, bool):
+                raise MessageError(f"properties field 8 (absolute-expiry-time) must be a timestamp, "
+                                   f"found {type(absolute).__name__} {absolute!r:.40}")
             expiry: int | None = int(absolute)
         elif ttl:
             expiry = arrival_ms + ttl
@@ -334,6 +385,7 @@ def _name(code: int) -> str:
     return f"0x{code:x}"
 
 
+_U32 = struct.Struct(">I").unpack_from
 _HEADER_PREFIX, _DELIVERY_ANNOTATIONS_PREFIX, _PROPERTIES_PREFIX = b"\x00\x53\x70", b"\x00\x53\x71", b"\x00\x53\x73"
 _DEFAULT_HEADER_FIELDS = (False, 4, None)
 
@@ -433,6 +485,141 @@ def _front(raw: bytes) -> tuple[int, tuple[bool, int, int | None]] | None:
     if len(following) < 3 or following[:2] != b"\x00\x53" or following[2] <= MESSAGE_ANNOTATIONS:
         return None
     return position, header_fields
+
+
+def _check_sections(raw: bytes, position: int, last: int) -> None:
+    """:meth:`Message.check_sections` from ``position`` on, the section before it having
+    code ``last`` (``HEADER - 1``: none). The usual descriptor encoding (``0x00 0x53
+    code``) and the usual sizes are read inline (this runs for every message taken in); a
+    section described otherwise sends the whole message through :func:`_find_sections`."""
+    size = len(raw)
+    code = last
+    try:
+        while position < size:
+            if raw[position:position + 2] != b"\x00\x53" or position + 3 >= size:
+                offsets = _find_sections(raw)  # an unusual descriptor encoding, or cut short: the full walk
+                span = offsets.get(APPLICATION_PROPERTIES)
+                if span is not None:
+                    _check_application_properties(raw, span[1])
+                return
+            code = raw[position + 2]
+            if (code <= last and (code != last or code not in _BODY)) or code > FOOTER:
+                _section_order_error(code, last, position)
+            at = position + 3
+            kind = raw[at]
+            if code == APPLICATION_PROPERTIES:
+                position = _check_application_properties(raw, at)
+            elif kind == 0x45:  # list0 (an empty header or properties)
+                position = at + 1
+            elif kind == 0xA0 or kind == 0xC0:  # vbin8 (a small data section), list8
+                position = at + 2 + raw[at + 1]
+            else:
+                position = skip(raw, at)
+            last = code
+    except (DecodeError, IndexError) as exc:
+        raise MessageError(f"malformed {_name(code)} section at offset {position}: {exc}") from None
+    if position > size:
+        raise MessageError(f"malformed {_name(code)} section: it ends at offset {position}, after the message's "
+                           f"{size} bytes")
+
+
+def _section_order_error(code: int, last: int, at: int) -> None:
+    if not HEADER <= code <= FOOTER:
+        raise MessageError(f"unknown section descriptor 0x{code:02x} at offset {at}")
+    raise MessageError(f"section {_name(code)} out of order at offset {at} (after {_name(last)})")
+
+
+# Application-property values by constructor: fixed-width ones any bytes of which are valid
+# (stepped over), those whose bytes can be invalid (boolean 0x56, char, text) or that hold
+# another value (described), which are decoded, and the compound ones, which are refused.
+_SIMPLE_WIDTH = {code: width for code, width in _FIXED_WIDTH.items() if code not in (0x45, 0x56, 0x73)}
+_DECODED_VALUES = frozenset({0x00, 0x56, 0x73, 0xA3, 0xB1, 0xB3})
+_COMPOUND = {0x45: "list", 0xC0: "list", 0xD0: "list", 0xC1: "map", 0xD1: "map", 0xE0: "array", 0xF0: "array"}
+
+
+def _check_application_properties(raw: bytes, at: int) -> int:
+    """Check the application-properties map encoded at ``at`` (part 3, §3.2.5) and return
+    the offset after it.
+
+    Raises:
+        MessageError: not a map, a key that is not a string, a map, list or array value,
+            invalid UTF-8, or a size that does not add up; with the key and the offset.
+    """
+    size = len(raw)
+    try:
+        code = raw[at]
+        if code == 0xC1:
+            count, position, end = raw[at + 2], at + 3, at + 2 + raw[at + 1]
+        elif code == 0xD1:
+            count, position, end = _U32(raw, at + 5)[0], at + 9, at + 5 + _U32(raw, at + 1)[0]
+        elif code == 0x40:  # null: read as no properties
+            return at + 1
+        else:
+            kind = _COMPOUND.get(code) or f"value with constructor 0x{code:02x}"
+            raise MessageError(f"application-properties at offset {at} must be a map (part 3, §3.2.5), found a {kind}")
+    except (IndexError, struct.error):
+        raise MessageError(f"application-properties at offset {at}: truncated") from None
+    if end > size:
+        raise MessageError(f"application-properties at offset {at}: its size says {end - at} bytes, "
+                           f"{size - at} are left")
+    if count & 1:
+        raise MessageError(f"application-properties at offset {at}: a map needs an even count, found {count}")
+    if 3 * (count >> 1) > end - position:  # an entry takes 3 bytes at least (key 2, value 1)
+        raise MessageError(f"application-properties at offset {at}: {count >> 1} entries cannot fit in "
+                           f"{end - position} bytes")
+    key, key_at = None, position
+    try:
+        for _ in range(count >> 1):
+            key, key_at = None, position
+            code = raw[position]
+            if code == 0xA1:
+                position += 2 + raw[position + 1]
+                if position > end:
+                    raise DecodeError(f"truncated key at offset {key_at}")
+                key = raw[key_at + 2:position].decode()
+            elif code == 0xB1:
+                position += 5 + _U32(raw, position + 1)[0]
+                if position > end:
+                    raise DecodeError(f"truncated key at offset {key_at}")
+                key = raw[key_at + 5:position].decode()
+            else:
+                found = {0xA3: "symbol", 0xB3: "symbol", 0x40: "null"}.get(code) or f"constructor 0x{code:02x}"
+                raise MessageError(f"application-properties key at offset {key_at} must be a string "
+                                   f"(part 3, §3.2.5), found a {found}")
+            value_at = position
+            code = raw[position]
+            if code == 0xA1:  # the usual value: a short string, checked here
+                position += 2 + raw[position + 1]
+                if position > end:
+                    raise DecodeError(f"truncated string at offset {value_at}")
+                raw[value_at + 2:position].decode()
+                continue
+            width = _SIMPLE_WIDTH.get(code)
+            if width is not None:  # numbers, null, true, false, timestamps, uuids: any bytes are valid
+                position += 1 + width
+            elif code in _COMPOUND:
+                raise MessageError(f"application-properties value of {key!r} at offset {value_at} is a "
+                                   f"{_COMPOUND[code]}: only simple types are allowed (part 3, §3.2.5)")
+            elif code in _DECODED_VALUES:  # rarer values whose bytes can be wrong: the decoder checks
+                value, position = decode(raw, value_at)
+                while isinstance(value, Described):  # what counts is the described value's type
+                    value = value.value
+                if isinstance(value, (list, dict, Array)):
+                    raise MessageError(f"application-properties value of {key!r} at offset {value_at} is a "
+                                       f"described {type(value).__name__}: only simple types are allowed "
+                                       "(part 3, §3.2.5)")
+            else:  # binary; an unknown constructor raises
+                position = skip(raw, position)
+    except UnicodeDecodeError as exc:
+        raise MessageError(f"application-properties entry at offset {key_at}"
+                           f"{'' if key is None else f' (key {key!r})'}: invalid UTF-8: {exc.reason}") from None
+    except (DecodeError, IndexError, struct.error) as exc:
+        raise MessageError(f"application-properties entry at offset {key_at}"
+                           f"{'' if key is None else f' (key {key!r})'}: malformed: {exc or 'truncated'}") from None
+    if position != end:
+        raise MessageError(f"application-properties at offset {at}: its entries end at offset {position}, "
+                           f"its size says {end}")
+    return end
 
 
 def _find_sections(raw: bytes) -> dict[int, tuple[int, int, int]]:

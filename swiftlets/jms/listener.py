@@ -26,6 +26,14 @@ Links, by what the client attaches:
 
 Refused attaches answer with a null terminus and a detach carrying ``amqp:not-found``,
 ``amqp:unauthorized-access``, ``amqp:invalid-field`` or ``amqp:resource-locked``.
+
+Queue access (:meth:`AmqpConnection._check_queue`) is decided before a queue is looked up
+or created, so a refused attach leaves nothing behind. Names containing ``$`` are the
+router's: a temporary queue (``tmp$…``) takes sends from anyone (a reply-to) and receivers
+only from the connection that created it; a durable subscription's queue is used only as
+the durable subscription (its topic, the client id that created it); any other ``$`` name
+needs a grant naming it explicitly (:meth:`Principal.check_queue`), with authentication on
+or off, and must exist: a client never creates a ``$`` queue.
 """
 
 from __future__ import annotations
@@ -66,7 +74,13 @@ from martinet.messaging.io import Driver, lead_in
 from martinet.messaging.message import Message, MessageError, AnnotationPatch
 from martinet.messaging.selector import SelectorError, compile_selector
 from martinet.swiftlets.authentication.api import AccessDenied, AuthenticationFailed
-from martinet.swiftlets.queuemanager.api import ConsumerRefused, QueueError, QueueFull, QueueNotFound
+from martinet.swiftlets.queuemanager.api import (
+    TEMPORARY_PREFIX,
+    ConsumerRefused,
+    QueueError,
+    QueueFull,
+    QueueNotFound,
+)
 from martinet.swiftlets.store.api import StoreError
 from martinet.swiftlets.topicmanager.api import TopicError, TopicNameError, durable_queue_name, parse_topic
 
@@ -552,9 +566,7 @@ class AmqpConnection:
                 if self.principal is not None:
                     self.principal.check_topic(address, action)
             else:
-                self.queue_manager.queue(address)
-                if self.principal is not None:
-                    self.principal.check_queue(address, action)
+                self._check_queue(address, action)
         except _Refused:
             raise
         except QueueNotFound as exc:
@@ -564,6 +576,59 @@ class AmqpConnection:
         except AccessDenied as exc:
             raise _Refused("amqp:unauthorized-access", str(exc)) from None
         return address
+
+    def _check_queue(self, address: str, action: str) -> None:
+        """Whether this connection may ``action`` (send, receive, browse) queue ``address``;
+        if so, the queue exists afterwards (created on first use where that is allowed).
+
+        Everything is decided before the queue is looked up or created, so a refusal leaves
+        nothing behind. Names containing ``$`` are the router's, with these rules whether
+        authentication is on or off:
+
+        - a temporary queue (``tmp$…``): anyone may send to it while it exists (it is a
+          reply-to address); only the connection that created it may receive from or
+          browse it;
+        - a durable subscription's queue: never as a queue; attach to its topic as a durable
+          subscriber, with the client id that created it;
+        - any other ``$`` name: only with a grant that names it explicitly
+          (:meth:`Principal.check_queue`; without ``sys$authentication`` there are no grants,
+          so never), and only if it exists: a client never creates a ``$`` queue.
+
+        Receiving from or browsing a queue on another router (``q@other``) is refused.
+
+        Raises:
+            _Refused, AccessDenied, QueueNotFound, QueueError (mapped by :meth:`_check`).
+        """
+        name, at, router = address.rpartition("@")
+        if not at:
+            name = address
+        remote = bool(at) and router != self.swiftlet.router_name
+        if remote and action != "send":
+            raise _Refused("amqp:not-found", f"cannot {action} queue {address!r}: it is on router {router}, "
+                           f"and only queues of this router ({self.swiftlet.router_name}) can be read here")
+        if "$" not in name:
+            if self.principal is not None:
+                self.principal.check_queue(address, action)
+            self.queue_manager.queue(address)  # created on first use if auto-create-queues is on
+            return
+        if name.startswith(TEMPORARY_PREFIX):
+            if remote:
+                return  # a reply-to on another router: routing takes it there
+            queue = self.queue_manager.queues.get(name)
+            if queue is None:
+                raise QueueNotFound(f"temporary queue {name!r} does not exist on router {self.swiftlet.router_name}")
+            if action != "send" and queue.owner is not self:
+                raise AccessDenied(f"cannot {action} temporary queue {name!r}: only the connection that created "
+                                   "it may receive from it")
+            return
+        if not remote and self.topic_manager is not None and self.topic_manager.is_durable_queue(name):
+            raise AccessDenied(f"cannot {action} queue {name!r} as a queue: it is a durable subscription's; attach "
+                               "to its topic as a durable subscriber, with the client id that created it")
+        if self.principal is None:
+            raise AccessDenied(f"cannot {action} queue {address!r}: a name with '$' is the router's, and without "
+                               "sys$authentication no grant can name it")
+        self.principal.check_queue(address, action)
+        self.queue_manager.queue(address, create=False)  # a client never creates a '$' queue
 
     def _attach_incoming(self, link: amqp.Link) -> IncomingLink | CoordinatorLink:
         link.source = link.remote_source
@@ -645,6 +710,7 @@ class AmqpConnection:
             durable_queue_name(self.client_id or "", link.name)) if self.topic_manager else None
         if subscription is None:
             raise _Refused("amqp:not-found", f"no durable subscription {link.name!r} for client {self.client_id!r}")
+        self._check(subscription.topic.text, "durable", topic=True)  # the grant, as for the attach that made it
         link.source = amqp.Terminus(kind=amqp.SOURCE, address=f"{TOPIC_PREFIX}{subscription.topic.text}",
                                     durable=2, expiry_policy="never")  # the request's source was null
         return OutgoingLink(self, link, subscription.consumer(), durable=(self.client_id or "", link.name))

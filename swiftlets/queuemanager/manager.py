@@ -60,7 +60,15 @@ from martinet.swiftlets.store.api import (
     Store,
 )
 
-from .api import MessageTooLarge, QueueError, QueueNotFound, SendResult, TransactionError
+from .api import (
+    TEMPORARY_PREFIX,
+    MessageTooLarge,
+    QueueError,
+    QueueNotFound,
+    SendResult,
+    TransactionError,
+    check_queue_name,
+)
 from .config import QueueManagerConfig, QueueSettings
 from .queue import GONE, HELD, Consumer, Entry, Queue, now_ms
 
@@ -275,6 +283,9 @@ class QueueManager:
         """The local queue for ``address``, created if allowed (``create`` overrides
         ``auto-create-queues``).
 
+        A temporary name (``tmp$…``) is never created on first use: its queue went with its
+        owner, and a send to it must fail rather than make a queue nobody reads.
+
         Raises:
             QueueNotFound: unknown and not to be created, or no route.
             QueueError: an invalid queue name.
@@ -283,10 +294,12 @@ class QueueManager:
         queue = self.queues.get(name)
         if queue is not None:
             return queue
+        if create is None and name.startswith(TEMPORARY_PREFIX):  # deleted with its owner: not made anew
+            raise QueueNotFound(f"temporary queue {name!r} does not exist on router {self.router_name} "
+                                "(it was deleted with the connection or link that created it)")
         if not (self.auto_create_queues if create is None else create):
             raise QueueNotFound(f"queue {name!r} does not exist on router {self.router_name}")
-        if not name or "/" in name or "@" in name or any(c.isspace() for c in name):
-            raise QueueError(f"invalid queue name {name!r}: non-empty, without '/', '@' or spaces")
+        check_queue_name(name)
         return self._create(name, self.settings_for(name))
 
     def when_backlog_cleared(self, address: str, callback: Callable[[], None]) -> Callable[[], None] | None:
@@ -319,10 +332,10 @@ class QueueManager:
     def create_temporary_queue(self, owner: Any) -> Queue:
         """A new ``tmp$<n>`` queue, deleted by :meth:`delete_temporary_queues` (owner)."""
         self._temporary += 1
-        name = f"tmp${self._temporary}"
+        name = f"{TEMPORARY_PREFIX}{self._temporary}"
         while name in self.queues:
             self._temporary += 1
-            name = f"tmp${self._temporary}"
+            name = f"{TEMPORARY_PREFIX}{self._temporary}"
         return self._create(name, self.settings_for(name), owner)
 
     def delete_temporary_queues(self, owner: Any) -> None:
@@ -386,6 +399,7 @@ class QueueManager:
                                   f"{self.max_message_size} (queue {queue.name})")
         queue.check_room()
         try:
+            message.check_sections()  # what consumers and selectors will read must be readable
             durable, priority, expires, message_id = message.queue_info(now)
         except MessageError as exc:
             raise QueueError(f"malformed message for queue {queue.name}: {exc}") from None
@@ -491,6 +505,7 @@ class QueueManager:
                                   f"{self.max_message_size}")
         now = now_ms()
         try:
+            message.check_sections()
             durable, priority, expires, _ = message.queue_info(now)
         except MessageError as exc:
             raise QueueError(f"malformed message: {exc}") from None
