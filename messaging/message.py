@@ -158,13 +158,17 @@ class Message:
         are a map with string keys and simple values (part 3, §3.2.5: "The keys of this map
         are restricted to be of type string ... and the values are restricted to be of
         simple types only, that is, excluding map, list, and array types"), keys and string
-        values valid UTF-8. A selector reads that map, and a redelivery splices a new header
-        into the framing, so a message that fails here would fail later, at a consumer.
+        values valid UTF-8, and the header decodes in full with fields of their types. A
+        selector reads that map and the header, and a redelivery decodes the header and
+        splices a new one into the framing, so a message that fails here would fail later,
+        at a consumer.
 
-        Values are stepped over, not decoded, except the application-properties' strings.
-        The header and the properties are read by :meth:`queue_info`, which the queue
-        manager calls next: call this first, since it starts after the sections an
-        :class:`AnnotationPatch` read on the way in.
+        Values are stepped over, not decoded, except the application-properties' strings
+        and the header's unusual encodings. The properties are left to :meth:`queue_info`
+        (which reads what the queue needs) and to selectors (which skip a message they
+        cannot read). The queue manager runs this check inside ``queue_info(check=True)``,
+        in the same pass; alone, call it before ``queue_info``, since it starts after the
+        sections an :class:`AnnotationPatch` read on the way in.
 
         Raises:
             MessageError: what is wrong, naming the section and the byte offset.
@@ -174,6 +178,8 @@ class Message:
             _check_sections(raw, front[1], MESSAGE_ANNOTATIONS)
         else:
             _check_sections(raw, 0, HEADER - 1)
+        if raw[:3] == _HEADER_PREFIX and self._header is None:
+            _check_header(raw)
 
     def validate(self) -> None:
         """Check the bytes once: sections in order, no unknown section, metadata decodable.
@@ -256,19 +262,27 @@ class Message:
         ttl = self.header.ttl
         return arrival_ms + ttl if ttl else None
 
-    def queue_info(self, arrival_ms: int) -> tuple[bool, int, int | None, Any]:
+    def queue_info(self, arrival_ms: int, *, check: bool = False) -> tuple[bool, int, int | None, Any]:
         """``(durable, priority 0-9, absolute expiry or None, message-id)`` without caching.
 
         The queue manager's per-message path, one pass: the header is read where it always
         is (first); the properties are walked once, decoding the message-id (field 1) and,
         when their count shows it may be there, ``absolute-expiry-time`` (field 9), and only
-        skipping over the fields between.
+        skipping over the fields between. With ``check`` the same pass does
+        :meth:`check_sections` too, going on from where the properties end (what the queue
+        manager does with a message it takes in).
 
         Raises:
-            MessageError: malformed header or properties.
+            MessageError: malformed header or properties (with ``check``: anything
+                :meth:`check_sections` refuses).
         """
         raw = self.raw
         header, front = self._header, self._front
+        if check:
+            if front is None:
+                _check_sections(raw, 0, HEADER - 1)
+            if header is None and raw[3:4] != b"\x45" and raw[:3] == _HEADER_PREFIX:  # (list0: nothing to check)
+                _check_header(raw)
         if front is not None:  # patched on the way in: the header is read already
             self._front = None
             durable, priority, ttl = front[0]
@@ -282,6 +296,8 @@ class Message:
             durable, priority, ttl = self.header_fields()
         if self._properties is not None:
             message_id, absolute = self._properties.message_id, self._properties.absolute_expiry_time
+            if check and front is not None:
+                _check_sections(raw, front[1], MESSAGE_ANNOTATIONS)
         else:
             message_id = absolute = None
             if front is None:
@@ -290,6 +306,8 @@ class Message:
             else:  # the patch knows where a properties section would start
                 at = front[1]
                 value_at = at + 3 if raw[at:at + 3] == _PROPERTIES_PREFIX else None
+                if check:  # the rest of the message, from the properties on
+                    _check_rest(raw, at, value_at)
             if value_at is not None:
                 count = _list_count(raw, value_at)
                 if count:
@@ -523,6 +541,86 @@ def _check_sections(raw: bytes, position: int, last: int) -> None:
                            f"{size} bytes")
 
 
+# The usual encodings of the header's fields (part 3, §3.2.1) and their widths: durable
+# and first-acquirer are booleans, priority a ubyte, ttl and delivery-count uints. (A
+# boolean 0x56 with its value byte goes to the decoder, which checks the value.)
+_BOOLEAN_FIELD = {0x40: 0, 0x41: 0, 0x42: 0}
+_UINT_FIELD = {0x40: 0, 0x43: 0, 0x52: 1, 0x70: 4}
+_HEADER_FIELD_WIDTHS = (_BOOLEAN_FIELD, {0x40: 0, 0x50: 1}, _UINT_FIELD, _BOOLEAN_FIELD, _UINT_FIELD)
+
+
+def _check_header(raw: bytes) -> None:
+    """The header section at the start of ``raw`` decodes in full, as a redelivery will
+    decode it (the fast reads take only the fields they need): the usual encodings are
+    walked here, anything else is decoded and type-checked (:class:`Header`).
+
+    Raises:
+        MessageError: it does not decode, or a field has the wrong type.
+    """
+    try:
+        if raw[3] == 0x45:  # list0
+            return
+        if raw[3] == 0xC0 and raw[5] <= 5:
+            position, index, count = 6, 0, raw[5]
+            while index < count:
+                width = _HEADER_FIELD_WIDTHS[index].get(raw[position])
+                if width is None:
+                    break  # an unusual encoding: decoded below
+                position += 1 + width
+                index += 1
+            else:
+                if position == 5 + raw[4]:
+                    return
+    except IndexError:
+        pass  # decoded below, which says what is wrong
+    try:
+        fields = decode(raw, 3)[0]
+    except DecodeError as exc:
+        raise MessageError(f"bad header section: {exc}") from None
+    Header(_expect(fields, list, HEADER))
+
+
+def _check_rest(raw: bytes, at: int, value_at: int | None) -> None:
+    """:func:`_check_sections` for a patched message (:class:`AnnotationPatch`): from ``at``,
+    where the sections after the message-annotations start; ``value_at`` is where the
+    properties' value starts (None: no properties). The usual shape — properties, then one
+    data or amqp-value section to the end — is read inline; anything else is walked."""
+    size = len(raw)
+    if value_at is None:
+        position, last = at, MESSAGE_ANNOTATIONS
+    else:
+        last = PROPERTIES
+        kind = raw[value_at] if value_at + 1 < size else -1  # -1: too short, skip() says so
+        if kind == 0x45:  # list0
+            position = value_at + 1
+        elif kind == 0xC0:  # list8
+            position = value_at + 2 + raw[value_at + 1]
+        else:
+            position = _skip_section(raw, value_at, PROPERTIES)
+    if position + 5 <= size and raw[position] == 0x00 and raw[position + 1] == 0x53:
+        code, kind = raw[position + 2], raw[position + 3]
+        if code == DATA or code == AMQP_VALUE:
+            if kind == 0xA0 or kind == 0xA1:  # vbin8, str8
+                if position + 5 + raw[position + 4] == size:
+                    return
+            elif (kind == 0xB0 or kind == 0xB1) and position + 8 <= size:  # vbin32, str32
+                if position + 8 + _U32(raw, position + 4)[0] == size:
+                    return
+    _check_sections(raw, position, last)
+
+
+def _skip_section(raw: bytes, at: int, code: int) -> int:
+    """The offset after the section value at ``at`` (of section ``code``).
+
+    Raises:
+        MessageError: it is malformed.
+    """
+    try:
+        return skip(raw, at)
+    except DecodeError as exc:
+        raise MessageError(f"malformed {_name(code)} section at offset {at - 3}: {exc}") from None
+
+
 def _section_order_error(code: int, last: int, at: int) -> None:
     if not HEADER <= code <= FOOTER:
         raise MessageError(f"unknown section descriptor 0x{code:02x} at offset {at}")
@@ -608,8 +706,11 @@ def _check_application_properties(raw: bytes, at: int) -> int:
                     raise MessageError(f"application-properties value of {key!r} at offset {value_at} is a "
                                        f"described {type(value).__name__}: only simple types are allowed "
                                        "(part 3, §3.2.5)")
-            else:  # binary; an unknown constructor raises
+            elif code == 0xA0 or code == 0xB0:  # binary
                 position = skip(raw, position)
+            else:  # (skip() would step over an unknown constructor of a known size class)
+                raise MessageError(f"application-properties value of {key!r} at offset {value_at}: unknown "
+                                   f"constructor 0x{code:02x}")
     except UnicodeDecodeError as exc:
         raise MessageError(f"application-properties entry at offset {key_at}"
                            f"{'' if key is None else f' (key {key!r})'}: invalid UTF-8: {exc.reason}") from None

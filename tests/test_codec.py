@@ -254,13 +254,17 @@ SIMPLE_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 
 def test_check_sections_passes_valid_messages_and_fails_only_cleanly_on_mutated_ones(properties, at, junk):
     message = build(b"body", durable=True, message_id="m", properties=properties)
     message.check_sections()
-    AnnotationPatch({Symbol("x-opt-martinet-cid"): "c"}).apply(message).check_sections()
+    patch = AnnotationPatch({Symbol("x-opt-martinet-cid"): "c"})
+    patch.apply(message).check_sections()
+    assert patch.apply(message).queue_info(0, check=True) == message.queue_info(0)
     raw = message.raw
     mutated = raw[:at % (len(raw) + 1)] + junk + raw[at % (len(raw) + 1) + len(junk):]
-    try:
-        Message(mutated).check_sections()
-    except MessageError:
-        pass  # anything else escaping would crash a connection
+    for check in (lambda: Message(mutated).check_sections(), lambda: Message(mutated).queue_info(0, check=True),
+                  lambda: patch.apply(Message(mutated)).queue_info(0, check=True)):
+        try:
+            check()
+        except MessageError:
+            pass  # anything else escaping would crash a connection
 
 
 def test_header_fields_of_the_wrong_type_are_refused():

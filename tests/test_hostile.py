@@ -339,6 +339,10 @@ MALFORMED = [  # (what, bytes, what the rejection must say)
     ("garbage after the header", section(HEADER, [True]) + b"\xff\xff\xff", "expected a described section"),
     ("a priority that is a string", section(HEADER, [True, "high"]) + BODY, "priority\\) must be a number"),
     ("a ttl that is a string", section(HEADER, [True, None, "soon"]) + BODY, "ttl\\) must be a number"),
+    ("a first-acquirer that is a string", section(HEADER, [True, None, None, "yes"]) + BODY,
+     "first-acquirer\\) must be a boolean"),
+    ("a header whose count lies (a redelivery decodes it)", b"\x00\x53\x70\xc0\x09\x6d\x41\x50\x03\x70\x00\x00"
+     b"\x13\x88" + BODY, "bad header section: .*at offset"),
     ("an expiry time that is a string", section(PROPERTIES, ["id", None, None, None, None, None, None, None, "soon"])
      + BODY, "absolute-expiry-time\\) must be a timestamp"),
 ]

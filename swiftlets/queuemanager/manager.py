@@ -399,8 +399,8 @@ class QueueManager:
                                   f"{self.max_message_size} (queue {queue.name})")
         queue.check_room()
         try:
-            message.check_sections()  # what consumers and selectors will read must be readable
-            durable, priority, expires, message_id = message.queue_info(now)
+            # with check: what consumers and selectors will read must be readable (check_sections)
+            durable, priority, expires, message_id = message.queue_info(now, check=True)
         except MessageError as exc:
             raise QueueError(f"malformed message for queue {queue.name}: {exc}") from None
         settings = queue.settings
@@ -505,8 +505,7 @@ class QueueManager:
                                   f"{self.max_message_size}")
         now = now_ms()
         try:
-            message.check_sections()
-            durable, priority, expires, _ = message.queue_info(now)
+            durable, priority, expires, _ = message.queue_info(now, check=True)
         except MessageError as exc:
             raise QueueError(f"malformed message: {exc}") from None
         if expires is not None and expires <= now:
