@@ -45,7 +45,6 @@ from typing import Any
 import trio
 
 from martinet.kernel import Router
-from martinet.messaging.amqp.wire import AMQP_HEADER, SASL_HEADER
 from martinet.messaging.codec import (
     Array,
     Decimal,

@@ -39,7 +39,20 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from .codec import DecodeError, Described, Symbol, Timestamp, UByte, UInt, ULong, decode, encode, skip
+from .codec import (
+    _FIXED_WIDTH,
+    Array,
+    DecodeError,
+    Described,
+    Symbol,
+    Timestamp,
+    UByte,
+    UInt,
+    ULong,
+    decode,
+    encode,
+    skip,
+)
 
 __all__ = ["Message", "MessageError", "MessageFieldError", "Header", "Properties", "AnnotationPatch", "build", "SECTIONS"]
 
@@ -78,11 +91,19 @@ class Header:
         """Raises: MessageError: priority, ttl or delivery-count is not an unsigned number
         of its width (ubyte, uint, uint) — the broker computes with them."""
         fields = list(fields) + [None] * (5 - len(fields))
+        for index, (name, kind) in enumerate(_HEADER_TYPES):
+            value = fields[index]
+            if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+                raise MessageError(f"header field {index} ({name}) must be a {'boolean' if kind is bool else 'number'}"
+                                   f", found {type(value).__name__} {value!r:.40}")
         self.durable = bool(fields[0])
         self.priority = 4 if fields[1] is None else _unsigned(fields[1], 0xFF, "priority")
         self.ttl = None if fields[2] is None else _unsigned(fields[2], 0xFFFFFFFF, "ttl")
         self.first_acquirer = bool(fields[3])
         self.delivery_count = _unsigned(fields[4], 0xFFFFFFFF, "delivery-count") if fields[4] else 0
+
+
+_HEADER_TYPES = (("durable", bool), ("priority", int), ("ttl", int), ("first-acquirer", bool), ("delivery-count", int))
 
 
 class Properties:
@@ -159,6 +180,36 @@ class Message:
             MessageError: not a sequence of AMQP message sections.
         """
         return _find_sections(self.raw)
+
+    def check_sections(self) -> None:
+        """Check, cheaply, what the broker relies on in a message it takes in, before it is
+        queued: every section is framed right (its size within the bytes, the last one
+        ending where the bytes end), known and in order, and the application-properties
+        are a map with string keys and simple values (part 3, §3.2.5: "The keys of this map
+        are restricted to be of type string ... and the values are restricted to be of
+        simple types only, that is, excluding map, list, and array types"), keys and string
+        values valid UTF-8, and the header decodes in full with fields of their types. A
+        selector reads that map and the header, and a redelivery decodes the header and
+        splices a new one into the framing, so a message that fails here would fail later,
+        at a consumer.
+
+        Values are stepped over, not decoded, except the application-properties' strings
+        and the header's unusual encodings. The properties are left to :meth:`queue_info`
+        (which reads what the queue needs) and to selectors (which skip a message they
+        cannot read). The queue manager runs this check inside ``queue_info(check=True)``,
+        in the same pass; alone, call it before ``queue_info``, since it starts after the
+        sections an :class:`AnnotationPatch` read on the way in.
+
+        Raises:
+            MessageError: what is wrong, naming the section and the byte offset.
+        """
+        raw, front = self.raw, self._front
+        if front is not None:  # header and annotations were read by the patch: start after them
+            _check_sections(raw, front[1], MESSAGE_ANNOTATIONS)
+        else:
+            _check_sections(raw, 0, HEADER - 1)
+        if raw[:3] == _HEADER_PREFIX and self._header is None:
+            _check_header(raw)
 
     def validate(self) -> None:
         """Check the bytes once: sections in order, no unknown section, metadata decodable.
@@ -248,19 +299,27 @@ class Message:
         ttl = self.header.ttl
         return arrival_ms + ttl if ttl else None
 
-    def queue_info(self, arrival_ms: int) -> tuple[bool, int, int | None, Any]:
+    def queue_info(self, arrival_ms: int, *, check: bool = False) -> tuple[bool, int, int | None, Any]:
         """``(durable, priority 0-9, absolute expiry or None, message-id)`` without caching.
 
         The queue manager's per-message path, one pass: the header is read where it always
         is (first); the properties are walked once, decoding the message-id (field 1) and,
         when their count shows it may be there, ``absolute-expiry-time`` (field 9), and only
-        skipping over the fields between.
+        skipping over the fields between. With ``check`` the same pass does
+        :meth:`check_sections` too, going on from where the properties end (what the queue
+        manager does with a message it takes in).
 
         Raises:
-            MessageError: malformed header or properties.
+            MessageError: malformed header or properties (with ``check``: anything
+                :meth:`check_sections` refuses).
         """
         raw = self.raw
         header, front = self._header, self._front
+        if check:
+            if front is None:
+                _check_sections(raw, 0, HEADER - 1)
+            if header is None and raw[3:4] != b"\x45" and raw[:3] == _HEADER_PREFIX:  # (list0: nothing to check)
+                _check_header(raw)
         if front is not None:  # patched on the way in: the header is read already
             self._front = None
             durable, priority, ttl = front[0]
@@ -274,6 +333,8 @@ class Message:
             durable, priority, ttl = self.header_fields()
         if self._properties is not None:
             message_id, absolute = self._properties.message_id, self._properties.absolute_expiry_time
+            if check and front is not None:
+                _check_sections(raw, front[1], MESSAGE_ANNOTATIONS)
         else:
             message_id = absolute = None
             if front is None:
@@ -282,6 +343,8 @@ class Message:
             else:  # the patch knows where a properties section would start
                 at = front[1]
                 value_at = at + 3 if raw[at:at + 3] == _PROPERTIES_PREFIX else None
+                if check:  # the rest of the message, from the properties on
+                    _check_rest(raw, at, value_at)
             if value_at is not None:
                 count = _list_count(raw, value_at)
                 if count:
@@ -300,6 +363,9 @@ class Message:
                     if absolute is not None and (not isinstance(absolute, int) or isinstance(absolute, bool)):
                         raise MessageFieldError(f"absolute-expiry-time is not a timestamp: {absolute!r}"[:200])
         if absolute:
+            if not isinstance(absolute, int) or isinstance(absolute, bool):
+                raise MessageError(f"properties field 8 (absolute-expiry-time) must be a timestamp, "
+                                   f"found {type(absolute).__name__} {absolute!r:.40}")
             expiry: int | None = int(absolute)
         elif ttl:
             expiry = arrival_ms + ttl
@@ -600,6 +666,7 @@ def _name(code: int) -> str:
     return f"0x{code:x}"
 
 
+_U32 = struct.Struct(">I").unpack_from
 _HEADER_PREFIX, _DELIVERY_ANNOTATIONS_PREFIX, _PROPERTIES_PREFIX = b"\x00\x53\x70", b"\x00\x53\x71", b"\x00\x53\x73"
 _DEFAULT_HEADER_FIELDS = (False, 4, None)
 _UINT_CODES = frozenset((0x40, 0x43, 0x52, 0x70))
@@ -719,6 +786,224 @@ def _front(raw: bytes) -> tuple[int, tuple[bool, int, int | None]] | None:
     if len(following) < 3 or following[:2] != b"\x00\x53" or following[2] <= MESSAGE_ANNOTATIONS:
         return None
     return position, header_fields
+
+
+def _check_sections(raw: bytes, position: int, last: int) -> None:
+    """:meth:`Message.check_sections` from ``position`` on, the section before it having
+    code ``last`` (``HEADER - 1``: none). The usual descriptor encoding (``0x00 0x53
+    code``) and the usual sizes are read inline (this runs for every message taken in); a
+    section described otherwise sends the whole message through :func:`_find_sections`."""
+    size = len(raw)
+    code = last
+    try:
+        while position < size:
+            if raw[position:position + 2] != b"\x00\x53" or position + 3 >= size:
+                offsets = _find_sections(raw)  # an unusual descriptor encoding, or cut short: the full walk
+                span = offsets.get(APPLICATION_PROPERTIES)
+                if span is not None:
+                    _check_application_properties(raw, span[1])
+                return
+            code = raw[position + 2]
+            if (code <= last and (code != last or code not in _BODY)) or code > FOOTER:
+                _section_order_error(code, last, position)
+            at = position + 3
+            kind = raw[at]
+            if code == APPLICATION_PROPERTIES:
+                position = _check_application_properties(raw, at)
+            elif kind == 0x45:  # list0 (an empty header or properties)
+                position = at + 1
+            elif kind == 0xA0 or kind == 0xC0:  # vbin8 (a small data section), list8
+                position = at + 2 + raw[at + 1]
+            else:
+                position = skip(raw, at)
+            last = code
+    except (DecodeError, IndexError) as exc:
+        raise MessageError(f"malformed {_name(code)} section at offset {position}: {exc}") from None
+    if position > size:
+        raise MessageError(f"malformed {_name(code)} section: it ends at offset {position}, after the message's "
+                           f"{size} bytes")
+
+
+# The usual encodings of the header's fields (part 3, §3.2.1) and their widths: durable
+# and first-acquirer are booleans, priority a ubyte, ttl and delivery-count uints. (A
+# boolean 0x56 with its value byte goes to the decoder, which checks the value.)
+_BOOLEAN_FIELD = {0x40: 0, 0x41: 0, 0x42: 0}
+_UINT_FIELD = {0x40: 0, 0x43: 0, 0x52: 1, 0x70: 4}
+_HEADER_FIELD_WIDTHS = (_BOOLEAN_FIELD, {0x40: 0, 0x50: 1}, _UINT_FIELD, _BOOLEAN_FIELD, _UINT_FIELD)
+
+
+def _check_header(raw: bytes) -> None:
+    """The header section at the start of ``raw`` decodes in full, as a redelivery will
+    decode it (the fast reads take only the fields they need): the usual encodings are
+    walked here, anything else is decoded and type-checked (:class:`Header`).
+
+    Raises:
+        MessageError: it does not decode, or a field has the wrong type.
+    """
+    try:
+        if raw[3] == 0x45:  # list0
+            return
+        if raw[3] == 0xC0 and raw[5] <= 5:
+            position, index, count = 6, 0, raw[5]
+            while index < count:
+                width = _HEADER_FIELD_WIDTHS[index].get(raw[position])
+                if width is None:
+                    break  # an unusual encoding: decoded below
+                position += 1 + width
+                index += 1
+            else:
+                if position == 5 + raw[4]:
+                    return
+    except IndexError:
+        pass  # decoded below, which says what is wrong
+    try:
+        fields = decode(raw, 3)[0]
+    except DecodeError as exc:
+        raise MessageError(f"bad header section: {exc}") from None
+    Header(_expect(fields, list, HEADER))
+
+
+def _check_rest(raw: bytes, at: int, value_at: int | None) -> None:
+    """:func:`_check_sections` for a patched message (:class:`AnnotationPatch`): from ``at``,
+    where the sections after the message-annotations start; ``value_at`` is where the
+    properties' value starts (None: no properties). The usual shape — properties, then one
+    data or amqp-value section to the end — is read inline; anything else is walked."""
+    size = len(raw)
+    if value_at is None:
+        position, last = at, MESSAGE_ANNOTATIONS
+    else:
+        last = PROPERTIES
+        kind = raw[value_at] if value_at + 1 < size else -1  # -1: too short, skip() says so
+        if kind == 0x45:  # list0
+            position = value_at + 1
+        elif kind == 0xC0:  # list8
+            position = value_at + 2 + raw[value_at + 1]
+        else:
+            position = _skip_section(raw, value_at, PROPERTIES)
+    if position + 5 <= size and raw[position] == 0x00 and raw[position + 1] == 0x53:
+        code, kind = raw[position + 2], raw[position + 3]
+        if code == DATA or code == AMQP_VALUE:
+            if kind == 0xA0 or kind == 0xA1:  # vbin8, str8
+                if position + 5 + raw[position + 4] == size:
+                    return
+            elif (kind == 0xB0 or kind == 0xB1) and position + 8 <= size:  # vbin32, str32
+                if position + 8 + _U32(raw, position + 4)[0] == size:
+                    return
+    _check_sections(raw, position, last)
+
+
+def _skip_section(raw: bytes, at: int, code: int) -> int:
+    """The offset after the section value at ``at`` (of section ``code``).
+
+    Raises:
+        MessageError: it is malformed.
+    """
+    try:
+        return skip(raw, at)
+    except DecodeError as exc:
+        raise MessageError(f"malformed {_name(code)} section at offset {at - 3}: {exc}") from None
+
+
+def _section_order_error(code: int, last: int, at: int) -> None:
+    if not HEADER <= code <= FOOTER:
+        raise MessageError(f"unknown section descriptor 0x{code:02x} at offset {at}")
+    raise MessageError(f"section {_name(code)} out of order at offset {at} (after {_name(last)})")
+
+
+# Application-property values by constructor: fixed-width ones any bytes of which are valid
+# (stepped over), those whose bytes can be invalid (boolean 0x56, char, text) or that hold
+# another value (described), which are decoded, and the compound ones, which are refused.
+_SIMPLE_WIDTH = {code: width for code, width in _FIXED_WIDTH.items() if code not in (0x45, 0x56, 0x73)}
+_DECODED_VALUES = frozenset({0x00, 0x56, 0x73, 0xA3, 0xB1, 0xB3})
+_COMPOUND = {0x45: "list", 0xC0: "list", 0xD0: "list", 0xC1: "map", 0xD1: "map", 0xE0: "array", 0xF0: "array"}
+
+
+def _check_application_properties(raw: bytes, at: int) -> int:
+    """Check the application-properties map encoded at ``at`` (part 3, §3.2.5) and return
+    the offset after it.
+
+    Raises:
+        MessageError: not a map, a key that is not a string, a map, list or array value,
+            invalid UTF-8, or a size that does not add up; with the key and the offset.
+    """
+    size = len(raw)
+    try:
+        code = raw[at]
+        if code == 0xC1:
+            count, position, end = raw[at + 2], at + 3, at + 2 + raw[at + 1]
+        elif code == 0xD1:
+            count, position, end = _U32(raw, at + 5)[0], at + 9, at + 5 + _U32(raw, at + 1)[0]
+        elif code == 0x40:  # null: read as no properties
+            return at + 1
+        else:
+            kind = _COMPOUND.get(code) or f"value with constructor 0x{code:02x}"
+            raise MessageError(f"application-properties at offset {at} must be a map (part 3, §3.2.5), found a {kind}")
+    except (IndexError, struct.error):
+        raise MessageError(f"application-properties at offset {at}: truncated") from None
+    if end > size:
+        raise MessageError(f"application-properties at offset {at}: its size says {end - at} bytes, "
+                           f"{size - at} are left")
+    if count & 1:
+        raise MessageError(f"application-properties at offset {at}: a map needs an even count, found {count}")
+    if 3 * (count >> 1) > end - position:  # an entry takes 3 bytes at least (key 2, value 1)
+        raise MessageError(f"application-properties at offset {at}: {count >> 1} entries cannot fit in "
+                           f"{end - position} bytes")
+    key, key_at = None, position
+    try:
+        for _ in range(count >> 1):
+            key, key_at = None, position
+            code = raw[position]
+            if code == 0xA1:
+                position += 2 + raw[position + 1]
+                if position > end:
+                    raise DecodeError(f"truncated key at offset {key_at}")
+                key = raw[key_at + 2:position].decode()
+            elif code == 0xB1:
+                position += 5 + _U32(raw, position + 1)[0]
+                if position > end:
+                    raise DecodeError(f"truncated key at offset {key_at}")
+                key = raw[key_at + 5:position].decode()
+            else:
+                found = {0xA3: "symbol", 0xB3: "symbol", 0x40: "null"}.get(code) or f"constructor 0x{code:02x}"
+                raise MessageError(f"application-properties key at offset {key_at} must be a string "
+                                   f"(part 3, §3.2.5), found a {found}")
+            value_at = position
+            code = raw[position]
+            if code == 0xA1:  # the usual value: a short string, checked here
+                position += 2 + raw[position + 1]
+                if position > end:
+                    raise DecodeError(f"truncated string at offset {value_at}")
+                raw[value_at + 2:position].decode()
+                continue
+            width = _SIMPLE_WIDTH.get(code)
+            if width is not None:  # numbers, null, true, false, timestamps, uuids: any bytes are valid
+                position += 1 + width
+            elif code in _COMPOUND:
+                raise MessageError(f"application-properties value of {key!r} at offset {value_at} is a "
+                                   f"{_COMPOUND[code]}: only simple types are allowed (part 3, §3.2.5)")
+            elif code in _DECODED_VALUES:  # rarer values whose bytes can be wrong: the decoder checks
+                value, position = decode(raw, value_at)
+                while isinstance(value, Described):  # what counts is the described value's type
+                    value = value.value
+                if isinstance(value, (list, dict, Array)):
+                    raise MessageError(f"application-properties value of {key!r} at offset {value_at} is a "
+                                       f"described {type(value).__name__}: only simple types are allowed "
+                                       "(part 3, §3.2.5)")
+            elif code == 0xA0 or code == 0xB0:  # binary
+                position = skip(raw, position)
+            else:  # (skip() would step over an unknown constructor of a known size class)
+                raise MessageError(f"application-properties value of {key!r} at offset {value_at}: unknown "
+                                   f"constructor 0x{code:02x}")
+    except UnicodeDecodeError as exc:
+        raise MessageError(f"application-properties entry at offset {key_at}"
+                           f"{'' if key is None else f' (key {key!r})'}: invalid UTF-8: {exc.reason}") from None
+    except (DecodeError, IndexError, struct.error) as exc:
+        raise MessageError(f"application-properties entry at offset {key_at}"
+                           f"{'' if key is None else f' (key {key!r})'}: malformed: {exc or 'truncated'}") from None
+    if position != end:
+        raise MessageError(f"application-properties at offset {at}: its entries end at offset {position}, "
+                           f"its size says {end}")
+    return end
 
 
 def _find_sections(raw: bytes) -> dict[int, tuple[int, int, int]]:

@@ -55,7 +55,6 @@ from typing import Any
 import attrs
 
 from .like import LikePatternError, like_pattern
-from .message import MessageError
 
 __all__ = ["SelectorError", "Selector", "compile_selector", "message_identifiers"]
 

@@ -201,6 +201,9 @@ def test_an_annotation_patch_adds_annotations_and_what_it_read_on_the_way_matche
     assert fresh.message_annotations == {**original.message_annotations, "x-opt-martinet-cid": "client-1"}
     assert fresh.body() == original.body()
     fresh.validate()
+    original.check_sections()
+    patch.apply(original).check_sections()  # starts after what the patch read
+    fresh.check_sections()
 
 
 @pytest.mark.parametrize(
@@ -216,6 +219,59 @@ def test_an_annotation_patch_adds_annotations_and_what_it_read_on_the_way_matche
 def test_malformed_messages_are_refused(raw, message):
     with pytest.raises(MessageError, match=message):
         Message(raw).validate()
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"\x41", "expected a described section at offset 0"),
+        (b"\x00\x53\x99\x45", "unknown section descriptor 0x99 at offset 0"),
+        (encode(Described(ULong(0x73), [])) + encode(Described(ULong(0x70), [])), "section header out of order"),
+        (encode(Described(ULong(0x75), b"a")) + encode(Described(ULong(0x74), {})), "application-properties out of"),
+        (b"\x00\x53\x70\xc0\x09", "malformed header section: it ends at offset 14, after the message's 5 bytes"),
+        (b"\x00\x53\x75\xb0\x00\x00\x01\x00xx", "malformed data section at offset 0"),
+        (encode(Described(ULong(0x74), [1, 2])), "must be a map .*found a list"),
+        (encode(Described(ULong(0x74), {Symbol("k"): 1})), "key at offset 6 must be a string .*symbol"),
+        (encode(Described(ULong(0x74), {"k": {"a": 1}})), "value of 'k' at offset 9 is a map"),
+        (encode(Described(ULong(0x74), {"k": b"\x00"})) + b"\x00", "malformed section at offset 12"),
+        (b"\x00\x53\x74\xc1\x05\x02\xa1\x01k\x56\x02", "entry at offset 6 \\(key 'k'\\): malformed: invalid boolean"),
+        (b"\x00\x53\x74\xc1\x07\x02\xa1\x01k\xa1\x01\xff", "invalid UTF-8"),
+        (b"\x00\x53\x74\xd1\x00\x00\x00\x04\x00\x00\x00\x04", "2 entries cannot fit in 0 bytes"),
+        (encode(Described(Symbol("amqp:application-properties:map"), [1])), "must be a map"),
+    ],
+)
+def test_check_sections_refuses_what_consumers_could_not_read(raw, message):
+    with pytest.raises(MessageError, match=message):
+        Message(raw).check_sections()
+
+
+SIMPLE_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1), st.floats(allow_nan=False),
+                          st.text(max_size=20), st.binary(max_size=20), st.uuids())
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.text(max_size=10), SIMPLE_VALUES, max_size=6), st.integers(0, 200), st.binary(max_size=3))
+def test_check_sections_passes_valid_messages_and_fails_only_cleanly_on_mutated_ones(properties, at, junk):
+    message = build(b"body", durable=True, message_id="m", properties=properties)
+    message.check_sections()
+    patch = AnnotationPatch({Symbol("x-opt-martinet-cid"): "c"})
+    patch.apply(message).check_sections()
+    assert patch.apply(message).queue_info(0, check=True) == message.queue_info(0)
+    raw = message.raw
+    mutated = raw[:at % (len(raw) + 1)] + junk + raw[at % (len(raw) + 1) + len(junk):]
+    for check in (lambda: Message(mutated).check_sections(), lambda: Message(mutated).queue_info(0, check=True),
+                  lambda: patch.apply(Message(mutated)).queue_info(0, check=True)):
+        try:
+            check()
+        except MessageError:
+            pass  # anything else escaping would crash a connection
+
+
+def test_header_fields_of_the_wrong_type_are_refused():
+    with pytest.raises(MessageError, match="header field 1 \\(priority\\) must be a number, found str"):
+        Message(encode(Described(ULong(0x70), [True, "high"]))).queue_info(0)
+    with pytest.raises(MessageError, match="absolute-expiry-time\\) must be a timestamp, found str"):
+        Message(encode(Described(ULong(0x73), ["id"] + [None] * 7 + ["soon"]))).queue_info(0)
 
 
 def test_symbolic_descriptors_are_understood():

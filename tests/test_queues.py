@@ -555,7 +555,7 @@ async def test_controllers_give_settings_to_unlisted_queues(make_broker):
     running = make_broker(manager="", queues="")
     await running.start()
     queue_manager = running.queue_manager
-    assert queue_manager.queue("tmp$99").settings.persistence_mode == "non_persistent"
+    assert queue_manager.create_temporary_queue(object()).settings.persistence_mode == "non_persistent"
     assert queue_manager.queue("plain").settings.consumer_mode == "shared"
     assert queue_manager.settings_for("routerdlq").name == "06"
     running.router.management.add("/sys$queuemanager/queue-controllers", "00", {

@@ -60,8 +60,18 @@ class Principal(Protocol):
 
     def check_queue(self, queue: str, action: str) -> None:
         """Whether ``action`` (one of :data:`QUEUE_ACTIONS`) on ``queue`` (``q`` or
-        ``q@router``) is granted. Queue names containing ``$`` (temporary, durable-subscriber
-        and system queues) are not checked.
+        ``q@router``) is granted.
+
+        A queue name containing ``$`` is a system name (the router's: routing, system,
+        durable-subscriber and temporary queues) and is granted only by a grant that names
+        it explicitly: a grant of exactly that name, or else the first predicate grant (in
+        name order) that contains ``$`` itself and matches (``rt$%``, ``sys$mgmt%``; ``%``
+        does not count). This holds also when authentication is off: then every other check
+        passes, this one still reads the principal's group's grants. Temporary and
+        durable-subscriber queues have owners, which the caller checks first (anyone may
+        send to a temporary queue, only its connection receive from it; a durable
+        subscription's queue is used only through the subscription), so a listener asks
+        here only for the other ``$`` names.
 
         Raises:
             AccessDenied: not granted.
@@ -85,7 +95,7 @@ class Authentication(Protocol):
     def enabled(self) -> bool:
         """Whether users, passwords and grants are checked (``authentication-enabled``);
         when not, every login succeeds and everything is granted (host access lists still
-        apply)."""
+        apply) except queues with ``$`` in their names (see :meth:`Principal.check_queue`)."""
 
     def refusal_delay(self, host: str) -> float:
         """Seconds a listener waits before it answers a refused login from ``host`` (0 for a

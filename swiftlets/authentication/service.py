@@ -9,15 +9,20 @@ the exception carries only what the client may be told. Each login and check rea
 live configuration (the swiftlet's entity), so runtime changes apply at once.
 
 - ``authentication-enabled="false"`` (the default, as SwiftMQ ships): every login
-  succeeds and everything is granted; host access lists still apply.
+  succeeds and everything is granted — host access lists and the system-name rule below
+  still apply.
 - A user has a password, a group and a host access list (SQL-LIKE host patterns; empty:
   any host). Each group has queue grants and topic grants; a grant names a queue or topic
   or is a SQL-LIKE predicate. For a destination the grant of that exact name decides,
   else the first predicate grant (in name order) that matches; no grant, no access.
 - The group ``public`` exists always; ``anonymous`` logins (no user name) are allowed when
   ``allow-anonymous`` is on and get the ``public`` group's grants.
-- Queue names containing ``$`` (temporary, durable-subscriber and system queues) are not
-  checked here, as in SwiftMQ: their owners are checked where they are used.
+- Queue names containing ``$`` are system names, the router's. Temporary and
+  durable-subscriber queues have owners, checked where they are used (the listener); any
+  other ``$`` name is granted only by a grant that names it explicitly — one of exactly
+  that name, or a predicate grant that contains ``$`` itself (``rt$%``; the catch-all ``%``
+  does not count) — whether authentication is on or off. (SwiftMQ did not check ``$``
+  names at all; a client could then read another client's durable subscription.)
 
 Passwords: a configured password is plain text (as SwiftMQ keeps them) or a salted hash
 ``pbkdf2-sha256$…`` (:mod:`martinet.kernel.passwords`, ``martinet hash-password``); the
@@ -46,11 +51,11 @@ import attrs
 import trio
 
 from martinet.kernel import SwiftletContext
+from martinet.kernel.passwords import hash_password, is_hashed, verify_password
 from martinet.messaging.like import LikePatternError, like_pattern
 
 from .api import QUEUE_ACTIONS, TOPIC_ACTIONS, AccessDenied, AuthenticationFailed
 from .config import GroupConfig, UserConfig
-from martinet.kernel.passwords import hash_password, is_hashed, verify_password
 
 __all__ = ["Authentication", "Principal"]
 
@@ -64,11 +69,15 @@ _DUMMY_HASH = hash_password("not a password", salt=b"martinet-dummy..")
 _DUMMY_PLAIN = "not a password"
 
 
-def _grant(grants: Mapping[str, Any], name: str) -> Any:
+def _grant(grants: Mapping[str, Any], name: str, *, explicit: bool = False) -> Any:
+    """The grant of exactly ``name``, else the first predicate grant (in name order) that
+    matches it — with ``explicit``, only among predicates that contain ``$`` themselves."""
     exact = grants.get(name)
     if exact is not None:
         return exact
     for grant_name in sorted(grants):
+        if explicit and "$" not in grant_name:
+            continue
         try:
             if like_pattern(grant_name).fullmatch(name):
                 return grants[grant_name]
@@ -88,14 +97,20 @@ class Principal:
     _auth: Authentication = attrs.field(repr=False, eq=False)
 
     def check_queue(self, queue: str, action: str) -> None:
-        """Raises: AccessDenied unless ``action`` (send, receive, browse) on ``queue`` is granted."""
+        """Raises: AccessDenied unless ``action`` (send, receive, browse) on ``queue`` is
+        granted; a name with ``$`` needs a grant naming it explicitly, also when
+        authentication is off (:meth:`.api.Principal.check_queue`)."""
         if action not in QUEUE_ACTIONS:
             raise ValueError(f"unknown queue action {action!r}")
-        if not self._checked or "$" in queue:
+        name = queue.split("@", 1)[0]
+        system = "$" in name
+        if not self._checked and not system:
             return
-        grant = _grant(self._auth._group(self.group).queue_grants, queue.split("@", 1)[0])
+        grant = _grant(self._auth._group(self.group).queue_grants, name, explicit=system)
         if grant is None or not getattr(grant, f"{action}_grant"):
-            self._auth._denied(self, f"{action} on queue {queue!r}")
+            self._auth._denied(self, f"{action} on queue {queue!r}" + (
+                " (a system name: only a grant naming it, or a predicate grant with '$' in it, allows that)"
+                if system and grant is None else ""))
 
     def check_topic(self, topic: str, action: str) -> None:
         """Raises: AccessDenied unless ``action`` (publish, subscribe, durable) on ``topic`` is granted."""

@@ -50,6 +50,14 @@ framing or the encoding (``amqp:decode-error``) is one WARNING line with the pee
 reason (:class:`BrokenInputLog`: at most 10 a minute per host, then a count), and a
 message whose metadata is malformed or of the wrong type is rejected with
 ``amqp:invalid-field``.
+
+Queue access (:meth:`AmqpConnection._check_queue`) is decided before a queue is looked up
+or created, so a refused attach leaves nothing behind. Names containing ``$`` are the
+router's: a temporary queue (``tmp$…``) takes sends from anyone (a reply-to) and receivers
+only from the connection that created it; a durable subscription's queue is used only as
+the durable subscription (its topic, the client id that created it); any other ``$`` name
+needs a grant naming it explicitly (:meth:`Principal.check_queue`), with authentication on
+or off, and must exist: a client never creates a ``$`` queue.
 """
 
 from __future__ import annotations
@@ -93,6 +101,7 @@ from martinet.messaging.message import AnnotationPatch, Message, MessageError, M
 from martinet.messaging.selector import SelectorError, compile_selector
 from martinet.swiftlets.authentication.api import AccessDenied, AuthenticationFailed
 from martinet.swiftlets.queuemanager.api import (
+    TEMPORARY_PREFIX,
     ConsumerRefused,
     MalformedMessage,
     MessageTooLarge,
@@ -768,9 +777,7 @@ class AmqpConnection:
                 if self.principal is not None:
                     self.principal.check_topic(address, action)
             else:
-                self._queue(address)
-                if self.principal is not None:
-                    self.principal.check_queue(address, action)
+                self._check_queue(address, action)
         except _Refused:
             raise
         except QueueNotFound as exc:
@@ -819,6 +826,59 @@ class AmqpConnection:
         queue = self.queue_manager.create_temporary_queue(self)
         self.temporary += 1
         return queue
+
+    def _check_queue(self, address: str, action: str) -> None:
+        """Whether this connection may ``action`` (send, receive, browse) queue ``address``;
+        if so, the queue exists afterwards (created on first use where that is allowed).
+
+        Everything is decided before the queue is looked up or created, so a refusal leaves
+        nothing behind. Names containing ``$`` are the router's, with these rules whether
+        authentication is on or off:
+
+        - a temporary queue (``tmp$…``): anyone may send to it while it exists (it is a
+          reply-to address); only the connection that created it may receive from or
+          browse it;
+        - a durable subscription's queue: never as a queue; attach to its topic as a durable
+          subscriber, with the client id that created it;
+        - any other ``$`` name: only with a grant that names it explicitly
+          (:meth:`Principal.check_queue`; without ``sys$authentication`` there are no grants,
+          so never), and only if it exists: a client never creates a ``$`` queue.
+
+        Receiving from or browsing a queue on another router (``q@other``) is refused.
+
+        Raises:
+            _Refused, AccessDenied, QueueNotFound, QueueError (mapped by :meth:`_check`).
+        """
+        name, at, router = address.rpartition("@")
+        if not at:
+            name = address
+        remote = bool(at) and router != self.swiftlet.router_name
+        if remote and action != "send":
+            raise _Refused("amqp:not-found", f"cannot {action} queue {address!r}: it is on router {router}, "
+                           f"and only queues of this router ({self.swiftlet.router_name}) can be read here")
+        if "$" not in name:
+            if self.principal is not None:
+                self.principal.check_queue(address, action)
+            self._queue(address)  # created on first use if auto-create-queues is on (counted)
+            return
+        if name.startswith(TEMPORARY_PREFIX):
+            if remote:
+                return  # a reply-to on another router: routing takes it there
+            queue = self.queue_manager.queues.get(name)
+            if queue is None:
+                raise QueueNotFound(f"temporary queue {name!r} does not exist on router {self.swiftlet.router_name}")
+            if action != "send" and queue.owner is not self:
+                raise AccessDenied(f"cannot {action} temporary queue {name!r}: only the connection that created "
+                                   "it may receive from it")
+            return
+        if not remote and self.topic_manager is not None and self.topic_manager.is_durable_queue(name):
+            raise AccessDenied(f"cannot {action} queue {name!r} as a queue: it is a durable subscription's; attach "
+                               "to its topic as a durable subscriber, with the client id that created it")
+        if self.principal is None:
+            raise AccessDenied(f"cannot {action} queue {address!r}: a name with '$' is the router's, and without "
+                               "sys$authentication no grant can name it")
+        self.principal.check_queue(address, action)
+        self.queue_manager.queue(address, create=False)  # a client never creates a '$' queue
 
     def _attach_incoming(self, link: amqp.Link) -> IncomingLink | CoordinatorLink:
         # Announced in our attach [2.7.3]: the engine detaches the link with
@@ -918,6 +978,8 @@ class AmqpConnection:
         if subscription is None:
             raise _Refused("amqp:not-found", f"no durable subscription {link.name!r} for client {self.client_id!r}")
         self._check_not_in_use(link.name)
+
+        self._check(subscription.topic.text, "durable", topic=True)  # the grant, as for the attach that made it
         link.source = amqp.Terminus(kind=amqp.SOURCE, address=f"{TOPIC_PREFIX}{subscription.topic.text}",
                                     durable=2, expiry_policy="never")  # the request's source was null
         return OutgoingLink(self, link, subscription.consumer(), durable=(self.client_id or "", link.name))

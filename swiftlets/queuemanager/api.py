@@ -11,14 +11,23 @@ Theory of operation, for callers
 **Names.** ``q`` and ``q@<this router>`` name the local queue ``q``; ``q@other`` goes to the
 local queue a redirection names (routing installs ``%@other`` → ``rt$other``), or raises
 :class:`QueueNotFound`. Unknown local queues are created on first use when the manager's
-``auto-create-queues`` is on and the router holds fewer than ``max-queues`` queues.
+``auto-create-queues`` is on and the router holds fewer than ``max-queues`` queues —
+except temporary ones (``tmp$…``, :data:`TEMPORARY_PREFIX`), which only
+:meth:`QueueManager.create_temporary_queue` makes. A valid name is what
+:func:`check_queue_name` accepts. Names containing ``$`` are the router's (temporary,
+durable-subscriber, routing and system queues); which clients may use them is the
+listener's and the authentication swiftlet's business, not the queue manager's.
 
 **Sending.** :meth:`QueueManager.send` returns once a persistent message is durable;
 :meth:`QueueManager.send_nowait` returns at once and reports durability through a callback
 (a listener settles the producer's delivery there); :meth:`QueueManager.send_to_queues`
 fans one message out to several queues (a topic publish). A send returns a
 :class:`SendResult`: the flow-control delay the producer should observe before its next
-send, and whether the message was dropped as a duplicate.
+send, and whether the message was dropped as a duplicate. Every message is checked on the way
+in (:meth:`~messaging.message.Message.check_sections`: framing, section order,
+application-properties as part 3 §3.2.5 has them; then the header and properties the queue
+reads): a malformed one raises :class:`QueueError` saying what is wrong and where, and
+nothing of it is queued.
 
 **Receiving.** ``queue(address).consumer(selector)`` attaches a :class:`Consumer`. It
 receives only within its credit (AMQP link credit: :meth:`Consumer.flow`,
@@ -53,6 +62,8 @@ from martinet.messaging.selector import Selector
 from .config import QueueSettings
 
 __all__ = [
+    "check_queue_name",
+    "TEMPORARY_PREFIX",
     "QueueManager",
     "Queue",
     "Consumer",
@@ -111,6 +122,24 @@ class ConsumerRefused(QueueError):
 
 class TransactionError(QueueError):
     """The transaction is not in a state that allows the request."""
+
+
+# -- names ----------------------------------------------------------------------------------
+
+#: The prefix of temporary queue names (``tmp$<n>``); no other queue is given it.
+TEMPORARY_PREFIX = "tmp$"
+
+
+def check_queue_name(name: str) -> None:
+    """Whether ``name`` (a local name, without ``@router``) may name a queue: non-empty,
+    without ``/``, ``@`` or white space. Anything that derives a queue name (a durable
+    subscription's ``<client id>$<name>``) checks it here before it stores anything.
+
+    Raises:
+        QueueError: it may not, and why.
+    """
+    if not name or "/" in name or "@" in name or any(c.isspace() for c in name):
+        raise QueueError(f"invalid queue name {name!r}: non-empty, without '/', '@' or spaces")
 
 
 # -- values ---------------------------------------------------------------------------------
@@ -384,13 +413,14 @@ class QueueManager(Protocol):
 
     def queue(self, address: str, *, create: bool | None = None) -> Queue:
         """The local queue for ``address``, created if allowed (``create`` overrides
-        ``auto-create-queues``).
+        ``auto-create-queues``; a temporary name is never created on first use, only with
+        ``create=True``).
 
         Raises:
             QueueNotFound: unknown and not to be created, or no route.
             TooManyQueues: unknown, to be auto-created (``create`` not given), and the router
                 holds ``max-queues`` queues.
-            QueueError: an invalid queue name.
+            QueueError: an invalid queue name (:func:`check_queue_name`).
         """
 
     async def send(self, address: str, message: Message, *, possible_duplicate: bool = False) -> SendResult:
@@ -444,7 +474,8 @@ class QueueManager(Protocol):
         function that cancels the call; None when the queue is not slowing sends now."""
 
     def create_temporary_queue(self, owner: Any) -> Queue:
-        """A new ``tmp$<n>`` queue, deleted by :meth:`delete_temporary_queues` (owner).
+        """A new ``tmp$<n>`` queue (:data:`TEMPORARY_PREFIX`) whose :attr:`Queue.owner` is
+        ``owner``, deleted by :meth:`delete_temporary_queues` (owner).
 
         Raises:
             TooManyQueues: the router holds ``max-queues`` queues.

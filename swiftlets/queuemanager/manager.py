@@ -63,6 +63,7 @@ from martinet.swiftlets.store.api import (
 )
 
 from .api import (
+    TEMPORARY_PREFIX,
     MalformedMessage,
     MessageTooLarge,
     QueueError,
@@ -70,6 +71,7 @@ from .api import (
     SendResult,
     TooManyQueues,
     TransactionError,
+    check_queue_name,
 )
 from .config import QueueManagerConfig, QueueSettings
 from .queue import DELIVERED, GONE, HELD, Consumer, Entry, Queue, now_ms
@@ -302,6 +304,9 @@ class QueueManager:
         """The local queue for ``address``, created if allowed (``create`` overrides
         ``auto-create-queues``).
 
+        A temporary name (``tmp$…``) is never created on first use: its queue went with its
+        owner, and a send to it must fail rather than make a queue nobody reads.
+
         Raises:
             QueueNotFound: unknown and not to be created, or no route.
             TooManyQueues: unknown, to be auto-created (``create`` not given), and the router
@@ -312,10 +317,12 @@ class QueueManager:
         queue = self.queues.get(name)
         if queue is not None:
             return queue
+        if create is None and name.startswith(TEMPORARY_PREFIX):  # deleted with its owner: not made anew
+            raise QueueNotFound(f"temporary queue {name!r} does not exist on router {self.router_name} "
+                                "(it was deleted with the connection or link that created it)")
         if not (self.auto_create_queues if create is None else create):
             raise QueueNotFound(f"queue {name!r} does not exist on router {self.router_name}")
-        if not name or "/" in name or "@" in name or any(c.isspace() for c in name):
-            raise QueueError(f"invalid queue name {name!r}: non-empty, without '/', '@' or spaces")
+        check_queue_name(name)
         if create is None:  # auto-created (an explicit create: recovery, durable subscriptions)
             self._check_room(name)
         return self._create(name, self.settings_for(name))
@@ -362,10 +369,10 @@ class QueueManager:
         """
         self._check_room("tmp$<n>")
         self._temporary += 1
-        name = f"tmp${self._temporary}"
+        name = f"{TEMPORARY_PREFIX}{self._temporary}"
         while name in self.queues:
             self._temporary += 1
-            name = f"tmp${self._temporary}"
+            name = f"{TEMPORARY_PREFIX}{self._temporary}"
         return self._create(name, self.settings_for(name), owner)
 
     def delete_temporary_queues(self, owner: Any) -> None:
@@ -430,7 +437,8 @@ class QueueManager:
                                   f"{self.max_message_size} (queue {queue.name})")
         queue.check_room(1, size)
         try:
-            durable, priority, expires, message_id = message.queue_info(now)
+            # with check: what consumers and selectors will read must be readable (check_sections)
+            durable, priority, expires, message_id = message.queue_info(now, check=True)
         except MessageError as exc:
             raise MalformedMessage(f"malformed message for queue {queue.name}: {exc}", _condition(exc)) from None
         settings = queue.settings
@@ -535,7 +543,7 @@ class QueueManager:
                                   f"{self.max_message_size}")
         now = now_ms()
         try:
-            durable, priority, expires, _ = message.queue_info(now)
+            durable, priority, expires, _ = message.queue_info(now, check=True)
         except MessageError as exc:
             raise MalformedMessage(f"malformed message: {exc}", _condition(exc)) from None
         if expires is not None and expires <= now:

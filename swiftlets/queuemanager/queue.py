@@ -26,7 +26,10 @@ as it has credit. Consumers with credit wait in a round-robin ``ready`` ring; ev
 entry and every new credit runs :meth:`Queue._dispatch`, which gives the next available
 entry to the next ready consumer (shared mode), to the only consumer (exclusive), or to
 the first consumer only (active-standby: the others wait to take over). A consumer whose
-selector matches nothing available is parked until a new entry arrives.
+selector matches nothing available is parked until a new entry arrives. An entry a
+selector cannot be evaluated on (its sections do not decode: a message stored before the
+queue manager checked messages on the way in) is not selected, and stays for consumers
+without a selector; that is logged once per queue and selector, never per entry.
 
 Expired entries are never delivered: dispatch and the periodic cleanup remove them
 (optionally to ``routerdlq``). Everything here is synchronous and runs in the router's
@@ -190,6 +193,7 @@ class Queue:
         self._id_order: deque[str] = deque()
         self.deleted = False
         self.backlog_callbacks: list[Callable[[], None]] = []  # see QueueManager.when_backlog_cleared
+        self._unselectable: set[str] = set()  # selectors that met an entry they could not evaluate (logged)
         # counters
         self.enqueued = self.dequeued = self.expired = self.dead_lettered = self.duplicates = 0
         self.send_rate = self.receive_rate = 0.0
@@ -309,11 +313,26 @@ class Queue:
                     continue  # left for the cleanup
                 if entry.excluded is not None and consumer.serial in entry.excluded:
                     continue
-                if selector is None or selector.matches(message_identifiers(entry.message, entry.delivery_count)):
+                try:
+                    selected = selector is None or selector.matches(
+                        message_identifiers(entry.message, entry.delivery_count))
+                except (ValueError, TypeError) as exc:  # a section no one could read: not selected
+                    selected = self._unselectable_entry(selector, entry, exc)
+                if selected:
                     del level[index]
                     self.available -= 1
                     return entry
         return None
+
+    def _unselectable_entry(self, selector: Selector, entry: Entry, error: Exception) -> bool:
+        """A selector could not be evaluated on ``entry``: it is not selected (False); the
+        first time for this selector on this queue, that is logged."""
+        if selector.text not in self._unselectable:
+            self._unselectable.add(selector.text)
+            log.warning("queue %s: selector %r cannot be evaluated on message %d (%s); such messages are not "
+                        "selected by it and stay for other consumers (logged once per queue and selector)",
+                        self.name, selector.text, entry.id, error)
+        return False
 
     def _ready_up(self, consumer: Consumer) -> None:
         if consumer in self._ready or consumer in self._parked or consumer.closed:
@@ -401,7 +420,14 @@ class Queue:
         for entry in snapshot:
             if entry.state != AVAILABLE or (entry.expires is not None and entry.expires <= now):
                 continue
-            if selector is None or selector.matches(message_identifiers(entry.message, entry.delivery_count)):
+            if selector is None:
+                yield entry
+                continue
+            try:
+                selected = selector.matches(message_identifiers(entry.message, entry.delivery_count))
+            except (ValueError, TypeError) as exc:  # unreadable sections: not selected
+                selected = self._unselectable_entry(selector, entry, exc)
+            if selected:
                 yield entry
 
     def remove_expired(self) -> int:

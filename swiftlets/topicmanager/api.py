@@ -19,6 +19,13 @@ returns a :class:`PublishResult` with the flow-control delay the publisher shoul
 When a root topic gets its first local subscription, or loses its last, a
 :class:`TopicInterestChanged` event goes on the router's bus.
 
+**Durable records that cannot be restored** at start (stored by an older version, or
+damaged: a name that cannot make a queue, a topic or selector that no longer parses) are
+logged once at ERROR, kept in the store and listed under
+``/sys$topicmanager/usage/unrestorable/<client id>$<name>`` with the reason; the router
+starts all the same. Subscribing again with that client id and name replaces the record,
+:meth:`TopicManager.unsubscribe` deletes it.
+
 Everything runs in the router's trio thread. Only the durable-subscription calls await
 (the store); they are not interrupted by cancellation once the store has the record: they
 finish and the cancellation takes effect at the caller's next checkpoint. Refusals raise
@@ -151,16 +158,22 @@ class TopicManager(Protocol):
                                 no_local: bool = False) -> Subscription:
         """Create the durable subscription ``client_id`` / ``name``, or resume it if it exists
         with the same topic, selector and no-local; with other parameters the old one is
-        dropped with its messages and a new one created.
+        dropped with its messages and a new one created. Everything is checked before the
+        record is stored (the queue name :func:`durable_queue_name` makes must pass the
+        queue manager's ``check_queue_name``), so a refused call stores nothing. A record
+        of the same client id and name that was set aside at start is replaced.
 
         Raises:
-            TopicError: invalid names, topic or selector; or the old one, to be replaced,
-                has active consumers.
+            TopicError: invalid names (empty, ``$`` or ``/`` in the name, a queue name with
+                ``/``, ``@`` or spaces, or the client id ``tmp``, whose queue names are
+                temporary queues'), topic or selector; or the old one, to be replaced, has
+                active consumers.
             StoreError: the store failed to record it.
         """
 
     async def unsubscribe(self, client_id: str, name: str) -> None:
-        """Delete the durable subscription and its messages.
+        """Delete the durable subscription and its messages — or a record of that client id
+        and name that was set aside at start, with its queue.
 
         Raises:
             TopicError: no such subscription, or it has active consumers.
@@ -169,6 +182,11 @@ class TopicManager(Protocol):
 
     def durable_subscriptions(self) -> dict[str, Subscription]:
         """Durable subscriptions by queue name (:func:`durable_queue_name`)."""
+
+    def is_durable_queue(self, name: str) -> bool:
+        """Whether queue ``name`` belongs to a durable subscription — a live one, or a record
+        that could not be restored at start. Such a queue is the subscription's: a listener
+        lets clients use it only through the subscription, never as a plain queue."""
 
     def publish(self, topic: str, message: Message, *, client_id: str | None = None,
                 on_durable: Callable[[BaseException | None], None] | None = None) -> PublishResult:

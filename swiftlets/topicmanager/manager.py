@@ -15,7 +15,16 @@ subscriber queue — so a subscriber receives a message once however many of its
 subscriptions match — applies the root's slow-subscriber condition, and hands the message
 to the queue manager once for all target queues (its metadata is read once).
 
-Durable subscriptions are records in the store (kind ``durable``), rebuilt at start.
+Durable subscriptions are records in the store (kind ``durable``), rebuilt at start. A
+name that cannot make a queue is refused before anything is stored. A record that cannot
+be restored (an older version stored it, or it is damaged) is logged with one ERROR line,
+kept in the store and set aside — listed under ``usage/unrestorable`` until the same
+client id and name subscribe again (which replaces it) or unsubscribe (which deletes it) —
+and never stops the router from starting.
+
+A selector that cannot be evaluated on a published message (its properties do not decode)
+does not select it; that is logged once per subscription.
+
 Interest: when a root's subscription count goes 0 → 1 or 1 → 0 a
 :class:`TopicInterestChanged` event goes on the bus (the federation will announce it);
 :meth:`TopicManager.interest` is the current set.
@@ -32,9 +41,16 @@ import attrs
 import trio
 
 from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
-from martinet.messaging.message import Message
+from martinet.messaging.message import Message, MessageError
 from martinet.messaging.selector import Selector, compile_selector, message_identifiers
-from martinet.swiftlets.queuemanager.api import Consumer, Queue, QueueError, QueueManager
+from martinet.swiftlets.queuemanager.api import (
+    TEMPORARY_PREFIX,
+    Consumer,
+    Queue,
+    QueueError,
+    QueueManager,
+    check_queue_name,
+)
 from martinet.swiftlets.store.api import DeleteRecord, PutRecord, Store
 
 from .api import PublishResult, TopicError, TopicInterestChanged, durable_queue_name
@@ -61,6 +77,7 @@ class Subscription:
         self.client_id = client_id
         self.durable_name = durable_name
         self.closed = False
+        self.unselectable_logged = False  # the selector met a message it could not evaluate (logged once)
 
     @property
     def durable(self) -> bool:
@@ -115,12 +132,14 @@ class TopicManager:
         self.auto_create_topics = context.config.auto_create_topics
         self._roots: dict[str, _Root] = {}
         self._durables: dict[str, Subscription] = {}
+        self._unrestorable: dict[str, str] = {}  # durable records set aside at start: key → why
         self._matches: dict[str, tuple[Subscription, ...]] = {}
         self._conditions: dict[str, SlowSubscriberCondition] = {}
         self._queue_manager: QueueManager  # both looked up in run()
         self._store: Store
         self._root_usage: UsageList | None = None
         self._durable_usage: UsageList | None = None
+        self._unrestorable_usage: UsageList | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._store = self.context.lookup("sys$store", Store)
@@ -128,7 +147,9 @@ class TopicManager:
         usage = self.context.usage
         self._root_usage = usage.add_list("topics")
         self._durable_usage = usage.add_list("durable-subscribers")
+        self._unrestorable_usage = usage.add_list("unrestorable")
         usage.provide(lambda: {"roots": len(self._roots), "durable-subscribers": len(self._durables),
+                               "unrestorable": len(self._unrestorable),
                                "interest": " ".join(sorted(self.interest()))})
         entity = self.context.entity
         entity.on_change(self._settings_changed)
@@ -159,19 +180,43 @@ class TopicManager:
         self._conditions.pop(entity.name, None)
 
     def _recover(self) -> None:
+        """Rebuild the durable subscriptions from their store records. A record that cannot
+        be restored is set aside (:meth:`_set_aside`), never a reason not to start."""
         for key, record in self._store.recovered.records.get("durable", {}).items():
-            data = json.loads(record)
             try:
+                data = json.loads(record)
                 topic = parse_topic(data["topic"])
                 selector = compile_selector(data["selector"]) if data["selector"] else None
-            except (TopicNameError, ValueError) as exc:
-                log.error("durable subscription %s cannot be restored (%s); it is kept in the store", key, exc)
+                _check_durable_queue_name(key)
+                subscription = Subscription(self, topic, self._queue_manager.queue(key, create=True),
+                                            selector=selector, no_local=bool(data["no_local"]),
+                                            client_id=data["client_id"], durable_name=data["name"])
+            except (ValueError, KeyError, TypeError, TopicNameError, QueueError) as exc:  # (JSON, selector: ValueError)
+                self._set_aside(key, record, f"{type(exc).__name__}: {exc}")
                 continue
-            queue = self._queue_manager.queue(key, create=True)
-            self._add(Subscription(self, topic, queue, selector=selector, no_local=data["no_local"],
-                                   client_id=data["client_id"], durable_name=data["name"]))
+            self._add(subscription)
         if self._durables:
             log.info("topic manager restored %d durable subscription(s)", len(self._durables))
+
+    def _set_aside(self, key: str, record: bytes, reason: str) -> None:
+        """Keep a durable record that cannot be restored in the store, log it once, and list
+        it under ``usage/unrestorable/<key>`` (a ``/`` in the key shows as ``%2F``)."""
+        self._unrestorable[key] = reason
+        log.error("durable subscription record %r cannot be restored and is set aside (kept in the store, listed "
+                  "under /%s/usage/unrestorable): %s", key, self.context.name, reason)
+        if self._unrestorable_usage is not None:
+            text = record.decode("utf-8", "replace")
+            self._unrestorable_usage.add(key.replace("/", "%2F"), lambda: {
+                "key": key, "reason": reason, "record": text if len(text) <= 500 else text[:500] + "…"})
+
+    def _forget_unrestorable(self, key: str) -> None:
+        if self._unrestorable.pop(key, None) is not None and self._unrestorable_usage is not None:
+            self._unrestorable_usage.remove(key.replace("/", "%2F"))
+
+    def is_durable_queue(self, name: str) -> bool:
+        """Whether queue ``name`` belongs to a durable subscription (one restored or
+        created, or a record set aside at start): it is used only through the subscription."""
+        return name in self._durables or name in self._unrestorable
 
     # -- roots and interest --------------------------------------------------------------------
 
@@ -256,8 +301,13 @@ class TopicManager:
         if not client_id or not name or "$" in name or "/" in name or "/" in client_id:
             raise TopicError(f"invalid durable subscription {client_id!r} / {name!r}: both non-empty, "
                              "the name without '$' or '/'")
-        topic_name, compiled = self._check(topic, selector)
         key = durable_queue_name(client_id, name)
+        try:  # checked before anything is stored: a record whose queue cannot be made would stop every start
+            _check_durable_queue_name(key)
+        except QueueError as exc:
+            raise TopicError(f"invalid durable subscription {client_id!r} / {name!r}: its queue {key!r} cannot "
+                             f"exist ({exc}); client id and name must not contain '/', '@' or spaces") from None
+        topic_name, compiled = self._check(topic, selector)
         existing = self._durables.get(key)
         if existing is not None:
             if (existing.topic.text, existing.selector, existing.no_local) == (topic, compiled, no_local):
@@ -268,6 +318,7 @@ class TopicManager:
         record = {"client_id": client_id, "name": name, "topic": topic, "selector": selector or "",
                   "no_local": no_local}
         await self._store.commit([PutRecord("durable", key, json.dumps(record).encode())])
+        self._forget_unrestorable(key)  # the record set aside at start is replaced
         queue = self._queue_manager.queue(key, create=True)
         subscription = Subscription(self, topic_name, queue, selector=compiled, no_local=no_local,
                                     client_id=client_id, durable_name=name)
@@ -275,13 +326,24 @@ class TopicManager:
         return subscription
 
     async def unsubscribe(self, client_id: str, name: str) -> None:
-        """Delete the durable subscription and its messages (also the administrative delete).
+        """Delete the durable subscription and its messages (also the administrative delete);
+        for a record set aside at start (:meth:`is_durable_queue`), the record and its queue.
 
         Raises:
             TopicError: no such subscription, or it has active consumers.
         """
         key = durable_queue_name(client_id, name)
         subscription = self._durables.get(key)
+        if subscription is None and key in self._unrestorable:  # set aside at start: forget the record
+            queue = self._queue_manager.queues.get(key)
+            if queue is not None and queue.consumers:
+                raise TopicError(f"queue {key} of the unrestorable durable subscription has consumers")
+            await self._store.commit([DeleteRecord("durable", key)])
+            self._forget_unrestorable(key)
+            if key in self._queue_manager.queues:
+                self._queue_manager.delete_queue(key)
+            log.info("unrestorable durable subscription record %r deleted", key)
+            return
         if subscription is None:
             raise TopicError(f"no durable subscription {key!r} on router {self.context.router_name}")
         if subscription.queue.consumers:
@@ -338,8 +400,17 @@ class TopicManager:
                                      and subscription.client_id == client_id):
                 continue
             if subscription.selector is not None:
-                lookup = lookup or message_identifiers(message)
-                if not subscription.selector.matches(lookup):
+                if lookup is None:  # the first selector: check what it reads can be read
+                    try:
+                        message.check_sections()
+                    except MessageError as exc:
+                        raise TopicError(f"cannot publish to {topic}: malformed message: {exc}") from None
+                    lookup = message_identifiers(message)
+                try:
+                    if not subscription.selector.matches(lookup):
+                        continue
+                except (ValueError, TypeError) as exc:  # MessageError: a section the selector reads is bad
+                    self._unselectable(subscription, exc)
                     continue
             if 0 <= slow_limit <= queue.size:
                 action = condition.action if not subscription.durable else "flow-control"
@@ -363,6 +434,26 @@ class TopicManager:
         root.deliveries += delivered
         root.dropped += dropped + len(full)
         return PublishResult(max(delay, pressure), delivered, dropped + len(full))
+
+    @staticmethod
+    def _unselectable(subscription: Subscription, error: Exception) -> None:
+        if not subscription.unselectable_logged:
+            subscription.unselectable_logged = True
+            log.warning("%r: selector %r cannot be evaluated on a published message (%s); such messages are "
+                        "not delivered to it (logged once per subscription)", subscription,
+                        subscription.selector.text if subscription.selector else "", error)
+
+
+def _check_durable_queue_name(key: str) -> None:
+    """A durable subscription's queue name must be a valid queue name and must not look
+    like a temporary queue's (client id ``tmp``): ``tmp$5`` may be another connection's.
+
+    Raises:
+        QueueError: it may not name a durable subscription's queue.
+    """
+    check_queue_name(key)
+    if key.startswith(TEMPORARY_PREFIX):
+        raise QueueError(f"{key!r} is a temporary queue's name (client id {TEMPORARY_PREFIX[:-1]!r} is reserved)")
 
 
 def _durable_usage(subscription: Subscription) -> dict[str, Any]:
