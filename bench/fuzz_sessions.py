@@ -476,7 +476,8 @@ async def fuzz(cases: int, seed: int, *, out: Any = print) -> dict[str, Any]:
     def watchdog() -> None:
         while not stop.wait(1):
             if time.monotonic() - heartbeat[0] > 30:
-                print(f"FROZEN: the event loop made no progress for 30 s in {heartbeat[1]}", file=sys.stderr, flush=True)
+                print(f"FROZEN: the event loop made no progress for 30 s in {heartbeat[1]}", file=sys.stderr,
+                      flush=True)
                 os._exit(3)
 
     threading.Thread(target=watchdog, daemon=True).start()

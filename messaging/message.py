@@ -54,7 +54,8 @@ from .codec import (
     skip,
 )
 
-__all__ = ["Message", "MessageError", "MessageFieldError", "Header", "Properties", "AnnotationPatch", "build", "SECTIONS"]
+__all__ = ["Message", "MessageError", "MessageFieldError", "Header", "Properties", "AnnotationPatch", "build",
+           "SECTIONS"]
 
 # Section descriptor codes (part 3, §3.2).
 HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES = 0x70, 0x71, 0x72, 0x73
@@ -94,8 +95,9 @@ class Header:
         for index, (name, kind) in enumerate(_HEADER_TYPES):
             value = fields[index]
             if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
-                raise MessageError(f"header field {index} ({name}) must be a {'boolean' if kind is bool else 'number'}"
-                                   f", found {type(value).__name__} {value!r:.40}")
+                raise MessageFieldError(f"header field {index} ({name}) must be a "
+                                        f"{'boolean' if kind is bool else 'number'}"
+                                        f", found {type(value).__name__} {value!r:.40}")
         self.durable = bool(fields[0])
         self.priority = 4 if fields[1] is None else _unsigned(fields[1], 0xFF, "priority")
         self.ttl = None if fields[2] is None else _unsigned(fields[2], 0xFFFFFFFF, "ttl")
@@ -123,7 +125,8 @@ class Properties:
             setattr(self, name, value)
         for index in (8, 9, 11):  # absolute-expiry-time, creation-time, group-sequence
             if fields[index] is not None and (not isinstance(fields[index], int) or isinstance(fields[index], bool)):
-                raise MessageFieldError(f"properties field {self.__slots__[index]} is not a number: {fields[index]!r}"[:200])
+                raise MessageFieldError(
+                    f"properties field {self.__slots__[index]} is not a number: {fields[index]!r}"[:200])
 
 
 def _unsigned(value: Any, largest: int, name: str) -> int:
@@ -361,11 +364,12 @@ class Message:
                     except (DecodeError, IndexError) as exc:
                         raise MessageError(f"malformed properties: {exc}") from None
                     if absolute is not None and (not isinstance(absolute, int) or isinstance(absolute, bool)):
-                        raise MessageFieldError(f"absolute-expiry-time is not a timestamp: {absolute!r}"[:200])
+                        raise MessageFieldError(f"properties field 8 (absolute-expiry-time) must be a timestamp, "
+                                                f"found {type(absolute).__name__} {absolute!r:.40}")
         if absolute:
             if not isinstance(absolute, int) or isinstance(absolute, bool):
-                raise MessageError(f"properties field 8 (absolute-expiry-time) must be a timestamp, "
-                                   f"found {type(absolute).__name__} {absolute!r:.40}")
+                raise MessageFieldError(f"properties field 8 (absolute-expiry-time) must be a timestamp, "
+                                        f"found {type(absolute).__name__} {absolute!r:.40}")
             expiry: int | None = int(absolute)
         elif ttl:
             expiry = arrival_ms + ttl
@@ -937,7 +941,8 @@ def _check_application_properties(raw: bytes, at: int) -> int:
             return at + 1
         else:
             kind = _COMPOUND.get(code) or f"value with constructor 0x{code:02x}"
-            raise MessageError(f"application-properties at offset {at} must be a map (part 3, §3.2.5), found a {kind}")
+            raise MessageFieldError(f"application-properties at offset {at} must be a map (part 3, §3.2.5), "
+                                    f"found a {kind}")
     except (IndexError, struct.error):
         raise MessageError(f"application-properties at offset {at}: truncated") from None
     if end > size:
@@ -965,7 +970,7 @@ def _check_application_properties(raw: bytes, at: int) -> int:
                 key = raw[key_at + 5:position].decode()
             else:
                 found = {0xA3: "symbol", 0xB3: "symbol", 0x40: "null"}.get(code) or f"constructor 0x{code:02x}"
-                raise MessageError(f"application-properties key at offset {key_at} must be a string "
+                raise MessageFieldError(f"application-properties key at offset {key_at} must be a string "
                                    f"(part 3, §3.2.5), found a {found}")
             value_at = position
             code = raw[position]
@@ -979,14 +984,14 @@ def _check_application_properties(raw: bytes, at: int) -> int:
             if width is not None:  # numbers, null, true, false, timestamps, uuids: any bytes are valid
                 position += 1 + width
             elif code in _COMPOUND:
-                raise MessageError(f"application-properties value of {key!r} at offset {value_at} is a "
+                raise MessageFieldError(f"application-properties value of {key!r} at offset {value_at} is a "
                                    f"{_COMPOUND[code]}: only simple types are allowed (part 3, §3.2.5)")
             elif code in _DECODED_VALUES:  # rarer values whose bytes can be wrong: the decoder checks
                 value, position = decode(raw, value_at)
                 while isinstance(value, Described):  # what counts is the described value's type
                     value = value.value
                 if isinstance(value, (list, dict, Array)):
-                    raise MessageError(f"application-properties value of {key!r} at offset {value_at} is a "
+                    raise MessageFieldError(f"application-properties value of {key!r} at offset {value_at} is a "
                                        f"described {type(value).__name__}: only simple types are allowed "
                                        "(part 3, §3.2.5)")
             elif code == 0xA0 or code == 0xB0:  # binary

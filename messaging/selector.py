@@ -644,35 +644,33 @@ def message_identifiers(message: Any, delivery_count: int = 0) -> Lookup:
     """
 
     def get(name: str) -> Any:
-        # An unreadable section makes the value unknown (NULL): the selector does not pick
-        # the message, and the dispatch that asked (a queue's, a topic's) goes on.
-        try:
-            if name[:3] == "JMS":
-                if name == "JMSDeliveryMode":
-                    return _DELIVERY_MODES[message.header.durable]
-                if name == "JMSPriority":
-                    return message.header.priority
-                if name == "JMSMessageID":
-                    return _jms_id(message.properties.message_id)
-                if name == "JMSTimestamp":
-                    value = message.properties.creation_time
-                    return None if value is None else int(value)
-                if name == "JMSCorrelationID":
-                    return _jms_id(message.properties.correlation_id)
-                if name == "JMSType":
-                    return message.properties.subject
-                if name == "JMSXUserID":
-                    user = message.properties.user_id
-                    return user.decode("utf-8", "replace") if isinstance(user, bytes) else None
-                if name == "JMSXGroupID":
-                    return message.properties.group_id
-                if name == "JMSXGroupSeq":
-                    return message.properties.group_sequence
-                if name == "JMSXDeliveryCount":
-                    sent = message.header.delivery_count
-                    return (sent if type(sent) is int else 0) + delivery_count + 1
-            return _plain(message.application_properties.get(name))
-        except ValueError:  # MessageError, DecodeError: a section that does not decode
-            return None
+        # An unreadable section raises MessageError out of the selector's evaluation: the
+        # dispatch that asked (a queue's, a topic's) counts the message as not selected and
+        # logs that once per selector.
+        if name[:3] == "JMS":
+            if name == "JMSDeliveryMode":
+                return _DELIVERY_MODES[message.header.durable]
+            if name == "JMSPriority":
+                return message.header.priority
+            if name == "JMSMessageID":
+                return _jms_id(message.properties.message_id)
+            if name == "JMSTimestamp":
+                value = message.properties.creation_time
+                return None if value is None else int(value)
+            if name == "JMSCorrelationID":
+                return _jms_id(message.properties.correlation_id)
+            if name == "JMSType":
+                return message.properties.subject
+            if name == "JMSXUserID":
+                user = message.properties.user_id
+                return user.decode("utf-8", "replace") if isinstance(user, bytes) else None
+            if name == "JMSXGroupID":
+                return message.properties.group_id
+            if name == "JMSXGroupSeq":
+                return message.properties.group_sequence
+            if name == "JMSXDeliveryCount":
+                sent = message.header.delivery_count
+                return (sent if type(sent) is int else 0) + delivery_count + 1
+        return _plain(message.application_properties.get(name))
 
     return get

@@ -213,7 +213,8 @@ class SaslServer(_Exchange):
         if frame is None:
             return None
         mechanism, response, hostname = frame[1][:3]
-        if response is not None and type(response) is not bytes or hostname is not None and not isinstance(hostname, str):
+        if response is not None and type(response) is not bytes \
+                or hostname is not None and not isinstance(hostname, str):
             self.state = State.FAILED  # [5.3.3.2] initial-response is binary, hostname a string
             self._out += sasl_frame(OUTCOME, [UByte(1)])
             raise SaslError(f"sasl-init with an initial-response or hostname of the wrong type: "
