@@ -211,8 +211,8 @@ class Message:
             _check_sections(raw, front[1], MESSAGE_ANNOTATIONS)
         else:
             _check_sections(raw, 0, HEADER - 1)
-        if raw[:3] == _HEADER_PREFIX and self._header is None:
-            _check_header(raw)
+        if self._header is None and not (raw[:3] == _HEADER_PREFIX and _header_fields(raw) is not None):
+            self.header  # noqa: B018 - decoded and type-checked: raises for what is wrong
 
     def validate(self) -> None:
         """Check the bytes once: sections in order, no unknown section, metadata decodable.
@@ -318,11 +318,8 @@ class Message:
         """
         raw = self.raw
         header, front = self._header, self._front
-        if check:
-            if front is None:
-                _check_sections(raw, 0, HEADER - 1)
-            if header is None and raw[3:4] != b"\x45" and raw[:3] == _HEADER_PREFIX:  # (list0: nothing to check)
-                _check_header(raw)
+        if check and front is None:  # (the header is checked where it is read: _header_fields, else decoded)
+            _check_sections(raw, 0, HEADER - 1)
         if front is not None:  # patched on the way in: the header is read already
             self._front = None
             durable, priority, ttl = front[0]
@@ -343,13 +340,15 @@ class Message:
             if front is None:
                 span = _find_section(raw, PROPERTIES)
                 value_at = None if span is None else span[1]
+                count = 0 if value_at is None else _list_count(raw, value_at)
             else:  # the patch knows where a properties section would start
                 at = front[1]
                 value_at = at + 3 if raw[at:at + 3] == _PROPERTIES_PREFIX else None
-                if check:  # the rest of the message, from the properties on
-                    _check_rest(raw, at, value_at)
+                if check:  # the rest of the message, from the properties on (and their count)
+                    count = _check_rest(raw, at, value_at)
+                else:
+                    count = 0 if value_at is None else _list_count(raw, value_at)
             if value_at is not None:
-                count = _list_count(raw, value_at)
                 if count:
                     try:
                         position = value_at + (3 if raw[value_at] == 0xC0 else 9)
@@ -688,9 +687,10 @@ def _list_count(raw: bytes, offset: int) -> int:
 
 def _header_fields(raw: bytes) -> tuple[bool, int, int | None] | None:
     """(durable, priority, ttl) read straight from the usual encodings of a header list
-    starting at offset 3, whose first-acquirer and delivery-count are checked for their
-    usual encodings too (a redelivery rewrites those in place); ``None`` for anything
-    unusual (the caller decodes properly, which refuses what cannot be decoded)."""
+    starting at offset 3; ``None`` for anything unusual (the caller decodes properly, which
+    type-checks and raises for what is wrong). A header read here is valid as a whole:
+    every field is in a usual encoding and the list's size matches them, so a redelivery,
+    which decodes it, cannot fail on it."""
     try:
         code = raw[3]
         if code == 0x45:
@@ -706,6 +706,8 @@ def _header_fields(raw: bytes) -> tuple[bool, int, int | None] | None:
             if code == 0x41:
                 durable = True
             elif code == 0x56:
+                if raw[position + 1] > 1:
+                    return None
                 durable = raw[position + 1] == 1
                 position += 1
             elif code != 0x42 and code != 0x40:
@@ -728,26 +730,29 @@ def _header_fields(raw: bytes) -> tuple[bool, int, int | None] | None:
             elif code == 0x52:
                 ttl = raw[position + 1]
                 position += 2
-            elif code == 0x43:
-                ttl = 0
-                position += 1
-            elif code == 0x40:
+            elif code == 0x43 or code == 0x40:
+                ttl = 0 if code == 0x43 else None
                 position += 1
             else:
                 return None
-        if count > 3:  # first-acquirer, a boolean
-            code = raw[position]
-            if code == 0x56 and raw[position + 1] <= 1:
-                position += 2
-            elif code == 0x40 or code == 0x41 or code == 0x42:
-                position += 1
-            else:
-                return None
-        if count > 4 and raw[position] not in _UINT_CODES:  # delivery-count, a uint
+            if count > 3:  # first-acquirer, delivery-count: only stepped over (their encodings checked)
+                if count > 5:
+                    return None
+                for widths in _HEADER_TAIL[:count - 3]:
+                    width = widths.get(raw[position])
+                    if width is None:
+                        return None
+                    position += 1 + width
+        if position != 5 + raw[4]:  # the list's size says otherwise
             return None
         return durable, priority, ttl
     except IndexError:
         return None
+
+
+# The usual encodings of the header's first-acquirer (boolean) and delivery-count (uint),
+# with their widths (part 3, §3.2.1).
+_HEADER_TAIL = ({0x40: 0, 0x41: 0, 0x42: 0}, {0x40: 0, 0x43: 0, 0x52: 1, 0x70: 4})
 
 
 def _find_section(raw: bytes, wanted: int) -> tuple[int, int, int] | None:
@@ -828,72 +833,55 @@ def _check_sections(raw: bytes, position: int, last: int) -> None:
                            f"{size} bytes")
 
 
-# The usual encodings of the header's fields (part 3, §3.2.1) and their widths: durable
-# and first-acquirer are booleans, priority a ubyte, ttl and delivery-count uints. (A
-# boolean 0x56 with its value byte goes to the decoder, which checks the value.)
-_BOOLEAN_FIELD = {0x40: 0, 0x41: 0, 0x42: 0}
-_UINT_FIELD = {0x40: 0, 0x43: 0, 0x52: 1, 0x70: 4}
-_HEADER_FIELD_WIDTHS = (_BOOLEAN_FIELD, {0x40: 0, 0x50: 1}, _UINT_FIELD, _BOOLEAN_FIELD, _UINT_FIELD)
+def _check_rest(raw: bytes, at: int, value_at: int | None) -> int:
+    """:func:`_check_sections` for a patched message (:class:`AnnotationPatch`) from ``at``,
+    where the sections after the message-annotations start; ``value_at`` is where the
+    properties' value starts (None: no properties). Returns the properties' field count
+    (0 without), which :meth:`Message.queue_info` needs next.
 
-
-def _check_header(raw: bytes) -> None:
-    """The header section at the start of ``raw`` decodes in full, as a redelivery will
-    decode it (the fast reads take only the fields they need): the usual encodings are
-    walked here, anything else is decoded and type-checked (:class:`Header`).
+    The usual shape — properties as list0 or list8, then one data or amqp-value section to
+    the end — is read inline with as few operations as can be (this runs for every message
+    taken in); anything else is walked by :func:`_check_sections`.
 
     Raises:
-        MessageError: it does not decode, or a field has the wrong type.
+        MessageError: see :meth:`Message.check_sections`.
     """
-    try:
-        if raw[3] == 0x45:  # list0
-            return
-        if raw[3] == 0xC0 and raw[5] <= 5:
-            position, index, count = 6, 0, raw[5]
-            while index < count:
-                width = _HEADER_FIELD_WIDTHS[index].get(raw[position])
-                if width is None:
-                    break  # an unusual encoding: decoded below
-                position += 1 + width
-                index += 1
-            else:
-                if position == 5 + raw[4]:
-                    return
-    except IndexError:
-        pass  # decoded below, which says what is wrong
-    try:
-        fields = decode(raw, 3)[0]
-    except DecodeError as exc:
-        raise MessageError(f"bad header section: {exc}") from None
-    Header(_expect(fields, list, HEADER))
-
-
-def _check_rest(raw: bytes, at: int, value_at: int | None) -> None:
-    """:func:`_check_sections` for a patched message (:class:`AnnotationPatch`): from ``at``,
-    where the sections after the message-annotations start; ``value_at`` is where the
-    properties' value starts (None: no properties). The usual shape — properties, then one
-    data or amqp-value section to the end — is read inline; anything else is walked."""
     size = len(raw)
     if value_at is None:
-        position, last = at, MESSAGE_ANNOTATIONS
+        position, last, count = at, MESSAGE_ANNOTATIONS, 0
     else:
         last = PROPERTIES
-        kind = raw[value_at] if value_at + 1 < size else -1  # -1: too short, skip() says so
+        kind = raw[value_at] if value_at + 2 < size else -1  # -1: too short, skip() says so
         if kind == 0x45:  # list0
-            position = value_at + 1
+            position, count = value_at + 1, 0
         elif kind == 0xC0:  # list8
-            position = value_at + 2 + raw[value_at + 1]
+            position, count = value_at + 2 + raw[value_at + 1], raw[value_at + 2]
         else:
-            position = _skip_section(raw, value_at, PROPERTIES)
-    if position + 5 <= size and raw[position] == 0x00 and raw[position + 1] == 0x53:
-        code, kind = raw[position + 2], raw[position + 3]
-        if code == DATA or code == AMQP_VALUE:
-            if kind == 0xA0 or kind == 0xA1:  # vbin8, str8
-                if position + 5 + raw[position + 4] == size:
-                    return
-            elif (kind == 0xB0 or kind == 0xB1) and position + 8 <= size:  # vbin32, str32
-                if position + 8 + _U32(raw, position + 4)[0] == size:
-                    return
+            position, count = _skip_section(raw, value_at, PROPERTIES), _list_count(raw, value_at)
+    head = raw[position:position + 4]
+    if head in _SHORT_BODIES:
+        if position + 5 < size and position + 5 + raw[position + 4] == size:
+            return count
+    elif head in _LONG_BODIES:
+        if position + 8 <= size and position + 8 + _U32(raw, position + 4)[0] == size:
+            return count
+    elif head[:3] == b"\x00\x53\x74":  # application-properties (checked entry by entry), then the body
+        position, last = _check_application_properties(raw, position + 3), APPLICATION_PROPERTIES
+        head = raw[position:position + 4]  # (the same two tests as above, for the body after them)
+        if head in _SHORT_BODIES:
+            if position + 5 < size and position + 5 + raw[position + 4] == size:
+                return count
+        elif head in _LONG_BODIES:
+            if position + 8 <= size and position + 8 + _U32(raw, position + 4)[0] == size:
+                return count
     _check_sections(raw, position, last)
+    return count
+
+
+# The usual last section's first four bytes: a data or amqp-value section with a binary or
+# string of up to 255 bytes, or longer.
+_SHORT_BODIES = frozenset({b"\x00\x53\x75\xa0", b"\x00\x53\x77\xa0", b"\x00\x53\x77\xa1"})
+_LONG_BODIES = frozenset({b"\x00\x53\x75\xb0", b"\x00\x53\x77\xb0", b"\x00\x53\x77\xb1"})
 
 
 def _skip_section(raw: bytes, at: int, code: int) -> int:
@@ -953,62 +941,71 @@ def _check_application_properties(raw: bytes, at: int) -> int:
     if 3 * (count >> 1) > end - position:  # an entry takes 3 bytes at least (key 2, value 1)
         raise MessageError(f"application-properties at offset {at}: {count >> 1} entries cannot fit in "
                            f"{end - position} bytes")
-    key, key_at = None, position
-    try:
+    key_at = position
+    try:  # (each operation counts: this runs for every message with properties; errors are rare)
         for _ in range(count >> 1):
-            key, key_at = None, position
+            key_at = position
             code = raw[position]
-            if code == 0xA1:
+            if code == 0xA1:  # str8: checked by decoding; a size past the map's end is caught below
                 position += 2 + raw[position + 1]
-                if position > end:
-                    raise DecodeError(f"truncated key at offset {key_at}")
-                key = raw[key_at + 2:position].decode()
+                raw[key_at + 2:position].decode()
             elif code == 0xB1:
                 position += 5 + _U32(raw, position + 1)[0]
-                if position > end:
-                    raise DecodeError(f"truncated key at offset {key_at}")
-                key = raw[key_at + 5:position].decode()
+                raw[key_at + 5:position].decode()
             else:
                 found = {0xA3: "symbol", 0xB3: "symbol", 0x40: "null"}.get(code) or f"constructor 0x{code:02x}"
                 raise MessageFieldError(f"application-properties key at offset {key_at} must be a string "
                                    f"(part 3, §3.2.5), found a {found}")
             value_at = position
             code = raw[position]
-            if code == 0xA1:  # the usual value: a short string, checked here
+            if code == 0xA1:  # the usual value: a short string
                 position += 2 + raw[position + 1]
-                if position > end:
-                    raise DecodeError(f"truncated string at offset {value_at}")
                 raw[value_at + 2:position].decode()
                 continue
             width = _SIMPLE_WIDTH.get(code)
             if width is not None:  # numbers, null, true, false, timestamps, uuids: any bytes are valid
                 position += 1 + width
             elif code in _COMPOUND:
-                raise MessageFieldError(f"application-properties value of {key!r} at offset {value_at} is a "
-                                   f"{_COMPOUND[code]}: only simple types are allowed (part 3, §3.2.5)")
+                raise MessageFieldError(f"application-properties value of {_key(raw, key_at)!r} at offset {value_at} "
+                                   f"is a {_COMPOUND[code]}: only simple types are allowed (part 3, §3.2.5)")
             elif code in _DECODED_VALUES:  # rarer values whose bytes can be wrong: the decoder checks
                 value, position = decode(raw, value_at)
                 while isinstance(value, Described):  # what counts is the described value's type
                     value = value.value
                 if isinstance(value, (list, dict, Array)):
-                    raise MessageFieldError(f"application-properties value of {key!r} at offset {value_at} is a "
-                                       f"described {type(value).__name__}: only simple types are allowed "
-                                       "(part 3, §3.2.5)")
+                    raise MessageFieldError(f"application-properties value of {_key(raw, key_at)!r} at offset "
+                                       f"{value_at} is a described {type(value).__name__}: only simple types are "
+                                       "allowed (part 3, §3.2.5)")
             elif code == 0xA0 or code == 0xB0:  # binary
                 position = skip(raw, position)
             else:  # (skip() would step over an unknown constructor of a known size class)
-                raise MessageError(f"application-properties value of {key!r} at offset {value_at}: unknown "
-                                   f"constructor 0x{code:02x}")
+                raise MessageError(f"application-properties value of {_key(raw, key_at)!r} at offset {value_at}: "
+                                   f"unknown constructor 0x{code:02x}")
     except UnicodeDecodeError as exc:
-        raise MessageError(f"application-properties entry at offset {key_at}"
-                           f"{'' if key is None else f' (key {key!r})'}: invalid UTF-8: {exc.reason}") from None
+        raise MessageError(f"application-properties entry at offset {key_at}{_key_note(raw, key_at)}: invalid "
+                           f"UTF-8: {exc.reason}") from None
     except (DecodeError, IndexError, struct.error) as exc:
-        raise MessageError(f"application-properties entry at offset {key_at}"
-                           f"{'' if key is None else f' (key {key!r})'}: malformed: {exc or 'truncated'}") from None
+        raise MessageError(f"application-properties entry at offset {key_at}{_key_note(raw, key_at)}: malformed: "
+                           f"{exc or 'truncated'}") from None
     if position != end:
         raise MessageError(f"application-properties at offset {at}: its entries end at offset {position}, "
                            f"its size says {end}")
     return end
+
+
+def _key(raw: bytes, at: int) -> str | None:
+    """The application-property key encoded at ``at``, for an error message; None if it is
+    not a readable string."""
+    try:
+        value = decode(raw, at)[0]
+    except DecodeError:
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _key_note(raw: bytes, at: int) -> str:
+    key = _key(raw, at)
+    return "" if key is None else f" (key {key!r})"
 
 
 def _find_sections(raw: bytes) -> dict[int, tuple[int, int, int]]:
