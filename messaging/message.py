@@ -847,33 +847,34 @@ def _check_rest(raw: bytes, at: int, value_at: int | None) -> int:
         MessageError: see :meth:`Message.check_sections`.
     """
     size = len(raw)
-    if value_at is None:
-        position, last, count = at, MESSAGE_ANNOTATIONS, 0
-    else:
-        last = PROPERTIES
-        kind = raw[value_at] if value_at + 2 < size else -1  # -1: too short, skip() says so
-        if kind == 0x45:  # list0
-            position, count = value_at + 1, 0
-        elif kind == 0xC0:  # list8
-            position, count = value_at + 2 + raw[value_at + 1], raw[value_at + 2]
-        else:
-            position, count = _skip_section(raw, value_at, PROPERTIES), _list_count(raw, value_at)
-    head = raw[position:position + 4]
-    if head in _SHORT_BODIES:
-        if position + 5 < size and position + 5 + raw[position + 4] == size:
-            return count
-    elif head in _LONG_BODIES:
-        if position + 8 <= size and position + 8 + _U32(raw, position + 4)[0] == size:
-            return count
-    elif head[:3] == b"\x00\x53\x74":  # application-properties (checked entry by entry), then the body
-        position, last = _check_application_properties(raw, position + 3), APPLICATION_PROPERTIES
-        head = raw[position:position + 4]  # (the same two tests as above, for the body after them)
+    position, last, count = at, MESSAGE_ANNOTATIONS, 0  # where the full walk starts if the usual shape is not met
+    try:  # (an IndexError — a message cut short — leaves it to the full walk, which says what is wrong)
+        if value_at is not None:
+            kind = raw[value_at]
+            if kind == 0x45:  # list0
+                position, last = value_at + 1, PROPERTIES
+            elif kind == 0xC0:  # list8
+                position, last, count = value_at + 2 + raw[value_at + 1], PROPERTIES, raw[value_at + 2]
+            else:
+                position, last, count = _skip_section(raw, value_at, PROPERTIES), PROPERTIES, _list_count(raw, value_at)
+        head = raw[position:position + 4]
         if head in _SHORT_BODIES:
-            if position + 5 < size and position + 5 + raw[position + 4] == size:
+            if position + 5 + raw[position + 4] == size:
                 return count
         elif head in _LONG_BODIES:
-            if position + 8 <= size and position + 8 + _U32(raw, position + 4)[0] == size:
+            if position + 8 + _U32(raw, position + 4)[0] == size:
                 return count
+        elif head[:3] == b"\x00\x53\x74":  # application-properties (checked entry by entry), then the body
+            position, last = _check_application_properties(raw, position + 3), APPLICATION_PROPERTIES
+            head = raw[position:position + 4]  # (the same two tests as above, for the body after them)
+            if head in _SHORT_BODIES:
+                if position + 5 + raw[position + 4] == size:
+                    return count
+            elif head in _LONG_BODIES:
+                if position + 8 + _U32(raw, position + 4)[0] == size:
+                    return count
+    except (IndexError, struct.error):
+        pass
     _check_sections(raw, position, last)
     return count
 
