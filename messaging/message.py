@@ -75,12 +75,17 @@ _BODY = (DATA, AMQP_SEQUENCE, AMQP_VALUE)
 
 
 class MessageError(ValueError):
-    """The bytes are not a valid AMQP 1.0 message."""
+    """The bytes are not a valid AMQP 1.0 message; ``condition`` is the AMQP error that
+    refuses it."""
+
+    condition = "amqp:decode-error"
 
 
 class MessageFieldError(MessageError):
     """The message decodes, but a header or properties field the broker computes with has
-    the wrong type or range (a listener answers ``amqp:invalid-field``)."""
+    the wrong type or range."""
+
+    condition = "amqp:invalid-field"
 
 
 class Header:

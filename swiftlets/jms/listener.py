@@ -97,7 +97,7 @@ from martinet.messaging.amqp.sasl import Credentials, SaslError, SaslServer
 from martinet.messaging.amqp.wire import AMQP_HEADER, FRAME_HEADER
 from martinet.messaging.codec import DecodeError, Described, Int, Symbol, ULong, encode
 from martinet.messaging.io import Driver, lead_in
-from martinet.messaging.message import AnnotationPatch, Message, MessageError, MessageFieldError
+from martinet.messaging.message import AnnotationPatch, Message, MessageError
 from martinet.messaging.selector import SelectorError, compile_selector
 from martinet.swiftlets.authentication.api import AccessDenied, AuthenticationFailed
 from martinet.swiftlets.queuemanager.api import (
@@ -289,13 +289,9 @@ class IncomingLink:
 
 def _condition(exc: Exception) -> str:
     """The AMQP error condition that refuses a transfer for ``exc``."""
-    if isinstance(exc, _Refused):
+    if isinstance(exc, (_Refused, MalformedMessage, MessageError)):
         return exc.condition
-    if isinstance(exc, MalformedMessage):
-        return exc.condition
-    if isinstance(exc, MessageFieldError):
-        return "amqp:invalid-field"
-    if isinstance(exc, (MessageError, DecodeError)):
+    if isinstance(exc, DecodeError):
         return "amqp:decode-error"
     if isinstance(exc, MessageTooLarge):
         return "amqp:link:message-size-exceeded"

@@ -48,7 +48,7 @@ import trio
 from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
 from martinet.messaging.codec import Symbol
 from martinet.messaging.like import like_pattern
-from martinet.messaging.message import Message, MessageError, MessageFieldError
+from martinet.messaging.message import Message, MessageError
 from martinet.swiftlets.store.api import (
     DeleteMessage,
     DeleteRecord,
@@ -113,11 +113,6 @@ def id_key(message_id: Any) -> str | None:
         return f"binary:{message_id.hex()}"
     return f"{type(message_id).__name__}:{message_id}"
 
-
-
-def _condition(exc: MessageError) -> str:
-    """What a listener answers for a message that cannot be queued because of ``exc``."""
-    return "amqp:invalid-field" if isinstance(exc, MessageFieldError) else "amqp:decode-error"
 
 class QueueManager:
     """``sys$queuemanager``: what ``context.lookup("sys$queuemanager", QueueManager)`` returns
@@ -440,7 +435,7 @@ class QueueManager:
             # with check: what consumers and selectors will read must be readable (check_sections)
             durable, priority, expires, message_id = message.queue_info(now, check=True)
         except MessageError as exc:
-            raise MalformedMessage(f"malformed message for queue {queue.name}: {exc}", _condition(exc)) from None
+            raise MalformedMessage(f"malformed message for queue {queue.name}: {exc}", exc.condition) from None
         settings = queue.settings
         key = id_key(message_id) if settings.duplicate_detection_enabled else None
         if key is not None and queue.is_duplicate(key, possible_duplicate):
@@ -545,7 +540,7 @@ class QueueManager:
         try:
             durable, priority, expires, _ = message.queue_info(now, check=True)
         except MessageError as exc:
-            raise MalformedMessage(f"malformed message: {exc}", _condition(exc)) from None
+            raise MalformedMessage(f"malformed message: {exc}", exc.condition) from None
         if expires is not None and expires <= now:
             if on_durable is not None:
                 on_durable(None)
