@@ -1,0 +1,1 @@
+"""``sys$routing``: router-to-router links, route exchange, the routing table (work in progress)."""
