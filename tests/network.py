@@ -18,10 +18,20 @@ import trio
 
 from martinet.kernel import Router, RouterConfig, load_swiftlet_specs
 from martinet.kernel.config import RouterSettings, SwiftletSection
-from martinet.swiftlets.jms.config import JmsConfig, ListenerConfig
+from martinet.swiftlets.jms.config import JmsConfig
+from martinet.swiftlets.jms.config import ListenerConfig as AmqpListenerConfig
+from martinet.swiftlets.routing.config import ListenerConfig, RoutingConfig
 from martinet.swiftlets.store.config import StoreConfig
 
 STACK = ("sys$store", "sys$authentication", "sys$queuemanager", "sys$topicmanager", "sys$jms")
+ROUTING_STACK = (*STACK, "sys$routing")
+
+
+def routing_config(**options: Any) -> RoutingConfig:
+    """``sys$routing`` with one listener ``links`` on a free loopback port (``listener``: its
+    attributes) and the swiftlet attributes in ``options``."""
+    listener = ListenerConfig(name="links", port=0, bindaddress="127.0.0.1", **options.pop("listener", {}))
+    return RoutingConfig(listeners=[listener], **options)
 
 
 def router_config(name: str, folder: Path, *, swiftlets: Mapping[str, Any] | None = None,
@@ -32,7 +42,7 @@ def router_config(name: str, folder: Path, *, swiftlets: Mapping[str, Any] | Non
     specs = load_swiftlet_specs()
     configs: dict[str, Any] = {
         "sys$store": StoreConfig(path=str(folder / name / "store"), sync="normal"),
-        "sys$jms": JmsConfig(listeners=[ListenerConfig(name="amqp", port=0, bind_address="127.0.0.1")]),
+        "sys$jms": JmsConfig(listeners=[AmqpListenerConfig(name="amqp", port=0, bind_address="127.0.0.1")]),
     }
     configs.update(swiftlets or {})
     sections = {}
@@ -82,6 +92,40 @@ class Network:
         """The AMQP URL of a router's listener."""
         port = self.routers[name].management.get(f"/sys$jms/usage/listeners/{listener}", "port")
         return f"amqp://127.0.0.1:{port}"
+
+    async def start_routers(self, *names: str, **routing: Any) -> None:
+        """Start routers with the routing swiftlet (``routing``: :func:`routing_config`'s options)."""
+        for name in names:
+            await self.start(self.config(name, startorder=ROUTING_STACK,
+                                         swiftlets={"sys$routing": routing_config(**routing)}))
+
+    def routing_port(self, name: str, listener: str = "links") -> int:
+        return self.routers[name].management.get(f"/sys$routing/usage/listeners/{listener}", "port")
+
+    def connect(self, source: str, target: str, *, name: str | None = None, listener: str = "links",
+                **attributes: Any) -> str:
+        """Add a connector (named after ``target`` unless ``name``) on ``source`` to ``target``'s
+        routing listener, at runtime; ``attributes``: more connector attributes (XML names)."""
+        name = name or target
+        self.routers[source].management.add("/sys$routing/connectors", name, {
+            "hostname": "127.0.0.1", "port": str(self.routing_port(target, listener)), **attributes})
+        return name
+
+    def table(self, name: str) -> dict[str, int]:
+        """Router ``name``'s active destinations with their shortest hop counts."""
+        routing = self.routers[name].swiftlet("sys$routing")
+        return {row.name: len(row.routes[0]) for row in routing.destinations() if row.active}
+
+    async def settle(self, expected: Mapping[str, Mapping[str, int]], timeout: float = 20) -> None:
+        """Wait (bounded) until every router named in ``expected`` has exactly that table.
+
+        Raises: AssertionError with the tables as they are when the time is up."""
+        with trio.move_on_after(timeout):
+            while any(self.table(name) != table for name, table in expected.items()):
+                await trio.sleep(0.02)
+            return
+        actual = {name: self.table(name) for name in expected}
+        raise AssertionError(f"routing tables did not settle in {timeout} s: {actual} != {dict(expected)}")
 
     async def stop(self, name: str) -> None:
         """Stop a router and wait until it has stopped (bounded)."""

@@ -1,1 +1,47 @@
-"""``sys$routing``: router-to-router links, route exchange, the routing table (work in progress)."""
+"""``sys$routing``: router-to-router links, route exchange and the routing table.
+
+Routers connect through routing listeners and connectors; each link passes the stages of
+our protocol (``docs/routing-protocol.md``: protocol select, connect with admission, mutual
+HMAC authentication, delivery with keepalives) and then carries route announcements, from
+which every router learns which routers it can reach over which neighbour (a path vector
+with a hop limit and per-neighbour filters). Part 2 moves messages over these links.
+
+Layout: :mod:`.api` (the routing table as other swiftlets see it, and its bus events),
+:mod:`.config`, :mod:`.wire` (the frame codec, sans-IO), :mod:`.stages` (the link's stage
+machine, sans-IO, both roles), :mod:`.exchange` (the route exchanger and table, a pure
+object), :mod:`.links` (a link on a socket) and :mod:`.swiftlet` (listeners, connectors,
+admission, usage).
+"""
+
+from __future__ import annotations
+
+from martinet.kernel import PoolSpec, SwiftletSpec, hookimpl
+
+from .config import RoutingConfig
+from .swiftlet import RoutingSwiftlet
+
+POOLS = (
+    PoolSpec("routing.connection.mgr", "The routing connection manager (admission, connect and disconnect "
+             "work); its max must stay 1.", max_concurrency=1),
+    PoolSpec("routing.exchanger", "The route exchanger: sends, receives and processes routes; max 1.",
+             max_concurrency=1),
+    PoolSpec("routing.scheduler", "Routing schedulers: one per destination router, packing messages from "
+             "rt$<router> into transactions (routing part 2).", max_concurrency=3),
+    PoolSpec("routing.service", "Connection service stages, the delivery stage above all (routing part 2).",
+             max_concurrency=3),
+    PoolSpec("routing.throttle", "Throttles commits by flow-control delays when inbound-flow-control-enabled "
+             "(routing part 2).", max_concurrency=3),
+)
+
+
+@hookimpl
+def martinet_swiftlets() -> list[SwiftletSpec]:
+    return [
+        SwiftletSpec(
+            name="sys$routing",
+            description="Router-to-router links, route exchange and the routing table.",
+            config=RoutingConfig,
+            factory=RoutingSwiftlet,
+            pools=POOLS,
+        )
+    ]

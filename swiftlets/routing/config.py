@@ -1,0 +1,164 @@
+"""``sys$routing`` configuration, after the Routing Swiftlet's tables in ``seeds/000_*``.
+
+Names, defaults and bounds are the seed's. Where SwiftMQ names a Java class
+(``socketfactory-class``, ``crfactory-class``) we have settings instead: a listener does TLS
+when it has ``tls-certificate``, a connector when ``use-tls`` is on; the challenge/response
+is always HMAC-SHA256 (``docs/routing-protocol.md``) — nothing is ever instantiated by a
+name from the config or the peer. Additions, each marked in its description: connector
+``retry-policy`` (Qpid's exponential backoff) and the connector's TLS trust settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+from martinet.kernel import config_class, entity_list, prop
+
+
+class FilterType(StrEnum):
+    """What a route filter tests: the route's next hop or its destination, and whether the
+    routers listed are the only ones announced (include) or never announced (exclude)."""
+
+    INCLUDE_BY_HOP = "include_by_hop"
+    INCLUDE_BY_DESTINATION = "include_by_destination"
+    EXCLUDE_BY_HOP = "exclude_by_hop"
+    EXCLUDE_BY_DESTINATION = "exclude_by_destination"
+
+
+class RetryPolicy(StrEnum):
+    FIXED = "fixed"
+    EXPONENTIAL = "exponential"
+
+
+@config_class
+class StaticRoute:
+    name: str = prop(description="Name of the router this static route makes addressable before any "
+                     "route to it is learned (never announced to other routers).")
+
+
+@config_class
+class FilterRouter:
+    name: str = prop(description="Name of this router to filter.")
+
+
+@config_class
+class RouteFilter:
+    name: str = prop(description="Name of the neighbour router whose announcements this filter applies to.")
+    type: FilterType = prop(choices=FilterType, description="Filter type: announce to that neighbour only "
+                            "(include) or never (exclude) the routes whose next hop (by_hop: the router we "
+                            "learned the route from, and with it the subnet behind it) or whose destination "
+                            "(by_destination) is one of the routers listed.")
+    routers: Mapping[str, FilterRouter] = entity_list(FilterRouter, item="router", description="Routers to filter.")
+
+
+@config_class
+class HostAccessEntry:
+    name: str = prop(description="SQL-LIKE pattern of addresses allowed to connect (e.g. 10.1.%).")
+
+
+_TRANSFER = dict(
+    inbound_transaction_size=(20, "Number of messages per transaction this side accepts inbound "
+                                  "(announced to the sending side)."),
+    inbound_window_size=(10, "Max. number of open transactions this side accepts inbound "
+                             "(announced to the sending side)."),
+)
+
+
+@config_class
+class ListenerConfig:
+    name: str = prop(description="Name of this listener.")
+    bindaddress: str = prop("0.0.0.0", reboot_required=True, description="Listener bind IP address.")
+    port: int = prop(4100, min=0, max=65535, reboot_required=True,
+                     description="Listener port; 0 takes any free port (shown under usage/listeners).")
+    use_tcp_no_delay: bool = prop(True, description="Use TCP no delay (no Nagle) on accepted links.")
+    password: str = prop("", secret=True, description="Password both sides prove with HMAC-SHA256 "
+                         "challenge/response (never sent); empty: no authentication. Connectors to this "
+                         "listener must have the same one. Stored as written (the HMAC needs the secret itself).")
+    keepalive_interval: int = prop(60_000, min=0, description="Interval (ms) for sending keepalive messages "
+                                   "on this listener's links, handed to the connector; a link with 5 intervals "
+                                   "of silence is closed. 0: no keepalive.")
+    inbound_transaction_size: int = prop(_TRANSFER["inbound_transaction_size"][0], min=1, max=100_000,
+                                         description=_TRANSFER["inbound_transaction_size"][1])
+    inbound_window_size: int = prop(_TRANSFER["inbound_window_size"][0], min=1, max=10_000,
+                                    description=_TRANSFER["inbound_window_size"][1])
+    router_input_buffer_size: int = prop(131_072, min=65_536, description="Router network input buffer size: "
+                                         "the socket's receive buffer (SO_RCVBUF).")
+    router_input_extend_size: int = prop(65_536, min=65_536, description="Router network input extend size "
+                                         "(SwiftMQ's buffer growth step; our buffers grow as needed, so it has "
+                                         "no effect).")
+    router_output_buffer_size: int = prop(131_072, min=65_536, description="Router network output buffer size: "
+                                          "the socket's send buffer (SO_SNDBUF).")
+    router_output_extend_size: int = prop(65_536, min=65_536, description="Router network output extend size "
+                                          "(no effect, as router-input-extend-size).")
+    use_compression: bool = prop(False, description="Uses wire-level compression if enabled (of message "
+                                 "payloads, once messages travel: routing part 2).")
+    use_xa: bool = prop(True, description="Uses 2 phase commit protocol (XA) if enabled; XA is used when "
+                        "either side asks for it.")
+    tls_certificate: str = prop("", reboot_required=True, description="PEM certificate chain: with it the "
+                                "listener speaks TLS (SwiftMQ's JSSESocketFactory); empty: plain TCP.")
+    tls_key: str = prop("", reboot_required=True, description="PEM private key of tls-certificate.")
+    host_access_list: Mapping[str, HostAccessEntry] = entity_list(
+        HostAccessEntry, item="host-access-entry",
+        description="Host access list: SQL-LIKE patterns of peer addresses allowed to connect; empty: any.")
+
+
+@config_class
+class ConnectorConfig:
+    name: str = prop(description="Name of this connector.")
+    hostname: str = prop(description="Remote hostname (of the other router's routing listener).")
+    port: int = prop(min=1, max=65535, description="Remote port.")
+    enabled: bool = prop(True, description="Enables/disables this connector: a disabled connector closes "
+                         "its link and does not connect (the scheduler's Routing Connector job drives it).")
+    use_tcp_no_delay: bool = prop(True, description="Use TCP no delay (no Nagle).")
+    password: str = prop("", secret=True, description="Password of the remote listener (see the listener's "
+                         "password); empty: the listener must not require one.")
+    retry_time: int = prop(60_000, min=1000, description="Retry time (ms) between connection attempts; with "
+                           "retry-policy exponential, the longest delay.")
+    retry_policy: RetryPolicy = prop(RetryPolicy.FIXED, choices=RetryPolicy, description="(Martinet) fixed: "
+                                     "retry every retry-time (SwiftMQ); exponential: 2 s, doubling after each "
+                                     "failed attempt up to retry-time (Qpid: 2 s to 64 s), back to 2 s after a "
+                                     "link became operational.")
+    inbound_transaction_size: int = prop(_TRANSFER["inbound_transaction_size"][0], min=1, max=100_000,
+                                         description=_TRANSFER["inbound_transaction_size"][1])
+    inbound_window_size: int = prop(_TRANSFER["inbound_window_size"][0], min=1, max=10_000,
+                                    description=_TRANSFER["inbound_window_size"][1])
+    router_input_buffer_size: int = prop(131_072, min=65_536, description="Router network input buffer size: "
+                                         "the socket's receive buffer (SO_RCVBUF).")
+    router_input_extend_size: int = prop(65_536, min=65_536, description="Router network input extend size "
+                                         "(no effect: our buffers grow as needed).")
+    router_output_buffer_size: int = prop(131_072, min=65_536, description="Router network output buffer size: "
+                                          "the socket's send buffer (SO_SNDBUF).")
+    router_output_extend_size: int = prop(65_536, min=65_536, description="Router network output extend size "
+                                          "(no effect).")
+    use_compression: bool = prop(False, description="Uses wire-level compression if enabled (of message "
+                                 "payloads, once messages travel: routing part 2).")
+    use_xa: bool = prop(True, description="Uses 2 phase commit protocol (XA) if enabled; XA is used when "
+                        "either side asks for it.")
+    use_tls: bool = prop(False, description="(Martinet) Connect with TLS (the listener has a tls-certificate).")
+    tls_ca: str = prop("", description="(Martinet) PEM file of the certificates trusted to sign the "
+                       "listener's; empty: the system's trust store.")
+    tls_check_hostname: bool = prop(True, description="(Martinet) The listener's certificate must name "
+                                    "hostname.")
+
+
+@config_class
+class RoutingConfig:
+    reject_disconnect_delay: int = prop(5000, min=1000, description="Time (ms) after which a rejected "
+                                        "connection is closed (so that the peer reads the reason first).")
+    stage_valid_timeout: int = prop(15_000, min=1000, description="Time (ms) after which a protocol stage in "
+                                    "a wait state becomes invalid (the link is closed).")
+    roundrobin_enabled: bool = prop(False, reboot_required=True, description="Enables/disables round robin "
+                                    "scheduling over every link with a route (else the shortest route).")
+    inbound_flow_control_enabled: bool = prop(False, reboot_required=True, description="Enables/disables "
+                                              "inbound flow control (routing part 2).")
+    route_announce_hop_limit: int = prop(3, min=-1, description="Maximum hop count for route announce "
+                                         "(-1 = unlimited, as is 0): a route of this many hops or more is not passed on.")
+    static_routes: Mapping[str, StaticRoute] = entity_list(
+        StaticRoute, item="static-route", description="Static route definitions.")
+    filters: Mapping[str, RouteFilter] = entity_list(RouteFilter, item="filter",
+                                                     description="Route filter definitions.")
+    listeners: Mapping[str, ListenerConfig] = entity_list(ListenerConfig, item="listener",
+                                                          description="Listener definitions.")
+    connectors: Mapping[str, ConnectorConfig] = entity_list(ConnectorConfig, item="connector",
+                                                            description="Connector definitions.")

@@ -1,0 +1,161 @@
+"""One routing link on a socket: the stage machine (:mod:`.stages`) under the trio driver.
+
+Theory of operation
+-------------------
+A :class:`Link` is made for every accepted socket (listener side) and every connection a
+connector opened. It puts a :class:`~.stages.LinkMachine` of its role on the stream with
+:class:`messaging.io.Driver` — one task reads (and ticks the machine's timers: stage
+validity, keepalive, the delay before a refused link is closed), one writes — and turns the
+machine's events into calls on its owner, the :class:`LinkOwner` (the swiftlet):
+
+- ``PeerIdentified``: the owner decides admission (a router is connected once; of two
+  links dialled at the same moment one survives); the machine is told ``admit()`` or
+  ``refuse(reason)``;
+- ``Operational``: the link enters the delivery stage; the owner gives it to the route
+  exchanger, whose announcements come back through :meth:`Link.send_route`;
+- ``RouteReceived``: handed to the owner;
+- ``Closed``: the reason is kept as the link's error (when it is a failure).
+
+The link is over when the machine ends its output, the peer closes, or the socket breaks;
+:meth:`Link.run` then returns (it raises only on cancellation) and the owner is told in
+``link_gone`` whatever happened, exactly once.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Protocol
+
+import trio
+
+from martinet.messaging.io import Driver
+
+from .api import LinkState
+from .exchange import Announcement
+from .stages import Closed, LinkMachine, LinkSettings, Operational, PeerIdentified, Role, RouteReceived
+
+__all__ = ["Link", "LinkOwner", "configure_socket"]
+
+CLOSE_TIMEOUT = 2.0  # seconds a closing link may take to write its CLOSE before the socket goes
+
+
+class LinkOwner(Protocol):
+    def admission(self, link: Link, peer: str) -> str | None:
+        """None to admit ``link`` to ``peer``, else the reason to refuse it."""
+
+    def link_up(self, link: Link) -> None: ...
+
+    def route_received(self, link: Link, announcement: Announcement) -> None: ...
+
+    def link_state(self, link: Link) -> None:
+        """``link.state`` (or its error) changed."""
+
+    def link_gone(self, link: Link) -> None:
+        """The link ended; called once, also when it never got far."""
+
+
+def configure_socket(stream: trio.abc.Stream, *, no_delay: bool, receive_buffer: int, send_buffer: int) -> None:
+    """Apply a listener's or connector's socket options (best effort: a closed socket is left)."""
+    transport = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    assert isinstance(transport, trio.SocketStream)
+    try:
+        transport.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, no_delay)
+        transport.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        transport.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    except OSError:
+        pass
+
+
+class Link:
+    """A routing link of either role, from socket to close.
+
+    Attributes (read by the owner and shown in usage):
+        name: the usage name, ``connector/<name>`` or ``listener/<name>/<n>``.
+        address: the peer's ``host:port``.
+        peer: the remote router once identified.
+        state: CONNECTING, then OPERATIONAL; FAILED or CLOSED at the end.
+        error: why it failed or closed, when it did not end cleanly.
+        operational: the machine's Operational event once in the delivery stage.
+    """
+
+    def __init__(self, owner: LinkOwner, stream: trio.abc.Stream, *, role: Role, name: str, address: str,
+                 local: str, password: str, settings: LinkSettings):
+        self.owner = owner
+        self.stream = stream
+        self.name = name
+        self.address = address
+        self.role = role
+        self.peer: str | None = None
+        self.state = LinkState.CONNECTING
+        self.error: str | None = None
+        self.error_time: float | None = None
+        self.connect_time = time.time()
+        self.operational: Operational | None = None
+        self.machine = LinkMachine(role, local, password or None, settings, now=trio.current_time())
+        self._driver = Driver(stream, self.machine, on_input=self._on_input)
+        self._gone = False
+
+    @property
+    def connector_side(self) -> str | None:
+        """The router that dialled this link (known once the peer is identified)."""
+        return self.machine.local_name if self.role is Role.CONNECTOR else self.peer
+
+    def send_route(self, announcement: Announcement) -> None:
+        """Queue an announcement to the peer (only while operational)."""
+        self.machine.send_route(announcement.add, announcement.destination, announcement.path)
+        self._driver.wake()
+
+    def close(self, reason: str) -> None:
+        """Close the link with ``reason`` sent to the peer (idempotent)."""
+        if not self.machine.finished:
+            self.machine.close(reason)
+            self._fail(reason)
+            self._driver.wake()
+
+    async def run(self) -> None:
+        """Run the link until it is over; the socket is closed on return.
+
+        Raises: only cancellation (a broken socket or a protocol error ends the link with
+        its error recorded).
+        """
+        try:
+            await self._driver.run()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._fail(f"connection lost: {exc or type(exc).__name__}")
+        finally:
+            if self.state is not LinkState.FAILED:
+                self.state = LinkState.CLOSED
+                if self.error is None and self.operational is not None:
+                    self._fail("connection closed")
+            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT):
+                await self.stream.aclose()
+            if not self._gone:
+                self._gone = True
+                self.owner.link_gone(self)
+
+    def _fail(self, reason: str) -> None:
+        if self.error is None:
+            self.error, self.error_time = reason, time.time()
+            self.state = LinkState.FAILED if self.operational is None else LinkState.CLOSED
+            self.owner.link_state(self)
+
+    def _on_input(self) -> None:
+        for event in self.machine.events():
+            if isinstance(event, RouteReceived):
+                self.owner.route_received(self, Announcement(event.add, event.destination, tuple(event.path)))
+            elif isinstance(event, PeerIdentified):
+                self.peer = event.name
+                reason = self.owner.admission(self, event.name)
+                if reason is None:
+                    self.machine.admit()
+                else:
+                    self.machine.refuse(reason)
+                    self._fail(f"refused: {reason}")
+            elif isinstance(event, Operational):
+                self.operational = event
+                self.state = LinkState.OPERATIONAL
+                self.owner.link_state(self)
+                self.owner.link_up(self)
+            elif isinstance(event, Closed):
+                self._fail(f"{'closed by ' + (self.peer or 'the peer') + ': ' if event.by_peer else ''}{event.reason}")

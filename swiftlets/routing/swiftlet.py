@@ -1,0 +1,441 @@
+"""The running ``sys$routing``: listeners, connectors, admission, the route exchanger, usage.
+
+Theory of operation
+-------------------
+Everything here runs in the router's one trio thread, so the link registry and the route
+exchanger (:mod:`.exchange`, a pure object) need no lock: a link's events are handled to the
+end, exchanger output included, before anything else runs.
+
+- **Listeners** accept sockets, check the host access list and hand each to a
+  :class:`~.links.Link` of the listener role. **Connectors** each run a task that dials,
+  runs a link of the connector role until it ends, waits (``retry-time``, or the backoff)
+  and dials again — while enabled. A connector whose link was refused for a bad password
+  waits the same delay: it never hammers the peer.
+- **Admission** (both ends, :meth:`RoutingSwiftlet.admission`): a router name is connected
+  once. When a second link to the same router appears while the first is still in its
+  handshake (two routers dialled each other at the same moment), the link dialled by the
+  router with the smaller name wins on both sides, so both ends keep the same one; an
+  operational link always wins.
+- **Routes**: a link in the delivery stage is given to the exchanger (``link_up``), its
+  announcements too; the exchanger's output is applied at once — announcements to the
+  neighbours' links, table changes to usage and as bus events (:mod:`.api`). A link that
+  ends is taken out (``link_down``), withdrawing what was learned over it.
+- **Runtime changes** through the management tree: listeners, connectors, static routes and
+  filters can be added and removed, the hop limit and filters changed (the exchanger sends
+  each neighbour the difference), a connector enabled or disabled (its link closes at once)
+  or re-pointed (it reconnects).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import ssl
+import time
+from typing import Any
+
+import trio
+
+from martinet.kernel import Change, Entity, SwiftletContext, UsageList
+from martinet.messaging.like import like_pattern
+
+from . import api
+from .api import Destination, LinkState, LinkStateChanged
+from .config import ConnectorConfig, ListenerConfig, RetryPolicy, RoutingConfig
+from .exchange import Announcement, BadAnnouncement, Output, RouteExchanger, RouteFilter
+from .links import Link, configure_socket
+from .stages import LinkSettings, Role
+
+__all__ = ["RoutingSwiftlet"]
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START = 2.0  # seconds: the first delay of an exponential retry policy (Qpid's)
+
+
+def _filters(config: RoutingConfig) -> dict[str, RouteFilter]:
+    return {name: RouteFilter(f.type.value, frozenset(f.routers)) for name, f in config.filters.items()}
+
+
+def _stamp(seconds: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else ""
+
+
+class _Connector:
+    """A connector's task state: its scope, its current link, and what usage shows."""
+
+    def __init__(self, entity: Entity):
+        self.entity = entity
+        self.scope = trio.CancelScope()
+        self.wakeup = trio.Event()
+        self.link: Link | None = None
+        self.state = LinkState.WAITING
+        self.error: str | None = None
+        self.error_time: float | None = None
+        self.attempts = 0
+        self.next_attempt: float | None = None
+
+    def wake(self) -> None:
+        self.wakeup.set()
+
+    def usage(self) -> dict[str, Any]:
+        config = self.entity.config
+        return {"state": self.state.value, "hostname": config.hostname, "port": config.port,
+                "routername": self.link.peer if self.link else "", "attempts": self.attempts,
+                "last-error": self.error or "", "last-error-time": _stamp(self.error_time),
+                "next-attempt": _stamp(self.next_attempt)}
+
+
+class RoutingSwiftlet:
+    """``sys$routing`` (implements :class:`.api.Routing`)."""
+
+    def __init__(self, context: SwiftletContext):
+        self.context = context
+        self.local = context.router_name
+        config: RoutingConfig = context.config
+        self.exchanger = RouteExchanger(self.local, hop_limit=config.route_announce_hop_limit,
+                                        filters=_filters(config), round_robin=config.roundrobin_enabled)
+        self._nursery: trio.Nursery | None = None
+        self._links: dict[str, Link] = {}  # admitted links by peer name
+        self._connectors: dict[str, _Connector] = {}
+        self._listeners: dict[str, trio.CancelScope] = {}
+        self._listener_links: dict[str, set[Link]] = {}
+        self._link_numbers = itertools.count(1)
+        self._filters_changed = trio.Event()
+        usage = context.usage
+        self._usage_listeners = usage.add_list("listeners")
+        self._usage_connectors = usage.add_list("connectors")
+        self._usage_connections = usage.add_list("connections")
+        self._usage_table = usage.add_list("routing-table")
+        self._usage_routes: dict[str, UsageList] = {}
+
+    # --- api.Routing --------------------------------------------------------------------
+
+    def destination(self, router: str) -> Destination | None:
+        return self.exchanger.destination(router)
+
+    def destinations(self) -> list[Destination]:
+        return self.exchanger.destinations()
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        entity = self.context.entity
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                entity.on_change(self._swiftlet_changed)
+                entity.entity_list("static-routes").bind(self._static_added, self._static_removed)
+                self._bind_filters()
+                for listener in entity.entity_list("listeners").entities.values():
+                    await nursery.start(self._listen, listener)
+                entity.entity_list("listeners").bind(self._listener_added, self._listener_removed)
+                entity.entity_list("connectors").bind(self._connector_added, self._connector_removed)
+                nursery.start_soon(self._follow_filters)
+                task_status.started()
+        finally:
+            entity.clear_listeners()
+
+    # --- config changes -----------------------------------------------------------------
+
+    def _swiftlet_changed(self, change: Change) -> None:
+        if change.field == "route_announce_hop_limit":
+            self._apply(self.exchanger.set_hop_limit(change.new))
+
+    def _static_added(self, entity: Entity) -> None:
+        self._apply(self.exchanger.add_static(entity.name))
+
+    def _static_removed(self, entity: Entity) -> None:
+        self._apply(self.exchanger.remove_static(entity.name))
+
+    def _bind_filters(self) -> None:
+        """Any change below ``filters`` makes :meth:`_follow_filters` re-read them (after
+        the change is committed; the listeners run before)."""
+
+        def changed(*_: Any) -> None:
+            self._filters_changed.set()
+
+        def bind_filter(entity: Entity) -> None:
+            entity.on_change(changed)
+            entity.entity_list("routers").bind(changed, changed)
+            changed()
+
+        self.context.entity.entity_list("filters").bind(bind_filter, changed)
+
+    async def _follow_filters(self) -> None:
+        while True:
+            await self._filters_changed.wait()
+            self._filters_changed = trio.Event()
+            self._apply(self.exchanger.set_filters(_filters(self.context.config)))
+
+    # --- route exchange -----------------------------------------------------------------
+
+    def _apply(self, output: Output) -> None:
+        """Send the exchanger's announcements and publish its table changes."""
+        for neighbour, announcement in output.sends:
+            link = self._links.get(neighbour)
+            if link is not None and link.operational is not None:
+                link.send_route(announcement)
+        for event in output.events:
+            self._track(event)
+            self.context.bus.publish(event)
+
+    def _track(self, event: Any) -> None:
+        """Mirror a table change into usage/routing-table."""
+        if isinstance(event, api.DestinationAdded):
+            router = event.router
+            entry = self._usage_table.add(router, lambda: self._destination_usage(router))
+            self._usage_routes[router] = entry.add_list("dynamic-routes")
+        elif isinstance(event, api.DestinationRemoved):
+            self._usage_table.remove(event.router)
+            self._usage_routes.pop(event.router, None)
+        elif isinstance(event, api.RouteAdded):
+            hops = len(event.path)
+            self._usage_routes[event.router].add(";".join(event.path), lambda: {"hop-count": hops})
+        elif isinstance(event, api.RouteRemoved):
+            self._usage_routes[event.router].remove(";".join(event.path))
+
+    def _destination_usage(self, router: str) -> dict[str, Any]:
+        row = self.exchanger.destination(router)
+        if row is None:
+            return {}
+        return {"static": row.static, "active": row.active, "next-hop": row.next_hop or "",
+                "rotation": " ".join(row.rotation), "routes": len(row.routes)}
+
+    # --- links (LinkOwner) --------------------------------------------------------------
+
+    def admission(self, link: Link, peer: str) -> str | None:
+        other = self._links.get(peer)
+        if other is not None and other is not link:
+            if other.operational is not None or other.connector_side == link.connector_side:
+                return f"router {peer} is already connected to {self.local}"
+            preferred = min(self.local, peer)  # the link this router's name-order side dialled wins
+            if link.connector_side != preferred:
+                return f"router {peer} is already connecting to {self.local} (the link dialled by {preferred} is kept)"
+            other.close(f"replaced by the link dialled by {preferred}")
+        self._links[peer] = link
+        return None
+
+    def link_up(self, link: Link) -> None:
+        assert link.peer is not None and link.operational is not None
+        log.info("routing link %s to %s (%s) operational: protocol %s, xa %s", link.name, link.peer,
+                 link.address, link.operational.version, link.operational.use_xa)
+        self._usage_connections.add(link.name, lambda: self._link_usage(link))
+        self._apply(self.exchanger.link_up(link.peer))
+
+    def route_received(self, link: Link, announcement: Announcement) -> None:
+        assert link.peer is not None
+        try:
+            output = self.exchanger.receive(link.peer, announcement)
+        except BadAnnouncement as exc:
+            log.warning("routing link %s to %s: bad route announcement: %s", link.name, link.peer, exc)
+            link.close(f"bad route announcement: {exc}")
+            return
+        self._apply(output)
+
+    def link_state(self, link: Link) -> None:
+        connector = self._connectors.get(link.name.removeprefix("connector/"))
+        if link.role is Role.CONNECTOR and connector is not None:
+            self._set_state(connector, link.state, link.error)
+        else:
+            self.context.bus.publish(LinkStateChanged(link=link.name, peer=link.peer, state=link.state,
+                                                      error=link.error))
+        if link.error is not None:
+            level = logging.WARNING if link.state is LinkState.FAILED else logging.INFO
+            log.log(level, "routing link %s (%s%s) %s: %s", link.name, link.address,
+                    f", router {link.peer}" if link.peer else "", link.state.value, link.error)
+
+    def link_gone(self, link: Link) -> None:
+        if link.peer is not None and self._links.get(link.peer) is link:
+            del self._links[link.peer]
+            if link.operational is not None:
+                self._usage_connections.remove(link.name)
+                self._apply(self.exchanger.link_down(link.peer))
+
+    def _link_usage(self, link: Link) -> dict[str, Any]:
+        operational = link.operational
+        return {"routername": link.peer or "", "connecttime": _stamp(link.connect_time), "address": link.address,
+                "protocol-version": operational.version if operational else "",
+                "uses-xa": bool(operational and operational.use_xa), "state": link.state.value}
+
+    def _settings(self, config: ListenerConfig | ConnectorConfig) -> LinkSettings:
+        swiftlet: RoutingConfig = self.context.config
+        return LinkSettings(
+            keepalive_interval=getattr(config, "keepalive_interval", 0) / 1000,
+            inbound_transaction_size=config.inbound_transaction_size,
+            inbound_window_size=config.inbound_window_size,
+            use_xa=config.use_xa,
+            stage_valid_timeout=swiftlet.stage_valid_timeout / 1000,
+            reject_disconnect_delay=swiftlet.reject_disconnect_delay / 1000,
+        )
+
+    # --- listeners ----------------------------------------------------------------------
+
+    def _listener_added(self, entity: Entity) -> None:
+        if entity.name not in self._listeners:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._listen, entity)
+
+    def _listener_removed(self, entity: Entity) -> None:
+        scope = self._listeners.pop(entity.name, None)
+        if scope is not None:
+            for link in self._listener_links.pop(entity.name, set()):
+                link.close(f"listener {entity.name} removed")
+            scope.cancel()
+
+    async def _listen(self, entity: Entity, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        config: ListenerConfig = entity.config
+        name = config.name
+        tcp = await trio.open_tcp_listeners(config.port, host=config.bindaddress or None)
+        listeners: list[trio.abc.Listener] = list(tcp)
+        if config.tls_certificate:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            try:
+                context.load_cert_chain(config.tls_certificate, config.tls_key or None)
+            except (OSError, ssl.SSLError) as exc:
+                for listener in tcp:
+                    await listener.aclose()
+                raise RuntimeError(f"routing listener {name}: cannot load the TLS certificate "
+                                   f"{config.tls_certificate!r} / key {config.tls_key!r}: {exc}") from None
+            listeners = [trio.SSLListener(listener, context) for listener in tcp]
+        port = tcp[0].socket.getsockname()[1]
+        counts = {"port": port, "links": 0, "accepted": 0, "refused": 0}
+        links = self._listener_links.setdefault(name, set())
+        self._usage_listeners.add(name, lambda: dict(counts))
+        log.info("routing listener %s on %s:%d%s", name, config.bindaddress, port,
+                 " (TLS)" if config.tls_certificate else "")
+
+        async def handle(stream: trio.abc.Stream) -> None:
+            live: ListenerConfig = entity.config
+            transport = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+            try:
+                host, peer_port = transport.socket.getpeername()[:2]
+            except OSError:
+                return
+            if live.host_access_list and not any(like_pattern(p).fullmatch(host) for p in live.host_access_list):
+                counts["refused"] += 1
+                log.warning("routing link from %s to listener %s closed: not in the host access list", host, name)
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await stream.aclose()
+                return
+            configure_socket(stream, no_delay=live.use_tcp_no_delay, receive_buffer=live.router_input_buffer_size,
+                             send_buffer=live.router_output_buffer_size)
+            counts["accepted"] += 1
+            counts["links"] += 1
+            link = Link(self, stream, role=Role.LISTENER, name=f"listener/{name}/{next(self._link_numbers)}",
+                        address=f"{host}:{peer_port}", local=self.local, password=live.password,
+                        settings=self._settings(live))
+            links.add(link)
+            try:
+                await link.run()
+            finally:
+                links.discard(link)
+                counts["links"] -= 1
+
+        with trio.CancelScope() as scope:
+            self._listeners[name] = scope
+            try:
+                task_status.started()
+                await trio.serve_listeners(handle, listeners)
+            finally:
+                self._usage_listeners.remove(name)
+                for listener in listeners:
+                    with trio.CancelScope(shield=True):
+                        await listener.aclose()
+
+    # --- connectors ---------------------------------------------------------------------
+
+    def _connector_added(self, entity: Entity) -> None:
+        connector = self._connectors[entity.name] = _Connector(entity)
+        self._usage_connectors.add(entity.name, connector.usage)
+        entity.on_change(lambda change: self._connector_changed(connector, change))
+        assert self._nursery is not None
+        self._nursery.start_soon(self._connect_forever, connector)
+
+    def _connector_removed(self, entity: Entity) -> None:
+        connector = self._connectors.pop(entity.name, None)
+        if connector is not None:
+            self._usage_connectors.remove(entity.name)
+            if connector.link is not None:
+                connector.link.close(f"connector {entity.name} removed")
+            connector.scope.cancel()
+
+    def _connector_changed(self, connector: _Connector, change: Change) -> None:
+        """Enabling or disabling takes effect at once; any other change reconnects now."""
+        if connector.link is not None and (change.field != "enabled" or not change.new):
+            why = "disabled" if change.field == "enabled" else f"{change.xml_name} changed"
+            connector.link.close(f"connector {connector.entity.name} {why}")
+        connector.attempts = 0 if change.field != "enabled" else connector.attempts
+        connector.wake()
+
+    def _set_state(self, connector: _Connector, state: LinkState, error: str | None = None) -> None:
+        connector.state = state
+        if error is not None:
+            connector.error, connector.error_time = error, time.time()
+        self.context.bus.publish(LinkStateChanged(link=f"connector/{connector.entity.name}",
+                                                  peer=connector.link.peer if connector.link else None,
+                                                  state=state, error=error))
+
+    async def _connect_forever(self, connector: _Connector) -> None:
+        with connector.scope:
+            while True:
+                config: ConnectorConfig = connector.entity.config
+                if not config.enabled:
+                    self._set_state(connector, LinkState.DISABLED)
+                    while not connector.entity.config.enabled:
+                        await connector.wakeup.wait()
+                        connector.wakeup = trio.Event()
+                    continue
+                connector.wakeup = trio.Event()
+                operational = await self._attempt(connector, config)
+                if not connector.entity.config.enabled or connector.wakeup.is_set():
+                    continue  # disabled or changed: act on it now
+                delay = self._retry_delay(config, connector, operational)
+                connector.next_attempt = time.time() + delay
+                if connector.state is not LinkState.FAILED:
+                    self._set_state(connector, LinkState.WAITING)
+                with trio.move_on_after(delay):
+                    await connector.wakeup.wait()
+                connector.next_attempt = None
+
+    def _retry_delay(self, config: ConnectorConfig, connector: _Connector, operational: bool) -> float:
+        cap = config.retry_time / 1000
+        if config.retry_policy is RetryPolicy.FIXED:
+            return cap
+        if operational:
+            connector.attempts = 1
+        return min(cap, BACKOFF_START * 2 ** max(0, connector.attempts - 1))
+
+    async def _attempt(self, connector: _Connector, config: ConnectorConfig) -> bool:
+        """One connection attempt and the link's whole life; whether it became operational."""
+        name = config.name
+        connector.attempts += 1
+        self._set_state(connector, LinkState.CONNECTING)
+        try:
+            with trio.fail_after(self.context.config.stage_valid_timeout / 1000):
+                stream: trio.abc.Stream = await trio.open_tcp_stream(config.hostname, config.port)
+                if config.use_tls:
+                    tls = ssl.create_default_context(cafile=config.tls_ca or None)
+                    tls.check_hostname = config.tls_check_hostname
+                    stream = trio.SSLStream(stream, tls, server_hostname=config.hostname)
+                    await stream.do_handshake()
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as exc:
+            reason = f"cannot connect to {config.hostname}:{config.port}: " + (
+                "timed out" if isinstance(exc, trio.TooSlowError) else str(exc) or type(exc).__name__)
+            if connector.error != reason:
+                log.warning("routing connector %s: %s", name, reason)
+            self._set_state(connector, LinkState.FAILED, reason)
+            return False
+        configure_socket(stream, no_delay=config.use_tcp_no_delay, receive_buffer=config.router_input_buffer_size,
+                         send_buffer=config.router_output_buffer_size)
+        link = Link(self, stream, role=Role.CONNECTOR, name=f"connector/{name}",
+                    address=f"{config.hostname}:{config.port}", local=self.local, password=config.password,
+                    settings=self._settings(config))
+        connector.link = link
+        try:
+            await link.run()
+        finally:
+            connector.link = None
+        if connector.state is not link.state:
+            self._set_state(connector, link.state)
+        return link.operational is not None
