@@ -15,6 +15,7 @@ from martinet.kernel import Router, SwiftletFailed, load_swiftlet_specs
 
 import probe_plugin
 from network import Network
+from processes import RouterProcesses
 
 ROOT = Path(__file__).resolve().parent.parent
 ECHO_PLUGIN = ROOT / "examples" / "plugins" / "martinet-echo"
@@ -228,3 +229,12 @@ async def network(nursery, tmp_path):
     routers = Network(nursery, tmp_path)
     yield routers
     await routers.stop_all()
+
+
+@pytest.fixture
+def router_processes(tmp_path):
+    """A :class:`processes.RouterProcesses` in the test's temp dir: real ``martinet run``
+    processes, ``router_processes.start(xml)``; every one still running is killed at teardown."""
+    routers = RouterProcesses(tmp_path / "routers")
+    yield routers
+    routers.close()

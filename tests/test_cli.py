@@ -7,45 +7,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import ECHO_PLUGIN
-
-
-class RouterProcess:
-    """``python -m kernel run …`` with stderr in a file, polled with bounded waits."""
-
-    def __init__(self, args: list[str], cwd: Path, env: dict | None = None):
-        self.log = cwd / "stderr.log"
-        with self.log.open("wb") as stderr:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "martinet.kernel", "run", *args],
-                cwd=cwd,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                env={**os.environ, **(env or {})},
-            )
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def wait_for(self, needle: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while needle not in self.text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"{needle!r} not logged; exit {self.proc.poll()}; log:\n{self.text()}")
-            time.sleep(0.05)
-
-    def stop(self, signum: int, timeout: float = 30) -> int:
-        self.proc.send_signal(signum)
-        return self.proc.wait(timeout)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+from processes import RouterProcess
 
 
 @pytest.fixture

@@ -1,0 +1,241 @@
+"""A TCP proxy with switchable faults, to put between two routers (or any client and server).
+
+Theory of operation
+-------------------
+
+:class:`FaultProxy` listens on ``127.0.0.1`` (port 0: :attr:`FaultProxy.port` once started)
+and forwards every accepted connection to one target, byte for byte, both directions. Each
+connection is one task tree in the proxy's nursery::
+
+    client ──reader──▶ [channel] ──writer──▶ target      (direction "to target")
+    client ◀──writer── [channel] ◀──reader── target      (direction "to client")
+
+A reader task takes a chunk (at most ``chunk_size`` bytes) from one socket, stamps it with
+the time it was read, and puts it into a memory channel holding at most ``buffer`` chunks;
+the writer task of that direction takes chunks in order and sends them to the other socket
+once they are due. The bound is what makes the proxy *bounded*: a writer that waits (for a
+delay, or for a slow peer) leaves the channel full, the reader then blocks in ``send``,
+stops reading its socket, and TCP flow control pushes back on the sender. Per connection and
+direction, at most ``buffer + 2`` chunks are held (the channel, one in the reader's hands,
+one in the writer's). A consequence: a delayed direction carries at most that much per delay
+period, as a real link with a bandwidth-delay product would.
+
+End of stream and resets travel the same way, in order, behind the bytes read before them:
+an EOF read from one side becomes ``send_eof()`` (a half-close) on the other; a reset (or a
+write that fails) ends the connection, closing both sockets. A connection whose two
+directions have both delivered their EOF is closed.
+
+Faults are plain state on the proxy, switched by synchronous methods at any time; they apply
+to live connections as well as new ones, at once. Every change sets a :class:`trio.Event`
+(and replaces it), on which the writers wait, so a changed delay or a healed blackhole takes
+effect for chunks already waiting:
+
+- ``delay(s)``: a chunk read at time ``t`` is sent at ``t + s``, with ``s`` the delay *at
+  sending time* (so :meth:`~FaultProxy.heal` releases waiting chunks at once). Order within a
+  direction is kept; the delay is measured on :func:`trio.current_time`, so it follows a
+  ``MockClock`` (``autojump_clock``) in tests.
+- ``cut()``: every live connection is closed (cancelled and its sockets closed), so both
+  peers see EOF, or a reset if unread data was left in a socket; new connections are
+  accepted as usual.
+- ``refuse(True)``: new connections are accepted and closed at once (a "down" peer; the TCP
+  handshake itself succeeds, the proxy's listener stays open). Live connections go on.
+- ``blackhole(True)``: every chunk is swallowed, in both directions, whether read while the
+  blackhole is on or still waiting to be sent when it comes on, and the sockets stay open:
+  nothing arrives, nothing errors (a dead peer behind a NAT). An EOF or a reset is held, not
+  swallowed, and passed on when the blackhole is turned off. Turning it off forwards the
+  bytes read from then on; **the swallowed bytes are lost for good**, so the byte stream the
+  peers see has a hole in it: fine for keepalive and dead-peer detection tests, not for
+  tests of a protocol that has to continue on that connection. Unlike a real dead peer, the
+  sender is never blocked by a blackhole (its bytes are read and dropped, not left unacked).
+
+Everything runs in the nursery of :meth:`FaultProxy.run`; cancelling ``run`` closes the
+listener and every connection. Nothing is detached. Not thread-safe: call the fault methods
+from the trio thread that runs the proxy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import trio
+
+_EOF = "eof"  # sentinels travelling in the channels after the bytes read before them
+_RESET = "reset"
+
+
+class FaultProxy:
+    """A byte-exact TCP proxy to ``target_host:target_port`` with switchable faults.
+
+    Start it with ``port = await nursery.start(proxy.run)``; then connect to
+    ``127.0.0.1:proxy.port``. Counters (plain ints, read them at any time):
+
+    - ``accepted``: connections accepted, refused ones included;
+    - ``refused``: connections closed at once because :meth:`refuse` was on, or because the
+      target could not be reached;
+    - ``live``: connections open now (accepted, not refused, not yet closed);
+    - ``forwarded_to_target`` / ``forwarded_to_client``: bytes sent on, each way (counted
+      when ``send_all`` returns, so a peer may have the bytes a moment before the counter);
+    - ``received_from_client`` / ``received_from_target``: bytes read, each way (swallowed
+      ones included); what was received and neither forwarded nor swallowed is held in the
+      proxy, at most ``(buffer + 2) * chunk_size`` bytes per live connection and direction;
+    - ``swallowed``: bytes dropped by :meth:`blackhole`, both ways.
+    """
+
+    def __init__(self, target_host: str, target_port: int, *, buffer: int = 4, chunk_size: int = 65536):
+        """``buffer`` chunks of at most ``chunk_size`` bytes queue per connection and direction."""
+        if buffer < 0 or chunk_size < 1:
+            raise ValueError("buffer must be >= 0 and chunk_size >= 1")
+        self.target_host = target_host
+        self.target_port = target_port
+        self.buffer = buffer
+        self.chunk_size = chunk_size
+        self.port: int | None = None
+        self.accepted = self.refused = self.live = 0
+        self.received_from_client = self.received_from_target = self.swallowed = 0
+        self.forwarded_to_target = self.forwarded_to_client = 0
+        self._delay = 0.0
+        self._refusing = False
+        self._blackholed = False
+        self._changed = trio.Event()
+        self._connections: set[trio.CancelScope] = set()
+
+    # -- faults: synchronous, effective at once for live and new connections ----------------
+
+    def delay(self, seconds: float) -> None:
+        """Deliver every chunk ``seconds`` after it was read (0: no delay); chunks already
+        waiting are held to the new delay. Raises ValueError for a negative or infinite value."""
+        if not 0 <= seconds < math.inf:
+            raise ValueError(f"delay must be finite and >= 0, not {seconds!r}")
+        self._delay = float(seconds)
+        self._notify()
+
+    def cut(self) -> None:
+        """Close every live connection (both peers see EOF or a reset); returns at once, the
+        sockets are closed when the connection tasks next run. New connections are accepted."""
+        for scope in self._connections:
+            scope.cancel()
+
+    def refuse(self, on: bool = True) -> None:
+        """While on, close every new connection as soon as it is accepted; live ones go on."""
+        self._refusing = on
+
+    def blackhole(self, on: bool = True) -> None:
+        """While on, swallow every byte both ways and keep the connections open; EOFs and
+        resets are held until it is turned off. Swallowed bytes are lost (see the module doc)."""
+        self._blackholed = on
+        self._notify()
+
+    def heal(self) -> None:
+        """Clear every fault: no delay, no refusing, no blackhole (a cut is already over)."""
+        self._delay = 0.0
+        self._refusing = False
+        self._blackholed = False
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # -- serving -------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on 127.0.0.1 (a free port), report the port to ``task_status``, and serve
+        until cancelled; cancellation closes the listener and every connection.
+
+        Raises: OSError if it cannot listen. Network errors of single connections end those
+        connections only.
+        """
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            task_status.started(self.port)
+            await trio.serve_listeners(self._serve, listeners, handler_nursery=nursery)
+
+    async def _serve(self, client: trio.SocketStream) -> None:
+        self.accepted += 1
+        if self._refusing:
+            self.refused += 1
+            await trio.aclose_forcefully(client)
+            return
+        scope = trio.CancelScope()
+        self._connections.add(scope)
+        self.live += 1
+        try:
+            with scope:
+                async with client:
+                    try:
+                        target = await trio.open_tcp_stream(self.target_host, self.target_port)
+                    except OSError:
+                        self.refused += 1
+                        return
+                    async with target, trio.open_nursery() as nursery:
+                        self._pump(nursery, client, target, "to_target")
+                        self._pump(nursery, target, client, "to_client")
+        finally:
+            self._connections.discard(scope)
+            self.live -= 1
+
+    def _pump(self, nursery: trio.Nursery, source: trio.SocketStream, sink: trio.SocketStream,
+              direction: str) -> None:
+        """Start the reader and the writer of one direction (``to_target``, ``to_client``);
+        a reset or a failed write cancels ``nursery``, which ends the connection."""
+        send, receive = trio.open_memory_channel[tuple[float, object]](self.buffer)
+        received = "received_from_client" if direction == "to_target" else "received_from_target"
+        nursery.start_soon(self._read, source, send, received)
+        nursery.start_soon(self._write, receive, sink, f"forwarded_{direction}", nursery.cancel_scope)
+
+    async def _read(self, source: trio.SocketStream, channel: trio.MemorySendChannel, counter: str) -> None:
+        async with channel:
+            while True:
+                try:
+                    data = await source.receive_some(self.chunk_size)
+                except trio.BrokenResourceError:
+                    await channel.send((trio.current_time(), _RESET))
+                    return
+                if not data:
+                    await channel.send((trio.current_time(), _EOF))
+                    return
+                setattr(self, counter, getattr(self, counter) + len(data))
+                if self._blackholed:
+                    self.swallowed += len(data)
+                    continue
+                await channel.send((trio.current_time(), data))
+
+    async def _write(self, channel: trio.MemoryReceiveChannel, sink: trio.SocketStream, counter: str,
+                     connection: trio.CancelScope) -> None:
+        async with channel:
+            async for read_at, item in channel:
+                if isinstance(item, bytes):
+                    if not await self._due(read_at, hold=False):
+                        self.swallowed += len(item)
+                        continue
+                    try:
+                        await sink.send_all(item)
+                    except trio.BrokenResourceError:
+                        connection.cancel()
+                        return
+                    setattr(self, counter, getattr(self, counter) + len(item))
+                    continue
+                await self._due(read_at, hold=True)
+                if item is _RESET:
+                    connection.cancel()
+                    return
+                try:
+                    await sink.send_eof()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    connection.cancel()
+                return
+
+    async def _due(self, read_at: float, *, hold: bool) -> bool:
+        """Wait until what was read at ``read_at`` is due under the current delay. A chunk
+        (``hold=False``) returns False as soon as the blackhole is on: swallow it. An EOF or
+        a reset (``hold=True``) also waits for the blackhole to be off; returns True."""
+        while True:
+            changed = self._changed  # taken before the checks: no change can slip between
+            if self._blackholed and not hold:
+                return False
+            due = read_at + self._delay
+            if not self._blackholed and trio.current_time() >= due:
+                return True
+            with trio.move_on_at(due if not self._blackholed else math.inf):
+                await changed.wait()
