@@ -9,6 +9,7 @@ an independent reference computes, and each link carries exactly the differences
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
@@ -377,6 +378,24 @@ def test_local_errors():
     assert [row.name for row in r.destinations()] == ["a", "s"]
 
 
+def test_logging_one_info_line_per_route_change_decisions_at_debug(caplog):
+    caplog.set_level(logging.DEBUG, logger="martinet.swiftlets.routing.exchange")
+    r = RouteExchanger("r")
+    r.link_up("lyon")
+    r.link_up("nice")
+    caplog.clear()
+    r.receive("lyon", add("paris"))
+    assert [(rec.levelname, rec.getMessage()) for rec in caplog.records] == [
+        ("INFO", "route to paris via lyon (2 hops: lyon paris) added"),
+        ("DEBUG", "do not announce lyon paris to lyon: its next hop"),
+        ("DEBUG", "announce lyon paris to nice"),
+    ]
+    caplog.clear()
+    r.link_down("lyon")
+    assert [rec.getMessage() for rec in caplog.records if rec.levelname == "INFO"] == [
+        "route to paris via lyon (2 hops: lyon paris) removed", "route to lyon via lyon (1 hop: lyon) removed"]
+
+
 # -- whole networks ---------------------------------------------------------------------------
 
 
@@ -418,11 +437,13 @@ def test_ring_and_mesh_converge_fail_and_recover(shape, limit):
     names, links = shape(6)
     limits = dict.fromkeys(names, limit)
     net = Network(names, hop_limits=limit, rng=random.Random(7))
-    for a, b in links:
-        net.link_up(a, b)
-    net.settle()
+
+    def all_up():
+        for a, b in links:
+            net.link_up(a, b)
+
+    phase_cost(net, limits, {}, all_up)
     assert net.removes == 0  # links only coming up: nothing is ever withdrawn
-    check_settled(net, limits, {})
     a, b = links[2]
     phase_cost(net, limits, {}, lambda: net.link_down(a, b))
     phase_cost(net, limits, {}, lambda: net.link_up(a, b))

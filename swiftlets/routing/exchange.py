@@ -204,6 +204,11 @@ def _check_filters(filters: Mapping[str, RouteFilter]) -> dict[str, RouteFilter]
     return checked
 
 
+def _hops(path: Path) -> str:
+    """``2 hops: lyon paris`` for the log."""
+    return f"{len(path)} hop{'s' if len(path) > 1 else ''}: {' '.join(path)}"
+
+
 def _order(paths: Iterable[Path]) -> list[Path]:
     """Shortest first, then by name: a stable order to send a batch of routes in."""
     return sorted(paths, key=lambda path: (len(path), path))
@@ -455,7 +460,8 @@ class RouteExchanger:
         routes[path] = self._seq
         self._learned[path[0]].add(path)
         self._rows.pop(destination, None)
-        self._log.info("route to %s via %s (%d hops: %s) added", destination, path[0], len(path), " ".join(path))
+        if self._log.isEnabledFor(logging.INFO):
+            self._log.info("route to %s via %s (%s) added", destination, path[0], _hops(path))
         self._events.append(RouteAdded(router=destination, path=path))
         if len(routes) == 1:
             self._events.append(DestinationActivated(router=destination))
@@ -472,7 +478,8 @@ class RouteExchanger:
         if learned is not None:
             learned.discard(path)
         self._rows.pop(destination, None)
-        self._log.info("route to %s via %s (%d hops: %s) removed", destination, path[0], len(path), " ".join(path))
+        if self._log.isEnabledFor(logging.INFO):
+            self._log.info("route to %s via %s (%s) removed", destination, path[0], _hops(path))
         self._events.append(RouteRemoved(router=destination, path=path))
         if not routes:
             del self._table[destination]
@@ -491,14 +498,17 @@ class RouteExchanger:
         if why is None:
             self._announced[neighbour].add(path)
             self._sends.append((neighbour, Announcement(add=True, destination=path[-1], path=path)))
-            self._log.debug("announce %s to %s", " ".join(path), neighbour)
-        else:
-            self._log.debug("do not announce %s to %s: %s", " ".join(path), neighbour, why)
+        if self._log.isEnabledFor(logging.DEBUG):  # one decision per neighbour and change: keep it cheap
+            if why is None:
+                self._log.debug("announce %s to %s", " ".join(path), neighbour)
+            else:
+                self._log.debug("do not announce %s to %s: %s", " ".join(path), neighbour, why)
 
     def _withdraw(self, neighbour: str, path: Path) -> None:
         self._announced[neighbour].remove(path)
         self._sends.append((neighbour, Announcement(add=False, destination=path[-1], path=path)))
-        self._log.debug("withdraw %s from %s", " ".join(path), neighbour)
+        if self._log.isEnabledFor(logging.DEBUG):
+            self._log.debug("withdraw %s from %s", " ".join(path), neighbour)
 
     def _reconcile(self, neighbour: str) -> None:
         """Bring what ``neighbour`` was announced in line with the rules: withdrawals first,
