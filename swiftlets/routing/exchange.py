@@ -20,16 +20,14 @@ route already held and a REMOVE for one not held are ignored, so both are idempo
 
 **Triggers** (SwiftMQ's ``RouteExchanger``, seed 000 "Dynamic Routing"):
 
-=================================  ===========================================================
-``link_up(N)``                     insert ``(N,)`` (announced to the others), then send ``N``
-                                   every route it may have
-``link_down(N)``                   drop every route learned over ``N``; withdraw each one from
-                                   the neighbours it was announced to
-``receive(N, announcement)``       add or drop the route; announce or withdraw it elsewhere
-``set_hop_limit`` / ``set_filters``  re-evaluate each neighbour and send only the differences
-                                   (SwiftMQ needs a reconnect for that)
-``add_static`` / ``remove_static``   a destination known without routes; never announced
-=================================  ===========================================================
+- ``link_up(N)``: insert ``(N,)`` (announced to the others), then send ``N`` every route
+  it may have, shortest first;
+- ``link_down(N)``: drop every route learned over ``N``; withdraw each one from the
+  neighbours it was announced to;
+- ``receive(N, announcement)``: add or drop the route; announce or withdraw it elsewhere;
+- ``set_hop_limit`` / ``set_filters``: re-evaluate the neighbours concerned and send only
+  the differences (SwiftMQ needs the links re-established for that);
+- ``add_static`` / ``remove_static``: a destination known without routes; never announced.
 
 **Output rules.** Neighbour ``N`` should have route ``P`` of this router unless one of
 :func:`refusal`'s reasons holds (hop limit reached, ``N`` is the next hop, ``N`` is on the
