@@ -4,7 +4,8 @@ Used by tests/test_route_exchange.py and bench/route_convergence.py. Nothing her
 threaded: a :class:`Network` holds one :class:`RouteExchanger` per router and a FIFO per
 directed link; :meth:`Network.deliver` hands over messages in random order across links but
 in order on each link (what TCP gives). A link going down drops what was in flight on it,
-both ways, and both ends learn at once.
+both ways, and both ends learn at once; or one end learns first (a half-closed link: what it
+sent earlier still arrives, what the other end sends meanwhile is lost).
 
 The network checks the wire as it goes: an ADD sent twice on one link (between its coming up
 and going down) or a REMOVE of a route not announced on it fails at once, and so does an
@@ -97,12 +98,13 @@ class Network:
             self.routers[name] = RouteExchanger(name, hop_limit=limit, filters=filters.get(name, {}),
                                                 round_robin=round_robin)
         self.followers = {name: TableFollower(name) for name in self.routers}
-        self.links: set[frozenset[str]] = set()
+        self.links: set[frozenset[str]] = set()  # up at both ends
+        self.closing: dict[frozenset[str], str] = {}  # link -> the end that dropped it (the other has not yet)
         self.queues: dict[tuple[str, str], deque[Announcement]] = {}
         self.wire: dict[tuple[str, str], set[Path]] = {}  # what was announced on the link now up
         self._busy: list[tuple[str, str]] = []  # directed links with messages in flight
         self._busy_at: dict[tuple[str, str], int] = {}
-        self.adds = self.removes = 0
+        self.adds = self.removes = self.lost = 0
 
     @property
     def sent(self) -> int:
@@ -112,7 +114,7 @@ class Network:
 
     def link_up(self, a: str, b: str) -> None:
         key = frozenset((a, b))
-        assert key not in self.links and a != b
+        assert key not in self.links and key not in self.closing and a != b
         self.links.add(key)
         for pair in ((a, b), (b, a)):
             self.queues[pair] = deque()
@@ -120,14 +122,38 @@ class Network:
         self.apply(a, self.routers[a].link_up(b))
         self.apply(b, self.routers[b].link_up(a))
 
-    def link_down(self, a: str, b: str) -> None:
-        self.links.remove(frozenset((a, b)))
-        for pair in ((a, b), (b, a)):
-            del self.queues[pair], self.wire[pair]
-            if pair in self._busy_at:
-                self._idle(pair)
+    def link_down(self, a: str, b: str, *, half: bool = False) -> None:
+        """The link between ``a`` and ``b`` fails: both ends learn at once; with ``half``, ``a``
+        only: what it sent before still reaches ``b``, what ``b`` sends now is lost, until
+        :meth:`link_down` is called again for the link (``b`` learns too). On a half-closed
+        link, that is all one can do (the connect stage admits a router name only once)."""
+        key = frozenset((a, b))
+        if key in self.closing:
+            first = self.closing.pop(key)
+            other = b if first == a else a
+            self._drop(first, other)
+            self._drop(other, first)
+            self.apply(other, self.routers[other].link_down(first))
+            return
+        self.links.remove(key)
+        if half:
+            self.closing[key] = a
+            self._drop(b, a, keep_wire=True)  # b still sends (into the void) until it learns
+            self.apply(a, self.routers[a].link_down(b))
+            return
+        self._drop(a, b)
+        self._drop(b, a)
         self.apply(a, self.routers[a].link_down(b))
         self.apply(b, self.routers[b].link_down(a))
+
+    def _drop(self, sender: str, receiver: str, *, keep_wire: bool = False) -> None:
+        pair = (sender, receiver)
+        if pair in self.queues:
+            self.lost += len(self.queues.pop(pair))
+            if pair in self._busy_at:
+                self._idle(pair)
+        if not keep_wire:
+            self.wire.pop(pair, None)
 
     # -- messages --------------------------------------------------------------------------
 
@@ -136,7 +162,7 @@ class Network:
         self.followers[name].follow(output.events)
         for neighbour, announcement in output.sends:
             pair = (name, neighbour)
-            assert pair in self.queues, f"{name} sent to {neighbour} without a link"
+            assert pair in self.wire, f"{name} sent to {neighbour} without a link"
             wire = self.wire[pair]
             if announcement.add:
                 assert announcement.path not in wire, f"{name} sent ADD {announcement.path} to {neighbour} twice"
@@ -146,6 +172,9 @@ class Network:
                 assert announcement.path in wire, f"{name} withdrew {announcement.path} from {neighbour} unannounced"
                 wire.remove(announcement.path)
                 self.removes += 1
+            if pair not in self.queues:  # the neighbour dropped the link already
+                self.lost += 1
+                continue
             self.queues[pair].append(announcement)
             if pair not in self._busy_at:
                 self._busy_at[pair] = len(self._busy)

@@ -474,9 +474,10 @@ def networks(draw):
     filters = {name: draw(filters_of(name)) for name in names}
     links = draw(st.lists(st.sampled_from(pairs), unique=True, min_size=1))
     steps = draw(st.lists(st.one_of(
-        st.tuples(st.just("toggle"), st.sampled_from(pairs)),
+        st.tuples(st.just("toggle"), st.sampled_from(pairs), st.sampled_from(["both", "first", "second"])),
         st.tuples(st.just("deliver"), st.integers(1, 12)),
-        st.tuples(st.just("toggle"), st.sampled_from(links)),  # failures and recoveries of the first links
+        # failures and recoveries of the first links, both ends learning at once or one first
+        st.tuples(st.just("toggle"), st.sampled_from(links), st.sampled_from(["both", "first", "second"])),
         st.tuples(st.just("limit"), st.sampled_from(names), st.sampled_from(choices)),
         st.sampled_from(names).flatmap(lambda name: st.tuples(st.just("filters"), st.just(name), filters_of(name))),
     ), max_size=25))
@@ -493,10 +494,18 @@ def test_random_networks_settle_on_the_reference(network, rng):
         net.link_up(a, b)
     for step in steps:
         match step:
-            case ("toggle", (a, b)):
+            case ("toggle", (a, b), how):
                 if net.pending:
                     event("a link changed with messages in flight")
-                (net.link_down if frozenset((a, b)) in net.links else net.link_up)(a, b)
+                key = frozenset((a, b))
+                if key in net.closing:
+                    net.link_down(a, b)  # the other end learns
+                elif key in net.links:
+                    if how != "both":
+                        event("a link closed at one end first")
+                    net.link_down(*((b, a) if how == "second" else (a, b)), half=how != "both")
+                else:
+                    net.link_up(a, b)
             case ("deliver", count):
                 net.deliver(count)
             case ("limit", name, limit):
@@ -505,6 +514,8 @@ def test_random_networks_settle_on_the_reference(network, rng):
             case ("filters", name, new):
                 filters[name] = new
                 net.apply(name, net.routers[name].set_filters(new))
+    for a, b in list(net.closing):
+        net.link_down(a, b)
     net.settle()
     total = sum(len(net.routes(name)) for name in names)
     event(f"routes held at the end: {'0' if not total else '<10' if total < 10 else '<100' if total < 100 else '100+'}")
