@@ -242,8 +242,10 @@ def test_static_route_is_known_inactive_and_never_announced():
     assert r.receive("a", add("far")).events == [RouteAdded(router="far", path=("a", "far")),
                                                  DestinationActivated(router="far")]
     assert r.destination("far").next_hop == "a" and r.destination("far").static
-    assert r.link_down("a").events[:2] == [RouteRemoved(router="far", path=("a", "far")),
-                                           DestinationDeactivated(router="far")]
+    assert r.link_down("a").events == [
+        RouteRemoved(router="far", path=("a", "far")), DestinationDeactivated(router="far"),  # far stays known
+        RouteRemoved(router="a", path=("a",)), DestinationDeactivated(router="a"), DestinationRemoved(router="a"),
+    ]
     assert r.destination("far").static and not r.destination("far").active
     assert r.remove_static("far").events == [DestinationRemoved(router="far")]
     assert r.destination("far") is None
@@ -479,6 +481,7 @@ def networks(draw):
         # failures and recoveries of the first links, both ends learning at once or one first
         st.tuples(st.just("toggle"), st.sampled_from(links), st.sampled_from(["both", "first", "second"])),
         st.tuples(st.just("limit"), st.sampled_from(names), st.sampled_from(choices)),
+        st.tuples(st.just("static"), st.permutations(names).map(lambda order: order[:2])),  # toggled at order[0]
         st.sampled_from(names).flatmap(lambda name: st.tuples(st.just("filters"), st.just(name), filters_of(name))),
     ), max_size=25))
     return names, limits, filters, links, steps
@@ -490,6 +493,7 @@ def test_random_networks_settle_on_the_reference(network, rng):
     names, limits, filters, links, steps = network
     limits, filters = dict(limits), dict(filters)
     net = Network(names, hop_limits=limits, filters=filters, rng=rng)
+    statics = {name: set() for name in names}
     for a, b in links:
         net.link_up(a, b)
     for step in steps:
@@ -511,6 +515,13 @@ def test_random_networks_settle_on_the_reference(network, rng):
             case ("limit", name, limit):
                 limits[name] = limit
                 net.apply(name, net.routers[name].set_hop_limit(limit))
+            case ("static", (name, far)):
+                if far in statics[name]:
+                    statics[name].remove(far)
+                    net.apply(name, net.routers[name].remove_static(far))
+                else:
+                    statics[name].add(far)
+                    net.apply(name, net.routers[name].add_static(far))
             case ("filters", name, new):
                 filters[name] = new
                 net.apply(name, net.routers[name].set_filters(new))
@@ -521,6 +532,9 @@ def test_random_networks_settle_on_the_reference(network, rng):
     event(f"routes held at the end: {'0' if not total else '<10' if total < 10 else '<100' if total < 100 else '100+'}")
     event(f"withdrawals sent: {'yes' if net.removes else 'no'}")
     check_settled(net, limits, filters)
+    for name, router in net.routers.items():
+        assert {row.name for row in router.destinations() if row.static} == statics[name]
+        assert {row.name for row in router.destinations()} == statics[name] | shortest(net.routes(name)).keys()
     if links:  # from quiet: one failure and its recovery cost exactly the differences
         a, b = rng.choice(links)
         if frozenset((a, b)) in net.links:
