@@ -332,6 +332,15 @@ def test_the_longest_route_allowed_is_stored():
     assert r.destination(path[-1]).routes == (("a", *path),)
 
 
+def test_a_path_decoded_as_a_list_is_accepted_and_stored_as_a_tuple():
+    r = RouteExchanger("r")
+    r.link_up("a")
+    r.receive("a", Announcement(add=True, destination="x", path=["x"]))
+    assert r.destination("x").routes == (("a", "x"),)
+    r.receive("a", Announcement(add=False, destination="x", path=["x"]))
+    assert r.destination("x") is None
+
+
 def test_repeated_add_and_unknown_remove_are_ignored():
     r = RouteExchanger("r")
     r.link_up("a")

@@ -239,7 +239,7 @@ class RouteExchanger:
         self.local = _check_name(local)
         self._hop_limit = _check_hop_limit(hop_limit)
         self._filters = _check_filters(filters or {})
-        self.round_robin = round_robin
+        self._round_robin = round_robin
         self._log = log or logging.getLogger(__name__)
         self._table: dict[str, dict[Path, int]] = {}  # destination -> {route: learn sequence}; no empty dicts
         self._learned: dict[str, set[Path]] = {}  # neighbour -> the routes learned over its link
@@ -261,6 +261,11 @@ class RouteExchanger:
         return dict(self._filters)
 
     @property
+    def round_robin(self) -> bool:
+        """Fixed at construction (``roundrobin-enabled`` is reboot-required in SwiftMQ too)."""
+        return self._round_robin
+
+    @property
     def neighbours(self) -> tuple[str, ...]:
         """The neighbours whose links are up, sorted."""
         return tuple(sorted(self._learned))
@@ -278,7 +283,7 @@ class RouteExchanger:
             return None
         ordered = tuple(sorted(routes, key=lambda path: (len(path), -routes[path]))) if routes else ()
         next_hop = ordered[0][0] if ordered else None
-        if self.round_robin:
+        if self._round_robin:
             rotation = tuple(sorted({path[0] for path in ordered}))
         else:
             rotation = (next_hop,) if next_hop is not None else ()
