@@ -629,7 +629,7 @@ class LinkMachine:
             return (f"invalid router name {_printable(name, 80)!r}: use letters, digits, '_' and '-', "
                     f"starting with a letter, at most {MAX_NAME_LENGTH} characters")
         if name == self.name:
-            return f"the peer has our own router name {name!r}"
+            return f"both routers are named {name!r}"
         return None
 
     def _identified(self, name: str) -> State:
