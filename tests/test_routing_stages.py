@@ -425,13 +425,16 @@ def test_every_waiting_state_is_covered():
 @pytest.mark.parametrize("role, state, password", WAITING_CASES)
 def test_stage_valid_timeout_in_each_waiting_state(role, state, password):
     admit = {CONNECTOR, LISTENER} - ({role} if state is State.ADMISSION else set())
-    pair = Pair(connector(password, now=100), listener(password, now=100), admit=admit)
+    pair = Pair(connector(password, now=90), listener(password, now=90), admit=admit)
     m = pair.c if role is CONNECTOR else pair.l
+    assert m.tick(95) == 105  # the first state's timer runs from the machine's creation
     pair.run(until=lambda: m.state is state)
     assert m.state is state
-    assert m.tick(100) == 115  # the state's timer starts at the first tick in it
-    assert m.tick(114.9) == 115 and m.state is state
-    assert m.tick(115) == 0
+    # any later state's timer starts at the first tick in it
+    start = 90 if state is State.PROTOCOL_WAIT else 100
+    assert m.tick(100) == start + 15
+    assert m.tick(start + 14.9) == start + 15 and m.state is state
+    assert m.tick(start + 15) == 0
     [closed] = [e for e in m.events() if isinstance(e, Closed)]
     stage = stages.STAGE_OF[state]
     assert closed.reason == f"stage-valid-timeout (15 s) expired in the {stage.value} stage ({state.value})"
