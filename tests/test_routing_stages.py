@@ -4,14 +4,19 @@ delay, stage-valid-timeout, keepalive (seed 004), breaches, and fuzzing of recor
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
 
 import pytest
+import trio
+import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_routing_wire import ANY_FRAME
 
 from martinet.kernel import config as kernel_config
+from martinet.messaging.io import Driver
 from martinet.swiftlets.routing import stages
 from martinet.swiftlets.routing.stages import (
     AUTH_FAILED,
@@ -387,9 +392,6 @@ def test_a_listener_direction_proof_is_refused_by_the_listener():
 
 
 def test_the_proof_is_the_documented_computation():
-    import hashlib
-    import hmac
-
     message = LABEL_CONNECTOR
     for part in (NONCE_C, NONCE_L, b"r1", b"r2", b"1.0"):
         message += len(part).to_bytes(2, "big") + part
@@ -739,3 +741,77 @@ def test_frames_above_the_maximum_are_refused_from_their_length(role, prefix, le
         assert closed.reason == f"frame of {length} bytes exceeds the maximum frame size of {limit} bytes"
     else:
         assert not m.events() and m.state not in (State.CLOSED, State.REJECTING)
+
+
+# -- under the trio Driver (messaging/io.py), virtual time --------------------------------------
+
+
+class Owner:
+    """What the routing swiftlet will do around a machine: admit (or refuse) the peer, keep the events."""
+
+    def __init__(self, machine: LinkMachine, refuse: str | None = None):
+        self.machine, self.refuse, self.events = machine, refuse, []
+        self.times: list[float] = []
+
+    def on_input(self) -> None:
+        for event in self.machine.events():
+            self.events.append(event)
+            self.times.append(trio.current_time())
+            if isinstance(event, PeerIdentified):
+                if self.refuse:
+                    self.machine.refuse(self.refuse)
+                else:
+                    self.machine.admit()
+
+
+async def run_link(owner: Owner, stream) -> None:
+    try:
+        await Driver(stream, owner.machine, on_input=owner.on_input).run()
+    finally:
+        await stream.aclose()
+
+
+async def test_a_link_under_the_trio_driver(autojump_clock):
+    c_stream, l_stream = trio.testing.memory_stream_pair()
+    start = trio.current_time()
+    c_owner = Owner(connector("pw", now=start, keepalive_interval=30))
+    l_owner = Owner(listener("pw", now=start, keepalive_interval=30))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_link, c_owner, c_stream)
+        nursery.start_soon(run_link, l_owner, l_stream)
+        await trio.sleep(3600)  # an hour of keepalives, virtual
+        assert c_owner.machine.state is State.OPERATIONAL and l_owner.machine.state is State.OPERATIONAL
+        l_owner.machine.close("the router stops")
+        nursery.cancel_scope.deadline = trio.current_time() + 60  # both ends must finish by themselves
+    assert not nursery.cancel_scope.cancelled_caught
+    assert [type(e) for e in c_owner.events] == [PeerIdentified, Operational, Closed]
+    assert c_owner.events[-1].reason == "the router stops" and c_owner.events[-1].by_peer
+
+
+async def test_a_refused_connection_is_kept_for_the_reject_delay_under_the_driver(autojump_clock):
+    c_stream, l_stream = trio.testing.memory_stream_pair()
+    start = trio.current_time()
+    c_owner = Owner(connector(now=start, reject_disconnect_delay=5))
+    l_owner = Owner(listener(now=start, reject_disconnect_delay=5), refuse="router r1 is already connected")
+    ended = {}
+
+    async def timed(owner, stream):
+        await run_link(owner, stream)
+        ended[owner.machine.role] = trio.current_time() - start
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(timed, c_owner, c_stream)
+        nursery.start_soon(timed, l_owner, l_stream)
+    assert c_owner.events[-1] == Closed(reason="router r1 is already connected", by_peer=True, peer=None,
+                                        stage=Stage.CONNECT)
+    # the connector ends at once; it closes its socket, which ends the listener's wait early
+    assert ended[CONNECTOR] < 1 and ended[LISTENER] < 1
+
+
+async def test_a_silent_stranger_is_dropped_by_the_stage_valid_timeout_under_the_driver(autojump_clock):
+    c_stream, l_stream = trio.testing.memory_stream_pair()
+    start = trio.current_time()
+    l_owner = Owner(listener(now=start))
+    await run_link(l_owner, l_stream)  # nobody speaks on the other end
+    assert trio.current_time() - start == pytest.approx(15)
+    assert "stage-valid-timeout (15 s) expired in the protocol select stage" in l_owner.events[-1].reason
