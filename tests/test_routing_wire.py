@@ -171,3 +171,9 @@ def test_random_bodies_raise_only_remote_protocol_errors(raw):
         decode_body(raw)
     except RemoteProtocolError as exc:
         assert str(exc)
+
+
+def test_the_documented_example_frame():
+    """docs/routing-protocol.md §2: CONNECT from r1, nonce C×32, use-xa true."""
+    expected = bytes.fromhex("0000003b 920a83 a46e616d65a27231 a56e6f6e6365c420" + "43" * 32 + "a67573655f7861c3")
+    assert encode(Connect(name="r1", nonce=b"C" * 32, use_xa=True)) == expected
