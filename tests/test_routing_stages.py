@@ -307,11 +307,36 @@ def test_admission_refused_by_the_owner_reaches_the_peer_and_the_socket_ends_aft
                                     stage=Stage.CONNECT)
     assert pair.closed(peer).reason == "router r9 is already connected" and pair.closed(peer).by_peer
     assert pair.ended[peer] and peer.finished  # a refusal received ends at once
+    refusal = ConnectReply(accepted=False, reason="router r9 is already connected") if refusing is LISTENER \
+        else Close(reason="router r9 is already connected")
+    assert pair.frames(m)[-1] == refusal
     assert m.state is State.REJECTING and not pair.ended[m] and not m.finished
     assert m.tick(6.99) == 7.0 and m.data_to_send() == b""
     m.receive_data(b"late input is dropped")
     assert m.tick(7.0) == 0.0 and m.data_to_send() is None and m.finished
     assert len([e for e in pair.events[m] if isinstance(e, Closed)]) == 1 and not m.events()
+
+
+def test_the_owner_may_end_the_reject_delay():
+    pair = Pair(admit={CONNECTOR})
+    pair.run()
+    pair.l.refuse("no")
+    pair.l.close("the router stops")
+    assert [f.TYPE for f in decoded(split(pair.l.data_to_send()))] == [FrameType.CONNECT_REPLY]
+    assert pair.l.data_to_send() is None and pair.l.finished
+    assert [e.reason for e in pair.l.events() if isinstance(e, Closed)] == ["no"]
+
+
+def test_input_held_during_admission_is_bounded():
+    lis = listener()
+    lis.receive_data(HELLO + encode(Connect(name="r1", nonce=NONCE_C, use_xa=True)))
+    assert lis.state is State.ADMISSION
+    lis.receive_data(encode(Keepalive()) * 100)  # held: the owner has not decided
+    assert lis.state is State.ADMISSION
+    lis.receive_data(b"x" * 8192)
+    [_, closed] = lis.events()
+    assert closed.reason.endswith("bytes received while awaiting the owner's admission (at most 8192)")
+    assert lis.state is State.CLOSED
 
 
 def test_a_peer_closing_its_side_ends_the_reject_delay_early():

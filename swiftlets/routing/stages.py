@@ -103,6 +103,7 @@ NONCE_SIZE = 32
 MAX_NAME_LENGTH = 64
 MAX_PATH_LENGTH = 64
 MAX_VERSIONS = 16
+MAX_UNREAD = 2 * HANDSHAKE_MAX_FRAME_SIZE  # input held unread while the owner decides on admission
 AUTH_FAILED = "authentication failed"
 LABEL_CONNECTOR = b"martinet-routing connector proof"  # the proof the connector sends
 LABEL_LISTENER = b"martinet-routing listener proof"  # the proof the listener sends
@@ -327,7 +328,7 @@ class LinkSettings:
     max_frame_size: int = 1 << 20
 
     def __attrs_post_init__(self) -> None:
-        if not 0 <= self.keepalive_interval <= 86_400_000 or not self.max_frame_size >= 256 \
+        if not 0 <= self.keepalive_interval < (1 << 32) / 1000 or not self.max_frame_size >= 256 \
                 or not 1 <= self.inbound_transaction_size < 1 << 32 or not 1 <= self.inbound_window_size < 1 << 32 \
                 or self.stage_valid_timeout <= 0 or self.reject_disconnect_delay < 0:
             raise ValueError(f"invalid link settings: {self!r}")
@@ -436,6 +437,12 @@ class LinkMachine:
         if self._state is State.REJECTING:
             return
         self._reader.feed(data)
+        if self._state is State.ADMISSION and self._reader.buffered > MAX_UNREAD:
+            # the owner has not decided yet and the peer keeps sending: a well-behaved peer
+            # has sent at most a few small frames (ADJUST, START_DELIVERY) by now
+            self._fail(f"{self._reader.buffered} bytes received while awaiting the owner's admission "
+                       f"(at most {MAX_UNREAD})")
+            return
         self._process()
 
     def tick(self, now: float) -> float:
@@ -495,7 +502,8 @@ class LinkMachine:
         Raises:
             LocalProtocolError: not awaiting admission.
         """
-        self._decide(Decision.REFUSE, lambda: self._refuse(reason))
+        self._decide(Decision.REFUSE, lambda: self._refuse(
+            reason, ConnectReply(accepted=False, reason=reason) if self.role is Role.LISTENER else None))
 
     def send_route(self, *, add: bool, destination: str, path: Sequence[str]) -> None:
         """Announce (``add``) or withdraw a route: ``path`` starts with our name and ends
@@ -514,8 +522,11 @@ class LinkMachine:
 
     def close(self, reason: str) -> None:
         """End the link now: a CLOSE with ``reason``, :class:`Closed` (``by_peer`` false).
-        Does nothing once the link ended."""
-        if self._state not in ENDED:
+        During the reject-disconnect-delay, end it now (no further frame or event, e.g.
+        when the router stops); once the link is over, do nothing."""
+        if self._state is State.REJECTING:
+            self._state, self._ended = State.CLOSED, True
+        elif self._state is not State.CLOSED:
             self._fail(reason)
 
     # -- internals: transitions -------------------------------------------------------------
