@@ -840,3 +840,20 @@ async def test_a_silent_stranger_is_dropped_by_the_stage_valid_timeout_under_the
     await run_link(l_owner, l_stream)  # nobody speaks on the other end
     assert trio.current_time() - start == pytest.approx(15)
     assert "stage-valid-timeout (15 s) expired in the protocol select stage" in l_owner.events[-1].reason
+
+
+async def test_the_reject_delay_under_the_driver_when_the_peer_stays(autojump_clock):
+    c_stream, l_stream = trio.testing.memory_stream_pair()
+    start = trio.current_time()
+    l_owner = Owner(listener(now=start, reject_disconnect_delay=5))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_link, l_owner, l_stream)
+        await c_stream.send_all(HELLO + encode(Connect(name="r2", nonce=NONCE_C, use_xa=True)))  # our own name
+        received = b""
+        while b"both routers are named 'r2'" not in received:
+            received += await c_stream.receive_some()
+        assert trio.current_time() - start < 1
+        assert await c_stream.receive_some() == b""  # the listener closes its socket...
+    assert trio.current_time() - start == pytest.approx(5)  # ...after the reject-disconnect-delay
+    assert l_owner.events == [Closed(reason="both routers are named 'r2'", by_peer=False, peer=None,
+                                     stage=Stage.CONNECT)]
