@@ -628,6 +628,14 @@ def test_local_misuse_raises_and_changes_nothing():
     with pytest.raises(LocalProtocolError, match="must run from r1"):
         pair.c.send_route(add=True, destination="r9", path=["r2", "r9"])
     assert pair.c.state is State.OPERATIONAL and pair.c.data_to_send() == b""
+    pair.c.close("bye")
+    assert pair.c.send_route(add=True, destination="r9", path=["r1", "r9"]) is False  # dropped with the link
+    pair = Pair(admit=())
+    pair.run()
+    pair.l.receive_data(b"")
+    pair.l.admit()  # a decision that crossed the peer's close: nothing happens
+    pair.l.refuse("late")
+    assert [type(e) for e in pair.l.events()] == [Closed]
     with pytest.raises(ValueError, match="invalid router name"):
         connector(name="1x")
     with pytest.raises(ValueError, match="invalid link settings"):

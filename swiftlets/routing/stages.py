@@ -489,15 +489,18 @@ class LinkMachine:
 
     def admit(self) -> None:
         """Let the identified peer in: the handshake continues (authentication or delivery).
+        Does nothing once the link ended (the :class:`Closed` event said so), so a decision
+        that crosses the peer's close is harmless.
 
         Raises:
-            LocalProtocolError: not awaiting admission.
+            LocalProtocolError: not awaiting admission (e.g. admitted already).
         """
         self._decide(Decision.ADMIT, self._on_admit)
 
     def refuse(self, reason: str) -> None:
         """Refuse the identified peer with ``reason`` (e.g. "router r2 is already connected"):
-        it reads the reason, the socket ends after the reject-disconnect-delay.
+        it reads the reason, the socket ends after the reject-disconnect-delay. Does
+        nothing once the link ended.
 
         Raises:
             LocalProtocolError: not awaiting admission.
@@ -505,13 +508,16 @@ class LinkMachine:
         self._decide(Decision.REFUSE, lambda: self._refuse(
             reason, ConnectReply(accepted=False, reason=reason) if self.role is Role.LISTENER else None))
 
-    def send_route(self, *, add: bool, destination: str, path: Sequence[str]) -> None:
+    def send_route(self, *, add: bool, destination: str, path: Sequence[str]) -> bool:
         """Announce (``add``) or withdraw a route: ``path`` starts with our name and ends
-        with ``destination`` (the peer will hold it as its route over us).
+        with ``destination`` (the peer will hold it as its route over us). True when it is
+        queued; False when the link already ended (the route is dropped with the link).
 
         Raises:
-            LocalProtocolError: not in the delivery stage, or an invalid route.
+            LocalProtocolError: the delivery stage has not begun, or an invalid route.
         """
+        if self._state in ENDED:
+            return False
         if self._state is not State.OPERATIONAL:
             raise LocalProtocolError(f"send_route while {self._state.value}")
         route = Route(add=add, destination=destination, path=tuple(path))
@@ -519,6 +525,7 @@ class LinkMachine:
         if problem:
             raise LocalProtocolError(problem)
         self._out.append(encode(route, self.settings.max_frame_size))
+        return True
 
     def close(self, reason: str) -> None:
         """End the link now: a CLOSE with ``reason``, :class:`Closed` (``by_peer`` false).
@@ -532,6 +539,8 @@ class LinkMachine:
     # -- internals: transitions -------------------------------------------------------------
 
     def _decide(self, decision: Decision, handler: Callable[[], State | None]) -> None:
+        if self._state in ENDED:
+            return
         allowed = TRANSITIONS.get((self.role, self._state, decision))
         if allowed is None:
             raise LocalProtocolError(f"{decision.value} while {self._state.value}")
