@@ -38,7 +38,10 @@ the frame types received and the owner's decisions (:class:`Decision`).
   owner admission included) is guarded by ``stage_valid_timeout`` counted from the first
   tick after the state began; in delivery the keepalive (seed 004): a KEEPALIVE every
   interval whatever else is sent, a counter reset to 5 by each KEEPALIVE received and
-  decremented at each interval; at 0 the link is closed. Interval 0: no keepalive.
+  decremented at each interval; at 0 the link is closed. Interval 0: no keepalive. ("Each
+  side has a counter which is initialized with 5 … If the counter reaches 0, the connection
+  is probably invalid and is closed physically" [seed 004]; reset rather than increment on
+  receipt: SwiftMQ defect 5 in swiftmq-internals §8.)
 
 Misuse by the owner (``admit()`` outside admission, ``send_route`` before delivery)
 raises :class:`~.wire.LocalProtocolError` and changes nothing.
