@@ -317,6 +317,20 @@ def test_admission_refused_by_the_owner_reaches_the_peer_and_the_socket_ends_aft
     assert len([e for e in pair.events[m] if isinstance(e, Closed)]) == 1 and not m.events()
 
 
+def test_long_reasons_are_cut_to_fit_the_peers_handshake_limit():
+    pair = Pair(connector(max_frame_size=4096), listener(max_frame_size=4096), admit={CONNECTOR})
+    pair.run()
+    pair.l.refuse("\U0001d11e" * 5000)  # 4 bytes each in UTF-8
+    pair._pump()
+    pair.run()
+    assert pair.closed(pair.c).reason.startswith("\U0001d11e") and pair.closed(pair.c).by_peer
+    pair = operational_pair(max_frame_size=4096)
+    pair.c.close("\U0001d11e" * 5000)
+    pair._pump()
+    pair.run()
+    assert pair.closed(pair.l).by_peer and len(pair.closed(pair.l).reason) <= 201
+
+
 def test_the_owner_may_end_the_reject_delay():
     pair = Pair(admit={CONNECTOR})
     pair.run()

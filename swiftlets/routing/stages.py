@@ -106,6 +106,7 @@ NONCE_SIZE = 32
 MAX_NAME_LENGTH = 64
 MAX_PATH_LENGTH = 64
 MAX_VERSIONS = 16
+MAX_REASON = 500  # characters of a reason we send (at most 2000 bytes: a CLOSE fits the handshake limit)
 MAX_UNREAD = 2 * HANDSHAKE_MAX_FRAME_SIZE  # input held unread while the owner decides on admission
 AUTH_FAILED = "authentication failed"
 LABEL_CONNECTOR = b"martinet-routing connector proof"  # the proof the connector sends
@@ -319,7 +320,7 @@ class LinkSettings:
         stage_valid_timeout: how long each stage before delivery may wait.
         reject_disconnect_delay: how long a refused connection is kept open.
         max_frame_size: the largest frame accepted in the delivery stage (before it,
-            :data:`~.wire.HANDSHAKE_MAX_FRAME_SIZE` or this, whichever is smaller).
+            :data:`~.wire.HANDSHAKE_MAX_FRAME_SIZE`, which is also the least allowed here).
     """
 
     keepalive_interval: float = 60.0
@@ -331,7 +332,7 @@ class LinkSettings:
     max_frame_size: int = 1 << 20
 
     def __attrs_post_init__(self) -> None:
-        if not 0 <= self.keepalive_interval < (1 << 32) / 1000 or not self.max_frame_size >= 256 \
+        if not 0 <= self.keepalive_interval < (1 << 32) / 1000 or self.max_frame_size < HANDSHAKE_MAX_FRAME_SIZE \
                 or not 1 <= self.inbound_transaction_size < 1 << 32 or not 1 <= self.inbound_window_size < 1 << 32 \
                 or self.stage_valid_timeout <= 0 or self.reject_disconnect_delay < 0:
             raise ValueError(f"invalid link settings: {self!r}")
@@ -365,7 +366,7 @@ class LinkMachine:
             raise ValueError("the nonce source must return 32 bytes")
         self._state = State.PROTOCOL_WAIT
         self._stage = Stage.PROTOCOL
-        self._reader = FrameReader(min(HANDSHAKE_MAX_FRAME_SIZE, settings.max_frame_size))
+        self._reader = FrameReader(HANDSHAKE_MAX_FRAME_SIZE)
         self._out: list[bytes] = []
         self._events: list[Event] = []
         self._now = now
@@ -508,6 +509,7 @@ class LinkMachine:
         Raises:
             LocalProtocolError: not awaiting admission.
         """
+        reason = reason[:MAX_REASON]
         self._decide(Decision.REFUSE, lambda: self._refuse(
             reason, ConnectReply(accepted=False, reason=reason) if self.role is Role.LISTENER else None))
 
@@ -604,7 +606,7 @@ class LinkMachine:
     def _send_close(self, reason: str) -> None:
         if not self._close_sent:
             self._close_sent = True
-            self._send(Close(reason=reason[:500]))
+            self._send(Close(reason=reason[:MAX_REASON]))
 
     def _refuse(self, reason: str, frame: Frame | None = None, local_reason: str | None = None) -> None:
         """We refuse the peer: ``frame`` (a refusing reply) or a CLOSE carries ``reason``;
