@@ -1,0 +1,779 @@
+"""The routing link machine: the stages of one router-to-router connection, both roles, sans-IO.
+
+Theory of operation
+-------------------
+One :class:`LinkMachine` runs one TCP connection between two routers, as the side that
+dialled (:attr:`Role.CONNECTOR`) or the side that accepted (:attr:`Role.LISTENER`). It
+speaks the frames of :mod:`.wire` and walks the stages of ``docs/routing-protocol.md``::
+
+    protocol select -> connect -> (admission by the owner) -> authentication
+        -> [XA recovery: routing part 2] -> delivery
+
+It is sans-IO (the :class:`martinet.messaging.io.SansIO` protocol): the owner feeds what
+the socket delivers to :meth:`~LinkMachine.receive_data`, writes what
+:meth:`~LinkMachine.data_to_send` returns, calls :meth:`~LinkMachine.tick` with the time at
+the deadline it returned, and drains :meth:`~LinkMachine.events` after each of these.
+
+Transitions are data: :data:`TRANSITIONS` maps (role, state, input) to the states the
+input may lead to; the handler for the input picks one of them (a refusal or a breach may
+always end the link instead). An input without an entry is a protocol error. Inputs are
+the frame types received and the owner's decisions (:class:`Decision`).
+
+- **Admission.** The machine does not know the router's other links, so it does not
+  decide who may connect. When it learns the peer's name it emits :class:`PeerIdentified`
+  and waits (state ``ADMISSION``, input read no further) until the owner calls
+  :meth:`~LinkMachine.admit` or :meth:`~LinkMachine.refuse`. It refuses by itself a peer
+  with an invalid name or with our own name.
+- **Authentication** (mutual, HMAC-SHA256 over both nonces; see :func:`proof`): the
+  matrix is in the module constant :data:`AUTH_MATRIX` and in the document.
+- **Refusals** (version, name, admission, authentication) are written, the
+  :class:`Closed` event is emitted at once, and the machine keeps the socket
+  ``reject_disconnect_delay`` seconds (reading and dropping input) before
+  :meth:`~LinkMachine.data_to_send` returns None, so the peer reads the reason before the
+  socket goes; the peer closing its side ends the wait early.
+- **Breaches** (a malformed, oversized, unknown or unexpected frame): a CLOSE with the
+  reason is written, :class:`Closed` (``by_peer`` false) emitted, and the link ends once the
+  CLOSE is taken. Nothing is raised out of :meth:`~LinkMachine.receive_data`.
+- **Timers** (:meth:`~LinkMachine.tick`): each waiting state before delivery (both roles,
+  owner admission included) is guarded by ``stage_valid_timeout`` counted from the first
+  tick after the state began; in delivery the keepalive (seed 004): a KEEPALIVE every
+  interval whatever else is sent, a counter reset to 5 by each KEEPALIVE received and
+  decremented at each interval; at 0 the link is closed. Interval 0: no keepalive. ("Each
+  side has a counter which is initialized with 5 … If the counter reaches 0, the connection
+  is probably invalid and is closed physically" [seed 004]; reset rather than increment on
+  receipt: SwiftMQ defect 5 in swiftmq-internals §8.)
+
+Misuse by the owner (``admit()`` outside admission, ``send_route`` before delivery)
+raises :class:`~.wire.LocalProtocolError` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from .wire import (
+    HANDSHAKE_MAX_FRAME_SIZE,
+    MAGIC,
+    Adjust,
+    Auth,
+    AuthReply,
+    Close,
+    Connect,
+    ConnectReply,
+    Frame,
+    FrameReader,
+    FrameType,
+    Keepalive,
+    LocalProtocolError,
+    Protocol,
+    ProtocolReply,
+    RemoteProtocolError,
+    Route,
+    StartDelivery,
+    encode,
+)
+
+__all__ = [
+    "Role",
+    "Stage",
+    "State",
+    "Decision",
+    "LinkSettings",
+    "LinkMachine",
+    "PeerIdentified",
+    "Operational",
+    "RouteReceived",
+    "Closed",
+    "VERSIONS",
+    "KEEPALIVE_COUNT",
+    "AUTH_FAILED",
+    "AUTH_MATRIX",
+    "TRANSITIONS",
+    "proof",
+    "valid_router_name",
+]
+
+VERSIONS = ("1.0",)  # the versions this module implements; never offer more (SwiftMQ defect 6)
+KEEPALIVE_COUNT = 5  # seed 004: the counter starts at 5
+NONCE_SIZE = 32
+MAX_NAME_LENGTH = 64
+MAX_PATH_LENGTH = 64
+MAX_VERSIONS = 16
+MAX_REASON = 500  # characters of a reason we send (at most 2000 bytes: a CLOSE fits the handshake limit)
+MAX_UNREAD = 2 * HANDSHAKE_MAX_FRAME_SIZE  # input held unread while the owner decides on admission
+AUTH_FAILED = "authentication failed"
+LABEL_CONNECTOR = b"martinet-routing connector proof"  # the proof the connector sends
+LABEL_LISTENER = b"martinet-routing listener proof"  # the proof the listener sends
+
+# The router-name rule of kernel/config.py (``_ROUTER_NAME``), with a bound on the length.
+_ROUTER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*\Z")
+_VERSION = re.compile(r"(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})\Z")
+
+
+def valid_router_name(name: str) -> bool:
+    """A router name as the kernel accepts it (letters, digits, ``_``, ``-``, starting with
+    a letter), at most :data:`MAX_NAME_LENGTH` characters."""
+    return 0 < len(name) <= MAX_NAME_LENGTH and _ROUTER_NAME.match(name) is not None
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    """A peer's text made fit for one log line: control characters escaped, length bounded."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def proof(password: bytes, label: bytes, connector_nonce: bytes, listener_nonce: bytes,
+          connector_name: str, listener_name: str, version: str) -> bytes:
+    """HMAC-SHA256 keyed with ``password`` over the label and the handshake's values.
+
+    The message is ``label``, then each of connector nonce, listener nonce, connector
+    name, listener name, version (names and version UTF-8) preceded by its length as a
+    2-byte big-endian integer. The label differs per direction, so a proof one side sent
+    is never valid as the other side's (no reflection).
+    """
+    message = bytearray(label)
+    for part in (connector_nonce, listener_nonce, connector_name.encode(), listener_name.encode(), version.encode()):
+        message += len(part).to_bytes(2, "big") + part
+    return hmac.new(password, bytes(message), hashlib.sha256).digest()
+
+
+class Role(enum.Enum):
+    CONNECTOR = "connector"
+    LISTENER = "listener"
+
+
+class Stage(enum.Enum):
+    """The protocol's stages (coarse; :class:`State` is the machine's exact state)."""
+
+    PROTOCOL = "protocol select"
+    CONNECT = "connect"
+    AUTHENTICATION = "authentication"
+    RECOVERY = "XA recovery"  # routing part 2
+    DELIVERY = "delivery"
+
+
+class State(enum.Enum):
+    """Where the machine is; the waiting states name what they wait for."""
+
+    PROTOCOL_WAIT = "awaiting the protocol select"
+    CONNECT_WAIT = "awaiting the connect"
+    ADMISSION = "awaiting the owner's admission"
+    AUTH_WAIT = "awaiting the authentication"
+    # part 2: RECOVERY_WAIT = "awaiting the XA recovery" (between AUTH_WAIT and ADJUST_WAIT)
+    ADJUST_WAIT = "awaiting the peer's adjust"
+    START_WAIT = "awaiting the peer's start-delivery"
+    OPERATIONAL = "operational"
+    REJECTING = "refused, waiting for the reject-disconnect-delay"
+    CLOSED = "closed"
+
+
+STAGE_OF = {
+    State.PROTOCOL_WAIT: Stage.PROTOCOL,
+    State.CONNECT_WAIT: Stage.CONNECT,
+    State.ADMISSION: Stage.CONNECT,
+    State.AUTH_WAIT: Stage.AUTHENTICATION,
+    State.ADJUST_WAIT: Stage.DELIVERY,
+    State.START_WAIT: Stage.DELIVERY,
+    State.OPERATIONAL: Stage.DELIVERY,
+}
+WAITING = frozenset(STAGE_OF) - {State.OPERATIONAL}  # guarded by stage-valid-timeout
+ENDED = frozenset({State.REJECTING, State.CLOSED})
+
+
+class Decision(enum.Enum):
+    """The owner's inputs."""
+
+    ADMIT = "admit"
+    REFUSE = "refuse"
+
+
+C, L = Role.CONNECTOR, Role.LISTENER
+S = State
+# (role, state, input) -> the states the input may lead to (the first is the usual one).
+# Not listed: a CLOSE frame (accepted in every state before the end: the peer ends the
+# link), and the end of a link (refusal -> REJECTING, breach or timeout -> CLOSED), which
+# any input may cause. Anything else missing is a protocol error.
+TRANSITIONS: dict[tuple[Role, State, FrameType | Decision], tuple[State, ...]] = {
+    # protocol select: the connector wrote the magic and PROTOCOL when it was created
+    (L, S.PROTOCOL_WAIT, FrameType.PROTOCOL): (S.CONNECT_WAIT,),
+    (C, S.PROTOCOL_WAIT, FrameType.PROTOCOL_REPLY): (S.CONNECT_WAIT,),
+    # connect: each side learns the peer's name here and asks its owner
+    (L, S.CONNECT_WAIT, FrameType.CONNECT): (S.ADMISSION,),
+    (C, S.CONNECT_WAIT, FrameType.CONNECT_REPLY): (S.ADMISSION,),
+    (L, S.ADMISSION, Decision.ADMIT): (S.AUTH_WAIT, S.ADJUST_WAIT),
+    (C, S.ADMISSION, Decision.ADMIT): (S.AUTH_WAIT, S.ADJUST_WAIT),
+    (L, S.ADMISSION, Decision.REFUSE): (S.REJECTING,),
+    (C, S.ADMISSION, Decision.REFUSE): (S.REJECTING,),
+    # authentication (part 2 inserts RECOVERY_WAIT after it when XA is used)
+    (L, S.AUTH_WAIT, FrameType.AUTH): (S.ADJUST_WAIT,),
+    (C, S.AUTH_WAIT, FrameType.AUTH_REPLY): (S.ADJUST_WAIT,),
+    # delivery
+    (L, S.ADJUST_WAIT, FrameType.ADJUST): (S.START_WAIT,),
+    (C, S.ADJUST_WAIT, FrameType.ADJUST): (S.START_WAIT,),
+    (L, S.START_WAIT, FrameType.START_DELIVERY): (S.OPERATIONAL,),
+    (C, S.START_WAIT, FrameType.START_DELIVERY): (S.OPERATIONAL,),
+    (L, S.OPERATIONAL, FrameType.KEEPALIVE): (S.OPERATIONAL,),
+    (C, S.OPERATIONAL, FrameType.KEEPALIVE): (S.OPERATIONAL,),
+    (L, S.OPERATIONAL, FrameType.ROUTE): (S.OPERATIONAL,),
+    (C, S.OPERATIONAL, FrameType.ROUTE): (S.OPERATIONAL,),
+}
+del C, L, S
+
+# Who must authenticate, by (listener has a password, connector has a password):
+# True = the authentication stage runs; a string = the connector refuses, for that reason.
+AUTH_MATRIX: dict[tuple[bool, bool], bool | str] = {
+    (False, False): False,
+    (True, True): True,
+    (True, False): "the listener requires authentication and this connector has no password",
+    (False, True): "the listener does not authenticate itself and this connector has a password",
+}
+
+
+# -- events ------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class PeerIdentified:
+    """The peer said who it is; the machine waits for :meth:`LinkMachine.admit` or
+    :meth:`LinkMachine.refuse` (e.g. refuse a router that is already connected).
+
+    Attributes:
+        peer: the remote router's name (valid, not ours).
+        version: the protocol version chosen.
+        authentication: the authentication stage follows admission.
+    """
+
+    peer: str
+    version: str
+    authentication: bool
+
+
+@attrs.frozen(kw_only=True)
+class Operational:
+    """Both sides are in the delivery stage: routes (and later messages) may flow.
+
+    Attributes:
+        peer: the remote router.
+        version: the protocol version.
+        peer_transaction_size: the peer's inbound-transaction-size (our send limit).
+        peer_window_size: the peer's inbound-window-size (our send limit).
+        keepalive_interval: seconds between keepalives (the listener's; 0: off).
+        use_xa: XA transfer (either side asked for it).
+    """
+
+    peer: str
+    version: str
+    peer_transaction_size: int
+    peer_window_size: int
+    keepalive_interval: float
+    use_xa: bool
+
+
+@attrs.frozen(kw_only=True)
+class RouteReceived:
+    """The peer announced (``add``) or withdrew a route to ``destination``; ``path``
+    starts with the peer (our next hop) and ends with ``destination``."""
+
+    add: bool
+    destination: str
+    path: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
+class Closed:
+    """The link ended (or is refused and ends after the reject-disconnect-delay).
+
+    Attributes:
+        reason: why, fit for one log line (a peer's reason is escaped and bounded).
+        by_peer: the peer ended it (its CLOSE or refusal, or it closed the socket);
+            False when we did (a refusal, a breach by the peer, a timeout, :meth:`LinkMachine.close`).
+        peer: the remote router's name if known.
+        stage: the stage the link was in.
+    """
+
+    reason: str
+    by_peer: bool
+    peer: str | None
+    stage: Stage
+
+
+Event = PeerIdentified | Operational | RouteReceived | Closed
+
+
+@attrs.frozen(kw_only=True)
+class LinkSettings:
+    """What the owner configures (seconds for times).
+
+    Attributes:
+        keepalive_interval: the listener's keepalive-interval, sent to the connector (a
+            connector's own value is not used); 0 turns keepalives off.
+        inbound_transaction_size: messages per transaction we accept (sent in ADJUST).
+        inbound_window_size: open transactions we accept (sent in ADJUST).
+        use_xa: we ask for XA transfer.
+        stage_valid_timeout: how long each stage before delivery may wait.
+        reject_disconnect_delay: how long a refused connection is kept open.
+        max_frame_size: the largest frame accepted in the delivery stage (before it,
+            :data:`~.wire.HANDSHAKE_MAX_FRAME_SIZE`, which is also the least allowed here).
+    """
+
+    keepalive_interval: float = 60.0
+    inbound_transaction_size: int = 20
+    inbound_window_size: int = 10
+    use_xa: bool = True
+    stage_valid_timeout: float = 15.0
+    reject_disconnect_delay: float = 5.0
+    max_frame_size: int = 1 << 20
+
+    def __attrs_post_init__(self) -> None:
+        if not 0 <= self.keepalive_interval < (1 << 32) / 1000 or self.max_frame_size < HANDSHAKE_MAX_FRAME_SIZE \
+                or not 1 <= self.inbound_transaction_size < 1 << 32 or not 1 <= self.inbound_window_size < 1 << 32 \
+                or self.stage_valid_timeout <= 0 or self.reject_disconnect_delay < 0:
+            raise ValueError(f"invalid link settings: {self!r}")
+
+
+# -- the machine -------------------------------------------------------------------------------
+
+
+class LinkMachine:
+    """One routing connection, either role (see the module docstring).
+
+    Args:
+        role: we dialled (connector) or accepted (listener).
+        name: our router name.
+        password: the link's shared secret (str, used as UTF-8), None or "" for none.
+        settings: see :class:`LinkSettings`.
+        now: the time (the same clock as :meth:`tick`'s).
+        nonce_source: ``n -> n random bytes`` (tests inject a fixed one).
+    """
+
+    def __init__(self, role: Role, name: str, password: str | None = None, settings: LinkSettings | None = None,
+                 *, now: float, nonce_source: Callable[[int], bytes] = secrets.token_bytes):
+        if not valid_router_name(name):
+            raise ValueError(f"invalid router name {name!r}")
+        self.role = role
+        self.name = name
+        self.settings = settings = settings or LinkSettings()
+        self._password = password.encode() if password else None
+        self._nonce = nonce_source(NONCE_SIZE)
+        if type(self._nonce) is not bytes or len(self._nonce) != NONCE_SIZE:
+            raise ValueError("the nonce source must return 32 bytes")
+        self._state = State.PROTOCOL_WAIT
+        self._stage = Stage.PROTOCOL
+        self._reader = FrameReader(HANDSHAKE_MAX_FRAME_SIZE)
+        self._out: list[bytes] = []
+        self._events: list[Event] = []
+        self._now = now
+        self._deadline: float | None = now + settings.stage_valid_timeout  # None: set at the next tick
+        self._ended = False  # data_to_send returns None once the output is taken
+        self._close_sent = False
+        # learned during the handshake
+        self.peer: str | None = None
+        self.version: str | None = None
+        self._peer_nonce = b""
+        self._peer_use_xa = False
+        self._keepalive_interval = settings.keepalive_interval if role is Role.LISTENER else 0.0
+        self._authenticate = False
+        self._peer_adjust: Adjust | None = None
+        # delivery
+        self._keepalive_next: float | None = None
+        self._keepalive_counter = KEEPALIVE_COUNT
+        self._magic_sent = False
+        if role is Role.CONNECTOR:
+            self._send(Protocol(versions=VERSIONS))
+
+    # -- what the owner reads ---------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def stage(self) -> Stage:
+        """The current stage; once ended, the stage the link ended in."""
+        return self._stage
+
+    @property
+    def keepalive_counter(self) -> int:
+        """The keepalive counter (5 while keepalives arrive; the link closes at 0)."""
+        return self._keepalive_counter
+
+    def events(self) -> list[Event]:
+        """The events since the last call, oldest first (taking them empties the list)."""
+        events, self._events = self._events, []
+        return events
+
+    # -- SansIO -----------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        """The link is over and everything was taken from :meth:`data_to_send`."""
+        return self._ended and not self._out
+
+    def data_to_send(self) -> bytes | None:
+        """Bytes to write now (``b""``: nothing); None once the link is over and all was taken."""
+        if self._out:
+            data = b"".join(self._out)
+            self._out.clear()
+            return data
+        return None if self._ended else b""
+
+    def receive_data(self, data: bytes) -> None:
+        """Feed what the peer sent; ``b""``: it closed its side. Frames are handled at once,
+        up to the admission (the rest waits for :meth:`admit`). A breach of the protocol is
+        answered (CLOSE, :class:`Closed`), never raised. Does nothing once the link ended
+        (during the reject-disconnect-delay, input is dropped; end of input ends the wait).
+        """
+        if self._state is State.CLOSED:
+            return
+        if not data:
+            if self._state is State.REJECTING:
+                self._state, self._ended = State.CLOSED, True
+            else:
+                self._end(f"the peer closed the connection ({self._state.value})", by_peer=True)
+            return
+        if self._state is State.REJECTING:
+            return
+        self._reader.feed(data)
+        if self._state is State.ADMISSION and self._reader.buffered > MAX_UNREAD:
+            # the owner has not decided yet and the peer keeps sending: a well-behaved peer
+            # has sent at most a few small frames (ADJUST, START_DELIVERY) by now
+            self._fail(f"{self._reader.buffered} bytes received while awaiting the owner's admission "
+                       f"(at most {MAX_UNREAD})")
+            return
+        self._process()
+
+    def tick(self, now: float) -> float:
+        """Act on the time ``now``: a waiting state's stage-valid-timeout, the end of the
+        reject-disconnect-delay, the keepalive. The next deadline, 0 for none."""
+        self._now = now
+        state = self._state
+        if state is State.CLOSED:
+            return 0.0
+        if state is State.REJECTING:
+            if self._deadline is None:
+                self._deadline = now + self.settings.reject_disconnect_delay
+            if now >= self._deadline:
+                self._state, self._ended = State.CLOSED, True
+                return 0.0
+            return self._deadline
+        if state in WAITING:
+            if self._deadline is None:
+                self._deadline = now + self.settings.stage_valid_timeout
+            if now >= self._deadline:
+                self._fail(f"stage-valid-timeout ({self.settings.stage_valid_timeout:g} s) expired in the "
+                           f"{self._stage.value} stage ({state.value})")
+                return 0.0
+            return self._deadline
+        # OPERATIONAL
+        interval = self._keepalive_interval
+        if not interval:
+            return 0.0
+        if self._keepalive_next is None:
+            self._keepalive_next = now + interval
+        elif now >= self._keepalive_next:
+            self._keepalive_counter -= 1
+            if self._keepalive_counter <= 0:
+                self._fail(f"no keepalive from {self.peer} for {KEEPALIVE_COUNT} intervals "
+                           f"({KEEPALIVE_COUNT} × {interval:g} s)")
+                return 0.0
+            self._send(Keepalive())
+            self._keepalive_next += interval
+            if self._keepalive_next <= now:  # ticked late: count from now, one decrement per tick
+                self._keepalive_next = now + interval
+        return self._keepalive_next
+
+    # -- the owner's calls ------------------------------------------------------------------
+
+    def admit(self) -> None:
+        """Let the identified peer in: the handshake continues (authentication or delivery).
+        Does nothing once the link ended (the :class:`Closed` event said so), so a decision
+        that crosses the peer's close is harmless.
+
+        Raises:
+            LocalProtocolError: not awaiting admission (e.g. admitted already).
+        """
+        self._decide(Decision.ADMIT, self._on_admit)
+
+    def refuse(self, reason: str) -> None:
+        """Refuse the identified peer with ``reason`` (e.g. "router r2 is already connected"):
+        it reads the reason, the socket ends after the reject-disconnect-delay. Does
+        nothing once the link ended.
+
+        Raises:
+            LocalProtocolError: not awaiting admission.
+        """
+        reason = reason[:MAX_REASON]
+        self._decide(Decision.REFUSE, lambda: self._refuse(
+            reason, ConnectReply(accepted=False, reason=reason) if self.role is Role.LISTENER else None))
+
+    def send_route(self, *, add: bool, destination: str, path: Sequence[str]) -> bool:
+        """Announce (``add``) or withdraw a route: ``path`` starts with our name and ends
+        with ``destination`` (the peer will hold it as its route over us). True when it is
+        queued; False when the link already ended (the route is dropped with the link).
+
+        Raises:
+            LocalProtocolError: the delivery stage has not begun, or an invalid route.
+        """
+        if self._state in ENDED:
+            return False
+        if self._state is not State.OPERATIONAL:
+            raise LocalProtocolError(f"send_route while {self._state.value}")
+        route = Route(add=add, destination=destination, path=tuple(path))
+        problem = self._route_problem(route, first=self.name)
+        if problem:
+            raise LocalProtocolError(problem)
+        self._out.append(encode(route, self.settings.max_frame_size))
+        return True
+
+    def close(self, reason: str) -> None:
+        """End the link now: a CLOSE with ``reason``, :class:`Closed` (``by_peer`` false).
+        During the reject-disconnect-delay, end it now (no further frame or event, e.g.
+        when the router stops); once the link is over, do nothing."""
+        if self._state is State.REJECTING:
+            self._state, self._ended = State.CLOSED, True
+        elif self._state is not State.CLOSED:
+            self._fail(reason)
+
+    # -- internals: transitions -------------------------------------------------------------
+
+    def _decide(self, decision: Decision, handler: Callable[[], State | None]) -> None:
+        if self._state in ENDED:
+            return
+        allowed = TRANSITIONS.get((self.role, self._state, decision))
+        if allowed is None:
+            raise LocalProtocolError(f"{decision.value} while {self._state.value}")
+        self._move(handler(), allowed)
+        self._process()  # what the peer sent after its identification
+
+    def _move(self, following: State | None, allowed: tuple[State, ...]) -> None:
+        """Enter the state a handler chose (None: it ended the link)."""
+        if following is None or self._state in ENDED:
+            return
+        if following not in allowed:
+            raise AssertionError(f"{following} is not a transition listed for {self._state}")  # a bug here
+        if following is not self._state:
+            self._state = following
+            self._stage = STAGE_OF[following]
+            self._deadline = None  # the new state's timer starts at the next tick
+
+    def _process(self) -> None:
+        """Handle the complete frames received, until admission or the end."""
+        while self._state not in ENDED and self._state is not State.ADMISSION:
+            try:
+                frame = self._reader.next_frame()
+                if frame is None:
+                    return
+                self._on_frame(frame)
+            except RemoteProtocolError as exc:
+                self._fail(str(exc))
+
+    def _on_frame(self, frame: Frame) -> None:
+        if frame.TYPE is FrameType.CLOSE:
+            assert isinstance(frame, Close)
+            self._end(_printable(frame.reason) or "closed by the peer (no reason given)", by_peer=True)
+            return
+        allowed = TRANSITIONS.get((self.role, self._state, frame.TYPE))
+        if allowed is None:
+            raise RemoteProtocolError(f"unexpected {frame.TYPE.name} frame while {self._state.value}")
+        handler = getattr(self, f"_on_{frame.TYPE.name.lower()}")
+        self._move(handler(frame), allowed)
+
+    # -- internals: output and ending -------------------------------------------------------
+
+    def _send(self, frame: Frame) -> None:
+        if not self._magic_sent:
+            self._out.append(MAGIC)
+            self._magic_sent = True
+        self._out.append(encode(frame, self.settings.max_frame_size))
+
+    def _end(self, reason: str, *, by_peer: bool) -> None:
+        """The link is over now (after what is queued is taken)."""
+        self._state, self._ended = State.CLOSED, True
+        self._events.append(Closed(reason=reason, by_peer=by_peer, peer=self.peer, stage=self._stage))
+
+    def _fail(self, reason: str) -> None:
+        """We end the link (a breach, a timeout, the owner): CLOSE with the reason, then over."""
+        self._send_close(reason)
+        self._end(reason, by_peer=False)
+
+    def _send_close(self, reason: str) -> None:
+        if not self._close_sent:
+            self._close_sent = True
+            self._send(Close(reason=reason[:MAX_REASON]))
+
+    def _refuse(self, reason: str, frame: Frame | None = None, local_reason: str | None = None) -> None:
+        """We refuse the peer: ``frame`` (a refusing reply) or a CLOSE carries ``reason``;
+        the socket stays for the reject-disconnect-delay. ``local_reason``: what our own
+        event says when it may say more than the peer is told."""
+        if frame is None:
+            self._send_close(reason)
+        else:
+            self._send(frame)
+        self._state, self._deadline = State.REJECTING, None
+        self._events.append(Closed(reason=local_reason or reason, by_peer=False, peer=self.peer, stage=self._stage))
+
+    # -- internals: handlers (each returns the next state, or None when it ended the link) --
+
+    def _on_protocol(self, frame: Protocol) -> State | None:
+        if len(frame.versions) > MAX_VERSIONS:
+            raise RemoteProtocolError(f"PROTOCOL offers {len(frame.versions)} versions (at most {MAX_VERSIONS})")
+        shared = [v for v in frame.versions if v in VERSIONS]
+        if not shared:
+            offered = ", ".join(_printable(v, 20) for v in frame.versions) or "none"
+            reason = f"no common protocol version (offered: {offered}; supported: {', '.join(VERSIONS)})"
+            self._refuse(reason, ProtocolReply(accepted=False, versions=VERSIONS, reason=reason))
+            return None
+        self.version = max(shared, key=_version_key)
+        self._send(ProtocolReply(accepted=True, version=self.version))
+        return State.CONNECT_WAIT
+
+    def _on_protocol_reply(self, frame: ProtocolReply) -> State | None:
+        if not frame.accepted:
+            self._end(_printable(frame.reason) or "the listener refused the protocol versions", by_peer=True)
+            return None
+        if frame.version not in VERSIONS:
+            raise RemoteProtocolError(f"the listener chose the version {_printable(frame.version, 20)!r}, "
+                                      f"which was not offered")
+        self.version = frame.version
+        self._send(Connect(name=self.name, nonce=self._nonce, use_xa=self.settings.use_xa))
+        return State.CONNECT_WAIT
+
+    def _check_nonce(self, nonce: bytes) -> None:
+        if len(nonce) != NONCE_SIZE:
+            raise RemoteProtocolError(f"the nonce must have {NONCE_SIZE} bytes, got {len(nonce)}")
+
+    def _name_problem(self, name: str) -> str | None:
+        if not valid_router_name(name):
+            return (f"invalid router name {_printable(name, 80)!r}: use letters, digits, '_' and '-', "
+                    f"starting with a letter, at most {MAX_NAME_LENGTH} characters")
+        if name == self.name:
+            return f"both routers are named {name!r}"
+        return None
+
+    def _identified(self, name: str) -> State:
+        self.peer = name
+        self._events.append(PeerIdentified(peer=name, version=self.version or "",
+                                           authentication=self._authenticate))
+        return State.ADMISSION
+
+    def _on_connect(self, frame: Connect) -> State | None:
+        self._check_nonce(frame.nonce)
+        if problem := self._name_problem(frame.name):
+            self._refuse(problem, ConnectReply(accepted=False, reason=problem))
+            return None
+        self._peer_nonce, self._peer_use_xa = frame.nonce, frame.use_xa
+        self._authenticate = self._password is not None
+        return self._identified(frame.name)
+
+    def _on_connect_reply(self, frame: ConnectReply) -> State | None:
+        if not frame.accepted:
+            self._end(_printable(frame.reason) or "the listener refused the connection", by_peer=True)
+            return None
+        self._check_nonce(frame.nonce)
+        if problem := self._name_problem(frame.name):
+            self._refuse(problem)
+            return None
+        self.peer = frame.name
+        authenticate = AUTH_MATRIX[(frame.auth_required, self._password is not None)]
+        if isinstance(authenticate, str):  # the peer is told no more than "authentication failed"
+            self._refuse(AUTH_FAILED, local_reason=f"{AUTH_FAILED}: {authenticate}")
+            return None
+        self._peer_nonce, self._peer_use_xa = frame.nonce, frame.use_xa
+        self._keepalive_interval = frame.keepalive_ms / 1000
+        self._authenticate = authenticate
+        return self._identified(frame.name)
+
+    def _on_admit(self) -> State | None:
+        if self.role is Role.LISTENER:
+            self._send(ConnectReply(accepted=True, name=self.name, nonce=self._nonce,
+                                    keepalive_ms=round(self._keepalive_interval * 1000),
+                                    auth_required=self._authenticate, use_xa=self.settings.use_xa))
+            return State.AUTH_WAIT if self._authenticate else self._after_authentication()
+        if self._authenticate:
+            self._send(Auth(proof=self._proof(LABEL_CONNECTOR)))
+            return State.AUTH_WAIT
+        return self._after_authentication()
+
+    def _proof(self, label: bytes) -> bytes:
+        assert self._password is not None and self.peer is not None and self.version is not None
+        if self.role is Role.CONNECTOR:
+            return proof(self._password, label, self._nonce, self._peer_nonce, self.name, self.peer, self.version)
+        return proof(self._password, label, self._peer_nonce, self._nonce, self.peer, self.name, self.version)
+
+    def _on_auth(self, frame: Auth) -> State | None:
+        if not hmac.compare_digest(frame.proof, self._proof(LABEL_CONNECTOR)):
+            self._refuse(AUTH_FAILED, AuthReply(accepted=False, reason=AUTH_FAILED))
+            return None
+        self._send(AuthReply(accepted=True, proof=self._proof(LABEL_LISTENER)))
+        return self._after_authentication()
+
+    def _on_auth_reply(self, frame: AuthReply) -> State | None:
+        if not frame.accepted:
+            self._end(_printable(frame.reason) or AUTH_FAILED, by_peer=True)
+            return None
+        if not hmac.compare_digest(frame.proof, self._proof(LABEL_LISTENER)):
+            self._refuse(AUTH_FAILED, local_reason=f"{AUTH_FAILED}: the listener's proof is wrong")
+            return None
+        return self._after_authentication()
+
+    def _after_authentication(self) -> State:
+        """Enter the delivery stage. Routing part 2 goes here: with XA (either side asked),
+        the XA recovery stage (RECOVERY / RECOVERY_REPLY) runs first, in a RECOVERY_WAIT state."""
+        self._reader.max_frame_size = self.settings.max_frame_size
+        self._send(Adjust(transaction_size=self.settings.inbound_transaction_size,
+                          window_size=self.settings.inbound_window_size))
+        self._send(StartDelivery())
+        return State.ADJUST_WAIT
+
+    def _on_adjust(self, frame: Adjust) -> State | None:
+        if frame.transaction_size < 1 or frame.window_size < 1:
+            raise RemoteProtocolError(f"ADJUST with a zero size (transaction size {frame.transaction_size}, "
+                                      f"window size {frame.window_size})")
+        self._peer_adjust = frame
+        return State.START_WAIT
+
+    def _on_start_delivery(self, frame: StartDelivery) -> State | None:
+        assert self._peer_adjust is not None and self.peer is not None
+        self._keepalive_next, self._keepalive_counter = None, KEEPALIVE_COUNT
+        self._events.append(Operational(
+            peer=self.peer, version=self.version or "", peer_transaction_size=self._peer_adjust.transaction_size,
+            peer_window_size=self._peer_adjust.window_size, keepalive_interval=self._keepalive_interval,
+            use_xa=self.settings.use_xa or self._peer_use_xa))
+        return State.OPERATIONAL
+
+    def _on_keepalive(self, frame: Keepalive) -> State | None:
+        self._keepalive_counter = KEEPALIVE_COUNT
+        return State.OPERATIONAL
+
+    def _route_problem(self, route: Route, *, first: str) -> str | None:
+        path = route.path
+        if not path or len(path) > MAX_PATH_LENGTH:
+            return f"a route's path must have 1 to {MAX_PATH_LENGTH} routers, got {len(path)}"
+        bad = [name for name in (route.destination, *path) if not valid_router_name(name)]
+        if bad:
+            return f"invalid router name {_printable(bad[0], 80)!r} in a route"
+        if path[0] != first or path[-1] != route.destination:
+            return (f"a route's path must run from {first} to its destination "
+                    f"{route.destination!r}, got {'/'.join(path)!r}"[:300])
+        if len(set(path)) != len(path):
+            return f"a route's path has a loop: {'/'.join(path)!r}"[:300]
+        return None
+
+    def _on_route(self, frame: Route) -> State | None:
+        assert self.peer is not None
+        if problem := self._route_problem(frame, first=self.peer):
+            raise RemoteProtocolError(problem)
+        self._events.append(RouteReceived(add=frame.add, destination=frame.destination, path=frame.path))
+        return State.OPERATIONAL
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    match = _VERSION.match(version)
+    return (int(match[1]), int(match[2])) if match else (-1,)
