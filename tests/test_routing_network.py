@@ -7,10 +7,11 @@ operator would; ``network.settle`` waits (bounded) until every table is the expe
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import trio
 
-from faultproxy import FaultProxy
 from martinet.kernel import ManagementError
 from martinet.swiftlets.routing.api import (
     DestinationActivated,
@@ -20,6 +21,8 @@ from martinet.swiftlets.routing.api import (
     LinkState,
     LinkStateChanged,
 )
+
+from faultproxy import FaultProxy
 
 
 def connector_usage(network, router: str, connector: str) -> dict:
@@ -34,7 +37,7 @@ async def wait_for_state(network, router: str, connector: str, state: LinkState,
 
 
 def chain(network, names):
-    for a, b in zip(names, names[1:]):
+    for a, b in itertools.pairwise(names):
         network.connect(a, b)
 
 
@@ -149,7 +152,7 @@ async def test_a_link_drop_withdraws_routes_and_recovery_brings_them_back(networ
     assert (await events.receive()).router == "a"
     assert network.routers["c"].swiftlet("sys$routing").destination("a") is None  # removed, not only inactive
     usage = await wait_for_state(network, "a", "b", LinkState.FAILED)
-    assert "127.0.0.1" in usage["last-error"]
+    assert "the peer closed the connection" in usage["last-error"]
     proxy.heal()
     await network.settle({"a": {"b": 1, "c": 2}, "c": {"a": 2, "b": 1}})
     assert (await added.receive()).router == "a"
@@ -180,12 +183,12 @@ async def test_a_router_is_connected_once(network):
     await wait_for_state(network, "a", "b", LinkState.OPERATIONAL)
     network.connect("a", "b", name="again", **{"retry-time": "1000"})
     usage = await wait_for_state(network, "a", "again", LinkState.FAILED)
-    assert "router b is already connected to a" in usage["last-error"]
+    assert "already connected" in usage["last-error"]  # refused by b (or by a itself)
     assert connector_usage(network, "a", "b")["state"] == "operational"  # the first link is untouched
 
     network.connect("a", "a", name="myself")  # the own name is refused too
     usage = await wait_for_state(network, "a", "myself", LinkState.FAILED)
-    assert "own name" in usage["last-error"] or "a is this router" in usage["last-error"], usage
+    assert "both routers are named 'a'" in usage["last-error"]
 
 
 async def test_two_routers_dialling_each_other_keep_one_link(network):

@@ -20,19 +20,6 @@ from martinet.kernel import PoolSpec, SwiftletSpec, hookimpl
 from .config import RoutingConfig
 from .swiftlet import RoutingSwiftlet
 
-POOLS = (
-    PoolSpec("routing.connection.mgr", "The routing connection manager (admission, connect and disconnect "
-             "work); its max must stay 1.", max_concurrency=1),
-    PoolSpec("routing.exchanger", "The route exchanger: sends, receives and processes routes; max 1.",
-             max_concurrency=1),
-    PoolSpec("routing.scheduler", "Routing schedulers: one per destination router, packing messages from "
-             "rt$<router> into transactions (routing part 2).", max_concurrency=3),
-    PoolSpec("routing.service", "Connection service stages, the delivery stage above all (routing part 2).",
-             max_concurrency=3),
-    PoolSpec("routing.throttle", "Throttles commits by flow-control delays when inbound-flow-control-enabled "
-             "(routing part 2).", max_concurrency=3),
-)
-
 
 @hookimpl
 def martinet_swiftlets() -> list[SwiftletSpec]:
@@ -42,6 +29,18 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
             description="Router-to-router links, route exchange and the routing table.",
             config=RoutingConfig,
             factory=RoutingSwiftlet,
-            pools=POOLS,
+            pools=(  # seed 000's pools; see the README for which run what
+                PoolSpec("routing.connection.mgr", "SwiftMQ's connection manager pool (max 1). Admission and "
+                         "connect/disconnect work run serially in the router's event loop, so it holds no jobs.",
+                         max_concurrency=1),
+                PoolSpec("routing.exchanger", "SwiftMQ's route exchanger pool (max 1). Route exchange runs "
+                         "serially in the router's event loop, so it holds no jobs.", max_concurrency=1),
+                PoolSpec("routing.scheduler", "Routing schedulers: one per destination router, packing messages "
+                         "from rt$<router> into transactions (routing part 2).", max_concurrency=3),
+                PoolSpec("routing.service", "Connection service stages, the delivery stage above all "
+                         "(routing part 2).", max_concurrency=3),
+                PoolSpec("routing.throttle", "Throttles commits by flow-control delays when "
+                         "inbound-flow-control-enabled (routing part 2).", max_concurrency=3),
+            ),
         )
     ]

@@ -15,15 +15,7 @@ from enum import StrEnum
 
 from martinet.kernel import config_class, entity_list, prop
 
-
-class FilterType(StrEnum):
-    """What a route filter tests: the route's next hop or its destination, and whether the
-    routers listed are the only ones announced (include) or never announced (exclude)."""
-
-    INCLUDE_BY_HOP = "include_by_hop"
-    INCLUDE_BY_DESTINATION = "include_by_destination"
-    EXCLUDE_BY_HOP = "exclude_by_hop"
-    EXCLUDE_BY_DESTINATION = "exclude_by_destination"
+from .exchange import FilterType
 
 
 class RetryPolicy(StrEnum):
@@ -153,7 +145,8 @@ class RoutingConfig:
     inbound_flow_control_enabled: bool = prop(False, reboot_required=True, description="Enables/disables "
                                               "inbound flow control (routing part 2).")
     route_announce_hop_limit: int = prop(3, min=-1, description="Maximum hop count for route announce "
-                                         "(-1 = unlimited, as is 0): a route of this many hops or more is not passed on.")
+                                         "(-1 = unlimited, as is 0): a route of this many hops or more is not "
+                                         "passed on.")
     static_routes: Mapping[str, StaticRoute] = entity_list(
         StaticRoute, item="static-route", description="Static route definitions.")
     filters: Mapping[str, RouteFilter] = entity_list(RouteFilter, item="filter",

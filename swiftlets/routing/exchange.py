@@ -85,8 +85,9 @@ __all__ = [
     "refusal",
 ]
 
-MAX_PATH = 255
-"""The longest route (hops) a router stores; a peer announcing a longer one breaks the protocol."""
+MAX_PATH = 64
+"""The longest route (hops) a router stores; a peer announcing a longer one breaks the protocol
+(and a route this long is not passed on: it would become longer)."""
 
 Path = tuple[str, ...]
 
@@ -171,6 +172,8 @@ def refusal(neighbour: str, path: Path, hop_limit: int, route_filter: RouteFilte
     """
     if 0 < hop_limit <= len(path):
         return "hop limit"
+    if len(path) >= MAX_PATH:
+        return "longest path"
     if path[0] == neighbour:
         return "its next hop"
     if neighbour in path:

@@ -35,7 +35,7 @@ from .api import LinkState
 from .exchange import Announcement
 from .stages import Closed, LinkMachine, LinkSettings, Operational, PeerIdentified, Role, RouteReceived
 
-__all__ = ["Link", "LinkOwner", "configure_socket"]
+__all__ = ["Link", "LinkOwner", "configure_socket", "describe"]
 
 CLOSE_TIMEOUT = 2.0  # seconds a closing link may take to write its CLOSE before the socket goes
 
@@ -53,6 +53,12 @@ class LinkOwner(Protocol):
 
     def link_gone(self, link: Link) -> None:
         """The link ended; called once, also when it never got far."""
+
+
+def describe(exc: BaseException) -> str:
+    """An I/O error in words: trio's BrokenResourceError says nothing, its cause (an SSL or
+    socket error) does."""
+    return str(exc) or str(exc.__cause__ or "") or type(exc).__name__
 
 
 def configure_socket(stream: trio.abc.Stream, *, no_delay: bool, receive_buffer: int, send_buffer: int) -> None:
@@ -99,12 +105,13 @@ class Link:
     @property
     def connector_side(self) -> str | None:
         """The router that dialled this link (known once the peer is identified)."""
-        return self.machine.local_name if self.role is Role.CONNECTOR else self.peer
+        return self.machine.name if self.role is Role.CONNECTOR else self.peer
 
     def send_route(self, announcement: Announcement) -> None:
         """Queue an announcement to the peer (only while operational)."""
-        self.machine.send_route(announcement.add, announcement.destination, announcement.path)
-        self._driver.wake()
+        if self.machine.send_route(add=announcement.add, destination=announcement.destination,
+                                   path=(self.machine.name, *announcement.path)):
+            self._driver.wake()
 
     def close(self, reason: str) -> None:
         """Close the link with ``reason`` sent to the peer (idempotent)."""
@@ -121,8 +128,9 @@ class Link:
         """
         try:
             await self._driver.run()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            self._fail(f"connection lost: {exc or type(exc).__name__}")
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
+            exc = group.exceptions[0]
+            self._fail(f"connection lost: {describe(exc)}")
         finally:
             if self.state is not LinkState.FAILED:
                 self.state = LinkState.CLOSED
@@ -143,10 +151,11 @@ class Link:
     def _on_input(self) -> None:
         for event in self.machine.events():
             if isinstance(event, RouteReceived):
-                self.owner.route_received(self, Announcement(event.add, event.destination, tuple(event.path)))
+                # on the wire a path starts with its sender; the exchanger takes the sender's own path
+                self.owner.route_received(self, Announcement(event.add, event.destination, event.path[1:]))
             elif isinstance(event, PeerIdentified):
-                self.peer = event.name
-                reason = self.owner.admission(self, event.name)
+                self.peer = event.peer
+                reason = self.owner.admission(self, event.peer)
                 if reason is None:
                     self.machine.admit()
                 else:
@@ -158,4 +167,5 @@ class Link:
                 self.owner.link_state(self)
                 self.owner.link_up(self)
             elif isinstance(event, Closed):
-                self._fail(f"{'closed by ' + (self.peer or 'the peer') + ': ' if event.by_peer else ''}{event.reason}")
+                by_peer = event.by_peer and not event.reason.startswith("the peer")
+                self._fail(f"closed by {self.peer or 'the peer'}: {event.reason}" if by_peer else event.reason)

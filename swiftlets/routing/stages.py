@@ -58,6 +58,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
+from .exchange import MAX_PATH
 from .wire import (
     HANDSHAKE_MAX_FRAME_SIZE,
     MAGIC,
@@ -104,7 +105,7 @@ VERSIONS = ("1.0",)  # the versions this module implements; never offer more (Sw
 KEEPALIVE_COUNT = 5  # seed 004: the counter starts at 5
 NONCE_SIZE = 32
 MAX_NAME_LENGTH = 64
-MAX_PATH_LENGTH = 64
+MAX_PATH_LENGTH = MAX_PATH  # what the exchanger stores: a route announced carries the sender first
 MAX_VERSIONS = 16
 MAX_REASON = 500  # characters of a reason we send (at most 2000 bytes: a CLOSE fits the handshake limit)
 MAX_UNREAD = 2 * HANDSHAKE_MAX_FRAME_SIZE  # input held unread while the owner decides on admission

@@ -12,10 +12,12 @@ end, exchanger output included, before anything else runs.
   and dials again — while enabled. A connector whose link was refused for a bad password
   waits the same delay: it never hammers the peer.
 - **Admission** (both ends, :meth:`RoutingSwiftlet.admission`): a router name is connected
-  once. When a second link to the same router appears while the first is still in its
-  handshake (two routers dialled each other at the same moment), the link dialled by the
-  router with the smaller name wins on both sides, so both ends keep the same one; an
-  operational link always wins.
+  once: a link to a router already connected is refused. Two links to one router can both
+  pass admission only while both are in their handshake (two routers dialled each other at
+  the same moment); when the second becomes operational, both ends keep the link dialled
+  by the router whose name sorts first and close the other. A link counts as connected only
+  once operational — after authentication — so a peer that merely claims a name displaces
+  nothing.
 - **Routes**: a link in the delivery stage is given to the exchanger (``link_up``), its
   announcements too; the exchanger's output is applied at once — announcements to the
   neighbours' links, table changes to usage and as bus events (:mod:`.api`). A link that
@@ -43,7 +45,7 @@ from . import api
 from .api import Destination, LinkState, LinkStateChanged
 from .config import ConnectorConfig, ListenerConfig, RetryPolicy, RoutingConfig
 from .exchange import Announcement, BadAnnouncement, Output, RouteExchanger, RouteFilter
-from .links import Link, configure_socket
+from .links import Link, configure_socket, describe
 from .stages import LinkSettings, Role
 
 __all__ = ["RoutingSwiftlet"]
@@ -54,7 +56,7 @@ BACKOFF_START = 2.0  # seconds: the first delay of an exponential retry policy (
 
 
 def _filters(config: RoutingConfig) -> dict[str, RouteFilter]:
-    return {name: RouteFilter(f.type.value, frozenset(f.routers)) for name, f in config.filters.items()}
+    return {name: RouteFilter(f.type, frozenset(f.routers)) for name, f in config.filters.items()}
 
 
 def _stamp(seconds: float | None) -> str:
@@ -173,9 +175,7 @@ class RoutingSwiftlet:
     def _apply(self, output: Output) -> None:
         """Send the exchanger's announcements and publish its table changes."""
         for neighbour, announcement in output.sends:
-            link = self._links.get(neighbour)
-            if link is not None and link.operational is not None:
-                link.send_route(announcement)
+            self._links[neighbour].send_route(announcement)
         for event in output.events:
             self._track(event)
             self.context.bus.publish(event)
@@ -205,23 +205,29 @@ class RoutingSwiftlet:
     # --- links (LinkOwner) --------------------------------------------------------------
 
     def admission(self, link: Link, peer: str) -> str | None:
-        other = self._links.get(peer)
-        if other is not None and other is not link:
-            if other.operational is not None or other.connector_side == link.connector_side:
-                return f"router {peer} is already connected to {self.local}"
-            preferred = min(self.local, peer)  # the link this router's name-order side dialled wins
-            if link.connector_side != preferred:
-                return f"router {peer} is already connecting to {self.local} (the link dialled by {preferred} is kept)"
-            other.close(f"replaced by the link dialled by {preferred}")
-        self._links[peer] = link
+        if peer in self._links:
+            return f"router {peer} is already connected to {self.local}"
         return None
 
     def link_up(self, link: Link) -> None:
-        assert link.peer is not None and link.operational is not None
-        log.info("routing link %s to %s (%s) operational: protocol %s, xa %s", link.name, link.peer,
+        """Register an operational link. Two links to one router get here only when both
+        were in their handshake at once (admission refuses a second link to a connected
+        router): both ends keep the link dialled by the router whose name sorts first."""
+        peer = link.peer
+        assert peer is not None and link.operational is not None
+        other = self._links.get(peer)
+        if other is not None:
+            preferred = min(self.local, peer)
+            loser = link if other.connector_side == preferred or link.connector_side != preferred else other
+            loser.close(f"router {peer} is connected twice: the link dialled by {preferred} is kept")
+            if loser is link:
+                return
+            self._link_down(other)
+        self._links[peer] = link
+        log.info("routing link %s to %s (%s) operational: protocol %s, xa %s", link.name, peer,
                  link.address, link.operational.version, link.operational.use_xa)
         self._usage_connections.add(link.name, lambda: self._link_usage(link))
-        self._apply(self.exchanger.link_up(link.peer))
+        self._apply(self.exchanger.link_up(peer))
 
     def route_received(self, link: Link, announcement: Announcement) -> None:
         assert link.peer is not None
@@ -246,11 +252,14 @@ class RoutingSwiftlet:
                     f", router {link.peer}" if link.peer else "", link.state.value, link.error)
 
     def link_gone(self, link: Link) -> None:
-        if link.peer is not None and self._links.get(link.peer) is link:
-            del self._links[link.peer]
-            if link.operational is not None:
-                self._usage_connections.remove(link.name)
-                self._apply(self.exchanger.link_down(link.peer))
+        if self._links.get(link.peer or "") is link:
+            self._link_down(link)
+
+    def _link_down(self, link: Link) -> None:
+        assert link.peer is not None
+        del self._links[link.peer]
+        self._usage_connections.remove(link.name)
+        self._apply(self.exchanger.link_down(link.peer))
 
     def _link_usage(self, link: Link) -> dict[str, Any]:
         operational = link.operational
@@ -421,7 +430,7 @@ class RoutingSwiftlet:
                     await stream.do_handshake()
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as exc:
             reason = f"cannot connect to {config.hostname}:{config.port}: " + (
-                "timed out" if isinstance(exc, trio.TooSlowError) else str(exc) or type(exc).__name__)
+                "timed out" if isinstance(exc, trio.TooSlowError) else describe(exc))
             if connector.error != reason:
                 log.warning("routing connector %s: %s", name, reason)
             self._set_state(connector, LinkState.FAILED, reason)
