@@ -98,6 +98,7 @@ class Link:
         self.error_time: float | None = None
         self.connect_time = time.time()
         self.operational: Operational | None = None
+        self.routes_sent = self.routes_received = 0
         self.machine = LinkMachine(role, local, password or None, settings, now=trio.current_time())
         self._driver = Driver(stream, self.machine, on_input=self._on_input)
         self._gone = False
@@ -111,6 +112,7 @@ class Link:
         """Queue an announcement to the peer (only while operational)."""
         if self.machine.send_route(add=announcement.add, destination=announcement.destination,
                                    path=(self.machine.name, *announcement.path)):
+            self.routes_sent += 1
             self._driver.wake()
 
     def close(self, reason: str) -> None:
@@ -152,6 +154,7 @@ class Link:
         for event in self.machine.events():
             if isinstance(event, RouteReceived):
                 # on the wire a path starts with its sender; the exchanger takes the sender's own path
+                self.routes_received += 1
                 self.owner.route_received(self, Announcement(event.add, event.destination, event.path[1:]))
             elif isinstance(event, PeerIdentified):
                 self.peer = event.peer

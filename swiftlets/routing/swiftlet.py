@@ -265,7 +265,8 @@ class RoutingSwiftlet:
         operational = link.operational
         return {"routername": link.peer or "", "connecttime": _stamp(link.connect_time), "address": link.address,
                 "protocol-version": operational.version if operational else "",
-                "uses-xa": bool(operational and operational.use_xa), "state": link.state.value}
+                "uses-xa": bool(operational and operational.use_xa), "state": link.state.value,
+                "routes-sent": link.routes_sent, "routes-received": link.routes_received}
 
     def _settings(self, config: ListenerConfig | ConnectorConfig) -> LinkSettings:
         swiftlet: RoutingConfig = self.context.config
