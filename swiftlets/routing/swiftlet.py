@@ -104,7 +104,10 @@ class RoutingSwiftlet:
         self._listener_links: dict[str, set[Link]] = {}
         self._link_numbers = itertools.count(1)
         self._filters_changed = trio.Event()
+        self._sent = self._received = 0
         usage = context.usage
+        usage.provide(lambda: {"links": len(self._links), "destinations": len(self.exchanger.destinations()),
+                               "announcements-sent": self._sent, "announcements-received": self._received})
         self._usage_listeners = usage.add_list("listeners")
         self._usage_connectors = usage.add_list("connectors")
         self._usage_connections = usage.add_list("connections")
@@ -176,6 +179,7 @@ class RoutingSwiftlet:
         """Send the exchanger's announcements and publish its table changes."""
         for neighbour, announcement in output.sends:
             self._links[neighbour].send_route(announcement)
+        self._sent += len(output.sends)
         for event in output.events:
             self._track(event)
             self.context.bus.publish(event)
@@ -231,6 +235,7 @@ class RoutingSwiftlet:
 
     def route_received(self, link: Link, announcement: Announcement) -> None:
         assert link.peer is not None
+        self._received += 1
         try:
             output = self.exchanger.receive(link.peer, announcement)
         except BadAnnouncement as exc:
