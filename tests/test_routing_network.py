@@ -21,8 +21,10 @@ from martinet.swiftlets.routing.api import (
     LinkState,
     LinkStateChanged,
 )
+from martinet.swiftlets.routing.config import HostAccessEntry
 
 from faultproxy import FaultProxy
+from network import Network, routing_config
 
 
 def connector_usage(network, router: str, connector: str) -> dict:
@@ -272,3 +274,74 @@ async def test_tls_links(network, tmp_path):
     network.connect("b", "a", name="untrusted", password="over-tls", **{"use-tls": "true"})
     usage = await wait_for_state(network, "b", "untrusted", LinkState.FAILED)
     assert "CERTIFICATE_VERIFY_FAILED" in usage["last-error"]
+
+
+async def test_keepalive_closes_a_half_open_link_and_the_connector_comes_back(network, nursery):
+    await network.start_routers("a", "b", stage_valid_timeout=1000,
+                                listener={"keepalive_interval": 200})
+    proxy = FaultProxy("127.0.0.1", network.routing_port("b"))
+    await nursery.start(proxy.run)
+    network.routers["a"].management.add("/sys$routing/connectors", "b", {
+        "hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000"})
+    await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+    listener_side = network.routers["b"].bus.subscribe(LinkStateChanged)
+
+    proxy.blackhole(True)  # both TCP connections stay up, nothing arrives any more
+    start = trio.current_time()
+    await network.settle({"a": {}, "b": {}}, timeout=10)
+    detected = trio.current_time() - start
+    assert 0.8 <= detected <= 5, detected  # 5 intervals of 0.2 s, give or take the scheduling
+    usage = await wait_for_state(network, "a", "b", LinkState.FAILED)
+    assert "no keepalive from b for 5 intervals" in usage["last-error"] or "stage-valid-timeout" in \
+        usage["last-error"], usage
+    with trio.fail_after(5):
+        while (event := await listener_side.receive()).error is None:
+            pass
+    assert "no keepalive from a for 5 intervals" in event.error
+    proxy.heal()
+    await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+
+
+async def test_the_host_access_list_is_checked_and_can_change_at_runtime(network):
+    await network.start_routers("a", "b", listener={"host_access_list": [HostAccessEntry(name="10.%")]})
+    network.connect("a", "b", **{"retry-time": "1000"})
+    usage = await wait_for_state(network, "a", "b", LinkState.FAILED)
+    assert usage["routername"] == ""
+    assert network.routers["b"].management.get("/sys$routing/usage/listeners/links", "refused") >= 1
+    network.routers["b"].management.add("/sys$routing/listeners/links/host-access-list", "127.0.0.%")
+    await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+
+
+async def test_listeners_can_be_added_and_removed_at_runtime(network):
+    await network.start_routers("a", "b")
+    b = network.routers["b"].management
+    b.add("/sys$routing/listeners", "extra", {"port": "0", "bindaddress": "127.0.0.1"})
+    network.connect("a", "b", listener="extra")
+    await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+    port = network.routing_port("b", "extra")
+    b.remove("/sys$routing/listeners", "extra")  # its links go with it, and the port is closed
+    await network.settle({"a": {}, "b": {}})
+    with pytest.raises(OSError):
+        await trio.open_tcp_stream("127.0.0.1", port)
+
+
+async def test_an_exponential_retry_policy_backs_off_and_a_wrong_password_never_hammers(nursery, tmp_path,
+                                                                                      autojump_clock):
+    network = Network(nursery, tmp_path)
+    for name in ("a", "b"):  # routing alone: no store process, so the clock can jump
+        await network.start(network.config(name, startorder=("sys$routing",), swiftlets={
+            "sys$routing": routing_config(listener={"password": "right"})}))
+    failures = network.routers["a"].bus.subscribe(LinkStateChanged)
+    network.connect("a", "b", password="wrong", **{"retry-policy": "exponential", "retry-time": "16000"})
+    times = []
+    with trio.fail_after(120):
+        while len(times) < 6:
+            event = await failures.receive()
+            if event.state is LinkState.FAILED:
+                assert "authentication failed" in event.error
+                times.append(trio.current_time())
+    gaps = [round(later - earlier) for earlier, later in itertools.pairwise(times)]
+    assert gaps == [2, 4, 8, 16, 16]
+    network.routers["a"].management.set("/sys$routing/connectors/b", "password", "right")
+    await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+    await network.stop_all()

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import itertools
 import logging
+import socket
 import ssl
 import time
 from typing import Any
 
 import trio
 
-from martinet.kernel import Change, Entity, SwiftletContext, UsageList
+from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
 from martinet.messaging.like import like_pattern
 
 from . import api
@@ -133,7 +134,11 @@ class RoutingSwiftlet:
                 entity.entity_list("static-routes").bind(self._static_added, self._static_removed)
                 self._bind_filters()
                 for listener in entity.entity_list("listeners").entities.values():
-                    await nursery.start(self._listen, listener)
+                    try:
+                        sockets = self._bind(listener.config)
+                    except (OSError, ssl.SSLError) as exc:
+                        raise RuntimeError(str(exc)) from None
+                    self._start_listener(listener, sockets)
                 entity.entity_list("listeners").bind(self._listener_added, self._listener_removed)
                 entity.entity_list("connectors").bind(self._connector_added, self._connector_removed)
                 nursery.start_soon(self._follow_filters)
@@ -287,9 +292,14 @@ class RoutingSwiftlet:
     # --- listeners ----------------------------------------------------------------------
 
     def _listener_added(self, entity: Entity) -> None:
-        if entity.name not in self._listeners:
-            assert self._nursery is not None
-            self._nursery.start_soon(self._listen, entity)
+        """Bind the listener now, so that an add with a port in use is refused with the reason."""
+        if entity.name in self._listeners:  # bound at start, before the list was bound
+            return
+        try:
+            listeners = self._bind(entity.config)
+        except (OSError, ssl.SSLError) as exc:
+            raise Veto(str(exc)) from None
+        self._start_listener(entity, listeners)
 
     def _listener_removed(self, entity: Entity) -> None:
         scope = self._listeners.pop(entity.name, None)
@@ -298,27 +308,50 @@ class RoutingSwiftlet:
                 link.close(f"listener {entity.name} removed")
             scope.cancel()
 
-    async def _listen(self, entity: Entity, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    @staticmethod
+    def _bind(config: ListenerConfig) -> list[trio.SocketListener]:
+        """The listening sockets of ``config`` (TLS ones with a certificate).
+
+        Raises: OSError (e.g. the port is in use) or ssl.SSLError, with the listener named."""
+        where = f"routing listener {config.name}"
+        try:
+            tls = None
+            if config.tls_certificate:
+                tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                tls.load_cert_chain(config.tls_certificate, config.tls_key or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise type(exc)(f"{where}: cannot load the TLS certificate {config.tls_certificate!r} / key "
+                            f"{config.tls_key!r}: {exc}") from None
+        sock = socket.socket(socket.AF_INET6 if ":" in config.bindaddress else socket.AF_INET)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((config.bindaddress, config.port))
+            sock.listen()
+        except OSError as exc:
+            sock.close()
+            raise OSError(f"{where}: cannot listen on {config.bindaddress}:{config.port}: {exc.strerror or exc}") \
+                from None
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        return [trio.SSLListener(listener, tls) if tls else listener]  # type: ignore[list-item]
+
+    def _start_listener(self, entity: Entity, listeners: list[trio.abc.Listener]) -> None:
+        """Show the bound listener in usage and start accepting on it."""
         config: ListenerConfig = entity.config
-        name = config.name
-        tcp = await trio.open_tcp_listeners(config.port, host=config.bindaddress or None)
-        listeners: list[trio.abc.Listener] = list(tcp)
-        if config.tls_certificate:
-            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            try:
-                context.load_cert_chain(config.tls_certificate, config.tls_key or None)
-            except (OSError, ssl.SSLError) as exc:
-                for listener in tcp:
-                    await listener.aclose()
-                raise RuntimeError(f"routing listener {name}: cannot load the TLS certificate "
-                                   f"{config.tls_certificate!r} / key {config.tls_key!r}: {exc}") from None
-            listeners = [trio.SSLListener(listener, context) for listener in tcp]
-        port = tcp[0].socket.getsockname()[1]
+        first = listeners[0]
+        port = (first.transport_listener if isinstance(first, trio.SSLListener) else first).socket.getsockname()[1]
         counts = {"port": port, "links": 0, "accepted": 0, "refused": 0}
-        links = self._listener_links.setdefault(name, set())
-        self._usage_listeners.add(name, lambda: dict(counts))
-        log.info("routing listener %s on %s:%d%s", name, config.bindaddress, port,
+        self._usage_listeners.add(config.name, lambda: dict(counts))
+        self._listeners[config.name] = scope = trio.CancelScope()
+        log.info("routing listener %s on %s:%d%s", config.name, config.bindaddress, port,
                  " (TLS)" if config.tls_certificate else "")
+        assert self._nursery is not None
+        self._nursery.start_soon(self._serve, entity, listeners, counts, scope)
+
+    async def _serve(self, entity: Entity, listeners: list[trio.abc.Listener], counts: dict[str, int],
+                     scope: trio.CancelScope) -> None:
+        """Accept links on ``listeners`` until the listener is removed or the swiftlet stops."""
+        name = entity.name
+        links = self._listener_links.setdefault(name, set())
 
         async def handle(stream: trio.abc.Stream) -> None:
             live: ListenerConfig = entity.config
@@ -347,10 +380,8 @@ class RoutingSwiftlet:
                 links.discard(link)
                 counts["links"] -= 1
 
-        with trio.CancelScope() as scope:
-            self._listeners[name] = scope
+        with scope:
             try:
-                task_status.started()
                 await trio.serve_listeners(handle, listeners)
             finally:
                 self._usage_listeners.remove(name)
@@ -426,15 +457,19 @@ class RoutingSwiftlet:
         name = config.name
         connector.attempts += 1
         self._set_state(connector, LinkState.CONNECTING)
+        stream: trio.abc.Stream | None = None
         try:
             with trio.fail_after(self.context.config.stage_valid_timeout / 1000):
-                stream: trio.abc.Stream = await trio.open_tcp_stream(config.hostname, config.port)
+                stream = await trio.open_tcp_stream(config.hostname, config.port)
                 if config.use_tls:
                     tls = ssl.create_default_context(cafile=config.tls_ca or None)
                     tls.check_hostname = config.tls_check_hostname
                     stream = trio.SSLStream(stream, tls, server_hostname=config.hostname)
                     await stream.do_handshake()
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as exc:
+            if stream is not None:
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await stream.aclose()
             reason = f"cannot connect to {config.hostname}:{config.port}: " + (
                 "timed out" if isinstance(exc, trio.TooSlowError) else describe(exc))
             if connector.error != reason:
