@@ -22,7 +22,8 @@ connector's next retry, at most ``retry-time`` later, gets through). Per phase:
   the hop limit (a route of h hops is passed on only while h < limit, so a router holds the
   routes of at most ``limit`` hops).
 - ``routes``: seconds until the last change of any router's routes (every route, not only
-  the shortest: the time of the last ``RouteAdded``/``RouteRemoved`` on the routers' buses).
+  the shortest: the last poll that found a ``RouteAdded``/``RouteRemoved`` on some router's
+  bus; the buses are drained at each poll, not by follower tasks that fall behind a busy loop).
 - ``quiet``: seconds until the network-wide ``announcements-sent``/``-received`` totals
   (``/sys$routing/usage``) last changed; the phase ends after 250 ms of quiet with the
   tables right. With a recovery, also ``link``: seconds from ``heal()`` to the connector's
@@ -32,8 +33,9 @@ connector's next retry, at most ``retry-time`` later, gets through). Per phase:
   (tests/routesim.py, as in bench/route_convergence.py) sends for the same phase.
 - ``check``: every router's full set of routes against ``reference_routes`` (routesim).
 
-Times are wall-clock (``trio.current_time``) with everything in one thread: the routers'
-work, the proxy's and the polling's share one core. The RSS (``VmRSS``) is printed with
+Times are wall-clock (``trio.current_time``) at the poll that saw the change, so late by up
+to one poll interval plus however long the routers kept the one thread busy before the poll
+ran (the routers' work, the proxy's and the polling's share one core). The RSS (``VmRSS``) is printed with
 each network's routers still running and at the end; ``VmHWM`` is the peak. Nothing is
 asserted; a phase that does not converge within 30 s says so and ends that network.
 """
@@ -113,25 +115,30 @@ def simulated_sends(names: list[str], links: list[tuple[str, str]], failed: tupl
 
 
 class Watch:
-    """Follows every router's bus: the time of the last route change, and when the proxied
-    connector's link last became operational."""
+    """Every router's bus, drained at each poll (no follower task that could fall behind): whether
+    a route changed since the last poll, and whether the proxied connector's link became
+    operational."""
 
-    def __init__(self, connector_router: str, connector: str):
-        self.last_route_change = trio.current_time()
-        self.route_events = 0
-        self.link_up: float | None = None
+    def __init__(self, routers: dict, connector_router: str, connector: str):
+        self._subscriptions = [(name, router.bus.subscribe(Event, max_buffer=1_000_000))
+                               for name, router in routers.items()]
         self._router, self._link = connector_router, f"connector/{connector}"
 
-    async def follow(self, name: str, router, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        events = router.bus.subscribe(Event, max_buffer=1_000_000)
-        task_status.started()
-        async for event in events:
-            if isinstance(event, (RouteAdded, RouteRemoved)):
-                self.last_route_change = trio.current_time()
-                self.route_events += 1
-            elif (isinstance(event, LinkStateChanged) and name == self._router and event.link == self._link
-                  and event.state is LinkState.OPERATIONAL):
-                self.link_up = trio.current_time()
+    def drain(self) -> tuple[int, bool]:
+        """(route changes, whether the proxied link became operational) since the last call."""
+        changes, link_up = 0, False
+        for name, subscription in self._subscriptions:
+            while True:
+                try:
+                    event = subscription.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                if isinstance(event, (RouteAdded, RouteRemoved)):
+                    changes += 1
+                elif (isinstance(event, LinkStateChanged) and name == self._router and event.link == self._link
+                      and event.state is LinkState.OPERATIONAL):
+                    link_up = True
+        return changes, link_up
 
 
 def totals(net: Network) -> tuple[int, int]:
@@ -150,14 +157,20 @@ async def phase(net: Network, watch: Watch, names: list[str], links: set[frozens
     (printed why) if it does not converge within TIMEOUT."""
     expected = expected_tables(names, links, limit)
     sent0, received0 = counts = totals(net)
-    watch.link_up = None
+    watch.drain()
     start = trio.current_time()
     action()
     right_since: float | None = None
-    last_count_change = start
+    last_count_change = last_route_change = start
+    link_up: float | None = None
     while True:
         await trio.sleep(POLL)
         now = trio.current_time()
+        changes, up = watch.drain()
+        if changes:
+            last_route_change = now
+        if up:
+            link_up = now
         right = all(net.table(name) == expected[name] for name in names)
         if not right:
             right_since = None
@@ -166,7 +179,7 @@ async def phase(net: Network, watch: Watch, names: list[str], links: set[frozens
         current = totals(net)
         if current != counts:
             counts, last_count_change = current, now
-        if right and now - max(last_count_change, watch.last_route_change) >= QUIET:
+        if right and now - max(last_count_change, last_route_change) >= QUIET:
             break
         if now - start > TIMEOUT:
             wrong = {name: net.table(name) for name in names if net.table(name) != expected[name]}
@@ -179,9 +192,9 @@ async def phase(net: Network, watch: Watch, names: list[str], links: set[frozens
     wrong = [name for name in names if held[name] != reference[name]]
     return {
         "table": right_since - start,
-        "routes": max(0.0, watch.last_route_change - start),
+        "routes": last_route_change - start,
         "quiet": last_count_change - start,
-        "link": None if watch.link_up is None else watch.link_up - start,
+        "link": None if link_up is None else link_up - start,
         "sent": counts[0] - sent0,
         "received": counts[1] - received0,
         "routes held": sum(len(routes) for routes in held.values()),
@@ -204,9 +217,7 @@ async def run(folder: Path, label: str, names: list[str], links: list[tuple[str,
                 "sys$routing": routing_config(route_announce_hop_limit=limit)}))
         proxy = FaultProxy("127.0.0.1", net.routing_port(failed[1]))
         await nursery.start(proxy.run)
-        watch = Watch(failed[0], failed[1])
-        for name, router in net.routers.items():
-            await nursery.start(watch.follow, name, router)
+        watch = Watch(net.routers, failed[0], failed[1])
 
         def connect_all() -> None:
             for a, b in links:
@@ -234,7 +245,7 @@ async def run(folder: Path, label: str, names: list[str], links: list[tuple[str,
         finally:
             with trio.CancelScope(shield=True):
                 await net.stop_all()
-            nursery.cancel_scope.cancel()  # the proxy and the bus followers
+            nursery.cancel_scope.cancel()  # the proxy
 
 
 async def main(args: argparse.Namespace) -> None:
