@@ -108,12 +108,14 @@ class Link:
         """The router that dialled this link (known once the peer is identified)."""
         return self.machine.name if self.role is Role.CONNECTOR else self.peer
 
-    def send_route(self, announcement: Announcement) -> None:
-        """Queue an announcement to the peer (only while operational)."""
-        if self.machine.send_route(add=announcement.add, destination=announcement.destination,
-                                   path=(self.machine.name, *announcement.path)):
-            self.routes_sent += 1
-            self._driver.wake()
+    def send_route(self, announcement: Announcement) -> bool:
+        """Queue an announcement to the peer; False when the link is ending (it is dropped)."""
+        if not self.machine.send_route(add=announcement.add, destination=announcement.destination,
+                                       path=(self.machine.name, *announcement.path)):
+            return False
+        self.routes_sent += 1
+        self._driver.wake()
+        return True
 
     def close(self, reason: str) -> None:
         """Close the link with ``reason`` sent to the peer (idempotent)."""

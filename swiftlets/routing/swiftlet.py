@@ -183,8 +183,7 @@ class RoutingSwiftlet:
     def _apply(self, output: Output) -> None:
         """Send the exchanger's announcements and publish its table changes."""
         for neighbour, announcement in output.sends:
-            self._links[neighbour].send_route(announcement)
-        self._sent += len(output.sends)
+            self._sent += self._links[neighbour].send_route(announcement)
         for event in output.events:
             self._track(event)
             self.context.bus.publish(event)
