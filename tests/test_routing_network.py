@@ -306,7 +306,7 @@ async def test_the_host_access_list_is_checked_and_can_change_at_runtime(network
     await network.start_routers("a", "b", listener={"host_access_list": [HostAccessEntry(name="10.%")]})
     network.connect("a", "b", **{"retry-time": "1000"})
     usage = await wait_for_state(network, "a", "b", LinkState.FAILED)
-    assert usage["routername"] == ""
+    assert "127.0.0.1 is not in the host access list of routing listener links of b" in usage["last-error"]
     assert network.routers["b"].management.get("/sys$routing/usage/listeners/links", "refused") >= 1
     network.routers["b"].management.add("/sys$routing/listeners/links/host-access-list", "127.0.0.%")
     await network.settle({"a": {"b": 1}, "b": {"a": 1}})

@@ -30,6 +30,7 @@ end, exchanger output included, before anything else runs.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import socket
@@ -47,7 +48,7 @@ from .api import Destination, LinkState, LinkStateChanged
 from .config import ConnectorConfig, ListenerConfig, RetryPolicy, RoutingConfig
 from .exchange import Announcement, BadAnnouncement, Output, RouteExchanger, RouteFilter
 from .links import Link, configure_socket, describe
-from .stages import LinkSettings, Role
+from .stages import LinkMachine, LinkSettings, Role
 
 __all__ = ["RoutingSwiftlet"]
 
@@ -362,7 +363,11 @@ class RoutingSwiftlet:
             if live.host_access_list and not any(like_pattern(p).fullmatch(host) for p in live.host_access_list):
                 counts["refused"] += 1
                 log.warning("routing link from %s to listener %s closed: not in the host access list", host, name)
+                refusal = LinkMachine(Role.LISTENER, self.local, None, now=trio.current_time())
+                refusal.close(f"{host} is not in the host access list of routing listener {name} of {self.local}")
                 with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        await stream.send_all(refusal.data_to_send() or b"")
                     await stream.aclose()
                 return
             configure_socket(stream, no_delay=live.use_tcp_no_delay, receive_buffer=live.router_input_buffer_size,
@@ -410,7 +415,7 @@ class RoutingSwiftlet:
         if connector.link is not None and (change.field != "enabled" or not change.new):
             why = "disabled" if change.field == "enabled" else f"{change.xml_name} changed"
             connector.link.close(f"connector {connector.entity.name} {why}")
-        connector.attempts = 0 if change.field != "enabled" else connector.attempts
+        connector.attempts = 0  # a fresh start: the backoff begins again
         connector.wake()
 
     def _set_state(self, connector: _Connector, state: LinkState, error: str | None = None) -> None:
