@@ -244,8 +244,13 @@ async def test_a_connector_can_be_disabled_enabled_and_removed_at_runtime(networ
     await network.settle({"a": {}, "b": {}})
     management.set("/sys$routing/connectors/b", "enabled", "true")
     await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+    closed = network.routers["b"].bus.subscribe(LinkStateChanged)
     management.remove("/sys$routing/connectors", "b")
     await network.settle({"a": {}, "b": {}})
+    with trio.fail_after(5):  # b read why
+        while not (event := await closed.receive()).error:
+            pass
+    assert event.error == "closed by a: connector b removed"
     with pytest.raises(ManagementError):
         management.resolve("/sys$routing/usage/connectors/b")
 
@@ -345,3 +350,26 @@ async def test_an_exponential_retry_policy_backs_off_and_a_wrong_password_never_
     network.routers["a"].management.set("/sys$routing/connectors/b", "password", "right")
     await network.settle({"a": {"b": 1}, "b": {"a": 1}})
     await network.stop_all()
+
+
+async def test_filters_and_the_hop_limit_change_at_runtime(network):
+    await network.start_routers("hub", "leaf0", "leaf1", "leaf2", "far")
+    hub = network.routers["hub"].management
+    hub.add("/sys$routing/filters", "leaf0", {"type": "include_by_destination"})
+    hub.add("/sys$routing/filters/leaf0/routers", "leaf1")
+    for leaf in ("leaf0", "leaf1", "leaf2"):
+        network.connect(leaf, "hub")
+    network.connect("far", "leaf2")
+    await network.settle({"leaf0": {"hub": 1, "leaf1": 2}})
+    hub.set("/sys$routing/filters/leaf0", "type", "exclude_by_destination")
+    await network.settle({"leaf0": {"hub": 1, "leaf2": 2, "far": 3}})
+    hub.add("/sys$routing/filters/leaf0/routers", "leaf2")
+    await network.settle({"leaf0": {"hub": 1, "far": 3}})
+    hub.remove("/sys$routing/filters/leaf0/routers", "leaf1")
+    await network.settle({"leaf0": {"hub": 1, "leaf1": 2, "far": 3}})
+
+    # far is 3 hops from leaf0: with hop limit 2 on hub, routes of 2 hops (leaf2→far) are not passed on
+    hub.set("/sys$routing", "route-announce-hop-limit", "2")
+    await network.settle({"leaf0": {"hub": 1, "leaf1": 2}})
+    hub.set("/sys$routing", "route-announce-hop-limit", "-1")
+    await network.settle({"leaf0": {"hub": 1, "leaf1": 2, "far": 3}})

@@ -47,7 +47,7 @@ from . import api
 from .api import Destination, LinkState, LinkStateChanged
 from .config import ConnectorConfig, ListenerConfig, RetryPolicy, RoutingConfig
 from .exchange import Announcement, BadAnnouncement, Output, RouteExchanger, RouteFilter
-from .links import Link, configure_socket, describe
+from .links import CLOSE_TIMEOUT, Link, configure_socket, describe
 from .stages import LinkMachine, LinkSettings, Role
 
 __all__ = ["RoutingSwiftlet"]
@@ -100,7 +100,7 @@ class RoutingSwiftlet:
         self.exchanger = RouteExchanger(self.local, hop_limit=config.route_announce_hop_limit,
                                         filters=_filters(config), round_robin=config.roundrobin_enabled)
         self._nursery: trio.Nursery | None = None
-        self._links: dict[str, Link] = {}  # admitted links by peer name
+        self._links: dict[str, Link] = {}  # operational links by peer name
         self._connectors: dict[str, _Connector] = {}
         self._listeners: dict[str, trio.CancelScope] = {}
         self._listener_links: dict[str, set[Link]] = {}
@@ -304,7 +304,8 @@ class RoutingSwiftlet:
     def _listener_removed(self, entity: Entity) -> None:
         scope = self._listeners.pop(entity.name, None)
         if scope is not None:
-            for link in self._listener_links.pop(entity.name, set()):
+            links = self._listener_links.pop(entity.name, set())
+            for link in links:
                 link.close(f"listener {entity.name} removed")
             scope.cancel()
 
@@ -384,14 +385,19 @@ class RoutingSwiftlet:
                 links.discard(link)
                 counts["links"] -= 1
 
-        with scope:
-            try:
-                await trio.serve_listeners(handle, listeners)
-            finally:
-                self._usage_listeners.remove(name)
+        try:
+            async with trio.open_nursery() as link_tasks:
+                with scope:  # cancelled when the listener is removed: accept no more
+                    await trio.serve_listeners(handle, listeners, handler_nursery=link_tasks)
                 for listener in listeners:
-                    with trio.CancelScope(shield=True):
-                        await listener.aclose()
+                    await listener.aclose()
+                # the removal closed the links: their CLOSE frames get a moment to be written
+                link_tasks.cancel_scope.deadline = trio.current_time() + CLOSE_TIMEOUT
+        finally:
+            self._usage_listeners.remove(name)
+            for listener in listeners:
+                with trio.CancelScope(shield=True):
+                    await listener.aclose()
 
     # --- connectors ---------------------------------------------------------------------
 
@@ -408,7 +414,9 @@ class RoutingSwiftlet:
             self._usage_connectors.remove(entity.name)
             if connector.link is not None:
                 connector.link.close(f"connector {entity.name} removed")
-            connector.scope.cancel()
+                connector.scope.deadline = trio.current_time() + CLOSE_TIMEOUT  # time to write the CLOSE
+            else:
+                connector.scope.cancel()
 
     def _connector_changed(self, connector: _Connector, change: Change) -> None:
         """Enabling or disabling takes effect at once; any other change reconnects now."""
@@ -438,6 +446,8 @@ class RoutingSwiftlet:
                     continue
                 connector.wakeup = trio.Event()
                 operational = await self._attempt(connector, config)
+                if self._connectors.get(connector.entity.name) is not connector:
+                    return  # removed
                 if not connector.entity.config.enabled or connector.wakeup.is_set():
                     continue  # disabled or changed: act on it now
                 delay = self._retry_delay(config, connector, operational)
