@@ -16,7 +16,10 @@ msgpack body (an array whose first element names it).
 
 - At start the store process opens (creating or upgrading) the database, checks it (below),
   sends ``["warning", text]`` for each problem it was told to accept, then the recovered
-  state: ``["messages", [[id, queue, body, delivery_count, txid], …]]`` (in chunks),
+  state: ``["messages", [[id, queue, head, delivery_count, txid, size], …]]`` (in chunks;
+  ``head`` is the stored bytes up to the message's body — the sections a queue and a
+  selector read, :func:`messaging.message.head_length` — and ``size`` the length of the
+  whole: the router reads back only the bodies it keeps in memory),
   ``["records", [[kind, key, value], …]]``, ``["remembered", [[queue, message_id], …]]``,
   then ``["ready", next_id]``; or ``["error", text]`` and exits with status 1.
 - ``["commit", [op, …]]`` applies the operations in one transaction and answers
@@ -70,6 +73,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgpack
+
+from martinet.messaging.message import head_length
 
 from .api import (
     DeleteMessage,
@@ -196,9 +201,14 @@ class Database:
         db = self.db
         chunk: list[list[Any]] = []
         last_id = 0
-        for row in db.execute("SELECT id, queue, body, delivery_count, txid FROM messages ORDER BY id"):
-            chunk.append(list(row))
-            last_id = row[0]
+        for id_, queue, body, delivery_count, txid in db.execute(
+                "SELECT id, queue, body, delivery_count, txid FROM messages ORDER BY id"):
+            try:
+                head = body[:head_length(body)]
+            except (ValueError, IndexError):  # MessageError is a ValueError
+                head = body  # the queue manager reports and drops what it cannot read
+            chunk.append([id_, queue, head, delivery_count, txid, len(body)])
+            last_id = id_
             if len(chunk) >= RECOVERY_CHUNK:
                 send(["messages", chunk])
                 chunk = []
