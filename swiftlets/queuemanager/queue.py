@@ -461,9 +461,9 @@ class Queue:
             entry.state = DELIVERED
             consumer._deliver(entry)
             self.flow.received += 1
-            if entry is self._read_ahead_at:
+            if entry is self._read_ahead_at:  # half of the last batch is gone: the next, for the same taste
                 self._read_ahead_at = None
-                self._read_ahead()
+                self._read_ahead(selector=consumer.selector)
             if consumer.credit <= 0:
                 ready.popleft()
             elif len(ready) > 1:
