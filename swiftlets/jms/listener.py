@@ -994,11 +994,18 @@ class AmqpConnection:
         if not self.client_id:
             raise _Refused("amqp:invalid-field", "a durable subscription needs a client id (container id)")
         self._check_not_in_use(link.name)  # (before: a changed one would be dropped otherwise)
+        new = durable_queue_name(self.client_id, link.name) not in self.queue_manager.queues
+        if new:  # its queue counts towards max-auto-created-queues-per-connection (and max-queues)
+            self._may_create(durable_queue_name(self.client_id, link.name))
         try:
             subscription = await self.topic_manager.durable_subscribe(self.client_id, link.name, topic,
                                                                       selector=selector, no_local=no_local)
         except TopicError as exc:
             raise _Refused("amqp:invalid-field", str(exc)) from None
+        except TooManyQueues as exc:
+            raise _Refused("amqp:resource-limit-exceeded", str(exc)) from None
+        if new:
+            self.auto_created += 1
         self._check_not_in_use(link.name)  # (and after: another attach may have taken it meanwhile)
         return OutgoingLink(self, link, subscription.consumer(), durable=(self.client_id, link.name))
 

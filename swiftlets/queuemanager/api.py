@@ -483,6 +483,15 @@ class QueueManager(Protocol):
         message brings its queue back to ``flowcontrol-start-queuesize``, and return a
         function that cancels the call; None when the queue is not slowing sends now."""
 
+    def check_room(self, name: str) -> None:
+        """Whether one more queue, ``name`` (for the message), fits in ``max-queues``; the
+        topic manager asks before it stores a new durable subscription, whose queue it then
+        creates with ``create=True``.
+
+        Raises:
+            TooManyQueues: the router holds ``max-queues`` queues.
+        """
+
     def create_temporary_queue(self, owner: Any) -> Queue:
         """A new ``tmp$<n>`` queue (:data:`TEMPORARY_PREFIX`) whose :attr:`Queue.owner` is
         ``owner``, deleted by :meth:`delete_temporary_queues` (owner).

@@ -423,8 +423,8 @@ class QueueManager:
         if not (self.auto_create_queues if create is None else create):
             raise QueueNotFound(f"queue {name!r} does not exist on router {self.router_name}")
         check_queue_name(name)
-        if create is None:  # auto-created (an explicit create: recovery, durable subscriptions)
-            self._check_room(name)
+        if create is None:  # auto-created (explicit creates: recovery; durable subscriptions check_room first)
+            self.check_room(name)
         return self._create(name, self.settings_for(name))
 
     def when_backlog_cleared(self, address: str, callback: Callable[[], None]) -> Callable[[], None] | None:
@@ -448,9 +448,10 @@ class QueueManager:
 
         return cancel
 
-    def _check_room(self, name: str) -> None:
-        """Raises TooManyQueues unless one more queue (auto-created or temporary) fits in
-        ``max-queues``. (Queues defined in the config are created regardless.)"""
+    def check_room(self, name: str) -> None:
+        """Raises TooManyQueues unless one more queue (auto-created, temporary, or a new
+        durable subscription's) fits in ``max-queues``. (Queues defined in the config, and
+        those recovered at start, are created regardless.)"""
         if 0 <= self.max_queues <= len(self.queues):
             raise TooManyQueues(f"queue {name!r} not created: router {self.router_name} holds "
                                 f"max-queues {self.max_queues} queues already")
@@ -467,7 +468,7 @@ class QueueManager:
         Raises:
             TooManyQueues: the router holds ``max-queues`` queues.
         """
-        self._check_room("tmp$<n>")
+        self.check_room("tmp$<n>")
         self._temporary += 1
         name = f"{TEMPORARY_PREFIX}{self._temporary}"
         while name in self.queues:
