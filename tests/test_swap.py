@@ -143,6 +143,7 @@ async def test_a_restarted_big_queue_reads_back_only_its_cache(make_broker):
 
 async def test_expiry_dead_letters_transactions_and_limits_with_swapped_bodies(make_broker):
     running = make_broker(queues='<queue name="ttl" cache-size="5" expired-to-dlq="true"/>'
+                                 '<queue name="routerdlq" cache-size="10"/>'
                                  '<queue name="tx" cache-size="5"/>'
                                  '<queue name="full" cache-size="5" max-messages="30"/>')
     await running.start()
@@ -156,8 +157,15 @@ async def test_expiry_dead_letters_transactions_and_limits_with_swapped_bodies(m
     dlq = queue_manager.queue("routerdlq")
     await wait_until(lambda: dlq.size == 30, what="all 30 in routerdlq (25 read back first)")
     assert usage(running, "ttl")["swapped"] == 0 and usage(running, "ttl")["messages"] == 0
+    await wait_until(lambda: usage(running, "routerdlq")["swapped"] == 20, what="dead letters beyond the cache out")
     moved = sorted(dlq.browse(), key=lambda entry: entry.message.application_properties["n"])
-    assert [entry.message.body() for entry in moved] == [message.body() for message in expiring]  # bodies intact
+    fetched = trio.Event()
+    whole = {}
+    queue_manager.fetch_messages(moved, lambda messages: (whole.update(messages), fetched.set()))
+    with trio.fail_after(10):
+        await fetched.wait()
+    assert [whole[entry.id].body() for entry in moved] == [message.body() for message in expiring]  # intact
+    assert usage(running, "routerdlq")["swapped"] == 20  # what a browser reads is not the queue's
 
     for n in range(20):  # a transaction's sends beyond the cache leave memory at commit
         await queue_manager.send("tx", msg(n))

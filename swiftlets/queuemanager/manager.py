@@ -156,6 +156,7 @@ class QueueManager:
         self._redirections: list[tuple[str, re.Pattern[str], str]] = []
         self._deferred: list[Op] = []
         self._deferred_wakeup = trio.Event()
+        self._swap_after_flush: list[tuple[Queue, Entry]] = []  # (dead letters) to swap out once stored
         self._prepared: dict[str, Transaction] = {}
         self._usage: UsageList | None = None
         self._nursery: trio.Nursery | None = None  # read-backs run here
@@ -199,7 +200,10 @@ class QueueManager:
             await self._deferred_wakeup.wait()
             self._deferred_wakeup = trio.Event()
             ops, self._deferred = self._deferred, []
+            swap, self._swap_after_flush = self._swap_after_flush, []
             await self._store.commit(ops)
+            for queue, entry in swap:  # stored now: out of memory if the queue is beyond its cache
+                queue.swap_out(entry)
 
     async def _tick_forever(self) -> None:
         while True:
@@ -763,6 +767,8 @@ class QueueManager:
         if moved.persistent:
             ops.append(PutMessage(moved.id, dlq.name, message.raw, moved.delivery_count))
         dlq.add(moved)
+        if moved.persistent and moved.state == AVAILABLE and dlq.over_cache():
+            self._swap_after_flush.append((dlq, moved))
         self._defer(*ops)
         log.warning("message %d of queue %s moved to routerdlq: %s", entry.id, source.name, reason)
 

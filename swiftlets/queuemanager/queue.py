@@ -350,10 +350,10 @@ class Queue:
         self.swapped_out += 1
 
     def _batch(self) -> tuple[int, int]:
-        """How many entries, and about how many bytes, one read-back asks for: half the cache
-        (1000 entries, 64 MiB at most); at least one entry."""
+        """How many entries, and about how many bytes, one read-back asks for: half the cache,
+        10 to 1000 entries, at most 64 MiB (and at least one entry)."""
         settings = self.settings
-        count = 1000 if settings.cache_size < 0 else min(max(settings.cache_size // 2, 1), 1000)
+        count = 1000 if settings.cache_size < 0 else min(max(settings.cache_size // 2, 10), 1000)
         kb = settings.cache_size_bytes_kb
         return count, 1 << 26 if kb < 0 else min(max(kb * 512, 1), 1 << 26)
 
