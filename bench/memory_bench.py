@@ -1,31 +1,44 @@
-"""Router memory per queued message, in-process. Prints its figures.
+"""Router memory per queued message, in-process; consuming a queue whose bodies are in the store.
 
-    .venv/bin/python bench/memory_bench.py [--messages N] [--size BYTES]
+    .venv/bin/python bench/memory_bench.py [--messages N] [--size BYTES] [--cases CASE ...]
 
 A real router (sys$store on a temporary SQLite file, ``sync="normal"``; sys$queuemanager)
 in this process; ``N`` messages with a ``BYTES`` body, built like a JMS client's (header,
 properties with message-id and creation-time, two application properties), are sent to a
 queue nobody reads (its ``max-messages``, ``max-bytes`` and flow control off, so that every
-message stays). Printed: the growth of this process's resident set (RSS, from
-``/proc/self/statm``, after a full garbage collection) per queued message, for
-non-persistent and for persistent messages (a persistent message is also in the store, in
-its own process, not counted here), next to the encoded message size; and the router's
-usage of the default memory budget (the default ``max-messages`` and ``max-bytes``).
+message stays). Printed per case: the growth of the router process's resident set (RSS,
+from ``/proc/self/statm``, after a full garbage collection) per queued message next to the
+encoded message size, the queue's ``cached``/``swapped`` counts, and for the persistent
+cases the time to consume the whole queue (one in-process consumer, credit 1000, accepting
+each delivery; swapped-out bodies are read back from the store process in batches). Every
+case runs in a fresh process, so that one case's freed memory does not flatter the next.
 
-The router keeps every queued message's bytes in memory, persistent ones too: the RSS
-per persistent message is the figure a queue of stored messages costs (issue 13, 7c part 3,
-moving bodies of long queues out of memory, is not done yet).
+Cases:
+
+- ``transient``: non-persistent messages (always in memory);
+- ``persistent``: persistent messages, the queue's default ``cache-size`` (500) and
+  ``cache-size-bytes-kb`` (16 MiB): bodies beyond the cache are only in the store (its own
+  process, not counted here);
+- ``persistent-all``: persistent messages with ``cache-size="-1"`` and
+  ``cache-size-bytes-kb="-1"``: every body stays in memory (the behaviour before issue 13,
+  7c);
+
+plus, with the figures of the two persistent cases, the router's RSS for a queue full to
+the default ``max-messages`` of such messages.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
+import subprocess
+import sys
 import time
 
 import trio
-from _router import running_router
+from _router import accept_all, running_router
 
 from martinet.kernel import Router
 from martinet.messaging.message import build
@@ -37,11 +50,14 @@ CONFIG = """<router name="bench" startorder="sys$store sys$queuemanager">
     <queues>
       <queue name="transient" max-messages="-1" max-bytes="-1" flowcontrol-start-queuesize="-1"/>
       <queue name="persistent" max-messages="-1" max-bytes="-1" flowcontrol-start-queuesize="-1"/>
+      <queue name="persistent-all" max-messages="-1" max-bytes="-1" flowcontrol-start-queuesize="-1"
+             cache-size="-1" cache-size-bytes-kb="-1"/>
     </queues>
   </swiftlet>
 </router>"""
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+CASES = ("transient", "persistent", "persistent-all")
 
 
 def rss() -> int:
@@ -79,24 +95,64 @@ async def fill(router: Router, queue_name: str, count: int, size: int, durable: 
     return (rss() - before) / count, len(make_message(count, size, durable).raw)
 
 
-async def main(args: argparse.Namespace) -> None:
-    defaults = QueueSettings()
+async def consume(router: Router, queue_name: str, count: int) -> float:
+    """Seconds to consume ``count`` messages (credit kept at 1000, each accepted)."""
+    queue = router.swiftlet("sys$queuemanager").queue(queue_name)
+    consumer = queue.consumer()
+    begin = time.perf_counter()
+    for done in range(0, count, 1000):
+        consumer.flow(min(1000, count - done))
+        await accept_all(consumer, min(1000, count - done))
+    elapsed = time.perf_counter() - begin
+    assert queue.size == 0
+    return elapsed
+
+
+async def run_case(args: argparse.Namespace) -> dict:
+    name = args.case
     async with running_router(CONFIG) as router:
-        for durable in (False, True):
-            begin = time.perf_counter()
-            name = "persistent" if durable else "transient"
-            per_message, encoded = await fill(router, name, args.messages, args.size, durable)
-            print(f"{name:10}: {per_message:,.0f} bytes of RSS per queued message ({encoded} encoded bytes, "
-                  f"{args.size}-byte body; {args.messages:,} queued in {time.perf_counter() - begin:.1f} s)",
-                  flush=True)
-    budget = min(defaults.max_messages * per_message, defaults.max_bytes / encoded * per_message)
-    print(f"default budget per queue: max-messages {defaults.max_messages:,}, max-bytes "
-          f"{defaults.max_bytes / 2**20:.0f} MiB: at most about {budget / 2**20:,.0f} MiB of RSS for one full queue "
-          f"of such messages", flush=True)
+        begin = time.perf_counter()
+        per_message, encoded = await fill(router, name, args.messages, args.size, name != "transient")
+        filled = time.perf_counter() - begin
+        figures = router.management.resolve(f"/sys$queuemanager/usage/queues/{name}").properties()
+        result = {"case": name, "per_message": per_message, "encoded": encoded, "filled": filled,
+                  "cached": figures["cached"], "swapped": figures["swapped"]}
+        if name != "transient":
+            result["consumed"] = await consume(router, name, args.messages)
+            figures = router.management.resolve(f"/sys$queuemanager/usage/queues/{name}").properties()
+            result["reads"] = figures["reads"]
+    return result
+
+
+def main(args: argparse.Namespace) -> None:
+    if args.case:
+        print(json.dumps(trio.run(run_case, args)))
+        return
+    defaults = QueueSettings()
+    results = {}
+    for case in args.cases:
+        output = subprocess.run([sys.executable, __file__, "--case", case, "--messages", str(args.messages),
+                                 "--size", str(args.size)], check=True, capture_output=True, text=True).stdout
+        result = results[case] = json.loads(output.splitlines()[-1])
+        line = (f"{case:15}: RSS +{result['per_message'] * args.messages / 2**20:,.0f} MiB, "
+                f"{result['per_message']:,.0f} bytes per queued message ({result['encoded']} "
+                f"encoded bytes, {args.size}-byte body; {args.messages:,} queued in {result['filled']:.1f} s; "
+                f"cached {result['cached']:,}, swapped {result['swapped']:,})")
+        if "consumed" in result:
+            line += (f"; consumed in {result['consumed']:.2f} s = {args.messages / result['consumed']:,.0f} msg/s "
+                     f"({result['reads']:,} reads from the store)")
+        print(line, flush=True)
+    for case in ("persistent", "persistent-all"):
+        if case in results:
+            per_message = results[case]["per_message"]
+            print(f"default max-messages {defaults.max_messages:,} of such messages, {case}: about "
+                  f"{defaults.max_messages * per_message / 2**20:,.0f} MiB of RSS", flush=True)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=200_000)
-    parser.add_argument("--size", type=int, default=100)
-    trio.run(main, parser.parse_args())
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)  # one case, in this process
+    main(parser.parse_args())

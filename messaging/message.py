@@ -55,7 +55,7 @@ from .codec import (
 )
 
 __all__ = ["Message", "MessageError", "MessageFieldError", "Header", "Properties", "AnnotationPatch", "build",
-           "SECTIONS"]
+           "SECTIONS", "head_length"]
 
 # Section descriptor codes (part 3, §3.2).
 HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES = 0x70, 0x71, 0x72, 0x73
@@ -1012,6 +1012,37 @@ def _key(raw: bytes, at: int) -> str | None:
 def _key_note(raw: bytes, at: int) -> str:
     key = _key(raw, at)
     return "" if key is None else f" (key {key!r})"
+
+
+def head_length(raw: bytes) -> int:
+    """How many leading bytes of ``raw`` hold the sections before the body (header,
+    delivery- and message-annotations, properties, application-properties): the offset of
+    the first body (or footer) section, ``len(raw)`` if there is none.
+
+    ``Message(raw[:head_length(raw)])`` is a message without a body that answers what a
+    queue and a selector read (priority, expiry, properties, application-properties): what
+    a queue keeps in memory of a message whose bytes are only in the store. Only the
+    leading sections are stepped over, so the cost does not depend on the body's size.
+
+    Raises:
+        MessageError: the leading sections are not well framed.
+    """
+    position, size = 0, len(raw)
+    try:
+        while position < size:
+            if raw[position] == 0x00 and position + 2 < size and raw[position + 1] == 0x53:
+                code, value_start = raw[position + 2], position + 3
+            elif raw[position] == 0x00:
+                descriptor, value_start = decode(raw, position + 1)
+                code = SECTIONS.get(descriptor) if isinstance(descriptor, str) else descriptor
+            else:
+                raise MessageError(f"expected a described section at offset {position}, found 0x{raw[position]:02x}")
+            if not isinstance(code, int) or code >= DATA:
+                return position
+            position = skip(raw, value_start)
+    except DecodeError as exc:
+        raise MessageError(f"malformed section at offset {position}: {exc}") from None
+    return size
 
 
 def _find_sections(raw: bytes) -> dict[int, tuple[int, int, int]]:

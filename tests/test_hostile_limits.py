@@ -388,3 +388,54 @@ async def test_auto_created_queues_are_limited_per_connection_and_in_all(amqp_br
     assert len(queues) == 9
     await client.aclose()
     await second.aclose()
+
+
+def attach_durable(url: str, client_id: str, names: list[str]) -> list[str]:
+    """Attach the durable subscriptions ``names`` of ``client_id`` on one connection (each
+    detached, kept, after its attach); per name "ok" or the refusal's text."""
+    from proton.reactor import Container, DurableSubscription
+
+    container = Container()
+    container.container_id = client_id
+    connection = BlockingConnection(url, timeout=10, container=container)
+    outcomes = []
+    try:
+        for name in names:
+            try:
+                receiver = connection.create_receiver("topic://audit", name=name, options=DurableSubscription())
+            except LinkDetached as exc:
+                outcomes.append(str(exc))
+            else:
+                receiver.link.detach()
+                outcomes.append("ok")
+    finally:
+        connection.close()
+    return outcomes
+
+
+async def test_durable_subscriptions_count_towards_the_queue_limits(amqp_broker):
+    """Item 7d: a new durable subscription's queue counts towards the connection's
+    max-auto-created-queues-per-connection and the router's max-queues; past either the
+    attach is refused with amqp:resource-limit-exceeded naming the limit, and nothing of it
+    is stored. Resuming an existing subscription is not a new queue."""
+    from martinet.swiftlets.queuemanager.api import TooManyQueues
+
+    broker = await amqp_broker(autocreate='true" max-queues="5',
+                               listener='max-auto-created-queues-per-connection="2"')
+    queue_manager = broker.router.swiftlet("sys$queuemanager")
+    topic_manager = broker.router.swiftlet("sys$topicmanager")
+    assert len(queue_manager.queues) == 2  # unroutable, routerdlq
+    first = await trio.to_thread.run_sync(attach_durable, broker.url, "c1", ["s1", "s2", "s3", "s1"])
+    assert first[:2] == ["ok", "ok"] and first[3] == "ok"  # s1 again: resumed, not a new queue
+    assert "amqp:resource-limit-exceeded" in first[2] and "max-auto-created-queues-per-connection 2" in first[2]
+    second = await trio.to_thread.run_sync(attach_durable, broker.url, "c2", ["t1", "t2"])
+    assert second[0] == "ok"
+    assert "amqp:resource-limit-exceeded" in second[1] and "max-queues 5" in second[1]
+    assert sorted(queue_manager.queues) == ["c1$s1", "c1$s2", "c2$t1", "routerdlq", "unroutable"]
+    assert sorted(topic_manager.durable_subscriptions()) == ["c1$s1", "c1$s2", "c2$t1"]
+    with pytest.raises(TooManyQueues, match="max-queues 5"):  # the administrative create too
+        await topic_manager.durable_subscribe("admin", "x", "audit")
+    await broker.stop()
+    await broker.start()  # nothing of the refused ones was stored
+    assert sorted(broker.router.swiftlet("sys$topicmanager").durable_subscriptions()) == [
+        "c1$s1", "c1$s2", "c2$t1"]

@@ -434,12 +434,23 @@ class CoordinatorLink:
 class BrowsingLink:
     """A link with distribution-mode copy: settled copies of what the queue holds at attach
     time, in delivery order; nothing is consumed. A drain ends the browse: credit the client
-    asks to drain is given back (delivery-count advanced) only once every copy was sent."""
+    asks to drain is given back (delivery-count advanced) only once every copy was sent.
 
-    def __init__(self, connection: AmqpConnection, link: amqp.Link, entries: Any):
+    The bytes of entries the queue keeps only in the store (swapped out) are read back for
+    the browser, :data:`FETCH` entries at a time, ahead of the copies sent; what is read
+    for a browser is the browser's and does not enter the queue's cache."""
+
+    FETCH = 256
+
+    def __init__(self, connection: AmqpConnection, link: amqp.Link, entries: list[Any], queue_manager: Any):
         self.connection = connection
         self.link = link
         self._entries = entries
+        self._next = 0  # index of the next entry to send
+        self._queue_manager = queue_manager
+        self._fetched: dict[int, Message] = {}  # whole messages read back, by entry id
+        self._missing: set[int] = set()  # entries the store no longer had (consumed meanwhile)
+        self._fetching = False
 
     def start(self) -> None:
         self.sync_credit()
@@ -450,22 +461,52 @@ class BrowsingLink:
     def pump(self) -> None:
         link = self.link
         while link.credit > 0 and not link.session.blocked:
-            entry = next(self._entries, None)
-            if entry is None:
+            if self._next >= len(self._entries):
                 link.drained()
                 return
+            entry = self._entries[self._next]
+            message = self._fetched.pop(entry.id, None)
+            if message is None:
+                if entry.id in self._missing:
+                    self._next += 1
+                    continue
+                if entry.swapped:
+                    self._fetch()
+                    return  # the fetch wakes the connection
+                message = entry.message
+            self._next += 1
             try:
-                message = _outgoing(entry)
+                if entry.acquired:
+                    message = message.redelivered(entry.delivery_count)
             except MessageError as exc:  # a copy nobody can read: left out of the browse
                 log.warning("message %d not browsed: %s", entry.id, exc)
                 continue
             link.send(message.raw, True)
 
+    def _fetch(self) -> None:
+        if self._fetching:
+            return
+        self._fetching = True
+        batch = self._entries[self._next:self._next + self.FETCH]
+
+        def fetched(messages: Any) -> None:
+            self._fetching = False
+            for entry in batch:
+                message = messages.get(entry.id)
+                if message is None:
+                    self._missing.add(entry.id)
+                else:
+                    self._fetched[entry.id] = message
+            self.connection.wake()
+
+        self._queue_manager.fetch_messages(batch, fetched)
+
     def on_outcome(self, delivery_id: int, state: Any, settled: bool) -> None:
         pass  # browsed copies go out settled
 
     def close(self) -> None:
-        self._entries = iter(())
+        self._entries = []
+        self._fetched.clear()
 
 
 def refusal(container_id: str, condition: str, description: str) -> bytes:
@@ -931,7 +972,8 @@ class AmqpConnection:
             raise _Deferred(lambda: self._attach_durable(link, name, text, no_local))
         if not topic and source.distribution_mode == "copy":
             address = self._check(name, "browse")
-            return BrowsingLink(self, link, iter(list(self.queue_manager.queue(address).browse(selector))))
+            return BrowsingLink(self, link, list(self.queue_manager.queue(address).browse(selector)),
+                                self.queue_manager)
         if topic:
             name = self._check(name, "subscribe", topic=True)
             subscription = self.topic_manager.subscribe(name, selector=text, no_local=no_local,
@@ -952,11 +994,18 @@ class AmqpConnection:
         if not self.client_id:
             raise _Refused("amqp:invalid-field", "a durable subscription needs a client id (container id)")
         self._check_not_in_use(link.name)  # (before: a changed one would be dropped otherwise)
+        new = durable_queue_name(self.client_id, link.name) not in self.queue_manager.queues
+        if new:  # its queue counts towards max-auto-created-queues-per-connection (and max-queues)
+            self._may_create(durable_queue_name(self.client_id, link.name))
         try:
             subscription = await self.topic_manager.durable_subscribe(self.client_id, link.name, topic,
                                                                       selector=selector, no_local=no_local)
         except TopicError as exc:
             raise _Refused("amqp:invalid-field", str(exc)) from None
+        except TooManyQueues as exc:
+            raise _Refused("amqp:resource-limit-exceeded", str(exc)) from None
+        if new:
+            self.auto_created += 1
         self._check_not_in_use(link.name)  # (and after: another attach may have taken it meanwhile)
         return OutgoingLink(self, link, subscription.consumer(), durable=(self.client_id, link.name))
 

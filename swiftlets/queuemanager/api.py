@@ -188,6 +188,14 @@ class Entry(Protocol):
         """``delivery_count > 0``."""
 
     @property
+    def swapped(self) -> bool:
+        """The message's bytes are only in the store (the queue is beyond its
+        ``cache-size``): ``message`` then holds only its leading sections — header,
+        annotations, properties, application-properties, what selectors read — and no body.
+        A delivered entry is never swapped out; a browsed one may be
+        (:meth:`QueueManager.fetch_messages` reads it back)."""
+
+    @property
     def acquired(self) -> bool:
         """A consumer has had it before (it came back: released, modified, rolled back, or
         recovered after a restart, where nobody knows): its next delivery must say
@@ -320,7 +328,9 @@ class Queue(Protocol):
         """
 
     def browse(self, selector: Selector | None = None) -> Iterator[Entry]:
-        """The available entries in delivery order (a snapshot; nothing is consumed)."""
+        """The available entries in delivery order (a snapshot; nothing is consumed). A
+        swapped-out entry (:attr:`Entry.swapped`) has no body in ``message``: nothing is
+        read back here (:meth:`QueueManager.fetch_messages` does)."""
 
 
 class Transaction(Protocol):
@@ -473,6 +483,15 @@ class QueueManager(Protocol):
         message brings its queue back to ``flowcontrol-start-queuesize``, and return a
         function that cancels the call; None when the queue is not slowing sends now."""
 
+    def check_room(self, name: str) -> None:
+        """Whether one more queue, ``name`` (for the message), fits in ``max-queues``; the
+        topic manager asks before it stores a new durable subscription, whose queue it then
+        creates with ``create=True``.
+
+        Raises:
+            TooManyQueues: the router holds ``max-queues`` queues.
+        """
+
     def create_temporary_queue(self, owner: Any) -> Queue:
         """A new ``tmp$<n>`` queue (:data:`TEMPORARY_PREFIX`) whose :attr:`Queue.owner` is
         ``owner``, deleted by :meth:`delete_temporary_queues` (owner).
@@ -502,6 +521,12 @@ class QueueManager(Protocol):
 
     def remove_redirection(self, predicate: str) -> None:
         """Undo :meth:`add_redirection` (nothing happens for an unknown predicate)."""
+
+    def fetch_messages(self, entries: Sequence[Entry], on_done: Callable[[Mapping[int, Message]], None]) -> None:
+        """The whole messages of ``entries`` (a browse's), without waiting: ``on_done({id:
+        message})`` is called at once when none is swapped out, else once the store has read
+        the swapped-out ones back (in the router's trio thread). An entry consumed meanwhile,
+        or that cannot be read, is left out. Nothing read here enters the queue's cache."""
 
     def transaction(self) -> Transaction:
         """A new local transaction."""

@@ -6,7 +6,8 @@ Names, defaults and bounds follow SwiftMQ's queue manager (see
 at most 5000 ms delay, and the default controllers below (first match wins). One
 deliberate difference, the memory budget: SwiftMQ's ``max-messages`` defaults to -1
 (unlimited), ours to 100,000 messages, with ``max-bytes`` 256 MiB beside it, so that no
-queue grows until the router runs out of memory.
+queue grows until the router runs out of memory. Likewise ``cache-size`` (500, as SwiftMQ) has
+a byte bound beside it, ``cache-size-bytes-kb`` 16 MiB (SwiftMQ: -1).
 
 The persistence and consumer modes are string enums: a config object holds members
 (``PersistenceMode.PERSISTENT``), the XML holds their values (``persistent``), and a
@@ -50,6 +51,12 @@ class QueueSettings:
                              "queue is refused (AMQP: amqp:resource-limit-exceeded).")
     max_bytes: int = prop(256 * 1024 * 1024, min=-1, description="Most bytes (encoded messages) the queue "
                           "holds; -1: unlimited. A send that would pass it is refused like one to a full queue.")
+    cache_size: int = prop(500, min=-1, description="Persistent messages whose bytes the queue keeps in memory "
+                           "(SwiftMQ's cache-size); beyond it a persistent message's body stays only in the store, "
+                           "and is read back, in batches ahead of the consumers, when they get to it. -1: every "
+                           "message stays in memory.")
+    cache_size_bytes_kb: int = prop(16384, min=-1, description="The same in KiB of encoded messages (SwiftMQ's "
+                                    "cache-size-bytes-kb; theirs defaults to -1, unlimited); -1: no byte bound.")
     cleanup_interval: int = prop(120_000, min=1000, description="Milliseconds between removals of expired messages.")
     expired_to_dlq: bool = prop(False, description="Move expired messages to routerdlq instead of dropping them.")
     duplicate_detection_enabled: bool = prop(True, description="Remember message ids to drop duplicates.")

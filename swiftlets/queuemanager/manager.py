@@ -18,6 +18,14 @@ deferred: collected and committed by a background task, never awaited by the con
 A crash can therefore redeliver a message consumed just before it (at-least-once), never
 lose one that was accepted.
 
+**Bodies beyond the cache.** Once a persistent send's commit is durable, a queue over its
+``cache-size`` keeps only the leading sections of that message (:meth:`.queue.Queue.swap_out`);
+the manager reads swapped-out bytes back for it, in a task of its own, through
+:meth:`Store.read_messages` (the store process reads; this loop never waits on disk). At
+start the store hands over only leading sections, and the manager reads back, before the
+queue manager counts as started, the bytes of each queue's first ``cache-size`` messages
+and of every prepared transaction's messages.
+
 **Transactions.** A :class:`Transaction` stages sends (invisible) and acknowledgements
 (the entries are held, not redelivered). ``commit`` writes everything in one store commit
 and then makes the sends visible and removes the acknowledged entries; ``rollback``
@@ -60,6 +68,7 @@ from martinet.swiftlets.store.api import (
     SetMessageBody,
     SetTransaction,
     Store,
+    StoreError,
 )
 
 from .api import (
@@ -74,7 +83,7 @@ from .api import (
     check_queue_name,
 )
 from .config import QueueManagerConfig, QueueSettings
-from .queue import DELIVERED, GONE, HELD, Consumer, Entry, Queue, now_ms
+from .queue import AVAILABLE, DELIVERED, GONE, HELD, Consumer, Entry, Queue, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +110,20 @@ def _delayed(delay: int) -> SendResult:
 def _ignore(error: BaseException | None) -> None:
     if error is not None:
         log.error("a message could not be stored: %s", error)
+
+
+def _swapping(entries: Sequence[tuple[Queue, Entry]],
+              then: Callable[[BaseException | None], None]) -> Callable[[BaseException | None], None]:
+    """A durability callback that first swaps ``entries`` out (each queue decides whether it
+    is still over its cache), then calls ``then``."""
+
+    def durable(error: BaseException | None) -> None:
+        if error is None:
+            for queue, entry in entries:
+                queue.swap_out(entry)
+        then(error)
+
+    return durable
 
 
 def id_key(message_id: Any) -> str | None:
@@ -133,8 +156,10 @@ class QueueManager:
         self._redirections: list[tuple[str, re.Pattern[str], str]] = []
         self._deferred: list[Op] = []
         self._deferred_wakeup = trio.Event()
+        self._swap_after_flush: list[tuple[Queue, Entry]] = []  # (dead letters) to swap out once stored
         self._prepared: dict[str, Transaction] = {}
         self._usage: UsageList | None = None
+        self._nursery: trio.Nursery | None = None  # read-backs run here
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -146,13 +171,16 @@ class QueueManager:
         for name in PREDEFINED:
             self.queue(name, create=True)
         self.context.entity.entity_list("queues").bind(self._queue_configured, self._queue_unconfigured)
-        self._recover()
+        prepared = self._recover()
+        await self._read_back_recovered(prepared)
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._flush_forever)
                 nursery.start_soon(self._tick_forever)
                 task_status.started()
         finally:
+            self._nursery = None
             if self._deferred:
                 with self.context.shutdown_scope():
                     ops, self._deferred = self._deferred, []
@@ -172,7 +200,10 @@ class QueueManager:
             await self._deferred_wakeup.wait()
             self._deferred_wakeup = trio.Event()
             ops, self._deferred = self._deferred, []
+            swap, self._swap_after_flush = self._swap_after_flush, []
             await self._store.commit(ops)
+            for queue, entry in swap:  # stored now: out of memory if the queue is beyond its cache
+                queue.swap_out(entry)
 
     async def _tick_forever(self) -> None:
         while True:
@@ -203,9 +234,57 @@ class QueueManager:
         the background."""
         self._defer(SetMessageBody(entry.id, entry.message.raw))
 
+    def read_back(self, queue: Queue, entries: list[Entry]) -> None:
+        """(:class:`.queue.QueueServices`) Read swapped-out bytes back, in the background."""
+        if self._nursery is None:  # stopping
+            queue.fill(entries, None)
+            return
+        self._nursery.start_soon(self._read_back, queue, entries)
+
+    async def _read_back(self, queue: Queue, entries: list[Entry]) -> None:
+        assert self._store is not None
+        try:
+            bodies = await self._store.read_messages([entry.id for entry in entries])
+        except StoreError as exc:
+            log.error("queue %s: %d stored message(s) could not be read back: %s", queue.name, len(entries), exc)
+            queue.fill(entries, None)
+            return
+        queue.fill(entries, bodies)
+
+    def fetch_messages(self, entries: Sequence[Entry], on_done: Callable[[Mapping[int, Message]], None]) -> None:
+        """The whole messages of ``entries`` (a browse's), without waiting: ``on_done({id:
+        message})`` is called when they are at hand — at once if none is swapped out, else
+        once the store has read the swapped-out ones back. An entry consumed meanwhile (or
+        that the store cannot give back: logged) is left out. The entries stay as they are:
+        what is read back for a browser does not count against the queue's cache."""
+        messages = {entry.id: entry.message for entry in entries if not entry.swapped}
+        wanted = [entry for entry in entries if entry.swapped]
+        if not wanted:
+            on_done(messages)
+            return
+        if self._nursery is None:
+            on_done(messages)
+            return
+
+        async def fetch() -> None:
+            assert self._store is not None
+            try:
+                bodies = await self._store.read_messages([entry.id for entry in wanted])
+            except StoreError as exc:
+                log.error("%d stored message(s) could not be read back for a browser: %s", len(wanted), exc)
+                bodies = {}
+            for entry in wanted:
+                if not entry.swapped:
+                    messages[entry.id] = entry.message  # read back for the queue meanwhile
+                elif entry.id in bodies:
+                    messages[entry.id] = Message(bodies[entry.id])
+            on_done(messages)
+
+        self._nursery.start_soon(fetch)
+
     # -- recovery -----------------------------------------------------------------------------
 
-    def _recover(self) -> None:
+    def _recover(self) -> dict[str, Transaction]:
         assert self._store is not None
         recovered = self._store.recovered
         self._ids = itertools.count(max(next(self._ids), recovered.next_id))
@@ -229,7 +308,9 @@ class QueueManager:
                 continue
             # Acquired, for all we know: a delivery unsettled at a crash was never counted, and
             # first-acquirer false is always true [3.2.1: "MAY have previously been acquired"].
-            entry = Entry(stored.id, message, priority, expires, True, stored.delivery_count, acquired=True)
+            # Swapped out unless the store gave the whole message (Entry: size).
+            entry = Entry(stored.id, message, priority, expires, True, stored.delivery_count, acquired=True,
+                          size=stored.size)
             if stored.txid is not None:
                 transaction = prepared.get(stored.txid)
                 if transaction is None:  # prepared sends without a prepare record: never prepared
@@ -238,8 +319,7 @@ class QueueManager:
                 transaction._sends.append((queue, entry))
             elif stored.id in held:
                 entry.state = HELD
-                queue.size += 1
-                queue.bytes += entry.bytes
+                queue.count(entry)
                 prepared[held[stored.id]]._acks.append((queue, entry))
             else:
                 queue.restore(entry)
@@ -253,6 +333,35 @@ class QueueManager:
             self._defer(*orphans)
         log.info("queue manager recovered %d messages in %d queues, %d prepared transaction(s)",
                  len(messages) - len(orphans), len(self.queues), len(prepared))
+        return prepared
+
+    async def _read_back_recovered(self, prepared: Mapping[str, Transaction]) -> None:
+        """Read back what a restarted router keeps in memory: each queue's first messages in
+        delivery order up to its cache, and the messages of prepared transactions (few, and
+        a resolution moves them)."""
+        assert self._store is not None
+        wanted: list[tuple[Queue | None, Entry]] = []
+        for transaction in prepared.values():
+            wanted.extend((None, entry) for _, entry in transaction._sends if entry.swapped)
+            wanted.extend((queue, entry) for queue, entry in transaction._acks if entry.swapped)
+        for queue in self.queues.values():
+            wanted.extend((queue, entry) for entry in queue.cache_front())
+        begin, read = time.monotonic(), 0
+        for start in range(0, len(wanted), 1000):
+            chunk = wanted[start:start + 1000]
+            bodies = await self._store.read_messages([entry.id for _, entry in chunk])
+            for queue, entry in chunk:
+                body = bodies.get(entry.id)
+                if body is None:
+                    continue  # left swapped out: a dispatch that reaches it reports and drops it
+                entry.message, entry.swapped = Message(body), False
+                read += 1
+                if queue is not None:
+                    queue.swapped -= 1
+                    queue.swapped_bytes -= entry.bytes
+        if wanted:
+            log.info("queue manager read back %d recovered message(s) in %.2f s; %d stay in the store only",
+                     read, time.monotonic() - begin, sum(queue.swapped for queue in self.queues.values()))
 
     # -- names and queues -----------------------------------------------------------------------
 
@@ -318,8 +427,8 @@ class QueueManager:
         if not (self.auto_create_queues if create is None else create):
             raise QueueNotFound(f"queue {name!r} does not exist on router {self.router_name}")
         check_queue_name(name)
-        if create is None:  # auto-created (an explicit create: recovery, durable subscriptions)
-            self._check_room(name)
+        if create is None:  # auto-created (explicit creates: recovery; durable subscriptions check_room first)
+            self.check_room(name)
         return self._create(name, self.settings_for(name))
 
     def when_backlog_cleared(self, address: str, callback: Callable[[], None]) -> Callable[[], None] | None:
@@ -343,9 +452,10 @@ class QueueManager:
 
         return cancel
 
-    def _check_room(self, name: str) -> None:
-        """Raises TooManyQueues unless one more queue (auto-created or temporary) fits in
-        ``max-queues``. (Queues defined in the config are created regardless.)"""
+    def check_room(self, name: str) -> None:
+        """Raises TooManyQueues unless one more queue (auto-created, temporary, or a new
+        durable subscription's) fits in ``max-queues``. (Queues defined in the config, and
+        those recovered at start, are created regardless.)"""
         if 0 <= self.max_queues <= len(self.queues):
             raise TooManyQueues(f"queue {name!r} not created: router {self.router_name} holds "
                                 f"max-queues {self.max_queues} queues already")
@@ -362,7 +472,7 @@ class QueueManager:
         Raises:
             TooManyQueues: the router holds ``max-queues`` queues.
         """
-        self._check_room("tmp$<n>")
+        self.check_room("tmp$<n>")
         self._temporary += 1
         name = f"{TEMPORARY_PREFIX}{self._temporary}"
         while name in self.queues:
@@ -511,6 +621,8 @@ class QueueManager:
         queue.add(entry)
         if entry.persistent:
             assert self._store is not None
+            if entry.state == AVAILABLE and queue.over_cache():  # beyond the cache: out once stored
+                on_durable = _swapping(((queue, entry),), on_durable or _ignore)
             self._store.commit_nowait(self._put_ops(queue, entry, key), on_durable or _ignore)
         elif on_durable is not None:
             on_durable(None)
@@ -547,6 +659,7 @@ class QueueManager:
             return 0, []
         ops: list[Op] = []
         skipped: list[Queue] = []
+        swap: list[tuple[Queue, Entry]] = []
         delay = 0
         for queue in queues:
             limit, limit_bytes = queue.settings.max_messages, queue.settings.max_bytes
@@ -560,8 +673,12 @@ class QueueManager:
                 ops.append(PutMessage(entry.id, queue.name, message.raw))
             delay = max(delay, queue.flow.delay(queue.settings, queue.size, len(queue.consumers), now))
             queue.add(entry)
+            if persistent and entry.state == AVAILABLE and queue.over_cache():
+                swap.append((queue, entry))
         if ops:
             assert self._store is not None
+            if swap:
+                on_durable = _swapping(swap, on_durable or _ignore)
             self._store.commit_nowait(ops, on_durable or _ignore)
         elif on_durable is not None:
             on_durable(None)
@@ -594,8 +711,7 @@ class QueueManager:
     def expire(self, queue: Queue, entry: Entry) -> None:
         """(:class:`.queue.QueueServices`) An entry taken out of ``queue`` has expired."""
         queue.expired += 1
-        queue.size -= 1
-        queue.bytes -= entry.bytes
+        queue.uncount(entry)
         if queue.settings.expired_to_dlq and queue.name != "routerdlq":
             self.dead_letter(queue, entry, "expired", count=False)
         else:
@@ -610,6 +726,30 @@ class QueueManager:
             source.dead_lettered += 1
         acquired = entry.acquired or entry.state in (DELIVERED, HELD)  # a consumer had it
         entry.state = GONE
+        if entry.swapped:  # its bytes first (it left the queue's counts already)
+            if self._nursery is None:
+                log.error("message %d of queue %s not dead-lettered (%s): the queue manager is stopping",
+                          entry.id, source.name, reason)
+                return
+            self._nursery.start_soon(self._dead_letter_swapped, source, entry, reason, acquired)
+            return
+        self._move_to_dlq(source, entry, reason, acquired)
+
+    async def _dead_letter_swapped(self, source: Queue, entry: Entry, reason: str, acquired: bool) -> None:
+        assert self._store is not None
+        try:
+            body = (await self._store.read_messages([entry.id])).get(entry.id)
+        except StoreError as exc:
+            log.error("message %d of queue %s not dead-lettered (%s): %s", entry.id, source.name, reason, exc)
+            return
+        if body is None:
+            log.error("message %d of queue %s not dead-lettered (%s): no longer in the store",
+                      entry.id, source.name, reason)
+            return
+        entry.message, entry.swapped = Message(body), False
+        self._move_to_dlq(source, entry, reason, acquired)
+
+    def _move_to_dlq(self, source: Queue, entry: Entry, reason: str, acquired: bool) -> None:
         ops: list[Op] = [DeleteMessage(entry.id)] if entry.persistent else []
         dlq = self.queues["routerdlq"]
         try:
@@ -627,6 +767,8 @@ class QueueManager:
         if moved.persistent:
             ops.append(PutMessage(moved.id, dlq.name, message.raw, moved.delivery_count))
         dlq.add(moved)
+        if moved.persistent and moved.state == AVAILABLE and dlq.over_cache():
+            self._swap_after_flush.append((dlq, moved))
         self._defer(*ops)
         log.warning("message %d of queue %s moved to routerdlq: %s", entry.id, source.name, reason)
 
@@ -738,10 +880,11 @@ class Transaction:
                 queue.remember(key)
             if not queue.deleted:
                 queue.add(entry)
+                if entry.persistent:
+                    queue.swap_out(entry)  # durable: out of memory at once if beyond the cache
         for queue, entry in self._acks:
             entry.state = GONE
-            queue.size -= 1
-            queue.bytes -= entry.bytes
+            queue.uncount(entry)
             queue.dequeued += 1
 
     async def rollback(self) -> None:

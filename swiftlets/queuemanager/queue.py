@@ -31,6 +31,25 @@ selector cannot be evaluated on (its sections do not decode: a message stored be
 queue manager checked messages on the way in) is not selected, and stays for consumers
 without a selector; that is logged once per queue and selector, never per entry.
 
+**Bodies beyond the cache** (issue 13, 7c). A queue keeps the bytes of at most
+``cache-size`` messages (and ``cache-size-bytes-kb``) in memory. A persistent message that
+arrives beyond that, once the store has it (its send's commit is durable), is *swapped
+out*: its entry keeps a :class:`Message` of only the sections before the body — header,
+annotations, properties, application-properties (:func:`messaging.message.head_length`;
+46 bytes for a JMS-like message with two properties) — so priority, expiry, selectors
+and the redelivery header still work without the store, and ``Entry.swapped`` is set. The
+bytes are read back through the store process (never on this loop's thread) in batches of
+half the cache: when dispatch reaches a swapped entry it stops (order is kept: nothing
+behind it is delivered first), asks for the batch that starts there — for a consumer with
+a selector, the next swapped entries its selector matches — and dispatches again when the
+bytes are back; and once the middle entry of a batch read back is delivered, the next
+batch is read ahead. A delivered entry always has its bytes (a listener sends
+``entry.message.raw``); :meth:`Queue.browse` does not read anything back (a browser that
+needs the bytes asks :meth:`QueueManager.fetch_messages`). Non-persistent messages have no
+store copy and always stay. After a restart a queue starts with the first ``cache-size``
+messages in delivery order read back and the rest swapped out (the store hands over only
+the leading sections at recovery).
+
 Expired entries are never delivered: dispatch and the periodic cleanup remove them
 (optionally to ``routerdlq``). Everything here is synchronous and runs in the router's
 trio thread; persistence and dead letters are the manager's business (:mod:`.manager`),
@@ -48,7 +67,7 @@ from typing import Any, Protocol
 
 import trio
 
-from martinet.messaging.message import Message, MessageError
+from martinet.messaging.message import Message, MessageError, head_length
 from martinet.messaging.selector import Selector, message_identifiers
 
 from .api import ConsumerRefused, QueueError, QueueFull
@@ -59,6 +78,7 @@ __all__ = ["Entry", "Queue", "Consumer", "QueueServices", "FlowController"]
 log = logging.getLogger(__name__)
 
 AVAILABLE, DELIVERED, HELD, GONE = 0, 1, 2, 3
+_WAIT: Any = object()  # _take: the entry to deliver next is swapped out; dispatch resumes once it is read back
 _serials = itertools.count(1)  # consumers, for Entry.excluded
 
 
@@ -86,6 +106,11 @@ class QueueServices(Protocol):
         """A persistent ``entry``'s message was replaced (annotated): store its bytes (in the
         background)."""
 
+    def read_back(self, queue: Queue, entries: list[Entry]) -> None:
+        """Read the stored bytes of the swapped-out ``entries`` of ``queue`` back from the
+        store, in the background, and hand them to :meth:`Queue.fill` (None if the read
+        failed)."""
+
 
 class Entry:
     """A message in one queue. Public, read-only: ``id``, ``message``, ``priority``,
@@ -95,13 +120,19 @@ class Entry:
     An entry made with a delivery count (recovered, moved to routerdlq) has been acquired
     before: say so with ``acquired=True``, since only that flag makes a listener rewrite
     the header. ``excluded`` holds the serials of consumers that must not get it
-    (undeliverable-here)."""
+    (undeliverable-here).
+
+    ``swapped``: the message's bytes are only in the store; ``message`` holds its leading
+    sections (what selectors and the header rewrite read) and ``bytes`` is still the size
+    of the whole. Only an available (or, after a restart, held) entry is ever swapped out:
+    a delivered one has its bytes. ``size`` gives ``bytes`` when ``message`` is such a
+    head."""
 
     __slots__ = ("id", "message", "priority", "expires", "delivery_count", "state", "persistent", "acquired",
-                 "excluded", "bytes")
+                 "excluded", "bytes", "swapped")
 
     def __init__(self, id: int, message: Message, priority: int, expires: int | None,
-                 persistent: bool, delivery_count: int = 0, *, acquired: bool = False):
+                 persistent: bool, delivery_count: int = 0, *, acquired: bool = False, size: int | None = None):
         self.id = id
         self.message = message
         self.priority = priority
@@ -111,7 +142,8 @@ class Entry:
         self.state = AVAILABLE
         self.acquired = acquired
         self.excluded: tuple[int, ...] | None = None
-        self.bytes = len(message.raw)
+        self.bytes = len(message.raw) if size is None else size
+        self.swapped = size is not None and size != len(message.raw)
 
     @property
     def redelivered(self) -> bool:
@@ -185,6 +217,10 @@ class Queue:
         self.available = 0  # entries in the deques
         self.size = 0  # entries of this queue not yet gone (available, delivered, held)
         self.bytes = 0  # their Entry.bytes, for max-bytes
+        self.swapped = 0  # of those, entries whose bytes are only in the store (Entry.swapped)
+        self.swapped_bytes = 0  # and their Entry.bytes
+        self._reading = False  # a read_back is under way
+        self._read_ahead_at: Entry | None = None  # once delivered, read the next batch back
         self.consumers: list[Consumer] = []
         self._ready: deque[Consumer] = deque()
         self._parked: list[Consumer] = []
@@ -196,6 +232,7 @@ class Queue:
         self._unselectable: set[str] = set()  # selectors that met an entry they could not evaluate (logged)
         # counters
         self.enqueued = self.dequeued = self.expired = self.dead_lettered = self.duplicates = 0
+        self.swapped_out = self.reads = self.read_back_count = 0
         self.send_rate = self.receive_rate = 0.0
         self._rate_mark = (time.monotonic(), 0, 0)
         self.next_cleanup = time.monotonic() + settings.cleanup_interval / 1000
@@ -231,10 +268,25 @@ class Queue:
         if len(self._id_order) > self.settings.duplicate_detection_backlog_size:
             self._ids.discard(self._id_order.popleft())
 
-    def add(self, entry: Entry) -> None:
-        """Make a new entry available (it is counted as enqueued) and dispatch."""
+    def count(self, entry: Entry) -> None:
+        """``entry`` is one of this queue's now (in its size, bytes and swapped counts)."""
         self.size += 1
         self.bytes += entry.bytes
+        if entry.swapped:
+            self.swapped += 1
+            self.swapped_bytes += entry.bytes
+
+    def uncount(self, entry: Entry) -> None:
+        """``entry`` left this queue (consumed, expired, dead-lettered): out of its counts."""
+        self.size -= 1
+        self.bytes -= entry.bytes
+        if entry.swapped:
+            self.swapped -= 1
+            self.swapped_bytes -= entry.bytes
+
+    def add(self, entry: Entry) -> None:
+        """Make a new entry available (it is counted as enqueued) and dispatch."""
+        self.count(entry)
         self.enqueued += 1
         self.flow.sent += 1
         self._levels[entry.priority].append(entry)
@@ -242,8 +294,7 @@ class Queue:
 
     def restore(self, entry: Entry) -> None:
         """Put a recovered or held entry back in its place (not counted as enqueued)."""
-        self.size += 1
-        self.bytes += entry.bytes
+        self.count(entry)
         self._reinsert(entry)
 
     def _reinsert(self, entry: Entry) -> None:
@@ -268,6 +319,132 @@ class Queue:
         if self._ready:
             self._dispatch()
 
+    # -- bodies beyond the cache ----------------------------------------------------------------
+
+    def over_cache(self) -> bool:
+        """The queue keeps more message bytes in memory than ``cache-size`` /
+        ``cache-size-bytes-kb`` allow (counting every entry not swapped out)."""
+        settings = self.settings
+        limit, limit_kb = settings.cache_size, settings.cache_size_bytes_kb
+        return (0 <= limit < self.size - self.swapped
+                or 0 <= limit_kb and limit_kb * 1024 < self.bytes - self.swapped_bytes)
+
+    def swap_out(self, entry: Entry) -> None:
+        """``entry`` is durable in the store: if it is still available and the queue is over
+        its cache, keep only the leading sections of its message in memory. (The manager
+        calls this once the send's commit is done; before, the store could not give the bytes
+        back.)"""
+        if entry.swapped or entry.state != AVAILABLE or self.deleted or not self.over_cache():
+            return
+        raw = entry.message.raw
+        try:
+            head = head_length(raw)
+        except MessageError:  # checked on the way in, so not expected: keep it as it is
+            return
+        if head == len(raw):
+            return  # no body: nothing to gain
+        entry.message = Message(raw[:head])
+        entry.swapped = True
+        self.swapped += 1
+        self.swapped_bytes += entry.bytes
+        self.swapped_out += 1
+
+    def _batch(self) -> tuple[int, int]:
+        """How many entries, and about how many bytes, one read-back asks for: half the cache,
+        10 to 1000 entries, at most 64 MiB (and at least one entry)."""
+        settings = self.settings
+        count = 1000 if settings.cache_size < 0 else min(max(settings.cache_size // 2, 10), 1000)
+        kb = settings.cache_size_bytes_kb
+        return count, 1 << 26 if kb < 0 else min(max(kb * 512, 1), 1 << 26)
+
+    def _read_ahead(self, first: Entry | None = None, selector: Selector | None = None) -> None:
+        """Ask for the bytes of the next batch of swapped-out entries in delivery order — from
+        ``first`` on (else from the front), only those ``selector`` matches — unless a read is
+        under way (the dispatch after it asks again if need be)."""
+        if self._reading or not self.swapped:
+            return
+        most, most_bytes = self._batch()
+        batch: list[Entry] = []
+        total = 0
+        started = first is None
+        for level in self._highest_first:
+            for entry in level:
+                if not started:
+                    if entry is not first:
+                        continue
+                    started = True
+                if not entry.swapped:
+                    continue
+                if selector is not None and entry is not first:
+                    try:
+                        if not selector.matches(message_identifiers(entry.message, entry.delivery_count)):
+                            continue
+                    except (ValueError, TypeError):
+                        continue
+                batch.append(entry)
+                total += entry.bytes
+                if len(batch) >= most or total >= most_bytes:
+                    break
+            else:
+                continue
+            break
+        if batch:
+            self._reading = True
+            self.reads += 1
+            self.manager.read_back(self, batch)
+
+    def fill(self, entries: list[Entry], bodies: Mapping[int, bytes] | None) -> None:
+        """The store's answer to :meth:`QueueServices.read_back`: give the swapped-out
+        ``entries`` still here their bytes back and dispatch; ``bodies`` None: the read
+        failed (logged by the manager; the next dispatch asks again)."""
+        self._reading = False
+        if bodies is None or self.deleted:
+            return
+        for entry in entries:
+            if not entry.swapped or entry.state == GONE:
+                continue
+            body = bodies.get(entry.id)
+            if body is None:  # deleted from the store under us: it cannot be delivered any more
+                log.error("queue %s: message %d is no longer in the store; dropped", self.name, entry.id)
+                if entry.state == AVAILABLE:
+                    self._levels[entry.priority].remove(entry)
+                    self.available -= 1
+                    self.uncount(entry)
+                    entry.state = GONE
+                continue
+            entry.message = Message(body)
+            entry.swapped = False
+            self.swapped -= 1
+            self.swapped_bytes -= entry.bytes
+            self.read_back_count += 1
+        if len(entries) > 1 and self.swapped:
+            self._read_ahead_at = entries[len(entries) // 2]
+        if self._ready and self.available:
+            self._dispatch()
+
+    def cache_front(self) -> list[Entry]:
+        """The swapped-out entries among the first in delivery order that fit in the cache
+        besides what is in memory already (a restarted queue reads these back)."""
+        settings = self.settings
+        room = None if settings.cache_size < 0 else settings.cache_size - (self.size - self.swapped)
+        room_bytes = None if settings.cache_size_bytes_kb < 0 else (
+            settings.cache_size_bytes_kb * 1024 - (self.bytes - self.swapped_bytes))
+        front: list[Entry] = []
+        for level in self._highest_first:
+            for entry in level:
+                if not entry.swapped:
+                    continue
+                if room is not None:
+                    if room <= 0:
+                        return front
+                    room -= 1
+                if room_bytes is not None:
+                    if room_bytes < entry.bytes:
+                        return front
+                    room_bytes -= entry.bytes
+                front.append(entry)
+        return front
+
     # -- delivering ---------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
@@ -279,9 +456,14 @@ class Queue:
                 ready.popleft()
                 self._parked.append(consumer)
                 continue
+            if entry is _WAIT:  # its bytes are being read back: fill() dispatches again
+                return
             entry.state = DELIVERED
             consumer._deliver(entry)
             self.flow.received += 1
+            if entry is self._read_ahead_at:  # half of the last batch is gone: the next, for the same taste
+                self._read_ahead_at = None
+                self._read_ahead(selector=consumer.selector)
             if consumer.credit <= 0:
                 ready.popleft()
             elif len(ready) > 1:
@@ -289,7 +471,8 @@ class Queue:
 
     def _take(self, consumer: Consumer) -> Entry | None:
         """The next available entry for ``consumer`` (its selector matches, it is not
-        excluded from it), out of its deque; None if there is none."""
+        excluded from it), out of its deque; None if there is none; ``_WAIT`` if it is
+        swapped out (its bytes are asked for, and it stays where it is)."""
         selector, now = consumer.selector, 0
         for level in self._highest_first:
             if not level:
@@ -304,6 +487,10 @@ class Queue:
                     if entry.excluded is not None and consumer.serial in entry.excluded:
                         level.appendleft(entry)
                         break  # not for this consumer: look along the level (below)
+                    if entry.swapped:
+                        level.appendleft(entry)
+                        self._read_ahead()
+                        return _WAIT
                     self.available -= 1
                     return entry
                 else:
@@ -319,6 +506,9 @@ class Queue:
                 except (ValueError, TypeError) as exc:  # a section no one could read: not selected
                     selected = self._unselectable_entry(selector, entry, exc)
                 if selected:
+                    if entry.swapped:
+                        self._read_ahead(entry, selector)
+                        return _WAIT
                     del level[index]
                     self.available -= 1
                     return entry
@@ -347,8 +537,7 @@ class Queue:
     def remove(self, entry: Entry) -> None:
         """An entry was consumed (accepted, or acknowledged by a committed transaction)."""
         entry.state = GONE
-        self.size -= 1
-        self.bytes -= entry.bytes
+        self.uncount(entry)
         self.dequeued += 1
         if entry.persistent:
             self.manager.persist_removal(entry)
@@ -371,8 +560,7 @@ class Queue:
             entry.delivery_count += 1
             limit = self.settings.max_delivery_count
             if limit >= 0 and entry.delivery_count >= limit:
-                self.size -= 1
-                self.bytes -= entry.bytes
+                self.uncount(entry)
                 self.manager.dead_letter(self, entry, f"delivered {entry.delivery_count} times "
                                          f"(max-delivery-count {limit})")
                 return
@@ -414,7 +602,9 @@ class Queue:
     # -- browsing, cleanup, usage --------------------------------------------------------------
 
     def browse(self, selector: Selector | None = None) -> Iterator[Entry]:
-        """The available entries in delivery order (a snapshot; nothing is consumed)."""
+        """The available entries in delivery order (a snapshot; nothing is consumed). A
+        swapped-out entry's ``message`` has only its leading sections: nothing is read back
+        here (see :meth:`QueueManager.fetch_messages`)."""
         now = now_ms()
         snapshot = [entry for level in self._highest_first for entry in level]
         for entry in snapshot:
@@ -454,8 +644,7 @@ class Queue:
         for level in self._levels:
             level.clear()
         self.available = 0
-        self.size = 0
-        self.bytes = 0
+        self.size = self.bytes = self.swapped = self.swapped_bytes = 0
         return entries
 
     def sample_rates(self) -> None:
@@ -478,6 +667,13 @@ class Queue:
             "dead-lettered": self.dead_lettered,
             "duplicates-dropped": self.duplicates,
             "consumers": len(self.consumers),
+            "cached": self.size - self.swapped,
+            "cached-bytes": self.bytes - self.swapped_bytes,
+            "swapped": self.swapped,
+            "swapped-bytes": self.swapped_bytes,
+            "swapped-out": self.swapped_out,
+            "read-back": self.read_back_count,
+            "reads": self.reads,
             "send-rate": round(self.send_rate, 1),
             "receive-rate": round(self.receive_rate, 1),
             "temporary": self.owner is not None,
@@ -620,8 +816,7 @@ class Consumer:
     def reject(self, entry: Entry, reason: str = "rejected by the consumer") -> None:
         """Unprocessable: the entry goes to routerdlq with ``reason``."""
         self._settle(entry)
-        self.queue.size -= 1
-        self.queue.bytes -= entry.bytes
+        self.queue.uncount(entry)
         self.queue.manager.dead_letter(self.queue, entry, reason)
 
     def hold(self, entry: Entry) -> Entry:

@@ -103,11 +103,27 @@ Op = (PutMessage | DeleteMessage | SetDeliveryCount | SetMessageBody | SetTransa
 
 
 class StoredMessage(NamedTuple):
+    """A message as recovered at start.
+
+    ``body`` holds only the leading sections of the stored bytes — those before the
+    message's body: header, annotations, properties, application-properties (see
+    :func:`messaging.message.head_length`) — when it is shorter than ``size``, the length
+    of the stored bytes; :meth:`Store.read_messages` reads them in full. So recovery does
+    not bring every stored body into the router's memory: the queue manager reads back
+    what it keeps in memory (a queue's ``cache-size``) and leaves the rest in the store.
+    """
+
     id: int
     queue: str
     body: bytes
     delivery_count: int
     txid: str | None
+    size: int
+
+    @property
+    def complete(self) -> bool:
+        """``body`` is the whole stored message."""
+        return len(self.body) == self.size
 
 
 @attrs.frozen
@@ -141,7 +157,8 @@ class Store(Protocol):
         """
 
     def take_recovered_messages(self) -> list[StoredMessage]:
-        """Every message stored at start, in ascending id order; once.
+        """Every message stored at start, in ascending id order; once. A message's
+        ``body`` is only its leading sections unless :attr:`StoredMessage.complete`.
 
         The store keeps no reference to them afterwards, so the caller (the queue manager)
         owns them: recovered messages are freed as they are consumed, as live ones are.

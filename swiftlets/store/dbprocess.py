@@ -1,5 +1,7 @@
 """The store process: owns the SQLite database, in a process of its own
-(``python -m martinet.swiftlets.store PATH SYNC ACCEPT``, ACCEPT ``accept-empty`` or ``refuse-empty``).
+(``python -m martinet.swiftlets.store PATH SYNC ACCEPT [READ_IN READ_OUT]``, ACCEPT
+``accept-empty`` or ``refuse-empty``; READ_IN and READ_OUT the file descriptors of the read
+pipes, below).
 
 Theory of operation
 -------------------
@@ -16,7 +18,10 @@ msgpack body (an array whose first element names it).
 
 - At start the store process opens (creating or upgrading) the database, checks it (below),
   sends ``["warning", text]`` for each problem it was told to accept, then the recovered
-  state: ``["messages", [[id, queue, body, delivery_count, txid], …]]`` (in chunks),
+  state: ``["messages", [[id, queue, head, delivery_count, txid, size], …]]`` (in chunks;
+  ``head`` is the stored bytes up to the message's body — the sections a queue and a
+  selector read, :func:`messaging.message.head_length` — and ``size`` the length of the
+  whole: the router reads back only the bodies it keeps in memory),
   ``["records", [[kind, key, value], …]]``, ``["remembered", [[queue, message_id], …]]``,
   then ``["ready", next_id]``; or ``["error", text]`` and exits with status 1.
 - ``["commit", [op, …]]`` applies the operations in one transaction and answers
@@ -24,7 +29,11 @@ msgpack body (an array whose first element names it).
   ``[code, fields…]`` with the codes of :data:`OP_CODES`.
 - ``["read", [id, …]]`` answers ``["bodies", [[id, body], …]]``: the stored bodies of those
   messages that exist (in id order), or ``["error", text]``; it changes nothing. (Issue 13:
-  the read-back of bodies a queue does not keep in memory.)
+  the read-back of bodies a queue does not keep in memory.) With READ_IN and READ_OUT, read
+  requests come on READ_IN and are answered on READ_OUT by a thread of their own with a
+  connection of its own (:class:`Reader`), beside the commits: a read does not wait for the
+  commit in progress, and sees every commit finished before it began (WAL). Without them
+  they come on stdin, between the commits.
 - End of input: the store process closes the database and exits with status 0. So when the
   router dies, even by ``kill -9``, its store process finishes at most the transaction it is in
   and exits; SQLite's WAL keeps every transaction all or nothing.
@@ -70,6 +79,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgpack
+
+from martinet.messaging.message import head_length
 
 from .api import (
     DeleteMessage,
@@ -196,9 +207,14 @@ class Database:
         db = self.db
         chunk: list[list[Any]] = []
         last_id = 0
-        for row in db.execute("SELECT id, queue, body, delivery_count, txid FROM messages ORDER BY id"):
-            chunk.append(list(row))
-            last_id = row[0]
+        for id_, queue, body, delivery_count, txid in db.execute(
+                "SELECT id, queue, body, delivery_count, txid FROM messages ORDER BY id"):
+            try:
+                head = body[:head_length(body)]
+            except (ValueError, IndexError):  # MessageError is a ValueError
+                head = body  # the queue manager reports and drops what it cannot read
+            chunk.append([id_, queue, head, delivery_count, txid, len(body)])
+            last_id = id_
             if len(chunk) >= RECOVERY_CHUNK:
                 send(["messages", chunk])
                 chunk = []
@@ -280,15 +296,55 @@ class Database:
 
     def read(self, ids: list[int]) -> list[list[Any]]:
         """``[[id, body], …]`` of the stored messages among ``ids``, in id order."""
-        rows: list[list[Any]] = []
-        for start in range(0, len(ids), _ROWS_PER_STATEMENT * 4):
-            chunk = ids[start:start + _ROWS_PER_STATEMENT * 4]
-            rows.extend([row[0], row[1]] for row in self.db.execute(
-                f"SELECT id, body FROM messages WHERE id IN ({', '.join('?' * len(chunk))}) ORDER BY id", chunk))
-        return rows
+        return read_bodies(self.db, ids)
 
     def close(self) -> None:
         self.db.close()
+
+
+def read_bodies(db: sqlite3.Connection, ids: list[int]) -> list[list[Any]]:
+    """``[[id, body], …]`` of the stored messages among ``ids``, in id order."""
+    rows: list[list[Any]] = []
+    for start in range(0, len(ids), _ROWS_PER_STATEMENT * 4):
+        chunk = ids[start:start + _ROWS_PER_STATEMENT * 4]
+        rows.extend([row[0], row[1]] for row in db.execute(
+            f"SELECT id, body FROM messages WHERE id IN ({', '.join('?' * len(chunk))}) ORDER BY id", chunk))
+    return rows
+
+
+class Reader:
+    """Answers read requests from their own pipe, in a thread with a connection of its own,
+    so that a read does not wait for the commit the committing thread is in. Each read is
+    one SQLite read transaction (autocommit): it sees every commit finished before it began.
+    The thread ends at the end of its input (the router closed the pipe or is gone)."""
+
+    def __init__(self, path: str, requests: BinaryIO, answers: BinaryIO):
+        self._thread = threading.Thread(target=self._run, args=(path, requests, answers), name="reader",
+                                        daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _run(path: str, requests: BinaryIO, answers: BinaryIO) -> None:
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA busy_timeout = 10000")
+            while (header := _read_exactly(requests, 4)) is not None:
+                payload = _read_exactly(requests, LENGTH.unpack(header)[0])
+                if payload is None:
+                    break
+                request = unpack_frame(payload)
+                try:
+                    if request[0] != "read":
+                        raise ValueError(f"unknown request {request[0]!r}")
+                    answer = ["bodies", read_bodies(db, request[1])]
+                except (sqlite3.Error, ValueError, TypeError) as exc:
+                    answer = ["error", f"{type(exc).__name__}: {exc}"]
+                answers.write(pack_frame(answer))
+                answers.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the router is gone
+        finally:
+            db.close()
 
 
 class Checkpointer:
@@ -487,7 +543,7 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
 
 def main(argv: list[str]) -> int:
     """Serve one router's store until end of input; the exit status."""
-    path, sync, accept_empty = argv
+    path, sync, accept_empty, *read_pipes = argv
     # Ctrl-C and SIGTERM reach the whole process group; the store process outlives its router's
     # orderly stop (which may still commit) and leaves when its input ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -507,6 +563,8 @@ def main(argv: list[str]) -> int:
         send(["error", str(exc)])
         return 1
     checkpointer = Checkpointer(path, database.db)
+    if read_pipes:
+        Reader(path, os.fdopen(int(read_pipes[0]), "rb"), os.fdopen(int(read_pipes[1]), "wb"))
     try:
         while (header := _read_exactly(source, 4)) is not None:
             payload = _read_exactly(source, LENGTH.unpack(header)[0])

@@ -17,6 +17,13 @@ neither way (the store process drops the pair).
 
 A failed commit fails its waiters and then the store itself (the router stops): a store
 that cannot write can no longer keep the broker's promises.
+
+Reads (:meth:`SqliteStore.read_messages`, the bodies a queue keeps only in the store) go
+over a second pair of pipes to a reader thread of the store process with a connection of
+its own, so that a read never waits for the commit in progress (a consumer of a long
+backlog would otherwise wait, read after read, for the commit of the deletes of what it
+just consumed); in WAL mode it sees every commit finished before it began. A reader task
+here sends every waiting read as one request whenever the previous one was answered.
 """
 
 from __future__ import annotations
@@ -77,6 +84,9 @@ class _FrameReader:
                 raise StoreError("the store process process exited")
             buffer += data
 
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
 
 class _Pending:
     """One commit waiting for its batch: a trio event to set, or a callback to call."""
@@ -122,8 +132,11 @@ class SqliteStore:
         self._pending_ops = 0
         self._reads: list[_Read] = []
         self._wakeup = trio.Event()
+        self._read_wakeup = trio.Event()
         self._process_input: trio.abc.SendStream | None = None
         self._process_output: _FrameReader | None = None
+        self._read_input: trio.abc.SendStream | None = None  # the read requests' pipe
+        self._read_output: _FrameReader | None = None  # and their answers' pipe
         self._closed = False
         self._recovered: Recovered | None = None
         self._recovered_messages: list[StoredMessage] | None = None  # until taken
@@ -157,22 +170,36 @@ class SqliteStore:
                 newer schema; or a commit failed (the router must stop).
         """
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "martinet.swiftlets.store", str(self.path), self.sync,
-             "accept-empty" if self.accept_empty else "refuse-empty"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
-        )
+        requests_out, requests_in = os.pipe()  # read requests: the store process reads requests_out
+        answers_out, answers_in = os.pipe()  # and writes the answers into answers_in
+        try:
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "martinet.swiftlets.store", str(self.path), self.sync,
+                 "accept-empty" if self.accept_empty else "refuse-empty", str(requests_out), str(answers_in)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                pass_fds=(requests_out, answers_in),
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            )
+        except BaseException:
+            for fd in (requests_out, requests_in, answers_out, answers_in):
+                os.close(fd)
+            raise
+        os.close(requests_out)
+        os.close(answers_in)
         assert process.stdin is not None and process.stdout is not None
-        for stream in (process.stdin, process.stdout):
-            _enlarge_pipe(stream.fileno())
+        for fd in (process.stdin.fileno(), process.stdout.fileno(), answers_out):
+            _enlarge_pipe(fd)
         self._process_input = process.stdin
         self._process_output = _FrameReader(process.stdout)
+        self._read_input = trio.lowlevel.FdStream(requests_in)
+        self._read_output = _FrameReader(trio.lowlevel.FdStream(answers_out))
         try:
             self._recovered, self._recovered_messages = await self._recover()
             task_status.started()
-            await self._commit_forever()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_forever)
+                await self._commit_forever()
         finally:
             self._closed = True
             pending, self._pending = self._pending, []
@@ -183,6 +210,8 @@ class SqliteStore:
                 read.error = "the store stopped before this read was served"
                 read.done.set()
             with trio.CancelScope(shield=True):
+                await self._read_input.aclose()
+                await self._read_output.aclose()
                 await process.stdin.aclose()  # end of input: the store process closes the database
                 with trio.move_on_after(10):
                     await process.wait()
@@ -233,28 +262,38 @@ class SqliteStore:
         self._submit(_Pending(ops, on_done))
 
     async def read_messages(self, ids: Sequence[int]) -> Mapping[int, bytes]:
-        """(:class:`~.api.Store`) Served by the committer task between two batches, so that
-        the store process's pipe carries one request at a time."""
+        """(:class:`~.api.Store`) Served by the reader task beside the commits (reads waiting
+        together go as one request)."""
         if self._closed or self._process_input is None:
             raise StoreError("the store is not running")
         read = _Read(list(ids))
         if not read.ids:
             return {}
         self._reads.append(read)
-        self._wakeup.set()
+        self._read_wakeup.set()
         await read.done.wait()
         if read.error is not None:
             raise StoreError(f"{self.path}: read failed: {read.error}")
         return read.bodies
 
+    async def _read_forever(self) -> None:
+        while True:
+            await self._read_wakeup.wait()
+            self._read_wakeup = trio.Event()
+            while self._reads:
+                try:
+                    await self._serve_reads()
+                except (StoreError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    raise StoreError(f"{self.path}: the store process is gone: {exc}") from exc
+
     async def _serve_reads(self) -> None:
-        """Answer every waiting read with one request to the store process."""
+        """Answer every waiting read with one request to the store process's reader."""
         reads, self._reads = self._reads, []
         wanted = sorted({message_id for read in reads for message_id in read.ids})
         try:
             with trio.CancelScope(shield=True):  # once asked, the answer must be taken off the pipe
-                await self._process_input.send_all(pack_frame(["read", wanted]))
-                reply = await self._process_output.read()
+                await self._read_input.send_all(pack_frame(["read", wanted]))
+                reply = await self._read_output.read()
         except BaseException as exc:
             for read in reads:
                 read.error = f"{type(exc).__name__}: {exc}"
@@ -282,14 +321,7 @@ class SqliteStore:
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
-            while self._pending or self._reads:
-                if self._reads:
-                    try:
-                        await self._serve_reads()
-                    except (StoreError, trio.BrokenResourceError, OSError) as exc:
-                        raise StoreError(f"{self.path}: the store process is gone: {exc}") from exc
-                    if not self._pending:
-                        continue
+            while self._pending:
                 batch, ops = self._take_batch()
                 begin = time.perf_counter()
                 # Shielded: once sent, a batch's waiters learn its real outcome.

@@ -168,6 +168,8 @@ class TopicManager(Protocol):
                 ``/``, ``@`` or spaces, or the client id ``tmp``, whose queue names are
                 temporary queues'), topic or selector; or the old one, to be replaced, has
                 active consumers.
+            TooManyQueues: it is new and its queue would pass the queue manager's
+                ``max-queues`` (nothing is stored).
             StoreError: the store failed to record it.
         """
 

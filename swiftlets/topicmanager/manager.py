@@ -309,6 +309,8 @@ class TopicManager:
                              f"exist ({exc}); client id and name must not contain '/', '@' or spaces") from None
         topic_name, compiled = self._check(topic, selector)
         existing = self._durables.get(key)
+        if existing is None and key not in self._queue_manager.queues:
+            self._queue_manager.check_room(key)  # a new queue: counted by max-queues (TooManyQueues)
         if existing is not None:
             if (existing.topic.text, existing.selector, existing.no_local) == (topic, compiled, no_local):
                 return existing
