@@ -20,7 +20,7 @@ from martinet.messaging.like import like_pattern
 from martinet.swiftlets.queuemanager.api import QueueNotFound
 from martinet.swiftlets.routing.api import DestinationAdded, redirection_predicate, routing_queue
 
-from network import ROUTING_STACK, routing_config
+from network import ROUTING_STACK, Network, routing_config
 
 UNKNOWN = "router 'nowhere' is not known to router 'a' (no route and no static route)"
 
@@ -219,8 +219,6 @@ async def test_temporary_queues_carry_their_router(network):
 
 
 async def test_a_routing_only_router_has_no_queues_to_manage(nursery, tmp_path):
-    from network import Network  # noqa: PLC0415 (a second network, without the queue manager)
-
     network = Network(nursery, tmp_path)
     await network.start(network.config("solo", startorder=("sys$routing",),
                                        swiftlets={"sys$routing": routing_config()}))

@@ -16,8 +16,10 @@ Links, by what the client attaches:
   ``to`` on an anonymous-relay link, or into a transaction); it is settled as accepted
   when durable (at once for a non-persistent one); credit is topped up to
   ``incoming-credit``. A dynamic target makes a temporary queue or topic that lives as
-  long as the link. Its attach announces the queue manager's max-message-size; the engine
-  detaches it (amqp:link:message-size-exceeded) as soon as a message's frames pass that.
+  long as the link (a temporary queue's address, as for a dynamic source, is
+  ``tmp$<n>@<this router>``: a reply-to that leads back here from other routers). Its
+  attach announces the queue manager's max-message-size; the engine detaches it
+  (amqp:link:message-size-exceeded) as soon as a message's frames pass that.
   A message that cannot be read is rejected (``amqp:decode-error``) and the link goes on:
   nothing about one message ends a connection.
 - :class:`OutgoingLink` — the client *receives*: a queue consumer (a queue, a dynamic
