@@ -15,6 +15,7 @@ import trio
 from proton import Message as ProtonMessage
 from proton.utils import BlockingConnection, LinkDetached, SendException
 
+from martinet.kernel import ManagementError
 from martinet.messaging.client import InvalidDestination, Queue, TemporaryQueue, TextMessage, connect
 from martinet.messaging.like import like_pattern
 from martinet.swiftlets.queuemanager.api import QueueNotFound
@@ -173,6 +174,9 @@ async def test_an_underscore_in_a_router_name_matches_only_itself(network):
     with pytest.raises(InvalidDestination, match="router 'a_b' is not known"):
         await send(url, "orders@a_b", "v")
     assert len(waiting(network, "a", "axb")) == 2 and len(waiting(network, "a", "a_b")) == 1
+    for bad in ("x y", "x@y", "%", "9lives"):  # no router has such a name: no queue, no pattern for it
+        with pytest.raises(ManagementError, match="invalid router name"):
+            management.add("/sys$routing/static-routes", bad)
 
 
 async def test_routing_queues_are_kept_over_a_restart(network):

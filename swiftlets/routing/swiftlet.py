@@ -55,7 +55,7 @@ from .api import UNROUTABLE, Destination, LinkState, LinkStateChanged, redirecti
 from .config import ConnectorConfig, ListenerConfig, RetryPolicy, RoutingConfig
 from .exchange import Announcement, BadAnnouncement, Output, RouteExchanger, RouteFilter
 from .links import Link, configure_socket, describe
-from .stages import LinkSettings, Role
+from .stages import LinkSettings, Role, valid_router_name
 
 __all__ = ["RoutingSwiftlet"]
 
@@ -165,6 +165,11 @@ class RoutingSwiftlet:
             self._apply(self.exchanger.set_hop_limit(change.new))
 
     def _static_added(self, entity: Entity) -> None:
+        """Raises Veto for a name no router can have (its ``rt$`` queue and ``%@`` redirection
+        would name something else)."""
+        if not valid_router_name(entity.name):
+            raise Veto(f"invalid router name {entity.name!r}: use letters, digits, '_' and '-', starting with a "
+                       "letter")
         self._apply(self.exchanger.add_static(entity.name))
 
     def _static_removed(self, entity: Entity) -> None:
