@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["LikePatternError", "like_pattern"]
+__all__ = ["LikePatternError", "like_escape", "like_pattern"]
 
 
 class LikePatternError(ValueError):
@@ -50,3 +50,10 @@ def like_pattern(pattern: str, escape: str | None = "\\") -> re.Pattern[str]:
         parts.append(".*" if char == "%" else "." if char == "_" else re.escape(char))
         index += 1
     return re.compile("".join(parts), re.DOTALL)
+
+
+def like_escape(text: str, escape: str = "\\") -> str:
+    """``text`` as a LIKE pattern that matches exactly ``text``: ``%``, ``_`` and ``escape``
+    each preceded by ``escape`` (router names may hold ``_``, which alone matches any one
+    character: ``%@a_b`` would capture ``q@axb`` too)."""
+    return "".join(escape + char if char in ("%", "_", escape) else char for char in text)

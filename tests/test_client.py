@@ -256,9 +256,10 @@ async def test_browser_temporary_queue_and_request_reply(amqp_broker):
 
         temporary = await session.create_temporary_queue()
         assert isinstance(temporary, TemporaryQueue)
-        assert temporary.name in broker.router.swiftlet("sys$queuemanager").queues
+        name, _, router = temporary.name.partition("@")  # the address carries the router (a reply-to)
+        assert router == "r1" and name in broker.router.swiftlet("sys$queuemanager").queues
         await session.delete_temporary(temporary)
-        assert temporary.name not in broker.router.swiftlet("sys$queuemanager").queues
+        assert name not in broker.router.swiftlet("sys$queuemanager").queues
 
         async def serve(task_status=trio.TASK_STATUS_IGNORED):
             async with connect(broker.url) as server, server.session() as server_session:

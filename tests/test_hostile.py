@@ -171,7 +171,7 @@ async def test_a_durable_subscription_cannot_take_over_a_temporary_queue(amqp_br
             replies = owner.create_receiver(None, dynamic=True)
             reply_to = replies.link.remote_source.address
             with pytest.raises(LinkDetached, match="amqp:invalid-field.*client id 'tmp' is reserved"):
-                durable(url, "tmp", reply_to.split("$", 1)[1], topic="topic://anything")
+                durable(url, "tmp", reply_to.partition("@")[0].split("$", 1)[1], topic="topic://anything")
             publish(url, reply_to, ["reply"])
             body = replies.receive(timeout=10).body
             replies.accept()

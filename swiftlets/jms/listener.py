@@ -16,8 +16,10 @@ Links, by what the client attaches:
   ``to`` on an anonymous-relay link, or into a transaction); it is settled as accepted
   when durable (at once for a non-persistent one); credit is topped up to
   ``incoming-credit``. A dynamic target makes a temporary queue or topic that lives as
-  long as the link. Its attach announces the queue manager's max-message-size; the engine
-  detaches it (amqp:link:message-size-exceeded) as soon as a message's frames pass that.
+  long as the link (a temporary queue's address, as for a dynamic source, is
+  ``tmp$<n>@<this router>``: a reply-to that leads back here from other routers). Its
+  attach announces the queue manager's max-message-size; the engine detaches it
+  (amqp:link:message-size-exceeded) as soon as a message's frames pass that.
   A message that cannot be read is rejected (``amqp:decode-error``) and the link goes on:
   nothing about one message ends a connection.
 - :class:`OutgoingLink` — the client *receives*: a queue consumer (a queue, a dynamic
@@ -295,6 +297,8 @@ def _condition(exc: Exception) -> str:
         return "amqp:decode-error"
     if isinstance(exc, MessageTooLarge):
         return "amqp:link:message-size-exceeded"
+    if isinstance(exc, QueueNotFound):  # e.g. a temporary queue gone, or its router no longer known
+        return "amqp:not-found"
     return "amqp:resource-limit-exceeded" if isinstance(exc, QueueFull) else "amqp:invalid-field"
 
 
@@ -864,6 +868,12 @@ class AmqpConnection:
         self.temporary += 1
         return queue
 
+    def _temporary_address(self, name: str) -> str:
+        """The address a client is given for its temporary queue ``name``: ``tmp$…@<router>``,
+        so that as a reply-to it reaches this router from any other (the queue manager takes
+        ``name@<this router>`` as ``name``)."""
+        return f"{name}@{self.swiftlet.router_name}"
+
     def _check_queue(self, address: str, action: str) -> None:
         """Whether this connection may ``action`` (send, receive, browse) queue ``address``;
         if so, the queue exists afterwards (created on first use where that is allowed).
@@ -899,8 +909,9 @@ class AmqpConnection:
             self._queue(address)  # created on first use if auto-create-queues is on (counted)
             return
         if name.startswith(TEMPORARY_PREFIX):
-            if remote:
-                return  # a reply-to on another router: routing takes it there
+            if remote:  # a reply-to on another router: routing takes it there, if it knows the router
+                self.queue_manager.resolve(address)
+                return
             queue = self.queue_manager.queues.get(name)
             if queue is None:
                 raise QueueNotFound(f"temporary queue {name!r} does not exist on router {self.swiftlet.router_name}")
@@ -948,7 +959,7 @@ class AmqpConnection:
             link.target.address = name
             return IncomingLink(self, link, name, True)
         queue = self._create_temporary_queue()
-        link.target.address = queue.name
+        link.target.address = self._temporary_address(queue.name)
         return IncomingLink(self, link, queue.name, False, on_close=lambda: self._delete_temporary(queue.name))
 
     def _attach_outgoing(self, link: amqp.Link) -> OutgoingLink | BrowsingLink:
@@ -961,7 +972,7 @@ class AmqpConnection:
             raise _Refused("amqp:invalid-field", f"invalid selector: {exc}") from None
         if source.dynamic:  # a temporary queue, gone with the link
             queue = self._create_temporary_queue()
-            link.source.address = queue.name
+            link.source.address = self._temporary_address(queue.name)
             return OutgoingLink(self, link, queue.consumer(selector, owner=self),
                                 lambda: self._delete_temporary(queue.name))
         if source.address is None:  # Qpid JMS looks a durable subscription up by link name

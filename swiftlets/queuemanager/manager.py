@@ -379,7 +379,8 @@ class QueueManager:
         for _, pattern, target in self._redirections:
             if pattern.fullmatch(address):
                 return target
-        raise QueueNotFound(f"no route to router {router!r} (for {address!r}) from router {self.router_name}")
+        raise QueueNotFound(f"router {router!r} is not known to router {self.router_name!r} (no route and no "
+                            f"static route), so {address!r} cannot be reached")
 
     def add_redirection(self, predicate: str, target: str) -> None:
         """Send everything addressed to names matching ``predicate`` (SQL-LIKE on the full

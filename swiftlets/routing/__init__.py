@@ -4,7 +4,9 @@ Routers connect through routing listeners and connectors; each link passes the s
 our protocol (``docs/routing-protocol.md``: protocol select, connect with admission, mutual
 HMAC authentication, delivery with keepalives) and then carries route announcements, from
 which every router learns which routers it can reach over which neighbour (a path vector
-with a hop limit and per-neighbour filters). Part 2 moves messages over these links.
+with a hop limit and per-neighbour filters). Each known router ``R`` is addressable: the
+queue manager redirects ``q@R`` to the routing queue ``rt$R`` (:mod:`.api`, Addressing);
+part 2 moves messages from there over these links.
 
 Layout: :mod:`.api` (the routing table as other swiftlets see it, and its bus events),
 :mod:`.config`, :mod:`.wire` (the frame codec, sans-IO), :mod:`.stages` (the link's stage

@@ -15,6 +15,16 @@ Vocabulary
 
 Events are published on the router's bus in the order the changes happen: a destination is
 added before its first activation, deactivated before its removal.
+
+Addressing
+----------
+While a destination ``R`` is known, the routing swiftlet keeps the persistent local queue
+``rt$R`` (:func:`routing_queue`) and the queue manager's redirection
+:func:`redirection_predicate` (``%@R``) → ``rt$R``, so a send to ``q@R`` lands in
+``rt$R``, unchanged; both are in place before :class:`DestinationAdded` is published. When
+``R`` is removed the redirection goes (a send to ``q@R`` is refused again: the router is
+unknown) but ``rt$R`` stays with its messages, for when ``R`` comes back. Every router with
+routing and a queue manager also has the queue ``unroutable``.
 """
 
 from __future__ import annotations
@@ -26,8 +36,13 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from martinet.kernel import Event
+from martinet.messaging.like import like_escape
 
 __all__ = [
+    "ROUTING_QUEUE_PREFIX",
+    "UNROUTABLE",
+    "routing_queue",
+    "redirection_predicate",
     "Routing",
     "Destination",
     "LinkState",
@@ -39,6 +54,26 @@ __all__ = [
     "RouteRemoved",
     "LinkStateChanged",
 ]
+
+
+#: The prefix of routing queues: ``rt$R`` holds the messages waiting to go to router ``R``.
+ROUTING_QUEUE_PREFIX = "rt$"
+
+#: The queue of messages that could not be routed (DESIGN §2.2).
+UNROUTABLE = "unroutable"
+
+
+def routing_queue(router: str) -> str:
+    """The local queue holding the messages for router ``router``: ``rt$<router>``."""
+    return f"{ROUTING_QUEUE_PREFIX}{router}"
+
+
+def redirection_predicate(router: str) -> str:
+    """The queue manager redirection (SQL-LIKE on ``q@router``) that sends every address on
+    ``router`` to :func:`routing_queue`: ``%@<router>``, with ``_``, ``%`` and ``\\`` in the
+    name escaped (``_`` alone matches any character). The one place the pattern is built,
+    for installing and for removing it (SwiftMQ removed ``%@`` + the queue name instead)."""
+    return f"%@{like_escape(router)}"
 
 
 @attrs.frozen(kw_only=True)

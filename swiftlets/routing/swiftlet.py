@@ -22,6 +22,13 @@ end, exchanger output included, before anything else runs.
   announcements too; the exchanger's output is applied at once — announcements to the
   neighbours' links, table changes to usage and as bus events (:mod:`.api`). A link that
   ends is taken out (``link_down``), withdrawing what was learned over it.
+- **Addressing** (with a queue manager running): the table changes reach the queue
+  manager synchronously, in :meth:`_apply`, before their events are published: a
+  destination ``R`` added gets the queue ``rt$R`` (created if missing) and the redirection
+  ``%@R`` → ``rt$R``; a destination removed loses the redirection but keeps ``rt$R`` with
+  its messages. The queue ``unroutable`` is made at start; ``rt$`` queues recovered from
+  the store are left alone (their router may come back). Without a queue manager (a
+  routing-only router) none of this happens.
 - **Runtime changes** through the management tree: listeners, connectors, static routes and
   filters can be added and removed, the hop limit and filters changed (the exchanger sends
   each neighbour the difference), a connector enabled or disabled (its link closes at once)
@@ -42,13 +49,14 @@ import trio
 
 from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
 from martinet.messaging.like import like_pattern
+from martinet.swiftlets.queuemanager.api import QueueError, QueueManager
 
 from . import api
-from .api import Destination, LinkState, LinkStateChanged
+from .api import UNROUTABLE, Destination, LinkState, LinkStateChanged, redirection_predicate, routing_queue
 from .config import ConnectorConfig, ListenerConfig, RetryPolicy, RoutingConfig
 from .exchange import Announcement, BadAnnouncement, Output, RouteExchanger, RouteFilter
 from .links import CLOSE_TIMEOUT, Link, configure_socket, describe
-from .stages import LinkMachine, LinkSettings, Role
+from .stages import LinkMachine, LinkSettings, Role, valid_router_name
 
 __all__ = ["RoutingSwiftlet"]
 
@@ -115,6 +123,8 @@ class RoutingSwiftlet:
         self._usage_connections = usage.add_list("connections")
         self._usage_table = usage.add_list("routing-table")
         self._usage_routes: dict[str, UsageList] = {}
+        self._queue_manager: QueueManager | None = None  # looked up at start; None: addressing is off
+        self._redirected: set[str] = set()  # destinations whose redirection is installed
 
     # --- api.Routing --------------------------------------------------------------------
 
@@ -128,6 +138,7 @@ class RoutingSwiftlet:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         entity = self.context.entity
+        self._start_addressing()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -146,6 +157,7 @@ class RoutingSwiftlet:
                 task_status.started()
         finally:
             entity.clear_listeners()
+            self._stop_addressing()
 
     # --- config changes -----------------------------------------------------------------
 
@@ -154,6 +166,11 @@ class RoutingSwiftlet:
             self._apply(self.exchanger.set_hop_limit(change.new))
 
     def _static_added(self, entity: Entity) -> None:
+        """Raises Veto for a name no router can have (its ``rt$`` queue and ``%@`` redirection
+        would name something else)."""
+        if not valid_router_name(entity.name):
+            raise Veto(f"invalid router name {entity.name!r}: use letters, digits, '_' and '-', starting with a "
+                       "letter")
         self._apply(self.exchanger.add_static(entity.name))
 
     def _static_removed(self, entity: Entity) -> None:
@@ -187,7 +204,49 @@ class RoutingSwiftlet:
             self._sent += self._links[neighbour].send_route(announcement)
         for event in output.events:
             self._track(event)
+            self._address(event)
             self.context.bus.publish(event)
+
+    # --- addressing: rt$R and the redirection %@R -> rt$R -----------------------------------
+
+    def _start_addressing(self) -> None:
+        """Find the queue manager (none: addressing stays off) and make sure ``unroutable``
+        exists (SwiftMQ's routing start, step 1). Recovered ``rt$`` queues are kept as they
+        are; a redirection comes only with a known destination."""
+        try:
+            self._queue_manager = self.context.lookup("sys$queuemanager", QueueManager)
+        except LookupError:
+            log.info("no sys$queuemanager on router %s: routing queues and redirections are off", self.local)
+            return
+        self._queue_manager.queue(UNROUTABLE, create=True)
+
+    def _stop_addressing(self) -> None:
+        """Take out the redirections installed (their queues stay): without routing, ``q@R`` is
+        unknown again."""
+        if self._queue_manager is not None:
+            for router in sorted(self._redirected):
+                self._queue_manager.remove_redirection(redirection_predicate(router))
+        self._redirected.clear()
+
+    def _address(self, event: Any) -> None:
+        """A destination added gets ``rt$R`` and the redirection; one removed loses the
+        redirection only (the messages in ``rt$R`` wait for it to come back)."""
+        manager = self._queue_manager
+        if manager is None:
+            return
+        if isinstance(event, api.DestinationAdded):
+            router = event.router
+            try:
+                manager.queue(routing_queue(router), create=True)  # (a system queue: not counted in max-queues)
+            except QueueError as exc:
+                log.error("router %s: no routing queue %s for destination %s, so it is not addressable: %s",
+                          self.local, routing_queue(router), router, exc)
+                return
+            manager.add_redirection(redirection_predicate(router), routing_queue(router))
+            self._redirected.add(router)
+        elif isinstance(event, api.DestinationRemoved) and event.router in self._redirected:
+            manager.remove_redirection(redirection_predicate(event.router))
+            self._redirected.discard(event.router)
 
     def _track(self, event: Any) -> None:
         """Mirror a table change into usage/routing-table."""
@@ -208,8 +267,12 @@ class RoutingSwiftlet:
         row = self.exchanger.destination(router)
         if row is None:
             return {}
-        return {"static": row.static, "active": row.active, "next-hop": row.next_hop or "",
-                "rotation": " ".join(row.rotation), "routes": len(row.routes)}
+        usage = {"static": row.static, "active": row.active, "next-hop": row.next_hop or "",
+                 "rotation": " ".join(row.rotation), "routes": len(row.routes)}
+        if self._queue_manager is not None:  # the messages waiting for it
+            queue = self._queue_manager.queues.get(routing_queue(router))
+            usage.update({"queue": routing_queue(router), "backlog": queue.size if queue is not None else 0})
+        return usage
 
     # --- links (LinkOwner) --------------------------------------------------------------
 
