@@ -993,9 +993,8 @@ class LinkMachine:
         if (current, step) not in table:
             what = f"{step.name} frame" if remote else step.value
             held = f"is {current.value}" if current else "is not open"
-            label = "xid" if isinstance(key, str) else "seq"
             direction = "outbound" if outbound else "inbound"
-            problem = f"{what} for {label} {_printable(str(key), 80)!r}, which {held} ({direction})"
+            problem = f"{what} for {_key_text(key)}, which {held} ({direction})"
             raise (RemoteProtocolError if remote else LocalProtocolError)(problem)
         if frame is not None:
             self._send(frame, self._peer_max_frame_size if isinstance(frame, (Transaction, NonXaTransaction))
@@ -1315,7 +1314,7 @@ class LinkMachine:
     def _received_batch(self, frame: Transaction | NonXaTransaction, key: str | int) -> tuple[bytes, ...]:
         """Check a received batch against our limits and open it; the transaction enters RECEIVED."""
         settings = self.settings
-        label = f"{frame.TYPE.name} {_printable(str(key), 80)!r}"
+        label = f"{frame.TYPE.name} {_key_text(key, bare=True)}"
         if key in self._inbound:
             raise RemoteProtocolError(f"{label}: duplicate, it is open already ({self._inbound[key].value})")
         if self._counts[False][Phase.RECEIVED] >= settings.inbound_window_size:
@@ -1381,6 +1380,13 @@ class LinkMachine:
         self._step(True, frame.seq, frame.TYPE, remote=True)
         self._events.append(NonXaCommitted(seq=frame.seq))
         return State.OPERATIONAL
+
+
+def _key_text(key: str | int, *, bare: bool = False) -> str:
+    """A transaction's key for a message: ``xid 'a'`` or ``seq 7`` (``bare``: ``'a'`` or ``7``)."""
+    if isinstance(key, str):
+        return f"{'' if bare else 'xid '}{_printable(key, 80)!r}"
+    return f"{'' if bare else 'seq '}{key!r}"[:100]
 
 
 def _xid_problem(xid: object) -> str | None:
