@@ -5,6 +5,7 @@ the XA recovery stage (the three cases), and random interleavings of both direct
 from __future__ import annotations
 
 import re
+import tracemalloc
 import zlib
 
 import msgpack
@@ -697,3 +698,23 @@ def test_random_interleavings_keep_the_invariants(data, xa, window, size):
     for m in pair.machines:
         assert m.outbound == {} and m.inbound == {}
         assert sorted(received[pair.other(m)], key=str) == sorted(sent[m].items(), key=str)
+
+
+def test_a_zip_bomb_is_refused_without_inflating_it():
+    """16 MiB of zeros in about 16 KiB: refused having inflated at most the bound (+ 1 byte)."""
+    deflater = zlib.compressobj(9)
+    size = 16 << 20
+    bomb = deflater.compress(b"\x91\xc6" + size.to_bytes(4, "big"))
+    chunk = bytes(1 << 20)
+    for _ in range(16):
+        bomb += deflater.compress(chunk)
+    bomb += deflater.flush()
+    assert len(bomb) < 64 << 10
+    tracemalloc.start()
+    try:
+        with pytest.raises(RemoteProtocolError, match="inflates beyond 4096 bytes"):
+            unpack_messages((bomb,), True, 4096)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
