@@ -10,7 +10,7 @@ import zlib
 
 import msgpack
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_routing_stages import CONNECTOR, LISTENER, Pair, answer, connector, decoded, listener, split
 
@@ -656,9 +656,20 @@ def test_random_interleavings_keep_the_invariants(data, xa, window, size):
             assert pair.other(m).inbound.__len__() <= 2 * window
             assert sum(p is Phase.SENT for p in m.outbound.values()) <= window
 
-    def act(m, e) -> None:
+    refused: dict[LinkMachine, set] = {m: set() for m in pair.machines}  # keys the receiver m refused
+    done: dict[LinkMachine, set] = {m: set() for m in pair.machines}  # keys over at the sender m
+
+    def act(m, e, refuse=False) -> None:
         if isinstance(e, PrepareReceived):
             sender_committed[m].add(e.xid)
+        if isinstance(e, TransactionReceived) and refuse:
+            m.refuse_transaction(e.xid, "no")
+            refused[m].add(e.xid)
+            return
+        if isinstance(e, CommitDone | NonXaCommitted | TransactionRefused):
+            key = getattr(e, "xid", None) or getattr(e, "seq", None)
+            assert key not in done[m]
+            done[m].add(key)
         answer(m, [e])
 
     for _ in range(data.draw(st.integers(1, 60))):
@@ -683,7 +694,7 @@ def test_random_interleavings_keep_the_invariants(data, xa, window, size):
         else:
             m = pair.machines[int(choice[-1])]
             e = pending[m].pop(data.draw(st.integers(0, len(pending[m]) - 1)))
-            act(m, e)
+            act(m, e, refuse=xa and data.draw(st.integers(0, 4)) == 0)
             pair._pump()
     # drain: deliver and answer everything
     for _ in range(1000):
@@ -698,6 +709,9 @@ def test_random_interleavings_keep_the_invariants(data, xa, window, size):
     for m in pair.machines:
         assert m.outbound == {} and m.inbound == {}
         assert sorted(received[pair.other(m)], key=str) == sorted(sent[m].items(), key=str)
+        assert done[m] == set(sent[m])  # each over exactly once at its sender (committed or refused)
+    event(f"transactions: {'0' if not sent[pair.c] else '1-4' if len(sent[pair.c]) < 5 else '5+'}; "
+          f"refused: {bool(refused[pair.c] or refused[pair.l])}")
 
 
 def test_a_zip_bomb_is_refused_without_inflating_it():
