@@ -167,28 +167,30 @@ class Link:
             self.owner.link_state(self)
 
     def _on_input(self) -> None:
-        for event in self.machine.events():
-            if isinstance(event, RouteReceived):
-                # on the wire a path starts with its sender; the exchanger takes the sender's own path
-                self.routes_received += 1
-                self.owner.route_received(self, Announcement(event.add, event.destination, event.path[1:]))
-            elif isinstance(event, PeerIdentified):
-                self.peer = event.peer
-                reason = self.owner.admission(self, event.peer)
-                if reason is None:
-                    self.machine.admit()
-                else:
-                    self.machine.refuse(reason)
-                    self._fail(f"refused: {reason}")
-            elif isinstance(event, RecoveryRequested):
-                self.machine.recovery_list(())  # no XA log yet: nothing prepared from the peer
-            elif isinstance(event, RecoveryReceived):
-                self.machine.recovery_done(commit=())  # nothing to claim committed without the XA log
-            elif isinstance(event, Operational):
-                self.operational = event
-                self.state = LinkState.OPERATIONAL
-                self.owner.link_state(self)
-                self.owner.link_up(self)
-            elif isinstance(event, Closed):
-                by_peer = event.by_peer and not event.reason.startswith("the peer")
-                self._fail(f"closed by {self.peer or 'the peer'}: {event.reason}" if by_peer else event.reason)
+        # an answer may cause more events at once (admit() reads what the peer sent meanwhile)
+        while events := self.machine.events():
+            for event in events:
+                if isinstance(event, RouteReceived):
+                    # on the wire a path starts with its sender; the exchanger takes the sender's own path
+                    self.routes_received += 1
+                    self.owner.route_received(self, Announcement(event.add, event.destination, event.path[1:]))
+                elif isinstance(event, PeerIdentified):
+                    self.peer = event.peer
+                    reason = self.owner.admission(self, event.peer)
+                    if reason is None:
+                        self.machine.admit()
+                    else:
+                        self.machine.refuse(reason)
+                        self._fail(f"refused: {reason}")
+                elif isinstance(event, RecoveryRequested):
+                    self.machine.recovery_list(())  # no XA log yet: nothing prepared from the peer
+                elif isinstance(event, RecoveryReceived):
+                    self.machine.recovery_done(commit=())  # nothing to claim committed without the XA log
+                elif isinstance(event, Operational):
+                    self.operational = event
+                    self.state = LinkState.OPERATIONAL
+                    self.owner.link_state(self)
+                    self.owner.link_up(self)
+                elif isinstance(event, Closed):
+                    by_peer = event.by_peer and not event.reason.startswith("the peer")
+                    self._fail(f"closed by {self.peer or 'the peer'}: {event.reason}" if by_peer else event.reason)
