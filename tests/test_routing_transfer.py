@@ -732,3 +732,65 @@ def test_a_zip_bomb_is_refused_without_inflating_it():
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.sampled_from([CONNECTOR, LISTENER]))
+def test_a_link_cut_at_any_point_then_recovery_gives_exactly_once(data, sender_role):
+    """Owners with durable state (what survives a crash) run transfers, the link is cut at
+    a random point (the frames in flight are lost), a new connection recovers: every xid
+    ends committed on both sides or rolled back at the sender with nothing held at the
+    receiver (to be sent again), and no xid is committed twice."""
+    pair = pair_of(inbound_window_size=3)
+    s, r = sides(pair, sender_role)
+    out_prepared: set[str] = set()  # the sender's outbound held prepared (logged before sending)
+    out_committed: set[str] = set()
+    in_prepared: set[str] = set()  # the receiver's, durable at prepared()
+    in_committed: list[str] = []
+    pending: dict[LinkMachine, list] = {s: [], r: []}
+    sent = 0
+    for _ in range(data.draw(st.integers(0, 50))):
+        for m in (s, r):
+            pending[m] += pair.events[m]
+            pair.events[m] = []
+        choices = ["deliver"] + (["send"] if s.window_available and sent < 8 else []) \
+            + ["sender"] * bool(pending[s]) + ["receiver"] * bool(pending[r])
+        choice = data.draw(st.sampled_from(choices))
+        if choice == "send":
+            sent += 1
+            out_prepared.add(f"x{sent}")
+            s.send_transaction(f"x{sent}", [b"m%d" % sent])
+        elif choice == "deliver":
+            senders = [m for m in (s, r) if pair.queue[m]]
+            if senders:
+                m = data.draw(st.sampled_from(senders))
+                pair.other(m).receive_data(pair.queue[m].pop(0))
+        elif choice == "sender":
+            e = pending[s].pop(0)
+            if isinstance(e, PrepareReceived):
+                out_prepared.remove(e.xid)
+                out_committed.add(e.xid)  # durable, then COMMIT
+                s.commit(e.xid)
+        else:
+            e = pending[r].pop(0)
+            if isinstance(e, TransactionReceived):
+                in_prepared.add(e.xid)
+                r.prepared(e.xid)
+            elif isinstance(e, CommitReceived):
+                in_prepared.remove(e.xid)
+                in_committed.append(e.xid)
+                r.committed(e.xid)
+        pair._pump()
+    # the cut: what is in flight is lost; a RECEIVED transaction was never prepared (nothing held)
+    sender_owner = RecoveringOwner(held_out=sorted(out_prepared))
+    receiver_owner = RecoveringOwner(held_in=sorted(in_prepared))
+    again = run_recovery(*((sender_owner, receiver_owner) if sender_role is CONNECTOR
+                           else (receiver_owner, sender_owner)))
+    assert again.c.state is State.OPERATIONAL and again.l.state is State.OPERATIONAL
+    out_committed |= set(sender_owner.committed_locally)
+    in_committed += receiver_owner.committed_in
+    assert len(in_committed) == len(set(in_committed)), "an xid committed twice at the receiver"
+    assert set(in_committed) == out_committed  # committed on both sides, or on neither
+    rolled_back = set(sender_owner.rolled_back)
+    assert rolled_back | out_committed == {f"x{i}" for i in range(1, sent + 1)}
+    assert not rolled_back & (in_prepared | set(in_committed))  # the receiver holds nothing of them
