@@ -85,7 +85,7 @@ def sides(pair: Pair, sender_role):
 def test_the_full_xa_flow_either_way(sender_role):
     pair = pair_of()
     s, r = sides(pair, sender_role)
-    assert s.window_available == 10 and s.use_xa
+    assert s.window_available == 10 and s.use_xa and s.peer_max_frame_size == 1 << 20
     assert s.send_transaction("x1", [b"one", b"two", b""]) is True
     assert s.outbound == {"x1": Phase.SENT} and s.window_available == 9 and s.open_transactions == 1
     flow(pair)

@@ -198,7 +198,7 @@ class Stage(enum.Enum):
     PROTOCOL = "protocol select"
     CONNECT = "connect"
     AUTHENTICATION = "authentication"
-    RECOVERY = "XA recovery"  # routing part 2
+    RECOVERY = "XA recovery"  # only when the link uses XA
     DELIVERY = "delivery"
 
 
@@ -397,7 +397,7 @@ class RecoveryReceived:
 
 @attrs.frozen(kw_only=True)
 class Operational:
-    """Both sides are in the delivery stage: routes (and later messages) may flow.
+    """Both sides are in the delivery stage: routes and transactions may flow.
 
     Attributes:
         peer: the remote router.
@@ -661,6 +661,11 @@ class LinkMachine:
             return 0
         window = self._peer_adjust.window_size
         return max(0, min(window - self._counts[True][Phase.SENT], OPEN_FACTOR * window - len(self._outbound)))
+
+    @property
+    def peer_max_frame_size(self) -> int:
+        """The largest frame the peer accepts (from its ADJUST; 0 before): a batch must fit."""
+        return self._peer_adjust.max_frame_size if self._peer_adjust else 0
 
     @property
     def outbound(self) -> dict[str | int, Phase]:
@@ -997,7 +1002,7 @@ class LinkMachine:
             problem = f"{what} for {_key_text(key)}, which {held} ({direction})"
             raise (RemoteProtocolError if remote else LocalProtocolError)(problem)
         if frame is not None:
-            self._send(frame, self._peer_max_frame_size if isinstance(frame, (Transaction, NonXaTransaction))
+            self._send(frame, self.peer_max_frame_size if isinstance(frame, (Transaction, NonXaTransaction))
                        else self.settings.max_frame_size)
         following = table[(current, step)]
         counts = self._counts[outbound]
@@ -1020,11 +1025,6 @@ class LinkMachine:
             what = f"{frame.name} frame" if frame else "this call"
             problem = f"{what} on a{' non-' if self.use_xa is False else 'n '}XA link"
             raise (LocalProtocolError if local else RemoteProtocolError)(problem)
-
-    @property
-    def _peer_max_frame_size(self) -> int:
-        assert self._peer_adjust is not None
-        return self._peer_adjust.max_frame_size
 
     def _batch(self, cls: type[Transaction] | type[NonXaTransaction], key_name: str, key: str | int,
                messages: tuple[bytes, ...]) -> Frame:
