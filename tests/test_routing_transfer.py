@@ -402,6 +402,17 @@ def test_a_bad_compressed_batch_is_a_breach_never_an_allocation(payload, reason)
         unpack_messages((BOMB,), True, 4096)
 
 
+def test_a_batch_that_would_inflate_beyond_the_peers_frame_size_is_not_compressed():
+    pair = pair_of(use_compression=True, max_frame_size=4096)
+    with pytest.raises(LocalProtocolError, match="exceeds the maximum frame size of 4096 bytes"):
+        pair.c.send_transaction("big", [b"z" * 5000])  # would deflate to a few bytes, but inflate beyond
+    assert pair.c.outbound == {}
+    pair.c.send_transaction("fits", [b"z" * 4000])
+    flow(pair)
+    assert [f.compressed for f in pair.frames(pair.c) if isinstance(f, Transaction)] == [True]
+    assert took(pair, pair.l, TransactionReceived)[0].messages == (b"z" * 4000,)
+
+
 @given(st.lists(st.binary(max_size=300), min_size=1, max_size=20), st.booleans())
 def test_pack_and_unpack_round_trip(messages, compress):
     packed, compressed = pack_messages(tuple(messages), compress)
