@@ -1039,7 +1039,7 @@ class LinkMachine:
             raise LocalProtocolError(f"no window available: {self._counts[True][Phase.SENT]} transactions await "
                                      f"their {'prepare' if self.use_xa else 'commit'} and {len(self._outbound)} "
                                      f"are open (the peer's inbound-window-size is {self._peer_adjust.window_size})")
-        packed, compressed = pack_messages(messages, self.compression)
+        packed, compressed = pack_messages(messages, self.compression, self.peer_max_frame_size)
         return cls(**{key_name: key}, messages=packed, compressed=compressed)
 
     def _recovery_progress(self) -> State:

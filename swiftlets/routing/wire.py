@@ -529,12 +529,16 @@ class FrameReader:
 # -- message batches ---------------------------------------------------------------------------
 
 
-def pack_messages(messages: tuple[bytes, ...], compress: bool) -> tuple[tuple[bytes, ...], bool]:
+def pack_messages(messages: tuple[bytes, ...], compress: bool,
+                  max_size: int = DEFAULT_MAX_FRAME_SIZE) -> tuple[tuple[bytes, ...], bool]:
     """The ``messages`` and ``compressed`` fields of a batch. With ``compress``, the batch is
-    sent as one zlib stream of its msgpack array when that is smaller (else as it is)."""
+    sent as one zlib stream of its msgpack array when that is smaller and inflates to at
+    most ``max_size`` bytes (the receiver's maximum frame size, its bound in
+    :func:`unpack_messages`); else as it is (then too big for one frame anyway)."""
     if compress:
-        deflated = zlib.compress(msgpack.packb(list(messages), use_bin_type=True), 1)
-        if len(deflated) < sum(len(m) for m in messages):
+        raw = msgpack.packb(list(messages), use_bin_type=True)
+        deflated = zlib.compress(raw, 1)
+        if len(raw) <= max_size and len(deflated) < sum(len(m) for m in messages):
             return (deflated,), True
     return messages, False
 
