@@ -24,14 +24,20 @@ from martinet.swiftlets.routing.stages import (
     LABEL_LISTENER,
     TRANSITIONS,
     Closed,
+    CommitReceived,
     LinkMachine,
     LinkSettings,
+    NonXaTransactionReceived,
     Operational,
     PeerIdentified,
+    PrepareReceived,
+    RecoveryReceived,
+    RecoveryRequested,
     Role,
     RouteReceived,
     Stage,
     State,
+    TransactionReceived,
     proof,
     valid_router_name,
 )
@@ -41,11 +47,13 @@ from martinet.swiftlets.routing.wire import (
     Auth,
     AuthReply,
     Close,
+    CommitReply,
     Connect,
     ConnectReply,
     FrameType,
     Keepalive,
     LocalProtocolError,
+    PrepareReply,
     Protocol,
     ProtocolReply,
     Route,
@@ -87,13 +95,18 @@ def listener(password=None, name="r2", now=0.0, **settings) -> LinkMachine:
 class Pair:
     """A connector and a listener joined in memory. Chunks (the magic, single frames) are
     delivered one at a time, so a test can stop either side in any state; PeerIdentified
-    is answered with admit() unless told otherwise; ``drop`` holds the sides whose output
-    is lost (a half-open connection)."""
+    is answered with admit() unless told otherwise; the XA recovery is answered as an owner
+    with nothing prepared would (an empty list; commit what the peer lists; commit
+    recovery COMMITs at once) for the sides in ``recover``; ``drop`` holds the sides whose
+    output is lost (a half-open connection)."""
 
-    def __init__(self, c: LinkMachine | None = None, lis: LinkMachine | None = None, *, admit=(CONNECTOR, LISTENER)):
+    def __init__(self, c: LinkMachine | None = None, lis: LinkMachine | None = None, *, admit=(CONNECTOR, LISTENER),
+                 recover=(CONNECTOR, LISTENER), auto=()):
         self.c, self.l = c or connector(), lis or listener()
         self.machines = (self.c, self.l)
         self.admit = {m for m in self.machines if m.role in admit}
+        self.recover = {m for m in self.machines if m.role in recover}
+        self.auto = {m for m in self.machines if m.role in auto}  # transfers answered at once (answer())
         self.queue: dict[LinkMachine, list[bytes]] = {m: [] for m in self.machines}
         self.sent: dict[LinkMachine, list[bytes]] = {m: [] for m in self.machines}
         self.events: dict[LinkMachine, list] = {m: [] for m in self.machines}
@@ -114,6 +127,10 @@ class Pair:
                 if any(isinstance(e, PeerIdentified) for e in new) and m in self.admit:
                     m.admit()
                     busy = True
+                if m in self.recover:
+                    busy |= answer_recovery(m, new)
+                if m in self.auto:
+                    busy |= answer(m, new)
                 data = m.data_to_send()
                 if data is None:
                     self.ended[m] = True
@@ -146,6 +163,51 @@ class Pair:
         return decoded(self.sent[m])
 
 
+def answer_recovery(m: LinkMachine, events: list) -> bool:
+    """Play an owner with nothing prepared through the XA recovery stage; True if it acted."""
+    acted = False
+    for e in events:
+        if isinstance(e, RecoveryRequested):
+            m.recovery_list(())
+        elif isinstance(e, RecoveryReceived):
+            m.recovery_done(commit=e.xids)
+        elif isinstance(e, CommitReceived) and e.recovery:
+            m.committed(e.xid)
+        else:
+            continue
+        acted = True
+    return acted
+
+
+def answer(m: LinkMachine, events: list) -> bool:
+    """Answer the transfer events as an owner that prepares and commits at once; True if it acted."""
+    acted = False
+    for e in events:
+        if isinstance(e, TransactionReceived):
+            m.prepared(e.xid)
+        elif isinstance(e, PrepareReceived):
+            m.commit(e.xid)
+        elif isinstance(e, CommitReceived) and not e.recovery:
+            m.committed(e.xid)
+        elif isinstance(e, NonXaTransactionReceived):
+            m.nonxa_committed(e.seq)
+        else:
+            continue
+        acted = True
+    return acted
+
+
+def answer_all(m: LinkMachine) -> list:
+    """Drain ``m``'s events, answering the recovery and the transfers at once (admission
+    excepted); the events, in order."""
+    taken = []
+    while new := m.events():
+        taken += new
+        answer_recovery(m, new)
+        answer(m, new)
+    return taken
+
+
 def operational_pair(c_password=None, l_password=None, **settings) -> Pair:
     pair = Pair(connector(c_password, **settings), listener(l_password, **settings))
     pair.run()
@@ -162,18 +224,22 @@ def test_success_both_ends_operational(password):
     c_events, l_events = pair.events[pair.c], pair.events[pair.l]
     assert c_events == [
         PeerIdentified(peer="r2", version="1.0", authentication=password is not None),
+        RecoveryRequested(peer="r2"), RecoveryReceived(peer="r2", xids=()),
         Operational(peer="r2", version="1.0", peer_transaction_size=20, peer_window_size=10,
                     keepalive_interval=60.0, use_xa=True)]
     assert l_events == [
         PeerIdentified(peer="r1", version="1.0", authentication=password is not None),
+        RecoveryRequested(peer="r1"), RecoveryReceived(peer="r1", xids=()),
         Operational(peer="r1", version="1.0", peer_transaction_size=20, peer_window_size=10,
                     keepalive_interval=60.0, use_xa=True)]
     c_types = [f.TYPE for f in pair.frames(pair.c)]
     l_types = [f.TYPE for f in pair.frames(pair.l)]
     auth_c = [FrameType.AUTH] if password else []
     auth_l = [FrameType.AUTH_REPLY] if password else []
-    assert c_types == [FrameType.PROTOCOL, FrameType.CONNECT, *auth_c, FrameType.ADJUST, FrameType.START_DELIVERY]
-    assert l_types == [FrameType.PROTOCOL_REPLY, FrameType.CONNECT_REPLY, *auth_l, FrameType.ADJUST,
+    recovery = [FrameType.RECOVERY, FrameType.RECOVERY_DONE]  # the link uses XA
+    assert c_types == [FrameType.PROTOCOL, FrameType.CONNECT, *auth_c, *recovery, FrameType.ADJUST,
+                       FrameType.START_DELIVERY]
+    assert l_types == [FrameType.PROTOCOL_REPLY, FrameType.CONNECT_REPLY, *auth_l, *recovery, FrameType.ADJUST,
                        FrameType.START_DELIVERY]
     assert pair.sent[pair.c][0] == MAGIC and pair.sent[pair.l][0] == MAGIC
     assert pair.c.stage is Stage.DELIVERY and pair.l.stage is Stage.DELIVERY
@@ -427,7 +493,7 @@ def test_a_listener_direction_proof_is_refused_by_the_listener():
     lis.receive_data(HELLO + encode(Connect(name="r1", nonce=NONCE_C, use_xa=True)))
     lis.admit()
     lis.receive_data(encode(Auth(proof=right)))
-    assert lis.state is State.ADJUST_WAIT
+    assert lis.state is State.RECOVERY_WAIT  # the link uses XA
 
 
 def test_the_proof_is_the_documented_computation():
@@ -452,6 +518,7 @@ WAITING_CASES = [
     (CONNECTOR, State.CONNECT_WAIT, None), (LISTENER, State.CONNECT_WAIT, None),
     (CONNECTOR, State.ADMISSION, None), (LISTENER, State.ADMISSION, None),
     (CONNECTOR, State.AUTH_WAIT, "pw"), (LISTENER, State.AUTH_WAIT, "pw"),
+    (CONNECTOR, State.RECOVERY_WAIT, None), (LISTENER, State.RECOVERY_WAIT, "pw"),
     (CONNECTOR, State.ADJUST_WAIT, None), (LISTENER, State.ADJUST_WAIT, "pw"),
     (CONNECTOR, State.START_WAIT, None), (LISTENER, State.START_WAIT, None),
 ]
@@ -473,12 +540,13 @@ def test_stage_valid_timeout_in_each_waiting_state(role, state, password):
     assert m.state is state
     # any later state's timer starts at the first tick in it
     start = 90 if state is State.PROTOCOL_WAIT else 100
-    assert m.tick(100) == start + 15
-    assert m.tick(start + 14.9) == start + 15 and m.state is state
-    assert m.tick(start + 15) == 0
+    timeout, name = (60, "recovery-timeout") if state is State.RECOVERY_WAIT else (15, "stage-valid-timeout")
+    assert m.tick(100) == start + timeout
+    assert m.tick(start + timeout - 0.1) == start + timeout and m.state is state
+    assert m.tick(start + timeout) == 0
     [closed] = [e for e in m.events() if isinstance(e, Closed)]
     stage = stages.STAGE_OF[state]
-    assert closed.reason == f"stage-valid-timeout (15 s) expired in the {stage.value} stage ({state.value})"
+    assert closed.reason == f"{name} ({timeout} s) expired in the {stage.value} stage ({state.value})"
     assert not closed.by_peer and closed.stage is stage
     assert decoded(split(m.data_to_send()))[-1] == Close(reason=closed.reason)
     assert m.data_to_send() is None
@@ -576,7 +644,8 @@ def at_connect_wait() -> LinkMachine:
     (at_connect_wait, encode(Protocol(versions=("1.0",))), "unexpected PROTOCOL frame while awaiting the connect"),
     (at_operational, encode(StartDelivery()), "unexpected START_DELIVERY frame while operational"),
     (at_operational, encode(Adjust(transaction_size=1, window_size=1)), "unexpected ADJUST frame while operational"),
-    (at_operational, b"\x00\x00\x00\x03\x92\x32\x80", "frame type TRANSACTION (50) is reserved and not implemented"),
+    (at_operational, b"\x00\x00\x00\x03\x92\x32\x80", "TRANSACTION frame lacks the field"),
+    (at_operational, encode(PrepareReply(xid="x9")), "PREPARE_REPLY frame for xid 'x9', which is not open (outbound)"),
     (at_operational, encode(Route(add=True, destination="r9", path=("r7", "r9"))),
      "a route's path must run from r2 to its destination 'r9', got 'r7/r9'"),
     (at_operational, encode(Route(add=True, destination="r9", path=("r2", "r9", "r2", "r9"))), "has a loop"),
@@ -632,7 +701,7 @@ def test_local_misuse_raises_and_changes_nothing():
     pair = Pair(admit=())
     pair.run()
     pair.l.admit()
-    with pytest.raises(LocalProtocolError, match="admit while awaiting the peer's adjust"):
+    with pytest.raises(LocalProtocolError, match="admit while awaiting the XA recovery"):
         pair.l.admit()
     with pytest.raises(LocalProtocolError, match="refuse while"):
         pair.l.refuse("x")
@@ -660,12 +729,24 @@ def test_local_misuse_raises_and_changes_nothing():
 
 
 def recorded_session(password):
-    """A full valid session: handshake, routes both ways, keepalives, a close."""
-    pair = operational_pair(password, password, keepalive_interval=10)
+    """A full valid session: handshake (XA recovery, or none for "nonxa"), routes and
+    transactions both ways (compressed and not), keepalives, a close."""
+    xa = password != "nonxa"
+    password = None if password == "nonxa" else password
+    pair = Pair(connector(password, **SESSION_SETTINGS[xa]), listener(password, **SESSION_SETTINGS[xa]),
+                auto=(CONNECTOR, LISTENER))
+    pair.run()
+    assert pair.c.state is State.OPERATIONAL and pair.l.state is State.OPERATIONAL
     for i in range(3):
         pair.tick(10.0 * i)
         pair.c.send_route(add=True, destination=f"x{i}", path=["r1", f"x{i}"])
         pair.l.send_route(add=False, destination=f"y{i}", path=["r2", f"y{i}"])
+        for m in pair.machines:
+            batch = [b"m%d" % i, b"z" * 200 * i]  # the first one does not compress
+            if xa:
+                m.send_transaction(f"{m.name}-{i}", batch)
+            else:
+                m.send_nonxa(i, batch)
         pair._pump()
         pair.run()
     pair.c.close("done")
@@ -674,11 +755,17 @@ def recorded_session(password):
     return list(pair.sent[pair.c]), list(pair.sent[pair.l])
 
 
-SESSIONS = {password: recorded_session(password) for password in (None, "pw")}
+SESSION_SETTINGS = {True: {"keepalive_interval": 10, "use_compression": True}, False: {"keepalive_interval": 10,
+                                                                                      "use_xa": False}}
+SESSIONS = {password: recorded_session(password) for password in (None, "pw", "nonxa")}
 
 
 def fresh(role: Role, password):
-    return connector(password) if role is CONNECTOR else listener(password)
+    """A machine for a recorded session (``password``: None, "pw", or "nonxa" for a non-XA one)."""
+    xa = password != "nonxa"
+    password = None if password == "nonxa" else password
+    make = connector if role is CONNECTOR else listener
+    return make(password, **SESSION_SETTINGS[xa])
 
 
 def feed_and_check(m: LinkMachine, chunks: list[bytes]) -> None:
@@ -687,10 +774,10 @@ def feed_and_check(m: LinkMachine, chunks: list[bytes]) -> None:
     m.data_to_send()
     for chunk in chunks:
         m.receive_data(chunk)
-        events += m.events()
+        events += answer_all(m)
         if m.state is State.ADMISSION:
             m.admit()
-            events += m.events()
+            events += answer_all(m)
         assert m.data_to_send() is not None or m.state is State.CLOSED
     closed = [e for e in events if isinstance(e, Closed)]
     if closed:
@@ -709,7 +796,7 @@ def feed_and_check(m: LinkMachine, chunks: list[bytes]) -> None:
 
 @st.composite
 def mutated_session(draw):
-    password = draw(st.sampled_from([None, "pw"]))
+    password = draw(st.sampled_from([None, "pw", "nonxa"]))
     role = draw(st.sampled_from([CONNECTOR, LISTENER]))
     c_chunks, l_chunks = SESSIONS[password]
     chunks = list(c_chunks if role is LISTENER else l_chunks)  # what the other side sent
@@ -751,7 +838,7 @@ def test_mutated_sessions_never_raise_and_end_cleanly(case):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from([CONNECTOR, LISTENER]), st.sampled_from([None, "pw"]), st.integers(0, 12),
+@given(st.sampled_from([CONNECTOR, LISTENER]), st.sampled_from([None, "pw", "nonxa"]), st.integers(0, 24),
        st.lists(st.binary(min_size=1, max_size=64), min_size=1, max_size=4))
 def test_random_bytes_after_a_valid_prefix(role, password, prefix, noise):
     """Random bytes in any stage, before and after authentication (the prefix of a valid session)."""
@@ -768,20 +855,25 @@ def test_the_recorded_sessions_replay_cleanly():
         assert lis.state is State.CLOSED
 
 
-@given(st.sampled_from([CONNECTOR, LISTENER]), st.integers(0, 12), st.integers(1, 2**32 - 1))
+@given(st.sampled_from([CONNECTOR, LISTENER]), st.integers(0, 24), st.integers(1, 2**32 - 1))
 def test_frames_above_the_maximum_are_refused_from_their_length(role, prefix, length):
     c_chunks, l_chunks = SESSIONS[None]
+    # the peer's frames but its close and its answers to transactions of the recorded side
+    answers = (Close, PrepareReply, CommitReply)
     chunks = [ch for ch in (c_chunks if role is LISTENER else l_chunks)
-              if ch == MAGIC or not isinstance(decode_body(ch[4:]), Close)][:prefix]
+              if ch == MAGIC or not isinstance(decode_body(ch[4:]), answers)][:prefix]
     m = fresh(role, None)
     for chunk in chunks:
         m.receive_data(chunk)
+        answer_all(m)
         if m.state is State.ADMISSION:
             m.admit()
+            answer_all(m)
     m.events()
     if not chunks:
         m.receive_data(MAGIC)
-    limit = 1 << 20 if m.state in (State.OPERATIONAL, State.ADJUST_WAIT, State.START_WAIT) else 4096
+    limit = 1 << 20 if m.state in (State.OPERATIONAL, State.ADJUST_WAIT, State.START_WAIT, State.RECOVERY_WAIT) \
+        else 4096
     m.receive_data(struct.pack(">I", length))  # only the length: the body is not waited for
     if length > limit:
         [closed] = m.events()
@@ -801,7 +893,7 @@ class Owner:
         self.times: list[float] = []
 
     def on_input(self) -> None:
-        for event in self.machine.events():
+        for event in answer_all(self.machine):
             self.events.append(event)
             self.times.append(trio.current_time())
             if isinstance(event, PeerIdentified):
@@ -831,7 +923,8 @@ async def test_a_link_under_the_trio_driver(autojump_clock):
         l_owner.machine.close("the router stops")
         nursery.cancel_scope.deadline = trio.current_time() + 60  # both ends must finish by themselves
     assert not nursery.cancel_scope.cancelled_caught
-    assert [type(e) for e in c_owner.events] == [PeerIdentified, Operational, Closed]
+    assert [type(e) for e in c_owner.events] == [PeerIdentified, RecoveryRequested, RecoveryReceived, Operational,
+                                                 Closed]
     assert c_owner.events[-1].reason == "the router stops" and c_owner.events[-1].by_peer
 
 

@@ -33,6 +33,7 @@ KIND_VALUES = {
     Kind.BOOL: st.booleans(),
     Kind.UINT: st.integers(0, 2**32 - 1),
     Kind.STRS: st.lists(st.text(max_size=10), max_size=5).map(tuple),
+    Kind.BINS: st.lists(st.binary(max_size=20), max_size=5).map(tuple),
 }
 
 
@@ -80,7 +81,10 @@ def test_frames_arrive_in_pieces():
 
 @pytest.mark.parametrize("raw, reason", [
     (body(7, {}), "unknown frame type 7"),
-    (body(int(FrameType.TRANSACTION), {}), "TRANSACTION (50) is reserved"),
+    (body(int(FrameType.TRANSACTION), {}), "TRANSACTION frame lacks the field"),
+    (body(50, {"xid": "x", "messages": [b"a", "b"], "compressed": False}), "'messages' must be array of bin"),
+    (body(50, {"xid": "x", "messages": b"ab", "compressed": False}), "'messages' must be array of bin"),
+    (body(61, {"seq": -1}), "NONXA_COMMIT field 'seq' must be uint32"),
     (body(99, {}), "CLOSE frame lacks the field 'reason'"),
     (body(99, {"reason": "x", "extra": 1}), "CLOSE frame has an unexpected field 'extra'"),
     (body(99, {"reason": 5}), "CLOSE field 'reason' must be str, got int"),

@@ -15,6 +15,10 @@ machine's events into calls on its owner, the :class:`LinkOwner` (the swiftlet):
   exchanger, whose announcements come back through :meth:`Link.send_route`;
 - ``RouteReceived``: handed to the owner;
 - ``Closed``: the reason is kept as the link's error (when it is a failure).
+- ``RecoveryRequested`` / ``RecoveryReceived`` (links that use XA): until the transfer is
+  wired to the dispatcher and the XA log, the link holds no prepared routing xid, so it
+  answers with an empty list and commits nothing (whatever the peer lists stays in doubt
+  at the peer, which is safe); the transfer events are ignored for now.
 
 The link is over when the machine ends its output, the peer closes, or the socket breaks;
 :meth:`Link.run` then returns (it raises only on cancellation) and the owner is told in
@@ -33,7 +37,17 @@ from martinet.messaging.io import Driver
 
 from .api import LinkState
 from .exchange import Announcement
-from .stages import Closed, LinkMachine, LinkSettings, Operational, PeerIdentified, Role, RouteReceived
+from .stages import (
+    Closed,
+    LinkMachine,
+    LinkSettings,
+    Operational,
+    PeerIdentified,
+    RecoveryReceived,
+    RecoveryRequested,
+    Role,
+    RouteReceived,
+)
 
 __all__ = ["Link", "LinkOwner", "configure_socket", "describe"]
 
@@ -153,24 +167,30 @@ class Link:
             self.owner.link_state(self)
 
     def _on_input(self) -> None:
-        for event in self.machine.events():
-            if isinstance(event, RouteReceived):
-                # on the wire a path starts with its sender; the exchanger takes the sender's own path
-                self.routes_received += 1
-                self.owner.route_received(self, Announcement(event.add, event.destination, event.path[1:]))
-            elif isinstance(event, PeerIdentified):
-                self.peer = event.peer
-                reason = self.owner.admission(self, event.peer)
-                if reason is None:
-                    self.machine.admit()
-                else:
-                    self.machine.refuse(reason)
-                    self._fail(f"refused: {reason}")
-            elif isinstance(event, Operational):
-                self.operational = event
-                self.state = LinkState.OPERATIONAL
-                self.owner.link_state(self)
-                self.owner.link_up(self)
-            elif isinstance(event, Closed):
-                by_peer = event.by_peer and not event.reason.startswith("the peer")
-                self._fail(f"closed by {self.peer or 'the peer'}: {event.reason}" if by_peer else event.reason)
+        # an answer may cause more events at once (admit() reads what the peer sent meanwhile)
+        while events := self.machine.events():
+            for event in events:
+                if isinstance(event, RouteReceived):
+                    # on the wire a path starts with its sender; the exchanger takes the sender's own path
+                    self.routes_received += 1
+                    self.owner.route_received(self, Announcement(event.add, event.destination, event.path[1:]))
+                elif isinstance(event, PeerIdentified):
+                    self.peer = event.peer
+                    reason = self.owner.admission(self, event.peer)
+                    if reason is None:
+                        self.machine.admit()
+                    else:
+                        self.machine.refuse(reason)
+                        self._fail(f"refused: {reason}")
+                elif isinstance(event, RecoveryRequested):
+                    self.machine.recovery_list(())  # no XA log yet: nothing prepared from the peer
+                elif isinstance(event, RecoveryReceived):
+                    self.machine.recovery_done(commit=())  # nothing to claim committed without the XA log
+                elif isinstance(event, Operational):
+                    self.operational = event
+                    self.state = LinkState.OPERATIONAL
+                    self.owner.link_state(self)
+                    self.owner.link_up(self)
+                elif isinstance(event, Closed):
+                    by_peer = event.by_peer and not event.reason.startswith("the peer")
+                    self._fail(f"closed by {self.peer or 'the peer'}: {event.reason}" if by_peer else event.reason)

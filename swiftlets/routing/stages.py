@@ -7,7 +7,7 @@ dialled (:attr:`Role.CONNECTOR`) or the side that accepted (:attr:`Role.LISTENER
 speaks the frames of :mod:`.wire` and walks the stages of ``docs/routing-protocol.md``::
 
     protocol select -> connect -> (admission by the owner) -> authentication
-        -> [XA recovery: routing part 2] -> delivery
+        -> [XA recovery, when the link uses XA] -> delivery (routes, transactions)
 
 It is sans-IO (the :class:`martinet.messaging.io.SansIO` protocol): the owner feeds what
 the socket delivers to :meth:`~LinkMachine.receive_data`, writes what
@@ -43,18 +43,34 @@ the frame types received and the owner's decisions (:class:`Decision`).
   is probably invalid and is closed physically" [seed 004]; reset rather than increment on
   receipt: SwiftMQ defect 5 in swiftmq-internals §8.)
 
-Misuse by the owner (``admit()`` outside admission, ``send_route`` before delivery)
-raises :class:`~.wire.LocalProtocolError` and changes nothing.
+- **XA recovery** (only when the link uses XA): the machine asks its owner for the xids it
+  holds prepared as a receiver from this peer (:class:`RecoveryRequested` →
+  :meth:`~LinkMachine.recovery_list`), hands it the peer's list (:class:`RecoveryReceived`),
+  and sends the COMMITs the owner decided (:meth:`~LinkMachine.recovery_done`); the stage
+  ends when both sides sent RECOVERY_DONE, which each sends once every COMMIT it sent was
+  answered. Guarded by ``recovery_timeout``.
+- **Transfer** (delivery): per transaction phases are data too (:data:`OUTBOUND_PHASES`,
+  :data:`INBOUND_PHASES`, one table per direction: phase × input → next phase, None =
+  over). The machine checks every xid and sequence number the peer names, the peer's
+  window and transaction size, and the owner's; it never delays anything (inbound flow
+  control is the owner answering later). The window counts transactions awaiting their
+  prepare (a slot is freed at the prepare, so the link stays busy while commits are in
+  flight); at most twice the window are open in any phase.
+
+Misuse by the owner (``admit()`` outside admission, ``send_route`` before delivery, a
+transaction beyond the window, an xid in the wrong phase) raises
+:class:`~.wire.LocalProtocolError` and changes nothing.
 """
 
 from __future__ import annotations
 
+import collections
 import enum
 import hashlib
 import hmac
 import re
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
@@ -62,10 +78,13 @@ from .exchange import MAX_PATH
 from .wire import (
     HANDSHAKE_MAX_FRAME_SIZE,
     MAGIC,
+    MAX_XID_LENGTH,
     Adjust,
     Auth,
     AuthReply,
     Close,
+    Commit,
+    CommitReply,
     Connect,
     ConnectReply,
     Frame,
@@ -73,12 +92,21 @@ from .wire import (
     FrameType,
     Keepalive,
     LocalProtocolError,
+    NonXaCommit,
+    NonXaTransaction,
+    PrepareReply,
     Protocol,
     ProtocolReply,
+    Recovery,
+    RecoveryDone,
+    Refuse,
     RemoteProtocolError,
     Route,
     StartDelivery,
+    Transaction,
     encode,
+    pack_messages,
+    unpack_messages,
 )
 
 __all__ = [
@@ -86,17 +114,30 @@ __all__ = [
     "Stage",
     "State",
     "Decision",
+    "Phase",
     "LinkSettings",
     "LinkMachine",
     "PeerIdentified",
+    "RecoveryRequested",
+    "RecoveryReceived",
     "Operational",
     "RouteReceived",
+    "TransactionReceived",
+    "PrepareReceived",
+    "CommitReceived",
+    "CommitDone",
+    "TransactionRefused",
+    "NonXaTransactionReceived",
+    "NonXaCommitted",
     "Closed",
     "VERSIONS",
     "KEEPALIVE_COUNT",
     "AUTH_FAILED",
     "AUTH_MATRIX",
     "TRANSITIONS",
+    "OUTBOUND_PHASES",
+    "INBOUND_PHASES",
+    "OPEN_FACTOR",
     "proof",
     "valid_router_name",
 ]
@@ -112,6 +153,7 @@ MAX_UNREAD = 2 * HANDSHAKE_MAX_FRAME_SIZE  # input held unread while the owner d
 AUTH_FAILED = "authentication failed"
 LABEL_CONNECTOR = b"martinet-routing connector proof"  # the proof the connector sends
 LABEL_LISTENER = b"martinet-routing listener proof"  # the proof the listener sends
+OPEN_FACTOR = 2  # open transactions per direction, in any phase: at most this × the window
 
 # The router-name rule of kernel/config.py (``_ROUTER_NAME``), with a bound on the length.
 _ROUTER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*\Z")
@@ -156,7 +198,7 @@ class Stage(enum.Enum):
     PROTOCOL = "protocol select"
     CONNECT = "connect"
     AUTHENTICATION = "authentication"
-    RECOVERY = "XA recovery"  # routing part 2
+    RECOVERY = "XA recovery"  # only when the link uses XA
     DELIVERY = "delivery"
 
 
@@ -167,7 +209,7 @@ class State(enum.Enum):
     CONNECT_WAIT = "awaiting the connect"
     ADMISSION = "awaiting the owner's admission"
     AUTH_WAIT = "awaiting the authentication"
-    # part 2: RECOVERY_WAIT = "awaiting the XA recovery" (between AUTH_WAIT and ADJUST_WAIT)
+    RECOVERY_WAIT = "awaiting the XA recovery"
     ADJUST_WAIT = "awaiting the peer's adjust"
     START_WAIT = "awaiting the peer's start-delivery"
     OPERATIONAL = "operational"
@@ -180,6 +222,7 @@ STAGE_OF = {
     State.CONNECT_WAIT: Stage.CONNECT,
     State.ADMISSION: Stage.CONNECT,
     State.AUTH_WAIT: Stage.AUTHENTICATION,
+    State.RECOVERY_WAIT: Stage.RECOVERY,
     State.ADJUST_WAIT: Stage.DELIVERY,
     State.START_WAIT: Stage.DELIVERY,
     State.OPERATIONAL: Stage.DELIVERY,
@@ -193,6 +236,25 @@ class Decision(enum.Enum):
 
     ADMIT = "admit"
     REFUSE = "refuse"
+    RECOVERY_LIST = "recovery_list"
+    RECOVERY_DONE = "recovery_done"
+    SEND = "send_transaction"
+    PREPARED = "prepared"
+    REFUSE_TRANSACTION = "refuse_transaction"
+    COMMIT = "commit"
+    COMMITTED = "committed"
+    SEND_NONXA = "send_nonxa"
+    NONXA_COMMITTED = "nonxa_committed"
+
+
+class Phase(enum.Enum):
+    """Where one transaction is, in one direction (see :data:`OUTBOUND_PHASES`)."""
+
+    SENT = "sent, not prepared"  # outbound: awaiting PREPARE_REPLY / REFUSE (non-XA: NONXA_COMMIT)
+    RECEIVED = "received, not prepared"  # inbound: awaiting the owner's prepared / refuse (non-XA: commit)
+    PREPARED = "prepared, not committed"  # outbound: awaiting the owner's commit; inbound: the peer's COMMIT
+    COMMITTING = "committing"  # outbound: COMMIT sent, awaiting COMMIT_REPLY; inbound: awaiting the owner
+    IN_DOUBT = "in doubt from an earlier connection"  # inbound, listed in our RECOVERY
 
 
 C, L = Role.CONNECTOR, Role.LISTENER
@@ -208,13 +270,13 @@ TRANSITIONS: dict[tuple[Role, State, FrameType | Decision], tuple[State, ...]] =
     # connect: each side learns the peer's name here and asks its owner
     (L, S.CONNECT_WAIT, FrameType.CONNECT): (S.ADMISSION,),
     (C, S.CONNECT_WAIT, FrameType.CONNECT_REPLY): (S.ADMISSION,),
-    (L, S.ADMISSION, Decision.ADMIT): (S.AUTH_WAIT, S.ADJUST_WAIT),
-    (C, S.ADMISSION, Decision.ADMIT): (S.AUTH_WAIT, S.ADJUST_WAIT),
+    (L, S.ADMISSION, Decision.ADMIT): (S.AUTH_WAIT, S.ADJUST_WAIT, S.RECOVERY_WAIT),
+    (C, S.ADMISSION, Decision.ADMIT): (S.AUTH_WAIT, S.ADJUST_WAIT, S.RECOVERY_WAIT),
     (L, S.ADMISSION, Decision.REFUSE): (S.REJECTING,),
     (C, S.ADMISSION, Decision.REFUSE): (S.REJECTING,),
-    # authentication (part 2 inserts RECOVERY_WAIT after it when XA is used)
-    (L, S.AUTH_WAIT, FrameType.AUTH): (S.ADJUST_WAIT,),
-    (C, S.AUTH_WAIT, FrameType.AUTH_REPLY): (S.ADJUST_WAIT,),
+    # authentication; then the XA recovery when the link uses XA, else the delivery
+    (L, S.AUTH_WAIT, FrameType.AUTH): (S.ADJUST_WAIT, S.RECOVERY_WAIT),
+    (C, S.AUTH_WAIT, FrameType.AUTH_REPLY): (S.ADJUST_WAIT, S.RECOVERY_WAIT),
     # delivery
     (L, S.ADJUST_WAIT, FrameType.ADJUST): (S.START_WAIT,),
     (C, S.ADJUST_WAIT, FrameType.ADJUST): (S.START_WAIT,),
@@ -225,7 +287,63 @@ TRANSITIONS: dict[tuple[Role, State, FrameType | Decision], tuple[State, ...]] =
     (L, S.OPERATIONAL, FrameType.ROUTE): (S.OPERATIONAL,),
     (C, S.OPERATIONAL, FrameType.ROUTE): (S.OPERATIONAL,),
 }
-del C, L, S
+# XA recovery, both roles alike. The stage ends (-> ADJUST_WAIT) when this side has sent
+# its RECOVERY_DONE and received the peer's: only the inputs listed with ADJUST_WAIT can
+# complete that (the peer's RECOVERY_DONE, our recovery_done, the last COMMIT_REPLY).
+_RECOVERY: dict[FrameType | Decision, tuple[State, ...]] = {
+    Decision.RECOVERY_LIST: (S.RECOVERY_WAIT,),
+    FrameType.RECOVERY: (S.RECOVERY_WAIT,),
+    Decision.RECOVERY_DONE: (S.RECOVERY_WAIT, S.ADJUST_WAIT),
+    FrameType.COMMIT: (S.RECOVERY_WAIT,),
+    Decision.COMMITTED: (S.RECOVERY_WAIT,),
+    FrameType.COMMIT_REPLY: (S.RECOVERY_WAIT, S.ADJUST_WAIT),
+    FrameType.RECOVERY_DONE: (S.RECOVERY_WAIT, S.ADJUST_WAIT),
+}
+# Transfer in the delivery stage, both roles alike (the mode, XA or not, is checked by the handlers).
+_TRANSFER: tuple[FrameType | Decision, ...] = (
+    Decision.SEND, FrameType.TRANSACTION, Decision.PREPARED, Decision.REFUSE_TRANSACTION, FrameType.PREPARE_REPLY,
+    FrameType.REFUSE, Decision.COMMIT, FrameType.COMMIT, Decision.COMMITTED, FrameType.COMMIT_REPLY,
+    Decision.SEND_NONXA, FrameType.NONXA_TRANSACTION, Decision.NONXA_COMMITTED, FrameType.NONXA_COMMIT,
+)
+for _role in Role:
+    for _input, _states in _RECOVERY.items():
+        TRANSITIONS[(_role, S.RECOVERY_WAIT, _input)] = _states
+    for _input in _TRANSFER:
+        TRANSITIONS[(_role, S.OPERATIONAL, _input)] = (S.OPERATIONAL,)
+del C, L, S, _role, _input, _states
+
+P, D, F = Phase, Decision, FrameType
+# One transaction in one direction: (phase, input) -> the next phase; None as a phase: not
+# open (before the first input, or over after the last). An input without an entry for the
+# transaction's phase is a protocol error (from the peer) or a LocalProtocolError (the
+# owner): a duplicate xid, an unknown xid, an answer in the wrong phase. Keys: the xid (XA)
+# or the sequence number (non-XA).
+OUTBOUND_PHASES: dict[tuple[Phase | None, FrameType | Decision], Phase | None] = {
+    # XA, sender
+    (None, D.SEND): P.SENT,  # TRANSACTION sent
+    (P.SENT, F.PREPARE_REPLY): P.PREPARED,  # the window slot is free again
+    (P.SENT, F.REFUSE): None,  # the owner rolls back
+    (P.PREPARED, D.COMMIT): P.COMMITTING,  # committed locally: COMMIT sent
+    (None, D.RECOVERY_DONE): P.COMMITTING,  # recovery: a COMMIT the peer must make
+    (P.COMMITTING, F.COMMIT_REPLY): None,  # over on both sides
+    # non-XA, sender
+    (None, D.SEND_NONXA): P.SENT,  # NONXA_TRANSACTION sent
+    (P.SENT, F.NONXA_COMMIT): None,  # committed at the receiver: the owner commits
+}
+INBOUND_PHASES: dict[tuple[Phase | None, FrameType | Decision], Phase | None] = {
+    # XA, receiver
+    (None, F.TRANSACTION): P.RECEIVED,
+    (P.RECEIVED, D.PREPARED): P.PREPARED,  # PREPARE_REPLY sent
+    (P.RECEIVED, D.REFUSE_TRANSACTION): None,  # REFUSE sent: nothing of it is held
+    (P.PREPARED, F.COMMIT): P.COMMITTING,
+    (None, D.RECOVERY_LIST): P.IN_DOUBT,  # recovery: listed in our RECOVERY
+    (P.IN_DOUBT, F.COMMIT): P.COMMITTING,
+    (P.COMMITTING, D.COMMITTED): None,  # COMMIT_REPLY sent
+    # non-XA, receiver
+    (None, F.NONXA_TRANSACTION): P.RECEIVED,
+    (P.RECEIVED, D.NONXA_COMMITTED): None,  # NONXA_COMMIT sent
+}
+del P, D, F
 
 # Who must authenticate, by (listener has a password, connector has a password):
 # True = the authentication stage runs; a string = the connector refuses, for that reason.
@@ -257,8 +375,29 @@ class PeerIdentified:
 
 
 @attrs.frozen(kw_only=True)
+class RecoveryRequested:
+    """The XA recovery stage begins: the owner answers with
+    :meth:`LinkMachine.recovery_list` (the routing xids it holds prepared as a receiver of
+    transactions from ``peer``), once no preparation from an earlier link to ``peer`` is
+    still under way."""
+
+    peer: str
+
+
+@attrs.frozen(kw_only=True)
+class RecoveryReceived:
+    """The peer's RECOVERY: ``xids`` it holds prepared as a receiver from us. The owner
+    resolves its outbound prepared xids for the peer (listed and held: commit locally;
+    held, not listed: roll back locally; listed, not held: committed already), makes that
+    durable, and calls :meth:`LinkMachine.recovery_done` with the xids the peer must commit."""
+
+    peer: str
+    xids: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
 class Operational:
-    """Both sides are in the delivery stage: routes (and later messages) may flow.
+    """Both sides are in the delivery stage: routes and transactions may flow.
 
     Attributes:
         peer: the remote router.
@@ -267,6 +406,9 @@ class Operational:
         peer_window_size: the peer's inbound-window-size (our send limit).
         keepalive_interval: seconds between keepalives (the listener's; 0: off).
         use_xa: XA transfer (either side asked for it).
+        compression: batches may be compressed (both sides asked for it).
+        unresolved: xids we listed in recovery that the peer did not commit: still
+            prepared here, in doubt (the operator's, or a later recovery's).
     """
 
     peer: str
@@ -275,6 +417,8 @@ class Operational:
     peer_window_size: int
     keepalive_interval: float
     use_xa: bool
+    compression: bool = False
+    unresolved: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -288,6 +432,65 @@ class RouteReceived:
 
 
 @attrs.frozen(kw_only=True)
+class TransactionReceived:
+    """XA, receiver: prepare ``messages`` durably under ``xid``, then call
+    :meth:`LinkMachine.prepared` (or :meth:`LinkMachine.refuse_transaction`)."""
+
+    xid: str
+    messages: tuple[bytes, ...]
+
+
+@attrs.frozen(kw_only=True)
+class PrepareReceived:
+    """XA, sender: the peer prepared ``xid`` (its window slot is free again); commit
+    locally, durably, then call :meth:`LinkMachine.commit`."""
+
+    xid: str
+
+
+@attrs.frozen(kw_only=True)
+class CommitReceived:
+    """XA, receiver: the sender committed ``xid``; commit it, durably, then call
+    :meth:`LinkMachine.committed`. ``recovery``: a commit of the recovery stage (an xid
+    prepared in an earlier connection)."""
+
+    xid: str
+    recovery: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class CommitDone:
+    """XA, sender: the peer committed ``xid``; the transaction is over on both sides."""
+
+    xid: str
+    recovery: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class TransactionRefused:
+    """XA, sender: the peer refused ``xid`` and holds nothing of it; roll it back locally
+    (then send the messages again, elsewhere, or to unroutable: the owner's business)."""
+
+    xid: str
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class NonXaTransactionReceived:
+    """Non-XA, receiver: commit ``messages`` at once, then call :meth:`LinkMachine.nonxa_committed`."""
+
+    seq: int
+    messages: tuple[bytes, ...]
+
+
+@attrs.frozen(kw_only=True)
+class NonXaCommitted:
+    """Non-XA, sender: the peer committed the batch ``seq``; commit (remove) it locally."""
+
+    seq: int
+
+
+@attrs.frozen(kw_only=True)
 class Closed:
     """The link ended (or is refused and ends after the reject-disconnect-delay).
 
@@ -297,15 +500,26 @@ class Closed:
             False when we did (a refusal, a breach by the peer, a timeout, :meth:`LinkMachine.close`).
         peer: the remote router's name if known.
         stage: the stage the link was in.
+        outbound: the transactions we sent that were still open, (xid or seq, phase),
+            oldest first: SENT (the peer may or may not have prepared: recovery tells),
+            PREPARED (the owner had not committed), COMMITTING (the owner committed; the
+            peer commits in recovery).
+        inbound: the same for the transactions we received: RECEIVED (the owner was
+            preparing), PREPARED (awaiting the peer's commit), COMMITTING (the owner was
+            committing), IN_DOUBT (listed in recovery, not resolved).
     """
 
     reason: str
     by_peer: bool
     peer: str | None
     stage: Stage
+    outbound: tuple[tuple[str | int, Phase], ...] = ()
+    inbound: tuple[tuple[str | int, Phase], ...] = ()
 
 
-Event = PeerIdentified | Operational | RouteReceived | Closed
+Event = (PeerIdentified | RecoveryRequested | RecoveryReceived | Operational | RouteReceived | TransactionReceived
+         | PrepareReceived | CommitReceived | CommitDone | TransactionRefused | NonXaTransactionReceived
+         | NonXaCommitted | Closed)
 
 
 @attrs.frozen(kw_only=True)
@@ -316,9 +530,11 @@ class LinkSettings:
         keepalive_interval: the listener's keepalive-interval, sent to the connector (a
             connector's own value is not used); 0 turns keepalives off.
         inbound_transaction_size: messages per transaction we accept (sent in ADJUST).
-        inbound_window_size: open transactions we accept (sent in ADJUST).
+        inbound_window_size: transactions awaiting their prepare we accept (sent in ADJUST).
         use_xa: we ask for XA transfer.
-        stage_valid_timeout: how long each stage before delivery may wait.
+        use_compression: we ask for compressed batches (used when both sides ask).
+        stage_valid_timeout: how long each stage before delivery may wait (but recovery).
+        recovery_timeout: how long the XA recovery stage may take in all.
         reject_disconnect_delay: how long a refused connection is kept open.
         max_frame_size: the largest frame accepted in the delivery stage (before it,
             :data:`~.wire.HANDSHAKE_MAX_FRAME_SIZE`, which is also the least allowed here).
@@ -328,14 +544,16 @@ class LinkSettings:
     inbound_transaction_size: int = 20
     inbound_window_size: int = 10
     use_xa: bool = True
+    use_compression: bool = False
     stage_valid_timeout: float = 15.0
+    recovery_timeout: float = 60.0
     reject_disconnect_delay: float = 5.0
     max_frame_size: int = 1 << 20
 
     def __attrs_post_init__(self) -> None:
         if not 0 <= self.keepalive_interval < (1 << 32) / 1000 or self.max_frame_size < HANDSHAKE_MAX_FRAME_SIZE \
                 or not 1 <= self.inbound_transaction_size < 1 << 32 or not 1 <= self.inbound_window_size < 1 << 32 \
-                or self.stage_valid_timeout <= 0 or self.reject_disconnect_delay < 0:
+                or self.stage_valid_timeout <= 0 or self.reject_disconnect_delay < 0 or self.recovery_timeout <= 0:
             raise ValueError(f"invalid link settings: {self!r}")
 
 
@@ -382,9 +600,23 @@ class LinkMachine:
         self._keepalive_interval = settings.keepalive_interval if role is Role.LISTENER else 0.0
         self._authenticate = False
         self._peer_adjust: Adjust | None = None
+        # XA recovery
+        self._recovery_list_sent = False
+        self._peer_recovery: tuple[str, ...] | None = None
+        self._recovery_done_called = False
+        self._recovery_done_sent = False
+        self._peer_recovery_done = False
+        # transfer: open transactions per direction, oldest first, and how many per phase
+        self._outbound: dict[str | int, Phase] = {}
+        self._inbound: dict[str | int, Phase] = {}
+        self._counts: dict[bool, collections.Counter[Phase]] = {True: collections.Counter(),
+                                                                 False: collections.Counter()}
+        self._last_seq_out = -1
+        self._last_seq_in = -1
         # delivery
         self._keepalive_next: float | None = None
         self._keepalive_counter = KEEPALIVE_COUNT
+        self._unresolved: tuple[str, ...] = ()
         self._magic_sent = False
         if role is Role.CONNECTOR:
             self._send(Protocol(versions=VERSIONS))
@@ -404,6 +636,46 @@ class LinkMachine:
     def keepalive_counter(self) -> int:
         """The keepalive counter (5 while keepalives arrive; the link closes at 0)."""
         return self._keepalive_counter
+
+    @property
+    def use_xa(self) -> bool:
+        """XA transfer on this link (either side asked; known once the peer is identified)."""
+        return self.settings.use_xa or self._peer_use_xa
+
+    @property
+    def compression(self) -> bool:
+        """Our batches are compressed (both sides asked; known in the delivery stage)."""
+        return bool(self.settings.use_compression and self._peer_adjust and self._peer_adjust.compression)
+
+    @property
+    def open_transactions(self) -> int:
+        """Outbound transactions open, in any phase."""
+        return len(self._outbound)
+
+    @property
+    def window_available(self) -> int:
+        """How many more transactions :meth:`send_transaction` / :meth:`send_nonxa` take now:
+        the peer's window less those awaiting their prepare (non-XA: their commit), and at
+        most :data:`OPEN_FACTOR` × the window open in all; 0 before the delivery stage."""
+        if self._state is not State.OPERATIONAL or self._peer_adjust is None:
+            return 0
+        window = self._peer_adjust.window_size
+        return max(0, min(window - self._counts[True][Phase.SENT], OPEN_FACTOR * window - len(self._outbound)))
+
+    @property
+    def peer_max_frame_size(self) -> int:
+        """The largest frame the peer accepts (from its ADJUST; 0 before): a batch must fit."""
+        return self._peer_adjust.max_frame_size if self._peer_adjust else 0
+
+    @property
+    def outbound(self) -> dict[str | int, Phase]:
+        """The open outbound transactions and their phases (a copy), oldest first."""
+        return dict(self._outbound)
+
+    @property
+    def inbound(self) -> dict[str | int, Phase]:
+        """The open inbound transactions and their phases (a copy), oldest first."""
+        return dict(self._inbound)
 
     def events(self) -> list[Event]:
         """The events since the last call, oldest first (taking them empties the list)."""
@@ -465,11 +737,13 @@ class LinkMachine:
                 return 0.0
             return self._deadline
         if state in WAITING:
+            recovery = state is State.RECOVERY_WAIT
+            timeout = self.settings.recovery_timeout if recovery else self.settings.stage_valid_timeout
             if self._deadline is None:
-                self._deadline = now + self.settings.stage_valid_timeout
+                self._deadline = now + timeout
             if now >= self._deadline:
-                self._fail(f"stage-valid-timeout ({self.settings.stage_valid_timeout:g} s) expired in the "
-                           f"{self._stage.value} stage ({state.value})")
+                self._fail(f"{'recovery-timeout' if recovery else 'stage-valid-timeout'} ({timeout:g} s) expired "
+                           f"in the {self._stage.value} stage ({state.value})")
                 return 0.0
             return self._deadline
         # OPERATIONAL
@@ -533,6 +807,161 @@ class LinkMachine:
         self._out.append(encode(route, self.settings.max_frame_size))
         return True
 
+    # -- the owner's calls: XA recovery ------------------------------------------------------
+
+    def recovery_list(self, xids: Iterable[str]) -> None:
+        """Answer :class:`RecoveryRequested`: the routing xids we hold prepared as a receiver
+        from this peer (sent in RECOVERY; the peer commits those it committed as a sender).
+        Does nothing once the link ended.
+
+        Raises:
+            LocalProtocolError: not in the recovery stage, given already, or an invalid xid.
+        """
+        xids = tuple(xids)
+
+        def handler() -> State | None:
+            if self._recovery_list_sent:
+                raise LocalProtocolError("recovery_list given twice")
+            if problem := _xids_problem(xids):
+                raise LocalProtocolError(problem)
+            self._send(Recovery(xids=xids))  # raises (nothing changed) when it does not fit a frame
+            self._recovery_list_sent = True
+            for xid in xids:
+                self._step(False, xid, Decision.RECOVERY_LIST, remote=False)
+            return self._recovery_progress()
+
+        self._decide(Decision.RECOVERY_LIST, handler)
+
+    def recovery_done(self, commit: Iterable[str] = ()) -> None:
+        """Answer :class:`RecoveryReceived` once the owner's local commits and rollbacks are
+        durable: ``commit``, the xids of the peer's list that the peer must commit (by the
+        recovery table: every xid it listed). A COMMIT goes for each; the stage ends when
+        each was answered (:class:`CommitDone` with ``recovery``) and the peer is done too.
+        Does nothing once the link ended.
+
+        Raises:
+            LocalProtocolError: not in the recovery stage, before the peer's RECOVERY,
+                twice, or an xid the peer did not list (or listed twice here).
+        """
+        commit = tuple(commit)
+
+        def handler() -> State | None:
+            if self._peer_recovery is None:
+                raise LocalProtocolError("recovery_done before the peer's RECOVERY")
+            if self._recovery_done_called:
+                raise LocalProtocolError("recovery_done given twice")
+            listed = set(self._peer_recovery)
+            if len(set(commit)) != len(commit) or not listed.issuperset(commit):
+                raise LocalProtocolError("recovery_done may commit only xids the peer listed, each once; not "
+                                         f"{[x for x in commit if x not in listed][:3] or 'duplicates'}"[:300])
+            self._recovery_done_called = True
+            for xid in commit:
+                self._step(True, xid, Decision.RECOVERY_DONE, remote=False)
+                self._send(Commit(xid=xid))
+            return self._recovery_progress()
+
+        self._decide(Decision.RECOVERY_DONE, handler)
+
+    # -- the owner's calls: transfer -----------------------------------------------------------
+
+    def send_transaction(self, xid: str, messages: Sequence[bytes]) -> bool:
+        """XA, sender: send ``messages`` (1 to the peer's transaction size) under ``xid``
+        (a new one: the owner never reuses an xid). True when queued; False when the link
+        already ended (nothing was sent: the owner rolls back).
+
+        Raises:
+            LocalProtocolError: not in delivery, a non-XA link, no window available
+                (:attr:`window_available`), too many or no messages, an invalid or open
+                xid, a frame above the peer's maximum frame size (send fewer messages).
+        """
+        messages = tuple(messages)
+
+        def handler() -> State | None:
+            self._check_xa(True, local=True)
+            if problem := _xid_problem(xid):
+                raise LocalProtocolError(problem)
+            frame = self._batch(Transaction, "xid", xid, messages)
+            self._step(True, xid, Decision.SEND, remote=False, frame=frame)
+            return State.OPERATIONAL
+
+        return self._transfer(Decision.SEND, handler)
+
+    def prepared(self, xid: str) -> None:
+        """XA, receiver: ``xid`` is prepared durably: PREPARE_REPLY. Call it as late as
+        inbound flow control wants; the sender's window waits. Nothing once the link ended.
+
+        Raises:
+            LocalProtocolError: not in delivery, or ``xid`` not received and unprepared.
+        """
+        self._transfer(Decision.PREPARED, lambda: self._reply(False, xid, Decision.PREPARED, PrepareReply(xid=xid)))
+
+    def refuse_transaction(self, xid: str, reason: str) -> None:
+        """XA, receiver: ``xid`` cannot be prepared at all (e.g. a target refuses it for a
+        lasting reason) and nothing of it is held: REFUSE with ``reason``; the sender rolls
+        it back. Nothing once the link ended.
+
+        Raises:
+            LocalProtocolError: not in delivery, or ``xid`` not received and unprepared.
+        """
+        frame = Refuse(xid=xid, reason=reason[:MAX_REASON])
+        self._transfer(Decision.REFUSE_TRANSACTION, lambda: self._reply(False, xid, Decision.REFUSE_TRANSACTION,
+                                                                        frame))
+
+    def commit(self, xid: str) -> None:
+        """XA, sender: ``xid`` (prepared by the peer) is committed here, durably: COMMIT.
+        Nothing once the link ended.
+
+        Raises:
+            LocalProtocolError: not in delivery, or ``xid`` not prepared by the peer.
+        """
+        self._transfer(Decision.COMMIT, lambda: self._reply(True, xid, Decision.COMMIT, Commit(xid=xid)))
+
+    def committed(self, xid: str) -> None:
+        """XA, receiver (also in recovery): ``xid`` is committed here, durably:
+        COMMIT_REPLY. Nothing once the link ended.
+
+        Raises:
+            LocalProtocolError: ``xid`` has no COMMIT awaiting its answer.
+        """
+
+        def handler() -> State | None:
+            following = self._reply(False, xid, Decision.COMMITTED, CommitReply(xid=xid))
+            return self._recovery_progress() if self._state is State.RECOVERY_WAIT else following
+
+        self._transfer(Decision.COMMITTED, handler)
+
+    def send_nonxa(self, seq: int, messages: Sequence[bytes]) -> bool:
+        """Non-XA, sender: send ``messages`` as the batch ``seq`` (greater than every
+        earlier one on this link, below 2³²). True when queued; False when the link ended.
+
+        Raises:
+            LocalProtocolError: not in delivery, an XA link, no window, too many or no
+                messages, ``seq`` not increasing, a frame above the peer's maximum.
+        """
+        messages = tuple(messages)
+
+        def handler() -> State | None:
+            self._check_xa(False, local=True)
+            if type(seq) is not int or not self._last_seq_out < seq < 1 << 32:
+                raise LocalProtocolError(f"send_nonxa: the sequence number must grow (last {self._last_seq_out}, "
+                                         f"got {seq!r})"[:300])
+            frame = self._batch(NonXaTransaction, "seq", seq, messages)
+            self._step(True, seq, Decision.SEND_NONXA, remote=False, frame=frame)
+            self._last_seq_out = seq
+            return State.OPERATIONAL
+
+        return self._transfer(Decision.SEND_NONXA, handler)
+
+    def nonxa_committed(self, seq: int) -> None:
+        """Non-XA, receiver: the batch ``seq`` is committed here: NONXA_COMMIT (as late as
+        inbound flow control wants). Nothing once the link ended.
+
+        Raises:
+            LocalProtocolError: not in delivery, or ``seq`` not received and uncommitted.
+        """
+        self._transfer(Decision.NONXA_COMMITTED,
+                       lambda: self._reply(False, seq, Decision.NONXA_COMMITTED, NonXaCommit(seq=seq)))
+
     def close(self, reason: str) -> None:
         """End the link now: a CLOSE with ``reason``, :class:`Closed` (``by_peer`` false).
         During the reject-disconnect-delay, end it now (no further frame or event, e.g.
@@ -552,6 +981,78 @@ class LinkMachine:
             raise LocalProtocolError(f"{decision.value} while {self._state.value}")
         self._move(handler(), allowed)
         self._process()  # what the peer sent after its identification
+
+    def _transfer(self, decision: Decision, handler: Callable[[], State | None]) -> bool:
+        """An owner's transfer call: False once the link ended (nothing done)."""
+        if self._state in ENDED:
+            return False
+        self._decide(decision, handler)
+        return True
+
+    def _step(self, outbound: bool, key: str | int, step: FrameType | Decision, *, remote: bool,
+              frame: Frame | None = None) -> Phase | None:
+        """Move transaction ``key`` of one direction by its phase table; ``frame`` is sent
+        first (an encoding error then changes nothing). A step the table lacks raises."""
+        table, phases = (OUTBOUND_PHASES, self._outbound) if outbound else (INBOUND_PHASES, self._inbound)
+        current = phases.get(key)
+        if (current, step) not in table:
+            what = f"{step.name} frame" if remote else step.value
+            held = f"is {current.value}" if current else "is not open"
+            direction = "outbound" if outbound else "inbound"
+            problem = f"{what} for {_key_text(key)}, which {held} ({direction})"
+            raise (RemoteProtocolError if remote else LocalProtocolError)(problem)
+        if frame is not None:
+            self._send(frame, self.peer_max_frame_size if isinstance(frame, (Transaction, NonXaTransaction))
+                       else self.settings.max_frame_size)
+        following = table[(current, step)]
+        counts = self._counts[outbound]
+        if current is not None:
+            counts[current] -= 1
+        if following is None:
+            phases.pop(key, None)
+        else:
+            phases[key] = following
+            counts[following] += 1
+        return following
+
+    def _reply(self, outbound: bool, key: str | int, decision: Decision, frame: Frame) -> State:
+        self._check_xa(decision is not Decision.NONXA_COMMITTED, local=True)
+        self._step(outbound, key, decision, remote=False, frame=frame)
+        return State.OPERATIONAL
+
+    def _check_xa(self, xa: bool, *, local: bool, frame: FrameType | None = None) -> None:
+        if xa != self.use_xa:
+            what = f"{frame.name} frame" if frame else "this call"
+            problem = f"{what} on a{' non-' if self.use_xa is False else 'n '}XA link"
+            raise (LocalProtocolError if local else RemoteProtocolError)(problem)
+
+    def _batch(self, cls: type[Transaction] | type[NonXaTransaction], key_name: str, key: str | int,
+               messages: tuple[bytes, ...]) -> Frame:
+        """A TRANSACTION or NONXA_TRANSACTION of the owner's ``messages``, checked against
+        the peer's limits (the window, the transaction size)."""
+        assert self._peer_adjust is not None
+        size = self._peer_adjust.transaction_size
+        if not 1 <= len(messages) <= size or not all(type(m) is bytes for m in messages):
+            raise LocalProtocolError(f"a transaction carries 1 to {size} messages (bytes; the peer's "
+                                     f"inbound-transaction-size), got {len(messages)}")
+        if not self.window_available:
+            raise LocalProtocolError(f"no window available: {self._counts[True][Phase.SENT]} transactions await "
+                                     f"their {'prepare' if self.use_xa else 'commit'} and {len(self._outbound)} "
+                                     f"are open (the peer's inbound-window-size is {self._peer_adjust.window_size})")
+        packed, compressed = pack_messages(messages, self.compression, self.peer_max_frame_size)
+        return cls(**{key_name: key}, messages=packed, compressed=compressed)
+
+    def _recovery_progress(self) -> State:
+        """Send our RECOVERY_DONE when it is due; the delivery stage once both are done."""
+        if self._recovery_done_called and not self._recovery_done_sent and not self._counts[True][Phase.COMMITTING]:
+            self._send(RecoveryDone())
+            self._recovery_done_sent = True
+        if not (self._recovery_done_sent and self._peer_recovery_done):
+            return State.RECOVERY_WAIT
+        self._unresolved = tuple(str(xid) for xid in self._inbound)  # all IN_DOUBT: committing ones were answered
+        self._inbound.clear()
+        self._counts[False].clear()
+        return self._enter_delivery()
 
     def _move(self, following: State | None, allowed: tuple[State, ...]) -> None:
         """Enter the state a handler chose (None: it ended the link)."""
@@ -588,16 +1089,18 @@ class LinkMachine:
 
     # -- internals: output and ending -------------------------------------------------------
 
-    def _send(self, frame: Frame) -> None:
+    def _send(self, frame: Frame, max_frame_size: int | None = None) -> None:
+        data = encode(frame, max_frame_size or self.settings.max_frame_size)
         if not self._magic_sent:
             self._out.append(MAGIC)
             self._magic_sent = True
-        self._out.append(encode(frame, self.settings.max_frame_size))
+        self._out.append(data)
 
     def _end(self, reason: str, *, by_peer: bool) -> None:
         """The link is over now (after what is queued is taken)."""
         self._state, self._ended = State.CLOSED, True
-        self._events.append(Closed(reason=reason, by_peer=by_peer, peer=self.peer, stage=self._stage))
+        self._events.append(Closed(reason=reason, by_peer=by_peer, peer=self.peer, stage=self._stage,
+                                   outbound=tuple(self._outbound.items()), inbound=tuple(self._inbound.items())))
 
     def _fail(self, reason: str) -> None:
         """We end the link (a breach, a timeout, the owner): CLOSE with the reason, then over."""
@@ -618,7 +1121,8 @@ class LinkMachine:
         else:
             self._send(frame)
         self._state, self._deadline = State.REJECTING, None
-        self._events.append(Closed(reason=local_reason or reason, by_peer=False, peer=self.peer, stage=self._stage))
+        self._events.append(Closed(reason=local_reason or reason, by_peer=False, peer=self.peer, stage=self._stage,
+                                   outbound=tuple(self._outbound.items()), inbound=tuple(self._inbound.items())))
 
     # -- internals: handlers (each returns the next state, or None when it ended the link) --
 
@@ -725,18 +1229,49 @@ class LinkMachine:
         return self._after_authentication()
 
     def _after_authentication(self) -> State:
-        """Enter the delivery stage. Routing part 2 goes here: with XA (either side asked),
-        the XA recovery stage (RECOVERY / RECOVERY_REPLY) runs first, in a RECOVERY_WAIT state."""
+        """With XA (either side asked), the XA recovery stage; else the delivery stage.
+        Either way the peer is authenticated: frames up to the configured size from now."""
         self._reader.max_frame_size = self.settings.max_frame_size
+        if not self.use_xa:
+            return self._enter_delivery()
+        assert self.peer is not None
+        self._events.append(RecoveryRequested(peer=self.peer))
+        return State.RECOVERY_WAIT
+
+    def _enter_delivery(self) -> State:
         self._send(Adjust(transaction_size=self.settings.inbound_transaction_size,
-                          window_size=self.settings.inbound_window_size))
+                          window_size=self.settings.inbound_window_size, max_frame_size=self.settings.max_frame_size,
+                          compression=self.settings.use_compression))
         self._send(StartDelivery())
         return State.ADJUST_WAIT
+
+    def _on_recovery(self, frame: Recovery) -> State | None:
+        if self._peer_recovery is not None:
+            raise RemoteProtocolError("RECOVERY received twice")
+        if problem := _xids_problem(frame.xids):
+            raise RemoteProtocolError(f"RECOVERY: {problem}")
+        assert self.peer is not None
+        self._peer_recovery = frame.xids
+        self._events.append(RecoveryReceived(peer=self.peer, xids=frame.xids))
+        return State.RECOVERY_WAIT
+
+    def _on_recovery_done(self, frame: RecoveryDone) -> State | None:
+        if self._peer_recovery_done:
+            raise RemoteProtocolError("RECOVERY_DONE received twice")
+        if not self._recovery_list_sent:
+            raise RemoteProtocolError("RECOVERY_DONE before our RECOVERY was sent")
+        if self._counts[False][Phase.COMMITTING]:
+            raise RemoteProtocolError("RECOVERY_DONE while its COMMITs await our COMMIT_REPLY")
+        self._peer_recovery_done = True
+        return self._recovery_progress()
 
     def _on_adjust(self, frame: Adjust) -> State | None:
         if frame.transaction_size < 1 or frame.window_size < 1:
             raise RemoteProtocolError(f"ADJUST with a zero size (transaction size {frame.transaction_size}, "
                                       f"window size {frame.window_size})")
+        if frame.max_frame_size < HANDSHAKE_MAX_FRAME_SIZE:
+            raise RemoteProtocolError(f"ADJUST with a maximum frame size of {frame.max_frame_size} bytes "
+                                      f"(at least {HANDSHAKE_MAX_FRAME_SIZE})")
         self._peer_adjust = frame
         return State.START_WAIT
 
@@ -746,7 +1281,7 @@ class LinkMachine:
         self._events.append(Operational(
             peer=self.peer, version=self.version or "", peer_transaction_size=self._peer_adjust.transaction_size,
             peer_window_size=self._peer_adjust.window_size, keepalive_interval=self._keepalive_interval,
-            use_xa=self.settings.use_xa or self._peer_use_xa))
+            use_xa=self.use_xa, compression=self.compression, unresolved=self._unresolved))
         return State.OPERATIONAL
 
     def _on_keepalive(self, frame: Keepalive) -> State | None:
@@ -773,6 +1308,100 @@ class LinkMachine:
             raise RemoteProtocolError(problem)
         self._events.append(RouteReceived(add=frame.add, destination=frame.destination, path=frame.path))
         return State.OPERATIONAL
+
+    # -- internals: transfer handlers -------------------------------------------------------
+
+    def _received_batch(self, frame: Transaction | NonXaTransaction, key: str | int) -> tuple[bytes, ...]:
+        """Check a received batch against our limits and open it; the transaction enters RECEIVED."""
+        settings = self.settings
+        label = f"{frame.TYPE.name} {_key_text(key, bare=True)}"
+        if key in self._inbound:
+            raise RemoteProtocolError(f"{label}: duplicate, it is open already ({self._inbound[key].value})")
+        if self._counts[False][Phase.RECEIVED] >= settings.inbound_window_size:
+            raise RemoteProtocolError(f"{label} overruns our inbound-window-size of {settings.inbound_window_size} "
+                                      f"(that many await our {'prepare' if self.use_xa else 'commit'})")
+        if len(self._inbound) >= OPEN_FACTOR * settings.inbound_window_size:
+            raise RemoteProtocolError(f"{label}: more than {OPEN_FACTOR} × our inbound-window-size of "
+                                      f"{settings.inbound_window_size} transactions open")
+        if frame.compressed and not self.compression:
+            raise RemoteProtocolError(f"{label} is compressed; compression was not agreed")
+        messages = unpack_messages(frame.messages, frame.compressed, settings.max_frame_size)
+        if not 1 <= len(messages) <= settings.inbound_transaction_size:
+            raise RemoteProtocolError(f"{label} carries {len(messages)} messages (1 to our inbound-transaction-size "
+                                      f"of {settings.inbound_transaction_size})")
+        self._step(False, key, frame.TYPE, remote=True)
+        return messages
+
+    def _on_transaction(self, frame: Transaction) -> State | None:
+        self._check_xa(True, local=False, frame=frame.TYPE)
+        if problem := _xid_problem(frame.xid):
+            raise RemoteProtocolError(f"TRANSACTION: {problem}")
+        messages = self._received_batch(frame, frame.xid)
+        self._events.append(TransactionReceived(xid=frame.xid, messages=messages))
+        return State.OPERATIONAL
+
+    def _on_prepare_reply(self, frame: PrepareReply) -> State | None:
+        self._check_xa(True, local=False, frame=frame.TYPE)
+        self._step(True, frame.xid, frame.TYPE, remote=True)
+        self._events.append(PrepareReceived(xid=frame.xid))
+        return State.OPERATIONAL
+
+    def _on_refuse(self, frame: Refuse) -> State | None:
+        self._check_xa(True, local=False, frame=frame.TYPE)
+        self._step(True, frame.xid, frame.TYPE, remote=True)
+        self._events.append(TransactionRefused(xid=frame.xid, reason=_printable(frame.reason) or "no reason given"))
+        return State.OPERATIONAL
+
+    def _on_commit(self, frame: Commit) -> State | None:
+        self._check_xa(True, local=False, frame=frame.TYPE)
+        self._step(False, frame.xid, frame.TYPE, remote=True)
+        self._events.append(CommitReceived(xid=frame.xid, recovery=self._state is State.RECOVERY_WAIT))
+        return self._state
+
+    def _on_commit_reply(self, frame: CommitReply) -> State | None:
+        self._check_xa(True, local=False, frame=frame.TYPE)
+        self._step(True, frame.xid, frame.TYPE, remote=True)
+        recovery = self._state is State.RECOVERY_WAIT
+        self._events.append(CommitDone(xid=frame.xid, recovery=recovery))
+        return self._recovery_progress() if recovery else State.OPERATIONAL
+
+    def _on_nonxa_transaction(self, frame: NonXaTransaction) -> State | None:
+        self._check_xa(False, local=False, frame=frame.TYPE)
+        if frame.seq <= self._last_seq_in:
+            raise RemoteProtocolError(f"NONXA_TRANSACTION {frame.seq} after {self._last_seq_in}: the sequence "
+                                      f"number must grow")
+        messages = self._received_batch(frame, frame.seq)
+        self._last_seq_in = frame.seq
+        self._events.append(NonXaTransactionReceived(seq=frame.seq, messages=messages))
+        return State.OPERATIONAL
+
+    def _on_nonxa_commit(self, frame: NonXaCommit) -> State | None:
+        self._check_xa(False, local=False, frame=frame.TYPE)
+        self._step(True, frame.seq, frame.TYPE, remote=True)
+        self._events.append(NonXaCommitted(seq=frame.seq))
+        return State.OPERATIONAL
+
+
+def _key_text(key: str | int, *, bare: bool = False) -> str:
+    """A transaction's key for a message: ``xid 'a'`` or ``seq 7`` (``bare``: ``'a'`` or ``7``)."""
+    if isinstance(key, str):
+        return f"{'' if bare else 'xid '}{_printable(key, 80)!r}"
+    return f"{'' if bare else 'seq '}{key!r}"[:100]
+
+
+def _xid_problem(xid: object) -> str | None:
+    if type(xid) is not str or not 0 < len(xid) <= MAX_XID_LENGTH:
+        return f"an xid is a string of 1 to {MAX_XID_LENGTH} characters, got {_printable(repr(xid), 80)}"
+    return None
+
+
+def _xids_problem(xids: tuple[str, ...]) -> str | None:
+    for xid in xids:
+        if problem := _xid_problem(xid):
+            return problem
+    if len(set(xids)) != len(xids):
+        return "an xid is listed twice"
+    return None
 
 
 def _version_key(version: str) -> tuple[int, ...]:

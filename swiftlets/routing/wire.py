@@ -30,14 +30,18 @@ Errors: :class:`RemoteProtocolError` — the peer broke the format (its message 
 precise reason, fit for a log line and for our CLOSE frame);
 :class:`LocalProtocolError` — our own caller asked for something impossible.
 
-The codes of routing part 2 (transactions, recovery, non-XA transfer) are reserved in
-:class:`FrameType` but have no frame class yet: receiving one is a protocol error.
+Message transfer (routing part 2): TRANSACTION and NONXA_TRANSACTION carry a batch of
+messages as a msgpack array of ``bin`` (the AMQP bytes, unchanged). With compression the
+array holds one ``bin``: a zlib stream whose content is that array, msgpack-encoded
+(:func:`pack_messages`); :func:`unpack_messages` inflates it with a bound on the inflated
+size, so a zip bomb is a protocol error and never an allocation.
 """
 
 from __future__ import annotations
 
 import enum
 import struct
+import zlib
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -65,6 +69,18 @@ __all__ = [
     "Keepalive",
     "Route",
     "Close",
+    "Recovery",
+    "RecoveryDone",
+    "Transaction",
+    "PrepareReply",
+    "Commit",
+    "CommitReply",
+    "Refuse",
+    "NonXaTransaction",
+    "NonXaCommit",
+    "MAX_XID_LENGTH",
+    "pack_messages",
+    "unpack_messages",
     "FRAMES",
     "RESERVED",
     "encode",
@@ -106,31 +122,31 @@ class FrameType(enum.IntEnum):
     # stage 3: authentication
     AUTH = 20
     AUTH_REPLY = 21
-    # stage 5: delivery (stage 4, XA recovery, comes with part 2)
+    # stage 4: XA recovery (only when the link uses XA); COMMIT / COMMIT_REPLY also here
+    RECOVERY = 30
+    RECOVERY_DONE = 31
+    # stage 5: delivery
     ADJUST = 40
     START_DELIVERY = 41
     KEEPALIVE = 42
     ROUTE = 43
-    # any stage
-    CLOSE = 99
-    # Reserved for routing part 2 (transfer); no frame class yet, refused when received.
-    RECOVERY = 30
-    RECOVERY_REPLY = 31
+    # delivery, XA
     TRANSACTION = 50
     PREPARE_REPLY = 51
     COMMIT = 52
     COMMIT_REPLY = 53
-    ROLLBACK = 54
-    ROLLBACK_REPLY = 55
+    REFUSE = 54
+    # delivery, non-XA
     NONXA_TRANSACTION = 60
     NONXA_COMMIT = 61
+    # any stage
+    CLOSE = 99
 
 
-RESERVED = frozenset({
-    FrameType.RECOVERY, FrameType.RECOVERY_REPLY, FrameType.TRANSACTION, FrameType.PREPARE_REPLY,
-    FrameType.COMMIT, FrameType.COMMIT_REPLY, FrameType.ROLLBACK, FrameType.ROLLBACK_REPLY,
-    FrameType.NONXA_TRANSACTION, FrameType.NONXA_COMMIT,
-})
+# Codes with a name but no frame class: refused when received ("reserved and not
+# implemented"). None at present; the mechanism stays for later versions.
+RESERVED: frozenset[FrameType] = frozenset()
+MAX_XID_LENGTH = 200  # characters of a routing xid
 
 
 class Kind(enum.Enum):
@@ -141,6 +157,7 @@ class Kind(enum.Enum):
     BOOL = "bool"  # msgpack true/false
     UINT = "uint32"  # msgpack int, 0 <= n < 2**32
     STRS = "array of str"  # msgpack array whose items are str
+    BINS = "array of bin"  # msgpack array whose items are bin
 
 
 def _check(kind: Kind, value: Any) -> Any:
@@ -157,11 +174,15 @@ def _check(kind: Kind, value: Any) -> Any:
         if type(value) in (tuple, list) and all(type(item) is str for item in value):
             return tuple(value)
         return None
+    if kind is Kind.BINS:
+        if type(value) in (tuple, list) and all(type(item) is bytes for item in value):
+            return tuple(value)
+        return None
     raise AssertionError(kind)  # pragma: no cover - every kind is handled above
 
 
 def _field(kind: Kind, **kwargs: Any) -> Any:
-    converter: dict[str, Callable[[Any], Any]] = {"converter": tuple} if kind is Kind.STRS else {}
+    converter: dict[str, Callable[[Any], Any]] = {"converter": tuple} if kind in (Kind.STRS, Kind.BINS) else {}
     return attrs.field(metadata={"kind": kind}, **converter, **kwargs)
 
 
@@ -241,7 +262,9 @@ class Adjust(Frame):
 
     TYPE = FrameType.ADJUST
     transaction_size: int = _field(Kind.UINT)  # messages per transaction
-    window_size: int = _field(Kind.UINT)  # open transactions at once
+    window_size: int = _field(Kind.UINT)  # transactions awaiting their prepare at once
+    max_frame_size: int = _field(Kind.UINT, default=DEFAULT_MAX_FRAME_SIZE)  # the largest frame it accepts
+    compression: bool = _field(Kind.BOOL, default=False)  # it asks for compression (used when both ask)
 
 
 @attrs.frozen(kw_only=True)
@@ -280,10 +303,93 @@ class Close(Frame):
     reason: str = _field(Kind.STR)
 
 
+@attrs.frozen(kw_only=True)
+class Recovery(Frame):
+    """Both ways, first frame of the XA recovery stage: the routing xids the sender holds
+    prepared as a receiver of transactions from the peer."""
+
+    TYPE = FrameType.RECOVERY
+    xids: tuple[str, ...] = _field(Kind.STRS)
+
+
+@attrs.frozen(kw_only=True)
+class RecoveryDone(Frame):
+    """Both ways, last frame of the XA recovery stage: the sender resolved its outbound
+    xids (every COMMIT it sent in recovery was answered); no more COMMIT follows in recovery."""
+
+    TYPE = FrameType.RECOVERY_DONE
+
+
+@attrs.frozen(kw_only=True)
+class Transaction(Frame):
+    """Sender → receiver (either way, XA delivery): a batch of messages under one xid.
+    ``messages``: the messages (``compressed`` false) or one zlib stream of their msgpack
+    array (``compressed`` true); see :func:`pack_messages`."""
+
+    TYPE = FrameType.TRANSACTION
+    xid: str = _field(Kind.STR)
+    messages: tuple[bytes, ...] = _field(Kind.BINS)
+    compressed: bool = _field(Kind.BOOL, default=False)
+
+
+@attrs.frozen(kw_only=True)
+class PrepareReply(Frame):
+    """Receiver → sender: the transaction ``xid`` is prepared, durably."""
+
+    TYPE = FrameType.PREPARE_REPLY
+    xid: str = _field(Kind.STR)
+
+
+@attrs.frozen(kw_only=True)
+class Commit(Frame):
+    """Sender → receiver: the sender committed ``xid`` durably; the receiver must commit it."""
+
+    TYPE = FrameType.COMMIT
+    xid: str = _field(Kind.STR)
+
+
+@attrs.frozen(kw_only=True)
+class CommitReply(Frame):
+    """Receiver → sender: ``xid`` is committed, durably; it is over on both sides."""
+
+    TYPE = FrameType.COMMIT_REPLY
+    xid: str = _field(Kind.STR)
+
+
+@attrs.frozen(kw_only=True)
+class Refuse(Frame):
+    """Receiver → sender, instead of PREPARE_REPLY: ``xid`` was not prepared (nothing of
+    it is held) and never will be; the sender rolls it back."""
+
+    TYPE = FrameType.REFUSE
+    xid: str = _field(Kind.STR)
+    reason: str = _field(Kind.STR)
+
+
+@attrs.frozen(kw_only=True)
+class NonXaTransaction(Frame):
+    """Sender → receiver (non-XA delivery): a batch under the sequence number ``seq``
+    (strictly increasing per direction of a link); ``messages`` as in TRANSACTION."""
+
+    TYPE = FrameType.NONXA_TRANSACTION
+    seq: int = _field(Kind.UINT)
+    messages: tuple[bytes, ...] = _field(Kind.BINS)
+    compressed: bool = _field(Kind.BOOL, default=False)
+
+
+@attrs.frozen(kw_only=True)
+class NonXaCommit(Frame):
+    """Receiver → sender: the batch ``seq`` is committed at the receiver."""
+
+    TYPE = FrameType.NONXA_COMMIT
+    seq: int = _field(Kind.UINT)
+
+
 FRAMES: dict[FrameType, type[Frame]] = {
     cls.TYPE: cls
-    for cls in (Protocol, ProtocolReply, Connect, ConnectReply, Auth, AuthReply, Adjust, StartDelivery,
-                Keepalive, Route, Close)
+    for cls in (Protocol, ProtocolReply, Connect, ConnectReply, Auth, AuthReply, Recovery, RecoveryDone, Adjust,
+                StartDelivery, Keepalive, Route, Transaction, PrepareReply, Commit, CommitReply, Refuse,
+                NonXaTransaction, NonXaCommit, Close)
 }
 # field name -> kind, per frame class (the schema checked on decode)
 _SCHEMAS: dict[type[Frame], dict[str, Kind]] = {
@@ -418,3 +524,53 @@ class FrameReader:
         body = bytes(buffer[4:4 + length])
         del buffer[:4 + length]
         return decode_body(body, self.max_frame_size)
+
+
+# -- message batches ---------------------------------------------------------------------------
+
+
+def pack_messages(messages: tuple[bytes, ...], compress: bool,
+                  max_size: int = DEFAULT_MAX_FRAME_SIZE) -> tuple[tuple[bytes, ...], bool]:
+    """The ``messages`` and ``compressed`` fields of a batch. With ``compress``, the batch is
+    sent as one zlib stream of its msgpack array when that is smaller and inflates to at
+    most ``max_size`` bytes (the receiver's maximum frame size, its bound in
+    :func:`unpack_messages`); else as it is (then too big for one frame anyway)."""
+    if compress:
+        raw = msgpack.packb(list(messages), use_bin_type=True)
+        deflated = zlib.compress(raw, 1)
+        if len(raw) <= max_size and len(deflated) < sum(len(m) for m in messages):
+            return (deflated,), True
+    return messages, False
+
+
+def unpack_messages(messages: tuple[bytes, ...], compressed: bool, max_size: int) -> tuple[bytes, ...]:
+    """The messages of a received batch; a compressed one is inflated to at most
+    ``max_size`` bytes (the receiver's maximum frame size): beyond that it is refused
+    before more is inflated.
+
+    Raises:
+        RemoteProtocolError: not exactly one zlib stream, a corrupt or truncated stream,
+            inflating beyond ``max_size``, or content that is not a msgpack array of bin.
+    """
+    if not compressed:
+        return messages
+    if len(messages) != 1:
+        raise RemoteProtocolError(f"a compressed batch must hold one zlib stream, got {len(messages)} items")
+    inflater = zlib.decompressobj()
+    try:
+        raw = inflater.decompress(messages[0], max_size + 1)
+    except zlib.error as exc:
+        raise RemoteProtocolError(f"corrupt compressed batch ({exc})"[:300]) from None
+    if len(raw) > max_size:
+        raise RemoteProtocolError(f"a compressed batch inflates beyond {max_size} bytes (the maximum frame size)")
+    if not inflater.eof or inflater.unused_data:
+        raise RemoteProtocolError("a compressed batch is truncated or has data after its zlib stream")
+    try:
+        decoded = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=False, ext_hook=_refuse_ext,
+                                  max_ext_len=0, max_str_len=0, max_bin_len=max_size, max_array_len=max_size,
+                                  max_map_len=0)
+    except Exception as exc:
+        raise RemoteProtocolError(f"malformed compressed batch ({type(exc).__name__}: {exc})"[:300]) from None
+    if type(decoded) is not tuple or not all(type(item) is bytes for item in decoded):
+        raise RemoteProtocolError("a compressed batch must inflate to an array of bin")
+    return decoded
