@@ -122,7 +122,7 @@ class Watch:
     def __init__(self, routers: dict, connector_router: str, connector: str):
         self._subscriptions = [(name, router.bus.subscribe(Event, max_buffer=1_000_000))
                                for name, router in routers.items()]
-        self._router, self._link = connector_router, f"connector/{connector}"
+        self._router, self._link = connector_router, f"connector:{connector}"
 
     def drain(self) -> tuple[int, bool]:
         """(route changes, whether the proxied link became operational) since the last call."""

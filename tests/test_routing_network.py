@@ -225,7 +225,7 @@ async def test_a_wrong_password_is_refused_at_both_ends_with_the_reason(network)
             event = await refused.receive()
             if event.state is LinkState.FAILED:
                 break
-    assert "authentication failed" in event.error and event.link.startswith("listener/links/")
+    assert "authentication failed" in event.error and event.link.startswith("listener:links:")
     assert network.table("a") == {} and network.table("b") == {}
     network.routers["a"].management.set("/sys$routing/connectors/b", "password", "right")  # reconnects now
     await network.settle({"a": {"b": 1}, "b": {"a": 1}})

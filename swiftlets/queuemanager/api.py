@@ -70,6 +70,7 @@ __all__ = [
     "Entry",
     "Transaction",
     "SendResult",
+    "Rewrite",
     "QueueSettings",
     "QueueError",
     "QueueNotFound",
@@ -143,6 +144,10 @@ def check_queue_name(name: str) -> None:
 
 
 # -- values ---------------------------------------------------------------------------------
+
+
+Rewrite = Callable[[str, Message], Message]
+"""What a redirection does to each message it takes: ``rewrite(address, message)``."""
 
 
 class SendResult(NamedTuple):
@@ -511,9 +516,12 @@ class QueueManager(Protocol):
             QueueError: a predefined queue (``unroutable``, ``routerdlq``).
         """
 
-    def add_redirection(self, predicate: str, target: str) -> None:
+    def add_redirection(self, predicate: str, target: str, rewrite: Rewrite | None = None) -> None:
         """Send everything addressed to names matching ``predicate`` (SQL-LIKE on the full
-        ``q@router`` name) to local queue ``target``; routing uses ``%@R`` → ``rt$R``.
+        ``q@router`` name) to local queue ``target``; routing uses ``%@R`` → ``rt$R``. Each
+        message sent through it (``send``, ``send_nowait``, ``Transaction.send``) is first
+        replaced by ``rewrite(address, message)`` (routing adds its annotations); a
+        ``MessageError`` from it refuses the send as ``MalformedMessage``.
 
         Raises:
             LikePatternError: ``predicate`` is malformed.

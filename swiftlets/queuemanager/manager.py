@@ -77,6 +77,7 @@ from .api import (
     MessageTooLarge,
     QueueError,
     QueueNotFound,
+    Rewrite,
     SendResult,
     TooManyQueues,
     TransactionError,
@@ -145,6 +146,7 @@ class QueueManager:
     def __init__(self, context: SwiftletContext):
         self.context = context
         self.router_name = context.router_name
+        self._at_local = f"@{self.router_name}"
         config: QueueManagerConfig = context.config
         self.auto_create_queues = config.auto_create_queues
         self.max_message_size = config.max_message_size
@@ -153,7 +155,8 @@ class QueueManager:
         self._store: Store | None = None
         self._ids = itertools.count(1)  # entry ids; recovery moves the count past the stored ones
         self._temporary = 0
-        self._redirections: list[tuple[str, re.Pattern[str], str]] = []
+        # (predicate, its pattern, target queue, rewrite of the messages redirected or None)
+        self._redirections: list[tuple[str, re.Pattern[str], str, Rewrite | None]] = []
         self._deferred: list[Op] = []
         self._deferred_wakeup = trio.Event()
         self._swap_after_flush: list[tuple[Queue, Entry]] = []  # (dead letters) to swap out once stored
@@ -376,17 +379,35 @@ class QueueManager:
             return address
         if router == self.router_name:
             return name
-        for _, pattern, target in self._redirections:
+        return self._redirection(address)[0]
+
+    def _redirection(self, address: str) -> tuple[str, Rewrite | None]:
+        """The target queue and rewrite of the redirection covering ``q@other``."""
+        for _, pattern, target, rewrite in self._redirections:
             if pattern.fullmatch(address):
-                return target
+                return target, rewrite
+        router = address.rpartition("@")[2]
         raise QueueNotFound(f"router {router!r} is not known to router {self.router_name!r} (no route and no "
                             f"static route), so {address!r} cannot be reached")
 
-    def add_redirection(self, predicate: str, target: str) -> None:
+    def add_redirection(self, predicate: str, target: str, rewrite: Rewrite | None = None) -> None:
         """Send everything addressed to names matching ``predicate`` (SQL-LIKE on the full
-        ``q@router`` name) to local queue ``target``; routing uses ``%@R`` → ``rt$R``."""
+        ``q@router`` name) to local queue ``target``, each message first passed through
+        ``rewrite(address, message)``; routing uses ``%@R`` → ``rt$R``."""
         self.remove_redirection(predicate)
-        self._redirections.append((predicate, like_pattern(predicate), target))
+        self._redirections.append((predicate, like_pattern(predicate), target, rewrite))
+
+    def _rewritten(self, address: str, message: Message) -> Message:
+        """``message`` as the redirection of ``address`` (``q@other``) rewrites it.
+
+        Raises: MalformedMessage (the rewrite could not read the message)."""
+        _, rewrite = self._redirection(address)
+        if rewrite is None:
+            return message
+        try:
+            return rewrite(address, message)
+        except MessageError as exc:
+            raise MalformedMessage(f"message for {address!r}: {exc}", exc.condition) from None
 
     def remove_redirection(self, predicate: str) -> None:
         self._redirections = [r for r in self._redirections if r[0] != predicate]
@@ -610,6 +631,8 @@ class QueueManager:
                 (``on_durable`` is not called).
         """
         queue = self.queues.get(address) or self.queue(address)
+        if queue.name != address and "@" in address and not address.endswith(self._at_local):
+            message = self._rewritten(address, message)
         now = now_ms()
         entry, key, duplicate = self._entry(queue, message, possible_duplicate, now)
         if entry is None:
@@ -810,7 +833,10 @@ class Transaction:
             QueueNotFound, QueueFull, MessageTooLarge, QueueError, TransactionError.
         """
         self._require("active")
-        queue = self._manager.queue(address)
+        manager = self._manager
+        queue = manager.queue(address)
+        if queue.name != address and "@" in address and not address.endswith(manager._at_local):
+            message = manager._rewritten(address, message)
         staged = [entry for q, entry in self._sends if q is queue]
         queue.check_room(len(staged) + 1, sum(entry.bytes for entry in staged) + len(message.raw))
         now = now_ms()

@@ -181,7 +181,7 @@ class LinkStateChanged(Event):
     """A link changed state.
 
     Attributes:
-        link: ``connector/<name>`` or ``listener/<name>/<n>`` (the usage entry of the link).
+        link: ``connector:<name>`` or ``listener:<name>:<n>`` (the usage entry of the link).
         peer: the remote router's name once known, else None.
         state: the new state.
         error: why it failed or closed (None when it did not).

@@ -14,11 +14,9 @@ machine's events into calls on its owner, the :class:`LinkOwner` (the swiftlet):
 - ``Operational``: the link enters the delivery stage; the owner gives it to the route
   exchanger, whose announcements come back through :meth:`Link.send_route`;
 - ``RouteReceived``: handed to the owner;
-- ``Closed``: the reason is kept as the link's error (when it is a failure).
-- ``RecoveryRequested`` / ``RecoveryReceived`` (links that use XA): until the transfer is
-  wired to the dispatcher and the XA log, the link holds no prepared routing xid, so it
-  answers with an empty list and commits nothing (whatever the peer lists stays in doubt
-  at the peer, which is safe); the transfer events are ignored for now.
+- ``Closed``: the reason is kept as the link's error (when it is a failure);
+- the recovery and transfer events: handed to the owner (``transfer_event``), whose work
+  for them runs in the link's nursery (:meth:`Link.start_soon`).
 
 The link is over when the machine ends its output, the peer closes, or the socket breaks;
 :meth:`Link.run` then returns (it raises only on cancellation) and the owner is told in
@@ -29,7 +27,8 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import trio
 
@@ -43,8 +42,6 @@ from .stages import (
     LinkSettings,
     Operational,
     PeerIdentified,
-    RecoveryReceived,
-    RecoveryRequested,
     Role,
     RouteReceived,
 )
@@ -64,6 +61,9 @@ class LinkOwner(Protocol):
 
     def link_state(self, link: Link) -> None:
         """``link.state`` (or its error) changed."""
+
+    def transfer_event(self, link: Link, event: Any) -> None:
+        """A recovery or transfer event of the link's machine."""
 
     def link_gone(self, link: Link) -> None:
         """The link ended; called once, also when it never got far."""
@@ -91,7 +91,7 @@ class Link:
     """A routing link of either role, from socket to close.
 
     Attributes (read by the owner and shown in usage):
-        name: the usage name, ``connector/<name>`` or ``listener/<name>/<n>``.
+        name: the usage name, ``connector:<name>`` or ``listener:<name>:<n>``.
         address: the peer's ``host:port``.
         peer: the remote router once identified.
         state: CONNECTING, then OPERATIONAL; FAILED or CLOSED at the end.
@@ -130,6 +130,14 @@ class Link:
         self.routes_sent += 1
         self._driver.wake()
         return True
+
+    def wake(self) -> None:
+        """Output may be waiting in the machine: have the writer look."""
+        self._driver.wake()
+
+    def start_soon(self, function: Callable[..., Any], *args: Any) -> None:
+        """Run ``function(*args)`` in the link's nursery: it ends with the link."""
+        self._driver.start_soon(function, *args)
 
     def close(self, reason: str) -> None:
         """Close the link with ``reason`` sent to the peer (idempotent)."""
@@ -182,10 +190,6 @@ class Link:
                     else:
                         self.machine.refuse(reason)
                         self._fail(f"refused: {reason}")
-                elif isinstance(event, RecoveryRequested):
-                    self.machine.recovery_list(())  # no XA log yet: nothing prepared from the peer
-                elif isinstance(event, RecoveryReceived):
-                    self.machine.recovery_done(commit=())  # nothing to claim committed without the XA log
                 elif isinstance(event, Operational):
                     self.operational = event
                     self.state = LinkState.OPERATIONAL
@@ -194,3 +198,5 @@ class Link:
                 elif isinstance(event, Closed):
                     by_peer = event.by_peer and not event.reason.startswith("the peer")
                     self._fail(f"closed by {self.peer or 'the peer'}: {event.reason}" if by_peer else event.reason)
+                else:  # the transfer's: recovery, transactions
+                    self.owner.transfer_event(self, event)

@@ -56,7 +56,8 @@ from .api import UNROUTABLE, Destination, LinkState, LinkStateChanged, redirecti
 from .config import ConnectorConfig, ListenerConfig, RetryPolicy, RoutingConfig
 from .exchange import Announcement, BadAnnouncement, Output, RouteExchanger, RouteFilter
 from .links import CLOSE_TIMEOUT, Link, configure_socket, describe
-from .stages import LinkMachine, LinkSettings, Role, valid_router_name
+from .stages import LinkMachine, LinkSettings, RecoveryReceived, RecoveryRequested, Role, valid_router_name
+from .transfer import Transfer, routing_rewrite
 
 __all__ = ["RoutingSwiftlet"]
 
@@ -124,6 +125,7 @@ class RoutingSwiftlet:
         self._usage_table = usage.add_list("routing-table")
         self._usage_routes: dict[str, UsageList] = {}
         self._queue_manager: QueueManager | None = None  # looked up at start; None: addressing is off
+        self._transfer: Transfer | None = None  # with a queue manager
         self._redirected: set[str] = set()  # destinations whose redirection is installed
 
     # --- api.Routing --------------------------------------------------------------------
@@ -142,6 +144,9 @@ class RoutingSwiftlet:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self._queue_manager is not None:
+                    self._transfer = Transfer(self.local, self._queue_manager, self.exchanger.destination,
+                                              self._links, nursery)
                 entity.on_change(self._swiftlet_changed)
                 entity.entity_list("static-routes").bind(self._static_added, self._static_removed)
                 self._bind_filters()
@@ -206,6 +211,8 @@ class RoutingSwiftlet:
             self._track(event)
             self._address(event)
             self.context.bus.publish(event)
+        if output.events and self._transfer is not None:
+            self._transfer.changed()
 
     # --- addressing: rt$R and the redirection %@R -> rt$R -----------------------------------
 
@@ -242,8 +249,10 @@ class RoutingSwiftlet:
                 log.error("router %s: no routing queue %s for destination %s, so it is not addressable: %s",
                           self.local, routing_queue(router), router, exc)
                 return
-            manager.add_redirection(redirection_predicate(router), routing_queue(router))
+            manager.add_redirection(redirection_predicate(router), routing_queue(router), routing_rewrite(self.local))
             self._redirected.add(router)
+            if self._transfer is not None:
+                self._transfer.destination_added(router)
         elif isinstance(event, api.DestinationRemoved) and event.router in self._redirected:
             manager.remove_redirection(redirection_predicate(event.router))
             self._redirected.discard(event.router)
@@ -313,7 +322,7 @@ class RoutingSwiftlet:
         self._apply(output)
 
     def link_state(self, link: Link) -> None:
-        connector = self._connectors.get(link.name.removeprefix("connector/"))
+        connector = self._connectors.get(link.name.removeprefix("connector:"))
         if link.role is Role.CONNECTOR and connector is not None:
             self._set_state(connector, link.state, link.error)
         else:
@@ -324,9 +333,19 @@ class RoutingSwiftlet:
             log.log(level, "routing link %s (%s%s) %s: %s", link.name, link.address,
                     f", router {link.peer}" if link.peer else "", link.state.value, link.error)
 
+    def transfer_event(self, link: Link, event: Any) -> None:
+        if self._transfer is not None:
+            self._transfer.event(link, event)
+        elif isinstance(event, RecoveryRequested):  # no queues here, so nothing is ever prepared
+            link.machine.recovery_list(())
+        elif isinstance(event, RecoveryReceived):
+            link.machine.recovery_done(commit=())
+
     def link_gone(self, link: Link) -> None:
         if self._links.get(link.peer or "") is link:
             self._link_down(link)
+        if self._transfer is not None:
+            self._transfer.link_gone(link)
 
     def _link_down(self, link: Link) -> None:
         assert link.peer is not None
@@ -339,7 +358,8 @@ class RoutingSwiftlet:
         return {"routername": link.peer or "", "connecttime": _stamp(link.connect_time), "address": link.address,
                 "protocol-version": operational.version if operational else "",
                 "uses-xa": bool(operational and operational.use_xa), "state": link.state.value,
-                "routes-sent": link.routes_sent, "routes-received": link.routes_received}
+                "routes-sent": link.routes_sent, "routes-received": link.routes_received,
+                **(self._transfer.usage(link) if self._transfer is not None else {})}
 
     def _settings(self, config: ListenerConfig | ConnectorConfig) -> LinkSettings:
         swiftlet: RoutingConfig = self.context.config
@@ -348,6 +368,7 @@ class RoutingSwiftlet:
             inbound_transaction_size=config.inbound_transaction_size,
             inbound_window_size=config.inbound_window_size,
             use_xa=config.use_xa,
+            use_compression=config.use_compression,
             stage_valid_timeout=swiftlet.stage_valid_timeout / 1000,
             reject_disconnect_delay=swiftlet.reject_disconnect_delay / 1000,
         )
@@ -438,7 +459,7 @@ class RoutingSwiftlet:
                              send_buffer=live.router_output_buffer_size)
             counts["accepted"] += 1
             counts["links"] += 1
-            link = Link(self, stream, role=Role.LISTENER, name=f"listener/{name}/{next(self._link_numbers)}",
+            link = Link(self, stream, role=Role.LISTENER, name=f"listener:{name}:{next(self._link_numbers)}",
                         address=f"{host}:{peer_port}", local=self.local, password=live.password,
                         settings=self._settings(live))
             links.add(link)
@@ -493,7 +514,7 @@ class RoutingSwiftlet:
         connector.state = state
         if error is not None:
             connector.error, connector.error_time = error, time.time()
-        self.context.bus.publish(LinkStateChanged(link=f"connector/{connector.entity.name}",
+        self.context.bus.publish(LinkStateChanged(link=f"connector:{connector.entity.name}",
                                                   peer=connector.link.peer if connector.link else None,
                                                   state=state, error=error))
 
@@ -555,7 +576,7 @@ class RoutingSwiftlet:
             return False
         configure_socket(stream, no_delay=config.use_tcp_no_delay, receive_buffer=config.router_input_buffer_size,
                          send_buffer=config.router_output_buffer_size)
-        link = Link(self, stream, role=Role.CONNECTOR, name=f"connector/{name}",
+        link = Link(self, stream, role=Role.CONNECTOR, name=f"connector:{name}",
                     address=f"{config.hostname}:{config.port}", local=self.local, password=config.password,
                     settings=self._settings(config))
         connector.link = link
