@@ -332,7 +332,8 @@ async def test_operations_are_data_invoked_through_the_tree(tree, with_operation
 @pytest.mark.parametrize(("path", "operation", "args", "message"), [
     ("/usage/jobs/j1", "restart", {}, "/usage/jobs/j1: no operation 'restart'; operations: reset, stop"),
     ("/usage", "reset", {}, "/usage: no operation 'reset'; operations: none"),
-    ("/usage/jobs/j1", "stop", {}, "/usage/jobs/j1: operation 'stop': argument 'reason' missing \\(Why, for the log.\\)"),
+    ("/usage/jobs/j1", "stop", {}, "/usage/jobs/j1: operation 'stop': argument 'reason' missing "
+     "\\(Why, for the log.\\)"),
     ("/usage/jobs/j1", "stop", {"reason": "x", "speed": 3}, "operation 'stop': unknown argument\\(s\\) speed; "
      "parameters: reason, force, grace"),
     ("/usage/jobs/j1", "stop", {"reason": "x", "grace": "soon"}, "argument 'grace': expected int, found 'soon'"),
