@@ -8,7 +8,6 @@ import time
 
 import pytest
 import trio
-import trio.testing
 
 from martinet.messaging.codec import Symbol
 from martinet.messaging.message import build
@@ -392,7 +391,8 @@ async def test_prepared_transactions_survive_a_restart(broker):
     assert recovered.sends == {"out": 1} and recovered.acknowledgements == {"in": 1}
     async with trio.open_nursery() as nursery:  # a second resolution while the first waits for the store
         nursery.start_soon(functools.partial(queue_manager.resolve_prepared, "xid-commit", commit=True))
-        await trio.testing.wait_all_tasks_blocked()
+        while recovered.state == "prepared":  # until the commit has begun (it waits for the store then)
+            await trio.sleep(0)
         assert recovered.state == "committing"
         with pytest.raises(TransactionError, match="transaction is committing, not active or prepared"):
             await queue_manager.resolve_prepared("xid-commit", commit=False)
