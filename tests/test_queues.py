@@ -391,8 +391,9 @@ async def test_prepared_transactions_survive_a_restart(broker):
     assert recovered.sends == {"out": 1} and recovered.acknowledgements == {"in": 1}
     async with trio.open_nursery() as nursery:  # a second resolution while the first waits for the store
         nursery.start_soon(functools.partial(queue_manager.resolve_prepared, "xid-commit", commit=True))
-        while recovered.state == "prepared":  # until the commit has begun (it waits for the store then)
-            await trio.sleep(0)
+        with trio.fail_after(5):
+            while recovered.state == "prepared":  # until the commit has begun (it waits for the store then)
+                await trio.sleep(0)
         assert recovered.state == "committing"
         with pytest.raises(TransactionError, match="transaction is committing, not active or prepared"):
             await queue_manager.resolve_prepared("xid-commit", commit=False)

@@ -211,8 +211,9 @@ async def test_a_second_resolution_while_the_first_waits_is_refused(network):
     async with trio.open_nursery() as nursery:
         nursery.start_soon(tree.invoke, f"{IN_DOUBT}/x1", "commit")
         transaction = queue_manager.prepared_transactions()["x1"]
-        while transaction.state == "prepared":  # until the commit has begun (it waits for the store then)
-            await trio.sleep(0)
+        with trio.fail_after(5):
+            while transaction.state == "prepared":  # until the commit has begun (it waits for the store then)
+                await trio.sleep(0)
         assert tree.get(f"{IN_DOUBT}/x1", "state") == "committing"
         with pytest.raises(ManagementError, match="operation 'rollback' refused: transaction 'x1' is committing "
                                                   "already"):
@@ -221,14 +222,8 @@ async def test_a_second_resolution_while_the_first_waits_is_refused(network):
     assert bodies(queue_manager.queue("q")) == ["m1"]
 
 
-@pytest.mark.slow
-def test_a_martinet_run_process_warns_after_a_restart(router_processes):
-    xml = router_xml("r1", amqp_port=free_port())
-    assert "sys$xa" in xml  # the default stack has it
-    process = router_processes.start(xml)
-    assert "no prepared transactions found" in process.current()
-    prepare_script = """
-import sys, trio
+PREPARE = """
+import trio
 from martinet.kernel import Router
 from martinet.messaging.message import build
 
@@ -236,20 +231,59 @@ async def main():
     router = Router.from_file("router.xml")
     async with trio.open_nursery() as nursery:
         await nursery.start(router.run)
-        qm = router.swiftlet("sys$queuemanager")
+        queue_manager = router.swiftlet("sys$queuemanager")
         for xid in ("routing:paris:r1:5-1", "client-7"):
-            t = qm.transaction()
-            t.send("out", build(xid.encode(), durable=True))
-            await t.prepare(xid)
+            transaction = queue_manager.transaction()
+            transaction.send("out", build(xid.encode(), durable=True))
+            await transaction.prepare(xid)
         router.request_stop()
 
 trio.run(main)
 """
+
+RESOLVE = """
+import trio
+from martinet.kernel import Router
+
+async def main():
+    router = Router.from_file("router.xml")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(router.run)
+        tree = router.management
+        print(sorted(tree.resolve("/sys$xa/usage/in-doubt").children))
+        await tree.invoke("/sys$xa/usage/in-doubt/client-7", "commit")
+        await tree.invoke("/sys$xa/usage/in-doubt/routing:paris:r1:5-1", "rollback")
+        queue = router.swiftlet("sys$queuemanager").queue("out")
+        print([entry.message.body().decode() for entry in queue.browse()])
+        router.request_stop()
+
+trio.run(main)
+"""
+
+
+def run_script(script: str, cwd) -> str:
+    done = subprocess.run([sys.executable, "-c", script], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_a_martinet_run_process_warns_after_a_restart_and_the_tree_resolves(router_processes):
+    """A real ``martinet run`` router; prepared transactions are written (and later resolved
+    through the management tree) by a router of the same config in another process while it
+    is stopped, as remote management does not exist yet."""
+    xml = router_xml("r1", amqp_port=free_port())
+    assert "sys$xa" in xml  # the default stack has it
+    process = router_processes.start(xml)
+    assert "no prepared transactions found" in process.current()
     assert process.stop() == 0
-    subprocess.run([sys.executable, "-c", prepare_script], cwd=process.cwd, check=True, timeout=60,
-                   capture_output=True)
+    run_script(PREPARE, process.cwd)
     process.restart()
     log = process.current()
-    assert "+++ WARNING! 2 prepared transactions found!" in log, log
+    assert "WARNING [r1] swiftlets.xa.manager: +++ WARNING! 2 prepared transactions found!" in log, log
     assert "+++          1 of them routing's" in log and "Resolve the other 1" in log
+    assert process.stop() == 0
+    assert run_script(RESOLVE, process.cwd).splitlines() == ["['client-7', 'routing:paris:r1:5-1']", "['client-7']"]
+    process.restart()
+    assert "no prepared transactions found" in process.current()
     assert process.stop() == 0
