@@ -74,6 +74,12 @@ from .mgmt import (
     ManagementError as ManagementError,
 )
 from .mgmt import (
+    Operation as Operation,
+)
+from .mgmt import (
+    Parameter as Parameter,
+)
+from .mgmt import (
     Tree as Tree,
 )
 from .mgmt import (

@@ -38,12 +38,22 @@ Two frozen views of an entity:
 - :meth:`Entity.snapshot` — the config as configured, every committed value included, for
   ``save``.
 
+Operations. A usage entity may offer operations (:meth:`Usage.add_operation`), e.g.
+``commit`` and ``rollback`` on each in-doubt transaction of ``sys$xa``: named actions with
+a description and declared parameters (:class:`Operation`, :class:`Parameter` — plain data,
+so a remote management front end can list and describe them), invoked with
+:meth:`Tree.invoke`. An operation's callable may be synchronous or ``async``; ``invoke`` is
+``async`` and awaits it. It refuses by raising :class:`Veto` (or :class:`ManagementError`).
+An operation lives and dies with its usage entity: removing the entry removes it, and
+invoking it then fails like any unknown path.
+
 Everything here runs in the router's trio thread; nothing is locked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -60,6 +70,8 @@ __all__ = [
     "EntityList",
     "Usage",
     "UsageList",
+    "Operation",
+    "Parameter",
     "Tree",
 ]
 
@@ -392,13 +404,109 @@ class EntityList:
             self.parent._invalidate()
 
 
+_PARAMETER_TYPES = (str, int, float, bool)
+
+
+@attrs.frozen(kw_only=True)
+class Parameter:
+    """A declared parameter of an :class:`Operation`.
+
+    Attributes:
+        name: its name, as :meth:`Tree.invoke` takes it (``**{name: value}``).
+        description: what it means, for the operator.
+        type: ``str``, ``int``, ``float`` or ``bool``; a ``str`` argument for another
+            type is parsed (``"true"``/``"false"`` for ``bool``), as a remote front end
+            sends text.
+        required: the caller must give it; else ``default`` is passed when it does not.
+        default: the value of an optional parameter not given.
+    """
+
+    name: str
+    description: str
+    type: type = str
+    required: bool = True
+    default: Any = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.type not in _PARAMETER_TYPES:
+            raise TypeError(f"parameter {self.name!r}: type must be one of str, int, float, bool")
+
+    def parse(self, value: Any) -> Any:
+        """``value`` as this parameter's type.
+
+        Raises:
+            ValueError: it is not one.
+        """
+        if self.type is bool:
+            if isinstance(value, bool):
+                return value
+            if value in ("true", "false"):
+                return value == "true"
+            raise ValueError(f"expected 'true' or 'false', found {value!r}")
+        if isinstance(value, self.type) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return self.type(value)
+            except ValueError:
+                pass
+        raise ValueError(f"expected {self.type.__name__}, found {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Operation:
+    """An action offered on a usage entity (:meth:`Usage.add_operation`).
+
+    Attributes:
+        name: e.g. ``commit``.
+        description: what it does, for the operator.
+        parameters: the declared parameters, in order.
+        call: the implementation, called with the parameters as keyword arguments; sync
+            or ``async``; it refuses by raising :class:`Veto`. Not part of the data a
+            front end shows.
+    """
+
+    name: str
+    description: str
+    parameters: tuple[Parameter, ...] = ()
+    call: Callable[..., Any | Awaitable[Any]] = attrs.field(eq=False, repr=False)
+
+    def describe(self) -> dict[str, Any]:
+        """The operation as plain data: name, description and each parameter's name,
+        description, type name, required flag and default."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": [
+                {"name": p.name, "description": p.description, "type": p.type.__name__,
+                 "required": p.required, "default": p.default}
+                for p in self.parameters
+            ],
+        }
+
+
 class Usage:
-    """A read-only runtime entity; its values come from a callable, read when asked."""
+    """A read-only runtime entity; its values come from a callable, read when asked. It
+    may offer operations (:meth:`add_operation`)."""
 
     def __init__(self, path: str, values: Callable[[], Mapping[str, Any]] | None = None):
         self.path = path
         self._values = values or dict
         self.children: dict[str, Usage | UsageList] = {}
+        self.operations: dict[str, Operation] = {}
+
+    def add_operation(
+        self,
+        name: str,
+        call: Callable[..., Any | Awaitable[Any]],
+        description: str,
+        parameters: tuple[Parameter, ...] | list[Parameter] = (),
+    ) -> Operation:
+        """Offer (or replace) operation ``name`` on this entity; :meth:`Tree.invoke` calls
+        ``call`` with the parameters as keyword arguments (awaiting it if it is async)."""
+        operation = self.operations[name] = Operation(name=name, description=description,
+                                                      parameters=tuple(parameters), call=call)
+        return operation
 
     def provide(self, values: Callable[[], Mapping[str, Any]]) -> None:
         """Set the callable that supplies this entity's values."""
@@ -503,3 +611,61 @@ class Tree:
     def remove(self, path: str, name: str) -> None:
         """Remove an entry of the entity list at ``path``; see :meth:`EntityList.remove`."""
         self.entity_list(path).remove(name)
+
+    def operations(self, path: str) -> dict[str, Operation]:
+        """The operations the usage entity at ``path`` offers, by name (empty for one
+        without; ``Operation.describe()`` gives each as data).
+
+        Raises:
+            ManagementError: nothing there, or not a usage entity.
+        """
+        return dict(self._usage(path).operations)
+
+    async def invoke(self, path: str, operation: str, **args: Any) -> Any:
+        """Run ``operation`` of the usage entity at ``path`` with ``args`` (by parameter
+        name; text is parsed to the declared type) and return what it returns; an async
+        operation is awaited here. Cancelling the caller cancels the operation as far as the
+        operation allows.
+
+        Raises:
+            ManagementError: nothing at ``path`` (e.g. the entry is gone), not a usage
+                entity, no such operation, unknown, missing or invalid arguments, or the
+                operation refused (:class:`Veto`, or its own ManagementError).
+        """
+        node = self._usage(path)
+        op = node.operations.get(operation)
+        if op is None:
+            known = ", ".join(node.operations) or "none"
+            raise ManagementError(f"{path}: no operation {operation!r}; operations: {known}")
+        where = f"{path}: operation {operation!r}"
+        declared = {p.name: p for p in op.parameters}
+        unknown = sorted(set(args) - set(declared))
+        if unknown:
+            known = ", ".join(declared) or "none"
+            raise ManagementError(f"{where}: unknown argument(s) {', '.join(unknown)}; parameters: {known}")
+        kwargs: dict[str, Any] = {}
+        for name, parameter in declared.items():
+            if name not in args:
+                if parameter.required:
+                    raise ManagementError(f"{where}: argument {name!r} missing ({parameter.description})")
+                kwargs[name] = parameter.default
+                continue
+            try:
+                kwargs[name] = parameter.parse(args[name])
+            except ValueError as exc:
+                raise ManagementError(f"{where}: argument {name!r}: {exc}") from None
+        try:
+            result = op.call(**kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        except Veto as veto:
+            raise ManagementError(f"{where} refused: {veto}") from None
+        return result
+
+    def _usage(self, path: str) -> Usage:
+        node = self.resolve(path)
+        if not isinstance(node, Usage):
+            kind = "a usage list" if isinstance(node, UsageList) else \
+                "a config entity" if isinstance(node, Entity) else "an entity list"
+            raise ManagementError(f"{path} is {kind}; operations are on usage entities")
+        return node

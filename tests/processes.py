@@ -39,7 +39,8 @@ def free_port() -> int:
 
 
 ROUTER_XML = """\
-<router name="{name}" startorder="sys$log sys$store sys$authentication sys$queuemanager sys$topicmanager sys$jms">
+<router name="{name}"
+        startorder="sys$log sys$store sys$authentication sys$queuemanager sys$xa sys$topicmanager sys$jms">
   <swiftlet name="sys$log" level="INFO"/>
   <swiftlet name="sys$store" path="{store}" sync="normal"/>
   <swiftlet name="sys$jms">

@@ -179,5 +179,5 @@ def test_check_command_accepts_the_default_config():
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert ("OK: router router1, start order: sys$log sys$store sys$authentication sys$queuemanager "
+    assert ("OK: router router1, start order: sys$log sys$store sys$authentication sys$queuemanager sys$xa "
             "sys$topicmanager sys$jms") in done.stdout

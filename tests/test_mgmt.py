@@ -265,3 +265,85 @@ def test_declarations_are_visible_in_the_tree(tree):
     assert tree.root.entity_list("listeners") is tree.resolve("/listeners")
     with pytest.raises(ManagementError, match="/: no entity list 'limits'"):
         tree.root.entity_list("limits")
+
+
+# -- operations on usage entities ----------------------------------------------------------------
+
+
+@pytest.fixture
+def with_operations(tree):
+    """A usage list of jobs, each offering a sync ``reset`` and an async ``stop``."""
+    from martinet.kernel import Parameter
+
+    usage = tree.root.children["usage"] = Usage("/usage")
+    jobs = usage.add_list("jobs")
+    calls = []
+
+    def add(name):
+        entry = jobs.add(name, lambda: {"name": name})
+
+        def reset():
+            calls.append(("reset", name))
+            return "done"
+
+        async def stop(reason, force=False, grace=1):
+            await trio.sleep(0)
+            if reason == "no":
+                raise Veto("not now")
+            calls.append(("stop", name, reason, force, grace))
+            jobs.remove(name)
+
+        entry.add_operation("reset", reset, "Set the counters to zero.")
+        entry.add_operation("stop", stop, "Stop the job.", [
+            Parameter(name="reason", description="Why, for the log."),
+            Parameter(name="force", description="Do not wait.", type=bool, required=False, default=False),
+            Parameter(name="grace", description="Seconds to wait.", type=int, required=False, default=1),
+        ])
+
+    add("j1")
+    add("j2")
+    return calls
+
+
+async def test_operations_are_data_invoked_through_the_tree(tree, with_operations):
+    calls = with_operations
+    ops = tree.operations("/usage/jobs/j1")
+    assert list(ops) == ["reset", "stop"]
+    assert ops["stop"].describe() == {
+        "name": "stop",
+        "description": "Stop the job.",
+        "parameters": [
+            {"name": "reason", "description": "Why, for the log.", "type": "str", "required": True, "default": None},
+            {"name": "force", "description": "Do not wait.", "type": "bool", "required": False, "default": False},
+            {"name": "grace", "description": "Seconds to wait.", "type": "int", "required": False, "default": 1},
+        ],
+    }
+    assert tree.operations("/usage") == {}
+    assert await tree.invoke("/usage/jobs/j1", "reset") == "done"  # a sync operation
+    await tree.invoke("/usage/jobs/j1", "stop", reason="maintenance", force="true", grace="5")  # text parsed
+    assert calls == [("reset", "j1"), ("stop", "j1", "maintenance", True, 5)]
+    # the entry went away, and its operations with it
+    with pytest.raises(ManagementError, match="no 'j1' under /usage/jobs; there is: j2"):
+        await tree.invoke("/usage/jobs/j1", "reset")
+    await tree.invoke("/usage/jobs/j2", "stop", reason="done")  # defaults
+    assert calls[-1] == ("stop", "j2", "done", False, 1)
+
+
+@pytest.mark.parametrize(("path", "operation", "args", "message"), [
+    ("/usage/jobs/j1", "restart", {}, "/usage/jobs/j1: no operation 'restart'; operations: reset, stop"),
+    ("/usage", "reset", {}, "/usage: no operation 'reset'; operations: none"),
+    ("/usage/jobs/j1", "stop", {}, "/usage/jobs/j1: operation 'stop': argument 'reason' missing "
+     "\\(Why, for the log.\\)"),
+    ("/usage/jobs/j1", "stop", {"reason": "x", "speed": 3}, "operation 'stop': unknown argument\\(s\\) speed; "
+     "parameters: reason, force, grace"),
+    ("/usage/jobs/j1", "stop", {"reason": "x", "grace": "soon"}, "argument 'grace': expected int, found 'soon'"),
+    ("/usage/jobs/j1", "stop", {"reason": "x", "force": "yes"}, "argument 'force': expected 'true' or 'false'"),
+    ("/usage/jobs/j1", "stop", {"reason": "no"}, "/usage/jobs/j1: operation 'stop' refused: not now"),
+    ("/usage/jobs", "reset", {}, "/usage/jobs is a usage list; operations are on usage entities"),
+    ("/listeners/plain", "reset", {}, "/listeners/plain is a config entity; operations are on usage entities"),
+    ("/usage/nope", "reset", {}, "no 'nope' under /usage; there is: jobs"),
+])
+async def test_bad_invocations_are_refused_clearly(tree, with_operations, path, operation, args, message):
+    with pytest.raises(ManagementError, match=message):
+        await tree.invoke(path, operation, **args)
+    assert with_operations == []  # nothing ran

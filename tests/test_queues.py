@@ -3,6 +3,7 @@ duplicates, transactions (incl. prepare → restart), persistence, bad input."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pytest
@@ -379,11 +380,23 @@ async def test_prepared_transactions_survive_a_restart(broker):
     await roll_me_back.prepare("xid-rollback")
     with pytest.raises(TransactionError, match="a transaction 'xid-commit' is prepared already"):
         await queue_manager.transaction().prepare("xid-commit")
+    prepared_at = commit_me.prepared_at
+    assert time.time() - 5 < prepared_at <= time.time()
     await broker.restart()
     queue_manager = broker.queue_manager
     assert sorted(queue_manager.prepared_transactions()) == ["xid-commit", "xid-rollback"]
     assert queue_manager.queue("out").size == 0 and queue_manager.queue("in").available == 0  # sends hidden, acks held
-    await queue_manager.resolve_prepared("xid-commit", commit=True)
+    recovered = queue_manager.prepared_transactions()["xid-commit"]
+    assert recovered.prepared_at == pytest.approx(prepared_at, abs=0.001)  # kept in the prepare record
+    assert recovered.sends == {"out": 1} and recovered.acknowledgements == {"in": 1}
+    async with trio.open_nursery() as nursery:  # a second resolution while the first waits for the store
+        nursery.start_soon(functools.partial(queue_manager.resolve_prepared, "xid-commit", commit=True))
+        with trio.fail_after(5):
+            while recovered.state == "prepared":  # until the commit has begun (it waits for the store then)
+                await trio.sleep(0)
+        assert recovered.state == "committing"
+        with pytest.raises(TransactionError, match="transaction is committing, not active or prepared"):
+            await queue_manager.resolve_prepared("xid-commit", commit=False)
     await queue_manager.resolve_prepared("xid-rollback", commit=False)
     with pytest.raises(TransactionError, match="no prepared transaction 'xid-commit'"):
         await queue_manager.resolve_prepared("xid-commit", commit=True)

@@ -342,7 +342,10 @@ class Transaction(Protocol):
     """A local transaction over any number of queues: sends and acknowledgements that take
     effect together at :meth:`commit`, or not at all.
 
-    States: ``active`` → (``prepared``) → ``committed`` | ``rolled-back``.
+    States: ``active`` → (``prepared``) → ``committed`` | ``rolled-back``; while a prepare,
+    commit or rollback waits for the store, ``preparing``, ``committing`` or
+    ``rolling-back`` (a second attempt then raises :class:`TransactionError`; a failed or
+    cancelled one puts the state back).
     """
 
     @property
@@ -351,7 +354,23 @@ class Transaction(Protocol):
 
     @property
     def state(self) -> str:
-        """``active``, ``prepared``, ``committed`` or ``rolled-back``."""
+        """``active``, ``preparing``, ``prepared``, ``committing``, ``rolling-back``,
+        ``committed`` or ``rolled-back``."""
+
+    @property
+    def prepared_at(self) -> float | None:
+        """When it was prepared (epoch seconds), kept in the prepare record so it survives
+        a restart; None before, and for a record written before the time was kept."""
+
+    @property
+    def sends(self) -> Mapping[str, int]:
+        """The staged sends: how many to each queue (by local name). After a restart,
+        persistent ones only (non-persistent messages do not survive it)."""
+
+    @property
+    def acknowledgements(self) -> Mapping[str, int]:
+        """The acknowledged (held) entries: how many of each queue. After a restart,
+        persistent ones only."""
 
     def send(self, address: str, message: Message, *, possible_duplicate: bool = False) -> SendResult:
         """Stage a send; the message becomes visible at commit.
@@ -370,8 +389,10 @@ class Transaction(Protocol):
         """
 
     async def prepare(self, xid: str) -> None:
-        """Phase one: make the transaction durable as prepared under ``xid``. Not
-        interrupted by cancellation once the store has it (see the module header).
+        """Phase one: make the transaction durable as prepared under ``xid``, with the
+        time (:attr:`prepared_at`). Not interrupted by cancellation once the store has it
+        (see the module header). Xids are free text; ``sys$xa``
+        (:mod:`martinet.swiftlets.xa.api`) says which belong to routing.
 
         Raises:
             TransactionError: not active, or ``xid`` is in use.
@@ -540,12 +561,14 @@ class QueueManager(Protocol):
         """A new local transaction."""
 
     def prepared_transactions(self) -> Mapping[str, Transaction]:
-        """Prepared transactions by xid (including those recovered at start)."""
+        """Prepared transactions by xid (including those recovered at start, and those
+        being committed or rolled back right now: see :attr:`Transaction.state`)."""
 
     async def resolve_prepared(self, xid: str, *, commit: bool) -> None:
         """Commit or roll back the prepared transaction ``xid``.
 
         Raises:
-            TransactionError: no prepared transaction has that xid.
+            TransactionError: no prepared transaction has that xid, or it is being
+                committed or rolled back already.
             StoreError: the store failed.
         """

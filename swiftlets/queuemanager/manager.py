@@ -30,9 +30,13 @@ and of every prepared transaction's messages.
 (the entries are held, not redelivered). ``commit`` writes everything in one store commit
 and then makes the sends visible and removes the acknowledged entries; ``rollback``
 drops the sends and redelivers the acknowledged entries (counted as a failed delivery).
-``prepare(xid)`` first writes the sends tagged with ``xid`` and a prepare record naming
-the acknowledged entries; a prepared transaction survives a restart (rebuilt at start from
-the store) and is then committed or rolled back by xid.
+``prepare(xid)`` first writes the sends tagged with ``xid`` and a prepare record (store
+record kind ``xa``, key the xid) naming the acknowledged entries and the prepare time; a
+prepared transaction survives a restart (rebuilt at start from the store, its prepare time
+with it) and is then committed or rolled back by xid. While a commit or rollback waits for
+the store the transaction is ``committing`` or ``rolling-back``, so a second one is refused
+instead of applying it twice (likewise ``preparing``); a failed (or cancelled, before the
+store had it) attempt puts it back as it was.
 
 **Duplicates.** Message ids are remembered per queue (persisted for persistent messages,
 bounded by the backlog size); a send marked ``possible_duplicate`` (a resend after a
@@ -161,6 +165,7 @@ class QueueManager:
         self._deferred_wakeup = trio.Event()
         self._swap_after_flush: list[tuple[Queue, Entry]] = []  # (dead letters) to swap out once stored
         self._prepared: dict[str, Transaction] = {}
+        self._preparing: set[str] = set()  # xids whose prepare waits for the store
         self._usage: UsageList | None = None
         self._nursery: trio.Nursery | None = None  # read-backs run here
 
@@ -294,8 +299,11 @@ class QueueManager:
         prepared: dict[str, Transaction] = {}
         held: dict[int, str] = {}
         for xid, record in recovered.records.get("xa", {}).items():
+            fields = json.loads(record)
             transaction = prepared[xid] = Transaction(self, xid=xid, state="prepared")
-            for message_id in json.loads(record)["acks"]:
+            at = fields.get("prepared-at")  # epoch ms; absent in records written before it was kept
+            transaction.prepared_at = at / 1000 if at is not None else None
+            for message_id in fields["acks"]:
                 held[message_id] = xid
         now = now_ms()
         orphans = []
@@ -804,17 +812,27 @@ class QueueManager:
         }
 
 
+def _count(names: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 class Transaction:
     """A local transaction over any number of queues: sends and acknowledgements that take
     effect together at :meth:`commit`, or not at all.
 
-    States: ``active`` → (``prepared``) → ``committed`` | ``rolled-back``.
+    States: ``active`` → (``prepared``) → ``committed`` | ``rolled-back``; ``preparing``,
+    ``committing`` and ``rolling-back`` while a prepare, commit or rollback waits for the
+    store.
     """
 
     def __init__(self, manager: QueueManager, *, xid: str | None = None, state: str = "active"):
         self._manager = manager
         self.xid = xid
         self.state = state
+        self.prepared_at: float | None = None  # epoch seconds, from the prepare record
         self._sends: list[tuple[Queue, Entry]] = []
         self._keys: dict[int, str] = {}
         self._acks: list[tuple[Queue, Entry]] = []
@@ -825,6 +843,16 @@ class Transaction:
     def _require(self, *states: str) -> None:
         if self.state not in states:
             raise TransactionError(f"transaction is {self.state}, not {' or '.join(states)}")
+
+    @property
+    def sends(self) -> dict[str, int]:
+        """Staged sends by queue name (how many to each)."""
+        return _count(queue.name for queue, _ in self._sends)
+
+    @property
+    def acknowledgements(self) -> dict[str, int]:
+        """Acknowledged (held) entries by queue name (how many of each)."""
+        return _count(queue.name for queue, _ in self._acks)
 
     def send(self, address: str, message: Message, *, possible_duplicate: bool = False) -> SendResult:
         """Stage a send; the message becomes visible at commit.
@@ -867,16 +895,25 @@ class Transaction:
         """
         self._require("active")
         manager = self._manager
-        if xid in manager._prepared:
+        if xid in manager._prepared or xid in manager._preparing:
             raise TransactionError(f"a transaction {xid!r} is prepared already")
         ops: list[Op] = []
         for queue, entry in self._sends:
             ops.extend(manager._put_ops(queue, entry, None, txid=xid))
-        record = {"acks": [entry.id for _, entry in self._acks if entry.persistent]}
+        prepared_at = now_ms()
+        record = {"acks": [entry.id for _, entry in self._acks if entry.persistent], "prepared-at": prepared_at}
         ops.append(PutRecord("xa", xid, json.dumps(record).encode()))
         assert manager._store is not None
-        await manager._store.commit(ops)
-        self.xid, self.state = xid, "prepared"
+        self.state = "preparing"
+        manager._preparing.add(xid)
+        try:
+            await manager._store.commit(ops)
+        except BaseException:
+            self.state = "active"
+            raise
+        finally:
+            manager._preparing.discard(xid)
+        self.xid, self.state, self.prepared_at = xid, "prepared", prepared_at / 1000
         manager._prepared[xid] = self
 
     async def commit(self) -> None:
@@ -898,7 +935,12 @@ class Transaction:
         ops.extend(DeleteMessage(entry.id) for _, entry in self._acks if entry.persistent)
         if ops:
             assert manager._store is not None
-            await manager._store.commit(ops)
+            was, self.state = self.state, "committing"
+            try:
+                await manager._store.commit(ops)
+            except BaseException:
+                self.state = was
+                raise
         self.state = "committed"
         manager._prepared.pop(self.xid or "", None)
         for queue, entry in self._sends:
@@ -926,7 +968,12 @@ class Transaction:
             ops: list[Op] = [DeleteMessage(entry.id) for _, entry in self._sends if entry.persistent]
             ops.append(DeleteRecord("xa", self.xid or ""))
             assert manager._store is not None
-            await manager._store.commit(ops)
+            self.state = "rolling-back"
+            try:
+                await manager._store.commit(ops)
+            except BaseException:
+                self.state = "prepared"
+                raise
             manager._prepared.pop(self.xid or "", None)
         self._undo()
 
