@@ -50,6 +50,7 @@ import trio
 from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
 from martinet.messaging.like import like_pattern
 from martinet.swiftlets.queuemanager.api import QueueError, QueueManager
+from martinet.swiftlets.xa.api import XAResourceManager
 
 from . import api
 from .api import UNROUTABLE, Destination, LinkState, LinkStateChanged, redirection_predicate, routing_queue
@@ -145,8 +146,12 @@ class RoutingSwiftlet:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 if self._queue_manager is not None:
+                    try:
+                        xa: XAResourceManager | None = self.context.lookup("sys$xa", XAResourceManager)
+                    except LookupError:
+                        xa = None
                     self._transfer = Transfer(self.local, self._queue_manager, self.exchanger.destination,
-                                              self._links, nursery)
+                                              self._links, nursery, xa)
                 entity.on_change(self._swiftlet_changed)
                 entity.entity_list("static-routes").bind(self._static_added, self._static_removed)
                 self._bind_filters()

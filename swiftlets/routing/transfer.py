@@ -12,7 +12,7 @@ per batch) whose window has room, takes up to the peer's ``inbound-transaction-s
 messages (and no more bytes than the peer's frame size allows) and:
 
 - **XA**: acknowledges them in a local transaction, *prepares* it durably under a new xid
-  (``rt/<local>/<peer>/<boot>/<n>``) and sends TRANSACTION. When the peer answers that it
+  (``routing:<local>:<peer>:<boot>-<n>``, sys$xa's convention) and sends TRANSACTION. When the peer answers that it
   prepared, the transaction commits (the messages leave ``rt$R``) and COMMIT tells the peer
   to commit. A link that ends leaves the prepared transactions for the recovery stage of
   the next link to that peer (:meth:`Transfer.recovery_received`): what the peer holds
@@ -64,6 +64,14 @@ from martinet.swiftlets.queuemanager.api import (
     Transaction,
 )
 from martinet.swiftlets.store.api import StoreError
+from martinet.swiftlets.xa.api import (
+    Claim,
+    XAError,
+    XAResourceManager,
+    parse_routing_xid,
+    routing_prefixes,
+    routing_xid,
+)
 
 from .api import UNROUTABLE, Destination, routing_queue
 from .exchange import MAX_PATH
@@ -109,9 +117,9 @@ def routing_rewrite(local: str) -> Rewrite:
 
 
 def parties(xid: str) -> tuple[str, str] | None:
-    """(sender, receiver) of a routing xid ``rt/<sender>/<receiver>/…``; None for another xid."""
-    parts = xid.split("/")
-    return (parts[1], parts[2]) if len(parts) == 5 and parts[0] == "rt" else None
+    """(sender, receiver) of a routing xid; None for another xid."""
+    parsed = parse_routing_xid(xid)
+    return (parsed.source, parsed.destination) if parsed is not None else None
 
 
 @attrs.define
@@ -123,6 +131,7 @@ class _LinkTransfer:
     next_seq: int = 1
     reserved: int = 0  # window slots promised to dispatchers preparing a transaction
     jobs: Any = None  # the send side of the link's worker's queue
+    claim: Claim | None = None  # this link's xids, claimed from sys$xa while the link lives
     messages_out: int = 0
     messages_in: int = 0
 
@@ -136,15 +145,18 @@ class Transfer:
         destination: ``router -> Destination | None`` (the routing table).
         links: the operational links by peer (read, never changed here).
         nursery: where the dispatchers run (the swiftlet's).
+        xa: sys$xa, which lists the prepared transactions in doubt: a link's xids are
+            claimed while it lives (resolved here, not by an operator); None without it.
     """
 
     def __init__(self, local: str, manager: QueueManager, destination: Callable[[str], Destination | None],
-                 links: dict[str, Link], nursery: trio.Nursery):
+                 links: dict[str, Link], nursery: trio.Nursery, xa: XAResourceManager | None = None):
         self.local = local
         self.manager = manager
         self._destination = destination
         self._links = links
         self._nursery = nursery
+        self._xa = xa
         self._boot = secrets.token_hex(4)  # xids of this run differ from every earlier run's
         self._numbers = itertools.count(1)
         self._dispatchers: dict[str, trio.Event] = {}  # router → its wake-up
@@ -173,6 +185,8 @@ class Transfer:
         if state is not None:
             for transaction in state.nonxa_out.values():
                 transaction.rollback_nowait()
+            if state.claim is not None:  # what is still prepared is in doubt until the peer is back
+                state.claim.release()
         self.changed()
 
     def usage(self, link: Link) -> dict[str, Any]:
@@ -216,6 +230,11 @@ class Transfer:
         state = self._state.get(link)
         if state is None:
             state = self._state[link] = _LinkTransfer()
+            if self._xa is not None and link.peer is not None:
+                try:
+                    state.claim = self._xa.claim("routing", *routing_prefixes(self.local, link.peer))
+                except XAError as exc:  # a second link to the peer, about to be closed
+                    log.debug("routing link %s: xids not claimed: %s", link.name, exc)
             send, receive = trio.open_memory_channel[tuple[Callable[..., Any], tuple[Any, ...]]](math.inf)
             state.jobs = send
             link.start_soon(self._work, link, receive)
@@ -335,7 +354,7 @@ class Transfer:
             else:
                 transaction.rollback_nowait()
             return
-        xid = f"rt/{self.local}/{link.peer}/{self._boot}/{next(self._numbers)}"
+        xid = routing_xid(self.local, link.peer, f"{self._boot}-{next(self._numbers)}")
         state.reserved += 1
         try:
             await transaction.prepare(xid)
