@@ -63,13 +63,13 @@ def test_a_swiftlet_failing_to_start_exits_1(run_router, tmp_path):
 
 def test_an_invalid_config_exits_2_before_starting(run_router, tmp_path):
     config = tmp_path / "r.xml"
-    config.write_text('<router name="edge" startorder="sys$log sys$routing"/>')
+    config.write_text('<router name="edge" startorder="sys$log sys$warp"/>')
     router = run_router(str(config))
     assert router.proc.wait(30) == 2
     [line] = router.text().strip().splitlines()
     assert line.startswith(f"{config}:1: /router[@name='edge']: attribute 'startorder': "
-                           "unknown swiftlet 'sys$routing'; installed: ")
-    assert "sys$log, sys$queuemanager, sys$store" in line  # the installed ones, sorted
+                           "unknown swiftlet 'sys$warp'; installed: ")
+    assert "sys$log, sys$queuemanager, sys$routing, sys$store" in line  # the installed ones, sorted
 
 
 def test_example_plugin_in_a_real_process(run_router, echo_site):
