@@ -10,7 +10,10 @@ from __future__ import annotations
 import trio
 
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect
+from martinet.swiftlets.queuemanager.config import QueueManagerConfig
+from martinet.swiftlets.routing.transfer import HOPS, QUEUE, SOURCE, UNROUTABLE_REASON
 
+from faultproxy import FaultProxy
 from network import ROUTING_STACK, routing_config
 
 
@@ -86,3 +89,77 @@ async def test_messages_wait_while_there_is_no_route(network):
     assert network.routers["a"].swiftlet("sys$queuemanager").queues["rt$b"].size == 100
     network.connect("a", "b")
     verify(await consume(network.url("b"), "later", 100), 100)
+
+
+def verify_set(received: list[str], count: int, prefix: str = "m") -> None:
+    """Nothing lost, nothing duplicated (the order may change where the path changed)."""
+    expected = {f"{prefix}{n}" for n in range(count)}
+    lost = sorted(expected - set(received))
+    duplicated = sorted({m for m in received if received.count(m) > 1})
+    assert not lost and not duplicated and len(received) == count, \
+        f"lost {len(lost)} {lost[:10]}, duplicated {len(duplicated)} {duplicated[:10]}"
+
+
+async def test_failover_in_a_triangle_when_the_shortest_link_is_cut_mid_transfer(network, nursery):
+    await start(network, "a", "b", "c", roundrobin_enabled=False)
+    proxy = FaultProxy("127.0.0.1", network.routing_port("c"))
+    await nursery.start(proxy.run)
+    network.routers["a"].management.add("/sys$routing/connectors", "c", {
+        "hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000"})
+    network.connect("a", "b")
+    network.connect("b", "c")
+    await network.settle({"a": {"b": 1, "c": 1}, "c": {"a": 1, "b": 1}})
+    count = 3000
+    queue_b = network.routers["b"].swiftlet("sys$queuemanager")
+
+    async def cut_when_flowing() -> None:
+        target = network.routers["c"].swiftlet("sys$queuemanager")
+        with trio.fail_after(30):
+            while (q := target.queues.get("orders")) is None or q.size < 200:
+                await trio.sleep(0.005)
+        proxy.refuse(True)
+        proxy.cut()  # transactions in flight over a-c stay prepared until the link is back
+
+    async with trio.open_nursery() as inner:
+        inner.start_soon(cut_when_flowing)
+        inner.start_soon(produce, network.url("a"), "orders@c", count)
+    await network.settle({"a": {"b": 1, "c": 2}})
+    with trio.fail_after(30):  # the rest travels a-b-c
+        while "rt$c" not in queue_b.queues or network.routers["b"].management.get(
+                "/sys$routing/usage/connections/connector:c", "messages-out") == 0:
+            await trio.sleep(0.02)
+    proxy.heal()  # recovery resolves what was in flight over a-c
+    await network.settle({"a": {"b": 1, "c": 1}})
+    verify_set(await consume(network.url("c"), "orders", count), count)
+    assert not network.routers["a"].swiftlet("sys$queuemanager").prepared_transactions()
+    assert not network.routers["c"].swiftlet("sys$queuemanager").prepared_transactions()
+
+
+async def test_round_robin_over_two_equal_links(network):
+    await start(network, "a", roundrobin_enabled=True)
+    await start(network, "b", "c", "d")
+    for x, y in (("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")):
+        network.connect(x, y)
+    await network.settle({"a": {"b": 1, "c": 1, "d": 2}})
+    await produce(network.url("a"), "orders@d", 1000)
+    verify_set(await consume(network.url("d"), "orders", 1000), 1000)
+    management = network.routers["a"].management
+    over_b = management.get("/sys$routing/usage/connections/connector:b", "messages-out")
+    over_c = management.get("/sys$routing/usage/connections/connector:c", "messages-out")
+    assert over_b + over_c == 1000 and over_b > 100 and over_c > 100, (over_b, over_c)
+
+
+async def test_a_message_for_a_missing_queue_goes_to_unroutable_with_the_reason(network):
+    await start(network, "a")
+    await network.start(network.config("b", startorder=ROUTING_STACK, swiftlets={
+        "sys$routing": routing_config(), "sys$queuemanager": QueueManagerConfig(auto_create_queues=False)}))
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}})
+    await produce(network.url("a"), "missing@b", 3)
+    unroutable = network.routers["b"].swiftlet("sys$queuemanager").queues["unroutable"]
+    with trio.fail_after(20):
+        while unroutable.size < 3:
+            await trio.sleep(0.02)
+    annotations = next(iter(unroutable.browse())).message.message_annotations
+    assert annotations[UNROUTABLE_REASON] == "queue 'missing' does not exist on router b"
+    assert annotations[SOURCE] == "a" and annotations[QUEUE] == "missing" and annotations[HOPS] == 1

@@ -410,32 +410,32 @@ class Transfer:
         except MessageError as exc:
             log.warning("a routed message could not be read, it is dropped: %s", exc)
             return False
-        destination, queue = annotations.get(DESTINATION), annotations.get(QUEUE)
-        hops = annotations.get(HOPS, 0)
-        possible_duplicate = bool(annotations.get(DOUBT, False))
-        reason = None
+        destination, queue, hops = annotations.get(DESTINATION), annotations.get(QUEUE), annotations.get(HOPS, 0)
         if not isinstance(destination, str) or not isinstance(queue, str) or not isinstance(hops, int):
-            reason = "it has no routing annotations"
-        elif destination == self.local:
+            return self._unroutable(transaction, message, "it has no routing annotations")
+        message = message.with_annotations({HOPS: UInt(hops + 1)})
+        possible_duplicate = bool(annotations.get(DOUBT, False))
+        if destination == self.local:
             if queue.startswith(TEMPORARY_PREFIX) and queue not in self.manager.queues:
-                self.dropped += 1
+                self.dropped += 1  # its requester is gone
                 return False
             try:
                 transaction.send(queue, message, possible_duplicate=possible_duplicate)
-                return True
             except QueueNotFound as exc:
-                reason = str(exc)
+                return self._unroutable(transaction, message, str(exc))
         elif hops + 1 >= MAX_PATH:
-            reason = f"it passed {hops + 1} routers (a loop?)"
+            return self._unroutable(transaction, message, f"it passed {hops + 1} routers (a loop?)")
         elif self._destination(destination) is None:
-            reason = f"router {destination!r} is not known to router {self.local!r}"
+            return self._unroutable(transaction, message,
+                                    f"router {destination!r} is not known to router {self.local!r}")
         else:
-            transaction.send(f"{queue}@{destination}", message.with_annotations({HOPS: UInt(hops + 1)}),
-                             possible_duplicate=possible_duplicate)
-            return True
+            transaction.send(f"{queue}@{destination}", message, possible_duplicate=possible_duplicate)
+        return True
+
+    def _unroutable(self, transaction: Transaction, message: Message, reason: str) -> bool:
         transaction.send(UNROUTABLE, message.with_annotations({UNROUTABLE_REASON: reason}))
         self.unroutable += 1
-        log.warning("a message for %s@%s went to unroutable: %s", queue, destination, reason)
+        log.warning("a routed message went to unroutable on router %s: %s", self.local, reason)
         return True
 
     async def _prepare_inbound(self, link: Link, state: _LinkTransfer, xid: str,
