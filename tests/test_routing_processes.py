@@ -129,9 +129,12 @@ SAMPLE_PORTS = (5681, 5682, 5683, 4101, 4102, 4103)
 
 
 def busy_ports(ports) -> list[int]:
+    """The ports of ``ports`` a listener cannot bind (SO_REUSEADDR, as trio's listeners: a
+    closed connection's TIME-WAIT does not count)."""
     busy = []
     for port in ports:
         with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
