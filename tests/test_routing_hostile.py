@@ -375,7 +375,7 @@ async def test_a_valid_lead_in_then_random_frames(hub):
 
 
 async def test_hostile_announcements_after_a_whole_handshake_close_the_link(hub):
-    @HYPOTHESIS
+    @settings(HYPOTHESIS, max_examples=3 * EXAMPLES)
     @given(data=st.data())
     def example(data) -> None:
         name = next(hub.names)
@@ -393,6 +393,17 @@ async def test_hostile_announcements_after_a_whole_handshake_close_the_link(hub)
         await hub.check(f"{kind}: {bad[:200]!r}")
 
     await hypothesis(example)
+
+
+async def test_a_route_through_the_receiver_is_refused_by_the_exchanger_and_logged(hub):
+    name = next(hub.names)
+    async with await Mallory.connect(hub, name) as mallory:
+        await send(mallory.stream, encode(Route(add=True, destination="x1", path=(name, "hub", "x1"))))
+        closed = await mallory.ended_by_hub()
+        assert closed is not None and closed.by_peer and "bad route announcement" in closed.reason, closed
+    warnings = [r.getMessage() for r in hub.caplog.records if r.levelno == logging.WARNING]
+    assert any(f"to {name}: bad route announcement: a looping route" in w for w in warnings), warnings
+    await hub.check("a route through the receiver")
 
 
 async def test_valid_announcements_keep_the_link(hub):
