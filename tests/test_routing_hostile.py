@@ -23,10 +23,12 @@ test, not once per example.
 
 from __future__ import annotations
 
+import gc
 import logging
 import resource
 import struct
 import time
+import warnings
 
 import msgpack
 import pytest
@@ -456,3 +458,26 @@ async def test_a_peer_announcing_thousands_of_routes(hub):
     await hub.network.settle(BASELINE, timeout=60)
     print(f"withdrawn everywhere {time.perf_counter() - started:.2f} s after the link closed")
     await hub.check("thousands of routes")
+
+
+async def test_a_connector_whose_tls_handshake_fails_closes_its_socket(network, tmp_path):
+    """Bug found here: the TCP stream under a failed TLS handshake was left to the garbage
+    collector (a ResourceWarning per retry)."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    await trio.run_process(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                            "-keyout", str(key), "-out", str(cert)], capture_stdout=True, capture_stderr=True)
+    await network.start_routers("a", listener={"tls_certificate": str(cert), "tls_key": str(key)})
+    await network.start_routers("b")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        network.connect("b", "a", name="untrusted", **{"use-tls": "true", "retry-time": "1000"})
+        usage = lambda: network.routers["b"].management.resolve(  # noqa: E731
+            "/sys$routing/usage/connectors/untrusted").properties()
+        with trio.fail_after(10):
+            while usage()["attempts"] < 3:
+                await trio.sleep(0.05)
+        gc.collect()
+    assert "CERTIFICATE_VERIFY_FAILED" in usage()["last-error"]
+    leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not leaks, leaks
