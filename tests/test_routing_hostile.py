@@ -481,3 +481,16 @@ async def test_a_connector_whose_tls_handshake_fails_closes_its_socket(network, 
     assert "CERTIFICATE_VERIFY_FAILED" in usage()["last-error"]
     leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert not leaks, leaks
+
+
+async def test_announcements_after_a_bad_one_on_the_same_read_are_not_applied(hub):
+    """Bug found here: a link closed for a bad announcement still fed the exchanger the
+    announcements that arrived with it (learned, passed on to friend, then withdrawn)."""
+    name = next(hub.names)
+    async with await Mallory.connect(hub, name) as mallory:
+        await send(mallory.stream, encode(Route(add=True, destination="x1", path=(name, "hub", "x1")))
+                   + encode(Route(add=True, destination="vafter", path=(name, "vafter"))))
+        closed = await mallory.ended_by_hub()
+        assert closed is not None and "bad route announcement" in closed.reason, closed
+    await hub.check("a bad announcement and a good one")
+    assert "route to vafter" not in hub.caplog.text
