@@ -3,8 +3,9 @@ routers in one process (the ``network`` fixture), real AMQP clients (ours, and p
 
 While a router ``R`` is known — a static route or a learned route — a send to ``q@R`` is
 accepted into the persistent routing queue ``rt$R`` (and moved on while a link leads to R:
-with only a static route the messages wait there); an unknown ``R`` is refused with ``amqp:not-found`` saying so; when ``R`` is
-removed the redirection goes and ``rt$R`` keeps its messages. Temporary queues are given to
+with only a static route the messages wait there); an unknown ``R`` is refused with
+``amqp:not-found`` saying so; when ``R`` is removed the redirection goes and ``rt$R`` keeps
+its messages. Temporary queues are given to
 clients as ``tmp$…@<router>``.
 """
 

@@ -179,6 +179,8 @@ class Link:
         while events := self.machine.events():
             for event in events:
                 if isinstance(event, RouteReceived):
+                    if self.error is not None:  # closed (e.g. for a bad announcement) while handling this read
+                        continue
                     # on the wire a path starts with its sender; the exchanger takes the sender's own path
                     self.routes_received += 1
                     self.owner.route_received(self, Announcement(event.add, event.destination, event.path[1:]))

@@ -448,7 +448,8 @@ class RoutingSwiftlet:
             transport = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
             try:
                 host, peer_port = transport.socket.getpeername()[:2]
-            except OSError:
+            except OSError:  # the peer is gone already
+                await trio.aclose_forcefully(stream)
                 return
             if live.host_access_list and not any(like_pattern(p).fullmatch(host) for p in live.host_access_list):
                 counts["refused"] += 1
@@ -570,15 +571,15 @@ class RoutingSwiftlet:
                     stream = trio.SSLStream(stream, tls, server_hostname=config.hostname)
                     await stream.do_handshake()
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as exc:
-            if stream is not None:
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
-                    await stream.aclose()
+            if stream is not None:  # the TLS handshake failed: close the TCP socket under it
+                await trio.aclose_forcefully(stream)
             reason = f"cannot connect to {config.hostname}:{config.port}: " + (
                 "timed out" if isinstance(exc, trio.TooSlowError) else describe(exc))
             if connector.error != reason:
                 log.warning("routing connector %s: %s", name, reason)
             self._set_state(connector, LinkState.FAILED, reason)
             return False
+        assert stream is not None
         configure_socket(stream, no_delay=config.use_tcp_no_delay, receive_buffer=config.router_input_buffer_size,
                          send_buffer=config.router_output_buffer_size)
         link = Link(self, stream, role=Role.CONNECTOR, name=f"connector:{name}",

@@ -1,0 +1,169 @@
+"""Routing between real ``martinet run`` processes: a triangle that loses a router and gets it back.
+
+Each router's routing table is read from its log: the route exchanger logs one INFO line per
+route added or removed (``route to DEST via HOP (N hops: PATH) added``), so replaying a
+router's log in order gives its table. Every wait is a poll with a deadline; a failed wait
+shows every router's log.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from processes import RouterProcess, free_port
+
+pytestmark = pytest.mark.slow
+
+CONF = Path(__file__).resolve().parent.parent / "conf" / "network"
+PASSWORD = "triangle-secret"
+NAMES = ("paris", "lyon", "tokyo")
+TRIANGLE = {"paris": "lyon", "lyon": "tokyo", "tokyo": "paris"}  # who dials whom
+
+ROUTER = """\
+<router name="{name}"
+        startorder="sys$log sys$store sys$authentication sys$queuemanager sys$topicmanager sys$jms sys$routing">
+  <swiftlet name="sys$log" level="INFO"/>
+  <swiftlet name="sys$store" path="store" sync="normal"/>
+  <swiftlet name="sys$jms">
+    <listeners>
+      <listener name="amqp" port="{amqp}" bind-address="127.0.0.1"/>
+    </listeners>
+  </swiftlet>
+  <swiftlet name="sys$routing" reject-disconnect-delay="1000">
+    <listeners>
+      <listener name="plainsocket" port="{routing}" bindaddress="127.0.0.1" password="{password}"
+                keepalive-interval="1000"/>
+    </listeners>
+    <connectors>
+      <connector name="{target}" hostname="127.0.0.1" port="{target_port}" password="{password}" retry-time="1000"/>
+    </connectors>
+  </swiftlet>
+</router>
+"""
+
+_ROUTE = re.compile(r"\[(?P<router>[\w-]+)\] \S+: route to (?P<dest>[\w-]+) via (?P<hop>[\w-]+) "
+                    r"\(\d+ hops?: (?P<path>[\w -]+)\) (?P<change>added|removed)$", re.MULTILINE)
+
+
+def table(log: str) -> dict[str, set[tuple[str, ...]]]:
+    """A router's routing table as its log tells it: destination -> routes (paths)."""
+    routes: set[tuple[str, ...]] = set()
+    for match in _ROUTE.finditer(log):
+        path = tuple(match["path"].split())
+        assert path[0] == match["hop"] and path[-1] == match["dest"], match[0]
+        if match["change"] == "added":
+            routes.add(path)
+        else:
+            routes.discard(path)
+    result: dict[str, set[tuple[str, ...]]] = {}
+    for path in routes:
+        result.setdefault(path[-1], set()).add(path)
+    return result
+
+
+def wait_until(what: str, predicate: Callable[[], bool], logs: Callable[[], str], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}\n{logs()}")
+        time.sleep(0.1)
+
+
+FULL_TRIANGLE = {  # every router reaches the other two directly and over the third
+    "paris": {"lyon": {("lyon",), ("tokyo", "lyon")}, "tokyo": {("tokyo",), ("lyon", "tokyo")}},
+    "lyon": {"paris": {("paris",), ("tokyo", "paris")}, "tokyo": {("tokyo",), ("paris", "tokyo")}},
+    "tokyo": {"paris": {("paris",), ("lyon", "paris")}, "lyon": {("lyon",), ("paris", "lyon")}},
+}
+
+
+def test_a_triangle_of_processes_survives_a_sigkilled_router_and_takes_it_back(router_processes):
+    routing = {name: free_port() for name in NAMES}
+    xml = {name: ROUTER.format(name=name, amqp=free_port(), routing=routing[name], password=PASSWORD,
+                               target=TRIANGLE[name], target_port=routing[TRIANGLE[name]]) for name in NAMES}
+    routers = {name: router_processes.start(xml[name]) for name in NAMES}
+    logs = router_processes.logs
+
+    def tables() -> dict[str, dict]:
+        return {name: table(routers[name].current()) for name in NAMES}
+
+    wait_until("the triangle learns every route", lambda: tables() == FULL_TRIANGLE, logs)
+    for name in NAMES:
+        assert routers[name].current().count(" operational: ") == 2, logs()
+
+    lyon = routers["lyon"]
+    assert lyon.kill() == -9
+    survivors = {"paris": {"tokyo": {("tokyo",)}}, "tokyo": {"paris": {("paris",)}}}
+    # SIGKILL leaves the kernel to close lyon's sockets: the peers read the end of the stream
+    # (or, had the host gone, would miss 5 keepalives of 1 s); either way within a few seconds
+    wait_until("paris and tokyo drop every route via or to lyon and keep their own link",
+               lambda: {name: table(routers[name].current()) for name in survivors} == survivors, logs, timeout=15)
+    for name in survivors:
+        assert re.search(r"routing link \S+ \(127\.0\.0\.1:\d+, router lyon\) closed: ", routers[name].current()), \
+            logs()
+
+    lyon.restart()
+    wait_until("after lyon's restart every router has routes to every other again",
+               lambda: tables() == FULL_TRIANGLE, logs)
+    for name in NAMES:  # nothing failed loudly on the way
+        assert "Traceback" not in routers[name].text(), logs()
+
+
+def test_every_sample_network_config_passes_martinet_check():
+    files = sorted(CONF.glob("*.xml"))
+    assert [f.stem for f in files] == ["lyon", "paris", "tokyo"]
+    for file in files:
+        result = subprocess.run([sys.executable, "-m", "martinet.kernel", "check", str(file)],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, f"{file}: exit {result.returncode}\n{result.stdout}{result.stderr}"
+
+
+SAMPLE_PORTS = (5681, 5682, 5683, 4101, 4102, 4103)
+
+
+def busy_ports(ports) -> list[int]:
+    """The ports of ``ports`` a listener cannot bind (SO_REUSEADDR, as trio's listeners: a
+    closed connection's TIME-WAIT does not count)."""
+    busy = []
+    for port in ports:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                busy.append(port)
+    return busy
+
+
+def test_the_sample_network_runs_as_is_and_forms_routes(tmp_path):
+    if busy := busy_ports(SAMPLE_PORTS):
+        pytest.skip(f"the sample network's fixed ports are in use here: {busy}")
+    routers: dict[str, RouterProcess] = {}
+    try:
+        for name in NAMES:
+            folder = tmp_path / name
+            folder.mkdir()
+            routers[name] = RouterProcess([str(CONF / f"{name}.xml")], folder, name=name)
+
+        def logs() -> str:
+            return "\n".join(f"--- {name}:\n{router.text()}" for name, router in routers.items())
+
+        for router in routers.values():
+            router.wait_started()
+        # connectors retry every 5 s there: a router dialled before its peer listened waits once
+        wait_until("the sample network learns every route",
+                   lambda: {name: table(router.current()) for name, router in routers.items()} == FULL_TRIANGLE,
+                   logs, timeout=45)
+        for name, router in routers.items():
+            assert router.stop() == 0, logs()
+            assert (tmp_path / name / "store" / f"{name}.sqlite").exists()
+    finally:
+        for router in routers.values():
+            router.close()
