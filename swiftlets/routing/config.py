@@ -49,31 +49,15 @@ class HostAccessEntry:
     name: str = prop(description="SQL-LIKE pattern of addresses allowed to connect (e.g. 10.1.%).")
 
 
-_TRANSFER = dict(
-    inbound_transaction_size=(20, "Number of messages per transaction this side accepts inbound "
-                                  "(announced to the sending side)."),
-    inbound_window_size=(10, "Max. number of open transactions this side accepts inbound "
-                             "(announced to the sending side)."),
-)
-
-
 @config_class
-class ListenerConfig:
-    name: str = prop(description="Name of this listener.")
-    bindaddress: str = prop("0.0.0.0", reboot_required=True, description="Listener bind IP address.")
-    port: int = prop(4100, min=0, max=65535, reboot_required=True,
-                     description="Listener port; 0 takes any free port (shown under usage/listeners).")
-    use_tcp_no_delay: bool = prop(True, description="Use TCP no delay (no Nagle) on accepted links.")
-    password: str = prop("", secret=True, description="Password both sides prove with HMAC-SHA256 "
-                         "challenge/response (never sent); empty: no authentication. Connectors to this "
-                         "listener must have the same one. Stored as written (the HMAC needs the secret itself).")
-    keepalive_interval: int = prop(60_000, min=0, description="Interval (ms) for sending keepalive messages "
-                                   "on this listener's links, handed to the connector; a link with 5 intervals "
-                                   "of silence is closed. 0: no keepalive.")
-    inbound_transaction_size: int = prop(_TRANSFER["inbound_transaction_size"][0], min=1, max=100_000,
-                                         description=_TRANSFER["inbound_transaction_size"][1])
-    inbound_window_size: int = prop(_TRANSFER["inbound_window_size"][0], min=1, max=10_000,
-                                    description=_TRANSFER["inbound_window_size"][1])
+class LinkConfig:
+    """What listeners and connectors both configure about their links (seed 000's shared
+    attributes); "inbound" values are what this side accepts and announces to the sender."""
+
+    inbound_transaction_size: int = prop(20, min=1, max=100_000, description="Number of messages per "
+                                         "transaction this side accepts inbound (announced to the sending side).")
+    inbound_window_size: int = prop(10, min=1, max=10_000, description="Max. number of open transactions "
+                                    "this side accepts inbound (announced to the sending side).")
     router_input_buffer_size: int = prop(131_072, min=65_536, description="Router network input buffer size: "
                                          "the socket's receive buffer (SO_RCVBUF).")
     router_input_extend_size: int = prop(65_536, min=65_536, description="Router network input extend size "
@@ -83,10 +67,25 @@ class ListenerConfig:
                                           "the socket's send buffer (SO_SNDBUF).")
     router_output_extend_size: int = prop(65_536, min=65_536, description="Router network output extend size "
                                           "(no effect, as router-input-extend-size).")
-    use_compression: bool = prop(False, description="Uses wire-level compression if enabled (of message "
-                                 "payloads, once messages travel: routing part 2).")
+    use_compression: bool = prop(False, description="Uses wire-level compression if enabled: batches of "
+                                 "messages travel zlib-compressed when both sides enable it.")
     use_xa: bool = prop(True, description="Uses 2 phase commit protocol (XA) if enabled; XA is used when "
                         "either side asks for it.")
+    use_tcp_no_delay: bool = prop(True, description="Use TCP no delay (no Nagle).")
+
+
+@config_class
+class ListenerConfig(LinkConfig):
+    name: str = prop(description="Name of this listener.")
+    bindaddress: str = prop("0.0.0.0", reboot_required=True, description="Listener bind IP address.")
+    port: int = prop(4100, min=0, max=65535, reboot_required=True,
+                     description="Listener port; 0 takes any free port (shown under usage/listeners).")
+    password: str = prop("", secret=True, description="Password both sides prove with HMAC-SHA256 "
+                         "challenge/response (never sent); empty: no authentication. Connectors to this "
+                         "listener must have the same one. Stored as written (the HMAC needs the secret itself).")
+    keepalive_interval: int = prop(60_000, min=0, description="Interval (ms) for sending keepalive messages "
+                                   "on this listener's links, handed to the connector; a link with 5 intervals "
+                                   "of silence is closed. 0: no keepalive.")
     tls_certificate: str = prop("", reboot_required=True, description="PEM certificate chain: with it the "
                                 "listener speaks TLS (SwiftMQ's JSSESocketFactory); empty: plain TCP.")
     tls_key: str = prop("", reboot_required=True, description="PEM private key of tls-certificate.")
@@ -96,13 +95,12 @@ class ListenerConfig:
 
 
 @config_class
-class ConnectorConfig:
+class ConnectorConfig(LinkConfig):
     name: str = prop(description="Name of this connector.")
     hostname: str = prop(description="Remote hostname (of the other router's routing listener).")
     port: int = prop(min=1, max=65535, description="Remote port.")
     enabled: bool = prop(True, description="Enables/disables this connector: a disabled connector closes "
                          "its link and does not connect (the scheduler's Routing Connector job drives it).")
-    use_tcp_no_delay: bool = prop(True, description="Use TCP no delay (no Nagle).")
     password: str = prop("", secret=True, description="Password of the remote listener (see the listener's "
                          "password); empty: the listener must not require one.")
     retry_time: int = prop(60_000, min=1000, description="Retry time (ms) between connection attempts; with "
@@ -111,22 +109,6 @@ class ConnectorConfig:
                                      "retry every retry-time (SwiftMQ); exponential: 2 s, doubling after each "
                                      "failed attempt up to retry-time (Qpid: 2 s to 64 s), back to 2 s after a "
                                      "link became operational.")
-    inbound_transaction_size: int = prop(_TRANSFER["inbound_transaction_size"][0], min=1, max=100_000,
-                                         description=_TRANSFER["inbound_transaction_size"][1])
-    inbound_window_size: int = prop(_TRANSFER["inbound_window_size"][0], min=1, max=10_000,
-                                    description=_TRANSFER["inbound_window_size"][1])
-    router_input_buffer_size: int = prop(131_072, min=65_536, description="Router network input buffer size: "
-                                         "the socket's receive buffer (SO_RCVBUF).")
-    router_input_extend_size: int = prop(65_536, min=65_536, description="Router network input extend size "
-                                         "(no effect: our buffers grow as needed).")
-    router_output_buffer_size: int = prop(131_072, min=65_536, description="Router network output buffer size: "
-                                          "the socket's send buffer (SO_SNDBUF).")
-    router_output_extend_size: int = prop(65_536, min=65_536, description="Router network output extend size "
-                                          "(no effect).")
-    use_compression: bool = prop(False, description="Uses wire-level compression if enabled (of message "
-                                 "payloads, once messages travel: routing part 2).")
-    use_xa: bool = prop(True, description="Uses 2 phase commit protocol (XA) if enabled; XA is used when "
-                        "either side asks for it.")
     use_tls: bool = prop(False, description="(Martinet) Connect with TLS (the listener has a tls-certificate).")
     tls_ca: str = prop("", description="(Martinet) PEM file of the certificates trusted to sign the "
                        "listener's; empty: the system's trust store.")
