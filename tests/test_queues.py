@@ -548,6 +548,27 @@ async def test_a_slowed_queue_calls_back_when_consumers_bring_it_back(make_broke
     await running.stop()
 
 
+async def test_a_transactional_consumer_calls_back_too(make_broker):
+    """The routing dispatcher consumes in transactions: their commits must let producers
+    waiting on the backlog go, as single acknowledgements do."""
+    running = make_broker(queues='<queue name="slow" flowcontrol-start-queuesize="2"/>')
+    await running.start()
+    queue_manager = running.queue_manager
+    consumer = queue_manager.queue("slow").consumer()
+    for n in range(5):
+        await queue_manager.send("slow", msg(n))
+    calls = []
+    assert queue_manager.when_backlog_cleared("slow", lambda: calls.append("cleared")) is not None
+    consumer.flow(5)
+    transaction = queue_manager.transaction()
+    for entry in [consumer.receive_nowait() for _ in range(3)]:
+        transaction.acknowledge(consumer, entry)
+    assert calls == []
+    await transaction.commit()
+    assert calls == ["cleared"]
+    await running.stop()
+
+
 async def test_queues_in_the_management_tree(broker):
     tree = broker.router.management
     tree.add("/sys$queuemanager/queues", "managed", {"max-messages": "1"})

@@ -955,6 +955,8 @@ class Transaction:
             entry.state = GONE
             queue.uncount(entry)
             queue.dequeued += 1
+        for queue in {queue for queue, _ in self._acks}:  # (a consumer's commit frees a backlog too)
+            queue.check_backlog()
 
     async def rollback(self) -> None:
         """Drop the staged sends and redeliver the acknowledged entries (as failed deliveries).

@@ -541,6 +541,11 @@ class Queue:
         self.dequeued += 1
         if entry.persistent:
             self.manager.persist_removal(entry)
+        self.check_backlog()
+
+    def check_backlog(self) -> None:
+        """Entries left: call the producers' flow-control waits back once the queue is down
+        to its ``flowcontrol-start-queuesize`` (see QueueManager.when_backlog_cleared)."""
         if self.backlog_callbacks and self.size <= self.settings.flowcontrol_start_queuesize:
             callbacks, self.backlog_callbacks = self.backlog_callbacks, []
             for callback in callbacks:
