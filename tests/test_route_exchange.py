@@ -549,3 +549,14 @@ def test_random_networks_settle_on_the_reference(network, rng):
         if frozenset((a, b)) in net.links:
             phase_cost(net, limits, filters, lambda: net.link_down(a, b))
         phase_cost(net, limits, filters, lambda: net.link_up(a, b))
+
+
+def test_a_neighbour_announcing_more_routes_than_allowed_breaks_the_protocol():
+    exchanger = RouteExchanger("a", max_routes_per_link=3)
+    exchanger.link_up("b")  # the direct route is the first of b's three
+    for router in ("c", "d"):
+        exchanger.receive("b", Announcement(True, router, (router,)))
+    with pytest.raises(BadAnnouncement, match="b announced more than max-routes-per-link 3 routes"):
+        exchanger.receive("b", Announcement(True, "e", ("e",)))
+    assert exchanger.destination("e") is None
+    exchanger.receive("b", Announcement(True, "c", ("c",)))  # one it has: still fine

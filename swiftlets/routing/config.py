@@ -126,6 +126,9 @@ class RoutingConfig:
                                     "scheduling over every link with a route (else the shortest route).")
     inbound_flow_control_enabled: bool = prop(False, reboot_required=True, description="Enables/disables "
                                               "inbound flow control (routing part 2).")
+    max_routes_per_link: int = prop(10_000, min=1, description="(Martinet) Most routes one neighbour may "
+                                    "announce; a link whose peer announces more is closed with that reason (one "
+                                    "peer cannot fill every router's table).")
     route_announce_hop_limit: int = prop(3, min=-1, description="Maximum hop count for route announce "
                                          "(-1 = unlimited, as is 0): a route of this many hops or more is not "
                                          "passed on.")

@@ -224,7 +224,7 @@ class RouteExchanger:
     """
 
     def __init__(self, local: str, *, hop_limit: int = 3, filters: Mapping[str, RouteFilter] | None = None,
-                 round_robin: bool = False, log: logging.Logger | None = None):
+                 round_robin: bool = False, max_routes_per_link: int = 10_000, log: logging.Logger | None = None):
         """
         Args:
             local: this router's name.
@@ -233,6 +233,9 @@ class RouteExchanger:
             filters: ``route-filters``, by the name of the neighbour they apply to.
             round_robin: ``roundrobin-enabled``: :attr:`Destination.rotation` lists every
                 neighbour with a route instead of the next hop alone.
+            max_routes_per_link: ``max-routes-per-link``: a neighbour announcing more routes
+                breaks the protocol (:class:`BadAnnouncement`): one peer cannot fill every
+                router's table (may be changed at any time: it applies to further ADDs).
             log: the logger for route changes (default: this module's).
 
         Raises:
@@ -243,6 +246,7 @@ class RouteExchanger:
         self._hop_limit = _check_hop_limit(hop_limit)
         self._filters = _check_filters(filters or {})
         self._round_robin = round_robin
+        self.max_routes_per_link = max_routes_per_link
         self._log = log or logging.getLogger(__name__)
         self._table: dict[str, dict[Path, int]] = {}  # destination -> {route: learn sequence}; no empty dicts
         self._learned: dict[str, set[Path]] = {}  # neighbour -> the routes learned over its link
@@ -357,6 +361,9 @@ class RouteExchanger:
         path = self.check(neighbour, announcement)
         if announcement.add:
             if path not in learned:
+                if len(learned) >= self.max_routes_per_link:
+                    raise BadAnnouncement(f"{neighbour} announced more than max-routes-per-link "
+                                          f"{self.max_routes_per_link} routes")
                 self._add_route(path)
         elif path in learned:
             self._remove_route(path)

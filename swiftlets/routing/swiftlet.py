@@ -108,7 +108,8 @@ class RoutingSwiftlet:
         self.local = context.router_name
         config: RoutingConfig = context.config
         self.exchanger = RouteExchanger(self.local, hop_limit=config.route_announce_hop_limit,
-                                        filters=_filters(config), round_robin=config.roundrobin_enabled)
+                                        filters=_filters(config), round_robin=config.roundrobin_enabled,
+                                        max_routes_per_link=config.max_routes_per_link)
         self._nursery: trio.Nursery | None = None
         self._links: dict[str, Link] = {}  # operational links by peer name
         self._connectors: dict[str, _Connector] = {}
@@ -174,6 +175,8 @@ class RoutingSwiftlet:
     def _swiftlet_changed(self, change: Change) -> None:
         if change.field == "route_announce_hop_limit":
             self._apply(self.exchanger.set_hop_limit(change.new))
+        elif change.field == "max_routes_per_link":
+            self.exchanger.max_routes_per_link = change.new
 
     def _static_added(self, entity: Entity) -> None:
         """Raises Veto for a name no router can have (its ``rt$`` queue and ``%@`` redirection
