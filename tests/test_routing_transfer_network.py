@@ -163,3 +163,4 @@ async def test_a_message_for_a_missing_queue_goes_to_unroutable_with_the_reason(
     annotations = next(iter(unroutable.browse())).message.message_annotations
     assert annotations[UNROUTABLE_REASON] == "queue 'missing' does not exist on router b"
     assert annotations[SOURCE] == "a" and annotations[QUEUE] == "missing" and annotations[HOPS] == 1
+    assert network.routers["b"].management.get("/sys$routing/usage", "unroutable") == 3
