@@ -27,7 +27,10 @@ end, exchanger output included, before anything else runs.
   destination ``R`` added gets the queue ``rt$R`` (created if missing) and the redirection
   ``%@R`` → ``rt$R``; a destination removed loses the redirection but keeps ``rt$R`` with
   its messages. The queue ``unroutable`` is made at start; ``rt$`` queues recovered from
-  the store are left alone (their router may come back). Without a queue manager (a
+  the store are left alone (their router may come back). The redirection adds the routing
+  annotations (:func:`.transfer.routing_rewrite`), and each destination added gets a
+  dispatcher (:class:`.transfer.Transfer`), which moves what waits in ``rt$R`` over the
+  links; the links' recovery and transfer events go to it. Without a queue manager (a
   routing-only router) none of this happens.
 - **Runtime changes** through the management tree: listeners, connectors, static routes and
   filters can be added and removed, the hop limit and filters changed (the exchanger sends
