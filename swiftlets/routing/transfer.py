@@ -263,10 +263,9 @@ class Transfer:
         row = self._destination(router)
         if row is None or not row.active:
             return None
-        neighbours = row.rotation[turn % len(row.rotation):] + row.rotation[:turn % len(row.rotation)] \
-            if len(row.rotation) > 1 else (row.next_hop,)
-        for neighbour in neighbours:
-            link = self._links.get(neighbour or "")
+        start = turn % len(row.rotation)  # (the rotation is just the next hop without round robin)
+        for neighbour in row.rotation[start:] + row.rotation[:start]:
+            link = self._links.get(neighbour)
             if link is not None and link.machine.window_available - self._link(link).reserved > 0:
                 return link
         return None
@@ -284,26 +283,22 @@ class Transfer:
         queue = self.manager.queue(routing_queue(router), create=True)
         consumer = queue.consumer(owner=self)
         consumer.notify = lambda: self._dispatchers[router].set()
-        turns = itertools.count()
+        turn = 0
         try:
             while True:
                 wakeup = self._dispatchers[router]
-                link = self._choose(router, next(turns))
-                if link is None:
-                    consumer.set_credit(0)
+                link = self._choose(router, turn)
+                size = link.operational.peer_transaction_size if link and link.operational else 0
+                consumer.set_credit(size)
+                entries = consumer.take(size) if link else []
+                if not entries:  # no link with room, or nothing to send: wait for a change
                     await wakeup.wait()
                     self._dispatchers[router] = trio.Event()
                     continue
-                operational = link.operational
-                assert operational is not None
-                consumer.set_credit(operational.peer_transaction_size)
-                entries = consumer.take(operational.peer_transaction_size)
-                if not entries:
-                    await wakeup.wait()
-                    self._dispatchers[router] = trio.Event()
-                    continue
+                assert link is not None
                 entries = self._fitting(consumer, entries, link)
                 if entries:
+                    turn += 1  # round robin rotates per batch sent
                     await self._send(link, consumer, entries, router)
         finally:
             consumer.close()
