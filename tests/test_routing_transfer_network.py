@@ -146,7 +146,8 @@ async def test_round_robin_over_two_equal_links(network):
     management = network.routers["a"].management
     over_b = management.get("/sys$routing/usage/connections/connector:b", "messages-out")
     over_c = management.get("/sys$routing/usage/connections/connector:c", "messages-out")
-    assert over_b + over_c == 1000 and over_b > 100 and over_c > 100, (over_b, over_c)
+    # one batch each in turn: an even split (taking the first link with room gives about 760/240)
+    assert over_b + over_c == 1000 and 400 <= over_b <= 600, (over_b, over_c)
 
 
 async def test_a_message_for_a_missing_queue_goes_to_unroutable_with_the_reason(network):
