@@ -105,12 +105,15 @@ REFUSED_BACKOFF = 1.0  # seconds a dispatcher waits after the peer refused a tra
 
 def routing_rewrite(local: str) -> Rewrite:
     """The redirection rewrite of ``%@R`` → ``rt$R``: a message entering the network here
-    gets its routing annotations; one already travelling (forwarded) keeps them."""
+    gets its routing annotations; one already travelling to ``address`` (forwarded) keeps
+    them. One that arrived here by routing and is sent on somewhere else (a queue bridge)
+    starts a new journey."""
 
     def rewrite(address: str, message: Message) -> Message:
-        if SOURCE in message.message_annotations:
-            return message
         queue, _, router = address.rpartition("@")
+        annotations = message.message_annotations
+        if SOURCE in annotations and annotations.get(DESTINATION) == router and annotations.get(QUEUE) == queue:
+            return message
         return message.with_annotations({SOURCE: local, DESTINATION: router, QUEUE: queue, HOPS: UInt(0)})
 
     return rewrite

@@ -1,0 +1,146 @@
+"""Routing part 2, issue 16 items 6–8 and 10: queue bridges, usage of the transfer, inbound
+flow control, time to live end to end. Real routers in one process, real AMQP clients,
+real stores (the pattern of ``test_routing_transfer_network.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from test_routing_transfer_network import consume, produce, verify, verify_set
+
+from martinet.kernel import ConfigErrors, load_config, load_swiftlet_specs
+from martinet.messaging.client import Queue, connect
+from martinet.swiftlets.routing.config import QueueBridgeConfig
+
+from conftest import wait_until
+from faultproxy import FaultProxy
+from network import ROUTING_STACK, routing_config
+
+
+async def start(network, *names, **routing):
+    for name in names:
+        await network.start(network.config(name, startorder=ROUTING_STACK,
+                                           swiftlets={"sys$routing": routing_config(**routing)}))
+
+
+def queues(network, router):
+    return network.routers[router].swiftlet("sys$queuemanager").queues
+
+
+def bridge_usage(network, router, bridge):
+    return network.routers[router].management.resolve(f"/sys$routing/usage/queue-bridges/{bridge}").properties()
+
+
+# -- queue bridges ------------------------------------------------------------------------
+
+
+async def test_a_bridge_moves_every_message_exactly_once_and_in_order(network):
+    await start(network, "a", queue_bridges=[QueueBridgeConfig(name="out", source_queue="outbox",
+                                                               destination="inbox@b", transaction_size=50)])
+    await start(network, "b")
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+    await produce(network.url("a"), "outbox", 500)
+    verify(await consume(network.url("b"), "inbox", 500), 500)
+    assert queues(network, "a")["outbox"].size == 0
+    usage = bridge_usage(network, "a", "out")
+    assert usage == {"source-queue": "outbox", "destination": "inbox@b", "state": "moving",
+                     "messages-moved": 500, "waiting-for": ""}
+
+
+async def test_a_bridge_added_at_runtime_waits_in_its_source_until_the_destination_is_known(network):
+    await start(network, "a", "b")
+    await produce(network.url("a"), "outbox", 100)
+    network.routers["a"].management.add("/sys$routing/queue-bridges", "out",
+                                        {"source-queue": "outbox", "destination": "inbox@b"})
+    await wait_until(lambda: bridge_usage(network, "a", "out")["state"] == "waiting", what="bridge waiting")
+    assert "router 'b' is not known" in bridge_usage(network, "a", "out")["waiting-for"]
+    assert queues(network, "a")["outbox"].size == 100  # nothing taken while b is unknown
+    network.connect("a", "b")
+    verify(await consume(network.url("b"), "inbox", 100), 100)
+    assert bridge_usage(network, "a", "out")["messages-moved"] == 100
+
+
+async def test_a_bridge_removed_at_runtime_stops_moving_and_its_messages_stay(network):
+    await start(network, "a", "b", queue_bridges=[QueueBridgeConfig(name="out", source_queue="outbox",
+                                                                    destination="inbox@b")])
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}})
+    await produce(network.url("a"), "outbox", 50, prefix="first")
+    verify(await consume(network.url("b"), "inbox", 50), 50, prefix="first")
+    network.routers["a"].management.remove("/sys$routing/queue-bridges", "out")
+    outbox = queues(network, "a")["outbox"]
+    await wait_until(lambda: not outbox.consumers, what="the bridge's consumer gone")
+    await produce(network.url("a"), "outbox", 30, prefix="second")
+    assert outbox.size == 30 and not outbox.consumers  # nobody moves them any more
+    assert "out" not in network.routers["a"].management.resolve("/sys$routing/usage/queue-bridges").children
+    verify(await consume(network.url("a"), "outbox", 30), 30, prefix="second")
+
+
+async def test_a_disabled_bridge_keeps_its_messages_and_moves_them_when_enabled(network):
+    await start(network, "a", "b", queue_bridges=[QueueBridgeConfig(name="out", source_queue="outbox",
+                                                                    destination="inbox@b", enabled=False)])
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}})
+    await produce(network.url("a"), "outbox", 40)
+    assert bridge_usage(network, "a", "out")["state"] == "disabled"
+    assert queues(network, "a")["outbox"].size == 40
+    network.routers["a"].management.set("/sys$routing/queue-bridges/out", "enabled", "true")
+    verify(await consume(network.url("b"), "inbox", 40), 40)
+
+
+async def test_a_link_cut_while_bridging_loses_and_duplicates_nothing(network, nursery):
+    await start(network, "a", queue_bridges=[QueueBridgeConfig(name="out", source_queue="outbox",
+                                                               destination="inbox@b")])
+    await start(network, "b")
+    proxy = FaultProxy("127.0.0.1", network.routing_port("b"))
+    await nursery.start(proxy.run)
+    network.routers["a"].management.add("/sys$routing/connectors", "b", {
+        "hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000"})
+    await network.settle({"a": {"b": 1}})
+    count = 2000
+    inbox = None
+
+    async def cut_when_flowing() -> None:
+        nonlocal inbox
+        with trio.fail_after(30):
+            while (inbox := queues(network, "b").get("inbox")) is None or inbox.size < 200:
+                await trio.sleep(0.005)
+        proxy.cut()  # transactions in flight stay prepared until the link is back
+
+    async with trio.open_nursery() as inner:
+        inner.start_soon(cut_when_flowing)
+        inner.start_soon(produce, network.url("a"), "outbox", count)
+    await network.settle({"a": {"b": 1}})  # the connector dialled again: recovery resolved the rest
+    verify_set(await consume(network.url("b"), "inbox", count), count)
+    assert bridge_usage(network, "a", "out")["messages-moved"] == count
+    assert not network.routers["a"].swiftlet("sys$queuemanager").prepared_transactions()
+    assert not network.routers["b"].swiftlet("sys$queuemanager").prepared_transactions()
+
+
+@pytest.mark.parametrize(("attributes", "attribute", "message"), [
+    ('source-queue="outbox" destination="inbox"', "destination", "expected queue@router, found 'inbox'"),
+    ('source-queue="outbox" destination="inbox@9b"', "destination", "invalid router name '9b'"),
+    ('source-queue="rt$b" destination="inbox@b"', "source-queue", "'rt$b' is a system queue"),
+    ('source-queue="out box" destination="inbox@b"', "source-queue", "invalid queue name 'out box'"),
+])
+def test_a_bad_bridge_in_the_config_file_is_reported_with_file_and_line(write_config, attributes, attribute,
+                                                                        message):
+    path = write_config(f'<router name="a" startorder="sys$routing">\n<swiftlet name="sys$routing">\n'
+                        f'<queue-bridges>\n<queue-bridge name="out" {attributes}/>\n</queue-bridges>\n'
+                        '</swiftlet></router>')
+    with pytest.raises(ConfigErrors) as caught:
+        load_config(path, load_swiftlet_specs())
+    [error] = caught.value.errors
+    assert error.line == 4 and f"{attribute}: {message}" in str(error), str(error)
+
+
+async def test_a_bad_bridge_added_at_runtime_is_refused_with_the_reason(network):
+    await start(network, "a")
+    with pytest.raises(Exception, match="expected queue@router"):
+        network.routers["a"].management.add("/sys$routing/queue-bridges", "out",
+                                            {"source-queue": "outbox", "destination": "nowhere"})
+    assert not network.routers["a"].management.resolve("/sys$routing/queue-bridges").entities
+    async with connect(network.url("a")) as connection, connection.session() as session:
+        async with session.producer(Queue("outbox")):
+            pass  # (the router still serves)
