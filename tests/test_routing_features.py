@@ -144,3 +144,30 @@ async def test_a_bad_bridge_added_at_runtime_is_refused_with_the_reason(network)
     async with connect(network.url("a")) as connection, connection.session() as session:
         async with session.producer(Queue("outbox")):
             pass  # (the router still serves)
+
+
+# -- usage ----------------------------------------------------------------------------------
+
+
+async def test_usage_shows_messages_rates_transactions_and_backlog_after_a_transfer(network):
+    await start(network, "a", "b")
+    management = {name: network.routers[name].management for name in ("a", "b")}
+    management["a"].add("/sys$routing/static-routes", "b")
+    await produce(network.url("a"), "orders@b", 300)
+    assert management["a"].get("/sys$routing/usage/routing-table/b", "backlog") == 300  # no link yet
+    network.connect("a", "b")
+    verify(await consume(network.url("b"), "orders", 300), 300)
+    out_link = "/sys$routing/usage/connections/connector:b"
+    [in_link] = [f"/sys$routing/usage/connections/{name}"
+                 for name in management["b"].resolve("/sys$routing/usage/connections").children]
+    sent, received = management["a"].resolve(out_link).properties(), management["b"].resolve(in_link).properties()
+    assert (sent["messages-out"], sent["messages-in"], received["messages-in"], received["messages-out"]) == \
+        (300, 0, 300, 0)
+    assert management["a"].get("/sys$routing/usage/routing-table/b", "backlog") == 0
+    await wait_until(lambda: management["a"].get(out_link, "open-transactions") == 0, what="a's transactions done")
+    assert management["a"].get(out_link, "in-doubt") == management["b"].get(in_link, "in-doubt") == 0
+    # a rate is messages over the last second's sample: the sample after the transfer saw them
+    await wait_until(lambda: management["a"].get(out_link, "messages-out-rate") > 0, what="an out rate")
+    await wait_until(lambda: management["b"].get(in_link, "messages-in-rate") > 0, what="an in rate")
+    assert management["a"].get(out_link, "messages-in-rate") == 0
+    await wait_until(lambda: management["a"].get(out_link, "messages-out-rate") == 0, what="the rate back to 0")

@@ -101,6 +101,7 @@ UNROUTABLE_REASON = Symbol("x-opt-martinet-unroutable")
 
 FRAME_OVERHEAD = 1024  # bytes of a TRANSACTION frame besides its messages (xid, field names, lengths)
 REFUSED_BACKOFF = 1.0  # seconds a dispatcher waits after the peer refused a transaction
+RATE_INTERVAL = 1.0  # seconds between samples of the links' message rates (the queues' interval)
 
 
 def routing_rewrite(local: str) -> Rewrite:
@@ -137,6 +138,17 @@ class _LinkTransfer:
     claim: Claim | None = None  # this link's xids, claimed from sys$xa while the link lives
     messages_out: int = 0
     messages_in: int = 0
+    out_rate: float = 0.0  # messages/s over the last RATE_INTERVAL, as a queue's send-rate
+    in_rate: float = 0.0
+    rate_mark: tuple[float, int, int] | None = None  # (when, messages_out, messages_in) of the last sample
+
+    def sample_rates(self, now: float) -> None:
+        if self.rate_mark is not None:
+            at, sent, received = self.rate_mark
+            if now > at:
+                self.out_rate = (self.messages_out - sent) / (now - at)
+                self.in_rate = (self.messages_in - received) / (now - at)
+        self.rate_mark = (now, self.messages_out, self.messages_in)
 
 
 class Transfer:
@@ -167,6 +179,7 @@ class Transfer:
         self._state: dict[Link, _LinkTransfer] = {}
         self.dropped = 0  # messages for temporary queues that were gone
         self.unroutable = 0
+        nursery.start_soon(self._sample_rates_forever)
 
     # -- the swiftlet's calls ---------------------------------------------------------------
 
@@ -197,8 +210,16 @@ class Transfer:
         if state is None:
             return {}
         return {"messages-out": state.messages_out, "messages-in": state.messages_in,
+                "messages-out-rate": round(state.out_rate, 1), "messages-in-rate": round(state.in_rate, 1),
                 "open-transactions": link.machine.open_transactions,
                 "in-doubt": sum(1 for xid in self.manager.prepared_transactions() if link.peer in (parties(xid) or ()))}
+
+    async def _sample_rates_forever(self) -> None:
+        while True:
+            await trio.sleep(RATE_INTERVAL)
+            now = trio.current_time()
+            for state in self._state.values():
+                state.sample_rates(now)
 
     def event(self, link: Link, event: Any) -> None:
         """Handle a transfer event of ``link``'s machine: the work is queued for the link's
@@ -232,7 +253,7 @@ class Transfer:
         """The transfer's state of ``link``, made (with the link's worker) on first use."""
         state = self._state.get(link)
         if state is None:
-            state = self._state[link] = _LinkTransfer()
+            state = self._state[link] = _LinkTransfer(rate_mark=(trio.current_time(), 0, 0))
             if self._xa is not None and link.peer is not None:
                 try:
                     state.claim = self._xa.claim("routing", *routing_prefixes(self.local, link.peer))
