@@ -10,6 +10,7 @@ from test_routing_transfer_network import consume, produce, verify, verify_set
 
 from martinet.kernel import ConfigErrors, load_config, load_swiftlet_specs
 from martinet.messaging.client import Queue, connect
+from martinet.swiftlets.queuemanager.config import QueueConfig, QueueManagerConfig
 from martinet.swiftlets.routing.config import QueueBridgeConfig
 
 from conftest import wait_until
@@ -171,3 +172,73 @@ async def test_usage_shows_messages_rates_transactions_and_backlog_after_a_trans
     await wait_until(lambda: management["b"].get(in_link, "messages-in-rate") > 0, what="an in rate")
     assert management["a"].get(out_link, "messages-in-rate") == 0
     await wait_until(lambda: management["a"].get(out_link, "messages-out-rate") == 0, what="the rate back to 0")
+
+
+# -- inbound flow control -------------------------------------------------------------------
+
+
+async def slow_flow_network(network, *, enabled: bool):
+    """a → b; b's queue ``slow`` starts flow control at 20 messages, b takes 2 transactions
+    of 10 messages at once, and b's routing has inbound flow control ``enabled``."""
+    await start(network, "a")
+    slow = QueueConfig(name="slow", flowcontrol_start_queuesize=20, max_flowcontrol_delay=1000)
+    await network.start(network.config("b", startorder=ROUTING_STACK, swiftlets={
+        "sys$routing": routing_config(inbound_flow_control_enabled=enabled,
+                                      listener={"inbound_transaction_size": 10, "inbound_window_size": 2}),
+        "sys$queuemanager": QueueManagerConfig(queues=[slow])}))
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+
+
+async def slow_consumer(url: str, count: int, pause: float) -> list[str]:
+    """Receive ``count`` messages from ``slow``, one at a time with ``pause`` between (bounded)."""
+    received = []
+    async with connect(url, consumer_cache_size=1) as connection, connection.session() as session:
+        async with session.consumer(Queue("slow")) as consumer:
+            with trio.fail_after(60):
+                while len(received) < count:
+                    received.append((await consumer.receive(30)).text)
+                    await trio.sleep(pause)
+    return received
+
+
+async def run_slow_flow(network, count: int) -> dict[str, int]:
+    """Produce ``count`` to slow@b at a while b's consumer is slow; the largest ``rt$b``
+    backlog at a and ``slow`` size at b seen, and b's link usage."""
+    seen = {"sender-backlog": 0, "far-queue": 0}
+    received: list[str] = []
+
+    async def watch() -> None:
+        while True:
+            sender, far = queues(network, "a").get("rt$b"), queues(network, "b").get("slow")
+            seen["sender-backlog"] = max(seen["sender-backlog"], sender.size if sender else 0)
+            seen["far-queue"] = max(seen["far-queue"], far.size if far else 0)
+            await trio.sleep(0.005)
+
+    async def consume_all() -> None:
+        received.extend(await slow_consumer(network.url("b"), count, 0.02))
+
+    async with trio.open_nursery() as inner:
+        inner.start_soon(watch)
+        async with trio.open_nursery() as work:
+            work.start_soon(consume_all)
+            work.start_soon(produce, network.url("a"), "slow@b", count)
+        inner.cancel_scope.cancel()
+    verify(received, count)  # nothing lost, nothing twice, in order
+    [link] = network.routers["b"].management.resolve("/sys$routing/usage/connections").children.values()
+    return {**seen, **{key: link.get(key) for key in ("inbound-throttled", "inbound-throttled-ms")}}
+
+
+async def test_inbound_flow_control_holds_the_sender_back_while_the_far_consumer_is_slow(network):
+    await slow_flow_network(network, enabled=True)
+    seen = await run_slow_flow(network, 200)
+    assert seen["inbound-throttled"] > 0 and seen["inbound-throttled-ms"] > 0
+    # the messages waited at the sender, not in the far queue (without: about 6 / 170, see below)
+    assert seen["sender-backlog"] >= 100 and seen["far-queue"] <= 100, seen
+
+
+async def test_without_inbound_flow_control_the_receiver_answers_at_once(network):
+    await slow_flow_network(network, enabled=False)
+    seen = await run_slow_flow(network, 200)
+    assert seen["inbound-throttled"] == 0
+    assert seen["far-queue"] > 100, seen  # the far queue takes them as fast as they come

@@ -169,7 +169,9 @@ class RoutingConfig:
     roundrobin_enabled: bool = prop(False, reboot_required=True, description="Enables/disables round robin "
                                     "scheduling over every link with a route (else the shortest route).")
     inbound_flow_control_enabled: bool = prop(False, reboot_required=True, description="Enables/disables "
-                                              "inbound flow control (routing part 2).")
+                                              "inbound flow control: an inbound transaction is answered only "
+                                              "after the largest flow-control delay of its target queues, so a "
+                                              "slow consumer here slows the sending router's producers.")
     max_routes_per_link: int = prop(10_000, min=1, description="(Martinet) Most routes one neighbour may "
                                     "announce; a link whose peer announces more is closed with that reason (one "
                                     "peer cannot fill every router's table).")

@@ -161,7 +161,8 @@ class RoutingSwiftlet:
                     except LookupError:
                         xa = None
                     self._transfer = Transfer(self.local, self._queue_manager, self.exchanger.destination,
-                                              self._links, nursery, xa)
+                                              self._links, nursery, xa,
+                                              inbound_flow_control=self.context.config.inbound_flow_control_enabled)
                 entity.on_change(self._swiftlet_changed)
                 entity.entity_list("static-routes").bind(self._static_added, self._static_removed)
                 self._bind_filters()

@@ -141,6 +141,8 @@ class _LinkTransfer:
     out_rate: float = 0.0  # messages/s over the last RATE_INTERVAL, as a queue's send-rate
     in_rate: float = 0.0
     rate_mark: tuple[float, int, int] | None = None  # (when, messages_out, messages_in) of the last sample
+    throttled: int = 0  # inbound transactions whose answer inbound flow control held back
+    throttled_ms: int = 0  # for how long, in all
 
     def sample_rates(self, now: float) -> None:
         if self.rate_mark is not None:
@@ -162,11 +164,15 @@ class Transfer:
         nursery: where the dispatchers run (the swiftlet's).
         xa: sys$xa, which lists the prepared transactions in doubt: a link's xids are
             claimed while it lives (resolved here, not by an operator); None without it.
+        inbound_flow_control: answer inbound transactions only after their target
+            queues' flow-control delay (``inbound-flow-control-enabled``).
     """
 
     def __init__(self, local: str, manager: QueueManager, destination: Callable[[str], Destination | None],
-                 links: dict[str, Link], nursery: trio.Nursery, xa: XAResourceManager | None = None):
+                 links: dict[str, Link], nursery: trio.Nursery, xa: XAResourceManager | None = None, *,
+                 inbound_flow_control: bool = False):
         self.local = local
+        self.inbound_flow_control = inbound_flow_control
         self.manager = manager
         self._destination = destination
         self._links = links
@@ -211,6 +217,7 @@ class Transfer:
             return {}
         return {"messages-out": state.messages_out, "messages-in": state.messages_in,
                 "messages-out-rate": round(state.out_rate, 1), "messages-in-rate": round(state.in_rate, 1),
+                "inbound-throttled": state.throttled, "inbound-throttled-ms": state.throttled_ms,
                 "open-transactions": link.machine.open_transactions,
                 "in-doubt": sum(1 for xid in self.manager.prepared_transactions() if link.peer in (parties(xid) or ()))}
 
@@ -421,14 +428,15 @@ class Transfer:
 
     # -- receiving --------------------------------------------------------------------------
 
-    def _stage(self, transaction: Transaction, raw: bytes) -> bool:
-        """Stage one received message where it goes; False if it is dropped."""
+    def _stage(self, transaction: Transaction, raw: bytes) -> int:
+        """Stage one received message where it goes; the flow-control delay (ms) of the
+        queue it goes to (0 when it is dropped or goes to unroutable)."""
         try:
             message = Message(raw)
             annotations = message.message_annotations
         except MessageError as exc:
             log.warning("a routed message could not be read, it is dropped: %s", exc)
-            return False
+            return 0
         destination, queue, hops = annotations.get(DESTINATION), annotations.get(QUEUE), annotations.get(HOPS, 0)
         if not isinstance(destination, str) or not isinstance(queue, str) or not isinstance(hops, int):
             return self._unroutable(transaction, message, "it has no routing annotations")
@@ -437,9 +445,9 @@ class Transfer:
         if destination == self.local:
             if queue.startswith(TEMPORARY_PREFIX) and queue not in self.manager.queues:
                 self.dropped += 1  # its requester is gone
-                return False
+                return 0
             try:
-                transaction.send(queue, message, possible_duplicate=possible_duplicate)
+                return transaction.send(queue, message, possible_duplicate=possible_duplicate).delay_ms
             except QueueNotFound as exc:
                 return self._unroutable(transaction, message, str(exc))
         elif hops + 1 >= MAX_PATH:
@@ -448,21 +456,32 @@ class Transfer:
             return self._unroutable(transaction, message,
                                     f"router {destination!r} is not known to router {self.local!r}")
         else:
-            transaction.send(f"{queue}@{destination}", message, possible_duplicate=possible_duplicate)
-        return True
+            return transaction.send(f"{queue}@{destination}", message,
+                                    possible_duplicate=possible_duplicate).delay_ms
 
-    def _unroutable(self, transaction: Transaction, message: Message, reason: str) -> bool:
+    def _unroutable(self, transaction: Transaction, message: Message, reason: str) -> int:
         transaction.send(UNROUTABLE, message.with_annotations({UNROUTABLE_REASON: reason}))
         self.unroutable += 1
         log.warning("a routed message went to unroutable on router %s: %s", self.local, reason)
-        return True
+        return 0
+
+    async def _throttle(self, state: _LinkTransfer, delay_ms: int) -> None:
+        """Inbound flow control: hold the answer to a transaction by the largest
+        flow-control delay of its target queues. Awaited in the link's worker, so answers
+        keep their order (and so the messages theirs); the sender's window fills, its
+        ``rt$R`` grows and its own flow control slows its producers."""
+        if delay_ms and self.inbound_flow_control:
+            state.throttled += 1
+            state.throttled_ms += delay_ms
+            await trio.sleep(delay_ms / 1000)
 
     async def _prepare_inbound(self, link: Link, state: _LinkTransfer, xid: str,
                                messages: tuple[bytes, ...]) -> None:
         transaction = self.manager.transaction()
+        delay_ms = 0
         try:
             for raw in messages:
-                self._stage(transaction, raw)
+                delay_ms = max(delay_ms, self._stage(transaction, raw))
             await transaction.prepare(xid)
         except (QueueError, StoreError) as exc:  # e.g. a full queue: the sender tries again later
             if transaction.state == "active":
@@ -472,6 +491,7 @@ class Transfer:
             return
         state.inbound[xid] = transaction
         state.messages_in += len(messages)
+        await self._throttle(state, delay_ms)
         link.machine.prepared(xid)
         link.wake()
 
@@ -488,9 +508,11 @@ class Transfer:
 
     async def _receive_nonxa(self, link: Link, state: _LinkTransfer, seq: int, messages: tuple[bytes, ...]) -> None:
         transaction = self.manager.transaction()
+        delay_ms = 0
         for raw in messages:
-            self._stage(transaction, raw)
+            delay_ms = max(delay_ms, self._stage(transaction, raw))
         await transaction.commit()
         state.messages_in += len(messages)
+        await self._throttle(state, delay_ms)
         link.machine.nonxa_committed(seq)
         link.wake()
