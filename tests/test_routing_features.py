@@ -4,14 +4,19 @@ real stores (the pattern of ``test_routing_transfer_network.py``)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import trio
 from test_routing_transfer_network import consume, produce, verify, verify_set
 
 from martinet.kernel import ConfigErrors, load_config, load_swiftlet_specs
-from martinet.messaging.client import Queue, connect
+from martinet.messaging.client import Queue, TextMessage, connect
+from martinet.messaging.codec import Symbol
+from martinet.messaging.message import build
 from martinet.swiftlets.queuemanager.config import QueueConfig, QueueManagerConfig
 from martinet.swiftlets.routing.config import QueueBridgeConfig
+from martinet.swiftlets.routing.transfer import EXPIRES, HOPS
 
 from conftest import wait_until
 from faultproxy import FaultProxy
@@ -242,3 +247,82 @@ async def test_without_inbound_flow_control_the_receiver_answers_at_once(network
     seen = await run_slow_flow(network, 200)
     assert seen["inbound-throttled"] == 0
     assert seen["far-queue"] > 100, seen  # the far queue takes them as fast as they come
+
+
+# -- time to live end to end ----------------------------------------------------------------
+
+
+async def send_with_ttl(url: str, address: str, texts_and_ttls: list[tuple[str, int]]) -> None:
+    async with connect(url) as connection, connection.session() as session:
+        async with session.producer(Queue(address)) as producer:
+            for text, ttl in texts_and_ttls:
+                await producer.send(TextMessage(text), ttl=ttl)
+
+
+async def until_past(expires_ms: int) -> None:
+    """Wait (bounded) until the wall clock, the queues' expiry clock, is past ``expires_ms``."""
+    with trio.fail_after(30):
+        while time.time() * 1000 <= expires_ms:
+            await trio.sleep(0.05)
+
+
+def dead_letters(network, router) -> list:
+    return [entry.message for entry in queues(network, router)["routerdlq"].browse()]
+
+
+async def test_a_message_that_expires_waiting_in_rt_goes_to_that_routers_dlq_and_the_rest_goes_on(network):
+    await start(network, "a", "b")
+    network.routers["a"].management.add("/sys$routing/static-routes", "b")
+    await send_with_ttl(network.url("a"), "orders@b", [("short", 300), ("long", 60_000)])
+    waiting = {entry.message.body(): entry for entry in queues(network, "a")["rt$b"].browse()}
+    assert waiting["short"].message.message_annotations[EXPIRES] == waiting["short"].expires  # set on entry
+    await until_past(waiting["short"].expires)
+    network.connect("a", "b")  # the dispatcher meets the expired one first
+    assert [m.text for m in await consume_texts(network.url("b"), "orders", 1)] == ["long"]
+    [dead] = dead_letters(network, "a")
+    assert dead.body() == "short"
+    assert dead.message_annotations[Symbol("x-opt-martinet-dlq-reason")] == "expired"
+    assert dead.message_annotations[Symbol("x-opt-martinet-dlq-queue")] == "rt$b"
+    assert not dead_letters(network, "b")
+
+
+async def consume_texts(url: str, queue: str, count: int):
+    """``count`` messages (bounded), then none more."""
+    received = []
+    async with connect(url) as connection, connection.session() as session:
+        async with session.consumer(Queue(queue)) as consumer:
+            with trio.fail_after(30):
+                while len(received) < count:
+                    received.append(await consumer.receive(30))
+            assert await consumer.receive(0.5) is None
+    return received
+
+
+async def test_a_message_that_expires_on_a_slow_link_is_dead_lettered_where_it_arrives(network, nursery):
+    await start(network, "a", "b")
+    proxy = FaultProxy("127.0.0.1", network.routing_port("b"))
+    await nursery.start(proxy.run)
+    network.routers["a"].management.add("/sys$routing/connectors", "b", {
+        "hostname": "127.0.0.1", "port": str(proxy.port)})
+    await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+    proxy.delay(3.0)
+    # one through our client (ttl and absolute-expiry-time), one with a header ttl alone (as proton sends)
+    await send_with_ttl(network.url("a"), "orders@b", [("short", 1500)])
+    await network.routers["a"].swiftlet("sys$queuemanager").send(
+        "orders@b", build("long", durable=True, ttl=60_000))
+    with trio.fail_after(30):
+        while len(dead_letters(network, "b")) < 1 or "orders" not in queues(network, "b") \
+                or queues(network, "b")["orders"].size < 1:
+            await trio.sleep(0.02)
+    [dead] = dead_letters(network, "b")
+    assert dead.body() == "short" and dead.message_annotations[HOPS] == 1
+    reason = dead.message_annotations[Symbol("x-opt-martinet-dlq-reason")]
+    assert reason.startswith("expired in transit: found at router b "), reason
+    assert dead.message_annotations[Symbol("x-opt-martinet-dlq-queue")] == "orders@b"
+    assert network.routers["b"].management.get("/sys$routing/usage", "expired-in-transit") == 1
+    assert not dead_letters(network, "a")
+    [arrived] = queues(network, "b")["orders"].browse()
+    # its header ttl is what was left at b (the link alone took 3 s), so its expiry is the one it left with
+    assert arrived.message.header.ttl <= 60_000 - 3000
+    assert 0 <= arrived.expires - arrived.message.message_annotations[EXPIRES] <= 50
+    proxy.delay(0)

@@ -127,7 +127,8 @@ class RoutingSwiftlet:
         usage.provide(lambda: {"links": len(self._links), "destinations": len(self.exchanger.destinations()),
                                "announcements-sent": self._sent, "announcements-received": self._received,
                                "unroutable": self._transfer.unroutable if self._transfer else 0,
-                               "dropped": self._transfer.dropped if self._transfer else 0})
+                               "dropped": self._transfer.dropped if self._transfer else 0,
+                               "expired-in-transit": self._transfer.expired if self._transfer else 0})
         self._usage_listeners = usage.add_list("listeners")
         self._usage_connectors = usage.add_list("connectors")
         self._usage_connections = usage.add_list("connections")

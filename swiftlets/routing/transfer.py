@@ -47,13 +47,14 @@ import itertools
 import logging
 import math
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 import trio
 
-from martinet.messaging.codec import Symbol, UInt
+from martinet.messaging.codec import Symbol, Timestamp, UInt
 from martinet.messaging.message import Message, MessageError
 from martinet.swiftlets.queuemanager.api import (
     TEMPORARY_PREFIX,
@@ -88,7 +89,8 @@ from .stages import (
     TransactionRefused,
 )
 
-__all__ = ["Transfer", "routing_rewrite", "SOURCE", "DESTINATION", "QUEUE", "HOPS", "DOUBT", "UNROUTABLE_REASON"]
+__all__ = ["Transfer", "routing_rewrite", "SOURCE", "DESTINATION", "QUEUE", "HOPS", "DOUBT", "EXPIRES",
+           "UNROUTABLE_REASON"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +99,7 @@ DESTINATION = Symbol("x-opt-martinet-dest")
 QUEUE = Symbol("x-opt-martinet-queue")
 HOPS = Symbol("x-opt-martinet-hops")
 DOUBT = Symbol("x-opt-martinet-doubt")
+EXPIRES = Symbol("x-opt-martinet-expires")
 UNROUTABLE_REASON = Symbol("x-opt-martinet-unroutable")
 
 FRAME_OVERHEAD = 1024  # bytes of a TRANSACTION frame besides its messages (xid, field names, lengths)
@@ -115,9 +118,19 @@ def routing_rewrite(local: str) -> Rewrite:
         annotations = message.message_annotations
         if SOURCE in annotations and annotations.get(DESTINATION) == router and annotations.get(QUEUE) == queue:
             return message
-        return message.with_annotations({SOURCE: local, DESTINATION: router, QUEUE: queue, HOPS: UInt(0)})
+        changes = {SOURCE: local, DESTINATION: router, QUEUE: queue, HOPS: UInt(0)}
+        expires = message.queue_info(_now_ms())[2]  # the time to live counts end to end (§12)
+        if expires is not None:
+            changes[EXPIRES] = Timestamp(expires)
+        return message.with_annotations(changes)
 
     return rewrite
+
+
+def _now_ms() -> int:
+    """Wall-clock milliseconds, the queues' clock for expiry (and the peers' too: routers
+    that pass messages with a time to live need synchronised clocks, e.g. NTP)."""
+    return int(time.time() * 1000)
 
 
 def parties(xid: str) -> tuple[str, str] | None:
@@ -185,6 +198,7 @@ class Transfer:
         self._state: dict[Link, _LinkTransfer] = {}
         self.dropped = 0  # messages for temporary queues that were gone
         self.unroutable = 0
+        self.expired = 0  # messages found expired on arrival (dead-lettered here)
         nursery.start_soon(self._sample_rates_forever)
 
     # -- the swiftlet's calls ---------------------------------------------------------------
@@ -441,6 +455,18 @@ class Transfer:
         if not isinstance(destination, str) or not isinstance(queue, str) or not isinstance(hops, int):
             return self._unroutable(transaction, message, "it has no routing annotations")
         message = message.with_annotations({HOPS: UInt(hops + 1)})
+        expires = annotations.get(EXPIRES)
+        if isinstance(expires, int):
+            remaining = expires - _now_ms()
+            if remaining <= 0:
+                self.expired += 1
+                log.info("a routed message for %s@%s expired in transit, %d ms before it reached router %s; "
+                         "to routerdlq", queue, destination, -remaining, self.local)
+                transaction.dead_letter(message, f"expired in transit: found at router {self.local} "
+                                        f"{-remaining} ms after its expiry", f"{queue}@{destination}")
+                return 0
+            if message.header_fields()[2]:  # a ttl counts from each arrival: what is left of it
+                message = message.with_ttl(remaining)
         possible_duplicate = bool(annotations.get(DOUBT, False))
         if destination == self.local:
             if queue.startswith(TEMPORARY_PREFIX) and queue not in self.manager.queues:
