@@ -326,3 +326,15 @@ async def test_a_message_that_expires_on_a_slow_link_is_dead_lettered_where_it_a
     assert arrived.message.header.ttl <= 60_000 - 3000
     assert 0 <= arrived.expires - arrived.message.message_annotations[EXPIRES] <= 50
     proxy.delay(0)
+
+
+@pytest.mark.parametrize("message", [
+    build("x", durable=True, priority=7, ttl=60_000),  # a header with ttl
+    build("x", durable=True),  # a header without
+    build("x"),  # no header
+])
+def test_with_ttl_sets_the_reduced_ttl_and_keeps_the_rest(message):
+    reduced = message.with_ttl(1234)
+    assert reduced.header.ttl == 1234
+    assert (reduced.header.durable, reduced.header.priority) == (message.header.durable, message.header.priority)
+    assert reduced.body() == "x" and reduced.with_ttl(0).header.ttl == 1  # (0 would mean: no ttl)
