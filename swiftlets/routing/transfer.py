@@ -31,7 +31,13 @@ into ``rt$<destination>`` (forwarded, hops + 1), or to ``unroutable`` with the r
 ``x-opt-martinet-unroutable`` (no such queue, no route on, too many hops); a message for a
 temporary queue that is gone is dropped and counted. XA: all of a transaction is staged in
 one local transaction, prepared under the sender's xid (durable), answered; committed on
-COMMIT. Non-XA: committed at once, then answered.
+COMMIT. Non-XA: committed at once, then answered. With inbound flow control the answer
+waits for the largest flow-control delay of the target queues (:meth:`Transfer._throttle`).
+
+**Time to live.** The rewrite gives a message with an expiry ``x-opt-martinet-expires``
+(absolute, so it survives any number of hops and waits); a receiver past it stages the
+message for its ``routerdlq`` in the same transaction, else reduces a header ``ttl`` to what
+is left, so that every queue on the way expires it when the source's would have.
 
 What a link's events ask for (prepare, commit, recover) is done by one worker per link, in
 the order the events came, in that link's nursery (:meth:`~.links.Link.start_soon`): it
