@@ -124,6 +124,21 @@ async def test_a_link_cut_while_bridging_loses_and_duplicates_nothing(network, n
     assert not network.routers["b"].swiftlet("sys$queuemanager").prepared_transactions()
 
 
+async def test_a_bridge_sends_messages_that_arrived_by_routing_on_a_new_journey(network):
+    await start(network, "a", "c")
+    await start(network, "b", queue_bridges=[QueueBridgeConfig(name="on", source_queue="relay",
+                                                               destination="inbox@c")])
+    network.connect("a", "b")
+    network.connect("b", "c")
+    await network.settle({"a": {"b": 1, "c": 2}, "b": {"a": 1, "c": 1}})
+    await produce(network.url("a"), "relay@b", 100)  # arrives in b's relay, annotated for relay@b
+    received = await consume_texts(network.url("c"), "inbox", 100)
+    verify([m.text for m in received], 100)
+    annotations = received[0].annotations
+    assert (annotations["x-opt-martinet-src"], annotations["x-opt-martinet-dest"],
+            annotations["x-opt-martinet-queue"], annotations["x-opt-martinet-hops"]) == ("b", "c", "inbox", 1)
+
+
 @pytest.mark.parametrize(("attributes", "attribute", "message"), [
     ('source-queue="outbox" destination="inbox"', "destination", "expected queue@router, found 'inbox'"),
     ('source-queue="outbox" destination="inbox@9b"', "destination", "invalid router name '9b'"),
