@@ -42,8 +42,9 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
                          "from rt$<router> into transactions (routing part 2).", max_concurrency=3),
                 PoolSpec("routing.service", "Connection service stages, the delivery stage above all "
                          "(routing part 2).", max_concurrency=3),
-                PoolSpec("routing.throttle", "Throttles commits by flow-control delays when "
-                         "inbound-flow-control-enabled (routing part 2).", max_concurrency=3),
+                PoolSpec("routing.throttle", "SwiftMQ's commit throttle pool. Inbound flow control "
+                         "waits in each link's worker instead (answers must keep their order), so it holds "
+                         "no jobs.", max_concurrency=3),
             ),
         )
     ]

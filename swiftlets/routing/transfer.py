@@ -159,16 +159,15 @@ class _LinkTransfer:
     messages_in: int = 0
     out_rate: float = 0.0  # messages/s over the last RATE_INTERVAL, as a queue's send-rate
     in_rate: float = 0.0
-    rate_mark: tuple[float, int, int] | None = None  # (when, messages_out, messages_in) of the last sample
+    rate_mark: tuple[float, int, int] = (0.0, 0, 0)  # (when, messages_out, messages_in) of the last sample
     throttled: int = 0  # inbound transactions whose answer inbound flow control held back
     throttled_ms: int = 0  # for how long, in all
 
     def sample_rates(self, now: float) -> None:
-        if self.rate_mark is not None:
-            at, sent, received = self.rate_mark
-            if now > at:
-                self.out_rate = (self.messages_out - sent) / (now - at)
-                self.in_rate = (self.messages_in - received) / (now - at)
+        at, sent, received = self.rate_mark
+        if now > at:
+            self.out_rate = (self.messages_out - sent) / (now - at)
+            self.in_rate = (self.messages_in - received) / (now - at)
         self.rate_mark = (now, self.messages_out, self.messages_in)
 
 
