@@ -436,15 +436,34 @@ class Message:
             return Message(_list_section(_HEADER_PREFIX, [_NULL, _NULL, _NULL, _NULL, _uint(count)], False) + raw)
         return self._with_header(span, _list_elements(raw, span[1], span[2], HEADER), delivery_count=_uint(count))
 
+    def with_ttl(self, ttl: int) -> Message:
+        """A copy whose header says ``ttl`` (ms, at least 1, at most 2**32-1): what an
+        intermediary forwards [3.2.1: "the reduced ttl"]; the other header elements keep
+        their bytes (a header is added when there is none).
+
+        Raises:
+            MessageError: the header is malformed.
+        """
+        value = _uint(min(max(ttl, 1), _UINT_MAX))
+        raw = self.raw
+        span = _find_section(raw, HEADER)
+        if span is None:
+            return Message(_list_section(_HEADER_PREFIX, [_NULL, _NULL, value], False) + raw)
+        return self._with_header(span, _list_elements(raw, span[1], span[2], HEADER), ttl=value)
+
     def _with_header(self, span: tuple[int, int, int], elements: list[tuple[int, int]], *,
-                     first_acquirer: bytes | None = None, delivery_count: bytes) -> Message:
+                     first_acquirer: bytes | None = None, delivery_count: bytes | None = None,
+                     ttl: bytes | None = None) -> Message:
         raw = self.raw
         start, value_at, end = span
         parts = [raw[s:e] for s, e in elements]
         parts += [_NULL] * (5 - len(parts))
+        if ttl is not None:
+            parts[2] = ttl
         if first_acquirer is not None:
             parts[3] = first_acquirer
-        parts[4] = delivery_count
+        if delivery_count is not None:
+            parts[4] = delivery_count
         section = _list_section(raw[start:value_at], parts, raw[value_at] == 0xD0)
         return Message(raw[:start] + section + raw[end:])
 

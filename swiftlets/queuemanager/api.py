@@ -379,6 +379,17 @@ class Transaction(Protocol):
             QueueNotFound, QueueFull, MessageTooLarge, QueueError, TransactionError.
         """
 
+    def dead_letter(self, message: Message, reason: str, queue: str) -> None:
+        """Stage ``message`` for routerdlq with ``reason`` and ``queue`` (the one it was
+        meant for) in the annotations every dead letter has (``x-opt-martinet-dlq-reason``,
+        ``x-opt-martinet-dlq-queue``); it never expires there. Visible at commit (routing
+        dead-letters a message that expired in transit this way, in the transfer's
+        transaction).
+
+        Raises:
+            QueueFull, MalformedMessage, TransactionError.
+        """
+
     def acknowledge(self, consumer: Consumer, entry: Entry) -> None:
         """Stage the acknowledgement of an unsettled delivery of ``consumer``; the entry is
         held (neither redelivered nor removed) until commit or rollback.

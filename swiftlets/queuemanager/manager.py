@@ -876,6 +876,28 @@ class Transaction:
             self._keys[entry.id] = key
         return SendResult(queue.flow.delay(queue.settings, queue.size, len(queue.consumers), now))
 
+    def dead_letter(self, message: Message, reason: str, queue: str) -> None:
+        """Stage ``message`` for routerdlq with ``reason`` and ``queue`` (the one it was
+        meant for) in the annotations the manager's own dead letters have; it never expires
+        there. Visible at commit.
+
+        Raises:
+            QueueFull, MalformedMessage, TransactionError.
+        """
+        self._require("active")
+        manager = self._manager
+        dlq = manager.queues["routerdlq"]
+        try:
+            message = message.with_annotations({DLQ_REASON: reason, DLQ_QUEUE: queue})
+            durable, priority, _, _ = message.queue_info(now_ms(), check=True)
+        except MessageError as exc:
+            raise MalformedMessage(f"malformed message for routerdlq: {exc}", exc.condition) from None
+        staged = [entry for q, entry in self._sends if q is dlq]
+        dlq.check_room(len(staged) + 1, sum(entry.bytes for entry in staged) + len(message.raw))
+        mode = dlq.settings.persistence_mode
+        persistent = durable if mode == "as_message" else mode == "persistent"
+        self._sends.append((dlq, Entry(next(manager._ids), message, priority, None, persistent)))
+
     def acknowledge(self, consumer: Consumer, entry: Entry) -> None:
         """Stage the acknowledgement of an unsettled delivery of ``consumer``; the entry is
         held (neither redelivered nor removed) until commit or rollback.

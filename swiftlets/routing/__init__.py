@@ -11,8 +11,9 @@ part 2 moves messages from there over these links.
 Layout: :mod:`.api` (the routing table as other swiftlets see it, and its bus events),
 :mod:`.config`, :mod:`.wire` (the frame codec, sans-IO), :mod:`.stages` (the link's stage
 machine, sans-IO, both roles), :mod:`.exchange` (the route exchanger and table, a pure
-object), :mod:`.links` (a link on a socket) and :mod:`.swiftlet` (listeners, connectors,
-admission, usage).
+object), :mod:`.links` (a link on a socket), :mod:`.transfer` (messages between routers),
+:mod:`.bridges` (queue bridges) and :mod:`.swiftlet` (listeners, connectors, admission,
+usage).
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
                          "from rt$<router> into transactions (routing part 2).", max_concurrency=3),
                 PoolSpec("routing.service", "Connection service stages, the delivery stage above all "
                          "(routing part 2).", max_concurrency=3),
-                PoolSpec("routing.throttle", "Throttles commits by flow-control delays when "
-                         "inbound-flow-control-enabled (routing part 2).", max_concurrency=3),
+                PoolSpec("routing.throttle", "SwiftMQ's commit throttle pool. Inbound flow control "
+                         "waits in each link's worker instead (answers must keep their order), so it holds "
+                         "no jobs.", max_concurrency=3),
             ),
         )
     ]

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import StrEnum
+from typing import Any
 
 from martinet.kernel import config_class, entity_list, prop
+from martinet.swiftlets.queuemanager.api import QueueError, check_queue_name
 
 from .exchange import FilterType
+from .stages import valid_router_name
 
 
 class RetryPolicy(StrEnum):
@@ -117,6 +120,47 @@ class ConnectorConfig(LinkConfig):
 
 
 @config_class
+class QueueBridgeConfig:
+    """A queue bridge (Qpid's queue route): everything arriving in a local queue is moved to
+    a queue of any router, with the transfer's guarantees (see the README)."""
+
+    name: str = prop(description="Name of this queue bridge.")
+    source_queue: str = prop(description="Local queue whose messages are moved (created if missing; not a "
+                             "system queue, whose name has a '$').")
+    destination: str = prop(description="Where they go: queue@router (router may be this one, or any router "
+                            "known by a route or a static route; while it is not known they wait in the source).")
+    enabled: bool = prop(True, description="Enables/disables this bridge: disabled, messages stay in the "
+                         "source queue.")
+    transaction_size: int = prop(100, min=1, max=10_000, description="Most messages moved in one local "
+                                 "transaction (acknowledged from the source and sent on together).")
+
+    # (errors from these checks come with the file and line, and name the attribute themselves)
+    @source_queue.validator
+    def _check_source(self, _attribute: Any, value: str) -> None:
+        _check_queue("source-queue", value)
+        if "$" in value:
+            raise ValueError(f"source-queue: {value!r} is a system queue (its name has a '$'): it is the "
+                             "router's to consume")
+
+    @destination.validator
+    def _check_destination(self, _attribute: Any, value: str) -> None:
+        queue, at, router = value.rpartition("@")
+        if not at:
+            raise ValueError(f"destination: expected queue@router, found {value!r}")
+        _check_queue("destination", queue)
+        if not valid_router_name(router):
+            raise ValueError(f"destination: invalid router name {router!r} in {value!r}: letters, digits, '_' "
+                             "and '-', starting with a letter")
+
+
+def _check_queue(attribute: str, name: str) -> None:
+    try:
+        check_queue_name(name)
+    except QueueError as exc:
+        raise ValueError(f"{attribute}: {exc}") from None
+
+
+@config_class
 class RoutingConfig:
     reject_disconnect_delay: int = prop(5000, min=1000, description="Time (ms) after which a rejected "
                                         "connection is closed (so that the peer reads the reason first).")
@@ -125,7 +169,9 @@ class RoutingConfig:
     roundrobin_enabled: bool = prop(False, reboot_required=True, description="Enables/disables round robin "
                                     "scheduling over every link with a route (else the shortest route).")
     inbound_flow_control_enabled: bool = prop(False, reboot_required=True, description="Enables/disables "
-                                              "inbound flow control (routing part 2).")
+                                              "inbound flow control: an inbound transaction is answered only "
+                                              "after the largest flow-control delay of its target queues, so a "
+                                              "slow consumer here slows the sending router's producers.")
     max_routes_per_link: int = prop(10_000, min=1, description="(Martinet) Most routes one neighbour may "
                                     "announce; a link whose peer announces more is closed with that reason (one "
                                     "peer cannot fill every router's table).")
@@ -140,3 +186,6 @@ class RoutingConfig:
                                                           description="Listener definitions.")
     connectors: Mapping[str, ConnectorConfig] = entity_list(ConnectorConfig, item="connector",
                                                             description="Connector definitions.")
+    queue_bridges: Mapping[str, QueueBridgeConfig] = entity_list(
+        QueueBridgeConfig, item="queue-bridge", description="(Martinet) Queue bridge definitions: local "
+        "queues whose messages are moved to a queue of another router.")

@@ -35,7 +35,8 @@ end, exchanger output included, before anything else runs.
 - **Runtime changes** through the management tree: listeners, connectors, static routes and
   filters can be added and removed, the hop limit and filters changed (the exchanger sends
   each neighbour the difference), a connector enabled or disabled (its link closes at once)
-  or re-pointed (it reconnects).
+  or re-pointed (it reconnects); queue bridges (:mod:`.bridges`) added, changed (they start
+  over with the new values) and removed (they stop at once; their messages stay).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from martinet.swiftlets.xa.api import XAResourceManager
 
 from . import api
 from .api import UNROUTABLE, Destination, LinkState, LinkStateChanged, redirection_predicate, routing_queue
+from .bridges import QueueBridge
 from .config import ConnectorConfig, ListenerConfig, RetryPolicy, RoutingConfig
 from .exchange import Announcement, BadAnnouncement, Output, RouteExchanger, RouteFilter
 from .links import CLOSE_TIMEOUT, Link, configure_socket, describe
@@ -125,15 +127,18 @@ class RoutingSwiftlet:
         usage.provide(lambda: {"links": len(self._links), "destinations": len(self.exchanger.destinations()),
                                "announcements-sent": self._sent, "announcements-received": self._received,
                                "unroutable": self._transfer.unroutable if self._transfer else 0,
-                               "dropped": self._transfer.dropped if self._transfer else 0})
+                               "dropped": self._transfer.dropped if self._transfer else 0,
+                               "expired-in-transit": self._transfer.expired if self._transfer else 0})
         self._usage_listeners = usage.add_list("listeners")
         self._usage_connectors = usage.add_list("connectors")
         self._usage_connections = usage.add_list("connections")
         self._usage_table = usage.add_list("routing-table")
+        self._usage_bridges = usage.add_list("queue-bridges")
         self._usage_routes: dict[str, UsageList] = {}
         self._queue_manager: QueueManager | None = None  # looked up at start; None: addressing is off
         self._transfer: Transfer | None = None  # with a queue manager
         self._redirected: set[str] = set()  # destinations whose redirection is installed
+        self._bridges: dict[str, QueueBridge] = {}
 
     # --- api.Routing --------------------------------------------------------------------
 
@@ -157,7 +162,8 @@ class RoutingSwiftlet:
                     except LookupError:
                         xa = None
                     self._transfer = Transfer(self.local, self._queue_manager, self.exchanger.destination,
-                                              self._links, nursery, xa)
+                                              self._links, nursery, xa,
+                                              inbound_flow_control=self.context.config.inbound_flow_control_enabled)
                 entity.on_change(self._swiftlet_changed)
                 entity.entity_list("static-routes").bind(self._static_added, self._static_removed)
                 self._bind_filters()
@@ -169,6 +175,7 @@ class RoutingSwiftlet:
                     self._start_listener(listener, sockets)
                 entity.entity_list("listeners").bind(self._listener_added, self._listener_removed)
                 entity.entity_list("connectors").bind(self._connector_added, self._connector_removed)
+                entity.entity_list("queue-bridges").bind(self._bridge_added, self._bridge_removed)
                 nursery.start_soon(self._follow_filters)
                 task_status.started()
         finally:
@@ -224,8 +231,11 @@ class RoutingSwiftlet:
             self._track(event)
             self._address(event)
             self.context.bus.publish(event)
-        if output.events and self._transfer is not None:
-            self._transfer.changed()
+        if output.events:
+            if self._transfer is not None:
+                self._transfer.changed()
+            for bridge in self._bridges.values():  # a destination may have become known
+                bridge.wake()
 
     # --- addressing: rt$R and the redirection %@R -> rt$R -----------------------------------
 
@@ -496,6 +506,23 @@ class RoutingSwiftlet:
             for listener in listeners:
                 with trio.CancelScope(shield=True):
                     await listener.aclose()
+
+    # --- queue bridges ------------------------------------------------------------------
+
+    def _bridge_added(self, entity: Entity) -> None:
+        """Raises Veto without a queue manager (a bridge moves queued messages)."""
+        if self._queue_manager is None:
+            raise Veto(f"queue bridge {entity.name}: router {self.local} has no sys$queuemanager")
+        bridge = self._bridges[entity.name] = QueueBridge(entity, self._queue_manager)
+        self._usage_bridges.add(entity.name, bridge.usage)
+        assert self._nursery is not None
+        self._nursery.start_soon(bridge.run)
+
+    def _bridge_removed(self, entity: Entity) -> None:
+        bridge = self._bridges.pop(entity.name, None)
+        if bridge is not None:
+            self._usage_bridges.remove(entity.name)
+            bridge.scope.cancel()
 
     # --- connectors ---------------------------------------------------------------------
 

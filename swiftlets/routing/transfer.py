@@ -31,7 +31,13 @@ into ``rt$<destination>`` (forwarded, hops + 1), or to ``unroutable`` with the r
 ``x-opt-martinet-unroutable`` (no such queue, no route on, too many hops); a message for a
 temporary queue that is gone is dropped and counted. XA: all of a transaction is staged in
 one local transaction, prepared under the sender's xid (durable), answered; committed on
-COMMIT. Non-XA: committed at once, then answered.
+COMMIT. Non-XA: committed at once, then answered. With inbound flow control the answer
+waits for the largest flow-control delay of the target queues (:meth:`Transfer._throttle`).
+
+**Time to live.** The rewrite gives a message with an expiry ``x-opt-martinet-expires``
+(absolute, so it survives any number of hops and waits); a receiver past it stages the
+message for its ``routerdlq`` in the same transaction, else reduces a header ``ttl`` to what
+is left, so that every queue on the way expires it when the source's would have.
 
 What a link's events ask for (prepare, commit, recover) is done by one worker per link, in
 the order the events came, in that link's nursery (:meth:`~.links.Link.start_soon`): it
@@ -47,13 +53,14 @@ import itertools
 import logging
 import math
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 import trio
 
-from martinet.messaging.codec import Symbol, UInt
+from martinet.messaging.codec import Symbol, Timestamp, UInt
 from martinet.messaging.message import Message, MessageError
 from martinet.swiftlets.queuemanager.api import (
     TEMPORARY_PREFIX,
@@ -88,7 +95,8 @@ from .stages import (
     TransactionRefused,
 )
 
-__all__ = ["Transfer", "routing_rewrite", "SOURCE", "DESTINATION", "QUEUE", "HOPS", "DOUBT", "UNROUTABLE_REASON"]
+__all__ = ["Transfer", "routing_rewrite", "SOURCE", "DESTINATION", "QUEUE", "HOPS", "DOUBT", "EXPIRES",
+           "UNROUTABLE_REASON"]
 
 log = logging.getLogger(__name__)
 
@@ -97,23 +105,38 @@ DESTINATION = Symbol("x-opt-martinet-dest")
 QUEUE = Symbol("x-opt-martinet-queue")
 HOPS = Symbol("x-opt-martinet-hops")
 DOUBT = Symbol("x-opt-martinet-doubt")
+EXPIRES = Symbol("x-opt-martinet-expires")
 UNROUTABLE_REASON = Symbol("x-opt-martinet-unroutable")
 
 FRAME_OVERHEAD = 1024  # bytes of a TRANSACTION frame besides its messages (xid, field names, lengths)
 REFUSED_BACKOFF = 1.0  # seconds a dispatcher waits after the peer refused a transaction
+RATE_INTERVAL = 1.0  # seconds between samples of the links' message rates (the queues' interval)
 
 
 def routing_rewrite(local: str) -> Rewrite:
     """The redirection rewrite of ``%@R`` → ``rt$R``: a message entering the network here
-    gets its routing annotations; one already travelling (forwarded) keeps them."""
+    gets its routing annotations; one already travelling to ``address`` (forwarded) keeps
+    them. One that arrived here by routing and is sent on somewhere else (a queue bridge)
+    starts a new journey."""
 
     def rewrite(address: str, message: Message) -> Message:
-        if SOURCE in message.message_annotations:
-            return message
         queue, _, router = address.rpartition("@")
-        return message.with_annotations({SOURCE: local, DESTINATION: router, QUEUE: queue, HOPS: UInt(0)})
+        annotations = message.message_annotations
+        if SOURCE in annotations and annotations.get(DESTINATION) == router and annotations.get(QUEUE) == queue:
+            return message
+        changes = {SOURCE: local, DESTINATION: router, QUEUE: queue, HOPS: UInt(0)}
+        expires = message.queue_info(_now_ms())[2]  # the time to live counts end to end (§12)
+        if expires is not None:
+            changes[EXPIRES] = Timestamp(expires)
+        return message.with_annotations(changes)
 
     return rewrite
+
+
+def _now_ms() -> int:
+    """Wall-clock milliseconds, the queues' clock for expiry (and the peers' too: routers
+    that pass messages with a time to live need synchronised clocks, e.g. NTP)."""
+    return int(time.time() * 1000)
 
 
 def parties(xid: str) -> tuple[str, str] | None:
@@ -134,6 +157,18 @@ class _LinkTransfer:
     claim: Claim | None = None  # this link's xids, claimed from sys$xa while the link lives
     messages_out: int = 0
     messages_in: int = 0
+    out_rate: float = 0.0  # messages/s over the last RATE_INTERVAL, as a queue's send-rate
+    in_rate: float = 0.0
+    rate_mark: tuple[float, int, int] = (0.0, 0, 0)  # (when, messages_out, messages_in) of the last sample
+    throttled: int = 0  # inbound transactions whose answer inbound flow control held back
+    throttled_ms: int = 0  # for how long, in all
+
+    def sample_rates(self, now: float) -> None:
+        at, sent, received = self.rate_mark
+        if now > at:
+            self.out_rate = (self.messages_out - sent) / (now - at)
+            self.in_rate = (self.messages_in - received) / (now - at)
+        self.rate_mark = (now, self.messages_out, self.messages_in)
 
 
 class Transfer:
@@ -147,11 +182,15 @@ class Transfer:
         nursery: where the dispatchers run (the swiftlet's).
         xa: sys$xa, which lists the prepared transactions in doubt: a link's xids are
             claimed while it lives (resolved here, not by an operator); None without it.
+        inbound_flow_control: answer inbound transactions only after their target
+            queues' flow-control delay (``inbound-flow-control-enabled``).
     """
 
     def __init__(self, local: str, manager: QueueManager, destination: Callable[[str], Destination | None],
-                 links: dict[str, Link], nursery: trio.Nursery, xa: XAResourceManager | None = None):
+                 links: dict[str, Link], nursery: trio.Nursery, xa: XAResourceManager | None = None, *,
+                 inbound_flow_control: bool = False):
         self.local = local
+        self.inbound_flow_control = inbound_flow_control
         self.manager = manager
         self._destination = destination
         self._links = links
@@ -164,6 +203,8 @@ class Transfer:
         self._state: dict[Link, _LinkTransfer] = {}
         self.dropped = 0  # messages for temporary queues that were gone
         self.unroutable = 0
+        self.expired = 0  # messages found expired on arrival (dead-lettered here)
+        nursery.start_soon(self._sample_rates_forever)
 
     # -- the swiftlet's calls ---------------------------------------------------------------
 
@@ -194,8 +235,17 @@ class Transfer:
         if state is None:
             return {}
         return {"messages-out": state.messages_out, "messages-in": state.messages_in,
+                "messages-out-rate": round(state.out_rate, 1), "messages-in-rate": round(state.in_rate, 1),
+                "inbound-throttled": state.throttled, "inbound-throttled-ms": state.throttled_ms,
                 "open-transactions": link.machine.open_transactions,
                 "in-doubt": sum(1 for xid in self.manager.prepared_transactions() if link.peer in (parties(xid) or ()))}
+
+    async def _sample_rates_forever(self) -> None:
+        while True:
+            await trio.sleep(RATE_INTERVAL)
+            now = trio.current_time()
+            for state in self._state.values():
+                state.sample_rates(now)
 
     def event(self, link: Link, event: Any) -> None:
         """Handle a transfer event of ``link``'s machine: the work is queued for the link's
@@ -229,7 +279,7 @@ class Transfer:
         """The transfer's state of ``link``, made (with the link's worker) on first use."""
         state = self._state.get(link)
         if state is None:
-            state = self._state[link] = _LinkTransfer()
+            state = self._state[link] = _LinkTransfer(rate_mark=(trio.current_time(), 0, 0))
             if self._xa is not None and link.peer is not None:
                 try:
                     state.claim = self._xa.claim("routing", *routing_prefixes(self.local, link.peer))
@@ -397,25 +447,38 @@ class Transfer:
 
     # -- receiving --------------------------------------------------------------------------
 
-    def _stage(self, transaction: Transaction, raw: bytes) -> bool:
-        """Stage one received message where it goes; False if it is dropped."""
+    def _stage(self, transaction: Transaction, raw: bytes) -> int:
+        """Stage one received message where it goes; the flow-control delay (ms) of the
+        queue it goes to (0 when it is dropped or goes to unroutable)."""
         try:
             message = Message(raw)
             annotations = message.message_annotations
         except MessageError as exc:
             log.warning("a routed message could not be read, it is dropped: %s", exc)
-            return False
+            return 0
         destination, queue, hops = annotations.get(DESTINATION), annotations.get(QUEUE), annotations.get(HOPS, 0)
         if not isinstance(destination, str) or not isinstance(queue, str) or not isinstance(hops, int):
             return self._unroutable(transaction, message, "it has no routing annotations")
         message = message.with_annotations({HOPS: UInt(hops + 1)})
+        expires = annotations.get(EXPIRES)
+        if isinstance(expires, int):
+            remaining = expires - _now_ms()
+            if remaining <= 0:
+                self.expired += 1
+                log.info("a routed message for %s@%s expired in transit, %d ms before it reached router %s; "
+                         "to routerdlq", queue, destination, -remaining, self.local)
+                transaction.dead_letter(message, f"expired in transit: found at router {self.local} "
+                                        f"{-remaining} ms after its expiry", f"{queue}@{destination}")
+                return 0
+            if message.header_fields()[2]:  # a ttl counts from each arrival: what is left of it
+                message = message.with_ttl(remaining)
         possible_duplicate = bool(annotations.get(DOUBT, False))
         if destination == self.local:
             if queue.startswith(TEMPORARY_PREFIX) and queue not in self.manager.queues:
                 self.dropped += 1  # its requester is gone
-                return False
+                return 0
             try:
-                transaction.send(queue, message, possible_duplicate=possible_duplicate)
+                return transaction.send(queue, message, possible_duplicate=possible_duplicate).delay_ms
             except QueueNotFound as exc:
                 return self._unroutable(transaction, message, str(exc))
         elif hops + 1 >= MAX_PATH:
@@ -424,21 +487,32 @@ class Transfer:
             return self._unroutable(transaction, message,
                                     f"router {destination!r} is not known to router {self.local!r}")
         else:
-            transaction.send(f"{queue}@{destination}", message, possible_duplicate=possible_duplicate)
-        return True
+            return transaction.send(f"{queue}@{destination}", message,
+                                    possible_duplicate=possible_duplicate).delay_ms
 
-    def _unroutable(self, transaction: Transaction, message: Message, reason: str) -> bool:
+    def _unroutable(self, transaction: Transaction, message: Message, reason: str) -> int:
         transaction.send(UNROUTABLE, message.with_annotations({UNROUTABLE_REASON: reason}))
         self.unroutable += 1
         log.warning("a routed message went to unroutable on router %s: %s", self.local, reason)
-        return True
+        return 0
+
+    async def _throttle(self, state: _LinkTransfer, delay_ms: int) -> None:
+        """Inbound flow control: hold the answer to a transaction by the largest
+        flow-control delay of its target queues. Awaited in the link's worker, so answers
+        keep their order (and so the messages theirs); the sender's window fills, its
+        ``rt$R`` grows and its own flow control slows its producers."""
+        if delay_ms and self.inbound_flow_control:
+            state.throttled += 1
+            state.throttled_ms += delay_ms
+            await trio.sleep(delay_ms / 1000)
 
     async def _prepare_inbound(self, link: Link, state: _LinkTransfer, xid: str,
                                messages: tuple[bytes, ...]) -> None:
         transaction = self.manager.transaction()
+        delay_ms = 0
         try:
             for raw in messages:
-                self._stage(transaction, raw)
+                delay_ms = max(delay_ms, self._stage(transaction, raw))
             await transaction.prepare(xid)
         except (QueueError, StoreError) as exc:  # e.g. a full queue: the sender tries again later
             if transaction.state == "active":
@@ -448,6 +522,7 @@ class Transfer:
             return
         state.inbound[xid] = transaction
         state.messages_in += len(messages)
+        await self._throttle(state, delay_ms)
         link.machine.prepared(xid)
         link.wake()
 
@@ -464,9 +539,11 @@ class Transfer:
 
     async def _receive_nonxa(self, link: Link, state: _LinkTransfer, seq: int, messages: tuple[bytes, ...]) -> None:
         transaction = self.manager.transaction()
+        delay_ms = 0
         for raw in messages:
-            self._stage(transaction, raw)
+            delay_ms = max(delay_ms, self._stage(transaction, raw))
         await transaction.commit()
         state.messages_in += len(messages)
+        await self._throttle(state, delay_ms)
         link.machine.nonxa_committed(seq)
         link.wake()
