@@ -98,7 +98,16 @@ from .plugins import (
     SwiftletSpec as SwiftletSpec,
 )
 from .plugins import (
+    Plugins as Plugins,
+)
+from .plugins import (
     hookimpl as hookimpl,
+)
+from .plugins import (
+    hookspec as hookspec,
+)
+from .plugins import (
+    load_plugins as load_plugins,
 )
 from .plugins import (
     load_swiftlet_specs as load_swiftlet_specs,
