@@ -218,11 +218,27 @@ def calendars(draw, around: date, depth: int = 1):
 
 @st.composite
 def cases(draw):
+    expression = draw(expressions)
     after = draw(instants())
+    mode = draw(st.sampled_from(["anywhere", "near-a-start", "past-midnight"]))
+    if mode == "past-midnight":  # inside the part of yesterday's window after midnight
+        opens = draw(st.integers(720, 1439)) * 60
+        expression = Window(opens, draw(st.integers(1, 720)) * 60, draw(st.sampled_from([5, 30, 60, 120])) * 60,
+                            draw(st.one_of(st.none(), st.integers(2, 40))))
+        second = draw(st.integers(0, expression.stop - 1))
+    elif mode == "near-a-start":
+        if isinstance(expression, AtTimes):
+            near = draw(st.sampled_from(expression.seconds))
+        else:
+            near = expression.start + draw(st.one_of(st.integers(0, 6).map(lambda k: k * expression.delay),
+                                                     st.integers(0, expression.length)))
+        second = (near + draw(st.integers(-90, 90))) % 86400
+    if mode != "anywhere":
+        after = datetime.combine(after.date(), time(second // 3600, second // 60 % 60, second % 60))
     calendar = draw(st.one_of(st.none(), calendars(after.date())))
     first = draw(st.one_of(st.none(), st.integers(-2, 2).map(lambda d: after.date() + timedelta(days=d))))
     last = draw(st.one_of(st.none(), st.integers(-2, 4).map(lambda d: after.date() + timedelta(days=d))))
-    return draw(expressions), after, calendar, first, last
+    return expression, after, calendar, first, last
 
 
 SEARCH_DAYS = 4
