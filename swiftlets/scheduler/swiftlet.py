@@ -59,7 +59,7 @@ from martinet.kernel import (
 from martinet.swiftlets.store.api import PutRecord, Store, StoreError
 
 from .api import Job, JobError, JobFinished, JobGroup, JobRun, JobStarted, RunsMissed, WallClock
-from .config import CalendarConfig, ScheduleConfig, SchedulerConfig
+from .config import CalendarConfig, ParameterConfig, ScheduleConfig, SchedulerConfig
 from .plans import Plan, Zone, build_calendars, build_plans, plan_of
 from .timing import missed_starts
 
@@ -409,8 +409,10 @@ class SchedulerSwiftlet:
         finally:
             if schedule.run is run:
                 schedule.run = None
+                schedule.state = "scheduled" if schedule.next is not None else "expired"
                 if not further_runs:
                     schedule.finished_config = config
+                    schedule.state, schedule.next = "finished", None
                     message += " (the job forbids further runs)"
             self._record(schedule, config, run.planned, run.started, outcome, message)
             self._wake()
@@ -522,6 +524,19 @@ class SchedulerSwiftlet:
     def _schedule_added(self, entity: Entity) -> None:
         entity.on_change(lambda change: self._check_schedule(
             attrs.evolve(entity.config, **{change.field: change.new})))
+
+        def check_with(name: str, parameter: ParameterConfig | None) -> None:
+            parameters = {key: value for key, value in entity.config.parameters.items() if key != name}
+            if parameter is not None:
+                parameters[name] = parameter
+            self._check_schedule(attrs.evolve(entity.config, parameters=parameters))
+
+        def parameter_added(parameter: Entity) -> None:
+            parameter.on_change(lambda change: check_with(
+                parameter.name, attrs.evolve(parameter.config, **{change.field: change.new})))
+            check_with(parameter.name, parameter.config)
+
+        entity.entity_list("parameters").bind(parameter_added, lambda parameter: check_with(parameter.name, None))
         self._check_schedule(entity.config)
 
     def _check_schedule(self, config: ScheduleConfig) -> None:
