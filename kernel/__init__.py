@@ -95,10 +95,10 @@ from .plugins import (
     PluginError as PluginError,
 )
 from .plugins import (
-    SwiftletSpec as SwiftletSpec,
+    Plugins as Plugins,
 )
 from .plugins import (
-    Plugins as Plugins,
+    SwiftletSpec as SwiftletSpec,
 )
 from .plugins import (
     hookimpl as hookimpl,

@@ -29,7 +29,6 @@ from martinet.swiftlets.scheduler.api import (
 
 from conftest import drain
 
-
 PARIS = ZoneInfo("Europe/Paris")
 
 

@@ -249,7 +249,7 @@ SEARCH_DAYS = 4
 def test_next_start_matches_a_minute_by_minute_reference(case):
     expression, after, calendar, first, last = case
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def day_ok(day: date) -> bool:
         return (calendar is None or calendar.allows(day)) and (first is None or day >= first) and \
             (last is None or day <= last)
