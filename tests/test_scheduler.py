@@ -1,15 +1,14 @@
 """sys$scheduler running: schedules fire on a mocked clock, max-runtime stops jobs, history,
 usage, bus events, missed starts, runtime changes and vetoes, jobs offered by plugins.
 
-The wall clock is a plugin's (``martinet_scheduler_clock``): it starts at a chosen date in
-Europe/Paris and follows trio's clock, so under ``autojump_clock`` a night passes in no time
-and every time asserted is computed, never measured.
+The wall clock is a plugin's (``martinet_scheduler_clock``, :mod:`wallclock`): it starts at
+a chosen date in Europe/Paris and follows trio's clock, so under ``autojump_clock`` a night
+passes in no time and every time asserted is computed, never measured.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from zoneinfo import ZoneInfo
+from datetime import datetime
 
 import pytest
 import trio
@@ -28,25 +27,7 @@ from martinet.swiftlets.scheduler.api import (
 )
 
 from conftest import drain
-
-PARIS = ZoneInfo("Europe/Paris")
-
-
-class TrioClock:
-    """Wall time that starts at ``start`` when first read and then follows trio's clock."""
-
-    def __init__(self, start: datetime):
-        self.start = start
-        self.origin: float | None = None
-
-    def now(self) -> datetime:
-        if self.origin is None:
-            self.origin = trio.current_time()
-        return self.start + timedelta(seconds=trio.current_time() - self.origin)
-
-    async def sleep_until(self, when: datetime) -> None:
-        self.now()
-        await trio.sleep_until(self.origin + (when - self.start).total_seconds())
+from wallclock import PARIS, ClockPlugin, TrioClock
 
 
 def _positive(text: str) -> None:
@@ -54,11 +35,11 @@ def _positive(text: str) -> None:
         raise ValueError(f"expected a positive whole number, found {text!r}")
 
 
-class JobsPlugin:
+class JobsPlugin(ClockPlugin):
     """A plugin, registered in-process, offering the group ``Test`` and the clock."""
 
     def __init__(self, clock: TrioClock):
-        self.clock = clock
+        super().__init__(clock)
         self.runs: list[tuple[str, dict]] = []
         self.cleaned_up: list[str] = []
 
@@ -86,10 +67,6 @@ class JobsPlugin:
             Job(name="Forever", description="Runs until stopped.", run=self.forever),
             Job(name="Give Up", description="Fails and forbids further runs.", run=self.give_up),
         ])]
-
-    @hookimpl
-    def martinet_scheduler_clock(self) -> TrioClock:
-        return self.clock
 
 
 def _router_xml(schedules: str = "", calendars: str = "", *, store: str = "", scheduler: str = "") -> str:

@@ -11,8 +11,8 @@ part 2 moves messages from there over these links.
 Layout: :mod:`.api` (the routing table as other swiftlets see it, and its bus events),
 :mod:`.config`, :mod:`.wire` (the frame codec, sans-IO), :mod:`.stages` (the link's stage
 machine, sans-IO, both roles), :mod:`.exchange` (the route exchanger and table, a pure
-object), :mod:`.links` (a link on a socket) and :mod:`.swiftlet` (listeners, connectors,
-admission, usage).
+object), :mod:`.links` (a link on a socket), :mod:`.swiftlet` (listeners, connectors,
+admission, usage) and :mod:`.jobs` (the Routing Connector job offered to ``sys$scheduler``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 from martinet.kernel import PoolSpec, SwiftletSpec, hookimpl
 
 from .config import RoutingConfig
+from .jobs import ROUTING_JOBS
 from .swiftlet import RoutingSwiftlet
 
 
@@ -46,3 +47,8 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
             ),
         )
     ]
+
+
+@hookimpl
+def martinet_scheduler_jobs() -> list:
+    return [ROUTING_JOBS]  # the Routing Connector (seed 000), see .jobs
