@@ -212,6 +212,8 @@ class SchedulerSwiftlet:
         finally:
             for subscription in subscriptions:
                 subscription.close()
+            for name in list(self._groups):  # jobs are offered to a running scheduler only
+                self.unregister(name)
             with context.shutdown_scope():
                 try:
                     await self._remember({name: self._local_now() for name, s in self._schedules.items()
