@@ -92,6 +92,9 @@ from .mgmt import (
     Veto as Veto,
 )
 from .plugins import (
+    Command as Command,
+)
+from .plugins import (
     PluginError as PluginError,
 )
 from .plugins import (

@@ -18,6 +18,7 @@ registry, so routers with different plugin sets can share a process.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,6 +42,7 @@ __all__ = [
     "load_swiftlet_specs",
     "load_plugins",
     "Plugins",
+    "Command",
 ]
 
 ENTRY_POINT_GROUP = "martinet.swiftlets"
@@ -100,6 +102,23 @@ class Plugins:
     hook: pluggy.HookRelay
 
 
+@attrs.frozen(kw_only=True)
+class Command:
+    """A subcommand a plugin adds to the ``martinet`` command (``martinet NAME …``).
+
+    Attributes:
+        name: the subcommand's name, e.g. ``schedule``.
+        help: one line for ``martinet --help``.
+        configure: ``configure(parser)`` declares its arguments on its argparse parser.
+        run: ``run(args) -> exit status`` (0 fine, 1 failed, 2 invalid input).
+    """
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
 class PluginError(Exception):
     """A plugin is broken: a bad declaration, or two plugins claim the same swiftlet name."""
 
@@ -110,6 +129,11 @@ class HookSpecs:
     @hookspec
     def martinet_swiftlets(self) -> Sequence[SwiftletSpec]:  # type: ignore[empty-body]
         """Return the swiftlets this plugin provides."""
+
+    @hookspec
+    def martinet_commands(self) -> Sequence[Command]:  # type: ignore[empty-body]
+        """Return the subcommands this plugin adds to the ``martinet`` command (tools that
+        work on a config without starting a router, e.g. ``martinet schedule next``)."""
 
 
 def load_swiftlet_specs(extra_plugins: Iterable[Any] = ()) -> Mapping[str, SwiftletSpec]:

@@ -5,16 +5,17 @@ days, for how long at most); swiftlets and third-party plugins offer the jobs th
 hook ``martinet_scheduler_jobs`` (:mod:`.api`). Layout: :mod:`.api` (jobs, the hooks, the
 :class:`~.api.Scheduler` protocol, bus events), :mod:`.config`, :mod:`.timing` (time
 expressions, calendars, next start: pure), :mod:`.plans` (config to plans: pure),
-:mod:`.swiftlet` (the planner and the runs), :mod:`.jobs` (the scheduler's own job group)
-and ``python -m martinet.swiftlets.scheduler next CONFIG`` (:mod:`.__main__`). Start it
+:mod:`.swiftlet` (the planner and the runs) and :mod:`.command` (``martinet schedule next
+CONFIG``: the next planned starts, without a router). Start it
 after the swiftlets whose jobs it runs (and after ``sys$store``, to report missed starts).
 """
 
 from __future__ import annotations
 
-from martinet.kernel import PoolSpec, SwiftletSpec, hookimpl
+from martinet.kernel import Command, PoolSpec, SwiftletSpec, hookimpl
 
 from .api import SchedulerHooks
+from .command import SCHEDULE_COMMAND
 from .config import SchedulerConfig
 from .swiftlet import POOL, SchedulerSwiftlet
 
@@ -32,3 +33,8 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
             hookspecs=SchedulerHooks,
         )
     ]
+
+
+@hookimpl
+def martinet_commands() -> list[Command]:
+    return [SCHEDULE_COMMAND]

@@ -15,6 +15,7 @@ from datetime import date, datetime, tzinfo
 
 import attrs
 
+from .api import JobGroup
 from .config import CalendarConfig, CalendarType, ScheduleConfig, SchedulerConfig
 from .timing import (
     AtTimes,
@@ -32,7 +33,7 @@ from .timing import (
     resolve_calendars,
 )
 
-__all__ = ["Plan", "Zone", "build_calendars", "build_plans", "plan_of"]
+__all__ = ["Plan", "Zone", "build_calendars", "build_plans", "plan_of", "job_problem"]
 
 
 @attrs.frozen
@@ -130,3 +131,20 @@ def build_plans(config: SchedulerConfig) -> dict[str, Plan | str]:
     """Every schedule's plan (enabled or not), or why it cannot run."""
     calendars = build_calendars(config.calendars)
     return {name: plan_of(schedule, calendars) for name, schedule in config.schedules.items()}
+
+
+def job_problem(schedule: ScheduleConfig, groups: Mapping[str, JobGroup]) -> str:
+    """Why ``schedule``'s job cannot run with its parameters, given the ``groups`` offered;
+    "" if it can."""
+    group = groups.get(schedule.job_group)
+    if group is None:
+        return f"no job group {schedule.job_group!r} registered (groups: {', '.join(groups) or 'none'})"
+    job = group.job(schedule.job_name)
+    if job is None:
+        return (f"job group {schedule.job_group!r} has no job {schedule.job_name!r} "
+                f"(jobs: {', '.join(j.name for j in group.jobs)})")
+    try:
+        job.resolve({p.name: p.value for p in schedule.parameters.values()})
+    except ValueError as exc:
+        return str(exc)
+    return ""

@@ -60,7 +60,7 @@ from martinet.swiftlets.store.api import PutRecord, Store, StoreError
 
 from .api import Job, JobError, JobFinished, JobGroup, JobRun, JobStarted, RunsMissed, WallClock
 from .config import CalendarConfig, ParameterConfig, ScheduleConfig, SchedulerConfig
-from .plans import Plan, Zone, build_calendars, build_plans, plan_of
+from .plans import Plan, Zone, build_calendars, build_plans, job_problem, plan_of
 from .timing import missed_starts
 
 __all__ = ["SchedulerSwiftlet", "SystemClock"]
@@ -301,19 +301,7 @@ class SchedulerSwiftlet:
             schedule.state = "scheduled" if schedule.next is not None else "expired"
 
     def _job_problem(self, config: ScheduleConfig) -> str:
-        """Why the schedule's job cannot run with its parameters; "" if it can."""
-        group = self._groups.get(config.job_group)
-        if group is None:
-            return f"no job group {config.job_group!r} registered (groups: {', '.join(self._groups) or 'none'})"
-        job = group.job(config.job_name)
-        if job is None:
-            return (f"job group {config.job_group!r} has no job {config.job_name!r} "
-                    f"(jobs: {', '.join(j.name for j in group.jobs)})")
-        try:
-            job.resolve({p.name: p.value for p in config.parameters.values()})
-        except ValueError as exc:
-            return str(exc)
-        return ""
+        return job_problem(config, self._groups)
 
     def _forget(self, name: str) -> None:
         schedule = self._schedules.pop(name)
