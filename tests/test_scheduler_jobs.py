@@ -1,5 +1,6 @@
 """Jobs the swiftlets ship, run by sys$scheduler on real routers: the Routing Connector brings
-a real link up for its window and down after it (routes appear and disappear)."""
+a real link up for its window and down after it (routes appear and disappear); the queue
+manager's purger, cleanups and mover do their work on real queues of a router with a store."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from datetime import datetime
 import pytest
 import trio
 
-from martinet.kernel import Router, load_plugins
+from martinet.kernel import ManagementError, Router, load_plugins
+from martinet.messaging.message import build
 from martinet.swiftlets.routing.config import ConnectorConfig
 from martinet.swiftlets.scheduler.api import JobFinished, JobStarted
 from martinet.swiftlets.scheduler.config import ParameterConfig, ScheduleConfig, SchedulerConfig
@@ -75,3 +77,106 @@ async def test_the_routing_connector_job_fails_for_an_unknown_connector(network,
         ended = await finished.receive()
     assert ended.outcome == "failed"
     assert ended.message.startswith("cannot enable connector 'pariss': no 'pariss' under /sys$routing/connectors")
+
+
+# -- the Queue Manager group, on real queues of a router with a store -----------------------------
+
+QUEUE_ROUTER = """
+<router name="r1" startorder="sys$store sys$queuemanager sys$scheduler" shutdown-timeout="5000">
+  <swiftlet name="sys$store" path="{store}" sync="normal"/>
+  <swiftlet name="sys$queuemanager">
+    <queues><queue name="ttl"/><queue name="ttl-dlq"/></queues>
+  </swiftlet>
+  <swiftlet name="sys$scheduler">
+    <schedules>
+      <schedule name="purge" job-group="Queue Manager" job-name="Queue Purger" time-expression="at 03:00">
+        <parameters><parameter name="Queue Name" value="orders.%"/></parameters>
+      </schedule>
+      <schedule name="cleanup" job-group="Queue Manager" job-name="Queue Cleanup" time-expression="at 03:00">
+        <parameters><parameter name="Queue Name" value="ttl"/></parameters>
+      </schedule>
+      <schedule name="cleanup-dlq" job-group="Queue Manager" job-name="Queue Cleanup DLQ"
+                time-expression="at 03:00">
+        <parameters><parameter name="Queue Name" value="ttl-dlq"/></parameters>
+      </schedule>
+      <schedule name="move" job-group="Queue Manager" job-name="Queue Mover" time-expression="at 03:00">
+        <parameters>
+          <parameter name="Source Queue" value="in"/>
+          <parameter name="Target Queue" value="out@r1"/>
+          <parameter name="Selector" value="n &gt; 2"/>
+        </parameters>
+      </schedule>
+    </schedules>
+  </swiftlet>
+</router>
+"""
+
+
+def message(n: int, **options):
+    return build(f"m{n}".encode(), message_id=f"id-{n}", properties={"n": n}, **options)
+
+
+@pytest.fixture
+async def queue_router(nursery, write_config, tmp_path):
+    router = Router.from_file(write_config(QUEUE_ROUTER.format(store=tmp_path / "store")))
+    await nursery.start(router.run)
+    yield router
+    router.request_stop()
+
+
+async def run_job(router: Router, schedule: str) -> JobFinished:
+    """Start a schedule's job as an operator would and wait for its end."""
+    finished = router.bus.subscribe(JobFinished, max_buffer=10)
+    with finished:
+        await router.management.invoke(f"/sys$scheduler/usage/schedules/{schedule}", "start")
+        with trio.fail_after(10):
+            return await finished.receive()
+
+
+def messages(router: Router, queue: str) -> int:
+    return router.management.get(f"/sys$queuemanager/usage/queues/{queue}", "messages")
+
+
+async def test_the_queue_purger_empties_the_queues_a_predicate_matches(queue_router):
+    queue_manager = queue_router.swiftlet("sys$queuemanager")
+    for queue, count in (("orders.eu", 3), ("orders.us", 2), ("orders", 1)):
+        for n in range(count):
+            await queue_manager.send(queue, message(n))
+    ended = await run_job(queue_router, "purge")
+    assert (ended.outcome, ended.message) == ("success", "messages purged: orders.eu: 3, orders.us: 2")
+    assert [messages(queue_router, q) for q in ("orders.eu", "orders.us", "orders")] == [0, 0, 1]
+
+
+async def test_the_queue_cleanups_take_expired_messages_out_now(queue_router):
+    queue_manager = queue_router.swiftlet("sys$queuemanager")
+    for queue in ("ttl", "ttl-dlq"):
+        await queue_manager.send(queue, message(1, ttl=50))
+        await queue_manager.send(queue, message(2, ttl=50))
+        await queue_manager.send(queue, message(3))
+    await trio.sleep(0.1)  # real time: expiry is wall-clock time (nothing here measures it)
+    ended = await run_job(queue_router, "cleanup")
+    assert (ended.outcome, ended.message) == ("success", "expired messages removed: ttl: 2")
+    assert (messages(queue_router, "ttl"), messages(queue_router, "routerdlq")) == (1, 0)  # dropped
+    ended = await run_job(queue_router, "cleanup-dlq")
+    assert (ended.outcome, ended.message) == ("success", "expired messages removed: ttl-dlq: 2")
+    assert (messages(queue_router, "ttl-dlq"), messages(queue_router, "routerdlq")) == (1, 2)
+
+
+async def test_the_queue_mover_moves_what_the_selector_matches(queue_router):
+    queue_manager = queue_router.swiftlet("sys$queuemanager")
+    for n in range(6):
+        await queue_manager.send("in", message(n))
+    ended = await run_job(queue_router, "move")
+    assert (ended.outcome, ended.message) == ("success", "3 messages moved from in to out@r1")
+    consumer = queue_manager.queue("out").consumer()
+    consumer.flow(10)
+    assert [entry.message.body() for entry in consumer.take(10)] == [b"m3", b"m4", b"m5"]
+    assert messages(queue_router, "in") == 3
+
+
+async def test_bad_job_parameters_are_refused_at_once(queue_router):
+    tree = queue_router.management
+    with pytest.raises(ManagementError, match="parameter 'Selector': .*"):
+        tree.set("/sys$scheduler/schedules/move/parameters/Selector", "value", "n >")
+    with pytest.raises(ManagementError, match="parameter 'Target Queue': invalid queue name 'a b'"):
+        tree.set("/sys$scheduler/schedules/move/parameters/Target Queue", "value", "a b@r2")
