@@ -180,3 +180,67 @@ async def test_bad_job_parameters_are_refused_at_once(queue_router):
         tree.set("/sys$scheduler/schedules/move/parameters/Selector", "value", "n >")
     with pytest.raises(ManagementError, match="parameter 'Target Queue': invalid queue name 'a b'"):
         tree.set("/sys$scheduler/schedules/move/parameters/Target Queue", "value", "a b@r2")
+
+
+# -- Topic Manager: Delete Durable; Scheduler: Message Sender ---------------------------------------
+
+TOPIC_ROUTER = """
+<router name="r1" startorder="sys$store sys$queuemanager sys$topicmanager sys$scheduler" shutdown-timeout="5000">
+  <swiftlet name="sys$store" path="{store}" sync="normal"/>
+  <swiftlet name="sys$scheduler">
+    <schedules>
+      <schedule name="sunday-cleanup" job-group="Topic Manager" job-name="Delete Durable" time-expression="at 03:00">
+        <parameters><parameter name="Client Id" value="shop-%"/></parameters>
+      </schedule>
+      <schedule name="tick" job-group="Scheduler" job-name="Message Sender" time-expression="at 03:00">
+        <parameters><parameter name="Destination" value="ticks"/><parameter name="Body" value="tick"/></parameters>
+      </schedule>
+      <schedule name="news" job-group="Scheduler" job-name="Message Sender" time-expression="at 03:00">
+        <parameters>
+          <parameter name="Destination" value="topic://news.daily"/><parameter name="Body" value="hello"/>
+          <parameter name="Persistent" value="false"/>
+        </parameters>
+      </schedule>
+    </schedules>
+  </swiftlet>
+</router>
+"""
+
+
+@pytest.fixture
+async def topic_router(nursery, write_config, tmp_path):
+    router = Router.from_file(write_config(TOPIC_ROUTER.format(store=tmp_path / "store")))
+    await nursery.start(router.run)
+    yield router
+    router.request_stop()
+
+
+async def test_delete_durable_removes_the_matching_durable_subscriptions(topic_router):
+    topics = topic_router.swiftlet("sys$topicmanager")
+    for client_id, name in (("shop-1", "orders"), ("shop-2", "orders"), ("shop-3", "audit"), ("bank", "orders")):
+        await topics.durable_subscribe(client_id, name, "shop.orders")
+    topics.publish("shop.orders", message(1, durable=True))
+    busy = topics.durable_subscriptions()["shop-3$audit"].consumer()
+    ended = await run_job(topic_router, "sunday-cleanup")
+    assert (ended.outcome, ended.message) == (
+        "success", "deleted: shop-1/orders, shop-2/orders; left: shop-3/audit (durable subscription "
+        "shop-3$audit has 1 active consumer(s): close them first)")
+    assert sorted(topics.durable_subscriptions()) == ["bank$orders", "shop-3$audit"]
+    assert "shop-1$orders" not in topic_router.swiftlet("sys$queuemanager").queues
+    busy.close()
+
+
+async def test_the_message_sender_sends_to_a_queue_and_a_topic(topic_router):
+    topics = topic_router.swiftlet("sys$topicmanager")
+    subscription = topics.subscribe("news.%")
+    assert (await run_job(topic_router, "tick")).message == "sent to ticks"
+    assert (await run_job(topic_router, "news")).message == "sent to topic://news.daily"
+    queue_manager = topic_router.swiftlet("sys$queuemanager")
+    consumer = queue_manager.queue("ticks").consumer()
+    consumer.flow(5)
+    [tick] = consumer.take(5)
+    assert (tick.message.body(), tick.message.durable, tick.message.properties.subject) == ("tick", True, "tick")
+    news = subscription.consumer()
+    news.flow(5)
+    [hello] = news.take(5)
+    assert (hello.message.body(), hello.message.durable) == ("hello", False)

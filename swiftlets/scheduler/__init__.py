@@ -5,8 +5,9 @@ days, for how long at most); swiftlets and third-party plugins offer the jobs th
 hook ``martinet_scheduler_jobs`` (:mod:`.api`). Layout: :mod:`.api` (jobs, the hooks, the
 :class:`~.api.Scheduler` protocol, bus events), :mod:`.config`, :mod:`.timing` (time
 expressions, calendars, next start: pure), :mod:`.plans` (config to plans: pure),
-:mod:`.swiftlet` (the planner and the runs) and :mod:`.command` (``martinet schedule next
-CONFIG``: the next planned starts, without a router). Start it
+:mod:`.swiftlet` (the planner and the runs), :mod:`.jobs` (its own job, Message Sender)
+and :mod:`.command` (``martinet schedule next CONFIG``: the next planned starts, without a
+router). Start it
 after the swiftlets whose jobs it runs (and after ``sys$store``, to report missed starts).
 """
 
@@ -17,6 +18,7 @@ from martinet.kernel import Command, PoolSpec, SwiftletSpec, hookimpl
 from .api import SchedulerHooks
 from .command import SCHEDULE_COMMAND
 from .config import SchedulerConfig
+from .jobs import SCHEDULER_JOBS
 from .swiftlet import POOL, SchedulerSwiftlet
 
 
@@ -38,3 +40,8 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
 @hookimpl
 def martinet_commands() -> list[Command]:
     return [SCHEDULE_COMMAND]
+
+
+@hookimpl
+def martinet_scheduler_jobs() -> list:
+    return [SCHEDULER_JOBS]  # the Message Sender, see .jobs
