@@ -172,6 +172,17 @@ async def test_max_runtime_stops_a_job(start_router, autojump_clock):
     router.request_stop()
 
 
+async def test_a_job_running_when_the_router_stops_is_recorded_stopped(start_router, autojump_clock):
+    router, jobs, (started, _) = await start_router(_router_xml(_schedule("long", "at 22:00", job="Forever")),
+                                                    datetime(2026, 3, 6, 21, 59, tzinfo=PARIS))
+    await started.receive()
+    router.request_stop()
+    await wait_until(lambda: history(router), timeout=60)
+    [entry] = history(router)
+    assert (entry["outcome"], entry["message"]) == ("stopped", "the scheduler stopped")
+    assert jobs.cleaned_up == ["long"]
+
+
 async def test_operators_start_and_stop_jobs(start_router, autojump_clock):
     xml = _router_xml(_schedule("manual", "at 03:00", job="Forever"))
     router, jobs, (_, finished) = await start_router(xml, datetime(2026, 3, 6, 12, 0, tzinfo=PARIS))

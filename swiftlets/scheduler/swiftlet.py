@@ -13,8 +13,9 @@ is one code path for boot and change. Times are naive local times of the configu
 can jump: it looks again at least every minute.
 
 Runs. A due start submits the job to the pool ``scheduler.jobs``; the run gets a cancel
-scope whose deadline is the schedule's ``max-runtime`` (trio time, so a wall-clock jump
-does not cut a run short), and an operator's ``stop`` cancels the same scope. One run per
+scope whose deadline is the schedule's ``max-runtime`` from the moment the start fell due
+(time waiting for a free slot in the pool counts; trio time, so a wall-clock jump does not
+cut a run short), and an operator's ``stop`` cancels the same scope. One run per
 schedule at a time: a start that falls due while the previous run still goes is skipped
 (SwiftMQ plans the next start when a job ends; the effect is the same). A start is never
 repeated: the next one is looked for strictly after both now and the last start.
@@ -320,7 +321,7 @@ class SchedulerSwiftlet:
             self.context.log.info("schedule %s: start at %s skipped, its job still runs", schedule.name, planned)
         else:
             self._submit(schedule, config, planned)
-        plan = plan_of(config, build_calendars(self.context.config.calendars))
+        plan = self._plan(config)
         schedule.next = plan.next_after(max(now, planned)) if isinstance(plan, Plan) else None
         if schedule.next is None and schedule.run is None:
             schedule.state = "expired"
@@ -367,10 +368,11 @@ class SchedulerSwiftlet:
             self._record(schedule, config, planned, None, "rejected", str(exc))
 
     async def _execute(self, schedule: _Schedule, config: ScheduleConfig, run: _Run) -> None:
-        """One run, in the pool: never raises (the outcome goes to the history)."""
+        """One run, in the pool: the outcome goes to the history; nothing is raised but the
+        cancellation of the scheduler itself (recorded as ``stopped``)."""
         run.started = self._local_now()
         group, job = run.group, run.job
-        outcome, message = "success", ""
+        outcome, message = "stopped", "the scheduler stopped"  # unless the job gets further
         further_runs = True
         self.context.bus.publish(JobStarted(schedule=schedule.name, job_group=group.name, job_name=job.name,
                                             planned=_iso(run.planned)))
@@ -386,6 +388,7 @@ class SchedulerSwiftlet:
                                  lookup=self.context.lookup, log=self.context.log,
                                  cleanup_scope=self.context.shutdown_scope)
                 message = await job.run(job_run) or ""
+                outcome = "success"
             if run.scope.cancelled_caught:
                 outcome = "stopped"
                 message = run.stopped_by or f"max-runtime {config.max_runtime} reached"
