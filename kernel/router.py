@@ -301,7 +301,9 @@ def _usage(entity: Entity) -> Usage:
 class Router:
     """One router: its config, management tree, event bus and swiftlets.
 
-    Build it with :meth:`from_file`, or from a loaded :class:`RouterConfig`.
+    Build it with :meth:`from_file`, or from a loaded :class:`RouterConfig` (``hook``: the
+    plugins' hooks from :func:`kernel.plugins.load_plugins`, when the router should see
+    plugins registered in-process; else the installed plugins' are loaded when first asked).
     """
 
     def __init__(

@@ -156,6 +156,25 @@ async def test_a_window_over_midnight_repeats_until_it_closes(start_router, auto
     router.request_stop()
 
 
+async def test_starts_in_hours_a_dst_change_skips_or_repeats_run_once(start_router, autojump_clock):
+    """Europe/Paris: 02:30 does not exist on 2026-03-29 (read as 03:30 summer time) and occurs
+    twice on 2026-10-25 (the first one counts; the clock going back does not start it again)."""
+    xml = _router_xml(_schedule("dst", "at 02:30", date_from="2026-03-29"))
+    router, jobs, (started, _) = await start_router(xml, datetime(2026, 3, 28, 23, 0, tzinfo=PARIS))
+    await wait_until(lambda: len(jobs.runs) == 1, timeout=6 * 3600, step=60)
+    assert [(e["planned"], e["start"]) for e in history(router)] == [("2026-03-29T02:30:00", "2026-03-29T03:30:00")]
+    router.request_stop()
+
+
+async def test_a_start_in_the_hour_that_occurs_twice_runs_once(start_router, autojump_clock):
+    xml = _router_xml(_schedule("dst", "at 02:30"))
+    router, jobs, _ = await start_router(xml, datetime(2026, 10, 25, 0, 0, tzinfo=PARIS))
+    await trio.sleep(6 * 3600)  # 00:00 to 05:00 local: the hour from 02:00 comes twice
+    assert [(e["planned"], e["start"]) for e in history(router)] == [("2026-10-25T02:30:00", "2026-10-25T02:30:00")]
+    assert schedule_usage(router, "dst")["next-start"] == "2026-10-26T02:30:00"
+    router.request_stop()
+
+
 async def test_max_runtime_stops_a_job(start_router, autojump_clock):
     xml = _router_xml(_schedule("window", "at 22:00", job="Forever", max_runtime="90m"))
     router, jobs, (started, finished) = await start_router(xml, datetime(2026, 3, 6, 21, 59, tzinfo=PARIS))

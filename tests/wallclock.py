@@ -8,7 +8,7 @@ asserts is computed, never measured.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import trio
@@ -19,10 +19,11 @@ PARIS = ZoneInfo("Europe/Paris")
 
 
 class TrioClock:
-    """Wall time that is ``start`` when first read and then follows trio's clock."""
+    """Wall time that is ``start`` when first read and then follows trio's clock (kept in
+    UTC: aware arithmetic in a zone would add wall-clock time across a DST change)."""
 
     def __init__(self, start: datetime):
-        self.start = start
+        self.start = start.astimezone(UTC)
         self.origin: float | None = None
 
     def now(self) -> datetime:
