@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import calendar as _calendar
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import date, datetime, time, timedelta
 
 import attrs
@@ -57,7 +57,6 @@ __all__ = [
     "next_start",
     "next_starts",
     "missed_starts",
-    "starts_of_day",
 ]
 
 #: How far ahead :func:`next_start` looks: beyond eight years, so that a calendar allowing
@@ -97,6 +96,12 @@ class Window:
     def length(self) -> int:
         """Seconds the window is open: up to a whole day."""
         return (self.stop - self.start) % DAY or DAY
+
+    @property
+    def starts(self) -> int:
+        """Starts per window: every delay strictly before it closes, at most ``repeat``."""
+        count = -(-self.length // self.delay)
+        return count if self.repeat is None else min(count, self.repeat)
 
 
 TimeExpression = AtTimes | Window
@@ -307,33 +312,17 @@ def resolve_calendars(definitions: Mapping[str, Callable[[Calendar | None], Cale
     return built
 
 
-def starts_of_day(expression: TimeExpression, day: date) -> Iterator[datetime]:
-    """Every start of the window (or at-times) that opens on ``day``, in order."""
-    midnight = datetime.combine(day, time())
-    if isinstance(expression, AtTimes):
-        for second in expression.seconds:
-            yield midnight + timedelta(seconds=second)
-        return
-    count = -(-expression.length // expression.delay)  # starts strictly before the window closes
-    if expression.repeat is not None:
-        count = min(count, expression.repeat)
-    for index in range(count):
-        yield midnight + timedelta(seconds=expression.start + index * expression.delay)
-
-
 def _first_after(expression: TimeExpression, day: date, after: datetime) -> datetime | None:
-    """The first start of ``day``'s window strictly after ``after``, in O(1) for a window."""
+    """The first start of ``day``'s window (or at-times) strictly after ``after``; O(1) for
+    a window, whatever its delay."""
     midnight = datetime.combine(day, time())
     if isinstance(expression, AtTimes):
-        return next((t for t in starts_of_day(expression, day) if t > after), None)
+        return next((t for t in (midnight + timedelta(seconds=s) for s in expression.seconds) if t > after), None)
     opens = midnight + timedelta(seconds=expression.start)
-    count = -(-expression.length // expression.delay)
-    if expression.repeat is not None:
-        count = min(count, expression.repeat)
     index = 0
     if after >= opens:
         index = int((after - opens).total_seconds()) // expression.delay + 1
-    return opens + timedelta(seconds=index * expression.delay) if index < count else None
+    return opens + timedelta(seconds=index * expression.delay) if index < expression.starts else None
 
 
 def next_start(expression: TimeExpression, after: datetime, *, allows: Callable[[date], bool] | None = None,
