@@ -244,3 +244,57 @@ async def test_the_message_sender_sends_to_a_queue_and_a_topic(topic_router):
     news.flow(5)
     [hello] = news.take(5)
     assert (hello.message.body(), hello.message.durable) == ("hello", False)
+
+
+# -- Store: Backup and Vacuum ----------------------------------------------------------------------
+
+STORE_ROUTER = """
+<router name="r1" startorder="sys$store sys$queuemanager sys$scheduler" shutdown-timeout="5000">
+  <swiftlet name="sys$store" path="{store}" sync="normal"/>
+  <swiftlet name="sys$scheduler">
+    <schedules>
+      <schedule name="backup" job-group="Store" job-name="Backup" time-expression="at 03:00">
+        <parameters><parameter name="Folder" value="{backups}"/><parameter name="Generations" value="2"/></parameters>
+      </schedule>
+      <schedule name="vacuum" job-group="Store" job-name="Vacuum" time-expression="at 04:00"/>
+    </schedules>
+  </swiftlet>
+</router>
+"""
+
+
+async def test_backups_are_consistent_copies_and_only_the_newest_are_kept(write_config, tmp_path, monkeypatch):
+    backups = tmp_path / "backups"
+    path = write_config(STORE_ROUTER.format(store=tmp_path / "store", backups=backups))
+    router = Router.from_file(path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(router.run)
+        queue_manager = router.swiftlet("sys$queuemanager")
+        for n in range(100):
+            await queue_manager.send("orders", build(bytes(2000), durable=True, message_id=f"id-{n}"))
+        stamps = iter(["20260306-030000", "20260307-030000", "20260308-030000"])
+        monkeypatch.setattr("martinet.swiftlets.store.jobs.time.strftime", lambda _: next(stamps))
+        for _ in range(3):
+            ended = await run_job(router, "backup")
+            assert ended.outcome == "success", ended.message
+        assert sorted(p.name for p in backups.iterdir()) == [
+            "r1-20260307-030000.sqlite", "r1-20260308-030000.sqlite"]
+        assert ended.message.startswith(f"{backups}/r1-20260308-030000.sqlite (") and ended.message.endswith("2 kept")
+
+        consumer = queue_manager.queue("orders").consumer()
+        consumer.flow(100)
+        for entry in consumer.take(100):
+            consumer.accept(entry)
+        await trio.sleep(0.2)  # the deletes are committed in the background
+        ended = await run_job(router, "vacuum")
+        assert ended.outcome == "success" and ended.message.endswith(" bytes freed")
+        assert int(ended.message.split()[0]) > 0  # the pages of the deleted messages
+        router.request_stop()
+
+    # The newest copy, put in place of the database, is a store holding the 100 messages.
+    (backups / "r1-20260308-030000.sqlite").replace(tmp_path / "store" / "r1.sqlite")
+    restored = Router.from_file(path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(restored.run)
+        assert messages(restored, "orders") == 100
+        restored.request_stop()
