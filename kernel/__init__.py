@@ -92,13 +92,25 @@ from .mgmt import (
     Veto as Veto,
 )
 from .plugins import (
+    Command as Command,
+)
+from .plugins import (
     PluginError as PluginError,
+)
+from .plugins import (
+    Plugins as Plugins,
 )
 from .plugins import (
     SwiftletSpec as SwiftletSpec,
 )
 from .plugins import (
     hookimpl as hookimpl,
+)
+from .plugins import (
+    hookspec as hookspec,
+)
+from .plugins import (
+    load_plugins as load_plugins,
 )
 from .plugins import (
     load_swiftlet_specs as load_swiftlet_specs,

@@ -1,6 +1,7 @@
 """The ``martinet`` command: ``martinet run [CONFIG]``, ``martinet check CONFIG`` and
 ``martinet hash-password`` (prints a salted hash for a user's ``password`` attribute; the
-password is read from stdin, or prompted for without echo on a terminal).
+password is read from stdin, or prompted for without echo on a terminal), plus the
+subcommands plugins add (hook ``martinet_commands``, e.g. ``martinet schedule next``).
 
 Exit status: 0 after a clean run or a valid check; 1 when a swiftlet failed (to start or
 while running); 2 when the config (or a plugin) is invalid, with every problem printed,
@@ -29,7 +30,7 @@ import trio
 
 from .config import ConfigErrors
 from .logs import configure_logging
-from .plugins import PluginError
+from .plugins import Command, PluginError, load_plugins
 from .router import Router, SwiftletFailed
 
 log = logging.getLogger("martinet")
@@ -61,7 +62,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "for a user's password attribute")
     hashing.add_argument("--iterations", type=int, default=None,
                          help="PBKDF2-SHA256 iterations (default: the authentication swiftlet's)")
+    added: dict[str, Command] = {}
+    try:
+        for commands_of_plugin in load_plugins().hook.martinet_commands():
+            for command in commands_of_plugin:
+                if command.name in commands.choices:
+                    raise PluginError(f"two commands are named {command.name!r}")
+                command.configure(commands.add_parser(command.name, help=command.help))
+                added[command.name] = command
+    except PluginError as exc:  # the built-in commands still work; 'run' and 'check' report it
+        log.debug("plugin commands not loaded: %s", exc)
     args = parser.parse_args(argv)
+    if args.command in added:
+        return added[args.command].run(args)
     if args.command == "check":
         return _check(args.config)
     if args.command == "hash-password":

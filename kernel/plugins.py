@@ -18,6 +18,7 @@ registry, so routers with different plugin sets can share a process.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,6 +40,9 @@ __all__ = [
     "SwiftletSpec",
     "PluginError",
     "load_swiftlet_specs",
+    "load_plugins",
+    "Plugins",
+    "Command",
 ]
 
 ENTRY_POINT_GROUP = "martinet.swiftlets"
@@ -71,6 +75,10 @@ class SwiftletSpec:
         config: the swiftlet's config class (see :mod:`kernel.schema`).
         factory: ``factory(context) -> Swiftlet``.
         pools: the pools the swiftlet uses, with their default sizes.
+        hookspecs: a class of ``@hookspec`` methods the swiftlet calls on every plugin
+            (``context.hook.<name>(...)``), as pytest's ``pytest_addhooks`` lets a plugin add
+            hooks: e.g. ``sys$scheduler`` asks each plugin for the jobs it offers. The specs
+            belong to the swiftlet's ``api`` module, where implementers find them.
 
     Other swiftlets reach a running swiftlet through ``context.lookup(name, kind)``, which
     returns the object the factory built once it has checked that the object provides
@@ -82,6 +90,33 @@ class SwiftletSpec:
     config: type
     factory: Callable[[SwiftletContext], Swiftlet]
     pools: Sequence[PoolSpec] = ()
+    hookspecs: type | None = None
+
+
+@attrs.frozen
+class Plugins:
+    """What :func:`load_plugins` found: the swiftlets by name, and the hooks to call on
+    every plugin (the kernel's and those the swiftlets declared)."""
+
+    specs: Mapping[str, SwiftletSpec]
+    hook: pluggy.HookRelay
+
+
+@attrs.frozen(kw_only=True)
+class Command:
+    """A subcommand a plugin adds to the ``martinet`` command (``martinet NAME …``).
+
+    Attributes:
+        name: the subcommand's name, e.g. ``schedule``.
+        help: one line for ``martinet --help``.
+        configure: ``configure(parser)`` declares its arguments on its argparse parser.
+        run: ``run(args) -> exit status`` (0 fine, 1 failed, 2 invalid input).
+    """
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
 
 
 class PluginError(Exception):
@@ -95,6 +130,11 @@ class HookSpecs:
     def martinet_swiftlets(self) -> Sequence[SwiftletSpec]:  # type: ignore[empty-body]
         """Return the swiftlets this plugin provides."""
 
+    @hookspec
+    def martinet_commands(self) -> Sequence[Command]:  # type: ignore[empty-body]
+        """Return the subcommands this plugin adds to the ``martinet`` command (tools that
+        work on a config without starting a router, e.g. ``martinet schedule next``)."""
+
 
 def load_swiftlet_specs(extra_plugins: Iterable[Any] = ()) -> Mapping[str, SwiftletSpec]:
     """Every swiftlet installed, by name: entry-point plugins plus ``extra_plugins``.
@@ -102,12 +142,21 @@ def load_swiftlet_specs(extra_plugins: Iterable[Any] = ()) -> Mapping[str, Swift
     Raises:
         PluginError: a declaration is invalid or a name is claimed twice.
     """
+    return load_plugins(extra_plugins).specs
+
+
+def load_plugins(extra_plugins: Iterable[Any] = ()) -> Plugins:
+    """Every swiftlet installed (entry-point plugins plus ``extra_plugins``) and the hooks.
+
+    Raises:
+        PluginError: a declaration is invalid, a name is claimed twice, or a plugin
+            implements a hook that nobody declares (a misspelt hook name).
+    """
     manager = pluggy.PluginManager("martinet")
     manager.add_hookspecs(HookSpecs)
     manager.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
     for plugin in extra_plugins:
         manager.register(plugin)
-    manager.check_pending()
     specs: dict[str, SwiftletSpec] = {}
     owners: dict[str, str] = {}
     for impl in manager.hook.martinet_swiftlets.get_hookimpls():
@@ -120,7 +169,13 @@ def load_swiftlet_specs(extra_plugins: Iterable[Any] = ()) -> Mapping[str, Swift
                 )
             specs[spec.name] = spec
             owners[spec.name] = owner
-    return dict(sorted(specs.items()))
+            if spec.hookspecs is not None:
+                manager.add_hookspecs(spec.hookspecs)
+    try:
+        manager.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(str(exc)) from None
+    return Plugins(dict(sorted(specs.items())), manager.hook)
 
 
 def _owner_name(manager: pluggy.PluginManager, plugin: Any) -> str:

@@ -46,7 +46,7 @@ from .bus import EventBus, RouterStarted, RouterStopping, SwiftletStarted, Swift
 from .config import RouterConfig, SwiftletSection, load_config, save_config
 from .logs import current_router, install_record_factory
 from .mgmt import Change, Entity, EntityList, Tree, Usage, Veto
-from .plugins import SwiftletSpec, load_swiftlet_specs
+from .plugins import SwiftletSpec, load_plugins
 from .pools import Pool, PoolConfig
 from .schema import ListOf
 
@@ -130,6 +130,13 @@ class SwiftletContext:
     @property
     def management(self) -> Tree:
         return self._router.management
+
+    @property
+    def hook(self) -> Any:
+        """The router's plugin hooks (a pluggy ``HookRelay``): ``context.hook.<name>(...)``
+        calls hook ``name`` on every plugin and returns their answers as a list. A swiftlet
+        calls the hooks it declared itself (``SwiftletSpec.hookspecs``)."""
+        return self._router.hook
 
     def lookup(self, name: str, kind: type[T]) -> T:
         """The running swiftlet ``name`` (a swiftlet started earlier), as the interface ``kind``.
@@ -294,7 +301,9 @@ def _usage(entity: Entity) -> Usage:
 class Router:
     """One router: its config, management tree, event bus and swiftlets.
 
-    Build it with :meth:`from_file`, or from a loaded :class:`RouterConfig`.
+    Build it with :meth:`from_file`, or from a loaded :class:`RouterConfig` (``hook``: the
+    plugins' hooks from :func:`kernel.plugins.load_plugins`, when the router should see
+    plugins registered in-process; else the installed plugins' are loaded when first asked).
     """
 
     def __init__(
@@ -303,8 +312,10 @@ class Router:
         specs: Mapping[str, SwiftletSpec],
         *,
         config_path: str | os.PathLike[str] | None = None,
+        hook: Any = None,
     ):
         self.config = config
+        self._hook = hook
         self.specs = specs
         self.config_path = Path(config_path) if config_path is not None else None
         self.bus = EventBus()
@@ -330,12 +341,20 @@ class Router:
             PluginError: an installed plugin is broken.
             OSError: the file cannot be read.
         """
-        specs = load_swiftlet_specs(plugins)
-        return cls(load_config(path, specs), specs, config_path=path)
+        found = load_plugins(plugins)
+        return cls(load_config(path, found.specs), found.specs, config_path=path, hook=found.hook)
 
     @property
     def name(self) -> str:
         return self.config.settings.name
+
+    @property
+    def hook(self) -> Any:
+        """The plugin hooks (see :attr:`SwiftletContext.hook`): those given when the router
+        was built, else the installed plugins', loaded on first use."""
+        if self._hook is None:
+            self._hook = load_plugins().hook
+        return self._hook
 
     def swiftlet(self, name: str) -> Any:
         """The running swiftlet object ``name``.

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import re
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -95,6 +95,7 @@ class Prop:
     read_only: bool = False
     enum: type[Enum] | None = None
     secret: bool = False  # never shown by management (get, list, events); saved as it is
+    check: Callable[[Any], None] | None = None  # a further check of the value; raises ValueError
 
 
 @attrs.frozen
@@ -191,7 +192,7 @@ def parse_value(kind: type, meta: Prop, raw: Any) -> Any:
 
 
 def check_value(meta: Prop, value: Any) -> None:
-    """Enforce the bounds and choices of ``meta`` on an already typed value.
+    """Enforce the bounds, choices and ``check`` of ``meta`` on an already typed value.
 
     An Enum member is checked by its value against the choices.
 
@@ -210,6 +211,8 @@ def check_value(meta: Prop, value: Any) -> None:
         else:
             bound = f"<= {_num(high)}"
         raise ValueError(f"expected a value {bound}, found {value!r}")
+    if meta.check is not None:
+        meta.check(value)
 
 
 def _num(x: float) -> str:
@@ -235,6 +238,7 @@ def prop(
     reboot_required: bool = False,
     read_only: bool = False,
     secret: bool = False,
+    check: Callable[[Any], None] | None = None,
 ) -> Any:
     """Declare a scalar property. Without ``default`` the property is mandatory.
 
@@ -244,6 +248,11 @@ def prop(
     ``choices`` is either the allowed strings or an Enum class; with an Enum the field must
     be typed with it, and its values are members (see the module header). Everything is
     checked by :func:`config_class` when the class is declared.
+
+    ``check(value)`` is a further check of a value's meaning (a time expression, a date),
+    run after the type, bounds and choices, wherever those are: when a file is read (the
+    error gets its file:line), when management sets or adds a value, when a config object
+    is built. It raises ``ValueError`` with a message saying what was wrong.
     """
     enum_class = choices if is_enum(choices) else None
     if enum_class is not None:
@@ -259,6 +268,7 @@ def prop(
         read_only=read_only,
         enum=enum_class,  # type: ignore[arg-type]
         secret=secret,
+        check=check,
     )
 
     def validate(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
@@ -389,3 +399,8 @@ def _check_default(where: str, kind: Any, meta: Prop, default: Any) -> None:
         raise ValueError(f"{where}: default {default!r} is below the minimum {meta.min!r}")
     if meta.max is not None and default > meta.max:
         raise ValueError(f"{where}: default {default!r} is above the maximum {meta.max!r}")
+    if meta.check is not None:
+        try:
+            meta.check(default)
+        except ValueError as exc:
+            raise ValueError(f"{where}: default {default!r}: {exc}") from None

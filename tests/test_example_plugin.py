@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 import trio
 
 from martinet.kernel import ConfigErrors, ManagementError, Router, load_config, load_swiftlet_specs
+from martinet.swiftlets.scheduler.api import JobFinished
 
 from conftest import ECHO_PLUGIN, wait_until
+from wallclock import PARIS, ClockPlugin, TrioClock
 
 ECHO_XML = ECHO_PLUGIN / "echo-router.xml"
 
@@ -59,3 +63,32 @@ async def test_the_example_swiftlet_runs_from_xml(echo_site, monkeypatch):
         assert (tree.get("/xt$echo/usage", "received"), tree.get("/xt$echo/usage", "dropped")) == (7, 0)
         assert tree.get("/xt$echo/usage/counters/changes", "count") == 4
         router.request_stop()
+
+
+async def test_the_example_plugin_offers_a_job_that_a_schedule_runs(echo_site, monkeypatch, write_config,
+                                                                    autojump_clock):
+    """A third-party job, registered through the hook, run on a mocked clock at 09:00."""
+    monkeypatch.syspath_prepend(str(echo_site))
+    path = write_config("""
+<router name="echo1" startorder="xt$echo sys$scheduler">
+  <swiftlet name="sys$scheduler" time-zone="Europe/Paris">
+    <schedules>
+      <schedule name="morning" enabled="true" job-group="Echo" job-name="Greet" time-expression="at 09:00">
+        <parameters><parameter name="Text" value="good morning"/></parameters>
+      </schedule>
+    </schedules>
+  </swiftlet>
+</router>""")
+    router = Router.from_file(path, plugins=[ClockPlugin(TrioClock(datetime(2026, 3, 6, 8, 0, tzinfo=PARIS)))])
+    finished = router.bus.subscribe(JobFinished, max_buffer=10)
+    tree = router.management
+    async with trio.open_nursery() as nursery:
+        await nursery.start(router.run)
+        assert tree.get("/sys$scheduler/usage/job-groups/Echo/jobs/Greet", "parameters") == "Text=hello (mandatory)"
+        ended = await finished.receive()
+        assert (ended.job_group, ended.job_name, ended.outcome, ended.message) == (
+            "Echo", "Greet", "success", "echo: good morning")
+        assert tree.get("/xt$echo/usage", "greetings") == 1
+        assert tree.get("/sys$scheduler/usage/history/00000001", "start") == "2026-03-06T09:00:00"
+        router.request_stop()
+    assert tree.resolve("/sys$scheduler/usage/job-groups").children == {}  # gone with the scheduler

@@ -11,7 +11,8 @@ Imports under ``if TYPE_CHECKING:`` and inside functions count as well. Relative
 are resolved against the importing module's package first.
 
 The shape of a swiftlet folder is checked too: its ``__init__.py`` holds the spec and the
-hook only, and config classes live in its ``config.py``.
+hooks only (``martinet_swiftlets`` and other ``martinet_*`` hooks, such as the scheduler
+jobs it offers), and config classes live in its ``config.py``.
 """
 
 from __future__ import annotations
@@ -193,11 +194,11 @@ def test_a_swiftlet_init_holds_only_its_spec_and_hook(folder):
             continue  # the module docstring
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             continue
-        if isinstance(node, ast.FunctionDef) and node.name == "martinet_swiftlets":
-            hooks.append(node)
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("martinet_"):
+            hooks.append(node.name)  # its hooks: martinet_swiftlets, and e.g. the jobs it offers
             continue
         extra.append(f"{init.relative_to(ROOT)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
-    assert len(hooks) == 1, f"{init.relative_to(ROOT)}: one martinet_swiftlets hook expected"
+    assert hooks.count("martinet_swiftlets") == 1, f"{init.relative_to(ROOT)}: one martinet_swiftlets hook expected"
     assert not extra, "a swiftlet's __init__.py holds its spec and hook only; move these to a module:\n" + \
         "\n".join(extra)
 

@@ -7,7 +7,8 @@ transactions) and import nothing else of it. Needs ``sys$store`` started before 
 
 Layout: :mod:`.config` (queues, controllers, limits), :mod:`.api` (the public interface),
 :mod:`.manager` (names, sending, transactions, persistence, recovery), :mod:`.queue` (one
-queue: priorities, consumers, credit, outcomes, flow control).
+queue: priorities, consumers, credit, outcomes, flow control), :mod:`.jobs` (the jobs it
+offers ``sys$scheduler``: purger, cleanup, cleanup to routerdlq, mover).
 
 Usage: ``/sys$queuemanager/usage/queues/<name>`` (messages, available, enqueued, dequeued,
 expired, dead-lettered, duplicates-dropped, consumers, send-rate, receive-rate).
@@ -18,6 +19,7 @@ from __future__ import annotations
 from martinet.kernel import SwiftletSpec, hookimpl
 
 from .config import QueueManagerConfig
+from .jobs import QUEUE_JOBS
 from .manager import QueueManager
 
 
@@ -31,3 +33,8 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
             factory=QueueManager,
         )
     ]
+
+
+@hookimpl
+def martinet_scheduler_jobs() -> list:
+    return [QUEUE_JOBS]  # see .jobs

@@ -740,11 +740,11 @@ class QueueManager:
 
     # -- leaving without being consumed ----------------------------------------------------------
 
-    def expire(self, queue: Queue, entry: Entry) -> None:
+    def expire(self, queue: Queue, entry: Entry, to_dlq: bool | None = None) -> None:
         """(:class:`.queue.QueueServices`) An entry taken out of ``queue`` has expired."""
         queue.expired += 1
         queue.uncount(entry)
-        if queue.settings.expired_to_dlq and queue.name != "routerdlq":
+        if (queue.settings.expired_to_dlq if to_dlq is None else to_dlq) and queue.name != "routerdlq":
             self.dead_letter(queue, entry, "expired", count=False)
         else:
             entry.state = GONE

@@ -88,9 +88,10 @@ class QueueServices(Protocol):
     synchronously, in the router's trio thread, and raises nothing.
     """
 
-    def expire(self, queue: Queue, entry: Entry) -> None:
+    def expire(self, queue: Queue, entry: Entry, to_dlq: bool | None = None) -> None:
         """``entry``, just taken out of ``queue``'s deques, has expired: count it, adjust the
-        queue's size, and drop it or move it to routerdlq."""
+        queue's size, and drop it or move it to routerdlq (as ``to_dlq`` says, else as the
+        queue's ``expired-to-dlq`` does)."""
 
     def dead_letter(self, source: Queue, entry: Entry, reason: str) -> None:
         """Move ``entry``, which left ``source`` (its size already adjusted), to routerdlq
@@ -625,8 +626,9 @@ class Queue:
             if selected:
                 yield entry
 
-    def remove_expired(self) -> int:
-        """Remove every expired available entry; how many there were."""
+    def remove_expired(self, to_dlq: bool | None = None) -> int:
+        """Remove every expired available entry; how many there were. ``to_dlq``: move them
+        to routerdlq (True) or drop them (False) whatever ``expired-to-dlq`` says."""
         now = now_ms()
         removed = 0
         for level in self._levels:
@@ -635,7 +637,7 @@ class Queue:
                 for entry in level:
                     if entry.expires is not None and entry.expires <= now:
                         self.available -= 1
-                        self.manager.expire(self, entry)
+                        self.manager.expire(self, entry, to_dlq)
                         removed += 1
                     else:
                         keep.append(entry)

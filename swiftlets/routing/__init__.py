@@ -12,8 +12,8 @@ Layout: :mod:`.api` (the routing table as other swiftlets see it, and its bus ev
 :mod:`.config`, :mod:`.wire` (the frame codec, sans-IO), :mod:`.stages` (the link's stage
 machine, sans-IO, both roles), :mod:`.exchange` (the route exchanger and table, a pure
 object), :mod:`.links` (a link on a socket), :mod:`.transfer` (messages between routers),
-:mod:`.bridges` (queue bridges) and :mod:`.swiftlet` (listeners, connectors, admission,
-usage).
+:mod:`.bridges` (queue bridges), :mod:`.swiftlet` (listeners, connectors, admission, usage)
+and :mod:`.jobs` (the Routing Connector job offered to ``sys$scheduler``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 from martinet.kernel import PoolSpec, SwiftletSpec, hookimpl
 
 from .config import RoutingConfig
+from .jobs import ROUTING_JOBS
 from .swiftlet import RoutingSwiftlet
 
 
@@ -48,3 +49,8 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
             ),
         )
     ]
+
+
+@hookimpl
+def martinet_scheduler_jobs() -> list:
+    return [ROUTING_JOBS]  # the Routing Connector (seed 000), see .jobs

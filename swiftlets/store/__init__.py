@@ -3,7 +3,8 @@ and duplicate-detection backlogs.
 
 Other swiftlets use it through :mod:`.api` only (``context.lookup("sys$store", Store)``);
 the backend today is SQLite (:mod:`.sqlite`, in its own engine process, :mod:`.engine`),
-run by :mod:`.swiftlet`; :mod:`.config` is its configuration.
+run by :mod:`.swiftlet`; :mod:`.config` is its configuration; :mod:`.jobs` the Backup and
+Vacuum jobs it offers ``sys$scheduler``.
 
 Usage: ``/sys$store/usage`` shows transactions (group commits), fsyncs, operations, the
 insert/delete pairs that never reached the disk, the largest batch and pending operations.
@@ -14,6 +15,7 @@ from __future__ import annotations
 from martinet.kernel import SwiftletSpec, hookimpl
 
 from .config import StoreConfig
+from .jobs import STORE_JOBS
 from .swiftlet import StoreSwiftlet
 
 
@@ -27,3 +29,8 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
             factory=StoreSwiftlet,
         )
     ]
+
+
+@hookimpl
+def martinet_scheduler_jobs() -> list:
+    return [STORE_JOBS]  # see .jobs

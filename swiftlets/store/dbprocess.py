@@ -34,6 +34,12 @@ msgpack body (an array whose first element names it).
   connection of its own (:class:`Reader`), beside the commits: a read does not wait for the
   commit in progress, and sees every commit finished before it began (WAL). Without them
   they come on stdin, between the commits.
+- ``["backup", target]`` writes a consistent copy of the database to the file ``target``
+  (SQLite's online backup, from the committing connection, between two commits: it holds
+  every commit confirmed before it and nothing half) and answers ``["maintained", bytes]``;
+  ``["vacuum"]`` rebuilds the database to give free pages back to the file system and
+  answers ``["maintained", bytes freed]``; either ``["error", text]`` (a failed maintenance
+  changes nothing the router relies on). Both come from the scheduler's Store jobs.
 - End of input: the store process closes the database and exits with status 0. So when the
   router dies, even by ``kill -9``, its store process finishes at most the transaction it is in
   and exits; SQLite's WAL keeps every transaction all or nothing.
@@ -297,6 +303,27 @@ class Database:
     def read(self, ids: list[int]) -> list[list[Any]]:
         """``[[id, body], …]`` of the stored messages among ``ids``, in id order."""
         return read_bodies(self.db, ids)
+
+    def backup(self, target: str) -> int:
+        """Copy the database to ``target`` (written beside it first, then renamed: a crash
+        leaves no half copy under that name); its size in bytes."""
+        partial = target + ".partial"
+        copy = sqlite3.connect(partial)
+        try:
+            self.db.backup(copy)
+        finally:
+            copy.close()
+        os.replace(partial, target)
+        return os.path.getsize(target)
+
+    def vacuum(self) -> int:
+        """Rebuild the database without its free pages; the bytes given back."""
+        def size() -> int:
+            return self.db.execute("PRAGMA page_count").fetchone()[0] * self.db.execute(
+                "PRAGMA page_size").fetchone()[0]
+        before = size()
+        self.db.execute("VACUUM")
+        return before - size()
 
     def close(self) -> None:
         self.db.close()
@@ -576,6 +603,15 @@ def main(argv: list[str]) -> int:
                     send(["bodies", database.read(request[1])])
                 except (sqlite3.Error, ValueError, TypeError) as exc:
                     send(["error", f"{type(exc).__name__}: {exc}"])
+                continue
+            if request[0] in ("backup", "vacuum"):
+                try:
+                    done = database.backup(request[1]) if request[0] == "backup" else database.vacuum()
+                except (sqlite3.Error, OSError, ValueError, IndexError) as exc:
+                    send(["error", f"{type(exc).__name__}: {exc}"])
+                else:
+                    send(["maintained", done])
+                    checkpointer.committed()
                 continue
             if request[0] != "commit":
                 send(["error", f"unknown request {request[0]!r}"])

@@ -18,6 +18,10 @@ neither way (the store process drops the pair).
 A failed commit fails its waiters and then the store itself (the router stops): a store
 that cannot write can no longer keep the broker's promises.
 
+Maintenance (:meth:`SqliteStore.maintain`: an online backup, a vacuum) goes to the store
+process on the commit pipe between two batches, so it sees every commit confirmed before it
+and the commits asked meanwhile wait for it; a failed maintenance fails only its caller.
+
 Reads (:meth:`SqliteStore.read_messages`, the bodies a queue keeps only in the store) go
 over a second pair of pipes to a reader thread of the store process with a connection of
 its own, so that a read never waits for the commit in progress (a consumer of a long
@@ -88,6 +92,16 @@ class _FrameReader:
         await self._stream.aclose()
 
 
+class _Maintenance:
+    """A maintenance request waiting for the commit loop, and its answer."""
+
+    def __init__(self, request: list):
+        self.request = request
+        self.done = trio.Event()
+        self.answer = 0
+        self.error: str | None = None
+
+
 class _Pending:
     """One commit waiting for its batch: a trio event to set, or a callback to call."""
 
@@ -129,6 +143,7 @@ class SqliteStore:
         self.max_batch = max_batch
         self._name = name
         self._pending: list[_Pending] = []
+        self._maintenance: list[_Maintenance] = []
         self._pending_ops = 0
         self._reads: list[_Read] = []
         self._wakeup = trio.Event()
@@ -209,6 +224,10 @@ class SqliteStore:
             for read in reads:
                 read.error = "the store stopped before this read was served"
                 read.done.set()
+            waiting_maintenance, self._maintenance = self._maintenance, []
+            for waiter in waiting_maintenance:
+                waiter.error = "the store stopped first"
+                waiter.done.set()
             with trio.CancelScope(shield=True):
                 await self._read_input.aclose()
                 await self._read_output.aclose()
@@ -309,6 +328,24 @@ class SqliteStore:
         for read in reads:
             read.done.set()
 
+    async def maintain(self, request: list) -> int:
+        """Run a maintenance request in the store process between two batches: ``["backup",
+        target]`` or ``["vacuum"]``; its answer (bytes written, bytes freed). Cancelling the
+        caller abandons the answer; the store process still finishes the work.
+
+        Raises:
+            StoreError: the store is not running, or the maintenance failed (the store goes on).
+        """
+        if self._closed or self._process_input is None:
+            raise StoreError("the store is not running")
+        waiter = _Maintenance(request)
+        self._maintenance.append(waiter)
+        self._wakeup.set()
+        await waiter.done.wait()
+        if waiter.error is not None:
+            raise StoreError(f"{self.path}: {request[0]} failed: {waiter.error}")
+        return waiter.answer
+
     def _submit(self, pending: _Pending) -> _Pending:
         if self._closed or self._process_input is None:
             raise StoreError("the store is not running")
@@ -321,6 +358,8 @@ class SqliteStore:
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
+            while self._maintenance:
+                await self._run_maintenance(self._maintenance.pop(0))
             while self._pending:
                 batch, ops = self._take_batch()
                 begin = time.perf_counter()
@@ -342,6 +381,21 @@ class SqliteStore:
                 self.commit_seconds += time.perf_counter() - begin
                 for pending in batch:
                     pending.finish()
+
+    async def _run_maintenance(self, waiter: _Maintenance) -> None:
+        with trio.CancelScope(shield=True):  # once sent, its answer must be read off the pipe
+            try:
+                await self._process_input.send_all(pack_frame(waiter.request))
+                reply = await self._process_output.read()
+            except (trio.BrokenResourceError, OSError) as exc:
+                waiter.error = str(exc)
+                waiter.done.set()
+                raise StoreError(f"{self.path}: the store process is gone: {exc}") from exc
+        if reply[0] == "maintained":
+            waiter.answer = reply[1]
+        else:
+            waiter.error = reply[1] if len(reply) > 1 else repr(reply)
+        waiter.done.set()
 
     def _take_batch(self) -> tuple[list[_Pending], list[Op]]:
         """The oldest pending commits up to ``max-batch`` operations (at least one commit)."""

@@ -51,6 +51,27 @@ class StoreSwiftlet:
     async def read_messages(self, ids: Sequence[int]) -> Mapping[int, bytes]:
         return await self._store.read_messages(ids)
 
+    @property
+    def database(self) -> Path:
+        """The database file (for the Store jobs: backups are named after it)."""
+        return self._store.path
+
+    async def backup(self, target: Path) -> int:
+        """A consistent online copy of the database in the file ``target``; its size.
+
+        Raises:
+            StoreError: the copy failed (the store goes on).
+        """
+        return await self._store.maintain(["backup", str(target)])
+
+    async def vacuum(self) -> int:
+        """Give the database's free pages back to the file system; the bytes freed.
+
+        Raises:
+            StoreError: the vacuum failed (the store goes on).
+        """
+        return await self._store.maintain(["vacuum"])
+
     def _on_change(self, change: Any) -> None:
         if change.field == "max_batch":
             self._store.max_batch = change.new

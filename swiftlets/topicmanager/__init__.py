@@ -6,7 +6,7 @@ from :mod:`.api`, which also holds topic-name parsing and the interest event. Ne
 
 Layout: :mod:`.config` (topics, slow-subscriber conditions), :mod:`.api` (the public
 interface), :mod:`.manager` (the running swiftlet), :mod:`.hierarchy` (topic names and the
-hierarchy rules, pure functions).
+hierarchy rules, pure functions), :mod:`.jobs` (Delete Durable, offered to ``sys$scheduler``).
 
 Usage: ``/sys$topicmanager/usage`` (roots, durable subscribers, interest), ``…/topics/<root>``
 and ``…/durable-subscribers/<queue>``.
@@ -17,6 +17,7 @@ from __future__ import annotations
 from martinet.kernel import SwiftletSpec, hookimpl
 
 from .config import TopicManagerConfig
+from .jobs import TOPIC_JOBS
 from .manager import TopicManager
 
 
@@ -30,3 +31,8 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
             factory=TopicManager,
         )
     ]
+
+
+@hookimpl
+def martinet_scheduler_jobs() -> list:
+    return [TOPIC_JOBS]  # see .jobs

@@ -7,6 +7,11 @@ every counter whose ``event-types`` match (subclasses included) and, with
 :meth:`kernel.EntityList.bind`, so the configured ones and those added at runtime go
 through the same code, and a counter that names an unknown event type is vetoed.
 
+It also offers a job to the scheduler, as any plugin may: the group ``Echo`` with the job
+``Greet`` (hook ``martinet_scheduler_jobs``), which logs its ``Text`` parameter with the
+swiftlet's ``greeting`` and counts the greetings in usage; a schedule in ``sys$scheduler``
+runs it (``job-group="Echo" job-name="Greet"``).
+
 Config is read the way a plugin should read it: ``self.context.config`` (and
 ``entity.config`` for a counter) is the current frozen config, so ``log-events`` and
 ``greeting`` are read per event and follow runtime changes without a listener; the
@@ -35,6 +40,7 @@ from martinet.kernel import (
     hookimpl,
     prop,
 )
+from martinet.swiftlets.scheduler.api import Job, JobGroup, JobParameter, JobRun
 
 
 @config_class
@@ -86,6 +92,7 @@ class EchoSwiftlet:
         self.context = context
         self.counters: dict[str, _Counter] = {}
         self.received = 0
+        self.greetings = 0
         self._usage = context.usage.add_list("counters")
 
     # -- management listeners: the same path for configured and added counters ----------
@@ -123,13 +130,32 @@ class EchoSwiftlet:
             Event, max_buffer=self.context.config.max_buffer, overflow=Overflow.DROP_OLDEST
         )
         self.context.usage.provide(
-            lambda: {"received": self.received, "dropped": subscription.dropped}
+            lambda: {"received": self.received, "dropped": subscription.dropped, "greetings": self.greetings}
         )
         with subscription:
             task_status.started()
             async for event in subscription:
                 self.received += 1
                 await pool.submit(self._count, event)
+
+
+# -- a job for sys$scheduler ----------------------------------------------------------------
+
+
+async def greet(run: JobRun) -> str:
+    """The job ``Echo/Greet``: ``run.swiftlet`` is the running EchoSwiftlet (the group names it)."""
+    echo: EchoSwiftlet = run.swiftlet
+    echo.greetings += 1
+    line = f"{echo.context.config.greeting}: {run.parameters['Text']}"
+    echo.context.log.info("%s", line)
+    return line
+
+
+@hookimpl
+def martinet_scheduler_jobs() -> list[JobGroup]:
+    return [JobGroup(name="Echo", swiftlet="xt$echo", jobs=[
+        Job(name="Greet", description="Logs a greeting and counts it in usage.", run=greet,
+            parameters=[JobParameter(name="Text", description="What to say.", default="hello")])])]
 
 
 @hookimpl
