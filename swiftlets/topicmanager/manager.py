@@ -55,6 +55,7 @@ from martinet.swiftlets.store.api import DeleteRecord, PutRecord, Store
 
 from .api import PublishResult, TopicError, TopicInterestChanged, durable_queue_name
 from .config import SlowSubscriberCondition
+from .federation import PUBLISHER, SOURCE, TOPIC, AllDurable, Federation
 from .hierarchy import TopicName, TopicNameError, matches, parse_topic
 
 __all__ = ["TopicManager", "Subscription"]
@@ -103,6 +104,7 @@ class _Root:
     name: str
     subscriptions: list[Subscription] = attrs.Factory(list)
     published: int = 0
+    remote_published: int = 0  # publications other routers forwarded here
     deliveries: int = 0
     dropped: int = 0
     disconnected: int = 0
@@ -112,6 +114,7 @@ class _Root:
             "subscriptions": len(self.subscriptions),
             "durable-subscriptions": sum(1 for s in self.subscriptions if s.durable),
             "published": self.published,
+            "remote-published": self.remote_published,
             "deliveries": self.deliveries,
             "dropped": self.dropped,
             "disconnected": self.disconnected,
@@ -140,6 +143,7 @@ class TopicManager:
         self._root_usage: UsageList | None = None
         self._durable_usage: UsageList | None = None
         self._unrestorable_usage: UsageList | None = None
+        self._federation: Federation | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._store = self.context.lookup("sys$store", Store)
@@ -155,9 +159,11 @@ class TopicManager:
         entity.on_change(self._settings_changed)
         entity.entity_list("topics").bind(self._topic_defined)  # a root stays while it has subscriptions
         entity.entity_list("slow-subscriber-conditions").bind(self._condition_added, self._condition_removed)
+        self._federation = Federation(self.context, self._queue_manager, self.interest, self._deliver_forwarded)
         self._recover()
-        task_status.started()
-        await trio.sleep_forever()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._federation.run)
+            task_status.started()
 
     def _settings_changed(self, change: Change) -> None:
         if change.field == "auto_create_topics":
@@ -245,6 +251,9 @@ class TopicManager:
                 self._durable_usage.add(subscription.queue.name, lambda: _durable_usage(subscription))
         if len(root.subscriptions) == 1:
             self.context.bus.publish(TopicInterestChanged(root=root.name, interested=True))
+            if self._federation is not None:
+                self._federation.listen(root.name)
+                self._federation.interest_changed()
 
     def _remove(self, subscription: Subscription) -> None:
         subscription.closed = True
@@ -259,6 +268,8 @@ class TopicManager:
             self._queue_manager.delete_queue(subscription.queue.name)
         if not root.subscriptions:
             self.context.bus.publish(TopicInterestChanged(root=root.name, interested=False))
+            if self._federation is not None:
+                self._federation.interest_changed()
 
     # -- subscribing --------------------------------------------------------------------------
 
@@ -384,6 +395,34 @@ class TopicManager:
             raise TopicError(str(exc)) from None
         root = self._root(name.root)
         root.published += 1
+        queues, pressure, dropped = self._targets(root, name, message, client_id)
+        forwarding = self._federation is not None and bool(self._federation.subscriptions.of_root(name.root))
+        durable = AllDurable(on_durable) if forwarding and on_durable is not None else None
+        try:
+            delay, full = self._queue_manager.send_to_queues(
+                queues, message, on_durable=durable.add() if durable is not None else on_durable)
+        except QueueError as exc:
+            raise TopicError(f"cannot publish to {topic}: {exc}") from None
+        delivered = len(queues) - len(full)
+        root.deliveries += delivered
+        root.dropped += dropped + len(full)
+        if forwarding:
+            forward_delay, forwarded = self._federation.forward(name, message, client_id, durable)
+            delay, delivered = max(delay, forward_delay), delivered + forwarded
+            if durable is not None:
+                durable.one()  # everything is sent: the guard copy
+        return PublishResult(max(delay, pressure), delivered, dropped + len(full))
+
+    def _targets(self, root: _Root, name: TopicName, message: Message,
+                 client_id: str | None) -> tuple[list[Queue], int, int]:
+        """The subscriber queues a publication goes to (one per queue; no-local, selectors and
+        the slow-subscriber condition applied), the flow-control delay the condition asks
+        for, and how many subscribers it drops.
+
+        Raises:
+            TopicError: a selector has to read a malformed message.
+        """
+        topic = name.text
         targets = self._matches.get(topic)
         if targets is None:
             if len(self._matches) >= self.MATCH_CACHE:
@@ -428,14 +467,35 @@ class TopicManager:
                 pressure = max(pressure, queue.settings.max_flowcontrol_delay)
             seen.add(id(queue))
             queues.append(queue)
+        return queues, pressure, dropped
+
+    def _deliver_forwarded(self, message: Message, transaction: Any) -> None:
+        """Stage the delivery of a publication another router forwarded (``tpc$<root>``) to
+        the local subscribers, in ``transaction``; it is never forwarded again. No-local
+        compares the original publisher's client id. A message without a valid topic, or
+        that a selector cannot read, is dropped with a WARNING."""
+        annotations = message.message_annotations
         try:
-            delay, full = self._queue_manager.send_to_queues(queues, message, on_durable=on_durable)
-        except QueueError as exc:
-            raise TopicError(f"cannot publish to {topic}: {exc}") from None
-        delivered = len(queues) - len(full)
-        root.deliveries += delivered
-        root.dropped += dropped + len(full)
-        return PublishResult(max(delay, pressure), delivered, dropped + len(full))
+            name = parse_topic(annotations.get(TOPIC))
+            root = self._roots.get(name.root)
+            if root is None:  # no subscriptions here (any more)
+                return
+            publisher = annotations.get(PUBLISHER)
+            queues, _, dropped = self._targets(root, name, message, publisher if isinstance(publisher, str) else None)
+        except (TopicNameError, TopicError, TypeError) as exc:
+            log.warning("forwarded publication from router %s dropped: %s",
+                        annotations.get(SOURCE), exc)
+            return
+        root.remote_published += 1
+        for queue in queues:
+            try:
+                transaction.send(queue.name, message)
+            except QueueError:  # full, or deleted since
+                dropped += 1
+            else:
+                root.deliveries += 1
+        root.dropped += dropped
+
 
     @staticmethod
     def _unselectable(subscription: Subscription, error: Exception) -> None:
