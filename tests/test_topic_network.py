@@ -7,9 +7,20 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping
 
+import pytest
 import trio
 
+from martinet.kernel import ManagementError, SwiftletFailed
 from martinet.messaging.client import DeliveryMode, TextMessage, Topic, connect
+from martinet.swiftlets.routing.config import StaticRoute
+from martinet.swiftlets.topicmanager.config import (
+    AnnounceFilter,
+    StaticRemoteRouterSubscription,
+    StaticTopicSubscription,
+    TopicManagerConfig,
+)
+
+from network import ROUTING_STACK, routing_config
 
 Interest = Mapping[str, Iterable[str]]  # remote router → roots
 
@@ -143,3 +154,190 @@ async def test_full_mesh_of_five_every_subscriber_gets_every_message_once(networ
     await build(network, MESH, itertools.combinations(MESH, 2))
     await network.settle({r: {o: 1 for o in MESH if o != r} for r in MESH})
     await fan_out_everywhere(network, MESH)
+
+
+async def start(network, name: str, *, static_routes: Iterable[str] = (), **topicmanager: object) -> None:
+    """Router ``name`` with routing (``static_routes``) and ``topicmanager``'s settings."""
+    swiftlets = {"sys$routing": routing_config(static_routes=[StaticRoute(name=r) for r in static_routes])}
+    if topicmanager:
+        swiftlets["sys$topicmanager"] = TopicManagerConfig(**topicmanager)
+    await network.start(network.config(name, startorder=ROUTING_STACK, swiftlets=swiftlets))
+
+
+def static(router: str, *roots: str, keep: bool = False) -> StaticRemoteRouterSubscription:
+    return StaticRemoteRouterSubscription(name=router, static_topic_subscriptions=[
+        StaticTopicSubscription(name=root, keep_on_unsubscribe=keep) for root in roots])
+
+
+async def durable_subscription(network, router: str, client_id: str, name: str, topic: str) -> None:
+    """Create a durable subscription and leave it without a subscriber."""
+    async with connect(network.url(router), client_id=client_id) as connection, connection.session() as session:
+        await (await session.durable_subscriber(Topic(topic), name)).close()
+
+
+def queue_size(network, router: str, queue: str) -> int:
+    queues = network.routers[router].swiftlet("sys$queuemanager").queues
+    return queues[queue].size if queue in queues else 0
+
+
+async def test_no_local_uses_the_original_publishers_client_id(network):
+    await network.start_routers("a", "b")
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}})
+    not_mine = Subscriber(network, "b", "iit", no_local=True, client_id="me")
+    everything = Subscriber(network, "b", "iit.%")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(not_mine.run, 5)
+        nursery.start_soon(everything.run, 10)
+        await not_mine.ready.wait()
+        await everything.ready.wait()
+        await wait_interest(network, {"a": {"b": ["iit"]}})
+        await publish(network, "a", "iit.x", [f"mine-{n}" for n in range(5)], client_id="me")
+        await publish(network, "a", "iit.x", [f"theirs-{n}" for n in range(5)], client_id="other")
+    assert_exactly(not_mine, [f"theirs-{n}" for n in range(5)])
+    assert_exactly(everything, [f"{who}-{n}" for who in ("mine", "theirs") for n in range(5)])
+
+
+async def test_interest_is_withdrawn_and_announced_again_after_a_link_flap(network):
+    await network.start_routers("a", "b")
+    network.connect("b", "a")
+    async with connect(network.url("a")) as connection, connection.session() as session:
+        subscriber = await session.consumer(Topic("iit.sales"))
+        await wait_interest(network, {"b": {"a": ["iit"]}, "a": {}})
+        await subscriber.close()
+        await wait_interest(network, {"b": {}})  # the last subscriber left
+        subscriber = await session.consumer(Topic("iit"))
+        await wait_interest(network, {"b": {"a": ["iit"]}})
+        network.routers["b"].management.remove("/sys$routing/connectors", "a")
+        await network.settle({"b": {}, "a": {}})
+        await subscriber.close()  # while the link is down: only a whole record after it can tell b
+        news = await session.consumer(Topic("news"))
+        network.connect("b", "a")
+        await wait_interest(network, {"b": {"a": ["news"]}})
+        await publish(network, "b", "news.today", ["n0", "n1"])
+        await publish(network, "b", "iit", ["not for a"])
+        with trio.fail_after(20):
+            assert [(await news.receive(20)).text for _ in range(2)] == ["n0", "n1"]
+        assert await news.receive(0.5) is None
+    usage = network.routers["b"].management.get("/sys$topicmanager/usage/topics/iit", "published")
+    assert usage == 1
+
+
+async def test_delete_of_a_remote_router_subscription_until_the_router_announces_again(network):
+    await network.start_routers("a", "b")
+    network.connect("b", "a")
+    management = network.routers["b"].management
+    async with connect(network.url("a")) as connection, connection.session() as session:
+        subscriber = await session.consumer(Topic("iit"))
+        await wait_interest(network, {"b": {"a": ["iit"]}})
+        await publish(network, "b", "iit", ["before"])
+        entry = "/sys$topicmanager/usage/remote-router-subscriptions/a/topics/iit"
+        assert management.get(entry, "forwarded") == 1
+        await management.invoke(entry, "delete")
+        assert remote_subscriptions(network, "b") == {}
+        await publish(network, "b", "iit", ["while deleted"])  # not forwarded: lost, as seed 003 says
+        news = await session.consumer(Topic("news"))  # a's interest changes: b gets the whole record
+        await wait_interest(network, {"b": {"a": ["iit", "news"]}})
+        await publish(network, "b", "iit", ["after"])
+        with trio.fail_after(20):
+            assert [(await subscriber.receive(20)).text for _ in range(2)] == ["before", "after"]
+        assert await subscriber.receive(0.5) is None
+        await news.close()
+    assert management.get("/sys$topicmanager/usage/remote-router-subscriptions/a/topics/iit", "forwarded") == 1
+
+
+async def test_static_remote_subscriptions_forward_before_the_first_connect(network):
+    await start(network, "b")
+    await durable_subscription(network, "b", "d", "w", "iit.sales")
+    await start(network, "a", static_routes=["b"], static_remote_router_subscriptions=[static("b", "iit")])
+    assert remote_subscriptions(network, "a") == {"b": {"iit"}}
+    await publish(network, "a", "iit.sales", [f"m{n}" for n in range(20)], persistent=True)
+    assert queue_size(network, "a", "rt$b") == 20  # waiting for b's first connect
+    network.connect("a", "b")
+    received = Subscriber(network, "b", "iit.sales", client_id="d", durable="w")
+    await received.run(20)
+    assert_exactly(received, [f"m{n}" for n in range(20)])
+    async with connect(network.url("b"), client_id="d") as connection, connection.session() as session:
+        await session.unsubscribe("w")
+    await wait_interest(network, {"a": {}})  # b has spoken: the static subscription is over
+
+
+async def test_keep_on_unsubscribe_delivers_to_a_durable_subscriber_across_an_orderly_shutdown(network):
+    await start(network, "a", static_routes=["b"],
+                static_remote_router_subscriptions=[static("b", "iit", keep=True)])
+    await start(network, "b")
+    await durable_subscription(network, "b", "d", "w", "iit")
+    network.connect("b", "a")
+    await wait_interest(network, {"a": {"b": ["iit"]}})
+    await network.stop("b")  # b unsubscribes everywhere while it stops
+    await network.settle({"a": {}})
+    await publish(network, "a", "iit.sales.eu", [f"m{n}" for n in range(50)], persistent=True)
+    assert remote_subscriptions(network, "a") == {"b": {"iit"}}
+    assert queue_size(network, "a", "rt$b") >= 50
+    await start(network, "b")  # the same store: the durable subscription and its queue come back
+    network.connect("b", "a")
+    received = Subscriber(network, "b", "iit", client_id="d", durable="w")
+    await received.run(50)
+    assert_exactly(received, [f"m{n}" for n in range(50)])
+    assert network.routers["a"].management.get(
+        "/sys$topicmanager/usage/remote-router-subscriptions/b/topics/iit", "forwarded") == 50
+
+
+async def test_interest_is_announced_again_after_a_router_restart(network):
+    await start(network, "a")
+    await start(network, "b")
+    await durable_subscription(network, "a", "d", "w", "iit")
+    network.connect("a", "b")
+    await wait_interest(network, {"b": {"a": ["iit"]}})
+    await network.stop("a")
+    await network.settle({"b": {}})
+    if "a" in remote_subscriptions(network, "b"):  # b had not heard a's goodbye: forget a by hand
+        await network.routers["b"].management.invoke("/sys$topicmanager/usage/remote-router-subscriptions/a",
+                                                     "delete")
+    assert remote_subscriptions(network, "b") == {}
+    await start(network, "a")
+    network.connect("a", "b")
+    await wait_interest(network, {"b": {"a": ["iit"]}})  # a's durable subscriber, announced anew
+    received = Subscriber(network, "a", "iit", client_id="d", durable="w")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(received.run, 3)
+        await received.ready.wait()
+        await publish(network, "b", "iit.x", ["r0", "r1", "r2"], persistent=True)
+    assert_exactly(received, ["r0", "r1", "r2"])
+
+
+async def test_a_static_remote_subscription_needs_a_static_route(network):
+    with pytest.raises(SwiftletFailed, match=r"static-remote-router-subscriptions/b: a static remote subscription "
+                       r"needs a static route to b"):
+        await start(network, "a", static_remote_router_subscriptions=[static("b", "iit")])
+    await start(network, "c", static_routes=["b"])
+    with pytest.raises(ManagementError, match="needs a static route to x"):
+        network.routers["c"].management.add("/sys$topicmanager/static-remote-router-subscriptions", "x")
+    network.routers["c"].management.add("/sys$topicmanager/static-remote-router-subscriptions", "b")
+    network.routers["c"].management.add("/sys$topicmanager/static-remote-router-subscriptions/b/"
+                                        "static-topic-subscriptions", "iit", {"keep-on-unsubscribe": "true"})
+    assert remote_subscriptions(network, "c") == {"b": {"iit"}}
+
+
+async def test_announce_filters_keep_a_root_local_to_a_region(network):
+    await start(network, "a")
+    await start(network, "b", announce_filters=[AnnounceFilter(name="c", roots="local", mode="exclude")])
+    await start(network, "c")
+    network.connect("a", "b")
+    network.connect("b", "c")
+    local = Subscriber(network, "b", "local")
+    shared = Subscriber(network, "b", "iit")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(local.run, 1)
+        nursery.start_soon(shared.run, 2)
+        await local.ready.wait()
+        await shared.ready.wait()
+        await wait_interest(network, {"a": {"b": ["iit", "local"]}, "c": {"b": ["iit"]}})
+        for router in ("a", "c"):
+            await publish(network, router, "local.news", [f"local from {router}"])
+            await publish(network, router, "iit", [f"iit from {router}"])
+    assert_exactly(local, ["local from a"])  # c does not know b has subscribers under "local"
+    assert_exactly(shared, ["iit from a", "iit from c"])
+    management = network.routers["b"].management
+    management.add("/sys$topicmanager/announce-filters", "a", {"roots": "iit", "mode": "include"})
+    await wait_interest(network, {"a": {"b": ["iit"]}, "c": {"b": ["iit"]}})

@@ -26,7 +26,7 @@ all. It never forwards such a message again: only local publications are forward
 is why each subscriber gets each message once in rings and meshes alike.
 
 **Static remote subscriptions** (config, seed 003) exist from the start; they need a static
-route to their router (checked when the router has started; a static route keeps
+route to their router (checked at start and when one is added; a static route keeps
 ``rt$<router>`` and its messages while the router is unreachable). The router's first
 record replaces them, except those with ``keep-on-unsubscribe``, which keep forwarding
 whatever it announces. An operator may delete a remote subscription (the management
@@ -49,7 +49,7 @@ from typing import Any
 import attrs
 import trio
 
-from martinet.kernel import Entity, RouterStarted, RouterStopping, SwiftletContext, Usage, UsageList, Veto
+from martinet.kernel import Entity, ManagementError, RouterStopping, SwiftletContext, Usage, UsageList, Veto
 from martinet.messaging.codec import Symbol
 from martinet.messaging.message import Message, build
 from martinet.swiftlets.queuemanager.api import Consumer, QueueError, QueueManager, check_queue_name
@@ -248,7 +248,7 @@ class Federation:
         entity = self.context.entity
         self._usage = self.context.usage.add_list("remote-router-subscriptions")
         with bus.subscribe(DestinationActivated, max_buffer=100_000) as activated, \
-                bus.subscribe(RouterStarted) as started, bus.subscribe(RouterStopping) as stopping:
+                bus.subscribe(RouterStopping) as stopping:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 entity.entity_list("static-remote-router-subscriptions").bind(self._static_router_added,
@@ -260,8 +260,9 @@ class Federation:
                         self.listen(name[len(REMOTE_PREFIX):])
                 for root in self._interest():
                     self.listen(root)
+                if self._lookup_routing() is not None:  # routing started first: its destinations are active already
+                    self.interest_changed()
                 nursery.start_soon(self._follow_activations, activated)
-                nursery.start_soon(self._when_started, started)
                 nursery.start_soon(self._when_stopping, stopping)
                 task_status.started()
 
@@ -278,20 +279,15 @@ class Federation:
             self._lookup_routing()
             self._announce(event.router)
 
-    async def _when_started(self, started: Any) -> None:
-        await started.receive()
-        routing = self._lookup_routing()
-        for router, subscriptions in self.subscriptions.routers.items():
-            if any(s.static for s in subscriptions.values()):
-                self._check_static_route(router, routing)
-        self.interest_changed()  # destinations active before this swiftlet ran
-
-    def _check_static_route(self, router: str, routing: Routing | None) -> None:
-        destination = routing.destination(router) if routing is not None else None
-        if destination is None or not destination.static:
+    def _check_static_route(self, router: str) -> None:
+        """Raises: TopicError: sys$routing has no static route to ``router``."""
+        try:
+            routes = self.context.management.entity_list("/sys$routing/static-routes").entities
+        except ManagementError:  # sys$routing is not configured on this router
+            routes = {}
+        if router not in routes:
             raise TopicError(f"/{self.context.name}/static-remote-router-subscriptions/{router}: a static remote "
-                             f"subscription needs a static route to {router} in /sys$routing/static-routes"
-                             + ("" if routing is not None else " (sys$routing is not running)"))
+                             f"subscription needs a static route to {router} (/sys$routing/static-routes/{router})")
 
     async def _when_stopping(self, stopping: Any) -> None:
         await stopping.receive()
@@ -452,11 +448,10 @@ class Federation:
 
     def _static_router_added(self, entity: Entity) -> None:
         router = entity.name
-        if self._routing is not None:  # added at runtime: checked at once
-            try:
-                self._check_static_route(router, self._routing)
-            except TopicError as exc:
-                raise Veto(str(exc)) from None
+        try:
+            self._check_static_route(router)
+        except TopicError as exc:
+            raise Veto(str(exc)) from None
         entity.entity_list("static-topic-subscriptions").bind(
             lambda topic: self._static_topic_added(router, topic),
             lambda topic: self._static_topic_removed(router, topic.name))
