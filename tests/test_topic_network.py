@@ -341,3 +341,25 @@ async def test_announce_filters_keep_a_root_local_to_a_region(network):
     management = network.routers["b"].management
     management.add("/sys$topicmanager/announce-filters", "a", {"roots": "iit", "mode": "include"})
     await wait_interest(network, {"a": {"b": ["iit"]}, "c": {"b": ["iit"]}})
+
+
+async def test_a_temporary_topic_receives_publications_from_another_router(network):
+    await network.start_routers("a", "b")
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}})
+    async with connect(network.url("a")) as on_a, connect(network.url("b")) as on_b:
+        session_a, session_b = await on_a.session(), await on_b.session()
+        replies = await session_a.create_temporary_topic()
+        assert replies.name == "tmp$topic$a$1"  # unique in the network: it carries the router
+        own = await session_b.create_temporary_topic()  # b's first one: another name, another topic
+        consumer = await session_a.consumer(replies)
+        own_consumer = await session_b.consumer(own)
+        await wait_interest(network, {"b": {"a": [replies.name]}, "a": {"b": [own.name]}})
+        await (await session_b.producer(replies)).send(TextMessage("reply from b"))
+        received = await consumer.receive(20)
+        assert received.text == "reply from b" and received.destination.is_topic
+        assert await own_consumer.receive(0.3) is None
+        await consumer.close()
+        await own_consumer.close()
+    await wait_interest(network, {"b": {}, "a": {}})
+    assert "tpc$" + replies.name not in network.routers["a"].swiftlet("sys$queuemanager").queues

@@ -73,6 +73,8 @@ SOURCE = Symbol("x-opt-martinet-src")
 TOPIC = Symbol("x-opt-martinet-topic")
 #: The publisher's client id (the listener's annotation, SwiftMQ's JMS_SWIFTMQ_CID), for no-local.
 PUBLISHER = Symbol("x-opt-martinet-cid")
+#: Roots of temporary topics (``tmp$topic$<router>$<n>``): their ``tpc$`` queue goes with their interest.
+TEMPORARY_ROOT_PREFIX = "tmp$"
 RECORD_VERSION = 1
 BATCH = 100  # forwarded messages delivered per local transaction
 
@@ -234,7 +236,7 @@ class Federation:
         self._seq = itertools.count(1)
         self._routing: Routing | None = None
         self._nursery: trio.Nursery | None = None
-        self._listening: set[str] = set()
+        self._listening: dict[str, trio.CancelScope] = {}  # roots whose tpc$ queue is consumed
         self._filters: dict[str, tuple[str, frozenset[str]]] = {}  # router → (mode, roots)
         self._usage: UsageList | None = None
         self._listed: dict[str, tuple[UsageList, set[str]]] = {}  # router → its usage list of roots, listed
@@ -389,12 +391,27 @@ class Federation:
         """Consume ``tpc$<root>`` from now on (called when the root gets local interest)."""
         if root in self._listening or not federable(root) or self._nursery is None:
             return
-        self._listening.add(root)
-        self._nursery.start_soon(self._receive_forwarded, self._queue_manager.queue(REMOTE_PREFIX + root, create=True))
+        self._listening[root] = scope = trio.CancelScope()
+        self._nursery.start_soon(self._receive_forwarded, self._queue_manager.queue(REMOTE_PREFIX + root, create=True),
+                                 scope)
 
-    async def _receive_forwarded(self, queue: Any) -> None:
+    def interest_lost(self, root: str) -> None:
+        """The last local subscription under ``root`` went: announce it; a temporary topic's
+        ``tpc$`` queue goes too (its name is never used again)."""
+        self.interest_changed()
+        scope = self._listening.pop(root, None) if root.startswith(TEMPORARY_ROOT_PREFIX) else None
+        if scope is not None:
+            scope.cancel()
+            if REMOTE_PREFIX + root in self._queue_manager.queues:
+                self._queue_manager.delete_queue(REMOTE_PREFIX + root)
+
+    async def _receive_forwarded(self, queue: Any, scope: trio.CancelScope) -> None:
         """Deliver what other routers forwarded, a batch per local transaction with the
         acknowledgements: all of a batch reaches the subscriber queues, or none of it."""
+        with scope:
+            await self._deliver_batches(queue)
+
+    async def _deliver_batches(self, queue: Any) -> None:
         consumer: Consumer = queue.consumer(owner=self)
         consumer.flow(BATCH)
         while True:

@@ -55,7 +55,7 @@ from martinet.swiftlets.store.api import DeleteRecord, PutRecord, Store
 
 from .api import PublishResult, TopicError, TopicInterestChanged, durable_queue_name
 from .config import SlowSubscriberCondition
-from .federation import PUBLISHER, SOURCE, TOPIC, AllDurable, Federation
+from .federation import PUBLISHER, SOURCE, TEMPORARY_ROOT_PREFIX, TOPIC, AllDurable, Federation
 from .hierarchy import TopicName, TopicNameError, matches, parse_topic
 
 __all__ = ["TopicManager", "Subscription"]
@@ -230,7 +230,8 @@ class TopicManager:
         root = self._roots.get(name)
         if root is None:
             defined = name in {parse_topic(t).root for t in self.context.entity.entity_list("topics").entities}
-            if not (defined or (self.auto_create_topics if create is None else create)):
+            temporary = name.startswith(TEMPORARY_ROOT_PREFIX)  # a temporary topic, maybe another router's
+            if not (defined or temporary or (self.auto_create_topics if create is None else create)):
                 raise TopicError(f"root topic {name!r} is not defined on router {self.context.router_name}")
             root = self._roots[name] = _Root(name)
             if self._root_usage is not None:
@@ -269,7 +270,7 @@ class TopicManager:
         if not root.subscriptions:
             self.context.bus.publish(TopicInterestChanged(root=root.name, interested=False))
             if self._federation is not None:
-                self._federation.interest_changed()
+                self._federation.interest_lost(root.name)
 
     # -- subscribing --------------------------------------------------------------------------
 
