@@ -20,10 +20,11 @@ such a root is sent, by the queue manager, to ``tpc$<root>@<router>`` — into `
 and over the exactly-once transfer — annotated with its topic (``x-opt-martinet-topic``) and
 its publisher's client id (``x-opt-martinet-cid``). At the far end the topic manager consumes
 its local queue ``tpc$<root>`` and delivers each message to its own matching subscribers
-(hierarchy, predicates, selectors, no-local by that client id), in one local transaction
-per batch together with the acknowledgement, so a crash delivers a batch entirely or not at
-all. It never forwards such a message again: only local publications are forwarded, which
-is why each subscriber gets each message once in rings and meshes alike.
+(hierarchy, predicates, selectors, no-local by that client id); persistent ones in one local
+transaction per batch together with their acknowledgements, so a crash delivers a batch
+entirely or not at all (non-persistent ones at once, as a local publish). It never forwards
+such a message again: only local publications are forwarded, which is why each subscriber
+gets each message once in rings and meshes alike.
 
 **Static remote subscriptions** (config, seed 003) exist from the start; they need a static
 route to their router (checked at start and when one is added; a static route keeps
@@ -50,7 +51,7 @@ import attrs
 import trio
 
 from martinet.kernel import Entity, ManagementError, RouterStopping, SwiftletContext, Usage, UsageList, Veto
-from martinet.messaging.codec import Symbol
+from martinet.messaging.codec import Symbol, UInt
 from martinet.messaging.message import Message, build
 from martinet.swiftlets.queuemanager.api import Consumer, QueueError, QueueManager, check_queue_name
 from martinet.swiftlets.routing.api import DestinationActivated, Routing
@@ -67,8 +68,12 @@ log = logging.getLogger(__name__)
 INTEREST_QUEUE = "sys$topic"
 #: ``tpc$<root>``: the queue that receives publications forwarded by other routers.
 REMOTE_PREFIX = "tpc$"
-#: The router a forwarded message came from (routing's annotation, docs/routing-protocol.md §12).
+#: Routing's annotations (docs/routing-protocol.md §12): the router a message entered the
+#: network at, its destination router and queue, the hops so far.
 SOURCE = Symbol("x-opt-martinet-src")
+DESTINATION = Symbol("x-opt-martinet-dest")
+QUEUE = Symbol("x-opt-martinet-queue")
+HOPS = Symbol("x-opt-martinet-hops")
 #: The topic a forwarded message was published to.
 TOPIC = Symbol("x-opt-martinet-topic")
 #: The publisher's client id (the listener's annotation, SwiftMQ's JMS_SWIFTMQ_CID), for no-local.
@@ -76,7 +81,8 @@ PUBLISHER = Symbol("x-opt-martinet-cid")
 #: Roots of temporary topics (``tmp$topic$<router>$<n>``): their ``tpc$`` queue goes with their interest.
 TEMPORARY_ROOT_PREFIX = "tmp$"
 RECORD_VERSION = 1
-BATCH = 100  # forwarded messages delivered per local transaction
+CREDIT = 100  # forwarded messages taken from tpc$<root> ahead
+BATCH = 20  # forwarded messages delivered per local transaction (its staging is quadratic in the sends)
 
 
 @attrs.frozen
@@ -222,7 +228,8 @@ class Federation:
     """The topic manager's part in the network: announces, forwards, receives.
 
     ``interest()`` is the local interest now; ``deliver(message, transaction)`` delivers a
-    forwarded message to local subscribers (the manager's)."""
+    forwarded message to local subscribers (the manager's): staged in ``transaction``, or
+    at once when it is None."""
 
     def __init__(self, context: SwiftletContext, queue_manager: QueueManager, interest: Callable[[], frozenset[str]],
                  deliver: Callable[[Message, Any], None]):
@@ -338,7 +345,7 @@ class Federation:
 
     async def _receive_records(self, queue: Any) -> None:
         consumer: Consumer = queue.consumer(owner=self)
-        consumer.flow(BATCH)
+        consumer.flow(CREDIT)
         while True:
             entry = await consumer.receive()
             try:
@@ -362,15 +369,19 @@ class Federation:
         subscriptions = self.subscriptions.of_root(topic.root)
         if not subscriptions:
             return 0, 0
-        changes: dict[Any, Any] = {TOPIC: topic.text}
+        queue = REMOTE_PREFIX + topic.root
+        changes: dict[Any, Any] = {TOPIC: topic.text, SOURCE: self.local, QUEUE: queue, HOPS: UInt(0)}
         if client_id is not None:
             changes[PUBLISHER] = client_id
-        annotated = message.with_annotations(changes)
         delay = sent = 0
         for subscription in subscriptions:
-            address = f"{REMOTE_PREFIX}{topic.root}@{subscription.router}"
+            # The routing annotations are set here, with ours in one patch: routing's rewrite keeps
+            # them (a message that has them is already travelling), and stale ones of a message that
+            # travelled before and is published again are replaced.
+            changes[DESTINATION] = subscription.router
             try:
-                result = self._queue_manager.send_nowait(address, annotated,
+                result = self._queue_manager.send_nowait(f"{queue}@{subscription.router}",
+                                                         message.with_annotations(changes),
                                                          on_durable=durable.add() if durable else None)
             except QueueError as exc:
                 if durable is not None:
@@ -413,14 +424,20 @@ class Federation:
 
     async def _deliver_batches(self, queue: Any) -> None:
         consumer: Consumer = queue.consumer(owner=self)
-        consumer.flow(BATCH)
+        consumer.flow(CREDIT)
         while True:
             entries = [await consumer.receive(), *consumer.take(BATCH - 1)]
-            transaction = self._queue_manager.transaction()
+            transaction = None
             for entry in entries:
-                self._deliver(entry.message, transaction)
-                transaction.acknowledge(consumer, entry)
-            await transaction.commit()
+                if entry.message.durable:
+                    transaction = transaction or self._queue_manager.transaction()
+                    self._deliver(entry.message, transaction)
+                    transaction.acknowledge(consumer, entry)
+                else:  # nothing to keep across a crash: delivered at once (JMS lets it pass a persistent one)
+                    self._deliver(entry.message, None)
+                    consumer.accept(entry)
+            if transaction is not None:
+                await transaction.commit()
             consumer.flow(len(entries))
 
     # -- usage ------------------------------------------------------------------------------------

@@ -471,8 +471,8 @@ class TopicManager:
         return queues, pressure, dropped
 
     def _deliver_forwarded(self, message: Message, transaction: Any) -> None:
-        """Stage the delivery of a publication another router forwarded (``tpc$<root>``) to
-        the local subscribers, in ``transaction``; it is never forwarded again. No-local
+        """Deliver a publication another router forwarded (``tpc$<root>``) to the local
+        subscribers, staged in ``transaction`` (None: at once); it is never forwarded again. No-local
         compares the original publisher's client id. A message without a valid topic, or
         that a selector cannot read, is dropped with a WARNING."""
         annotations = message.message_annotations
@@ -488,6 +488,15 @@ class TopicManager:
                         annotations.get(SOURCE), exc)
             return
         root.remote_published += 1
+        if transaction is None:
+            try:
+                _, full = self._queue_manager.send_to_queues(queues, message)
+            except QueueError as exc:
+                log.warning("forwarded publication to %s dropped: %s", name.text, exc)
+                return
+            root.deliveries += len(queues) - len(full)
+            root.dropped += dropped + len(full)
+            return
         for queue in queues:
             try:
                 transaction.send(queue.name, message)
