@@ -355,6 +355,7 @@ class Federation:
             else:
                 self.records_received += 1
                 if self.subscriptions.apply(record):
+                    log.info("interest of router %s: %s", record.router, " ".join(sorted(record.roots)) or "none")
                     self._list(record.router)
             consumer.accept(entry)
             consumer.flow(1)
