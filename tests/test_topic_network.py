@@ -339,8 +339,16 @@ async def test_announce_filters_keep_a_root_local_to_a_region(network):
     assert_exactly(local, ["local from a"])  # c does not know b has subscribers under "local"
     assert_exactly(shared, ["iit from a", "iit from c"])
     management = network.routers["b"].management
-    management.add("/sys$topicmanager/announce-filters", "a", {"roots": "iit", "mode": "include"})
-    await wait_interest(network, {"a": {"b": ["iit"]}, "c": {"b": ["iit"]}})
+    async with connect(network.url("b")) as connection, connection.session() as session:
+        await session.consumer(Topic("iit"))
+        await session.consumer(Topic("local"))
+        await wait_interest(network, {"a": {"b": ["iit", "local"]}, "c": {"b": ["iit"]}})
+        management.add("/sys$topicmanager/announce-filters", "a", {"roots": "iit", "mode": "include"})
+        await wait_interest(network, {"a": {"b": ["iit"]}, "c": {"b": ["iit"]}})
+        management.set("/sys$topicmanager/announce-filters/a", "roots", "local")  # changed at runtime
+        await wait_interest(network, {"a": {"b": ["local"]}, "c": {"b": ["iit"]}})
+        management.remove("/sys$topicmanager/announce-filters", "c")
+        await wait_interest(network, {"a": {"b": ["local"]}, "c": {"b": ["iit", "local"]}})
 
 
 async def test_a_temporary_topic_receives_publications_from_another_router(network):

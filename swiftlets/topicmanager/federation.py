@@ -50,13 +50,14 @@ from typing import Any
 import attrs
 import trio
 
-from martinet.kernel import Entity, ManagementError, RouterStopping, SwiftletContext, Usage, UsageList, Veto
+from martinet.kernel import Change, Entity, ManagementError, RouterStopping, SwiftletContext, Usage, UsageList, Veto
 from martinet.messaging.codec import Symbol, UInt
 from martinet.messaging.message import Message, build
 from martinet.swiftlets.queuemanager.api import Consumer, QueueError, QueueManager, check_queue_name
 from martinet.swiftlets.routing.api import DestinationActivated, Routing
 
 from .api import TopicError
+from .config import AnnounceFilter
 from .hierarchy import TopicName
 
 __all__ = ["INTEREST_QUEUE", "REMOTE_PREFIX", "SOURCE", "TOPIC", "PUBLISHER", "InterestRecord", "RemoteSubscriptions",
@@ -244,7 +245,7 @@ class Federation:
         self._routing: Routing | None = None
         self._nursery: trio.Nursery | None = None
         self._listening: dict[str, trio.CancelScope] = {}  # roots whose tpc$ queue is consumed
-        self._filters: dict[str, tuple[str, frozenset[str]]] = {}  # router → (mode, roots)
+        self._filters: dict[str, AnnounceFilter] = {}  # by remote router
         self._usage: UsageList | None = None
         self._listed: dict[str, tuple[UsageList, set[str]]] = {}  # router → its usage list of roots, listed
         self.records_sent = 0
@@ -316,8 +317,11 @@ class Federation:
 
     def _announce(self, router: str) -> None:
         roots = frozenset(r for r in self._interest() if federable(r))
-        mode, listed = self._filters.get(router, ("exclude", frozenset()))
-        self._send_record(router, roots & listed if mode == "include" else roots - listed)
+        announce_filter = self._filters.get(router)
+        if announce_filter is not None:
+            listed = frozenset(announce_filter.roots.split())
+            roots = roots & listed if announce_filter.mode == "include" else roots - listed
+        self._send_record(router, roots)
 
     def _send_record(self, router: str, roots: frozenset[str]) -> None:
         record = InterestRecord(self.local, self._epoch, next(self._seq), roots)
@@ -329,9 +333,13 @@ class Federation:
         self.records_sent += 1
 
     def _filter_added(self, entity: Entity) -> None:
-        self._filters[entity.name] = (entity.config.mode, frozenset(entity.config.roots.split()))
-        entity.on_change(lambda change: self._filter_added(entity))
+        self._filters[entity.name] = entity.config
+        entity.on_change(lambda change: self._filter_changed(entity.name, change))
         self._announce_if_active(entity.name)
+
+    def _filter_changed(self, router: str, change: Change) -> None:
+        self._filters[router] = attrs.evolve(self._filters[router], **{change.field: change.new})
+        self._announce_if_active(router)
 
     def _filter_removed(self, entity: Entity) -> None:
         self._filters.pop(entity.name, None)
@@ -499,7 +507,7 @@ class Federation:
         if not federable(entity.name) or "." in entity.name:
             raise Veto(f"{entity.name!r} is not a root topic that can be forwarded")
         self.subscriptions.add_static(router, entity.name, keep=entity.config.keep_on_unsubscribe)
-        entity.on_change(lambda change: self._static_topic_added(router, entity))
+        entity.on_change(lambda change: self.subscriptions.add_static(router, entity.name, keep=change.new))
         self._list(router)
 
     def _static_topic_removed(self, router: str, root: str) -> None:
