@@ -26,8 +26,13 @@ A selector that cannot be evaluated on a published message (its properties do no
 does not select it; that is logged once per subscription.
 
 Interest: when a root's subscription count goes 0 → 1 or 1 → 0 a
-:class:`TopicInterestChanged` event goes on the bus (the federation will announce it);
-:meth:`TopicManager.interest` is the current set.
+:class:`TopicInterestChanged` event goes on the bus; :meth:`TopicManager.interest` is the
+current set.
+
+Across routers (:mod:`.federation`): the federation announces the interest to the other
+routers, a local publication is also forwarded to every router subscribed to its root, and
+what other routers forward arrives through :meth:`TopicManager._deliver_forwarded`, which
+delivers with the same matching (:meth:`TopicManager._targets`) and never forwards again.
 """
 
 from __future__ import annotations
@@ -472,27 +477,27 @@ class TopicManager:
 
     def _deliver_forwarded(self, message: Message, transaction: Any) -> None:
         """Deliver a publication another router forwarded (``tpc$<root>``) to the local
-        subscribers, staged in ``transaction`` (None: at once); it is never forwarded again. No-local
-        compares the original publisher's client id. A message without a valid topic, or
-        that a selector cannot read, is dropped with a WARNING."""
-        annotations = message.message_annotations
+        subscribers, staged in ``transaction`` (None: at once); it is never forwarded
+        again. No-local compares the original publisher's client id. A message without a
+        valid topic, or that a selector cannot read, is dropped with a WARNING."""
         try:
+            annotations = message.message_annotations
             name = parse_topic(annotations.get(TOPIC))
             root = self._roots.get(name.root)
             if root is None:  # no subscriptions here (any more)
                 return
             publisher = annotations.get(PUBLISHER)
             queues, _, dropped = self._targets(root, name, message, publisher if isinstance(publisher, str) else None)
-        except (TopicNameError, TopicError, TypeError) as exc:
-            log.warning("forwarded publication from router %s dropped: %s",
-                        annotations.get(SOURCE), exc)
+        except (MessageError, TopicNameError, TopicError, TypeError) as exc:
+            log.warning("a publication forwarded by another router is dropped: %s", exc)
             return
         root.remote_published += 1
         if transaction is None:
             try:
                 _, full = self._queue_manager.send_to_queues(queues, message)
             except QueueError as exc:
-                log.warning("forwarded publication to %s dropped: %s", name.text, exc)
+                log.warning("a publication to %s forwarded by router %s is dropped: %s", name.text,
+                            annotations.get(SOURCE), exc)
                 return
             root.deliveries += len(queues) - len(full)
             root.dropped += dropped + len(full)
@@ -505,7 +510,6 @@ class TopicManager:
             else:
                 root.deliveries += 1
         root.dropped += dropped
-
 
     @staticmethod
     def _unselectable(subscription: Subscription, error: Exception) -> None:
