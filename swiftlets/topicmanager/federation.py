@@ -11,8 +11,9 @@ away ``R`` is. A record always holds the *whole* set (after the announce filter 
 never a change: it is sent when the set changes, again on every activation of ``R``
 (``DestinationActivated``: a link flap, ``R`` restarting, a new route) and, empty, when this
 router stops (it unsubscribes everywhere). The receiver keeps the newest record per router,
-by (epoch, sequence): the epoch is the sender's start time, so a restarted router replaces
-what it said before, and a record overtaken on another path is ignored.
+by (epoch, sequence): the epoch is the sender's start time (above the one in its store, if
+the clock went back), so a restarted router replaces what it said before, and a record
+overtaken on another path is ignored.
 
 **Remote subscriptions.** A record's roots become remote subscriptions of its router (usage
 ``remote-router-subscriptions/<router>/topics/<root>``). A message *published locally* under
@@ -55,6 +56,7 @@ from martinet.messaging.codec import Symbol, UInt
 from martinet.messaging.message import Message, build
 from martinet.swiftlets.queuemanager.api import Consumer, QueueError, QueueManager, check_queue_name
 from martinet.swiftlets.routing.api import DestinationActivated, Routing
+from martinet.swiftlets.store.api import PutRecord, Store
 
 from .api import TopicError
 from .config import AnnounceFilter
@@ -248,14 +250,18 @@ class Federation:
         self._filters: dict[str, AnnounceFilter] = {}  # by remote router
         self._usage: UsageList | None = None
         self._listed: dict[str, tuple[UsageList, set[str]]] = {}  # router → its usage list of roots, listed
-        self.records_sent = 0
+        self.records_sent = 0  # interest records
         self.records_received = 0
 
     # -- running ----------------------------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, store: Store, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Announce, forward and receive until cancelled; ``store`` keeps the last epoch.
+
+        Raises: TopicError (at start): a static remote subscription without a static route."""
         bus = self.context.bus
         entity = self.context.entity
+        await self._new_epoch(store)
         self._usage = self.context.usage.add_list("remote-router-subscriptions")
         with bus.subscribe(DestinationActivated, max_buffer=100_000) as activated, \
                 bus.subscribe(RouterStopping) as stopping:
@@ -275,6 +281,14 @@ class Federation:
                 nursery.start_soon(self._follow_activations, activated)
                 nursery.start_soon(self._when_stopping, stopping)
                 task_status.started()
+
+    async def _new_epoch(self, store: Store) -> None:
+        """An epoch above every earlier one of this router, even if the clock went back:
+        other routers ignore records of an epoch not newer than the last they applied."""
+        stored = store.recovered.records.get("federation", {}).get("epoch")
+        if stored is not None and int(stored) >= self._epoch:
+            self._epoch = int(stored) + 1
+        await store.commit([PutRecord("federation", "epoch", str(self._epoch).encode())])
 
     def _lookup_routing(self) -> Routing | None:
         if self._routing is None:

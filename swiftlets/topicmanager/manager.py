@@ -159,7 +159,10 @@ class TopicManager:
         self._unrestorable_usage = usage.add_list("unrestorable")
         usage.provide(lambda: {"roots": len(self._roots), "durable-subscribers": len(self._durables),
                                "unrestorable": len(self._unrestorable),
-                               "interest": " ".join(sorted(self.interest()))})
+                               "interest": " ".join(sorted(self.interest())),
+                               "interest-records-sent": self._federation.records_sent if self._federation else 0,
+                               "interest-records-received":
+                                   self._federation.records_received if self._federation else 0})
         entity = self.context.entity
         entity.on_change(self._settings_changed)
         entity.entity_list("topics").bind(self._topic_defined)  # a root stays while it has subscriptions
@@ -167,7 +170,7 @@ class TopicManager:
         self._federation = Federation(self.context, self._queue_manager, self.interest, self._deliver_forwarded)
         self._recover()
         async with trio.open_nursery() as nursery:
-            await nursery.start(self._federation.run)
+            await nursery.start(self._federation.run, self._store)
             task_status.started()
 
     def _settings_changed(self, change: Change) -> None:
