@@ -259,17 +259,21 @@ class Federation:
         """Announce, forward and receive until cancelled; ``store`` keeps the last epoch.
 
         Raises: TopicError (at start): a static remote subscription without a static route."""
-        bus = self.context.bus
         entity = self.context.entity
-        await self._new_epoch(store)
         self._usage = self.context.usage.add_list("remote-router-subscriptions")
-        with bus.subscribe(DestinationActivated, max_buffer=100_000) as activated, \
-                bus.subscribe(RouterStopping) as stopping:
+        entity.entity_list("static-remote-router-subscriptions").bind(self._static_router_added,
+                                                                      self._static_router_removed)
+        entity.entity_list("announce-filters").bind(self._filter_added, self._filter_removed)
+        try:
+            self.context.management.resolve("/sys$routing")
+        except ManagementError:  # no routing on this router: no federation (and no sys$topic queue)
+            task_status.started()
+            await trio.sleep_forever()
+        await self._new_epoch(store)
+        with self.context.bus.subscribe(DestinationActivated, max_buffer=100_000) as activated, \
+                self.context.bus.subscribe(RouterStopping) as stopping:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                entity.entity_list("static-remote-router-subscriptions").bind(self._static_router_added,
-                                                                              self._static_router_removed)
-                entity.entity_list("announce-filters").bind(self._filter_added, self._filter_removed)
                 nursery.start_soon(self._receive_records, self._queue_manager.queue(INTEREST_QUEUE, create=True))
                 for name in list(self._queue_manager.queues):  # forwarded messages recovered from the store
                     if name.startswith(REMOTE_PREFIX):
