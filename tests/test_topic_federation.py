@@ -26,6 +26,8 @@ def test_a_record_survives_encoding_and_says_its_version():
     message = original.encode()
     assert json.loads(message.body())["version"] == 1
     assert InterestRecord.decode(message) == original
+    asking = InterestRecord("paris", 17, 4, frozenset(), reply=True)
+    assert InterestRecord.decode(asking.encode()) == asking
 
 
 @pytest.mark.parametrize(("body", "error"), [
@@ -33,6 +35,7 @@ def test_a_record_survives_encoding_and_says_its_version():
     (b'{"version": 1, "router": "a", "epoch": 1, "seq": 1, "roots": "iit"}', "roots must be a list of strings"),
     (b'{"version": 1, "router": "a", "epoch": "1", "seq": 1, "roots": []}', "epoch and seq integers"),
     (b'{"version": 1, "router": "a", "roots": []}', "KeyError"),
+    (b'{"version": 1, "router": "a", "epoch": 1, "seq": 1, "roots": [], "reply": 1}', "reply must be a boolean"),
     (b"not json", "JSONDecodeError"),
 ])
 def test_a_record_this_version_cannot_read_is_refused_with_the_reason(body, error):
@@ -60,7 +63,9 @@ def test_static_subscriptions_end_with_the_first_record_unless_kept():
     subscriptions.add_static("b", "iit", keep=False)
     subscriptions.add_static("b", "news", keep=True)
     assert {s.router for s in subscriptions.of_root("iit")} == {"b"}
+    assert not subscriptions.heard_from("b")
     subscriptions.apply(record("b", 1, 1, "sport"))
+    assert subscriptions.heard_from("b")
     assert state(subscriptions) == {"b": {"news": (True, True, False), "sport": (False, False, True)}}
     subscriptions.apply(record("b", 1, 2, "news"))
     assert state(subscriptions)["b"]["news"] == (True, True, True)

@@ -262,6 +262,16 @@ async def test_static_remote_subscriptions_forward_before_the_first_connect(netw
     await wait_interest(network, {"a": {}})  # b has spoken: the static subscription is over
 
 
+async def test_a_router_without_interest_ends_static_subscriptions_when_it_first_connects(network):
+    await start(network, "a", static_routes=["b"],
+                static_remote_router_subscriptions=[static("b", "iit"), static("b", "news", keep=True)])
+    await start(network, "b")  # no subscriptions: it has never announced anything
+    network.connect("b", "a")
+    await wait_interest(network, {"a": {"b": ["news"]}})  # a asked, b answered: none
+    assert network.routers["a"].management.get(
+        "/sys$topicmanager/usage/remote-router-subscriptions/b/topics/news", "announced") is False
+
+
 async def test_keep_on_unsubscribe_delivers_to_a_durable_subscriber_across_an_orderly_shutdown(network):
     await start(network, "a", static_routes=["b"],
                 static_remote_router_subscriptions=[static("b", "iit", keep=True)])

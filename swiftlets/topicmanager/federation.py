@@ -10,10 +10,14 @@ destination ``R`` of the routing table, so the routing network carries it howeve
 away ``R`` is. A record always holds the *whole* set (after the announce filter for ``R``),
 never a change: it is sent when the set changes, again on every activation of ``R``
 (``DestinationActivated``: a link flap, ``R`` restarting, a new route) and, empty, when this
-router stops (it unsubscribes everywhere). The receiver keeps the newest record per router,
-by (epoch, sequence): the epoch is the sender's start time (above the one in its store, if
-the clock went back), so a restarted router replaces what it said before, and a record
-overtaken on another path is ignored.
+router stops (it unsubscribes everywhere). Empty records are sent only by a router that has
+ever sent a non-empty one (a store record says so): one that never had interest in anything
+has nothing to withdraw, and its routing links carry none of its records — unless a router
+asks for one: a router holding static subscriptions to ``R`` that has not heard from ``R``
+yet sets ``reply`` in its own records to ``R``, and ``R`` answers with its record. The receiver
+keeps the newest record per router, by (epoch, sequence): the epoch is the sender's start
+time (above the one in its store, if the clock went back), so a restarted router replaces
+what it said before, and a record overtaken on another path is ignored.
 
 **Remote subscriptions.** A record's roots become remote subscriptions of its router (usage
 ``remote-router-subscriptions/<router>/topics/<root>``). A message *published locally* under
@@ -96,10 +100,11 @@ class InterestRecord:
     epoch: int  # the sender's start, ns since the epoch: a restart supersedes earlier records
     seq: int  # per sender and epoch, ascending
     roots: frozenset[str]
+    reply: bool = False  # the sender waits for the receiver's record (it holds static subscriptions to it)
 
     def encode(self) -> Message:
         body = {"version": RECORD_VERSION, "router": self.router, "epoch": self.epoch, "seq": self.seq,
-                "roots": sorted(self.roots)}
+                "roots": sorted(self.roots), "reply": self.reply}
         return build(json.dumps(body).encode(), subject="topic-interest", content_type="application/json")
 
     @classmethod
@@ -114,7 +119,10 @@ class InterestRecord:
                 raise ValueError("roots must be a list of strings")
             if not isinstance(data["router"], str) or not all(isinstance(data[k], int) for k in ("epoch", "seq")):
                 raise ValueError("router must be a string, epoch and seq integers")
-            return cls(data["router"], data["epoch"], data["seq"], frozenset(roots))
+            reply = data.get("reply", False)
+            if not isinstance(reply, bool):
+                raise ValueError("reply must be a boolean")
+            return cls(data["router"], data["epoch"], data["seq"], frozenset(roots), reply)
         except (TypeError, KeyError, json.JSONDecodeError) as exc:
             raise ValueError(f"malformed interest record: {type(exc).__name__}: {exc}") from None
 
@@ -150,6 +158,10 @@ class RemoteSubscriptions:
             found = self._by_root[root] = tuple(
                 s for subs in self.routers.values() for s in subs.values() if s.root == root)
         return found
+
+    def heard_from(self, router: str) -> bool:
+        """Whether a record of ``router`` was applied (its static subscriptions then ended)."""
+        return router in self._newest
 
     def add_static(self, router: str, root: str, *, keep: bool) -> None:
         subscription = self.routers.setdefault(router, {}).setdefault(root, RemoteSubscription(router, root))
@@ -250,6 +262,8 @@ class Federation:
         self._filters: dict[str, AnnounceFilter] = {}  # by remote router
         self._usage: UsageList | None = None
         self._listed: dict[str, tuple[UsageList, set[str]]] = {}  # router → its usage list of roots, listed
+        self._store: Store | None = None
+        self._announced = False  # a non-empty record left this router, in this run or before (store)
         self.records_sent = 0  # interest records
         self.records_received = 0
 
@@ -289,9 +303,12 @@ class Federation:
     async def _new_epoch(self, store: Store) -> None:
         """An epoch above every earlier one of this router, even if the clock went back:
         other routers ignore records of an epoch not newer than the last they applied."""
-        stored = store.recovered.records.get("federation", {}).get("epoch")
+        records = store.recovered.records.get("federation", {})
+        stored = records.get("epoch")
         if stored is not None and int(stored) >= self._epoch:
             self._epoch = int(stored) + 1
+        self._store = store
+        self._announced = "announced" in records
         await store.commit([PutRecord("federation", "epoch", str(self._epoch).encode())])
 
     def _lookup_routing(self) -> Routing | None:
@@ -333,16 +350,24 @@ class Federation:
         for router in self._active():
             self._announce(router)
 
-    def _announce(self, router: str) -> None:
+    def _announce(self, router: str, *, answer: bool = False) -> None:
+        """Send ``router`` our whole interest; ``answer``: even if empty (it asked)."""
         roots = frozenset(r for r in self._interest() if federable(r))
         announce_filter = self._filters.get(router)
         if announce_filter is not None:
             listed = frozenset(announce_filter.roots.split())
             roots = roots & listed if announce_filter.mode == "include" else roots - listed
-        self._send_record(router, roots)
+        self._send_record(router, roots, answer=answer)
 
-    def _send_record(self, router: str, roots: frozenset[str]) -> None:
-        record = InterestRecord(self.local, self._epoch, next(self._seq), roots)
+    def _send_record(self, router: str, roots: frozenset[str], *, answer: bool = False) -> None:
+        # Static subscriptions to ``router`` wait for its first record: ask it for one.
+        reply = router in self.subscriptions.routers and not self.subscriptions.heard_from(router)
+        if not (roots or self._announced or answer or reply):
+            return  # no router has ever heard of interest here: nothing to withdraw
+        if roots and not self._announced and self._nursery is not None:
+            self._announced = True
+            self._nursery.start_soon(self._store.commit, [PutRecord("federation", "announced", b"1")])
+        record = InterestRecord(self.local, self._epoch, next(self._seq), roots, reply)
         try:
             self._queue_manager.send_nowait(f"{INTEREST_QUEUE}@{router}", record.encode())
         except QueueError as exc:  # the destination went meanwhile: its next activation sends again
@@ -383,6 +408,8 @@ class Federation:
                 if self.subscriptions.apply(record):
                     log.info("interest of router %s: %s", record.router, " ".join(sorted(record.roots)) or "none")
                     self._list(record.router)
+                    if record.reply:
+                        self._announce(record.router, answer=True)
             consumer.accept(entry)
             consumer.flow(1)
 
