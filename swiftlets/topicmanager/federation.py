@@ -471,8 +471,9 @@ class Federation:
                 self._queue_manager.delete_queue(REMOTE_PREFIX + root)
 
     async def _receive_forwarded(self, queue: Any, scope: trio.CancelScope) -> None:
-        """Deliver what other routers forwarded, a batch per local transaction with the
-        acknowledgements: all of a batch reaches the subscriber queues, or none of it."""
+        """Deliver what other routers forwarded until cancelled (the root's temporary topic is
+        gone): the persistent messages of a batch in one local transaction with their
+        acknowledgements (all of them reach the subscriber queues, or none), the others at once."""
         with scope:
             await self._deliver_batches(queue)
 
