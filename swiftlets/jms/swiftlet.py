@@ -58,8 +58,10 @@ class JmsSwiftlet:
         self.broken_input = BrokenInputLog()  # one WARNING line per broken connection, rate-limited per host
 
     def temporary_topic_name(self) -> str:
+        """``tmp$topic$<router>$<n>``: unique in the network, since a reply-to temporary topic
+        receives publications from every router (the topic managers' interest exchange)."""
         self._temporary_topics += 1
-        return f"tmp$topic${self._temporary_topics}"
+        return f"tmp$topic${self.router_name}${self._temporary_topics}"
 
     def refusal_delay(self, host: str) -> float:
         """Seconds to wait before answering a refused login from ``host``."""

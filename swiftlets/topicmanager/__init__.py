@@ -4,12 +4,14 @@ Other swiftlets use ``context.lookup("sys$topicmanager", TopicManager)`` with th
 from :mod:`.api`, which also holds topic-name parsing and the interest event. Needs
 ``sys$store`` and ``sys$queuemanager`` started before it.
 
-Layout: :mod:`.config` (topics, slow-subscriber conditions), :mod:`.api` (the public
-interface), :mod:`.manager` (the running swiftlet), :mod:`.hierarchy` (topic names and the
-hierarchy rules, pure functions), :mod:`.jobs` (Delete Durable, offered to ``sys$scheduler``).
+Layout: :mod:`.config` (topics, slow-subscriber conditions, static remote subscriptions,
+announce filters), :mod:`.api` (the public interface), :mod:`.manager` (the running
+swiftlet), :mod:`.hierarchy` (topic names and the hierarchy rules, pure functions),
+:mod:`.federation` (topics across routers: interest records, forwarding; uses
+``sys$routing``'s api when it runs), :mod:`.jobs` (Delete Durable, offered to ``sys$scheduler``).
 
-Usage: ``/sys$topicmanager/usage`` (roots, durable subscribers, interest), ``…/topics/<root>``
-and ``…/durable-subscribers/<queue>``.
+Usage: ``/sys$topicmanager/usage`` (roots, durable subscribers, interest), ``…/topics/<root>``,
+``…/durable-subscribers/<queue>`` and ``…/remote-router-subscriptions/<router>/topics/<root>``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""``sys$topicmanager`` configuration: topics known from the start and, per root topic, the
-slow-subscriber condition."""
+"""``sys$topicmanager`` configuration: topics known from the start; per root topic, the
+slow-subscriber condition; and the federation's static remote subscriptions (seed 003) and
+announce filters."""
 
 from __future__ import annotations
 
@@ -30,6 +31,30 @@ class SlowSubscriberCondition:
 
 
 @config_class
+class StaticTopicSubscription:
+    name: str = prop(description="The root topic (the first level of a topic hierarchy) forwarded to the router.")
+    keep_on_unsubscribe: bool = prop(False, description="Keep forwarding when that router announces it has no "
+                                     "subscriptions under the root (an orderly shutdown): messages then wait in "
+                                     "its routing queue. False: valid only until the router's first announcement.")
+
+
+@config_class
+class StaticRemoteRouterSubscription:
+    name: str = prop(description="The remote router; sys$routing must have a static route to it.")
+    static_topic_subscriptions: Mapping[str, StaticTopicSubscription] = entity_list(
+        StaticTopicSubscription, item="static-topic-subscription",
+        description="Root topics forwarded to that router before it has announced anything.")
+
+
+@config_class
+class AnnounceFilter:
+    name: str = prop(description="The remote router this filter applies to.")
+    roots: str = prop("", description="Root topics, separated by spaces.")
+    mode: str = prop("exclude", choices=("include", "exclude"),
+                     description="include: only these roots are announced to that router; exclude: all but these.")
+
+
+@config_class
 class TopicManagerConfig:
     auto_create_topics: bool = prop(True, description="Publishing or subscribing under a root that is not "
                                     "defined creates it; false: that is an error.")
@@ -38,3 +63,10 @@ class TopicManagerConfig:
         SlowSubscriberCondition, item="slow-subscriber-condition",
         description="Per root topic: when a subscriber is slow and what happens then (default: never slow).",
     )
+    static_remote_router_subscriptions: Mapping[str, StaticRemoteRouterSubscription] = entity_list(
+        StaticRemoteRouterSubscription, item="static-remote-router-subscription",
+        description="Remote subscriptions in force before the remote router first announces its interest.")
+    announce_filters: Mapping[str, AnnounceFilter] = entity_list(
+        AnnounceFilter, item="announce-filter",
+        description="Per remote router: which root topics this router announces interest in to it "
+        "(keeps a topic local to a region).")

@@ -26,8 +26,13 @@ A selector that cannot be evaluated on a published message (its properties do no
 does not select it; that is logged once per subscription.
 
 Interest: when a root's subscription count goes 0 → 1 or 1 → 0 a
-:class:`TopicInterestChanged` event goes on the bus (the federation will announce it);
-:meth:`TopicManager.interest` is the current set.
+:class:`TopicInterestChanged` event goes on the bus; :meth:`TopicManager.interest` is the
+current set.
+
+Across routers (:mod:`.federation`): the federation announces the interest to the other
+routers, a local publication is also forwarded to every router subscribed to its root, and
+what other routers forward arrives through :meth:`TopicManager._deliver_forwarded`, which
+delivers with the same matching (:meth:`TopicManager._targets`) and never forwards again.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from martinet.swiftlets.store.api import DeleteRecord, PutRecord, Store
 
 from .api import PublishResult, TopicError, TopicInterestChanged, durable_queue_name
 from .config import SlowSubscriberCondition
+from .federation import PUBLISHER, SOURCE, TEMPORARY_ROOT_PREFIX, TOPIC, AllDurable, Federation
 from .hierarchy import TopicName, TopicNameError, matches, parse_topic
 
 __all__ = ["TopicManager", "Subscription"]
@@ -103,6 +109,7 @@ class _Root:
     name: str
     subscriptions: list[Subscription] = attrs.Factory(list)
     published: int = 0
+    remote_published: int = 0  # publications other routers forwarded here
     deliveries: int = 0
     dropped: int = 0
     disconnected: int = 0
@@ -112,6 +119,7 @@ class _Root:
             "subscriptions": len(self.subscriptions),
             "durable-subscriptions": sum(1 for s in self.subscriptions if s.durable),
             "published": self.published,
+            "remote-published": self.remote_published,
             "deliveries": self.deliveries,
             "dropped": self.dropped,
             "disconnected": self.disconnected,
@@ -140,6 +148,7 @@ class TopicManager:
         self._root_usage: UsageList | None = None
         self._durable_usage: UsageList | None = None
         self._unrestorable_usage: UsageList | None = None
+        self._federation: Federation | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._store = self.context.lookup("sys$store", Store)
@@ -150,14 +159,19 @@ class TopicManager:
         self._unrestorable_usage = usage.add_list("unrestorable")
         usage.provide(lambda: {"roots": len(self._roots), "durable-subscribers": len(self._durables),
                                "unrestorable": len(self._unrestorable),
-                               "interest": " ".join(sorted(self.interest()))})
+                               "interest": " ".join(sorted(self.interest())),
+                               "interest-records-sent": self._federation.records_sent if self._federation else 0,
+                               "interest-records-received":
+                                   self._federation.records_received if self._federation else 0})
         entity = self.context.entity
         entity.on_change(self._settings_changed)
         entity.entity_list("topics").bind(self._topic_defined)  # a root stays while it has subscriptions
         entity.entity_list("slow-subscriber-conditions").bind(self._condition_added, self._condition_removed)
+        self._federation = Federation(self.context, self._queue_manager, self.interest, self._deliver_forwarded)
         self._recover()
-        task_status.started()
-        await trio.sleep_forever()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._federation.run, self._store)
+            task_status.started()
 
     def _settings_changed(self, change: Change) -> None:
         if change.field == "auto_create_topics":
@@ -224,7 +238,8 @@ class TopicManager:
         root = self._roots.get(name)
         if root is None:
             defined = name in {parse_topic(t).root for t in self.context.entity.entity_list("topics").entities}
-            if not (defined or (self.auto_create_topics if create is None else create)):
+            temporary = name.startswith(TEMPORARY_ROOT_PREFIX)  # a temporary topic, maybe another router's
+            if not (defined or temporary or (self.auto_create_topics if create is None else create)):
                 raise TopicError(f"root topic {name!r} is not defined on router {self.context.router_name}")
             root = self._roots[name] = _Root(name)
             if self._root_usage is not None:
@@ -245,6 +260,9 @@ class TopicManager:
                 self._durable_usage.add(subscription.queue.name, lambda: _durable_usage(subscription))
         if len(root.subscriptions) == 1:
             self.context.bus.publish(TopicInterestChanged(root=root.name, interested=True))
+            if self._federation is not None:
+                self._federation.listen(root.name)
+                self._federation.interest_changed()
 
     def _remove(self, subscription: Subscription) -> None:
         subscription.closed = True
@@ -259,6 +277,8 @@ class TopicManager:
             self._queue_manager.delete_queue(subscription.queue.name)
         if not root.subscriptions:
             self.context.bus.publish(TopicInterestChanged(root=root.name, interested=False))
+            if self._federation is not None:
+                self._federation.interest_lost(root.name)
 
     # -- subscribing --------------------------------------------------------------------------
 
@@ -384,6 +404,34 @@ class TopicManager:
             raise TopicError(str(exc)) from None
         root = self._root(name.root)
         root.published += 1
+        queues, pressure, dropped = self._targets(root, name, message, client_id)
+        forwarding = self._federation is not None and bool(self._federation.subscriptions.of_root(name.root))
+        durable = AllDurable(on_durable) if forwarding and on_durable is not None else None
+        try:
+            delay, full = self._queue_manager.send_to_queues(
+                queues, message, on_durable=durable.add() if durable is not None else on_durable)
+        except QueueError as exc:
+            raise TopicError(f"cannot publish to {topic}: {exc}") from None
+        delivered = len(queues) - len(full)
+        root.deliveries += delivered
+        root.dropped += dropped + len(full)
+        if forwarding:
+            forward_delay, forwarded = self._federation.forward(name, message, client_id, durable)
+            delay, delivered = max(delay, forward_delay), delivered + forwarded
+            if durable is not None:
+                durable.one()  # everything is sent: the guard copy
+        return PublishResult(max(delay, pressure), delivered, dropped + len(full))
+
+    def _targets(self, root: _Root, name: TopicName, message: Message,
+                 client_id: str | None) -> tuple[list[Queue], int, int]:
+        """The subscriber queues a publication goes to (one per queue; no-local, selectors and
+        the slow-subscriber condition applied), the flow-control delay the condition asks
+        for, and how many subscribers it drops.
+
+        Raises:
+            TopicError: a selector has to read a malformed message.
+        """
+        topic = name.text
         targets = self._matches.get(topic)
         if targets is None:
             if len(self._matches) >= self.MATCH_CACHE:
@@ -428,14 +476,43 @@ class TopicManager:
                 pressure = max(pressure, queue.settings.max_flowcontrol_delay)
             seen.add(id(queue))
             queues.append(queue)
+        return queues, pressure, dropped
+
+    def _deliver_forwarded(self, message: Message, transaction: Any) -> None:
+        """Deliver a publication another router forwarded (``tpc$<root>``) to the local
+        subscribers, staged in ``transaction`` (None: at once); it is never forwarded
+        again. No-local compares the original publisher's client id. A message without a
+        valid topic, or that a selector cannot read, is dropped with a WARNING."""
         try:
-            delay, full = self._queue_manager.send_to_queues(queues, message, on_durable=on_durable)
-        except QueueError as exc:
-            raise TopicError(f"cannot publish to {topic}: {exc}") from None
-        delivered = len(queues) - len(full)
-        root.deliveries += delivered
-        root.dropped += dropped + len(full)
-        return PublishResult(max(delay, pressure), delivered, dropped + len(full))
+            annotations = message.message_annotations
+            name = parse_topic(annotations.get(TOPIC))
+            root = self._roots.get(name.root)
+            if root is None:  # no subscriptions here (any more)
+                return
+            publisher = annotations.get(PUBLISHER)
+            queues, _, dropped = self._targets(root, name, message, publisher if isinstance(publisher, str) else None)
+        except (MessageError, TopicNameError, TopicError, TypeError) as exc:
+            log.warning("a publication forwarded by another router is dropped: %s", exc)
+            return
+        root.remote_published += 1
+        if transaction is None:
+            try:
+                _, full = self._queue_manager.send_to_queues(queues, message)
+            except QueueError as exc:
+                log.warning("a publication to %s forwarded by router %s is dropped: %s", name.text,
+                            annotations.get(SOURCE), exc)
+                return
+            root.deliveries += len(queues) - len(full)
+            root.dropped += dropped + len(full)
+            return
+        for queue in queues:
+            try:
+                transaction.send(queue.name, message)
+            except QueueError:  # full, or deleted since
+                dropped += 1
+            else:
+                root.deliveries += 1
+        root.dropped += dropped
 
     @staticmethod
     def _unselectable(subscription: Subscription, error: Exception) -> None:
