@@ -32,13 +32,15 @@ async def main(args: argparse.Namespace) -> int:
                         spare=tuple(args.spare))
     with tempfile.TemporaryDirectory(prefix="network-chaos-") as folder:
         started = time.monotonic()
-        async with open_network(Path(folder), TOPOLOGIES[args.topology], xa=args.xa) as network:
-            results = await chaos(network, schedule, lambda line: print(line, flush=True))
+        try:
+            async with open_network(Path(folder), TOPOLOGIES[args.topology], xa=args.xa) as network:
+                results = await chaos(network, schedule, lambda line: print(line, flush=True))
+        finally:
+            if args.keep_logs:
+                Path(args.keep_logs).write_text(network.logs())
         title = (f"{args.topology}, {'XA' if args.xa else 'non-XA'}, seed {args.seed}, "
                  f"{time.monotonic() - started:.0f} s")
         print(results.table(title))
-        if args.keep_logs:
-            Path(args.keep_logs).write_text(network.logs())
     return 1 if results.lost or (args.xa and results.duplicated) else 0
 
 

@@ -217,8 +217,8 @@ class ProcessNetwork:
         try:
             await trio.to_thread.run_sync(router.proc.wait, timeout)
         except Exception as exc:
-            raise AssertionError(f"router {name} did not stop after its store engine was killed: {exc}\n"
-                                 f"{router.current()}") from None
+            raise AssertionError(f"router {name} did not stop after its store engine was killed: {exc}; "
+                                 f"the end of its log:\n{router.current()[-5000:]}") from None
 
     async def stop(self, name: str) -> None:
         """Stop router ``name`` in order (SIGTERM); raises AssertionError unless it exits 0."""

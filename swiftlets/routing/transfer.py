@@ -101,6 +101,7 @@ UNROUTABLE_REASON = Symbol("x-opt-martinet-unroutable")
 
 FRAME_OVERHEAD = 1024  # bytes of a TRANSACTION frame besides its messages (xid, field names, lengths)
 REFUSED_BACKOFF = 1.0  # seconds a dispatcher waits after the peer refused a transaction
+STORE_BACKOFF = 1.0  # seconds a dispatcher waits after its own store failed a prepare
 
 
 def routing_rewrite(local: str) -> Rewrite:
@@ -357,9 +358,14 @@ class Transfer:
             log.error("routing transaction to %s not prepared, the messages stay in %s: %s", link.peer,
                       routing_queue(router), exc)
             transaction.rollback_nowait()
-            return
+            failed = True
+        else:
+            failed = False
         finally:
             state.reserved -= 1
+        if failed:  # a stopped store fails at once: without a pause the loop would never yield
+            await trio.sleep(STORE_BACKOFF)  # (and the router could not stop)
+            return
         if link.machine.send_transaction(xid, [entry.message.raw for entry in entries]):
             self._outbound[xid] = transaction
             state.messages_out += len(entries)
