@@ -4,8 +4,9 @@ on a seeded schedule, counted traffic. The long version is ``bench/network_chaos
 from __future__ import annotations
 
 import pytest
+import trio
 
-from netharness import TOPOLOGIES, Schedule, chaos, open_network
+from netharness import TOPOLOGIES, Consumer, Producer, Schedule, chaos, drain, open_network, verdict
 
 pytestmark = pytest.mark.slow
 
@@ -35,3 +36,44 @@ async def test_routers_whose_store_engine_dies_mid_transfer_stop_themselves_and_
     show(results, "store engines killed mid-transfer")
     assert results.faults == {"kill-store": 4}
     assert (results.lost, results.duplicated) == (0, 0), results.table()
+
+
+async def test_xa_chain_survives_kills_of_the_intermediate_and_the_destination_router(tmp_path):
+    schedule = Schedule(rounds=4, faults=("kill", "kill-store", "cut"), spare=("a",), seed=2)
+    async with open_network(tmp_path, TOPOLOGIES["chain"]) as network:
+        results = await chaos(network, schedule, print)
+    show(results, "XA chain")
+    assert results.sent > 0 and sum(results.faults.values()) == 4
+    assert (results.lost, results.duplicated) == (0, 0), results.table()
+
+
+async def test_non_xa_triangle_loses_nothing_and_reports_its_duplicates(tmp_path):
+    """Non-XA promises at least once: duplicates are dropped only while the target queue's
+    duplicate backlog remembers them, so a duplicate is reported here, not failed on."""
+    schedule = Schedule(rounds=4, faults=("kill", "cut", "blackhole"), seed=4)
+    async with open_network(tmp_path, TOPOLOGIES["triangle"], xa=False) as network:
+        assert "xa False" in network.routers["a"].current()
+        results = await chaos(network, schedule, print)
+    show(results, "non-XA triangle")
+    assert results.sent > 0 and results.lost == 0, results.table()
+
+
+async def test_store_and_forward_the_destination_is_down_while_the_source_sends(tmp_path):
+    """c is stopped; a's producer sends 300 messages to chaos@c (they wait in rt$c on the way);
+    c comes back and every message arrives once, in order (the path never changed)."""
+    async with open_network(tmp_path, TOPOLOGIES["chain"]) as network:
+        await network.stop("c")
+        producer = Producer("p", network.url("a"), "chaos@c", count=300)
+        with trio.fail_after(60):
+            await producer.run(trio.Event())
+        await network.restart("c")
+        consumer = Consumer(network.url("c"), "chaos")
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consumer.run, stop)
+            await drain([producer], [consumer], timeout=60)
+            stop.set()
+    results = verdict([producer], [consumer])
+    show(results, "store and forward")
+    assert (results.sent, results.received, results.lost, results.duplicated) == (300, 300, 0, 0), results.table()
+    assert results.out_of_order == 0 and results.producer_in_doubt == 0, results.table()
