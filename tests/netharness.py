@@ -277,6 +277,17 @@ async def open_network(folder: Path, topology: Topology, *, xa: bool = True) -> 
 RETRY = 0.2  # seconds between connection attempts of producers and consumers
 
 
+class NumberedMessage(TextMessage):
+    """A text message whose message-id is ``ID:<producer>-<seq>`` (not a random one), so
+    that a message can be followed in the routers' stores and duplicate backlogs."""
+
+    def __init__(self, producer: str, seq: int):
+        super().__init__(f"{producer}-{seq}", properties={"producer": producer, "seq": seq})
+
+    def encode(self, *, message_id: str, **headers) -> bytes:
+        return super().encode(message_id=f"ID:{self.text}", **headers)
+
+
 class Producer:
     """Sends seq 1, 2, … to ``address`` on ``url`` until stopped (or ``count`` are sent), at
     most ``rate`` a second (0: as fast as the router accepts them). ``sent`` lists the
@@ -311,9 +322,8 @@ class Producer:
 
     async def _send(self, producer) -> None:
         seq, self._next = self._next, self._next + 1
-        message = TextMessage(f"{self.ident}-{seq}", properties={"producer": self.ident, "seq": seq})
         try:
-            await producer.send(message)
+            await producer.send(NumberedMessage(self.ident, seq))
         except ConnectionLost:
             self.in_doubt.append(seq)
             raise

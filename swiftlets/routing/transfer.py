@@ -21,7 +21,8 @@ messages (and no more bytes than the peer's frame size allows) and:
 - **Non-XA**: acknowledges them in a local transaction, sends NONXA_TRANSACTION and commits
   when the peer says it committed; a link that ends rolls them back, and they are sent
   again marked ``x-opt-martinet-doubt`` so that the target queue's duplicate detection
-  drops a copy the peer already has.
+  drops a copy the peer already has. So are the messages a restart recovered in ``rt$R``
+  (after a crash, the peer may have committed them).
 
 Without a usable link the dispatcher waits for a change (:meth:`Transfer.changed`); the
 messages wait in ``rt$R``.
@@ -282,6 +283,9 @@ class Transfer:
 
     async def _dispatch_forever(self, router: str) -> None:
         queue = self.manager.queue(routing_queue(router), create=True)
+        # What is here already was recovered at a restart: the run before may have sent it
+        # (non-XA: possibly committed by the peer), so it goes marked in doubt like a resend.
+        recovered = max((entry.id for entry in queue.browse()), default=0)
         consumer = queue.consumer(owner=self)
         consumer.notify = lambda: self._dispatchers[router].set()
         turn = 0
@@ -300,7 +304,7 @@ class Transfer:
                 entries = self._fitting(consumer, entries, link)
                 if entries:
                     turn += 1  # round robin rotates per batch sent
-                    await self._send(link, consumer, entries, router)
+                    await self._send(link, consumer, entries, router, recovered)
         finally:
             consumer.close()
 
@@ -333,15 +337,15 @@ class Transfer:
         self.unroutable += 1
         log.warning("message %s to unroutable: %s", entry.id, reason)
 
-    async def _send(self, link: Link, consumer: Any, entries: list[Any], router: str) -> None:
+    async def _send(self, link: Link, consumer: Any, entries: list[Any], router: str, recovered: int) -> None:
         assert link.peer is not None
         state = self._link(link)
         transaction = self.manager.transaction()
         for entry in entries:
             transaction.acknowledge(consumer, entry)
         if not link.machine.use_xa:
-            doubt = [entry.message.with_annotations({DOUBT: True}).raw if entry.redelivered else entry.message.raw
-                     for entry in entries]
+            doubt = [entry.message.with_annotations({DOUBT: True}).raw
+                     if entry.redelivered or entry.id <= recovered else entry.message.raw for entry in entries]
             seq, state.next_seq = state.next_seq, state.next_seq + 1
             if link.machine.send_nonxa(seq, doubt):
                 state.nonxa_out[seq] = transaction
@@ -430,7 +434,10 @@ class Transfer:
             return self._unroutable(transaction, message,
                                     f"router {destination!r} is not known to router {self.local!r}")
         else:
-            transaction.send(f"{queue}@{destination}", message, possible_duplicate=possible_duplicate)
+            # forwarded as it is, in doubt or not: only the target queue drops duplicates. A
+            # routing queue may see a message twice without a duplicate (a path that changed
+            # mid-transfer, a → b → a → c): its backlog there would drop the only copy
+            transaction.send(f"{queue}@{destination}", message)
         return True
 
     def _unroutable(self, transaction: Transaction, message: Message, reason: str) -> bool:
