@@ -84,14 +84,18 @@ class FrameScanner:
 
     def __init__(self) -> None:
         self._skip = len(MAGIC)  # bytes to pass (magic, or the rest of a frame) before a header
-        self._pending = b""  # the start of a header that has not fully arrived: not yet passed
+        self._pending = b""  # the start of a header that has not fully arrived
+        self._pending_sent = False  # ... and was passed on already (nothing was looked for)
 
     def feed(self, data: bytes, code: int | None) -> tuple[bytes, bytes | None]:
         """Take the next bytes of the stream; return the bytes that may go on, and, if a
         frame of type ``code`` starts in them, that frame and everything after it (else
-        None). A header cut by the chunk boundary waits for the next chunk (up to 5 bytes)."""
+        None). While looking for a code, a header cut by the chunk boundary waits for the
+        next chunk (at most 5 bytes); otherwise every byte goes on at once (a frame whose
+        header went on before the hold was armed is not held)."""
         buffer = self._pending + data
-        self._pending = b""
+        sent = len(self._pending) if self._pending_sent else 0  # buffer[:sent] went on already
+        self._pending, self._pending_sent = b"", False
         position = 0
         while position < len(buffer):
             if self._skip:
@@ -101,11 +105,15 @@ class FrameScanner:
                 continue
             if len(buffer) - position < 6:  # the length and the first two body bytes
                 self._pending = buffer[position:]
-                return buffer[:position], None
-            if code is not None and buffer[position + 4] == _ARRAY_OF_2 and buffer[position + 5] == code:
-                return buffer[:position], buffer[position:]
+                if code is None or sent > position:
+                    self._pending_sent = True
+                    return buffer[sent:], None
+                return buffer[sent:position], None
+            if (code is not None and position >= sent and buffer[position + 4] == _ARRAY_OF_2
+                    and buffer[position + 5] == code):
+                return buffer[sent:position], buffer[position:]
             self._skip = 4 + int.from_bytes(buffer[position:position + 4], "big")
-        return buffer, None
+        return buffer[sent:], None
 
 
 class Held:
