@@ -11,7 +11,8 @@ on later (store and forward). Listeners have passwords (each its own) and a keep
 1 s, connectors retry every second; ``xa=False`` sets ``use-xa="false"`` on both ends.
 
 :class:`Producer` sends numbered persistent messages (application properties ``producer``
-and ``seq``) one at a time: ``send`` returns when the router has the message stored. So a
+and ``seq``, message-id ``ID:<producer>-<seq>``, so a message can be looked up in the
+stores and duplicate backlogs) one at a time: ``send`` returns when the router has the message stored. So a
 message counts as **sent** only once its router accepted it; a send that ends with the
 connection is **in doubt** (the router may or may not have it) and is never sent again, so
 that any second copy anywhere is a duplicate made by the network. A producer reconnects
@@ -101,6 +102,7 @@ def table(log: str) -> dict[str, set[tuple[str, ...]]]:
     routes: set[tuple[str, ...]] = set()
     for match in _ROUTE.finditer(log):
         path = tuple(match["path"].split())
+        assert path[0] == match["hop"] and path[-1] == match["dest"], match[0]
         if match["change"] == "added":
             routes.add(path)
         else:
