@@ -30,7 +30,8 @@ async def main(args: argparse.Namespace) -> int:
     schedule = Schedule(rounds=args.rounds, faults=tuple(args.faults), down=args.down, gap=args.gap, seed=args.seed,
                         producers=args.producers, rate=args.rate, drain_timeout=args.drain_timeout,
                         spare=tuple(args.spare))
-    with tempfile.TemporaryDirectory(prefix="network-chaos-") as folder:
+    with tempfile.TemporaryDirectory(prefix="network-chaos-") as scratch:
+        folder = args.folder or scratch
         started = time.monotonic()
         try:
             async with open_network(Path(folder), TOPOLOGIES[args.topology], xa=args.xa) as network:
@@ -59,4 +60,5 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=100.0, help="messages a second per producer (0: unlimited)")
     parser.add_argument("--drain-timeout", type=float, default=180.0)
     parser.add_argument("--keep-logs", metavar="FILE", help="write every router's log here")
+    parser.add_argument("--folder", help="run the routers in this (new) folder and keep it: stores and logs")
     sys.exit(trio.run(main, parser.parse_args()))
