@@ -30,8 +30,9 @@ per producer: lost (sent, never received), duplicated, out of order (a seq lower
 already received from that producer: allowed where the path changed, reported only),
 in doubt (at the producer: how many of them arrived anyway; at the consumer).
 
-:meth:`ProcessNetwork.inject` applies one fault: ``kill`` (SIGKILL of a router, then a
-restart), ``kill-store`` (SIGKILL of a router's store engine process: the router stops
+:meth:`ProcessNetwork.inject` applies one fault: ``kill`` (SIGKILL of a router process,
+then a restart; as with ``kill -9`` of its pid, its store engine is left to finish what it
+had read and exit), ``kill-store`` (SIGKILL of a router's store engine process: the router stops
 itself; restart), ``cut`` (every connection of a link closed; the connector dials again),
 ``blackhole`` (a half-open link: nothing passes, nothing errors, until keepalive notices;
 then cut and healed) and ``delay``. :func:`chaos` runs producers and consumers, injects a
