@@ -47,6 +47,14 @@ effect for chunks already waiting:
   peers see has a hole in it: fine for keepalive and dead-peer detection tests, not for
   tests of a protocol that has to continue on that connection. Unlike a real dead peer, the
   sender is never blocked by a blackhole (its bytes are read and dropped, not left unacked).
+- ``hold(direction, code)``: for the routing protocol (``docs/routing-protocol.md`` §1–2:
+  8 bytes of magic, then frames of a 4-byte length and a msgpack ``[code, {fields}]``
+  body). Every direction of every connection is followed frame by frame (:class:`FrameScanner`,
+  which reads only lengths and the type code); the first frame of type ``code`` travelling
+  in ``direction`` (``"to_target"``: connector → listener) is held with everything after it
+  in that direction, for good: the :class:`Held` it returns then has the frame's fields,
+  and the test kills a router or cuts the link at exactly that point of the protocol.
+  Bytes before the frame are forwarded. One hold at a time, for the first match only.
 
 Everything runs in the nursery of :meth:`FaultProxy.run`; cancelling ``run`` closes the
 listener and every connection. Nothing is detached. Not thread-safe: call the fault methods
@@ -57,10 +65,81 @@ from __future__ import annotations
 
 import math
 
+import msgpack
 import trio
 
 _EOF = "eof"  # sentinels travelling in the channels after the bytes read before them
 _RESET = "reset"
+MAGIC = b"MARTINET"  # the routing protocol's stream header (docs/routing-protocol.md §1)
+_ARRAY_OF_2 = 0x92  # msgpack fixarray of 2: every routing frame's body starts [code, {fields}]
+
+
+class FrameScanner:
+    """Follows one direction of a routing byte stream and finds where a frame starts.
+
+    Only frame boundaries are tracked (the magic, then per frame its 4-byte length); bodies
+    are passed over unread, except the type code, which is the second byte of every body
+    (a msgpack fixarray of 2, then a positive fixint code).
+    """
+
+    def __init__(self) -> None:
+        self._skip = len(MAGIC)  # bytes to pass (magic, or the rest of a frame) before a header
+        self._pending = b""  # the start of a header that has not fully arrived
+        self._pending_sent = False  # ... and was passed on already (nothing was looked for)
+
+    def feed(self, data: bytes, code: int | None) -> tuple[bytes, bytes | None]:
+        """Take the next bytes of the stream; return the bytes that may go on, and, if a
+        frame of type ``code`` starts in them, that frame and everything after it (else
+        None). While looking for a code, a header cut by the chunk boundary waits for the
+        next chunk (at most 5 bytes); otherwise every byte goes on at once (a frame whose
+        header went on before the hold was armed is not held)."""
+        buffer = self._pending + data
+        sent = len(self._pending) if self._pending_sent else 0  # buffer[:sent] went on already
+        self._pending, self._pending_sent = b"", False
+        position = 0
+        while position < len(buffer):
+            if self._skip:
+                passed = min(self._skip, len(buffer) - position)
+                position += passed
+                self._skip -= passed
+                continue
+            if len(buffer) - position < 6:  # the length and the first two body bytes
+                self._pending = buffer[position:]
+                if code is None or sent > position:
+                    self._pending_sent = True
+                    return buffer[sent:], None
+                return buffer[sent:position], None
+            if (code is not None and position >= sent and buffer[position + 4] == _ARRAY_OF_2
+                    and buffer[position + 5] == code):
+                return buffer[sent:position], buffer[position:]
+            self._skip = 4 + int.from_bytes(buffer[position:position + 4], "big")
+        return buffer[sent:], None
+
+
+class Held:
+    """A routing frame the proxy holds (see :meth:`FaultProxy.hold`), with what followed it."""
+
+    def __init__(self, direction: str, code: int):
+        self.direction = direction
+        self.code = code
+        self.data = bytearray()  # the frame and every byte after it in its direction
+        self.seen = trio.Event()  # set once the whole frame is in :attr:`data`
+
+    def add(self, data: bytes) -> None:
+        self.data += data
+        if not self.seen.is_set() and len(self.data) >= 4 and len(self.data) >= 4 + self._length:
+            self.seen.set()
+
+    @property
+    def _length(self) -> int:
+        return int.from_bytes(self.data[:4], "big")
+
+    @property
+    def fields(self) -> dict:
+        """The held frame's fields (after :attr:`seen`)."""
+        code, fields = msgpack.unpackb(bytes(self.data[4:4 + self._length]), raw=False)
+        assert code == self.code
+        return fields
 
 
 class FaultProxy:
@@ -98,6 +177,7 @@ class FaultProxy:
         self._blackholed = False
         self._changed = trio.Event()
         self._connections: set[trio.CancelScope] = set()
+        self._hold: Held | None = None  # armed, not matched yet
 
     # -- faults: synchronous, effective at once for live and new connections ----------------
 
@@ -131,6 +211,15 @@ class FaultProxy:
         self._refusing = False
         self._blackholed = False
         self._notify()
+
+    def hold(self, direction: str, code: int) -> Held:
+        """Hold the next routing frame of type ``code`` going ``direction`` (``"to_target"``
+        or ``"to_client"``), on any connection, and everything after it in that direction;
+        wait for :attr:`Held.seen`. The connection stays open until :meth:`cut` (or its end)."""
+        if direction not in ("to_target", "to_client"):
+            raise ValueError(f"direction is to_target or to_client, not {direction!r}")
+        self._hold = Held(direction, code)
+        return self._hold
 
     def _notify(self) -> None:
         self._changed.set()
@@ -181,10 +270,13 @@ class FaultProxy:
         a reset or a failed write cancels ``nursery``, which ends the connection."""
         send, receive = trio.open_memory_channel[tuple[float, object]](self.buffer)
         received = "received_from_client" if direction == "to_target" else "received_from_target"
-        nursery.start_soon(self._read, source, send, received)
+        nursery.start_soon(self._read, source, send, received, direction)
         nursery.start_soon(self._write, receive, sink, f"forwarded_{direction}", nursery.cancel_scope)
 
-    async def _read(self, source: trio.SocketStream, channel: trio.MemorySendChannel, counter: str) -> None:
+    async def _read(self, source: trio.SocketStream, channel: trio.MemorySendChannel, counter: str,
+                    direction: str) -> None:
+        scanner = FrameScanner()
+        held: Held | None = None  # once set, this direction forwards nothing more
         async with channel:
             while True:
                 try:
@@ -196,6 +288,17 @@ class FaultProxy:
                     await channel.send((trio.current_time(), _EOF))
                     return
                 setattr(self, counter, getattr(self, counter) + len(data))
+                if held is not None:
+                    held.add(data)
+                    continue
+                hold = self._hold if self._hold is not None and self._hold.direction == direction else None
+                data, rest = scanner.feed(data, hold.code if hold is not None else None)
+                if rest is not None:
+                    assert hold is not None
+                    held, self._hold = hold, None
+                    held.add(rest)
+                if not data:
+                    continue
                 if self._blackholed:
                     self.swallowed += len(data)
                     continue

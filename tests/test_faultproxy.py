@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 import random
 
+import msgpack
 import pytest
 import trio
 
 from conftest import wait_until
-from faultproxy import FaultProxy
+from faultproxy import MAGIC, FaultProxy, FrameScanner
 from processes import free_port
 
 
@@ -265,3 +266,55 @@ async def test_an_unreachable_target_closes_the_client(nursery):
     async with await connect(proxy) as client:
         assert await is_closed(client)
     assert (proxy.accepted, proxy.refused, proxy.live) == (1, 1, 0)
+
+
+def routing_stream(*frames: tuple[int, dict]) -> tuple[bytes, list[int]]:
+    """The magic and ``frames`` as the routing protocol writes them; the frames' offsets."""
+    stream, offsets = bytearray(MAGIC), []
+    for code, fields in frames:
+        body = msgpack.packb([code, fields])
+        offsets.append(len(stream))
+        stream += len(body).to_bytes(4, "big") + body
+    return bytes(stream), offsets
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5, 7, 64])
+def test_the_frame_scanner_passes_everything_or_holds_from_the_chosen_frame(chunk):
+    stream, offsets = routing_stream((42, {}), (50, {"xid": "x1", "messages": [b"m" * 300]}), (51, {"xid": "x1"}),
+                                     (50, {"xid": "x2", "messages": []}))
+    for code, held_at in ((None, None), (51, offsets[2]), (50, offsets[1]), (99, None)):
+        scanner, passed, held = FrameScanner(), bytearray(), None
+        for start in range(0, len(stream), chunk):
+            data = stream[start:start + chunk]
+            if held is not None:
+                held += data
+                continue
+            out, rest = scanner.feed(data, code)
+            passed += out
+            if rest is not None:
+                held = bytearray(rest)
+        if held_at is None:
+            assert held is None and bytes(passed) == stream
+        else:
+            assert bytes(passed) == stream[:held_at] and bytes(held) == stream[held_at:]
+
+
+async def test_hold_keeps_the_chosen_frame_and_what_follows_and_reads_its_fields(nursery):
+    server = EchoServer()
+    port = (await nursery.start(functools.partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1")))[0] \
+        .socket.getsockname()[1]
+    proxy = FaultProxy("127.0.0.1", port)
+    await nursery.start(proxy.run)
+    held = proxy.hold("to_target", 52)
+    stream, offsets = routing_stream((42, {}), (52, {"xid": "routing:a:b:1-1"}), (42, {}))
+    client = await trio.open_tcp_stream("127.0.0.1", proxy.port)
+    await client.send_all(stream)
+    with trio.fail_after(5):
+        await held.seen.wait()
+        echoed = b""
+        while len(echoed) < offsets[1]:
+            echoed += await client.receive_some()
+    assert echoed == stream[:offsets[1]] and held.fields == {"xid": "routing:a:b:1-1"}
+    assert bytes(held.data) == stream[offsets[1]:]
+    proxy.cut()
+    await client.aclose()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from netharness import table
 from processes import RouterProcess, free_port
 
 pytestmark = pytest.mark.slow
@@ -48,26 +49,6 @@ ROUTER = """\
   </swiftlet>
 </router>
 """
-
-_ROUTE = re.compile(r"\[(?P<router>[\w-]+)\] \S+: route to (?P<dest>[\w-]+) via (?P<hop>[\w-]+) "
-                    r"\(\d+ hops?: (?P<path>[\w -]+)\) (?P<change>added|removed)$", re.MULTILINE)
-
-
-def table(log: str) -> dict[str, set[tuple[str, ...]]]:
-    """A router's routing table as its log tells it: destination -> routes (paths)."""
-    routes: set[tuple[str, ...]] = set()
-    for match in _ROUTE.finditer(log):
-        path = tuple(match["path"].split())
-        assert path[0] == match["hop"] and path[-1] == match["dest"], match[0]
-        if match["change"] == "added":
-            routes.add(path)
-        else:
-            routes.discard(path)
-    result: dict[str, set[tuple[str, ...]]] = {}
-    for path in routes:
-        result.setdefault(path[-1], set()).add(path)
-    return result
-
 
 def wait_until(what: str, predicate: Callable[[], bool], logs: Callable[[], str], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout

@@ -21,7 +21,8 @@ messages (and no more bytes than the peer's frame size allows) and:
 - **Non-XA**: acknowledges them in a local transaction, sends NONXA_TRANSACTION and commits
   when the peer says it committed; a link that ends rolls them back, and they are sent
   again marked ``x-opt-martinet-doubt`` so that the target queue's duplicate detection
-  drops a copy the peer already has.
+  drops a copy the peer already has. So are the messages a restart recovered in ``rt$R``
+  (after a crash, the peer may have committed them).
 
 Without a usable link the dispatcher waits for a change (:meth:`Transfer.changed`); the
 messages wait in ``rt$R``.
@@ -111,6 +112,7 @@ UNROUTABLE_REASON = Symbol("x-opt-martinet-unroutable")
 FRAME_OVERHEAD = 1024  # bytes of a TRANSACTION frame besides its messages (xid, field names, lengths)
 REFUSED_BACKOFF = 1.0  # seconds a dispatcher waits after the peer refused a transaction
 RATE_INTERVAL = 1.0  # seconds between samples of the links' message rates (the queues' interval)
+STORE_BACKOFF = 1.0  # seconds a dispatcher waits after its own store failed a prepare
 
 
 def routing_rewrite(local: str) -> Rewrite:
@@ -331,6 +333,9 @@ class Transfer:
 
     async def _dispatch_forever(self, router: str) -> None:
         queue = self.manager.queue(routing_queue(router), create=True)
+        # What is here already was recovered at a restart: the run before may have sent it
+        # (non-XA: possibly committed by the peer), so it goes marked in doubt like a resend.
+        recovered = max((entry.id for entry in queue.browse()), default=0)
         consumer = queue.consumer(owner=self)
         consumer.notify = lambda: self._dispatchers[router].set()
         turn = 0
@@ -349,7 +354,7 @@ class Transfer:
                 entries = self._fitting(consumer, entries, link)
                 if entries:
                     turn += 1  # round robin rotates per batch sent
-                    await self._send(link, consumer, entries, router)
+                    await self._send(link, consumer, entries, router, recovered)
         finally:
             consumer.close()
 
@@ -382,15 +387,15 @@ class Transfer:
         self.unroutable += 1
         log.warning("message %s to unroutable: %s", entry.id, reason)
 
-    async def _send(self, link: Link, consumer: Any, entries: list[Any], router: str) -> None:
+    async def _send(self, link: Link, consumer: Any, entries: list[Any], router: str, recovered: int) -> None:
         assert link.peer is not None
         state = self._link(link)
         transaction = self.manager.transaction()
         for entry in entries:
             transaction.acknowledge(consumer, entry)
         if not link.machine.use_xa:
-            doubt = [entry.message.with_annotations({DOUBT: True}).raw if entry.redelivered else entry.message.raw
-                     for entry in entries]
+            doubt = [entry.message.with_annotations({DOUBT: True}).raw
+                     if entry.redelivered or entry.id <= recovered else entry.message.raw for entry in entries]
             seq, state.next_seq = state.next_seq, state.next_seq + 1
             if link.machine.send_nonxa(seq, doubt):
                 state.nonxa_out[seq] = transaction
@@ -407,9 +412,14 @@ class Transfer:
             log.error("routing transaction to %s not prepared, the messages stay in %s: %s", link.peer,
                       routing_queue(router), exc)
             transaction.rollback_nowait()
-            return
+            failed = True
+        else:
+            failed = False
         finally:
             state.reserved -= 1
+        if failed:  # a stopped store fails at once: without a pause the loop would never yield
+            await trio.sleep(STORE_BACKOFF)  # (and the router could not stop)
+            return
         if link.machine.send_transaction(xid, [entry.message.raw for entry in entries]):
             self._outbound[xid] = transaction
             state.messages_out += len(entries)
@@ -487,8 +497,10 @@ class Transfer:
             return self._unroutable(transaction, message,
                                     f"router {destination!r} is not known to router {self.local!r}")
         else:
-            return transaction.send(f"{queue}@{destination}", message,
-                                    possible_duplicate=possible_duplicate).delay_ms
+            # forwarded as it is, in doubt or not: only the target queue drops duplicates. A
+            # routing queue may see a message twice without a duplicate (a path that changed
+            # mid-transfer, a → b → a → c): its backlog there would drop the only copy
+            return transaction.send(f"{queue}@{destination}", message).delay_ms
 
     def _unroutable(self, transaction: Transaction, message: Message, reason: str) -> int:
         transaction.send(UNROUTABLE, message.with_annotations({UNROUTABLE_REASON: reason}))

@@ -1,0 +1,516 @@
+"""A network of real ``martinet run`` processes under faults, with counted traffic (issue 16).
+
+Theory of operation
+-------------------
+:class:`ProcessNetwork` starts one ``martinet run`` process per router of a
+:class:`Topology`, each from a generated config in its own folder (its store, its log), and
+puts a :class:`~faultproxy.FaultProxy` on every link: the connector dials the proxy, the
+proxy the listener. Every router has a static route to every other one, so a producer's
+``q@R`` is accepted (into ``rt$R``) even while R is down or cut off: messages wait and move
+on later (store and forward). Listeners have passwords (each its own) and a keepalive of
+1 s, connectors retry every second; ``xa=False`` sets ``use-xa="false"`` on both ends.
+
+:class:`Producer` sends numbered persistent messages (application properties ``producer``
+and ``seq``, message-id ``ID:<producer>-<seq>``, so a message can be looked up in the
+stores and duplicate backlogs) one at a time: ``send`` returns when the router has the message stored. So a
+message counts as **sent** only once its router accepted it; a send that ends with the
+connection is **in doubt** (the router may or may not have it) and is never sent again, so
+that any second copy anywhere is a duplicate made by the network. A producer reconnects
+while its router is down or restarting.
+
+:class:`Consumer` receives from ``q`` on the destination router in a transacted session and
+commits every ``batch`` messages: what a committed batch held is **received** for good (a
+second copy of it later is a **duplicate**). A batch whose commit did not come back
+(connection lost) is **in doubt at the consumer**: the router gives its messages again
+unless the commit made it, so a message of such a batch may arrive twice without being a
+duplicate of the network's; it counts as received.
+
+:func:`verdict` compares what the producers had accepted with what the consumers received,
+per producer: lost (sent, never received), duplicated, out of order (a seq lower than one
+already received from that producer: allowed where the path changed, reported only),
+in doubt (at the producer: how many of them arrived anyway; at the consumer).
+
+:meth:`ProcessNetwork.inject` applies one fault: ``kill`` (SIGKILL of a router process,
+then a restart; as with ``kill -9`` of its pid, its store engine is left to finish what it
+had read and exit), ``kill-store`` (SIGKILL of a router's store engine process: the router stops
+itself; restart), ``cut`` (every connection of a link closed; the connector dials again),
+``blackhole`` (a half-open link: nothing passes, nothing errors, until keepalive notices;
+then cut and healed) and ``delay``. :func:`chaos` runs producers and consumers, injects a
+fault per round from a seeded random schedule, drains (waits, bounded, until every sent
+message has arrived, then a little longer for late duplicates) and returns the
+:class:`Results`; ``bench/network_chaos.py`` prints them as a table.
+
+Blocking process operations (start, wait for a log line, kill) run in worker threads
+(:func:`trio.to_thread.run_sync`); everything else runs in the caller's trio nursery.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import random
+import re
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import attrs
+import trio
+
+from martinet.messaging.client import ConnectionLost, DeliveryMode, JMSError, Queue, TextMessage, connect
+
+from faultproxy import FaultProxy
+from processes import RouterProcess, RouterProcesses, free_port
+
+FAULTS = ("kill", "kill-store", "cut", "blackhole", "delay")
+KEEPALIVE_MS = 1000  # a half-open link is noticed after 5 intervals
+
+ROUTER = """\
+<router name="{name}"
+        startorder="sys$log sys$store sys$authentication sys$queuemanager sys$xa sys$topicmanager sys$jms sys$routing">
+  <swiftlet name="sys$log" level="INFO"/>
+  <swiftlet name="sys$store" path="store" sync="normal"/>
+  <swiftlet name="sys$jms">
+    <listeners>
+      <listener name="amqp" port="{amqp}" bind-address="127.0.0.1"/>
+    </listeners>
+  </swiftlet>
+  <swiftlet name="sys$routing" reject-disconnect-delay="1000">
+    <static-routes>{static}
+    </static-routes>
+    <listeners>
+      <listener name="links" port="{routing}" bindaddress="127.0.0.1" password="{password}"
+                keepalive-interval="{keepalive}" use-xa="{xa}"/>
+    </listeners>
+    <connectors>{connectors}
+    </connectors>
+  </swiftlet>
+</router>
+"""
+CONNECTOR = """
+      <connector name="{target}" hostname="127.0.0.1" port="{port}" password="{password}" retry-time="1000"
+                 use-xa="{xa}"/>"""
+
+_ROUTE = re.compile(r"\[(?P<router>[\w-]+)\] \S+: route to (?P<dest>[\w-]+) via (?P<hop>[\w-]+) "
+                    r"\(\d+ hops?: (?P<path>[\w -]+)\) (?P<change>added|removed)$", re.MULTILINE)
+
+
+def table(log: str) -> dict[str, set[tuple[str, ...]]]:
+    """A router's routing table as its log tells it (one INFO line per route added or
+    removed, replayed in order): destination -> routes (paths)."""
+    routes: set[tuple[str, ...]] = set()
+    for match in _ROUTE.finditer(log):
+        path = tuple(match["path"].split())
+        assert path[0] == match["hop"] and path[-1] == match["dest"], match[0]
+        if match["change"] == "added":
+            routes.add(path)
+        else:
+            routes.discard(path)
+    result: dict[str, set[tuple[str, ...]]] = {}
+    for path in routes:
+        result.setdefault(path[-1], set()).add(path)
+    return result
+
+
+@attrs.frozen
+class Topology:
+    """Routers, links (connector, listener) and where the traffic goes: producers on each
+    of ``sources`` send to ``queue@destination``."""
+
+    routers: tuple[str, ...]
+    links: tuple[tuple[str, str], ...]
+    sources: tuple[str, ...]
+    destination: str
+    queue: str = "chaos"
+
+
+TOPOLOGIES = {
+    # a → b → c: every message passes the intermediate b
+    "chain": Topology(("a", "b", "c"), (("a", "b"), ("b", "c")), sources=("a",), destination="c"),
+    # a, b, c all linked: a's messages go a-c, or a-b-c while a-c is down
+    "triangle": Topology(("a", "b", "c"), (("a", "b"), ("b", "c"), ("c", "a")), sources=("a", "b"),
+                         destination="c"),
+}
+
+
+def store_engine_pid(router_pid: int) -> int | None:
+    """The pid of a router's store engine (its child ``python -m martinet.swiftlets.store``;
+    Linux /proc: children are listed per thread, and trio starts processes from a worker thread)."""
+    for children in Path(f"/proc/{router_pid}/task").glob("*/children"):
+        for child in children.read_text().split():
+            with contextlib.suppress(OSError):
+                if b"martinet.swiftlets.store" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    return int(child)
+    return None
+
+
+class ProcessNetwork:
+    """The routers of ``topology`` as processes in ``folder``, a proxy on every link.
+
+    Use :func:`open_network`. ``routers[name]`` is the :class:`~processes.RouterProcess`,
+    ``proxies[(connector, listener)]`` the link's proxy, ``faults`` counts what
+    :meth:`inject` did by kind.
+    """
+
+    def __init__(self, folder: Path, topology: Topology, *, xa: bool = True):
+        self.topology = topology
+        self.xa = xa
+        self.processes = RouterProcesses(folder)
+        self.routers: dict[str, RouterProcess] = {}
+        self.proxies: dict[tuple[str, str], FaultProxy] = {}
+        self.amqp = {name: free_port() for name in topology.routers}
+        self.routing = {name: free_port() for name in topology.routers}
+        self.faults: collections.Counter[str] = collections.Counter()
+
+    def config(self, name: str) -> str:
+        xa = "true" if self.xa else "false"
+        connectors = "".join(CONNECTOR.format(target=listener, port=self.proxies[(name, listener)].port,
+                                              password=f"secret-{listener}", xa=xa)
+                             for connector, listener in self.topology.links if connector == name)
+        static = "".join(f'\n      <static-route name="{other}"/>' for other in self.topology.routers if other != name)
+        return ROUTER.format(name=name, amqp=self.amqp[name], routing=self.routing[name], password=f"secret-{name}",
+                             keepalive=KEEPALIVE_MS, xa=xa, static=static, connectors=connectors)
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        for connector, listener in self.topology.links:
+            proxy = self.proxies[(connector, listener)] = FaultProxy("127.0.0.1", self.routing[listener])
+            await nursery.start(proxy.run)
+        for name in self.topology.routers:
+            xml = self.config(name)
+            self.routers[name] = await trio.to_thread.run_sync(self.processes.start, xml)
+        await self.wait_connected()
+
+    def url(self, name: str) -> str:
+        return f"amqp://127.0.0.1:{self.amqp[name]}"
+
+    def logs(self) -> str:
+        return self.processes.logs()
+
+    def _connected(self) -> bool:
+        """Every router has a route to every router it has a link path to (all, here)."""
+        names = set(self.topology.routers)
+        return all(set(table(self.routers[name].current())) == names - {name} for name in names)
+
+    async def wait_connected(self, timeout: float = 60) -> None:
+        """Wait (bounded) until every router has a route to every other one.
+
+        Raises: AssertionError with every log if the time is up."""
+        with trio.move_on_after(timeout):
+            while not self._connected():
+                await trio.sleep(0.1)
+            return
+        raise AssertionError(f"the routers did not connect within {timeout} s\n{self.logs()}")
+
+    async def kill(self, name: str) -> None:
+        """SIGKILL router ``name`` (no cleanup: its store is as a crash leaves it)."""
+        await trio.to_thread.run_sync(self.routers[name].kill)
+
+    async def kill_store(self, name: str, timeout: float = 30) -> None:
+        """SIGKILL router ``name``'s store engine; wait (bounded) until the router has
+        stopped itself.
+
+        Raises: AssertionError if there is no store engine or the router does not stop."""
+        router = self.routers[name]
+        pid = store_engine_pid(router.proc.pid)
+        if pid is None:
+            raise AssertionError(f"router {name} (pid {router.proc.pid}) has no store engine process")
+        os.kill(pid, signal.SIGKILL)
+        try:
+            await trio.to_thread.run_sync(router.proc.wait, timeout)
+        except Exception as exc:
+            raise AssertionError(f"router {name} did not stop after its store engine was killed: {exc}; "
+                                 f"the end of its log:\n{router.current()[-5000:]}") from None
+
+    async def stop(self, name: str) -> None:
+        """Stop router ``name`` in order (SIGTERM); raises AssertionError unless it exits 0."""
+        code = await trio.to_thread.run_sync(self.routers[name].stop)
+        if code != 0:
+            raise AssertionError(f"router {name} stopped with exit code {code}\n{self.routers[name].current()}")
+
+    async def restart(self, name: str) -> None:
+        """Start router ``name`` again on its config and store; returns once it started."""
+        await trio.to_thread.run_sync(self.routers[name].restart)
+
+    async def inject(self, kind: str, target: str | tuple[str, str], down: float) -> None:
+        """Apply fault ``kind`` to ``target`` (a router, or a link for cut, blackhole and
+        delay) for ``down`` seconds, then end it (restart the router, heal the link)."""
+        self.faults[kind] += 1
+        if kind in ("kill", "kill-store"):
+            assert isinstance(target, str)
+            await (self.kill(target) if kind == "kill" else self.kill_store(target))
+            await trio.sleep(down)
+            await self.restart(target)
+            return
+        proxy = self.proxies[target]  # type: ignore[index]
+        if kind == "cut":
+            proxy.cut()
+        elif kind == "blackhole":
+            proxy.blackhole(True)
+            await trio.sleep(max(down, 6 * KEEPALIVE_MS / 1000))  # long enough for keepalive to notice
+            proxy.cut()  # the byte streams have holes: these connections cannot go on
+        elif kind == "delay":
+            proxy.delay(0.2)
+            await trio.sleep(down)
+        else:
+            raise ValueError(f"unknown fault {kind!r}; known: {', '.join(FAULTS)}")
+        proxy.heal()
+
+    def close(self) -> None:
+        self.processes.close()
+
+
+@contextlib.asynccontextmanager
+async def open_network(folder: Path, topology: Topology, *, xa: bool = True) -> AsyncIterator[ProcessNetwork]:
+    """A started :class:`ProcessNetwork` (every route known); its processes are killed and
+    its proxies closed when the block ends."""
+    network = ProcessNetwork(folder, topology, xa=xa)
+    try:
+        async with trio.open_nursery() as nursery:
+            await network.start(nursery)
+            yield network
+            nursery.cancel_scope.cancel()
+    finally:
+        network.close()
+
+
+# -- traffic -------------------------------------------------------------------------------------
+
+RETRY = 0.2  # seconds between connection attempts of producers and consumers
+
+
+class NumberedMessage(TextMessage):
+    """A text message whose message-id is ``ID:<producer>-<seq>`` (not a random one), so
+    that a message can be followed in the routers' stores and duplicate backlogs."""
+
+    def __init__(self, producer: str, seq: int):
+        super().__init__(f"{producer}-{seq}", properties={"producer": producer, "seq": seq})
+
+    def encode(self, *, message_id: str, **headers) -> bytes:
+        return super().encode(message_id=f"ID:{self.text}", **headers)
+
+
+class Producer:
+    """Sends seq 1, 2, … to ``address`` on ``url`` until stopped (or ``count`` are sent), at
+    most ``rate`` a second (0: as fast as the router accepts them). ``sent`` lists the
+    accepted seqs, ``in_doubt`` those whose connection ended before the answer, ``refused``
+    those the router refused (e.g. while it stopped)."""
+
+    def __init__(self, ident: str, url: str, address: str, *, rate: float = 0, count: int | None = None):
+        self.ident = ident
+        self.url = url
+        self.address = address
+        self.interval = 1 / rate if rate else 0.0
+        self.count = count
+        self.sent: list[int] = []
+        self.in_doubt: list[int] = []
+        self.refused: list[int] = []
+        self._next = 1
+
+    def _more(self, stop: trio.Event) -> bool:
+        return not stop.is_set() and (self.count is None or self._next <= self.count)
+
+    async def run(self, stop: trio.Event) -> None:
+        """Send until ``stop`` is set (or ``count`` are sent); reconnect while the router is away."""
+        while self._more(stop):
+            with contextlib.suppress(JMSError):
+                async with connect(self.url) as connection, connection.session() as session:
+                    async with session.producer(Queue(self.address),
+                                                delivery_mode=DeliveryMode.PERSISTENT) as producer:
+                        while self._more(stop):
+                            await self._send(producer)
+            if self._more(stop):
+                await trio.sleep(RETRY)
+
+    async def _send(self, producer) -> None:
+        seq, self._next = self._next, self._next + 1
+        try:
+            await producer.send(NumberedMessage(self.ident, seq))
+        except ConnectionLost:
+            self.in_doubt.append(seq)
+            raise
+        except JMSError:
+            self.refused.append(seq)
+            raise
+        self.sent.append(seq)
+        if self.interval:
+            await trio.sleep(self.interval)
+
+
+class Consumer:
+    """Receives from ``queue`` on ``url`` in a transacted session, committing every ``batch``
+    messages (or when none came for a moment). ``received`` counts per (producer, seq) the
+    copies in committed batches; ``in_doubt`` holds those of batches whose commit did not
+    come back; ``out_of_order`` counts seqs received after a higher one of their producer."""
+
+    def __init__(self, url: str, queue: str, *, batch: int = 50):
+        self.url = url
+        self.queue = queue
+        self.batch = batch
+        self.received: collections.Counter[tuple[str, int]] = collections.Counter()
+        self.in_doubt: set[tuple[str, int]] = set()
+        self.out_of_order = 0
+        self._highest: dict[str, int] = {}
+        self.last_arrival = time.monotonic()
+
+    async def run(self, stop: trio.Event) -> None:
+        """Receive until ``stop`` is set and nothing more comes; reconnect while the router is away."""
+        while True:
+            batch: list[tuple[str, int]] = []
+            try:
+                async with connect(self.url) as connection, connection.session(transacted=True) as session:
+                    async with session.consumer(Queue(self.queue)) as consumer:
+                        while True:
+                            message = await consumer.receive(0.2)
+                            if message is not None:
+                                batch.append((message.properties["producer"], message.properties["seq"]))
+                            if batch and (message is None or len(batch) >= self.batch):
+                                await session.commit()
+                                self._committed(batch)
+                                batch = []
+                            elif message is None and stop.is_set():
+                                return
+            except JMSError:
+                self.in_doubt.update(batch)
+            await trio.sleep(RETRY)
+
+    def _committed(self, batch: list[tuple[str, int]]) -> None:
+        self.last_arrival = time.monotonic()
+        for key in batch:
+            producer, seq = key
+            if key not in self.in_doubt and seq < self._highest.get(producer, 0):
+                self.out_of_order += 1
+            self._highest[producer] = max(seq, self._highest.get(producer, 0))
+            self.received[key] += 1
+
+    def has(self, key: tuple[str, int]) -> bool:
+        return self.received[key] > 0 or key in self.in_doubt
+
+
+@attrs.frozen
+class Results:
+    """What a run gave (see the module doc for the terms)."""
+
+    rounds: int
+    faults: dict[str, int]
+    sent: int
+    received: int
+    lost: int
+    duplicated: int
+    out_of_order: int
+    producer_in_doubt: int
+    producer_in_doubt_arrived: int
+    refused: int
+    consumer_in_doubt: int
+    drain_seconds: float
+    examples: dict[str, list[tuple[str, int]]]  # a few lost and duplicated (producer, seq)
+
+    def table(self, title: str = "") -> str:
+        rows = [("rounds", self.rounds),
+                ("faults injected", ", ".join(f"{kind} {n}" for kind, n in sorted(self.faults.items())) or "none"),
+                ("messages sent (accepted)", self.sent),
+                ("received", self.received),
+                ("lost", self.lost),
+                ("duplicated", self.duplicated),
+                ("in doubt at the producer (of them arrived)",
+                 f"{self.producer_in_doubt} ({self.producer_in_doubt_arrived})"),
+                ("refused by the router", self.refused),
+                ("in doubt at the consumer (a commit not answered)", self.consumer_in_doubt),
+                ("out of order (allowed where the path changed)", self.out_of_order),
+                ("drain (s)", f"{self.drain_seconds:.1f}")]
+        width = max(len(name) for name, _ in rows)
+        lines = [title] if title else []
+        lines += [f"{name:<{width}}  {value}" for name, value in rows]
+        lines += [f"{kind} e.g. {keys}" for kind, keys in self.examples.items() if keys]
+        return "\n".join(lines)
+
+
+def verdict(producers: list[Producer], consumers: list[Consumer], *, rounds: int = 0,
+            faults: dict[str, int] | None = None, drain_seconds: float = 0.0) -> Results:
+    """Compare what the producers had accepted with what the consumers received."""
+    received: collections.Counter[tuple[str, int]] = collections.Counter()
+    for consumer in consumers:
+        received.update(consumer.received)
+    doubt_consumer = set().union(*(consumer.in_doubt for consumer in consumers))
+    got = set(received) | doubt_consumer
+    lost = [(p.ident, seq) for p in producers for seq in p.sent if (p.ident, seq) not in got]
+    duplicated = sorted(key for key, n in received.items() if n > 1)
+    in_doubt = [(p.ident, seq) for p in producers for seq in p.in_doubt + p.refused]
+    return Results(
+        rounds=rounds, faults=dict(faults or {}), sent=sum(len(p.sent) for p in producers), received=len(got),
+        lost=len(lost), duplicated=sum(received[key] - 1 for key in duplicated),
+        out_of_order=sum(c.out_of_order for c in consumers),
+        producer_in_doubt=sum(len(p.in_doubt) for p in producers),
+        producer_in_doubt_arrived=sum(1 for key in in_doubt if key in got),
+        refused=sum(len(p.refused) for p in producers),
+        consumer_in_doubt=len(doubt_consumer - set(received)), drain_seconds=drain_seconds,
+        examples={"lost": lost[:5], "duplicated": duplicated[:5]})
+
+
+async def drain(producers: list[Producer], consumers: list[Consumer], timeout: float, quiet: float = 2.0) -> float:
+    """Wait until every sent message has arrived (or ``timeout`` seconds), then until the
+    consumers have had nothing new for ``quiet`` seconds (late duplicates); returns the time."""
+    started = trio.current_time()
+    expected = [(p.ident, seq) for p in producers for seq in p.sent]
+    with trio.move_on_after(timeout):
+        while not all(any(c.has(key) for c in consumers) for key in expected):
+            await trio.sleep(0.2)
+        while time.monotonic() - max(c.last_arrival for c in consumers) < quiet:
+            await trio.sleep(0.2)
+    return trio.current_time() - started
+
+
+@attrs.frozen
+class Schedule:
+    """What :func:`chaos` does: ``rounds`` faults drawn (``seed``) from ``faults``, each
+    lasting ``down`` seconds, with ``gap`` seconds of traffic after each; routers listed in
+    ``spare`` are never killed."""
+
+    rounds: int = 5
+    faults: tuple[str, ...] = FAULTS
+    down: float = 1.0
+    gap: float = 2.0
+    seed: int = 1
+    producers: int = 2  # per source router
+    rate: float = 100.0  # messages a second per producer
+    drain_timeout: float = 120.0
+    spare: tuple[str, ...] = ()
+
+
+def plan(network: ProcessNetwork, schedule: Schedule) -> list[tuple[str, str | tuple[str, str]]]:
+    """The faults of ``schedule`` with their targets, drawn from its seed."""
+    rng = random.Random(schedule.seed)
+    victims = [name for name in network.topology.routers if name not in schedule.spare]
+    links = list(network.topology.links)
+    steps: list[tuple[str, str | tuple[str, str]]] = []
+    for _ in range(schedule.rounds):
+        kind = rng.choice(schedule.faults)
+        steps.append((kind, rng.choice(victims) if kind in ("kill", "kill-store") else rng.choice(links)))
+    return steps
+
+
+async def chaos(network: ProcessNetwork, schedule: Schedule,
+                report: Callable[[str], None] = lambda line: None) -> Results:
+    """Traffic under ``schedule``'s faults, then drain; ``report`` is told each step."""
+    topology = network.topology
+    producers = [Producer(f"{source}{n}", network.url(source), f"{topology.queue}@{topology.destination}",
+                          rate=schedule.rate)
+                 for source in topology.sources for n in range(schedule.producers)]
+    consumers = [Consumer(network.url(topology.destination), topology.queue)]
+    stop_producing, stop_consuming = trio.Event(), trio.Event()
+    async with trio.open_nursery() as nursery:
+        for producer in producers:
+            nursery.start_soon(producer.run, stop_producing)
+        for consumer in consumers:
+            nursery.start_soon(consumer.run, stop_consuming)
+        await trio.sleep(schedule.gap)
+        for number, (kind, target) in enumerate(plan(network, schedule), 1):
+            report(f"round {number}: {kind} {target if isinstance(target, str) else '-'.join(target)}")
+            await network.inject(kind, target, schedule.down)
+            await trio.sleep(schedule.gap)
+        stop_producing.set()
+        await network.wait_connected()
+        seconds = await drain(producers, consumers, schedule.drain_timeout)
+        stop_consuming.set()
+    return verdict(producers, consumers, rounds=schedule.rounds, faults=network.faults, drain_seconds=seconds)
