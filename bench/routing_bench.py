@@ -210,7 +210,9 @@ def main(args: argparse.Namespace) -> None:
                 ratios.append(f"{rate / one_hop:.2f} of one hop")
             if rabbit and durable and path == "one hop":
                 ratios.append(f"{rate / rabbit:.2f}x the RabbitMQ shovel")
-            print(f"ratio {path}, {kind(durable)}, {'XA' if xa else 'non-XA'}: {'; '.join(r for r in ratios if r)}")
+            if any(ratios):
+                print(f"ratio {path}, {kind(durable)}, {'XA' if xa else 'non-XA'}: "
+                      f"{'; '.join(r for r in ratios if r)}")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,21 @@ ends with the link, and a failure there closes the link with the reason (never t
 router). Doing it in order is what keeps the order of messages along a path: the sender's
 dispatcher sends its transactions in queue order, and the receiver prepares and commits
 them in that order.
+
+**Pipelining.** The store writes of a link are *queued* in order, not awaited one by one:
+the worker queues a transaction's prepare or commit (``prepare_nowait``/``commit_nowait``)
+and goes on with the next event; the store's group commit makes them durable together,
+in the order queued (its contract), and a second task per link, the *answerer*, waits for
+each write in that order and then answers the peer (PREPARE_REPLY, COMMIT_REPLY,
+NONXA_COMMIT, or our COMMIT after the peer prepared). Messages become visible in queue
+order because the store finishes writes in order (the queue manager applies a commit when
+its write is durable); a non-persistent non-XA batch has nothing to write and is visible
+at once, so it may pass a persistent one still being written (as JMS allows). The
+dispatcher likewise queues the prepare of a batch and takes the next one while the link
+has window; the TRANSACTION goes out when the prepare is durable, in order. A link that
+ends waits (shielded) for the writes it queued, so that a new link's recovery never sees
+a transaction half way. A delay before an answer (inbound flow control) belongs in the
+answerer, before the answer.
 """
 
 from __future__ import annotations
@@ -54,7 +69,7 @@ import attrs
 import trio
 
 from martinet.messaging.codec import Symbol, UInt
-from martinet.messaging.message import Message, MessageError
+from martinet.messaging.message import AnnotationPatch, Message, MessageError
 from martinet.swiftlets.queuemanager.api import (
     TEMPORARY_PREFIX,
     QueueError,
@@ -103,17 +118,32 @@ FRAME_OVERHEAD = 1024  # bytes of a TRANSACTION frame besides its messages (xid,
 REFUSED_BACKOFF = 1.0  # seconds a dispatcher waits after the peer refused a transaction
 
 
+PATCHES_KEPT = 1024  # addresses whose annotation patch a rewrite keeps (a patch costs more than its use)
+
+
 def routing_rewrite(local: str) -> Rewrite:
     """The redirection rewrite of ``%@R`` → ``rt$R``: a message entering the network here
-    gets its routing annotations; one already travelling (forwarded) keeps them."""
+    gets its routing annotations; one already travelling (forwarded) keeps them. The
+    encoded annotations are made once per address (the latest :data:`PATCHES_KEPT`)."""
+    patches: dict[str, AnnotationPatch] = {}
 
     def rewrite(address: str, message: Message) -> Message:
         if SOURCE in message.message_annotations:
             return message
-        queue, _, router = address.rpartition("@")
-        return message.with_annotations({SOURCE: local, DESTINATION: router, QUEUE: queue, HOPS: UInt(0)})
+        patch = patches.get(address)
+        if patch is None:
+            if len(patches) >= PATCHES_KEPT:
+                patches.clear()
+            queue, _, router = address.rpartition("@")
+            patch = patches[address] = AnnotationPatch({SOURCE: local, DESTINATION: router, QUEUE: queue,
+                                                        HOPS: UInt(0)})
+        return patch.apply(message)
 
     return rewrite
+
+
+#: The annotation patch that counts one more router passed, by the count so far.
+_NEXT_HOP = [AnnotationPatch({HOPS: UInt(hops + 1)}) for hops in range(MAX_PATH)]
 
 
 def parties(xid: str) -> tuple[str, str] | None:
@@ -129,11 +159,29 @@ class _LinkTransfer:
     inbound: dict[str, Transaction] = attrs.Factory(dict)  # xid → prepared, awaiting COMMIT
     nonxa_out: dict[int, Transaction] = attrs.Factory(dict)  # seq → sent, awaiting NONXA_COMMIT
     next_seq: int = 1
-    reserved: int = 0  # window slots promised to dispatchers preparing a transaction
+    reserved: int = 0  # window slots taken by transactions being prepared, not yet sent
     jobs: Any = None  # the send side of the link's worker's queue
+    writes: Any = None  # the send side of the answerer's queue (:class:`_Write`, in the order queued)
     claim: Claim | None = None  # this link's xids, claimed from sys$xa while the link lives
     messages_out: int = 0
     messages_in: int = 0
+
+
+@attrs.define(eq=False)
+class _Write:
+    """A store write a link's worker queued: once it is durable (``error`` None) or failed,
+    the link's answerer calls ``then(error)``, in the order the writes were queued."""
+
+    then: Callable[[BaseException | None], None]
+    done: trio.Event = attrs.Factory(trio.Event)
+    error: BaseException | None = None
+
+    def finish(self, error: BaseException | None) -> None:
+        self.error = error
+        self.done.set()
+
+
+Job = tuple[Callable[..., Any], tuple[Any, ...]]
 
 
 class Transfer:
@@ -202,7 +250,7 @@ class Transfer:
         one worker, so that it happens in the order the events came (transactions become
         visible at the receiver in the order they were sent: the order of a path is kept)."""
         state = self._link(link)
-        job: tuple[Callable[..., Any], tuple[Any, ...]] | None = None
+        job: Job | None = None
         if isinstance(event, (PrepareReceived, TransactionRefused, NonXaCommitted, CommitDone)):
             self.changed()  # a window slot is free again
         if isinstance(event, PrepareReceived):
@@ -235,26 +283,57 @@ class Transfer:
                     state.claim = self._xa.claim("routing", *routing_prefixes(self.local, link.peer))
                 except XAError as exc:  # a second link to the peer, about to be closed
                     log.debug("routing link %s: xids not claimed: %s", link.name, exc)
-            send, receive = trio.open_memory_channel[tuple[Callable[..., Any], tuple[Any, ...]]](math.inf)
-            state.jobs = send
-            link.start_soon(self._work, link, receive)
+            state.jobs, jobs = trio.open_memory_channel[Job](math.inf)
+            state.writes, writes = trio.open_memory_channel[_Write](math.inf)
+            link.start_soon(self._work, link, state, jobs)
+            link.start_soon(self._answer, link, writes)
         return state
 
-    async def _work(self, link: Link, jobs: trio.MemoryReceiveChannel[tuple[Callable[..., Any], tuple[Any, ...]]]
-                    ) -> None:
-        """The link's worker: its transfer jobs one after the other; a failure closes the
-        link (recovery sorts out what was in flight), never the router."""
+    async def _work(self, link: Link, state: _LinkTransfer, jobs: trio.MemoryReceiveChannel[Job]) -> None:
+        """The link's worker: its transfer jobs one after the other (a job returns the
+        :class:`_Write` it queued, if any, for the answerer); a failure closes the link
+        (recovery sorts out what was in flight), never the router."""
         async for function, args in jobs:
             try:
-                await function(*args)
-            except (QueueError, StoreError, MessageError) as exc:
-                log.error("routing link %s to %s: %s; the link is closed", link.name, link.peer, exc)
-                link.close(f"transfer failed at {self.local}: {exc}")
+                write = await function(*args)
+            except Exception as exc:
+                self._failed(link, exc)
                 return
-            except Exception as exc:  # a bug: this link ends, the router goes on
-                log.exception("routing link %s to %s: transfer failed", link.name, link.peer)
-                link.close(f"transfer failed at {self.local}: {type(exc).__name__}")
-                return
+            if write is not None:
+                state.writes.send_nowait(write)
+
+    async def _answer(self, link: Link, writes: trio.MemoryReceiveChannel[_Write]) -> None:
+        """The link's answerer: each queued write, in order, once durable, is answered.
+        When the link ends it still waits (shielded) for the writes queued, so that what
+        a new link's recovery finds is prepared or committed, not on its way."""
+        write: _Write | None = None
+        try:
+            async for write in writes:
+                await write.done.wait()
+                # (inbound flow control: a delay before the answer goes here)
+                try:
+                    write.then(write.error)
+                except Exception as exc:
+                    self._failed(link, exc)
+                    return
+        finally:
+            with trio.CancelScope(shield=True):
+                while write is not None:
+                    await write.done.wait()
+                    try:
+                        write = writes.receive_nowait()
+                    except trio.WouldBlock:
+                        write = None
+
+    def _failed(self, link: Link, exc: Exception) -> None:
+        """A transfer step of ``link`` failed (called in its ``except``): the link is closed
+        with the reason; recovery sorts out what was in flight. Never the router."""
+        if isinstance(exc, (QueueError, StoreError, MessageError)):
+            log.error("routing link %s to %s: %s; the link is closed", link.name, link.peer, exc)
+            link.close(f"transfer failed at {self.local}: {exc}")
+        else:  # a bug: this link ends, the router goes on
+            log.exception("routing link %s to %s: transfer failed", link.name, link.peer)
+            link.close(f"transfer failed at {self.local}: {type(exc).__name__}")
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -350,28 +429,55 @@ class Transfer:
                 transaction.rollback_nowait()
             return
         xid = routing_xid(self.local, link.peer, f"{self._boot}-{next(self._numbers)}")
+        messages = [entry.message.raw for entry in entries]
+
+        def prepared(error: BaseException | None) -> None:
+            # called by the store, in the order the prepares were queued: the TRANSACTIONs
+            # of a link go out in queue order
+            state.reserved -= 1
+            self.changed()
+            if error is not None:
+                log.error("routing transaction to %s not prepared, the messages stay in %s: %s", link.peer,
+                          routing_queue(router), error)
+                transaction.rollback_nowait()
+                return
+            try:
+                sent = link.machine.send_transaction(xid, messages)
+            except Exception as exc:  # (not the store's problem: it called us)
+                sent = False
+                self._failed(link, exc)
+            if sent:
+                self._outbound[xid] = transaction
+                state.messages_out += len(messages)
+                link.wake()
+            else:  # the link ended meanwhile: the peer never had it
+                self._nursery.start_soon(self._roll_back_unsent, transaction, router)
+
         state.reserved += 1
         try:
-            await transaction.prepare(xid)
+            transaction.prepare_nowait(xid, prepared)
         except StoreError as exc:
+            state.reserved -= 1
             log.error("routing transaction to %s not prepared, the messages stay in %s: %s", link.peer,
                       routing_queue(router), exc)
             transaction.rollback_nowait()
-            return
-        finally:
-            state.reserved -= 1
-        if link.machine.send_transaction(xid, [entry.message.raw for entry in entries]):
-            self._outbound[xid] = transaction
-            state.messages_out += len(entries)
-            link.wake()
-        else:  # the link ended meanwhile: the peer never had it
-            await transaction.rollback()
 
-    async def _commit_outbound(self, link: Link, xid: str) -> None:
-        transaction = self._outbound.pop(xid)
-        await transaction.commit()
-        link.machine.commit(xid)
-        link.wake()
+    async def _roll_back_unsent(self, transaction: Transaction, router: str) -> None:
+        try:
+            await transaction.rollback()
+        except StoreError as exc:  # the store stops the router; the recovery would roll it back
+            log.error("a routing transaction towards %s not rolled back: %s", router, exc)
+
+    async def _commit_outbound(self, link: Link, xid: str) -> _Write:
+        def committed(error: BaseException | None) -> None:
+            if error is not None:
+                raise StoreError(f"routing transaction {xid} not committed: {error}")
+            link.machine.commit(xid)
+            link.wake()
+
+        write = _Write(committed)
+        self._outbound.pop(xid).commit_nowait(write.finish)
+        return write
 
     async def _refused(self, link: Link, xid: str, reason: str) -> None:
         log.warning("router %s refused routing transaction %s, it is sent again: %s", link.peer, xid, reason)
@@ -379,8 +485,14 @@ class Transfer:
         await trio.sleep(REFUSED_BACKOFF)
         self.changed()
 
-    async def _nonxa_committed(self, state: _LinkTransfer, seq: int) -> None:
-        await state.nonxa_out.pop(seq).commit()
+    async def _nonxa_committed(self, state: _LinkTransfer, seq: int) -> _Write:
+        def committed(error: BaseException | None) -> None:
+            if error is not None:
+                raise StoreError(f"routed messages not acknowledged: {error}")
+
+        write = _Write(committed)
+        state.nonxa_out.pop(seq).commit_nowait(write.finish)
+        return write
 
     async def _recover(self, link: Link, peer: str, listed: tuple[str, ...]) -> None:
         """The three-case table for this router's prepared transactions towards ``peer``."""
@@ -408,7 +520,8 @@ class Transfer:
         destination, queue, hops = annotations.get(DESTINATION), annotations.get(QUEUE), annotations.get(HOPS, 0)
         if not isinstance(destination, str) or not isinstance(queue, str) or not isinstance(hops, int):
             return self._unroutable(transaction, message, "it has no routing annotations")
-        message = message.with_annotations({HOPS: UInt(hops + 1)})
+        message = (_NEXT_HOP[hops].apply(message) if 0 <= hops < MAX_PATH
+                   else message.with_annotations({HOPS: UInt(hops + 1)}))
         possible_duplicate = bool(annotations.get(DOUBT, False))
         if destination == self.local:
             if queue.startswith(TEMPORARY_PREFIX) and queue not in self.manager.queues:
@@ -433,40 +546,66 @@ class Transfer:
         log.warning("a routed message went to unroutable on router %s: %s", self.local, reason)
         return True
 
+    def _refuse(self, link: Link, transaction: Transaction, xid: str, reason: str) -> None:
+        """Refuse inbound ``xid``: nothing of it is held; the sender tries again later."""
+        if transaction.state == "active":
+            transaction.rollback_nowait()
+        link.machine.refuse_transaction(xid, reason)
+        link.wake()
+
     async def _prepare_inbound(self, link: Link, state: _LinkTransfer, xid: str,
-                               messages: tuple[bytes, ...]) -> None:
+                               messages: tuple[bytes, ...]) -> _Write | None:
         transaction = self.manager.transaction()
+
+        def prepared(error: BaseException | None) -> None:
+            if error is not None:
+                self._refuse(link, transaction, xid, str(error))
+                return
+            state.inbound[xid] = transaction
+            state.messages_in += len(messages)
+            link.machine.prepared(xid)
+            link.wake()
+
+        write = _Write(prepared)
         try:
             for raw in messages:
                 self._stage(transaction, raw)
-            await transaction.prepare(xid)
-        except (QueueError, StoreError) as exc:  # e.g. a full queue: the sender tries again later
-            if transaction.state == "active":
-                transaction.rollback_nowait()
-            link.machine.refuse_transaction(xid, str(exc))
-            link.wake()
-            return
-        state.inbound[xid] = transaction
-        state.messages_in += len(messages)
-        link.machine.prepared(xid)
-        link.wake()
+            transaction.prepare_nowait(xid, write.finish)
+        except (QueueError, StoreError) as exc:  # e.g. a full queue
+            self._refuse(link, transaction, xid, str(exc))
+            return None
+        return write
 
-    async def _commit_inbound(self, link: Link, state: _LinkTransfer, xid: str, recovery: bool) -> None:
+    async def _commit_inbound(self, link: Link, state: _LinkTransfer, xid: str, recovery: bool) -> _Write:
+        def committed(error: BaseException | None) -> None:
+            if error is not None:
+                raise StoreError(f"routing transaction {xid} not committed: {error}")
+            if recovery:
+                log.info("routing transaction %s from %s committed in recovery", xid, link.peer)
+            link.machine.committed(xid)
+            link.wake()
+
+        write = _Write(committed)
         transaction = state.inbound.pop(xid, None)
         if transaction is not None:
-            await transaction.commit()
+            transaction.commit_nowait(write.finish)
         else:  # prepared by an earlier link (or run) of this peer
             await self.manager.resolve_prepared(xid, commit=True)
-        if recovery:
-            log.info("routing transaction %s from %s committed in recovery", xid, link.peer)
-        link.machine.committed(xid)
-        link.wake()
+            write.finish(None)
+        return write
 
-    async def _receive_nonxa(self, link: Link, state: _LinkTransfer, seq: int, messages: tuple[bytes, ...]) -> None:
+    async def _receive_nonxa(self, link: Link, state: _LinkTransfer, seq: int,
+                             messages: tuple[bytes, ...]) -> _Write:
+        def committed(error: BaseException | None) -> None:
+            if error is not None:
+                raise StoreError(f"routed messages not stored: {error}")
+            state.messages_in += len(messages)
+            link.machine.nonxa_committed(seq)
+            link.wake()
+
+        write = _Write(committed)
         transaction = self.manager.transaction()
         for raw in messages:
             self._stage(transaction, raw)
-        await transaction.commit()
-        state.messages_in += len(messages)
-        link.machine.nonxa_committed(seq)
-        link.wake()
+        transaction.commit_nowait(write.finish)
+        return write
