@@ -87,7 +87,7 @@ def network(folder: Path, path: tuple[str, ...], *, xa: bool, size: int) -> Iter
             listener = LISTENER.format(port=routing[name], **link)
             target = path[index + 1] if index + 1 < len(path) else None
             connector = CONNECTOR.format(target=target, port=routing[target], **link) if target else ""
-            where = folder / f"{'-'.join(path)}-{'xa' if xa else 'nonxa'}-{size}" / name
+            where = folder / f"{'-'.join(path)}-{'xa' if xa else 'nonxa'}-{size}-{routing[path[0]]}" / name
             config = ROUTER.format(name=name, amqp=amqp, listener=listener, connector=connector)
             running.pids[name] = stack.enter_context(martinet_router(where, config, port=amqp)).pid
             running.logs[name] = where / "stderr.log"

@@ -855,6 +855,7 @@ class Transaction:
         self.state = state
         self.prepared_at: float | None = None  # epoch seconds, from the prepare record
         self._sends: list[tuple[Queue, Entry]] = []
+        self._staged: dict[Queue, list[int]] = {}  # queue → [sends, bytes] staged to it
         self._keys: dict[int, str] = {}
         self._acks: list[tuple[Queue, Entry]] = []
 
@@ -886,13 +887,17 @@ class Transaction:
         queue = manager.queue(address)
         if queue.name != address and "@" in address and not address.endswith(manager._at_local):
             message = manager._rewritten(address, message)
-        staged = [entry for q, entry in self._sends if q is queue]
-        queue.check_room(len(staged) + 1, sum(entry.bytes for entry in staged) + len(message.raw))
+        staged = self._staged.get(queue)  # (a scan of the sends per send made a batch cost its square)
+        if staged is None:
+            staged = self._staged[queue] = [0, 0]
+        queue.check_room(staged[0] + 1, staged[1] + len(message.raw))
         now = now_ms()
         entry, key, duplicate = self._manager._entry(queue, message, possible_duplicate, now)
         if entry is None:
             return SendResult(0, duplicate)
         self._sends.append((queue, entry))
+        staged[0] += 1
+        staged[1] += entry.bytes
         if key is not None:
             self._keys[entry.id] = key
         return SendResult(queue.flow.delay(queue.settings, queue.size, len(queue.consumers), now))

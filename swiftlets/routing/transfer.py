@@ -58,6 +58,7 @@ answerer, before the answer.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import math
@@ -99,6 +100,7 @@ from .stages import (
     PrepareReceived,
     RecoveryReceived,
     RecoveryRequested,
+    State,
     TransactionReceived,
     TransactionRefused,
 )
@@ -113,6 +115,7 @@ QUEUE = Symbol("x-opt-martinet-queue")
 HOPS = Symbol("x-opt-martinet-hops")
 DOUBT = Symbol("x-opt-martinet-doubt")
 UNROUTABLE_REASON = Symbol("x-opt-martinet-unroutable")
+ROUTING_PREFIX = b"x-opt-martinet-"  # what the annotations above start with
 
 FRAME_OVERHEAD = 1024  # bytes of a TRANSACTION frame besides its messages (xid, field names, lengths)
 REFUSED_BACKOFF = 1.0  # seconds a dispatcher waits after the peer refused a transaction
@@ -128,7 +131,9 @@ def routing_rewrite(local: str) -> Rewrite:
     patches: dict[str, AnnotationPatch] = {}
 
     def rewrite(address: str, message: Message) -> Message:
-        if SOURCE in message.message_annotations:
+        # without the prefix in its bytes, it has none of our annotations: not decoded
+        absent = type(message.raw) is bytes and ROUTING_PREFIX not in message.raw
+        if not absent and SOURCE in message.message_annotations:
             return message
         patch = patches.get(address)
         if patch is None:
@@ -137,7 +142,7 @@ def routing_rewrite(local: str) -> Rewrite:
             queue, _, router = address.rpartition("@")
             patch = patches[address] = AnnotationPatch({SOURCE: local, DESTINATION: router, QUEUE: queue,
                                                         HOPS: UInt(0)})
-        return patch.apply(message)
+        return patch.apply(message, absent=absent)
 
     return rewrite
 
@@ -159,7 +164,8 @@ class _LinkTransfer:
     inbound: dict[str, Transaction] = attrs.Factory(dict)  # xid → prepared, awaiting COMMIT
     nonxa_out: dict[int, Transaction] = attrs.Factory(dict)  # seq → sent, awaiting NONXA_COMMIT
     next_seq: int = 1
-    reserved: int = 0  # window slots taken by transactions being prepared, not yet sent
+    reserved: int = 0  # batches being prepared or ready, not yet sent
+    ready: collections.deque[tuple[str, Transaction, list[bytes]]] = attrs.Factory(collections.deque)
     jobs: Any = None  # the send side of the link's worker's queue
     writes: Any = None  # the send side of the answerer's queue (:class:`_Write`, in the order queued)
     claim: Claim | None = None  # this link's xids, claimed from sys$xa while the link lives
@@ -231,6 +237,7 @@ class Transfer:
         doubt); XA ones stay prepared for the recovery with that peer."""
         state = self._state.pop(link, None)
         if state is not None:
+            self._send_ready(link, state)  # (rolls them back)
             for transaction in state.nonxa_out.values():
                 transaction.rollback_nowait()
             if state.claim is not None:  # what is still prepared is in doubt until the peer is back
@@ -252,7 +259,8 @@ class Transfer:
         state = self._link(link)
         job: Job | None = None
         if isinstance(event, (PrepareReceived, TransactionRefused, NonXaCommitted, CommitDone)):
-            self.changed()  # a window slot is free again
+            self._send_ready(link, state)  # a window slot is free again
+            self.changed()
         if isinstance(event, PrepareReceived):
             job = self._commit_outbound, (link, event.xid)
         elif isinstance(event, TransactionReceived):
@@ -345,9 +353,38 @@ class Transfer:
         start = turn % len(row.rotation)  # (the rotation is just the next hop without round robin)
         for neighbour in row.rotation[start:] + row.rotation[:start]:
             link = self._links.get(neighbour)
-            if link is not None and link.machine.window_available - self._link(link).reserved > 0:
+            if link is not None and self._room(link) > 0:
                 return link
         return None
+
+    def _room(self, link: Link) -> int:
+        """How many more batches a dispatcher may start on ``link``: its free window and (XA)
+        one window more, prepared ahead so that the sender's durable prepare overlaps the
+        peer's; less those being prepared or ready."""
+        machine = link.machine
+        if machine.state is not State.OPERATIONAL or link.operational is None:
+            return 0
+        ahead = link.operational.peer_window_size if machine.use_xa else 0
+        return machine.window_available + ahead - self._link(link).reserved
+
+    def _send_ready(self, link: Link, state: _LinkTransfer) -> None:
+        """Send the prepared batches of ``link``, oldest first, while its window has room;
+        once the link has ended (or is gone), roll them back (the peer never had them)."""
+        try:
+            while state.ready:
+                gone = self._state.get(link) is not state or link.machine.state is not State.OPERATIONAL
+                if not gone and not link.machine.window_available:
+                    return
+                xid, transaction, messages = state.ready.popleft()
+                state.reserved -= 1
+                if not gone and link.machine.send_transaction(xid, messages):
+                    self._outbound[xid] = transaction
+                    state.messages_out += len(messages)
+                    link.wake()
+                else:
+                    self._nursery.start_soon(self._roll_back_unsent, transaction, link.peer)
+        except Exception as exc:  # (called by the store or the link's reader: not their problem)
+            self._failed(link, exc)
 
     async def _dispatch(self, router: str) -> None:
         """Move what arrives in ``rt$R`` towards R, for as long as the swiftlet runs (a
@@ -434,24 +471,15 @@ class Transfer:
         def prepared(error: BaseException | None) -> None:
             # called by the store, in the order the prepares were queued: the TRANSACTIONs
             # of a link go out in queue order
-            state.reserved -= 1
             self.changed()
             if error is not None:
+                state.reserved -= 1
                 log.error("routing transaction to %s not prepared, the messages stay in %s: %s", link.peer,
                           routing_queue(router), error)
                 transaction.rollback_nowait()
                 return
-            try:
-                sent = link.machine.send_transaction(xid, messages)
-            except Exception as exc:  # (not the store's problem: it called us)
-                sent = False
-                self._failed(link, exc)
-            if sent:
-                self._outbound[xid] = transaction
-                state.messages_out += len(messages)
-                link.wake()
-            else:  # the link ended meanwhile: the peer never had it
-                self._nursery.start_soon(self._roll_back_unsent, transaction, router)
+            state.ready.append((xid, transaction, messages))
+            self._send_ready(link, state)
 
         state.reserved += 1
         try:
@@ -462,11 +490,11 @@ class Transfer:
                       routing_queue(router), exc)
             transaction.rollback_nowait()
 
-    async def _roll_back_unsent(self, transaction: Transaction, router: str) -> None:
+    async def _roll_back_unsent(self, transaction: Transaction, peer: str | None) -> None:
         try:
             await transaction.rollback()
         except StoreError as exc:  # the store stops the router; the recovery would roll it back
-            log.error("a routing transaction towards %s not rolled back: %s", router, exc)
+            log.error("a routing transaction to %s not rolled back: %s", peer, exc)
 
     async def _commit_outbound(self, link: Link, xid: str) -> _Write:
         def committed(error: BaseException | None) -> None:
