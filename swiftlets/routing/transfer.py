@@ -404,9 +404,18 @@ class Transfer:
             while True:
                 wakeup = self._dispatchers[router]
                 link = self._choose(router, turn)
-                size = link.operational.peer_transaction_size if link and link.operational else 0
-                consumer.set_credit(size)
-                entries = consumer.take(size) if link else []
+                if link is None:
+                    # hold nothing while no link takes it: what a rollback gives back to the
+                    # queue (a cut link's transactions) then goes out before what came after it
+                    consumer.set_credit(0)
+                    for entry in consumer.take(consumer.buffered):
+                        consumer.release(entry)
+                    entries = []
+                else:
+                    assert link.operational is not None
+                    size = link.operational.peer_transaction_size
+                    consumer.set_credit(size)
+                    entries = consumer.take(size)
                 if not entries:  # no link with room, or nothing to send: wait for a change
                     await wakeup.wait()
                     self._dispatchers[router] = trio.Event()
