@@ -89,9 +89,11 @@ from martinet.swiftlets.xa.api import (
     routing_xid,
 )
 
+from . import routing_annotations
 from .api import UNROUTABLE, Destination, routing_queue
 from .exchange import MAX_PATH
 from .links import Link
+from .routing_annotations import DESTINATION, DOUBT, HOPS, QUEUE, SOURCE
 from .stages import (
     CommitDone,
     CommitReceived,
@@ -109,13 +111,8 @@ __all__ = ["Transfer", "routing_rewrite", "SOURCE", "DESTINATION", "QUEUE", "HOP
 
 log = logging.getLogger(__name__)
 
-SOURCE = Symbol("x-opt-martinet-src")
-DESTINATION = Symbol("x-opt-martinet-dest")
-QUEUE = Symbol("x-opt-martinet-queue")
-HOPS = Symbol("x-opt-martinet-hops")
-DOUBT = Symbol("x-opt-martinet-doubt")
 UNROUTABLE_REASON = Symbol("x-opt-martinet-unroutable")
-ROUTING_PREFIX = b"x-opt-martinet-"  # what the annotations above start with
+_REWRITTEN_KEYS = tuple(key.encode() for key in (SOURCE, DESTINATION, QUEUE, HOPS))  # their text
 
 FRAME_OVERHEAD = 1024  # bytes of a TRANSACTION frame besides its messages (xid, field names, lengths)
 REFUSED_BACKOFF = 1.0  # seconds a dispatcher waits after the peer refused a transaction
@@ -131,8 +128,9 @@ def routing_rewrite(local: str) -> Rewrite:
     patches: dict[str, AnnotationPatch] = {}
 
     def rewrite(address: str, message: Message) -> Message:
-        # without the prefix in its bytes, it has none of our annotations: not decoded
-        absent = type(message.raw) is bytes and ROUTING_PREFIX not in message.raw
+        # a message without their text in its bytes has none of these keys: nothing decoded
+        raw = message.raw
+        absent = type(raw) is bytes and not any(key in raw for key in _REWRITTEN_KEYS)
         if not absent and SOURCE in message.message_annotations:
             return message
         patch = patches.get(address)
@@ -146,9 +144,6 @@ def routing_rewrite(local: str) -> Rewrite:
 
     return rewrite
 
-
-#: The annotation patch that counts one more router passed, by the count so far.
-_NEXT_HOP = [AnnotationPatch({HOPS: UInt(hops + 1)}) for hops in range(MAX_PATH)]
 
 
 def parties(xid: str) -> tuple[str, str] | None:
@@ -549,17 +544,21 @@ class Transfer:
     def _stage(self, transaction: Transaction, raw: bytes) -> bool:
         """Stage one received message where it goes; False if it is dropped."""
         try:
-            message = Message(raw)
-            annotations = message.message_annotations
+            fields = routing_annotations.read(raw)  # the usual case, without decoding the message
+            counted = fields.next_hop() if fields is not None else None
+            if fields is not None and counted is not None:
+                destination, queue, hops, doubt = fields.destination, fields.queue, fields.hops, fields.doubt
+            else:
+                annotations = Message(raw).message_annotations
+                destination, queue = annotations.get(DESTINATION), annotations.get(QUEUE)
+                hops, doubt = annotations.get(HOPS, 0), annotations.get(DOUBT)
         except MessageError as exc:
             log.warning("a routed message could not be read, it is dropped: %s", exc)
             return False
-        destination, queue, hops = annotations.get(DESTINATION), annotations.get(QUEUE), annotations.get(HOPS, 0)
         if not isinstance(destination, str) or not isinstance(queue, str) or not isinstance(hops, int):
-            return self._unroutable(transaction, message, "it has no routing annotations")
-        message = (_NEXT_HOP[hops].apply(message) if 0 <= hops < MAX_PATH
-                   else message.with_annotations({HOPS: UInt(hops + 1)}))
-        possible_duplicate = bool(annotations.get(DOUBT, False))
+            return self._unroutable(transaction, Message(raw), "it has no routing annotations")
+        message = Message(counted) if counted is not None else Message(raw).with_annotations({HOPS: UInt(hops + 1)})
+        possible_duplicate = bool(doubt)
         if destination == self.local:
             if queue.startswith(TEMPORARY_PREFIX) and queue not in self.manager.queues:
                 self.dropped += 1  # its requester is gone
