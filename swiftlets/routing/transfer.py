@@ -64,7 +64,7 @@ import logging
 import math
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -183,6 +183,16 @@ class _Write:
 
 
 Job = tuple[Callable[..., Any], tuple[Any, ...]]
+T = TypeVar("T")
+
+
+async def _next(channel: trio.MemoryReceiveChannel[T]) -> T:
+    """The next item, waiting (a checkpoint) only when none is queued: what is ready is
+    handled in one go, and the answers it causes leave in one write."""
+    try:
+        return channel.receive_nowait()
+    except trio.WouldBlock:
+        return await channel.receive()
 
 
 class Transfer:
@@ -296,7 +306,8 @@ class Transfer:
         """The link's worker: its transfer jobs one after the other (a job returns the
         :class:`_Write` it queued, if any, for the answerer); a failure closes the link
         (recovery sorts out what was in flight), never the router."""
-        async for function, args in jobs:
+        while True:
+            function, args = await _next(jobs)
             try:
                 write = await function(*args)
             except Exception as exc:
@@ -311,8 +322,10 @@ class Transfer:
         a new link's recovery finds is prepared or committed, not on its way."""
         write: _Write | None = None
         try:
-            async for write in writes:
-                await write.done.wait()
+            while True:
+                write = await _next(writes)
+                if not write.done.is_set():
+                    await write.done.wait()
                 # (inbound flow control: a delay before the answer goes here)
                 try:
                     write.then(write.error)
