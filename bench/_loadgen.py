@@ -62,21 +62,27 @@ def build_loadgen(folder: Path) -> Path:
 
 
 def run_round(loadgen: Path, send: tuple[int, str], receive: tuple[int, str], count: int, *, durable: bool,
-              size: int = 100, credentials: tuple[str, ...] = ()) -> float:
+              size: int = 100, credentials: tuple[str, ...] = (), timeout: float = 900) -> float:
     """One concurrent sender + receiver round: messages per second, first send to last receive.
 
     ``send`` and ``receive`` are (port, address) on 127.0.0.1.
 
     Raises:
-        RuntimeError: a load generator failed (its error text), e.g. messages were refused.
+        RuntimeError: a load generator failed (its error text), e.g. messages were refused,
+            or the round took longer than ``timeout`` seconds (both are killed).
     """
     extra = [str(size), "durable" if durable else "transient", *credentials]
     receiver = subprocess.Popen([str(loadgen), "recv", "127.0.0.1", str(receive[0]), receive[1], str(count), *extra],
                                 stdout=subprocess.PIPE, text=True)
     time.sleep(0.3)  # the receiver's link is attached (RabbitMQ declares the queue on attach)
-    sender = subprocess.run([str(loadgen), "send", "127.0.0.1", str(send[0]), send[1], str(count), *extra],
-                            capture_output=True, text=True, timeout=900)
-    received, _ = receiver.communicate(timeout=900)
+    try:
+        sender = subprocess.run([str(loadgen), "send", "127.0.0.1", str(send[0]), send[1], str(count), *extra],
+                                capture_output=True, text=True, timeout=timeout)
+        received, _ = receiver.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        receiver.kill()
+        receiver.wait()
+        raise RuntimeError(f"the round took more than {timeout} s") from exc
     if sender.returncode or receiver.returncode:
         raise RuntimeError(f"load generator failed: {sender.stderr.strip()} / receiver status {receiver.returncode}")
     first = float(sender.stdout.split()[2])

@@ -16,7 +16,7 @@ both ends of every link), at the routers' default ``inbound-transaction-size`` (
   each routed figure as a ratio of it;
 - an ``inbound-transaction-size`` sweep (1, 20, 100, 500), one hop, persistent, XA;
 - RabbitMQ 3.10 (Debian's ``rabbitmq-server``): two private nodes, a dynamic shovel
-  (``rabbitmq_shovel``, AMQP 0-9-1, ``ack-mode`` on-confirm, durable queues) from a queue
+  (``rabbitmq_shovel``, AMQP 0-9-1, ``ack-mode`` on-confirm, durable queues it declares) from a queue
   on node A to one on node B, the same load generator through the ``rabbitmq_amqp1_0``
   plugin, persistent; printed as Martinet / RabbitMQ. ``--no-rabbitmq`` skips it;
 - the routers' CPU seconds per message (user + system from ``/proc``, all routers of the
@@ -157,7 +157,8 @@ class Bench:
             with rabbitmq_node(self.folder, "bench-a", plugins, epmd_port) as node_a, \
                     rabbitmq_node(self.folder, "bench-b", plugins, epmd_port) as node_b:
                 count = self.count(True)
-                # the receiver's attach on B declares B's queue, the shovel A's (durable both)
+                # the shovel declares both queues durable; the load generator names them
+                # without declaring (/amq/queue/: the amqp1_0 plugin would declare them transient)
                 uri = "amqp://guest:guest@127.0.0.1:{}"
                 node_a.ctl("set_parameter", "shovel", "bench", (
                     f'{{"src-protocol": "amqp091", "src-uri": "{uri.format(node_a.port)}", "src-queue": "shovelled",'
@@ -171,8 +172,8 @@ class Bench:
                 print(f"RabbitMQ {node_a.ctl('version')}: two nodes, dynamic shovel A → B (AMQP 0-9-1, "
                       f"on-confirm), load through the amqp1_0 plugin", flush=True)
                 rates = [run_round(self.loadgen, (node_a.port, "/queue/shovelled"),
-                                   (node_b.port, "/queue/shovelled"), count, durable=True, size=self.args.size,
-                                   credentials=("guest", "guest")) for _ in range(self.args.rounds)]
+                                   (node_b.port, "/amq/queue/shovelled"), count, durable=True, size=self.args.size,
+                                   credentials=("guest", "guest"), timeout=120) for _ in range(self.args.rounds)]
                 print(f"{'RabbitMQ shovel, one hop, persistent':44} {max(rates):>9,.0f} msgs/s", flush=True)
                 return max(rates)
         finally:
@@ -201,7 +202,11 @@ def main(args: argparse.Namespace) -> None:
             bench.paths(("A", "M", "B"), "two hops", single=False)
         if "sweep" in sections:
             bench.sweep()
-        rabbit = bench.shovel() if "rabbitmq" in sections else None
+        try:
+            rabbit = bench.shovel() if "rabbitmq" in sections else None
+        except RuntimeError as exc:  # (see README: the shovel round does not complete yet)
+            print(f"RabbitMQ shovel: failed: {exc}")
+            rabbit = None
         print(f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         for (path, durable, xa), rate in sorted(bench.results.items()):
             ratios = [f"{rate / bench.single[durable]:.2f} of a single router" if bench.single else ""]
