@@ -513,8 +513,10 @@ class AnnotationPatch:
         self._entries = entries
         self._section = _map_section(b"\x00\x53\x72", b"".join(entries), 2 * len(entries), False)
 
-    def apply(self, message: Message) -> Message:
-        """``message`` with these annotations merged in, other bytes unchanged.
+    def apply(self, message: Message, *, absent: bool = False) -> Message:
+        """``message`` with these annotations merged in, other bytes unchanged. ``absent``:
+        the caller knows that none of these keys is in the message (e.g. their text is not
+        in its bytes), so the entries are appended without reading those it has.
 
         Raises:
             MessageError: malformed message-annotations (only read when it has some), or a
@@ -529,7 +531,7 @@ class AnnotationPatch:
             if type(raw) is not bytes:  # (slices of it are looked up as keys)
                 raw = bytes(raw)
             start, value_at, end = span
-            section = self._splice(raw, start, value_at, end)
+            section = self._append(raw, start, value_at, end) if absent else self._splice(raw, start, value_at, end)
             patched = Message(raw[:start] + section + raw[end:])
             if raw[:3] == _HEADER_PREFIX:
                 header_fields = _header_fields(raw)
@@ -585,6 +587,20 @@ class AnnotationPatch:
         pieces += [entry for index, entry in enumerate(entries) if index not in placed]
         count += 2 * (len(entries) - len(placed) - dropped)
         return _map_section(raw[start:at], b"".join(pieces), count, code == 0xD1)
+
+    def _append(self, raw: bytes, start: int, at: int, end: int) -> bytes:
+        """The message-annotations section ``raw[start:end]`` (its map at ``at``) with these
+        entries added at its end, the map's size and count rewritten."""
+        code = raw[at]
+        if code == 0xC1:
+            count, position = raw[at + 2], at + 3
+        elif code == 0xD1:
+            count, position = int.from_bytes(raw[at + 5:at + 9], "big"), at + 9
+        else:
+            raise MessageError(f"the message-annotations section must be a map, found constructor 0x{code:02x}")
+        entries = self._entries
+        return _map_section(raw[start:at], raw[position:end] + b"".join(entries), count + 2 * len(entries),
+                            code == 0xD1)
 
     def _match(self, raw: bytes, at: int, end: int) -> int | None:
         """The index of the change whose key the map key ``raw[at:end]`` is, or None."""

@@ -7,6 +7,7 @@ change.
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect
@@ -133,6 +134,42 @@ async def test_failover_in_a_triangle_when_the_shortest_link_is_cut_mid_transfer
     verify_set(await consume(network.url("c"), "orders", count), count)
     assert not network.routers["a"].swiftlet("sys$queuemanager").prepared_transactions()
     assert not network.routers["c"].swiftlet("sys$queuemanager").prepared_transactions()
+
+
+@pytest.mark.parametrize("xa", [True, False], ids=["xa", "non-xa"])
+async def test_a_cut_while_several_transactions_are_in_flight_loses_and_duplicates_nothing(network, nursery, xa):
+    """The link's store writes are pipelined: cut it while several transactions are open
+    (prepared, committing, or sent and awaiting their answer) and heal it: recovery (XA) or
+    the resend in doubt (non-XA) sorts them out, and the order holds (the path is the same)."""
+    await start(network, "a", "b", listener={"use_xa": xa})
+    proxy = FaultProxy("127.0.0.1", network.routing_port("b"))
+    await nursery.start(proxy.run)
+    network.routers["a"].management.add("/sys$routing/connectors", "b", {
+        "hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000", "use-xa": str(xa).lower()})
+    network.routers["a"].management.add("/sys$routing/static-routes", "b")  # (sending goes on while cut)
+    await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+    proxy.delay(0.02)  # answers come late: transactions pile up open
+    count = 2000
+    open_at_cut = []
+
+    async def cut_with_several_open() -> None:
+        with trio.fail_after(30):
+            while (found := network.routers["a"].management.get("/sys$routing/usage/connections/connector:b",
+                                                                "open-transactions")) < 3:
+                await trio.sleep(0.001)
+        open_at_cut.append(found)
+        proxy.refuse(True)
+        proxy.cut()
+        await network.settle({"a": {}})
+        proxy.heal()
+
+    async with trio.open_nursery() as inner:
+        inner.start_soon(cut_with_several_open)
+        inner.start_soon(produce, network.url("a"), "orders@b", count)
+    assert open_at_cut[0] >= 3
+    verify(await consume(network.url("b"), "orders", count), count)
+    for name in ("a", "b"):
+        assert not network.routers[name].swiftlet("sys$queuemanager").prepared_transactions()
 
 
 async def test_round_robin_over_two_equal_links(network):

@@ -15,7 +15,7 @@ import trio
 
 from martinet.kernel import ManagementError, Veto
 from martinet.messaging.message import build
-from martinet.swiftlets.queuemanager.api import QueueManager
+from martinet.swiftlets.queuemanager.api import QueueManager, TransactionError
 from martinet.swiftlets.xa.api import (
     CLIENT,
     ROUTING,
@@ -287,3 +287,36 @@ def test_a_martinet_run_process_warns_after_a_restart_and_the_tree_resolves(rout
     process.restart()
     assert "no prepared transactions found" in process.current()
     assert process.stop() == 0
+
+
+async def test_writes_queued_without_waiting_take_effect_in_the_order_queued(network):
+    """prepare_nowait/commit_nowait (what a routing link pipelines): every write is queued
+    at once; their callbacks come, and their messages become visible, in the order queued;
+    a transaction prepared that way is committed later in its own turn."""
+    router = await network.start(network.config("r1"))
+    queue_manager, _ = parts(router)
+    done: list[tuple[str, BaseException | None]] = []
+    first = queue_manager.transaction()
+    first.send("q", msg(0))
+    await first.prepare("p-0")
+    transactions = []
+    for n in range(1, 6):
+        transaction = queue_manager.transaction()
+        transaction.send("q", msg(n))
+        transactions.append(transaction)
+    first.commit_nowait(lambda error: done.append(("p-0", error)))
+    transactions[0].prepare_nowait("p-1", lambda error: done.append(("p-1", error)))
+    assert transactions[0].state == "preparing" and first.state == "committing"
+    with pytest.raises(TransactionError, match="prepared already"):
+        queue_manager.transaction().prepare_nowait("p-1", done.append)
+    for n, transaction in enumerate(transactions[1:], start=2):
+        transaction.commit_nowait(lambda error, n=n: done.append((f"c-{n}", error)))
+    assert bodies(queue_manager.queue("q")) == []  # nothing visible before it is durable
+    with trio.fail_after(10):
+        while len(done) < 6:
+            await trio.sleep(0.01)
+    assert done == [("p-0", None), ("p-1", None), ("c-2", None), ("c-3", None), ("c-4", None), ("c-5", None)]
+    assert transactions[0].state == "prepared" and "p-1" in queue_manager.prepared_transactions()
+    assert bodies(queue_manager.queue("q")) == ["m0", "m2", "m3", "m4", "m5"]
+    await queue_manager.resolve_prepared("p-1", commit=True)
+    assert bodies(queue_manager.queue("q")) == ["m0", "m2", "m3", "m4", "m5", "m1"]

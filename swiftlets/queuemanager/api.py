@@ -419,6 +419,29 @@ class Transaction(Protocol):
             StoreError: the store failed (nothing took effect).
         """
 
+    def prepare_nowait(self, xid: str, on_done: Callable[[BaseException | None], None]) -> None:
+        """:meth:`prepare` without waiting: the write is queued to the store now, after every
+        write queued before it (the store makes them durable in that order), and
+        ``on_done(None)`` is called once it is durable and the transaction prepared,
+        ``on_done(error)`` if the store failed (the transaction is active again). For callers
+        with many transactions in flight that must stay in order (routing links).
+
+        Raises:
+            TransactionError: not active, or ``xid`` is in use (nothing was queued).
+            StoreError: the store is not running.
+        """
+
+    def commit_nowait(self, on_done: Callable[[BaseException | None], None]) -> None:
+        """:meth:`commit` without waiting, queued like :meth:`prepare_nowait`: once durable,
+        the sends become visible, the acknowledged entries go and ``on_done(None)`` is
+        called (``on_done(error)``: nothing took effect). With nothing to write (no
+        persistent message), all of that happens before it returns.
+
+        Raises:
+            TransactionError: already committed or rolled back (nothing was queued).
+            StoreError: the store is not running.
+        """
+
     async def rollback(self) -> None:
         """Drop the staged sends and redeliver the acknowledged entries (as failed
         deliveries); a prepared transaction's record is removed from the store first.

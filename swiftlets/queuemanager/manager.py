@@ -819,6 +819,27 @@ def _count(names: Any) -> dict[str, int]:
     return counts
 
 
+async def _outcome(issue: Callable[..., None], *args: Any) -> None:
+    """Call ``issue(*args, on_done)`` and wait for ``on_done``, shielded (once the store has
+    the write, its outcome is awaited whatever happens to the caller).
+
+    Raises:
+        StoreError: what ``on_done`` was given, as the store's ``commit`` raises it.
+    """
+    outcome: list[BaseException | None] = []
+    done = trio.Event()
+
+    def finished(error: BaseException | None) -> None:
+        outcome.append(error)
+        done.set()
+
+    issue(*args, finished)
+    with trio.CancelScope(shield=True):
+        await done.wait()
+    if outcome[0] is not None:
+        raise StoreError(f"commit failed: {outcome[0]}") from outcome[0]
+
+
 class Transaction:
     """A local transaction over any number of queues: sends and acknowledgements that take
     effect together at :meth:`commit`, or not at all.
@@ -834,6 +855,7 @@ class Transaction:
         self.state = state
         self.prepared_at: float | None = None  # epoch seconds, from the prepare record
         self._sends: list[tuple[Queue, Entry]] = []
+        self._staged: dict[Queue, list[int]] = {}  # queue → [sends, bytes] staged to it
         self._keys: dict[int, str] = {}
         self._acks: list[tuple[Queue, Entry]] = []
 
@@ -865,13 +887,17 @@ class Transaction:
         queue = manager.queue(address)
         if queue.name != address and "@" in address and not address.endswith(manager._at_local):
             message = manager._rewritten(address, message)
-        staged = [entry for q, entry in self._sends if q is queue]
-        queue.check_room(len(staged) + 1, sum(entry.bytes for entry in staged) + len(message.raw))
+        staged = self._staged.get(queue)  # (a scan of the sends per send made a batch cost its square)
+        if staged is None:
+            staged = self._staged[queue] = [0, 0]
+        queue.check_room(staged[0] + 1, staged[1] + len(message.raw))
         now = now_ms()
         entry, key, duplicate = self._manager._entry(queue, message, possible_duplicate, now)
         if entry is None:
             return SendResult(0, duplicate)
         self._sends.append((queue, entry))
+        staged[0] += 1
+        staged[1] += entry.bytes
         if key is not None:
             self._keys[entry.id] = key
         return SendResult(queue.flow.delay(queue.settings, queue.size, len(queue.consumers), now))
@@ -914,6 +940,18 @@ class Transaction:
 
         Raises:
             TransactionError: not active, or ``xid`` is in use.
+            StoreError: the store failed (the transaction stays active).
+        """
+        await _outcome(self.prepare_nowait, xid)
+
+    def prepare_nowait(self, xid: str, on_done: Callable[[BaseException | None], None]) -> None:
+        """:meth:`prepare` without waiting: the write is queued to the store now (after every
+        write queued before it), and ``on_done(None)`` is called once it is durable and the
+        transaction is prepared, ``on_done(error)`` if the store failed (it is active again).
+
+        Raises:
+            TransactionError: not active, or ``xid`` is in use (nothing was queued).
+            StoreError: the store is not running.
         """
         self._require("active")
         manager = self._manager
@@ -925,18 +963,25 @@ class Transaction:
         prepared_at = now_ms()
         record = {"acks": [entry.id for _, entry in self._acks if entry.persistent], "prepared-at": prepared_at}
         ops.append(PutRecord("xa", xid, json.dumps(record).encode()))
+
+        def durable(error: BaseException | None) -> None:
+            manager._preparing.discard(xid)
+            if error is None:
+                self.xid, self.state, self.prepared_at = xid, "prepared", prepared_at / 1000
+                manager._prepared[xid] = self
+            else:
+                self.state = "active"
+            on_done(error)
+
         assert manager._store is not None
         self.state = "preparing"
         manager._preparing.add(xid)
         try:
-            await manager._store.commit(ops)
+            manager._store.commit_nowait(ops, durable)
         except BaseException:
             self.state = "active"
-            raise
-        finally:
             manager._preparing.discard(xid)
-        self.xid, self.state, self.prepared_at = xid, "prepared", prepared_at / 1000
-        manager._prepared[xid] = self
+            raise
 
     async def commit(self) -> None:
         """Make every staged send visible and remove every acknowledged entry, durably.
@@ -944,6 +989,19 @@ class Transaction:
         Raises:
             TransactionError: already committed or rolled back.
             StoreError: the store failed (nothing took effect).
+        """
+        await _outcome(self.commit_nowait)
+
+    def commit_nowait(self, on_done: Callable[[BaseException | None], None]) -> None:
+        """:meth:`commit` without waiting: the write is queued to the store now (after every
+        write queued before it); once it is durable the sends become visible, the
+        acknowledged entries go, and ``on_done(None)`` is called; ``on_done(error)`` if the
+        store failed (nothing took effect). Without anything to write (no persistent
+        message), all of that happens before this returns.
+
+        Raises:
+            TransactionError: already committed or rolled back (nothing was queued).
+            StoreError: the store is not running.
         """
         self._require("active", "prepared")
         manager = self._manager
@@ -955,14 +1013,29 @@ class Transaction:
             ops.extend(SetTransaction(entry.id, None) for _, entry in self._sends if entry.persistent)
             ops.append(DeleteRecord("xa", self.xid or ""))
         ops.extend(DeleteMessage(entry.id) for _, entry in self._acks if entry.persistent)
-        if ops:
-            assert manager._store is not None
-            was, self.state = self.state, "committing"
-            try:
-                await manager._store.commit(ops)
-            except BaseException:
+        if not ops:
+            self._committed()
+            on_done(None)
+            return
+        was = self.state
+
+        def durable(error: BaseException | None) -> None:
+            if error is None:
+                self._committed()
+            else:
                 self.state = was
-                raise
+            on_done(error)
+
+        assert manager._store is not None
+        self.state = "committing"
+        try:
+            manager._store.commit_nowait(ops, durable)
+        except BaseException:
+            self.state = was
+            raise
+
+    def _committed(self) -> None:
+        manager = self._manager
         self.state = "committed"
         manager._prepared.pop(self.xid or "", None)
         for queue, entry in self._sends:

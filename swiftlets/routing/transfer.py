@@ -46,23 +46,39 @@ ends with the link, and a failure there closes the link with the reason (never t
 router). Doing it in order is what keeps the order of messages along a path: the sender's
 dispatcher sends its transactions in queue order, and the receiver prepares and commits
 them in that order.
+
+**Pipelining.** The store writes of a link are *queued* in order, not awaited one by one:
+the worker queues a transaction's prepare or commit (``prepare_nowait``/``commit_nowait``)
+and goes on with the next event; the store's group commit makes them durable together,
+in the order queued (its contract), and a second task per link, the *answerer*, waits for
+each write in that order and then answers the peer (PREPARE_REPLY, COMMIT_REPLY,
+NONXA_COMMIT, or our COMMIT after the peer prepared). Messages become visible in queue
+order because the store finishes writes in order (the queue manager applies a commit when
+its write is durable); a non-persistent non-XA batch has nothing to write and is visible
+at once, so it may pass a persistent one still being written (as JMS allows). The
+dispatcher likewise queues the prepare of a batch and takes the next one while the link
+has window; the TRANSACTION goes out when the prepare is durable, in order. A link that
+ends waits (shielded) for the writes it queued, so that a new link's recovery never sees
+a transaction half way. The delay of inbound flow control is awaited by the answerer,
+before the answer.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import math
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import trio
 
 from martinet.messaging.codec import Symbol, Timestamp, UInt
-from martinet.messaging.message import Message, MessageError
+from martinet.messaging.message import AnnotationPatch, Message, MessageError
 from martinet.swiftlets.queuemanager.api import (
     TEMPORARY_PREFIX,
     QueueError,
@@ -81,9 +97,11 @@ from martinet.swiftlets.xa.api import (
     routing_xid,
 )
 
+from . import routing_annotations
 from .api import UNROUTABLE, Destination, routing_queue
 from .exchange import MAX_PATH
 from .links import Link
+from .routing_annotations import DESTINATION, DOUBT, EXPIRES, HOPS, QUEUE, SOURCE
 from .stages import (
     CommitDone,
     CommitReceived,
@@ -92,6 +110,7 @@ from .stages import (
     PrepareReceived,
     RecoveryReceived,
     RecoveryRequested,
+    State,
     TransactionReceived,
     TransactionRefused,
 )
@@ -101,36 +120,42 @@ __all__ = ["Transfer", "routing_rewrite", "SOURCE", "DESTINATION", "QUEUE", "HOP
 
 log = logging.getLogger(__name__)
 
-SOURCE = Symbol("x-opt-martinet-src")
-DESTINATION = Symbol("x-opt-martinet-dest")
-QUEUE = Symbol("x-opt-martinet-queue")
-HOPS = Symbol("x-opt-martinet-hops")
-DOUBT = Symbol("x-opt-martinet-doubt")
-EXPIRES = Symbol("x-opt-martinet-expires")
 UNROUTABLE_REASON = Symbol("x-opt-martinet-unroutable")
+_REWRITTEN_KEYS = tuple(key.encode() for key in (SOURCE, DESTINATION, QUEUE, HOPS))  # their text
 
 FRAME_OVERHEAD = 1024  # bytes of a TRANSACTION frame besides its messages (xid, field names, lengths)
 REFUSED_BACKOFF = 1.0  # seconds a dispatcher waits after the peer refused a transaction
-RATE_INTERVAL = 1.0  # seconds between samples of the links' message rates (the queues' interval)
 STORE_BACKOFF = 1.0  # seconds a dispatcher waits after its own store failed a prepare
+RATE_INTERVAL = 1.0  # seconds between samples of the links' message rates (the queues' interval)
+PATCHES_KEPT = 1024  # addresses whose annotation patch a rewrite keeps (a patch costs more than its use)
 
 
 def routing_rewrite(local: str) -> Rewrite:
     """The redirection rewrite of ``%@R`` → ``rt$R``: a message entering the network here
     gets its routing annotations; one already travelling to ``address`` (forwarded) keeps
     them. One that arrived here by routing and is sent on somewhere else (a queue bridge)
-    starts a new journey."""
+    starts a new journey. The encoded annotations are made once per address (the latest
+    :data:`PATCHES_KEPT`); a message with an expiry also gets ``x-opt-martinet-expires``."""
+    patches: dict[str, AnnotationPatch] = {}
 
     def rewrite(address: str, message: Message) -> Message:
+        # a message without their text in its bytes has none of these keys: nothing decoded
+        raw = message.raw
+        absent = type(raw) is bytes and not any(key in raw for key in _REWRITTEN_KEYS)
         queue, _, router = address.rpartition("@")
-        annotations = message.message_annotations
-        if SOURCE in annotations and annotations.get(DESTINATION) == router and annotations.get(QUEUE) == queue:
-            return message
-        changes = {SOURCE: local, DESTINATION: router, QUEUE: queue, HOPS: UInt(0)}
+        if not absent:
+            annotations = message.message_annotations
+            if SOURCE in annotations and annotations.get(DESTINATION) == router and annotations.get(QUEUE) == queue:
+                return message
+        patch = patches.get(address)
+        if patch is None:
+            if len(patches) >= PATCHES_KEPT:
+                patches.clear()
+            patch = patches[address] = AnnotationPatch({SOURCE: local, DESTINATION: router, QUEUE: queue,
+                                                        HOPS: UInt(0)})
+        message = patch.apply(message, absent=absent)
         expires = message.queue_info(_now_ms())[2]  # the time to live counts end to end (§12)
-        if expires is not None:
-            changes[EXPIRES] = Timestamp(expires)
-        return message.with_annotations(changes)
+        return message if expires is None else message.with_annotations({EXPIRES: Timestamp(expires)})
 
     return rewrite
 
@@ -154,8 +179,10 @@ class _LinkTransfer:
     inbound: dict[str, Transaction] = attrs.Factory(dict)  # xid → prepared, awaiting COMMIT
     nonxa_out: dict[int, Transaction] = attrs.Factory(dict)  # seq → sent, awaiting NONXA_COMMIT
     next_seq: int = 1
-    reserved: int = 0  # window slots promised to dispatchers preparing a transaction
+    reserved: int = 0  # batches being prepared or ready, not yet sent
+    ready: collections.deque[tuple[str, Transaction, list[bytes]]] = attrs.Factory(collections.deque)
     jobs: Any = None  # the send side of the link's worker's queue
+    writes: Any = None  # the send side of the answerer's queue (:class:`_Write`, in the order queued)
     claim: Claim | None = None  # this link's xids, claimed from sys$xa while the link lives
     messages_out: int = 0
     messages_in: int = 0
@@ -171,6 +198,35 @@ class _LinkTransfer:
             self.out_rate = (self.messages_out - sent) / (now - at)
             self.in_rate = (self.messages_in - received) / (now - at)
         self.rate_mark = (now, self.messages_out, self.messages_in)
+
+
+@attrs.define(eq=False)
+class _Write:
+    """A store write a link's worker queued: once it is durable (``error`` None) or failed,
+    the link's answerer waits ``delay_ms`` (inbound flow control) and calls ``then(error)``,
+    in the order the writes were queued."""
+
+    then: Callable[[BaseException | None], None]
+    delay_ms: int = 0
+    done: trio.Event = attrs.Factory(trio.Event)
+    error: BaseException | None = None
+
+    def finish(self, error: BaseException | None) -> None:
+        self.error = error
+        self.done.set()
+
+
+Job = tuple[Callable[..., Any], tuple[Any, ...]]
+T = TypeVar("T")
+
+
+async def _next(channel: trio.MemoryReceiveChannel[T]) -> T:
+    """The next item, waiting (a checkpoint) only when none is queued: what is ready is
+    handled in one go, and the answers it causes leave in one write."""
+    try:
+        return channel.receive_nowait()
+    except trio.WouldBlock:
+        return await channel.receive()
 
 
 class Transfer:
@@ -206,6 +262,8 @@ class Transfer:
         self.dropped = 0  # messages for temporary queues that were gone
         self.unroutable = 0
         self.expired = 0  # messages found expired on arrival (dead-lettered here)
+        self._paused_until = 0.0  # after the store failed a prepare: a stopped store fails at once,
+        # and without a pause the dispatchers would never yield (and the router could not stop)
         nursery.start_soon(self._sample_rates_forever)
 
     # -- the swiftlet's calls ---------------------------------------------------------------
@@ -226,6 +284,7 @@ class Transfer:
         doubt); XA ones stay prepared for the recovery with that peer."""
         state = self._state.pop(link, None)
         if state is not None:
+            self._send_ready(link, state)  # (rolls them back)
             for transaction in state.nonxa_out.values():
                 transaction.rollback_nowait()
             if state.claim is not None:  # what is still prepared is in doubt until the peer is back
@@ -254,9 +313,10 @@ class Transfer:
         one worker, so that it happens in the order the events came (transactions become
         visible at the receiver in the order they were sent: the order of a path is kept)."""
         state = self._link(link)
-        job: tuple[Callable[..., Any], tuple[Any, ...]] | None = None
+        job: Job | None = None
         if isinstance(event, (PrepareReceived, TransactionRefused, NonXaCommitted, CommitDone)):
-            self.changed()  # a window slot is free again
+            self._send_ready(link, state)  # a window slot is free again
+            self.changed()
         if isinstance(event, PrepareReceived):
             job = self._commit_outbound, (link, event.xid)
         elif isinstance(event, TransactionReceived):
@@ -287,26 +347,61 @@ class Transfer:
                     state.claim = self._xa.claim("routing", *routing_prefixes(self.local, link.peer))
                 except XAError as exc:  # a second link to the peer, about to be closed
                     log.debug("routing link %s: xids not claimed: %s", link.name, exc)
-            send, receive = trio.open_memory_channel[tuple[Callable[..., Any], tuple[Any, ...]]](math.inf)
-            state.jobs = send
-            link.start_soon(self._work, link, receive)
+            state.jobs, jobs = trio.open_memory_channel[Job](math.inf)
+            state.writes, writes = trio.open_memory_channel[_Write](math.inf)
+            link.start_soon(self._work, link, state, jobs)
+            link.start_soon(self._answer, link, writes)
         return state
 
-    async def _work(self, link: Link, jobs: trio.MemoryReceiveChannel[tuple[Callable[..., Any], tuple[Any, ...]]]
-                    ) -> None:
-        """The link's worker: its transfer jobs one after the other; a failure closes the
-        link (recovery sorts out what was in flight), never the router."""
-        async for function, args in jobs:
+    async def _work(self, link: Link, state: _LinkTransfer, jobs: trio.MemoryReceiveChannel[Job]) -> None:
+        """The link's worker: its transfer jobs one after the other (a job returns the
+        :class:`_Write` it queued, if any, for the answerer); a failure closes the link
+        (recovery sorts out what was in flight), never the router."""
+        while True:
+            function, args = await _next(jobs)
             try:
-                await function(*args)
-            except (QueueError, StoreError, MessageError) as exc:
-                log.error("routing link %s to %s: %s; the link is closed", link.name, link.peer, exc)
-                link.close(f"transfer failed at {self.local}: {exc}")
+                write = await function(*args)
+            except Exception as exc:
+                self._failed(link, exc)
                 return
-            except Exception as exc:  # a bug: this link ends, the router goes on
-                log.exception("routing link %s to %s: transfer failed", link.name, link.peer)
-                link.close(f"transfer failed at {self.local}: {type(exc).__name__}")
-                return
+            if write is not None:
+                state.writes.send_nowait(write)
+
+    async def _answer(self, link: Link, writes: trio.MemoryReceiveChannel[_Write]) -> None:
+        """The link's answerer: each queued write, in order, once durable, is answered.
+        When the link ends it still waits (shielded) for the writes queued, so that what
+        a new link's recovery finds is prepared or committed, not on its way."""
+        write: _Write | None = None
+        try:
+            while True:
+                write = await _next(writes)
+                if not write.done.is_set():
+                    await write.done.wait()
+                if write.delay_ms and self.inbound_flow_control and write.error is None:
+                    await self._throttle(link, write.delay_ms)
+                try:
+                    write.then(write.error)
+                except Exception as exc:
+                    self._failed(link, exc)
+                    return
+        finally:
+            with trio.CancelScope(shield=True):
+                while write is not None:
+                    await write.done.wait()
+                    try:
+                        write = writes.receive_nowait()
+                    except trio.WouldBlock:
+                        write = None
+
+    def _failed(self, link: Link, exc: Exception) -> None:
+        """A transfer step of ``link`` failed (called in its ``except``): the link is closed
+        with the reason; recovery sorts out what was in flight. Never the router."""
+        if isinstance(exc, (QueueError, StoreError, MessageError)):
+            log.error("routing link %s to %s: %s; the link is closed", link.name, link.peer, exc)
+            link.close(f"transfer failed at {self.local}: {exc}")
+        else:  # a bug: this link ends, the router goes on
+            log.exception("routing link %s to %s: transfer failed", link.name, link.peer)
+            link.close(f"transfer failed at {self.local}: {type(exc).__name__}")
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -318,9 +413,38 @@ class Transfer:
         start = turn % len(row.rotation)  # (the rotation is just the next hop without round robin)
         for neighbour in row.rotation[start:] + row.rotation[:start]:
             link = self._links.get(neighbour)
-            if link is not None and link.machine.window_available - self._link(link).reserved > 0:
+            if link is not None and self._room(link) > 0:
                 return link
         return None
+
+    def _room(self, link: Link) -> int:
+        """How many more batches a dispatcher may start on ``link``: its free window and (XA)
+        one window more, prepared ahead so that the sender's durable prepare overlaps the
+        peer's; less those being prepared or ready."""
+        machine = link.machine
+        if machine.state is not State.OPERATIONAL or link.operational is None:
+            return 0
+        ahead = link.operational.peer_window_size if machine.use_xa else 0
+        return machine.window_available + ahead - self._link(link).reserved
+
+    def _send_ready(self, link: Link, state: _LinkTransfer) -> None:
+        """Send the prepared batches of ``link``, oldest first, while its window has room;
+        once the link has ended (or is gone), roll them back (the peer never had them)."""
+        try:
+            while state.ready:
+                gone = self._state.get(link) is not state or link.machine.state is not State.OPERATIONAL
+                if not gone and not link.machine.window_available:
+                    return
+                xid, transaction, messages = state.ready.popleft()
+                state.reserved -= 1
+                if not gone and link.machine.send_transaction(xid, messages):
+                    self._outbound[xid] = transaction
+                    state.messages_out += len(messages)
+                    link.wake()
+                else:
+                    self._nursery.start_soon(self._roll_back_unsent, transaction, link.peer)
+        except Exception as exc:  # (called by the store or the link's reader: not their problem)
+            self._failed(link, exc)
 
     async def _dispatch(self, router: str) -> None:
         """Move what arrives in ``rt$R`` towards R, for as long as the swiftlet runs (a
@@ -341,11 +465,22 @@ class Transfer:
         turn = 0
         try:
             while True:
+                if trio.current_time() < self._paused_until:
+                    await trio.sleep_until(self._paused_until)
                 wakeup = self._dispatchers[router]
                 link = self._choose(router, turn)
-                size = link.operational.peer_transaction_size if link and link.operational else 0
-                consumer.set_credit(size)
-                entries = consumer.take(size) if link else []
+                if link is None:
+                    # hold nothing while no link takes it: what a rollback gives back to the
+                    # queue (a cut link's transactions) then goes out before what came after it
+                    consumer.set_credit(0)
+                    for entry in consumer.take(consumer.buffered):
+                        consumer.release(entry)
+                    entries = []
+                else:
+                    assert link.operational is not None
+                    size = link.operational.peer_transaction_size
+                    consumer.set_credit(size)
+                    entries = consumer.take(size)
                 if not entries:  # no link with room, or nothing to send: wait for a change
                     await wakeup.wait()
                     self._dispatchers[router] = trio.Event()
@@ -405,33 +540,47 @@ class Transfer:
                 transaction.rollback_nowait()
             return
         xid = routing_xid(self.local, link.peer, f"{self._boot}-{next(self._numbers)}")
+        messages = [entry.message.raw for entry in entries]
+
+        def prepared(error: BaseException | None) -> None:
+            # called by the store, in the order the prepares were queued: the TRANSACTIONs
+            # of a link go out in queue order
+            self.changed()
+            if error is not None:
+                not_prepared(error)
+                return
+            state.ready.append((xid, transaction, messages))
+            self._send_ready(link, state)
+
+        def not_prepared(error: BaseException) -> None:
+            state.reserved -= 1
+            log.error("routing transaction to %s not prepared, the messages stay in %s: %s", link.peer,
+                      routing_queue(router), error)
+            transaction.rollback_nowait()
+            self._paused_until = trio.current_time() + STORE_BACKOFF
+
         state.reserved += 1
         try:
-            await transaction.prepare(xid)
+            transaction.prepare_nowait(xid, prepared)
         except StoreError as exc:
-            log.error("routing transaction to %s not prepared, the messages stay in %s: %s", link.peer,
-                      routing_queue(router), exc)
-            transaction.rollback_nowait()
-            failed = True
-        else:
-            failed = False
-        finally:
-            state.reserved -= 1
-        if failed:  # a stopped store fails at once: without a pause the loop would never yield
-            await trio.sleep(STORE_BACKOFF)  # (and the router could not stop)
-            return
-        if link.machine.send_transaction(xid, [entry.message.raw for entry in entries]):
-            self._outbound[xid] = transaction
-            state.messages_out += len(entries)
-            link.wake()
-        else:  # the link ended meanwhile: the peer never had it
-            await transaction.rollback()
+            not_prepared(exc)
 
-    async def _commit_outbound(self, link: Link, xid: str) -> None:
-        transaction = self._outbound.pop(xid)
-        await transaction.commit()
-        link.machine.commit(xid)
-        link.wake()
+    async def _roll_back_unsent(self, transaction: Transaction, peer: str | None) -> None:
+        try:
+            await transaction.rollback()
+        except StoreError as exc:  # the store stops the router; the recovery would roll it back
+            log.error("a routing transaction to %s not rolled back: %s", peer, exc)
+
+    async def _commit_outbound(self, link: Link, xid: str) -> _Write:
+        def committed(error: BaseException | None) -> None:
+            if error is not None:
+                raise StoreError(f"routing transaction {xid} not committed: {error}")
+            link.machine.commit(xid)
+            link.wake()
+
+        write = _Write(committed)
+        self._outbound.pop(xid).commit_nowait(write.finish)
+        return write
 
     async def _refused(self, link: Link, xid: str, reason: str) -> None:
         log.warning("router %s refused routing transaction %s, it is sent again: %s", link.peer, xid, reason)
@@ -439,8 +588,14 @@ class Transfer:
         await trio.sleep(REFUSED_BACKOFF)
         self.changed()
 
-    async def _nonxa_committed(self, state: _LinkTransfer, seq: int) -> None:
-        await state.nonxa_out.pop(seq).commit()
+    async def _nonxa_committed(self, state: _LinkTransfer, seq: int) -> _Write:
+        def committed(error: BaseException | None) -> None:
+            if error is not None:
+                raise StoreError(f"routed messages not acknowledged: {error}")
+
+        write = _Write(committed)
+        state.nonxa_out.pop(seq).commit_nowait(write.finish)
+        return write
 
     async def _recover(self, link: Link, peer: str, listed: tuple[str, ...]) -> None:
         """The three-case table for this router's prepared transactions towards ``peer``."""
@@ -459,18 +614,23 @@ class Transfer:
 
     def _stage(self, transaction: Transaction, raw: bytes) -> int:
         """Stage one received message where it goes; the flow-control delay (ms) of the
-        queue it goes to (0 when it is dropped or goes to unroutable)."""
+        queue it goes to (0 when it is dropped, dead-lettered or goes to unroutable)."""
         try:
-            message = Message(raw)
-            annotations = message.message_annotations
+            fields = routing_annotations.read(raw)  # the usual case, without decoding the message
+            counted = fields.next_hop() if fields is not None else None
+            if fields is not None and counted is not None:
+                destination, queue, hops = fields.destination, fields.queue, fields.hops
+                doubt, expires = fields.doubt, fields.expires
+            else:
+                annotations = Message(raw).message_annotations
+                destination, queue = annotations.get(DESTINATION), annotations.get(QUEUE)
+                hops, doubt, expires = annotations.get(HOPS, 0), annotations.get(DOUBT), annotations.get(EXPIRES)
         except MessageError as exc:
             log.warning("a routed message could not be read, it is dropped: %s", exc)
             return 0
-        destination, queue, hops = annotations.get(DESTINATION), annotations.get(QUEUE), annotations.get(HOPS, 0)
         if not isinstance(destination, str) or not isinstance(queue, str) or not isinstance(hops, int):
-            return self._unroutable(transaction, message, "it has no routing annotations")
-        message = message.with_annotations({HOPS: UInt(hops + 1)})
-        expires = annotations.get(EXPIRES)
+            return self._unroutable(transaction, Message(raw), "it has no routing annotations")
+        message = Message(counted) if counted is not None else Message(raw).with_annotations({HOPS: UInt(hops + 1)})
         if isinstance(expires, int):
             remaining = expires - _now_ms()
             if remaining <= 0:
@@ -482,13 +642,12 @@ class Transfer:
                 return 0
             if message.header_fields()[2]:  # a ttl counts from each arrival: what is left of it
                 message = message.with_ttl(remaining)
-        possible_duplicate = bool(annotations.get(DOUBT, False))
         if destination == self.local:
             if queue.startswith(TEMPORARY_PREFIX) and queue not in self.manager.queues:
                 self.dropped += 1  # its requester is gone
                 return 0
             try:
-                return transaction.send(queue, message, possible_duplicate=possible_duplicate).delay_ms
+                return transaction.send(queue, message, possible_duplicate=bool(doubt)).delay_ms
             except QueueNotFound as exc:
                 return self._unroutable(transaction, message, str(exc))
         elif hops + 1 >= MAX_PATH:
@@ -508,54 +667,77 @@ class Transfer:
         log.warning("a routed message went to unroutable on router %s: %s", self.local, reason)
         return 0
 
-    async def _throttle(self, state: _LinkTransfer, delay_ms: int) -> None:
+    async def _throttle(self, link: Link, delay_ms: int) -> None:
         """Inbound flow control: hold the answer to a transaction by the largest
-        flow-control delay of its target queues. Awaited in the link's worker, so answers
+        flow-control delay of its target queues. Awaited by the link's answerer, so answers
         keep their order (and so the messages theirs); the sender's window fills, its
         ``rt$R`` grows and its own flow control slows its producers."""
-        if delay_ms and self.inbound_flow_control:
+        state = self._state.get(link)
+        if state is not None:
             state.throttled += 1
             state.throttled_ms += delay_ms
-            await trio.sleep(delay_ms / 1000)
+        await trio.sleep(delay_ms / 1000)
+
+    def _refuse(self, link: Link, transaction: Transaction, xid: str, reason: str) -> None:
+        """Refuse inbound ``xid``: nothing of it is held; the sender tries again later."""
+        if transaction.state == "active":
+            transaction.rollback_nowait()
+        link.machine.refuse_transaction(xid, reason)
+        link.wake()
 
     async def _prepare_inbound(self, link: Link, state: _LinkTransfer, xid: str,
-                               messages: tuple[bytes, ...]) -> None:
+                               messages: tuple[bytes, ...]) -> _Write | None:
         transaction = self.manager.transaction()
-        delay_ms = 0
+
+        def prepared(error: BaseException | None) -> None:
+            if error is not None:
+                self._refuse(link, transaction, xid, str(error))
+                return
+            state.inbound[xid] = transaction
+            state.messages_in += len(messages)
+            link.machine.prepared(xid)
+            link.wake()
+
+        write = _Write(prepared)
         try:
             for raw in messages:
-                delay_ms = max(delay_ms, self._stage(transaction, raw))
-            await transaction.prepare(xid)
-        except (QueueError, StoreError) as exc:  # e.g. a full queue: the sender tries again later
-            if transaction.state == "active":
-                transaction.rollback_nowait()
-            link.machine.refuse_transaction(xid, str(exc))
-            link.wake()
-            return
-        state.inbound[xid] = transaction
-        state.messages_in += len(messages)
-        await self._throttle(state, delay_ms)
-        link.machine.prepared(xid)
-        link.wake()
+                write.delay_ms = max(write.delay_ms, self._stage(transaction, raw))
+            transaction.prepare_nowait(xid, write.finish)
+        except (QueueError, StoreError) as exc:  # e.g. a full queue
+            self._refuse(link, transaction, xid, str(exc))
+            return None
+        return write
 
-    async def _commit_inbound(self, link: Link, state: _LinkTransfer, xid: str, recovery: bool) -> None:
+    async def _commit_inbound(self, link: Link, state: _LinkTransfer, xid: str, recovery: bool) -> _Write:
+        def committed(error: BaseException | None) -> None:
+            if error is not None:
+                raise StoreError(f"routing transaction {xid} not committed: {error}")
+            if recovery:
+                log.info("routing transaction %s from %s committed in recovery", xid, link.peer)
+            link.machine.committed(xid)
+            link.wake()
+
+        write = _Write(committed)
         transaction = state.inbound.pop(xid, None)
         if transaction is not None:
-            await transaction.commit()
+            transaction.commit_nowait(write.finish)
         else:  # prepared by an earlier link (or run) of this peer
             await self.manager.resolve_prepared(xid, commit=True)
-        if recovery:
-            log.info("routing transaction %s from %s committed in recovery", xid, link.peer)
-        link.machine.committed(xid)
-        link.wake()
+            write.finish(None)
+        return write
 
-    async def _receive_nonxa(self, link: Link, state: _LinkTransfer, seq: int, messages: tuple[bytes, ...]) -> None:
+    async def _receive_nonxa(self, link: Link, state: _LinkTransfer, seq: int,
+                             messages: tuple[bytes, ...]) -> _Write:
+        def committed(error: BaseException | None) -> None:
+            if error is not None:
+                raise StoreError(f"routed messages not stored: {error}")
+            state.messages_in += len(messages)
+            link.machine.nonxa_committed(seq)
+            link.wake()
+
+        write = _Write(committed)
         transaction = self.manager.transaction()
-        delay_ms = 0
         for raw in messages:
-            delay_ms = max(delay_ms, self._stage(transaction, raw))
-        await transaction.commit()
-        state.messages_in += len(messages)
-        await self._throttle(state, delay_ms)
-        link.machine.nonxa_committed(seq)
-        link.wake()
+            write.delay_ms = max(write.delay_ms, self._stage(transaction, raw))
+        transaction.commit_nowait(write.finish)
+        return write

@@ -182,6 +182,8 @@ class Store(Protocol):
         """Like :meth:`commit`, without waiting: ``on_done(None)`` is called once the
         operations are durable, ``on_done(error)`` if they failed. For callers with many
         commits in flight (a listener settling deliveries) that should not need a task each.
+        Commits become durable, and their ``on_done`` is called, in the order they were
+        queued (:meth:`commit`'s and this method's alike): callers rely on it for order.
 
         Raises:
             StoreError: the store is not running.

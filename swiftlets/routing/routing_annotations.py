@@ -1,0 +1,115 @@
+"""The routing annotations of a received message, read and counted on without decoding the rest.
+
+Theory of operation
+-------------------
+Every router a message passes reads its destination router, queue, hop count, doubt mark
+and expiry (``docs/routing-protocol.md`` §12) and writes the hop count plus one. Decoding the
+whole message-annotations map and splicing a new one (:class:`~martinet.messaging.message.AnnotationPatch`)
+cost more than the rest of a router's work for the message, so :func:`read` takes the
+usual case on a short path: the message-annotations section is found by skipping the
+sections before it (their descriptors in the usual ``0x00 0x53 code`` form), and each of
+our keys is looked for, as its sym8 encoding (how our routers write it), at an element
+boundary of that map only — the map's keys and values are skipped, not decoded, and a key
+is compared only where a key starts. Only our values are decoded. :meth:`Routing.next_hop`
+then rewrites the hop count's bytes in place (the map's size adjusted when its encoding
+grows). Anything unusual (another section or key encoding, a map8 that would outgrow
+itself) returns None, and the caller takes the general path; a malformed message raises.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from martinet.messaging.codec import DecodeError, Symbol, UInt, decode, encode, skip
+from martinet.messaging.message import MessageError
+
+__all__ = ["DESTINATION", "DOUBT", "EXPIRES", "HOPS", "QUEUE", "SOURCE", "Routing", "read"]
+
+SOURCE = Symbol("x-opt-martinet-src")
+DESTINATION = Symbol("x-opt-martinet-dest")
+QUEUE = Symbol("x-opt-martinet-queue")
+HOPS = Symbol("x-opt-martinet-hops")
+DOUBT = Symbol("x-opt-martinet-doubt")
+EXPIRES = Symbol("x-opt-martinet-expires")
+
+_MESSAGE_ANNOTATIONS = 0x72
+_WANTED = {encode(key): key for key in (DESTINATION, QUEUE, HOPS, DOUBT, EXPIRES)}  # sym8 encoding → key
+
+
+@attrs.frozen
+class Routing:
+    """The routing annotations of one message (None where absent) and where the hop count is."""
+
+    raw: bytes
+    destination: Any
+    queue: Any
+    hops: Any
+    doubt: Any
+    expires: Any
+    map_at: int  # the map's constructor
+    hops_at: int  # the hop count's value, start and end
+    hops_end: int
+
+    def next_hop(self) -> bytes | None:
+        """The message's bytes with the hop count one higher; None if this short path cannot
+        write it (no or no unsigned hop count, a map8 that would outgrow 255 bytes)."""
+        if type(self.hops) is not int or not 0 <= self.hops < 0xFFFFFFFF:
+            return None
+        raw, at = self.raw, self.map_at
+        value = encode(UInt(self.hops + 1))
+        grows = len(value) - (self.hops_end - self.hops_at)
+        if raw[at] == 0xC1:
+            if raw[at + 1] + grows > 0xFF:
+                return None
+            head = bytes((0xC1, raw[at + 1] + grows))
+            size_end = at + 2
+        else:
+            head = b"\xd1" + (int.from_bytes(raw[at + 1:at + 5], "big") + grows).to_bytes(4, "big")
+            size_end = at + 5
+        return raw[:at] + head + raw[size_end:self.hops_at] + value + raw[self.hops_end:]
+
+
+def read(raw: bytes) -> Routing | None:
+    """The routing annotations of the message ``raw`` by the short path; None when it does
+    not apply (the caller decodes the message instead).
+
+    Raises:
+        MessageError: the sections before the message-annotations, or its map, are malformed.
+    """
+    if type(raw) is not bytes:
+        return None
+    try:
+        position, size = 0, len(raw)
+        while True:  # header and delivery-annotations come first; skip them
+            if position + 3 > size or raw[position] != 0x00 or raw[position + 1] != 0x53:
+                return None
+            code = raw[position + 2]
+            if code == _MESSAGE_ANNOTATIONS:
+                break
+            if code > _MESSAGE_ANNOTATIONS:
+                return None
+            position = skip(raw, position + 3)
+        at = position + 3
+        if raw[at] == 0xC1:
+            count, position = raw[at + 2], at + 3
+        elif raw[at] == 0xD1:
+            count, position = int.from_bytes(raw[at + 5:at + 9], "big"), at + 9
+        else:
+            return None
+        found: dict[Symbol, Any] = {}
+        hops_at = hops_end = 0
+        for _ in range(count // 2):
+            key_end = skip(raw, position)
+            value_end = skip(raw, key_end)
+            key = _WANTED.get(raw[position:key_end]) if raw[position] == 0xA3 else None
+            if key is not None:
+                found[key] = decode(raw, key_end)[0]
+                if key is HOPS:
+                    hops_at, hops_end = key_end, value_end
+            position = value_end
+    except (DecodeError, IndexError) as exc:
+        raise MessageError(f"malformed message-annotations: {exc}") from None
+    return Routing(raw, found.get(DESTINATION), found.get(QUEUE), found.get(HOPS), found.get(DOUBT),
+                   found.get(EXPIRES), at, hops_at, hops_end)

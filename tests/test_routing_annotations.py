@@ -1,0 +1,54 @@
+"""The short path for routing annotations (swiftlets/routing/routing_annotations.py) against the
+general one: for any message our rewrite annotated, it reads what a full decode reads and
+writes, byte for byte, what AnnotationPatch writes; anything else it declines."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from martinet.messaging.codec import Symbol, UInt
+from martinet.messaging.message import AnnotationPatch, Message, MessageError, build
+from martinet.swiftlets.routing.routing_annotations import DESTINATION, DOUBT, HOPS, QUEUE, read
+from martinet.swiftlets.routing.transfer import routing_rewrite
+
+names = st.text(st.characters(codec="utf-8", categories=("L", "N")), min_size=1, max_size=300)
+others = st.dictionaries(st.sampled_from(["x-opt-jms-msg-type", "x-opt-a", "x-opt-martinet-cid", "x-opt-long"]),
+                         st.one_of(st.integers(0, 2**31), names, st.booleans()), max_size=4)
+
+
+def general(raw: bytes) -> tuple:
+    annotations = Message(raw).message_annotations
+    return annotations.get(DESTINATION), annotations.get(QUEUE), annotations.get(HOPS), annotations.get(DOUBT)
+
+
+@given(others=others, queue=names, router=names, durable=st.booleans(), hops=st.integers(0, 70),
+       doubt=st.booleans(), body=st.binary(max_size=300))
+def test_the_short_path_reads_and_counts_as_the_general_one(others, queue, router, durable, hops, doubt, body):
+    message = build(body, durable=durable, message_id="id-1")
+    if others:
+        message = AnnotationPatch({Symbol(k): v for k, v in others.items()}).apply(message)
+    message = routing_rewrite("source")(f"{queue}@{router}", message)
+    extra = {HOPS: UInt(hops)} | ({DOUBT: True} if doubt else {})
+    raw = AnnotationPatch(extra).apply(message).raw
+    fields = read(raw)
+    assert fields is not None
+    assert (fields.destination, fields.queue, fields.hops, fields.doubt) == general(raw)
+    counted = fields.next_hop()
+    if counted is not None:  # (None: a map8 that would outgrow itself; the general path then)
+        assert counted == AnnotationPatch({HOPS: UInt(hops + 1)}).apply(Message(raw)).raw
+        assert general(counted)[2] == hops + 1
+
+
+def test_it_declines_what_it_does_not_know_and_refuses_what_is_broken():
+    plain = build(b"body", durable=True)
+    fields = read(plain.raw)  # no message-annotations at all
+    assert fields is None
+    no_hops = AnnotationPatch({DESTINATION: "b", QUEUE: "q"}).apply(plain)
+    fields = read(no_hops.raw)
+    assert fields is not None and fields.hops is None and fields.next_hop() is None
+    assert read(bytearray(no_hops.raw)) is None  # bytes only
+    cut = no_hops.raw[:len(no_hops.raw) - len(b"body") - 12]  # inside the map
+    with pytest.raises(MessageError, match="malformed message-annotations"):
+        read(cut)
