@@ -80,6 +80,7 @@ class Connection:
         self.lost: JMSError | None = None
         self._opened = Outcome()
         self._ended = trio.Event()
+        self._driven = trio.Event()  # the driver returned: what was queued is written
         self._driver = Driver(stream, engine, on_input=self._handle_events)
         self._names = itertools.count(1)
         self._temporary: dict[str, SenderLink] = {}
@@ -152,7 +153,12 @@ class Connection:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._drive, remaining)
-                await self._opened.wait()
+                try:
+                    await self._opened.wait()
+                except JMSError:  # our close (with the reason, or answering the router's) is queued
+                    with trio.move_on_after(CLOSE_TIMEOUT):
+                        await self._driven.wait()  # the writer ends the drive once it is written
+                    raise
                 task_status.started()
                 started = True
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
@@ -167,6 +173,7 @@ class Connection:
 
     async def _drive(self, remaining: bytes) -> None:
         await self._driver.run(remaining)
+        self._driven.set()
         self._fail(ConnectionLost("the router closed the connection"))
 
     def _fail(self, error: JMSError) -> None:
