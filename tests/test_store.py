@@ -207,3 +207,42 @@ async def test_stored_bodies_are_read_back(broker, tmp_path):
     assert {row[0]: row[2] for row in stored_messages(tmp_path)} == alive | {n: raw(b"later") for n in range(401, 601)}
     with pytest.raises(StoreError, match="not running"):
         await store.read_messages([2])
+
+
+def test_the_store_process_applies_nothing_after_a_failed_commit(tmp_path):
+    """The router sends the next batch before the answer to the last one (two in the store
+    process's hands): once one fails, the batches behind it must not be applied, so that
+    nothing committed follows a failed batch. Spoken to a real store process over its pipes."""
+    import subprocess
+    import sys
+
+    from martinet.swiftlets.store.dbprocess import LENGTH, encode_ops, pack_frame, unpack_frame
+
+    path = tmp_path / "s.sqlite"
+    process = subprocess.Popen([sys.executable, "-m", "martinet.swiftlets.store", str(path), "full", "refuse-empty"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def reply() -> list:
+        size = LENGTH.unpack(process.stdout.read(4))[0]
+        return unpack_frame(process.stdout.read(size))
+
+    try:
+        while reply()[0] != "ready":  # the (empty) recovery
+            pass
+        process.stdin.write(pack_frame(["commit", encode_ops([PutMessage(1, "q", b"first")])])
+                            + pack_frame(["commit", encode_ops([PutMessage(1, "q", b"same id")])])
+                            + pack_frame(["commit", encode_ops([PutMessage(2, "q", b"behind it")])]))
+        process.stdin.flush()
+        answers = [reply() for _ in range(3)]
+    finally:
+        process.stdin.close()
+        process.wait(30)
+        process.stdout.close()
+    assert answers[0] == ["done", 0]
+    assert answers[1][0] == "error" and "UNIQUE constraint failed" in answers[1][1]
+    assert answers[2] == ["error", f"an earlier commit failed: {answers[1][1]}"]
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("SELECT id, body FROM messages").fetchall() == [(1, b"first")]
+    finally:
+        db.close()

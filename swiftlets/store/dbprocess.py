@@ -26,7 +26,9 @@ msgpack body (an array whose first element names it).
   then ``["ready", next_id]``; or ``["error", text]`` and exits with status 1.
 - ``["commit", [op, …]]`` applies the operations in one transaction and answers
   ``["done", cancelled_pairs]`` or ``["error", text]`` (nothing of it applied). Each op is
-  ``[code, fields…]`` with the codes of :data:`OP_CODES`.
+  ``[code, fields…]`` with the codes of :data:`OP_CODES`. The router may send the next
+  commit before the answer to the last one; once one failed, every later one is answered
+  with an error and not applied, so that nothing committed follows a failed batch.
 - ``["read", [id, …]]`` answers ``["bodies", [[id, body], …]]``: the stored bodies of those
   messages that exist (in id order), or ``["error", text]``; it changes nothing. (Issue 13:
   the read-back of bodies a queue does not keep in memory.) With READ_IN and READ_OUT, read
@@ -563,6 +565,7 @@ def main(argv: list[str]) -> int:
         send(["error", str(exc)])
         return 1
     checkpointer = Checkpointer(path, database.db)
+    failed: str | None = None  # a commit failed: every later one is refused (see the protocol)
     if read_pipes:
         Reader(path, os.fdopen(int(read_pipes[0]), "rb"), os.fdopen(int(read_pipes[1]), "wb"))
     try:
@@ -580,10 +583,14 @@ def main(argv: list[str]) -> int:
             if request[0] != "commit":
                 send(["error", f"unknown request {request[0]!r}"])
                 continue
+            if failed is not None:  # the router may have sent more behind the failed batch: none is applied
+                send(["error", f"an earlier commit failed: {failed}"])
+                continue
             try:
                 cancelled = database.apply(request[1])
             except (sqlite3.Error, ValueError, IndexError) as exc:
-                send(["error", f"{type(exc).__name__}: {exc}"])
+                failed = f"{type(exc).__name__}: {exc}"
+                send(["error", failed])
             else:
                 send(["done", cancelled])
                 checkpointer.committed()
