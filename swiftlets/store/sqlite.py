@@ -87,9 +87,10 @@ class _FrameReader:
             if len(buffer) >= 4:
                 size = LENGTH.unpack_from(buffer)[0]
                 if len(buffer) >= 4 + size:
-                    payload = bytes(buffer[4:4 + size])
+                    with memoryview(buffer) as whole, whole[4:4 + size] as payload:
+                        frame = unpack_frame(payload)  # (no copy of a batch of bodies before unpacking it)
                     del buffer[:4 + size]
-                    return unpack_frame(payload)
+                    return frame
             data = await self._stream.receive_some(1 << 20)
             if not data:
                 raise StoreError("the store process process exited")
