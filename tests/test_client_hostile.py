@@ -52,8 +52,15 @@ class HostileServer:
 
     def __init__(self, plan: str, payloads: list[bytes] = ()):
         self.plan, self.payloads, self.received = plan, list(payloads), []
+        self.done = trio.Event()  # the client closed the socket
 
     async def handle(self, stream: trio.SocketStream) -> None:
+        try:
+            await self.converse(stream)
+        finally:
+            self.done.set()
+
+    async def converse(self, stream: trio.SocketStream) -> None:
         await stream.receive_some(8)
         if self.plan == "sasl":  # below the SASL frame limit, still far beyond MAX_DEPTH
             await stream.send_all(SASL_HEADER + raw_frame(list32(SASL_MECHANISMS, [nested(100)]), kind=1))
@@ -110,7 +117,7 @@ async def run_client(server: HostileServer, work) -> BaseException | None:
                     await work(connection)
             except Exception as exc:  # noqa: BLE001 - what the client raised is the result
                 raised = exc
-            await trio.sleep(0.2)  # the server reads the client's last frames
+            await server.done.wait()  # the server read the client's last frames
         nursery.cancel_scope.cancel()
     return raised
 

@@ -137,6 +137,9 @@ class Connection:
             self.wake()
             with trio.move_on_after(CLOSE_TIMEOUT):
                 await self._ended.wait()
+        else:  # lost: our close with the reason may still be queued (a breach by the router)
+            with trio.move_on_after(CLOSE_TIMEOUT):
+                await self._driven.wait()
         self._fail(ConnectionLost("the connection is closed"))
 
     # -- tasks ------------------------------------------------------------------------------------
@@ -172,8 +175,10 @@ class Connection:
             raise self._opened.error or self.lost or ConnectionLost("the connection ended before it opened")
 
     async def _drive(self, remaining: bytes) -> None:
-        await self._driver.run(remaining)
-        self._driven.set()
+        try:
+            await self._driver.run(remaining)
+        finally:
+            self._driven.set()
         self._fail(ConnectionLost("the router closed the connection"))
 
     def _fail(self, error: JMSError) -> None:
