@@ -10,8 +10,10 @@ message stays). Printed per case: the growth of the router process's resident se
 from ``/proc/self/statm``, after a full garbage collection) per queued message next to the
 encoded message size, the queue's ``cached``/``swapped`` counts, and for the persistent
 cases the time to consume the whole queue (one in-process consumer, credit 1000, accepting
-each delivery; swapped-out bodies are read back from the store process in batches). Every
-case runs in a fresh process, so that one case's freed memory does not flatter the next.
+each delivery; swapped-out bodies are read back from the store process in batches) and the
+CPU time per message the router and the store process used meanwhile (the figure that
+survives a machine shared with other work, where the time does not). Every case runs in a
+fresh process, so that one case's freed memory does not flatter the next.
 
 Cases:
 
@@ -95,17 +97,30 @@ async def fill(router: Router, queue_name: str, count: int, size: int, durable: 
     return (rss() - before) / count, len(make_message(count, size, durable).raw)
 
 
-async def consume(router: Router, queue_name: str, count: int) -> float:
-    """Seconds to consume ``count`` messages (credit kept at 1000, each accepted)."""
+def store_process_cpu() -> float:
+    """CPU seconds (user + system) used so far by this process's children: the store process."""
+    total = 0.0
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as children:
+            for pid in children.read().split():
+                with open(f"/proc/{pid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+async def consume(router: Router, queue_name: str, count: int) -> tuple[float, float, float]:
+    """Seconds to consume ``count`` messages (credit kept at 1000, each accepted), and the CPU
+    seconds the router (this process) and the store process used meanwhile."""
     queue = router.swiftlet("sys$queuemanager").queue(queue_name)
     consumer = queue.consumer()
-    begin = time.perf_counter()
+    begin, cpu, store_cpu = time.perf_counter(), time.process_time(), store_process_cpu()
     for done in range(0, count, 1000):
         consumer.flow(min(1000, count - done))
         await accept_all(consumer, min(1000, count - done))
     elapsed = time.perf_counter() - begin
     assert queue.size == 0
-    return elapsed
+    return elapsed, time.process_time() - cpu, store_process_cpu() - store_cpu
 
 
 async def run_case(args: argparse.Namespace) -> dict:
@@ -118,7 +133,7 @@ async def run_case(args: argparse.Namespace) -> dict:
         result = {"case": name, "per_message": per_message, "encoded": encoded, "filled": filled,
                   "cached": figures["cached"], "swapped": figures["swapped"]}
         if name != "transient":
-            result["consumed"] = await consume(router, name, args.messages)
+            result["consumed"], result["cpu"], result["store_cpu"] = await consume(router, name, args.messages)
             figures = router.management.resolve(f"/sys$queuemanager/usage/queues/{name}").properties()
             result["reads"] = figures["reads"]
     return result
@@ -140,7 +155,9 @@ def main(args: argparse.Namespace) -> None:
                 f"cached {result['cached']:,}, swapped {result['swapped']:,})")
         if "consumed" in result:
             line += (f"; consumed in {result['consumed']:.2f} s = {args.messages / result['consumed']:,.0f} msg/s "
-                     f"({result['reads']:,} reads from the store)")
+                     f"({result['reads']:,} reads from the store), CPU per message: router "
+                     f"{result['cpu'] / args.messages * 1e6:.1f} µs, store process "
+                     f"{result['store_cpu'] / args.messages * 1e6:.1f} µs")
         print(line, flush=True)
     for case in ("persistent", "persistent-all"):
         if case in results:

@@ -6,9 +6,9 @@ SALT and HASH are unpadded URL-safe base64; the hash is
 standard library). ``martinet hash-password`` prints one. A configured password that does
 not start with ``pbkdf2-sha256$`` is a plain-text password (as SwiftMQ keeps them).
 
-Checking runs in the caller's thread (the listener's event loop): one hash of
-:data:`DEFAULT_ITERATIONS` takes some tens of milliseconds, which is why that is the default
-and not more.
+Checking runs in the caller's thread: one hash of :data:`DEFAULT_ITERATIONS` takes some
+tens of milliseconds of CPU, so the authentication swiftlet calls it in a worker thread
+(hashlib releases the GIL while it hashes), never on the event loop.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ async def test_every_interface_matches_its_implementation(running):
         (topic_manager, topic_api.TopicManager),
         (topic_manager.subscribe("conformance.x"), topic_api.Subscription),
         (authentication, authentication_api.Authentication),
-        (authentication.login(None, None, "127.0.0.1"), authentication_api.Principal),
+        (await authentication.login(None, None, "127.0.0.1"), authentication_api.Principal),
     ]
     found = {f"{type(obj).__name__} as {protocol.__module__}.{protocol.__name__}": problems
              for obj, protocol in cases if (problems := mismatches(obj, protocol))}

@@ -53,16 +53,16 @@ def start(nursery, write_config):
 
 async def test_logins(start, caplog):
     router, auth = await start()
-    alice = auth.login("alice", "secret", "127.0.0.1")
+    alice = await auth.login("alice", "secret", "127.0.0.1")
     assert (alice.user, alice.group) == ("alice", "traders")
     with caplog.at_level(logging.WARNING):
         for user, password, host in [("alice", "wrong", "h1"), ("mallory", "secret", "h2"), ("alice", None, "h3")]:
             with pytest.raises(AuthenticationFailed) as caught:
-                auth.login(user, password, host)
+                await auth.login(user, password, host)
             assert caught.value.reason == "invalid user name or password"  # the client learns no more
     assert "wrong password for user 'alice'" in caplog.text and "unknown user 'mallory'" in caplog.text
     with pytest.raises(AuthenticationFailed, match="anonymous logins are not allowed"):
-        auth.login(None, None, "h4")
+        await auth.login(None, None, "h4")
     assert router.management.resolve("/sys$authentication/usage").properties() == {
         "logins": 1, "refused-logins": 4, "access-denials": 0}
     router.request_stop()
@@ -70,17 +70,17 @@ async def test_logins(start, caplog):
 
 async def test_host_access_lists(start):
     router, auth = await start()
-    assert auth.login("bob", "hunter2", "10.0.0.7").user == "bob"
-    assert auth.login("bob", "hunter2", "localhost").user == "bob"
+    assert (await auth.login("bob", "hunter2", "10.0.0.7")).user == "bob"
+    assert (await auth.login("bob", "hunter2", "localhost")).user == "bob"
     with pytest.raises(AuthenticationFailed, match="host 10.1.0.7 is not allowed for user bob") as caught:
-        auth.login("bob", "hunter2", "10.1.0.7")
+        await auth.login("bob", "hunter2", "10.1.0.7")
     assert caught.value.reason == "host not allowed"
     router.request_stop()
 
 
 async def test_queue_grants_exact_name_first_then_predicates(start):
     router, auth = await start()
-    alice = auth.login("alice", "secret", "h")
+    alice = await auth.login("alice", "secret", "h")
     for queue, action in [("orders", "send"), ("orders", "browse"), ("orders-eu", "receive"),
                           ("orders-audit", "browse"), ("orders@r1", "receive")]:
         alice.check_queue(queue, action)  # granted
@@ -99,14 +99,14 @@ async def test_queue_grants_exact_name_first_then_predicates(start):
 
 async def test_topic_grants_and_anonymous(start):
     router, auth = await start(anonymous=True)
-    alice = auth.login("alice", "secret", "h")
+    alice = await auth.login("alice", "secret", "h")
     alice.check_topic("prices.eu", "subscribe")
     alice.check_topic("prices.eu", "durable")
     with pytest.raises(AccessDenied, match="may not publish on topic 'prices.eu'"):
         alice.check_topic("prices.eu", "publish")
     with pytest.raises(AccessDenied, match="may not subscribe on topic 'news'"):
         alice.check_topic("news", "subscribe")
-    guest = auth.login(None, None, "h")
+    guest = await auth.login(None, None, "h")
     assert (guest.user, guest.group) == ("anonymous", "public")
     guest.check_topic("news", "publish")
     guest.check_queue("public-board", "send")
@@ -119,12 +119,12 @@ async def test_topic_grants_and_anonymous(start):
 
 async def test_disabled_grants_everything_but_still_checks_hosts(start):
     router, auth = await start(enabled=False)
-    anyone = auth.login("whoever", "whatever", "h")
+    anyone = await auth.login("whoever", "whatever", "h")
     anyone.check_queue("payroll", "receive")
     anyone.check_topic("anything", "durable")
-    assert auth.login(None, None, "h").user == "anonymous"
+    assert (await auth.login(None, None, "h")).user == "anonymous"
     with pytest.raises(AuthenticationFailed, match="host 192.168.1.1 is not allowed for user bob"):
-        auth.login("bob", "", "192.168.1.1")
+        await auth.login("bob", "", "192.168.1.1")
     router.request_stop()
 
 
@@ -132,14 +132,14 @@ async def test_changes_apply_at_once(start):
     router, auth = await start()
     tree = router.management
     tree.add("/sys$authentication/users", "carol", {"password": "pw", "group": "traders"})
-    assert auth.login("carol", "pw", "h").group == "traders"
+    assert (await auth.login("carol", "pw", "h")).group == "traders"
     tree.set("/sys$authentication/users/carol", "password", "new")
     with pytest.raises(AuthenticationFailed):
-        auth.login("carol", "pw", "h")
-    assert auth.login("carol", "new", "h").user == "carol"
+        await auth.login("carol", "pw", "h")
+    assert (await auth.login("carol", "new", "h")).user == "carol"
     tree.set("/sys$authentication/groups/traders/topic-grants/prices.%", "publish-grant", "true")
-    auth.login("alice", "secret", "h").check_topic("prices.eu", "publish")
+    (await auth.login("alice", "secret", "h")).check_topic("prices.eu", "publish")
     tree.set("/sys$authentication", "authentication-enabled", "false")
-    auth.login("nobody", None, "h").check_queue("payroll", "send")
+    (await auth.login("nobody", None, "h")).check_queue("payroll", "send")
     await trio.sleep(0)
     router.request_stop()

@@ -163,12 +163,13 @@ async def test_checkpoints_keep_the_wal_short_and_lose_nothing(broker, tmp_path)
     committing thread catches up on the last frames once the WAL holds 1000, so that the WAL
     starts over. Under an uninterrupted stream of 3000 single-page commits (which a
     checkpointing thread alone never catches up with: the WAL grew to 57 MB) it stays near
-    1000 frames, and everything committed is recovered."""
+    1000 frames, and everything committed is recovered. The file keeps its length when the
+    WAL starts over (commits overwrite frames in place instead of growing it anew)."""
     store, frame = broker.store, 16384 + 24
     for n in range(1, 3001):  # one transaction each: one WAL frame or more each
         await store.commit([PutMessage(n, "q", raw(b"x" * 100))] + ([DeleteMessage(n - 1)] if n % 2 == 0 else []))
     wal = tmp_path / "store" / "r1.sqlite-wal"
-    assert wal.stat().st_size < 2000 * frame
+    assert 1000 * frame < wal.stat().st_size < 2000 * frame
     await broker.restart()
     assert broker.store.recovered.message_count == 1500
     await broker.stop()
@@ -207,3 +208,42 @@ async def test_stored_bodies_are_read_back(broker, tmp_path):
     assert {row[0]: row[2] for row in stored_messages(tmp_path)} == alive | {n: raw(b"later") for n in range(401, 601)}
     with pytest.raises(StoreError, match="not running"):
         await store.read_messages([2])
+
+
+def test_the_store_process_applies_nothing_after_a_failed_commit(tmp_path):
+    """The router sends the next batch before the answer to the last one (two in the store
+    process's hands): once one fails, the batches behind it must not be applied, so that
+    nothing committed follows a failed batch. Spoken to a real store process over its pipes."""
+    import subprocess
+    import sys
+
+    from martinet.swiftlets.store.dbprocess import LENGTH, encode_ops, pack_frame, unpack_frame
+
+    path = tmp_path / "s.sqlite"
+    process = subprocess.Popen([sys.executable, "-m", "martinet.swiftlets.store", str(path), "full", "refuse-empty"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def reply() -> list:
+        size = LENGTH.unpack(process.stdout.read(4))[0]
+        return unpack_frame(process.stdout.read(size))
+
+    try:
+        while reply()[0] != "ready":  # the (empty) recovery
+            pass
+        process.stdin.write(pack_frame(["commit", encode_ops([PutMessage(1, "q", b"first")])])
+                            + pack_frame(["commit", encode_ops([PutMessage(1, "q", b"same id")])])
+                            + pack_frame(["commit", encode_ops([PutMessage(2, "q", b"behind it")])]))
+        process.stdin.flush()
+        answers = [reply() for _ in range(3)]
+    finally:
+        process.stdin.close()
+        process.wait(30)
+        process.stdout.close()
+    assert answers[0] == ["done", 0]
+    assert answers[1][0] == "error" and "UNIQUE constraint failed" in answers[1][1]
+    assert answers[2] == ["error", f"an earlier commit failed: {answers[1][1]}"]
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("SELECT id, body FROM messages").fetchall() == [(1, b"first")]
+    finally:
+        db.close()

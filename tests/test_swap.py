@@ -72,13 +72,46 @@ async def test_bodies_beyond_the_cache_leave_memory_and_come_back_in_order(make_
             assert entry.message == sent[delivery_order(300, high)[0]]
         got.append(entry.message.application_properties["n"])
         consumer.accept(entry)
-        assert usage(running, "big")["cached"] <= 20 + 10 + 1  # the cache, one batch read ahead, the delivery
+        assert usage(running, "big")["cached"] <= 2 * 20 + 1  # a batch (the cache) and the next read ahead
     assert got == delivery_order(300, high)
     figures = usage(running, "big")
     assert (figures["messages"], figures["cached"], figures["swapped"], figures["swapped-bytes"]) == (0, 0, 0, 0)
-    assert figures["read-back"] == 280 and figures["reads"] <= 280 // 10 + 3  # in batches of half the cache
+    assert figures["read-back"] == 280 and figures["reads"] <= 280 // 20 + 3  # in batches of the cache
     await running.restart()  # every deletion reached the store
     assert running.store.recovered.message_count == 0
+
+
+async def test_the_next_batch_is_read_while_the_consumer_still_has_bodies_in_memory(make_broker):
+    """Consuming from the store stalled: the next batch (half the cache) was asked for only
+    when dispatch reached a swapped-out entry, or once half of the last batch was delivered,
+    and the consumers waited for every read. Now a batch (the cache) is asked for as soon as
+    fewer than that are in memory, and the consumer goes on with those meanwhile."""
+    running = make_broker(queues='<queue name="ahead" cache-size="40"/>')
+    await running.start()
+    queue_manager = running.queue_manager
+    sent = [msg(n) for n in range(200)]
+    for message in sent:
+        await queue_manager.send("ahead", message)
+    assert usage(running, "ahead")["swapped"] == 160
+    consumer = queue_manager.queue("ahead").consumer()
+    got = []
+    consumer.flow(1)
+    got.append(consumer.receive_nowait())
+    assert usage(running, "ahead")["reads"] == 1  # 39 bodies left in memory: the next batch is on its way
+    for _ in range(39):  # no checkpoint in this loop: the read cannot have come back
+        consumer.flow(1)
+        got.append(consumer.receive_nowait())  # the consumer did not wait for it
+    assert usage(running, "ahead")["reads"] == 1  # one read at a time
+    for _ in range(160):
+        consumer.flow(1)
+        with trio.fail_after(10):
+            got.append(await consumer.receive())
+    assert [entry.message for entry in got] == sent
+    for entry in got:
+        consumer.accept(entry)
+    figures = usage(running, "ahead")
+    assert (figures["messages"], figures["read-back"]) == (0, 160)
+    assert figures["reads"] <= 160 // 40 + 1  # batches of the cache, each asked for before it was due
 
 
 async def test_a_selector_consumer_reads_back_only_what_it_selects(make_broker):

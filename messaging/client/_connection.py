@@ -80,6 +80,7 @@ class Connection:
         self.lost: JMSError | None = None
         self._opened = Outcome()
         self._ended = trio.Event()
+        self._driven = trio.Event()  # the driver returned: what was queued is written
         self._driver = Driver(stream, engine, on_input=self._handle_events)
         self._names = itertools.count(1)
         self._temporary: dict[str, SenderLink] = {}
@@ -136,6 +137,9 @@ class Connection:
             self.wake()
             with trio.move_on_after(CLOSE_TIMEOUT):
                 await self._ended.wait()
+        else:  # lost: our close with the reason may still be queued (a breach by the router)
+            with trio.move_on_after(CLOSE_TIMEOUT):
+                await self._driven.wait()
         self._fail(ConnectionLost("the connection is closed"))
 
     # -- tasks ------------------------------------------------------------------------------------
@@ -152,7 +156,12 @@ class Connection:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._drive, remaining)
-                await self._opened.wait()
+                try:
+                    await self._opened.wait()
+                except JMSError:  # our close (with the reason, or answering the router's) is queued
+                    with trio.move_on_after(CLOSE_TIMEOUT):
+                        await self._driven.wait()  # the writer ends the drive once it is written
+                    raise
                 task_status.started()
                 started = True
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
@@ -166,7 +175,10 @@ class Connection:
             raise self._opened.error or self.lost or ConnectionLost("the connection ended before it opened")
 
     async def _drive(self, remaining: bytes) -> None:
-        await self._driver.run(remaining)
+        try:
+            await self._driver.run(remaining)
+        finally:
+            self._driven.set()
         self._fail(ConnectionLost("the router closed the connection"))
 
     def _fail(self, error: JMSError) -> None:

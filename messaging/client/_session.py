@@ -402,7 +402,7 @@ class Consumer:
                 message = decode_message(raw)
             except MessageError as exc:
                 log.warning("message on %s rejected: %s", self.destination, exc)
-                self._link.settle(delivery, amqp.outcome(REJECTED))
+                self._link.settle(delivery, amqp.outcome(REJECTED, amqp.Error(exc.condition, str(exc)).described()))
                 continue
             await self.session._delivered(self._link, delivery, message)
             return message

@@ -10,8 +10,9 @@ and gets a :class:`Principal`, which it asks before every attach:
 logged the details already. A listener maps them to ``amqp:unauthorized-access`` (or a
 SASL ``auth`` outcome at login).
 
-Everything here is synchronous and cheap: it reads the live configuration, so a grant
-changed at runtime applies to the next check. Nothing awaits, so nothing is cancelled.
+The checks are synchronous and cheap: they read the live configuration, so a grant
+changed at runtime applies to the next check. Only the login awaits: a password hash is
+checked in a worker thread, so that a burst of logins does not stall the event loop.
 """
 
 from __future__ import annotations
@@ -102,8 +103,9 @@ class Authentication(Protocol):
         first failure, growing with the failures in a row from that address; a success or a
         quiet period resets it). Waiting is the listener's part; cancelling it is harmless."""
 
-    def login(self, user: str | None, password: str | None, host: str) -> Principal:
-        """Check a login; ``user`` None means anonymous.
+    async def login(self, user: str | None, password: str | None, host: str) -> Principal:
+        """Check a login; ``user`` None means anonymous. Password hashes are checked off the
+        event loop; cancelled, it still waits for a check in progress (tens of milliseconds).
 
         Raises:
             AuthenticationFailed: unknown user, wrong or empty password, host not allowed, or

@@ -29,7 +29,8 @@ Passwords: a configured password is plain text (as SwiftMQ keeps them) or a salt
 management tree never shows either. A user whose password is empty cannot log in (authentication enabled):
 an empty password is a forgotten one, not an open door. An unknown user's password is
 checked against a dummy of the kind the config uses (hashed if any user's password is), so
-the time a refusal takes does not tell whether the user exists.
+the time a refusal takes does not tell whether the user exists. Hashes are checked in worker
+threads, at most :data:`HASH_CHECK_THREADS` at once, never on the event loop.
 
 Failed logins, per source address:
 
@@ -44,6 +45,7 @@ Failed logins, per source address:
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,6 +67,9 @@ FIRST_DELAY = 0.1  # seconds before the refusal of a second failed login from an
 MAX_DELAY = 4.0
 QUIET_PERIOD = 60.0  # seconds without a failure after which an address starts afresh
 LOG_INTERVAL = 60.0  # refusals from one address within it are logged as one line
+# Password hashes checked at once, each in a worker thread (hashlib releases the GIL while
+# it hashes): the machine's cores, not one thread per waiting login.
+HASH_CHECK_THREADS = max(1, min(4, os.cpu_count() or 1))
 _DUMMY_HASH = hash_password("not a password", salt=b"martinet-dummy..")
 _DUMMY_PLAIN = "not a password"
 
@@ -132,6 +137,7 @@ class Authentication:
         self.logins = self.refused_logins = self.denials = 0
         self._failures: dict[str, tuple[int, float]] = {}  # host → (failures in a row, time of the last)
         self._unlogged: dict[str, list[Any]] = {}  # host → [refusals not logged yet, last detail]
+        self._hash_checks = trio.CapacityLimiter(HASH_CHECK_THREADS)
 
     def refusal_delay(self, host: str) -> float:
         """Seconds to wait before answering a refused login from ``host`` (0 for its first
@@ -167,8 +173,9 @@ class Authentication:
         group = self.context.entity.entity_list("groups").entities.get(name)
         return group.config if group is not None else GroupConfig(name=name)
 
-    def login(self, user: str | None, password: str | None, host: str) -> Principal:
-        """Check a login; ``user`` None means anonymous.
+    async def login(self, user: str | None, password: str | None, host: str) -> Principal:
+        """Check a login; ``user`` None means anonymous. A hashed password is checked in a
+        worker thread (:meth:`_verify`); cancelled, it still waits for that check to end.
 
         Raises:
             AuthenticationFailed: unknown user, wrong password, host not allowed, or anonymous
@@ -191,7 +198,7 @@ class Authentication:
             return Principal("anonymous", host, "public", True, self)
         # The same compare whether the user exists or not (see the module docstring).
         stored = config.password if config is not None and config.password else self._dummy(users)
-        matches = verify_password(stored, password or "")
+        matches = await self._verify(stored, password or "")
         if config is None:
             self._refuse(f"unknown user {user!r}", user, host, "invalid user name or password")
         if not config.password:
@@ -202,6 +209,15 @@ class Authentication:
         self.logins += 1
         log.info("user %s logged in from %s", user, host)
         return Principal(user, host, config.group, True, self)
+
+    async def _verify(self, stored: str, given: str) -> bool:
+        """:func:`verify_password`, a hash off the event loop: one takes tens of milliseconds
+        of CPU, and a burst of logins checked on the loop stalled every connection's
+        traffic meanwhile. At most HASH_CHECK_THREADS run at once (the rest wait their turn,
+        without a thread each). A plain-text compare is cheap and stays on the loop."""
+        if not is_hashed(stored):
+            return verify_password(stored, given)
+        return await trio.to_thread.run_sync(verify_password, stored, given, limiter=self._hash_checks)
 
     @staticmethod
     def _dummy(users: Mapping[str, Any]) -> str:

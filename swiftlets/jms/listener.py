@@ -67,7 +67,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -528,33 +527,21 @@ def refusal(container_id: str, condition: str, description: str) -> bytes:
 
 
 class _Login:
-    """The lead-in stage of a client connection: SASL, with the authentication swiftlet's
-    decision on the credentials (:class:`messaging.io.Stage`).
+    """The lead-in stage of a client connection: SASL up to the client's credentials
+    (:class:`messaging.io.Stage`). The decision on them comes after the stage, as the
+    authentication swiftlet may check a password hash in a worker thread meanwhile; then
+    :meth:`accept` or :meth:`refuse` answers. A refusal is held back (:attr:`refusal`) so
+    that the connection can answer it after the authentication swiftlet's throttling delay."""
 
-    A refusal is held back (:attr:`refusal`) rather than written by the lead-in, so that the
-    connection can answer it after the authentication swiftlet's throttling delay."""
-
-    def __init__(self, sasl: SaslServer, login: Callable[[Credentials], Any]):
+    def __init__(self, sasl: SaslServer):
         self._sasl = sasl
-        self._login = login
-        self.principal: Any = None
+        self.credentials: Credentials | None = None
         self.refusal = b""
-        self.skipped_sasl = False
 
     def receive_data(self, data: bytes) -> bool:
-        """Raises: SaslError (a broken exchange), AuthenticationFailed (refused)."""
-        credentials = self._sasl.receive_data(data)
-        if credentials is None:
-            return False
-        try:
-            self.principal = self._login(credentials)
-        except AuthenticationFailed:
-            self._sasl.refuse()
-            self.refusal = self._sasl.data_to_send  # empty when the client skipped SASL
-            self.skipped_sasl = credentials.mechanism is None
-            raise
-        self._sasl.accept()
-        return True
+        """Raises: SaslError (a broken exchange)."""
+        self.credentials = self._sasl.receive_data(data)
+        return self.credentials is not None
 
     @property
     def data_to_send(self) -> bytes:
@@ -562,7 +549,20 @@ class _Login:
 
     @property
     def remaining(self) -> bytes:
-        return self._sasl.remaining
+        return b""  # (what the client sent after SASL is the answer of accept())
+
+    @property
+    def skipped_sasl(self) -> bool:
+        return self.credentials is not None and self.credentials.mechanism is None
+
+    def accept(self) -> tuple[bytes, bytes]:
+        """The outcome to write, and what the client sent after SASL (AMQP's input)."""
+        self._sasl.accept()
+        return self._sasl.data_to_send, self._sasl.remaining
+
+    def refuse(self) -> None:
+        self._sasl.refuse()
+        self.refusal = self._sasl.data_to_send  # empty when the client skipped SASL
 
 
 class AmqpConnection:
@@ -626,13 +626,20 @@ class AmqpConnection:
 
     async def run(self) -> None:
         try:
-            login = _Login(SaslServer(), lambda credentials: self.swiftlet.login(credentials, self.host))
+            login = _Login(SaslServer())
             with trio.move_on_after(SASL_TIMEOUT) as timer:
-                remaining = await lead_in(self.stream, login)
+                await lead_in(self.stream, login)
+                try:
+                    self.principal = await self.swiftlet.login(login.credentials, self.host)
+                except AuthenticationFailed:
+                    login.refuse()
+                    raise
+                outcome, remaining = login.accept()
+                if outcome:
+                    await self.stream.send_all(outcome)
             if timer.cancelled_caught:
                 log.info("connection from %s closed: no SASL exchange within %.0f s", self.host, SASL_TIMEOUT)
                 return
-            self.principal = login.principal
             config = self.config
             self.engine = amqp.Connection(container_id=f"martinet:{self.swiftlet.router_name}",
                                           idle_timeout=config.keepalive_interval / 1000,

@@ -67,12 +67,12 @@ class JmsSwiftlet:
         """Seconds to wait before answering a refused login from ``host``."""
         return self._auth.refusal_delay(host) if self._auth is not None else 0.0
 
-    def login(self, credentials: Credentials, host: str) -> Principal | None:
+    async def login(self, credentials: Credentials, host: str) -> Principal | None:
         """A principal for the credentials, or raise; everyone is let in without sys$authentication."""
         if self._auth is None:
             return None
         user = credentials.user if credentials.mechanism == "PLAIN" else None
-        return self._auth.login(user, credentials.password, host)
+        return await self._auth.login(user, credentials.password, host)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.queue_manager = self.context.lookup("sys$queuemanager", QueueManager)

@@ -39,14 +39,17 @@ annotations, properties, application-properties (:func:`messaging.message.head_l
 46 bytes for a JMS-like message with two properties) — so priority, expiry, selectors
 and the redelivery header still work without the store, and ``Entry.swapped`` is set. The
 bytes are read back through the store process (never on this loop's thread) in batches of
-half the cache: when dispatch reaches a swapped entry it stops (order is kept: nothing
-behind it is delivered first), asks for the batch that starts there — for a consumer with
-a selector, the next swapped entries its selector matches — and dispatches again when the
-bytes are back; and once the middle entry of a batch read back is delivered, the next
-batch is read ahead. A delivered entry always has its bytes (a listener sends
-``entry.message.raw``); :meth:`Queue.browse` does not read anything back (a browser that
-needs the bytes asks :meth:`QueueManager.fetch_messages`). Non-persistent messages have no
-store copy and always stay. After a restart a queue starts with the first ``cache-size``
+the cache's size, one read at a time, ahead of the consumers: once fewer entries (and
+bytes) than a batch are left in memory, a delivery asks for the next batch — for a
+consumer with a selector, the next swapped entries its selector matches — and the
+consumers go on with what is in memory meanwhile; so at most two batches are in memory.
+Only when dispatch reaches a swapped entry whose bytes are not back does it stop (order is
+kept: nothing behind it is delivered first), asking for the batch that starts there if no
+read is under way, and it dispatches again when the bytes are back. A delivered entry
+always has its bytes (a listener sends ``entry.message.raw``); :meth:`Queue.browse` does
+not read anything back (a browser that needs the bytes asks
+:meth:`QueueManager.fetch_messages`). Non-persistent messages have no store copy and always
+stay. After a restart a queue starts with the first ``cache-size``
 messages in delivery order read back and the rest swapped out (the store hands over only
 the leading sections at recovery).
 
@@ -221,7 +224,7 @@ class Queue:
         self.swapped = 0  # of those, entries whose bytes are only in the store (Entry.swapped)
         self.swapped_bytes = 0  # and their Entry.bytes
         self._reading = False  # a read_back is under way
-        self._read_ahead_at: Entry | None = None  # once delivered, read the next batch back
+        self._read_ahead_below = (0, 0)  # (entries, bytes) in memory under which the next batch is read
         self.consumers: list[Consumer] = []
         self._ready: deque[Consumer] = deque()
         self._parked: list[Consumer] = []
@@ -349,14 +352,27 @@ class Queue:
         self.swapped += 1
         self.swapped_bytes += entry.bytes
         self.swapped_out += 1
+        if self.swapped == 1:
+            self._read_ahead_below = self._batch()
 
     def _batch(self) -> tuple[int, int]:
-        """How many entries, and about how many bytes, one read-back asks for: half the cache,
-        10 to 1000 entries, at most 64 MiB (and at least one entry)."""
+        """How many entries, and about how many bytes, one read-back asks for: the cache's
+        entries (10 to 2000) and half its bytes (at most 64 MiB; at least one entry). Each
+        read is a round trip through the store process whose fixed part, on a busy machine,
+        costs as much as reading hundreds of bodies: fewer, larger reads consume faster
+        (bench/memory_bench.py)."""
         settings = self.settings
-        count = 1000 if settings.cache_size < 0 else min(max(settings.cache_size // 2, 10), 1000)
+        count = 2000 if settings.cache_size < 0 else min(max(settings.cache_size, 10), 2000)
         kb = settings.cache_size_bytes_kb
         return count, 1 << 26 if kb < 0 else min(max(kb * 512, 1), 1 << 26)
+
+    def _running_low(self) -> bool:
+        """Fewer available entries, and fewer bytes, in memory than one batch holds: time to
+        read the next one, while the consumers still have these; so at most two batches are
+        in memory. (Counted over every entry not swapped out, wherever it is in delivery
+        order: enough to keep a batch ahead of the consumers.)"""
+        count, size = self._read_ahead_below
+        return self.available - self.swapped < count and self.bytes - self.swapped_bytes < size
 
     def _read_ahead(self, first: Entry | None = None, selector: Selector | None = None) -> None:
         """Ask for the bytes of the next batch of swapped-out entries in delivery order — from
@@ -418,8 +434,7 @@ class Queue:
             self.swapped -= 1
             self.swapped_bytes -= entry.bytes
             self.read_back_count += 1
-        if len(entries) > 1 and self.swapped:
-            self._read_ahead_at = entries[len(entries) // 2]
+        self._read_ahead_below = self._batch()
         if self._ready and self.available:
             self._dispatch()
 
@@ -462,9 +477,8 @@ class Queue:
             entry.state = DELIVERED
             consumer._deliver(entry)
             self.flow.received += 1
-            if entry is self._read_ahead_at:  # half of the last batch is gone: the next, for the same taste
-                self._read_ahead_at = None
-                self._read_ahead(selector=consumer.selector)
+            if self.swapped and not self._reading and self._running_low():
+                self._read_ahead(selector=consumer.selector)  # the next batch, for the same taste
             if consumer.credit <= 0:
                 ready.popleft()
             elif len(ready) > 1:

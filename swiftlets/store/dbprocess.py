@@ -26,7 +26,9 @@ msgpack body (an array whose first element names it).
   then ``["ready", next_id]``; or ``["error", text]`` and exits with status 1.
 - ``["commit", [op, …]]`` applies the operations in one transaction and answers
   ``["done", cancelled_pairs]`` or ``["error", text]`` (nothing of it applied). Each op is
-  ``[code, fields…]`` with the codes of :data:`OP_CODES`.
+  ``[code, fields…]`` with the codes of :data:`OP_CODES`. The router may send the next
+  commit before the answer to the last one; once one failed, every later one is answered
+  with an error and not applied, so that nothing committed follows a failed batch.
 - ``["read", [id, …]]`` answers ``["bodies", [[id, body], …]]``: the stored bodies of those
   messages that exist (in id order), or ``["error", text]``; it changes nothing. (Issue 13:
   the read-back of bodies a queue does not keep in memory.) With READ_IN and READ_OUT, read
@@ -390,15 +392,20 @@ class Checkpointer:
       WAL while it copies what was committed when it began.
     - SQLite rewinds the WAL to its beginning at the first write after a checkpoint that
       copied *everything*; under a stream of commits the thread's checkpoints never catch
-      up with the last one, so the WAL would grow for ever. So once the WAL file holds
+      up with the last one, so the WAL would grow for ever. So once the WAL holds
       :data:`CATCH_UP_FRAMES` frames, the committing thread, between two batches, runs one
       PASSIVE checkpoint itself (:meth:`catch_up`): it copies only the frames appended since
-      the thread's last pass, and the next commit rewinds the WAL, which SQLite then cuts
-      back to nothing (``journal_size_limit`` 0), so the file's size is the WAL's length.
-      The committing thread reads that size itself after each commit (one ``stat``), so the
+      the thread's last pass, and the next commit rewinds the WAL. The committing thread
+      reads the WAL's length itself after each commit — ``mxFrame`` of the WAL-index header
+      in the ``-shm`` file (https://www.sqlite.org/walformat.html, one ``pread``) — so the
       bound holds however late the thread runs: the WAL stays below about
       :data:`CATCH_UP_FRAMES` frames, and a commit waits for a small copy once per that many
       frames instead of a full one.
+    - A rewound WAL keeps its file (``journal_size_limit`` twice that length): the next
+      commits overwrite frames in place. Cut back to nothing, as before, every commit
+      after a rewind grew the file again, and an ``fdatasync`` that must also record a new
+      size and new blocks waits for the file system's journal: measured here with 4 KiB
+      and 48 KiB writes at 1,000/s, p50 0.34–0.56 ms appending against 0.14–0.38 ms in place.
 
     The thread needs the GIL only between SQLite calls (sqlite3 releases it inside them),
     and the committing thread mostly waits on its pipe or in SQLite, so the two do not
@@ -416,13 +423,14 @@ class Checkpointer:
     CATCH_UP_FRAMES = 1000
 
     def __init__(self, path: str, db: sqlite3.Connection):
-        db.execute("PRAGMA wal_autocheckpoint = 0")  # the committing connection checkpoints only in catch_up
-        db.execute("PRAGMA journal_size_limit = 0")  # a rewound WAL is cut back: its size is its length
         page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        db.execute("PRAGMA wal_autocheckpoint = 0")  # the committing connection checkpoints only in catch_up
+        # A rewound WAL keeps its blocks, to be overwritten in place (a frame: its header and a page).
+        db.execute(f"PRAGMA journal_size_limit = {2 * self.CATCH_UP_FRAMES * (page_size + 24) + 32}")
+        db.execute("SELECT 1 FROM meta LIMIT 1").fetchall()  # (a read: the WAL index exists from here on)
         self._db = db
         self._path = path
-        self._wal = f"{path}-wal"
-        self._catch_up_bytes = self.CATCH_UP_FRAMES * (page_size + 24)  # a frame: its header and a page
+        self._index = os.open(f"{path}-shm", os.O_RDONLY)
         self._wakeup = threading.Event()
         self._stopping = False
         self._commits = 0
@@ -435,12 +443,13 @@ class Checkpointer:
         if self._commits >= self.COMMITS:
             self._commits = 0
             self._wakeup.set()
-        try:
-            due = os.stat(self._wal).st_size >= self._catch_up_bytes
-        except OSError:
-            due = False
-        if due:
+        if self.wal_frames() >= self.CATCH_UP_FRAMES:
             self.catch_up()
+
+    def wal_frames(self) -> int:
+        """The WAL's length in frames: ``mxFrame`` of the WAL-index header (offset 16, native
+        byte order), which only the committing thread changes — so read by it, it is exact."""
+        return int.from_bytes(os.pread(self._index, 4, 16), sys.byteorder)
 
     def catch_up(self) -> None:
         """Checkpoint from the committing connection, so that no commit runs meanwhile."""
@@ -468,6 +477,7 @@ class Checkpointer:
         self._stopping = True
         self._wakeup.set()
         self._thread.join()
+        os.close(self._index)
 
 
 def _meta(db: sqlite3.Connection, key: str) -> str | None:
@@ -590,6 +600,7 @@ def main(argv: list[str]) -> int:
         send(["error", str(exc)])
         return 1
     checkpointer = Checkpointer(path, database.db)
+    failed: str | None = None  # a commit failed: every later one is refused (see the protocol)
     if read_pipes:
         Reader(path, os.fdopen(int(read_pipes[0]), "rb"), os.fdopen(int(read_pipes[1]), "wb"))
     try:
@@ -616,10 +627,14 @@ def main(argv: list[str]) -> int:
             if request[0] != "commit":
                 send(["error", f"unknown request {request[0]!r}"])
                 continue
+            if failed is not None:  # the router may have sent more behind the failed batch: none is applied
+                send(["error", f"an earlier commit failed: {failed}"])
+                continue
             try:
                 cancelled = database.apply(request[1])
             except (sqlite3.Error, ValueError, IndexError) as exc:
-                send(["error", f"{type(exc).__name__}: {exc}"])
+                failed = f"{type(exc).__name__}: {exc}"
+                send(["error", failed])
             else:
                 send(["done", cancelled])
                 checkpointer.committed()

@@ -7,16 +7,24 @@ The database is driven by one dedicated store process per store
 with the swiftlet and fed over a pipe; the router's trio loop never blocks on disk.
 
 Group commit: :meth:`SqliteStore.commit` appends its operations to the pending list and
-waits. A single committer task takes *everything* pending (up to ``max-batch``
-operations) whenever the store process is free, sends it as one batch — one SQLite
-transaction, one WAL append and, with ``sync="full"``, one fsync — and wakes every waiter
-of that batch when the store process confirms. While it works, new commits pile up for the
-next batch, so the batch size adapts to the load by itself: throughput is bounded by fsync rate ×
-batch, not by the fsync rate. A message stored and consumed within one batch is written
-neither way (the store process drops the pair).
+waits. A sender task takes *everything* pending (up to ``max-batch`` operations) and sends
+it as one batch — one SQLite transaction, one WAL append and, with ``sync="full"``, one
+fsync — whenever fewer than :data:`PIPELINE_DEPTH` batches are in the store process's
+hands; a reply task wakes every waiter of a batch when the store process confirms it (the
+replies come in order). While the store process works, new commits pile up for the next
+batch, so the batch size adapts to the load by itself: throughput is bounded by fsync
+rate × batch, not by the fsync rate. A message stored and consumed within one batch is
+written neither way (the store process drops the pair).
+
+Why two batches in its hands and not one: with one, the store process sat idle after each
+commit until the router's loop had read the reply and sent the next batch — on a busy
+machine, a wait for the loop to get the CPU as long as the commit itself
+(``bench/ack_latency.py``: the round trip of a batch took about twice its SQLite commit).
+With the next batch already in its pipe, it starts on it at once.
 
 A failed commit fails its waiters and then the store itself (the router stops): a store
-that cannot write can no longer keep the broker's promises.
+that cannot write can no longer keep the broker's promises. The store process refuses every
+batch after a failed one, so the batch sent behind it is not applied either.
 
 Maintenance (:meth:`SqliteStore.maintain`: an online backup, a vacuum) goes to the store
 process on the commit pipe between two batches, so it sees every commit confirmed before it
@@ -38,6 +46,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +57,8 @@ from .api import Op, Recovered, StoredMessage, StoreError
 from .dbprocess import LENGTH, encode_ops, pack_frame, unpack_frame
 
 log = logging.getLogger(__name__)
+
+PIPELINE_DEPTH = 2  # batches sent to the store process and not yet confirmed, at most
 
 
 def _enlarge_pipe(fd: int) -> None:
@@ -80,9 +91,10 @@ class _FrameReader:
             if len(buffer) >= 4:
                 size = LENGTH.unpack_from(buffer)[0]
                 if len(buffer) >= 4 + size:
-                    payload = bytes(buffer[4:4 + size])
+                    with memoryview(buffer) as whole, whole[4:4 + size] as payload:
+                        frame = unpack_frame(payload)  # (no copy of a batch of bodies before unpacking it)
                     del buffer[:4 + size]
-                    return unpack_frame(payload)
+                    return frame
             data = await self._stream.receive_some(1 << 20)
             if not data:
                 raise StoreError("the store process process exited")
@@ -145,6 +157,9 @@ class SqliteStore:
         self._pending: list[_Pending] = []
         self._maintenance: list[_Maintenance] = []
         self._pending_ops = 0
+        self._in_flight: deque[tuple[list[_Pending], int, float]] = deque()  # (batch, operations, sent at)
+        self._slots = trio.Semaphore(PIPELINE_DEPTH)
+        self._sent = trio.Event()  # a batch was sent: the reply task has one to wait for
         self._reads: list[_Read] = []
         self._wakeup = trio.Event()
         self._read_wakeup = trio.Event()
@@ -214,9 +229,12 @@ class SqliteStore:
             task_status.started()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_forever)
+                nursery.start_soon(self._confirm_forever)
                 await self._commit_forever()
         finally:
             self._closed = True
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await self._drain()
             pending, self._pending = self._pending, []
             for waiting in pending:
                 waiting.finish(StoreError("the store stopped before this commit was applied"))
@@ -355,32 +373,74 @@ class SqliteStore:
         return pending
 
     async def _commit_forever(self) -> None:
+        """Send batches while fewer than PIPELINE_DEPTH are unconfirmed."""
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
             while self._maintenance:
                 await self._run_maintenance(self._maintenance.pop(0))
             while self._pending:
-                batch, ops = self._take_batch()
-                begin = time.perf_counter()
-                # Shielded: once sent, a batch's waiters learn its real outcome.
-                with trio.CancelScope(shield=True):
-                    try:
-                        await self._process_input.send_all(pack_frame(["commit", encode_ops(ops)]))
-                        reply = await self._process_output.read()
-                        if reply[0] != "done":
-                            raise StoreError(reply[1] if len(reply) > 1 else repr(reply))
-                    except (StoreError, trio.BrokenResourceError, OSError) as exc:
-                        for pending in batch:
-                            pending.finish(exc)
-                        raise StoreError(f"{self.path}: commit failed: {exc}") from exc
-                self.cancelled_pairs += reply[1]
-                self.transactions += 1
-                self.operations += len(ops)
-                self.largest_batch = max(self.largest_batch, len(ops))
-                self.commit_seconds += time.perf_counter() - begin
-                for pending in batch:
-                    pending.finish()
+                await self._slots.acquire()  # released by _confirm
+                await self._send()
+
+    async def _send(self) -> None:
+        batch, ops = self._take_batch()
+        self._in_flight.append((batch, len(ops), time.perf_counter()))
+        self._sent.set()
+        # Shielded: once in _in_flight, a batch is sent whole (its reply is awaited).
+        with trio.CancelScope(shield=True):
+            try:
+                await self._process_input.send_all(pack_frame(["commit", encode_ops(ops)]))
+            except (trio.BrokenResourceError, OSError) as exc:
+                raise StoreError(f"{self.path}: the store process is gone: {exc}") from exc
+
+    async def _drain(self) -> None:
+        """Stopping (or failed): the batches sent learn their outcome, and what is pending
+        is still committed, one batch at a time — unless a commit fails or the store process
+        is gone (what is left then fails with the store)."""
+        try:
+            while self._in_flight:
+                await self._confirm()
+            while self._pending:
+                await self._send()
+                await self._confirm()
+        except StoreError:
+            pass  # (raised already where it happened, or the waiters learn it)
+
+    async def _confirm_forever(self) -> None:
+        while True:
+            if not self._in_flight:
+                await self._sent.wait()
+                self._sent = trio.Event()
+                continue
+            with trio.CancelScope(shield=True):  # (run's finally confirms what is left when stopping)
+                await self._confirm()
+
+    async def _confirm(self) -> None:
+        """Read the store process's reply to the oldest batch sent and finish its waiters.
+
+        Raises:
+            StoreError: the batch failed (its waiters fail with it), or the store process is gone.
+        """
+        batch, operations, begin = self._in_flight[0]
+        try:
+            reply = await self._process_output.read()
+            if reply[0] != "done":
+                raise StoreError(reply[1] if len(reply) > 1 else repr(reply))
+        except (StoreError, trio.BrokenResourceError, OSError) as exc:
+            self._in_flight.popleft()
+            for pending in batch:
+                pending.finish(exc)
+            raise StoreError(f"{self.path}: commit failed: {exc}") from exc
+        self._in_flight.popleft()
+        self._slots.release()
+        self.cancelled_pairs += reply[1]
+        self.transactions += 1
+        self.operations += operations
+        self.largest_batch = max(self.largest_batch, operations)
+        self.commit_seconds += time.perf_counter() - begin
+        for pending in batch:
+            pending.finish()
 
     async def _run_maintenance(self, waiter: _Maintenance) -> None:
         with trio.CancelScope(shield=True):  # once sent, its answer must be read off the pipe
