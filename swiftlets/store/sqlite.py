@@ -235,8 +235,12 @@ class SqliteStore:
             self._closed = True
             with trio.CancelScope(shield=True), trio.move_on_after(10):
                 await self._drain()
+            # what a failed store never answered (a second batch in flight, one whose send
+            # failed) and what was never sent: their waiters learn it now, none waits for ever
+            unanswered = [pending for batch, _, _ in self._in_flight for pending in batch]
+            self._in_flight.clear()
             pending, self._pending = self._pending, []
-            for waiting in pending:
+            for waiting in unanswered + pending:
                 waiting.finish(StoreError("the store stopped before this commit was applied"))
             reads, self._reads = self._reads, []
             for read in reads:
