@@ -276,7 +276,7 @@ async def test_runtime_changes_apply_at_once_and_bad_ones_are_refused(start_rout
     router.request_stop()
 
 
-async def test_a_configured_schedule_that_cannot_run_is_shown_invalid(start_router, autojump_clock):
+async def test_a_configured_schedule_that_cannot_run_is_shown_invalid(start_router, autojump_clock, caplog):
     xml = _router_xml(_schedule("lost", "at 01:00", calendar="nope") + _schedule("nojob", "at 01:00", job="Dance")
                       + _schedule("noparam", "at 01:00").replace(
                           "/>", '><parameters><parameter name="Times" value="0"/></parameters></schedule>'))
@@ -287,6 +287,14 @@ async def test_a_configured_schedule_that_cannot_run_is_shown_invalid(start_rout
         "nojob": ("invalid", "job group 'Test' has no job 'Dance' (jobs: Record, Forever, Give Up)"),
         "noparam": ("invalid", "parameter 'Times': expected a positive whole number, found '0'"),
     }
+    warnings = [r.getMessage() for r in caplog.records if "will not run" in r.getMessage()]
+    assert sorted(warnings) == [  # one line each, naming the schedule's path
+        "schedule /sys$scheduler/schedules/lost is invalid and will not run: unknown calendar 'nope' "
+        "(calendars: none)",
+        "schedule /sys$scheduler/schedules/nojob is invalid and will not run: job group 'Test' has no job "
+        "'Dance' (jobs: Record, Forever, Give Up)",
+        "schedule /sys$scheduler/schedules/noparam is invalid and will not run: parameter 'Times': expected a "
+        "positive whole number, found '0'"]
     router.request_stop()
 
 

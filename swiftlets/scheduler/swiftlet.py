@@ -32,7 +32,8 @@ run in a burst. Window schedules simply go on with their next start.
 
 Cross-checks the config cannot do alone (an unknown calendar, bad job parameters, a base
 calendar that is missing or makes a cycle) refuse a runtime change (a veto); in a config
-file they leave the schedule ``invalid``, with the reason in usage.
+file they leave the schedule ``invalid``, with the reason in usage and one WARNING line
+naming the schedule's path.
 """
 
 from __future__ import annotations
@@ -282,6 +283,7 @@ class SchedulerSwiftlet:
         self._trim_history()
 
     def _replan_one(self, schedule: _Schedule, config: ScheduleConfig, plan: Plan | str, now: datetime) -> None:
+        before = schedule.state, schedule.error
         schedule.next, schedule.error = None, ""
         if schedule.finished_config is not None and schedule.finished_config != config:
             schedule.finished_config = None  # changed by the operator: runs may go on
@@ -290,6 +292,9 @@ class SchedulerSwiftlet:
             return
         problem = plan if isinstance(plan, str) else self._job_problem(config)
         if problem:
+            if before != ("invalid", problem):  # said once, not at every replan
+                log.warning("schedule /sys$scheduler/schedules/%s is invalid and will not run: %s",
+                            schedule.name, problem)
             schedule.state, schedule.error = "invalid", problem
             return
         if schedule.finished_config is not None:
