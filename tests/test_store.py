@@ -24,6 +24,8 @@ from martinet.swiftlets.store.api import (
     StoreError,
 )
 
+from netharness import store_engine_pid
+
 
 def usage(router) -> dict:
     return router.management.resolve("/sys$store/usage").properties()
@@ -113,8 +115,6 @@ async def test_every_commit_in_flight_fails_when_the_store_process_dies(make_bro
     noticed used to wait for ever; timing-dependent here, the chaos test
     ``test_routers_whose_store_engine_dies_mid_transfer_stop_themselves_and_lose_nothing``
     caught it reliably.)"""
-    from netharness import store_engine_pid
-
     running = make_broker()
     await running.start()
     store = running.store
@@ -205,7 +205,7 @@ async def test_checkpoints_keep_the_wal_short_and_lose_nothing(broker, tmp_path)
     1000 frames, and everything committed is recovered. The file keeps its length when the
     WAL starts over (commits overwrite frames in place instead of growing it anew)."""
     store, frame = broker.store, 16384 + 24
-    for n in range(1, 51):  # one transaction each: one WAL frame or more each
+    for n in range(1, 3001):  # one transaction each: one WAL frame or more each
         await store.commit([PutMessage(n, "q", raw(b"x" * 100))] + ([DeleteMessage(n - 1)] if n % 2 == 0 else []))
     wal = tmp_path / "store" / "r1.sqlite-wal"
     assert 1000 * frame < wal.stat().st_size < 2000 * frame
