@@ -123,3 +123,4 @@ async def test_waiting_for_the_store_lock_in_vain_names_the_holder(tmp_path):
         fd = await trio.to_thread.run_sync(lock_store, str(path), notices.append, 0.2)  # free now
         os.close(fd)
     assert len(notices) == 1
+
