@@ -43,8 +43,19 @@ msgpack body (an array whose first element names it).
   answers ``["maintained", bytes freed]``; either ``["error", text]`` (a failed maintenance
   changes nothing the router relies on). Both come from the scheduler's Store jobs.
 - End of input: the store process closes the database and exits with status 0. So when the
-  router dies, even by ``kill -9``, its store process finishes at most the transaction it is in
-  and exits; SQLite's WAL keeps every transaction all or nothing.
+  router dies, even by ``kill -9``, its store process applies the commits already in its pipe
+  (nobody reads the answers any more; applying them is harmless, and a commit is all or
+  nothing either way) and exits.
+
+One store process per store (the store lock): before it touches SQLite the store process
+takes an exclusive ``flock`` on ``<database>.lock`` and holds it until it exits (the kernel
+drops it then, even after ``kill -9``). A router restarted at once after ``kill -9`` starts
+its new store process while the old one may still be applying its last commits; two
+processes on one store must never overlap (the new one would recover a state the old one
+then changes behind its back, and the chaos harness saw a restarted router open its store
+empty). So the new one waits, sending ``["notice", text]`` once (the router logs it as a
+WARNING), up to :data:`LOCK_WAIT` seconds, then answers ``["error", text]`` naming the
+holder's pid (written into the lock file by the holder).
 
 Checkpoints (see :class:`Checkpointer`): SQLite's automatic WAL checkpoint is off; a thread
 of the store process with its own connection copies the WAL back into the database beside
@@ -75,12 +86,14 @@ Schema version 1: ``messages`` (rowid = message id), ``records`` (kind, key → 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import sqlite3
 import struct
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -108,6 +121,12 @@ _SET_COLUMNS = {3: (3, "delivery_count"), 4: (4, "txid"), 8: (2, "body")}  # op 
 RECOVERY_CHUNK = 2000
 MARKER_SUFFIX = ".store-id"  # the companion file recording that the store was created (see above)
 LENGTH = struct.Struct(">I")  # the frame length prefix
+LOCK_SUFFIX = ".lock"  # the store lock (see above)
+LOCK_WAIT = 30.0  # seconds a store process waits for the previous one of its store to exit
+# Test hook (tests/test_store_lock.py): while the file this names exists, the store process
+# waits before applying each commit, so that a test can hold a store process in the middle
+# of its work deterministically. Never set it in production.
+COMMIT_GATE_ENV = "MARTINET_TEST_STORE_COMMIT_GATE"
 
 # Rows per statement: a few large statements are much cheaper than one per row.
 # 5 columns x 160 rows stays well below SQLite's limit of 32766 parameters per statement.
@@ -477,7 +496,54 @@ class Checkpointer:
         self._stopping = True
         self._wakeup.set()
         self._thread.join()
-        os.close(self._index)
+        # self._index stays open until the process exits: closing any descriptor of the -shm
+        # file drops every POSIX lock this process holds on it, SQLite's own included (its
+        # connections are still open here).
+
+
+def lock_store(path: str, notice: Any, wait: float = LOCK_WAIT) -> int:
+    """Take the store lock of database ``path`` (see the module doc); its file descriptor,
+    to be kept open for the life of the process (closing it releases the lock).
+
+    If another process holds it, calls ``notice(text)`` once and retries until ``wait``
+    seconds have passed.
+
+    Raises:
+        DatabaseError: the lock is still held after ``wait`` seconds (the text names the
+            lock file and the holder's pid), or the lock file cannot be opened.
+    """
+    lock_path = path + LOCK_SUFFIX
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise DatabaseError(f"{path}: cannot open the store lock {lock_path}: {exc}") from None
+    deadline = time.monotonic() + wait
+    waiting = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            pass
+        if time.monotonic() >= deadline:
+            os.close(fd)
+            raise DatabaseError(f"{path}: the previous store process (pid {_lock_holder(lock_path)}) still holds "
+                                f"the store lock {lock_path} after {wait:g} s — refusing to open the store beside it")
+        if not waiting:
+            waiting = True
+            notice(f"waiting for the previous store process of {path} (pid {_lock_holder(lock_path)}) to finish")
+        time.sleep(0.01)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # for the error of a store process that waits in vain
+    return fd
+
+
+def _lock_holder(lock_path: str) -> str:
+    """The pid the holder of the store lock wrote into it, or "unknown"."""
+    try:
+        return Path(lock_path).read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def _meta(db: sqlite3.Connection, key: str) -> str | None:
@@ -586,12 +652,23 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     source, sink = sys.stdin.buffer, sys.stdout.buffer
+    router_gone = False  # the answers cannot be delivered: the commits given are still applied
 
     def send(body: Any) -> None:
-        sink.write(pack_frame(body))
-        sink.flush()
+        nonlocal router_gone
+        if router_gone:
+            return
+        try:
+            sink.write(pack_frame(body))
+            sink.flush()
+        except BrokenPipeError:
+            router_gone = True
 
+    gate = os.environ.get(COMMIT_GATE_ENV)
     try:
+        # Held until the process exits (never closed: the kernel releases it after the last
+        # thread and connection are gone, so the next store process never overlaps this one).
+        lock_store(path, lambda text: send(["notice", text]))
         database = Database(path, sync, accept_empty == "accept-empty")
         for warning in database.warnings:
             send(["warning", warning])
@@ -630,6 +707,8 @@ def main(argv: list[str]) -> int:
             if failed is not None:  # the router may have sent more behind the failed batch: none is applied
                 send(["error", f"an earlier commit failed: {failed}"])
                 continue
+            while gate is not None and os.path.exists(gate):
+                time.sleep(0.01)
             try:
                 cancelled = database.apply(request[1])
             except (sqlite3.Error, ValueError, IndexError) as exc:
@@ -638,8 +717,6 @@ def main(argv: list[str]) -> int:
             else:
                 send(["done", cancelled])
                 checkpointer.committed()
-    except BrokenPipeError:
-        pass  # the router is gone
     finally:
         checkpointer.stop()
         database.close()

@@ -282,6 +282,8 @@ class SqliteStore:
                 return Recovered(len(messages), records, remembered, frame[1]), messages
             elif kind == "warning":  # a damaged or emptied store, accepted by accept-empty-store
                 log.error("%s", frame[1])
+            elif kind == "notice":  # waiting for the store lock (the previous store process is finishing)
+                log.warning("%s", frame[1])
             elif kind == "error":
                 raise StoreError(frame[1])
             else:
