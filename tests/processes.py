@@ -16,6 +16,7 @@ through :func:`trio.to_thread.run_sync`.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,16 +27,40 @@ from pathlib import Path
 from lxml import etree
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, read, closed).
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
-    For config files that need a fixed port. Another process may take the port before the
-    router binds it; the chance is small (the kernel hands out ephemeral ports in turn), and
-    a router that cannot bind fails to start, loudly.
+
+_EPHEMERAL_LOW = _ephemeral_low()
+_handed_out: set[int] = set()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1, free now, for config files that need a fixed port.
+
+    Chosen below the kernel's ephemeral range (``ip_local_port_range``): a port from that
+    range (what binding port 0 gives) stays exposed to every outgoing connection until the
+    router binds it — and again whenever a test stops or kills that router and restarts it
+    — and a proxy's or client's connect took one (``Address already in use`` at a restart).
+    Ports below it are never handed to outgoing connections; none is handed out twice in
+    this process.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    low = max(1024, _EPHEMERAL_LOW - 12000)
+    for _ in range(1000):
+        port = random.randrange(low, _EPHEMERAL_LOW)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port found in {low}-{_EPHEMERAL_LOW - 1}")
 
 
 ROUTER_XML = """\
