@@ -553,13 +553,7 @@ class AnnotationPatch:
         entries merged in: a key already there has its entry's bytes replaced in place
         (later duplicates of it dropped), new keys go at the end, the map's size and count
         are rewritten (a map8 that outgrows one byte becomes a map32)."""
-        code = raw[at]
-        if code == 0xC1:
-            count, position = raw[at + 2], at + 3
-        elif code == 0xD1:
-            count, position = int.from_bytes(raw[at + 5:at + 9], "big"), at + 9
-        else:
-            raise MessageError(f"the message-annotations section must be a map, found constructor 0x{code:02x}")
+        code, count, position = _map_head(raw, at)
         if count % 2:
             raise MessageError(f"the message-annotations map has an odd number of elements ({count})")
         pieces: list[bytes] = []
@@ -591,13 +585,7 @@ class AnnotationPatch:
     def _append(self, raw: bytes, start: int, at: int, end: int) -> bytes:
         """The message-annotations section ``raw[start:end]`` (its map at ``at``) with these
         entries added at its end, the map's size and count rewritten."""
-        code = raw[at]
-        if code == 0xC1:
-            count, position = raw[at + 2], at + 3
-        elif code == 0xD1:
-            count, position = int.from_bytes(raw[at + 5:at + 9], "big"), at + 9
-        else:
-            raise MessageError(f"the message-annotations section must be a map, found constructor 0x{code:02x}")
+        code, count, position = _map_head(raw, at)
         entries = self._entries
         return _map_section(raw[start:at], raw[position:end] + b"".join(entries), count + 2 * len(entries),
                             code == 0xD1)
@@ -635,6 +623,19 @@ def _key_identity(raw: bytes, at: int, end: int) -> Any:
         return kind, decode(raw, at)[0]
     except DecodeError as exc:
         raise MessageError(f"malformed annotation key: {exc}") from None
+
+
+def _map_head(raw: bytes, at: int) -> tuple[int, int, int]:
+    """(constructor, element count, offset of the first element) of the map at ``raw[at]``.
+
+    Raises: MessageError if it is not a map8 or map32.
+    """
+    code = raw[at]
+    if code == 0xC1:
+        return code, raw[at + 2], at + 3
+    if code == 0xD1:
+        return code, int.from_bytes(raw[at + 5:at + 9], "big"), at + 9
+    raise MessageError(f"the message-annotations section must be a map, found constructor 0x{code:02x}")
 
 
 def _map_section(descriptor: bytes, body: bytes, count: int, wide: bool) -> bytes:
