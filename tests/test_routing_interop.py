@@ -38,22 +38,24 @@ def proton_address(network: Network, router: str) -> str:
 
 async def run_rhea(network: Network, mode: str, router: str, queue: str, count: int,
                    nursery: trio.Nursery, on_ready: Callable[[], object]) -> list[dict]:
-    """Run ``rhea_routed.js`` against ``router`` until it is done; ``on_ready`` is started in
-    ``nursery`` once rhea's receiver is attached. Returns rhea's events."""
-    process = await nursery.start(functools.partial(
-        trio.run_process, ["node", "rhea_routed.js", mode, network.url(router).rsplit(":", 1)[1], queue,
-                           str(count)],
-        cwd=INTEROP, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False))
+    """Run ``rhea_routed.js`` against ``router``; ``on_ready`` runs in a thread once rhea's
+    receiver is attached. Returns rhea's events once both rhea and ``on_ready`` are done (a
+    requester gets its last reply after the server has sent it and left)."""
     events, pending = [], b""
-    async for chunk in process.stdout:
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            event = json.loads(line) if line.startswith(b"{") else {"event": "output", "text": line.decode()}
-            events.append(event)
-            if event["event"] == "ready":
-                nursery.start_soon(trio.to_thread.run_sync, on_ready)
-    assert await process.wait() == 0, f"rhea_routed.js {mode} failed: {events}"
+    async with trio.open_nursery() as clients:
+        process = await nursery.start(functools.partial(
+            trio.run_process, ["node", "rhea_routed.js", mode, network.url(router).rsplit(":", 1)[1], queue,
+                               str(count)],
+            cwd=INTEROP, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False))
+        async for chunk in process.stdout:
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                event = json.loads(line) if line.startswith(b"{") else {"event": "output", "text": line.decode()}
+                events.append(event)
+                if event["event"] == "ready":
+                    clients.start_soon(trio.to_thread.run_sync, on_ready)
+        assert await process.wait() == 0, f"rhea_routed.js {mode} failed: {events}"
     return events
 
 

@@ -15,6 +15,8 @@ const connection = container.connect({host: '127.0.0.1', port, reconnect: false}
 const receiver = connection.open_receiver({source: queue, credit_window: 10});
 const replies = mode === 'serve' ? connection.open_sender({target: {}}) : null;  // anonymous
 let seen = 0;
+let answered = 0;  // replies the router accepted: the connection closes only after the last one
+const finish = () => { receiver.close(); connection.close(); };
 
 receiver.on('receiver_open', () => say('ready', {}));
 receiver.on('message', (context) => {
@@ -30,11 +32,19 @@ receiver.on('message', (context) => {
                       body: String(message.body).toUpperCase()});
         say('served', {reply_to: message.reply_to});
     }
-    if (++seen === count) {
-        receiver.close();
-        connection.close();
-    }
+    // A server closing right after sending would drop a reply still waiting for credit or
+    // for the router's disposition, so the last reply's acceptance ends the conversation.
+    if (++seen === count && mode === 'receive') finish();
 });
+if (replies) {
+    replies.on('accepted', () => { if (++answered === count) finish(); });
+    for (const outcome of ['rejected', 'released', 'modified']) {
+        replies.on(outcome, (context) => {
+            say('error', {where: outcome, error: JSON.stringify(context.delivery.remote_state || {})});
+            process.exit(1);
+        });
+    }
+}
 connection.on('connection_close', () => say('done', {}));
 for (const name of ['receiver_error', 'sender_error', 'connection_error', 'error']) {
     connection.on(name, (context) => {
