@@ -157,8 +157,9 @@ class Bench:
             with rabbitmq_node(self.folder, "bench-a", plugins, epmd_port) as node_a, \
                     rabbitmq_node(self.folder, "bench-b", plugins, epmd_port) as node_b:
                 count = self.count(True)
-                # the shovel declares both queues durable; the load generator names them
-                # without declaring (/amq/queue/: the amqp1_0 plugin would declare them transient)
+                # the shovel declares both queues durable; the load generator names them without
+                # declaring (/amq/queue/ at both ends: /queue/ would redeclare them, which fails on
+                # the durable queue and leaves the sender waiting for credit)
                 uri = "amqp://guest:guest@127.0.0.1:{}"
                 node_a.ctl("set_parameter", "shovel", "bench", (
                     f'{{"src-protocol": "amqp091", "src-uri": "{uri.format(node_a.port)}", "src-queue": "shovelled",'
@@ -171,7 +172,7 @@ class Bench:
                     time.sleep(0.5)
                 print(f"RabbitMQ {node_a.ctl('version')}: two nodes, dynamic shovel A → B (AMQP 0-9-1, "
                       f"on-confirm), load through the amqp1_0 plugin", flush=True)
-                rates = [run_round(self.loadgen, (node_a.port, "/queue/shovelled"),
+                rates = [run_round(self.loadgen, (node_a.port, "/amq/queue/shovelled"),
                                    (node_b.port, "/amq/queue/shovelled"), count, durable=True, size=self.args.size,
                                    credentials=("guest", "guest"), timeout=120) for _ in range(self.args.rounds)]
                 print(f"{'RabbitMQ shovel, one hop, persistent':44} {max(rates):>9,.0f} msgs/s", flush=True)
@@ -204,7 +205,7 @@ def main(args: argparse.Namespace) -> None:
             bench.sweep()
         try:
             rabbit = bench.shovel() if "rabbitmq" in sections else None
-        except RuntimeError as exc:  # (see README: the shovel round does not complete yet)
+        except RuntimeError as exc:
             print(f"RabbitMQ shovel: failed: {exc}")
             rabbit = None
         print(f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
