@@ -53,7 +53,7 @@ import random
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 
 import attrs
@@ -92,6 +92,23 @@ ROUTER = """\
 CONNECTOR = """
       <connector name="{target}" hostname="127.0.0.1" port="{port}" password="{password}" retry-time="1000"
                  use-xa="{xa}"/>"""
+
+
+def router_config(name: str, *, amqp: int, routing: int, password: str,
+                  connectors: Iterable[tuple[str, int, str]] = (), static_routes: Iterable[str] = (),
+                  xa: bool = True) -> str:
+    """The config of a full router ``name`` for a test network (the one template of every
+    process test): the default stack with routing, its store in ``store`` (``sync="normal"``),
+    AMQP on ``127.0.0.1:amqp``, a routing listener on ``routing`` with ``password`` and a
+    keepalive of 1 s, a connector per ``(router, port, password)`` retrying every second,
+    ``static_routes`` and XA on the links (or ``use-xa="false"`` on both ends)."""
+    flag = "true" if xa else "false"
+    return ROUTER.format(
+        name=name, amqp=amqp, routing=routing, password=password, keepalive=KEEPALIVE_MS, xa=flag,
+        static="".join(f'\n      <static-route name="{other}"/>' for other in static_routes),
+        connectors="".join(CONNECTOR.format(target=target, port=port, password=secret, xa=flag)
+                           for target, port, secret in connectors))
+
 
 _ROUTE = re.compile(r"\[(?P<router>[\w-]+)\] \S+: route to (?P<dest>[\w-]+) via (?P<hop>[\w-]+) "
                     r"\(\d+ hops?: (?P<path>[\w -]+)\) (?P<change>added|removed)$", re.MULTILINE)
@@ -165,13 +182,11 @@ class ProcessNetwork:
         self.faults: collections.Counter[str] = collections.Counter()
 
     def config(self, name: str) -> str:
-        xa = "true" if self.xa else "false"
-        connectors = "".join(CONNECTOR.format(target=listener, port=self.proxies[(name, listener)].port,
-                                              password=f"secret-{listener}", xa=xa)
-                             for connector, listener in self.topology.links if connector == name)
-        static = "".join(f'\n      <static-route name="{other}"/>' for other in self.topology.routers if other != name)
-        return ROUTER.format(name=name, amqp=self.amqp[name], routing=self.routing[name], password=f"secret-{name}",
-                             keepalive=KEEPALIVE_MS, xa=xa, static=static, connectors=connectors)
+        connectors = [(listener, self.proxies[(name, listener)].port, f"secret-{listener}")
+                      for connector, listener in self.topology.links if connector == name]
+        return router_config(name, amqp=self.amqp[name], routing=self.routing[name], password=f"secret-{name}",
+                             connectors=connectors, static_routes=[r for r in self.topology.routers if r != name],
+                             xa=self.xa)
 
     async def start(self, nursery: trio.Nursery) -> None:
         for connector, listener in self.topology.links:
