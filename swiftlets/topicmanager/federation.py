@@ -17,7 +17,11 @@ asks for one: a router holding static subscriptions to ``R`` that has not heard 
 yet sets ``reply`` in its own records to ``R``, and ``R`` answers with its record. The receiver
 keeps the newest record per router, by (epoch, sequence): the epoch is the sender's start
 time (above the one in its store, if the clock went back), so a restarted router replaces
-what it said before, and a record overtaken on another path is ignored.
+what it said before, and a record overtaken on another path is ignored. The newest record
+of each router is kept in the store (``federation``/``interest:<router>``, written before the
+record is acknowledged) and applied again at start: a router restarted after a crash
+forwards what its publishers send at once, not only after the other routers' records have
+come again (publications of that gap were lost for remote durable subscribers).
 
 **Remote subscriptions.** A record's roots become remote subscriptions of its router (usage
 ``remote-router-subscriptions/<router>/topics/<root>``). A message *published locally* under
@@ -323,7 +327,10 @@ class Federation:
         self._announced = "announced" in records
         for key, body in sorted(records.items()):
             if key.startswith(INTEREST_KEY):
-                self._apply(InterestRecord.parse(body))
+                try:
+                    self._apply(InterestRecord.parse(body))
+                except ValueError as exc:  # e.g. from another version: that router's next record replaces it
+                    log.warning("stored interest record %s ignored: %s", key, exc)
         await store.commit([PutRecord("federation", "epoch", str(self._epoch).encode())])
 
     def _lookup_routing(self) -> Routing | None:
