@@ -40,6 +40,16 @@ fault per round from a seeded random schedule, drains (waits, bounded, until eve
 message has arrived, then a little longer for late duplicates) and returns the
 :class:`Results`; ``bench/network_chaos.py`` prints them as a table.
 
+**Topic mode** (``Schedule(mode="topics")``): the producers publish to the topic ``chaos``
+instead; every router has a durable subscriber (client id ``sub-<router>``) and a
+non-durable one, a :class:`Consumer` each, subscribed and known to every router
+(:meth:`ProcessNetwork.wait_interest`) before the first publication. :func:`topic_verdict`
+checks each subscriber against everything accepted: a durable one must have each exactly
+once (as the queue consumer above: a batch in doubt may come again), whatever was killed,
+its own router included (README, "Testing the network under faults", says why that holds);
+a non-durable one loses what comes while it or its router is away (reported), and must
+never get one twice. Every process test builds its routers from :func:`router_config`.
+
 Blocking process operations (start, wait for a log line, kill) run in worker threads
 (:func:`trio.to_thread.run_sync`); everything else runs in the caller's trio nursery.
 """
