@@ -6,9 +6,14 @@ fault per round from a seeded schedule (SIGKILL of a router or of its store engi
 cut, half-open link, delay), drains and prints what was sent, received, lost, duplicated
 and in doubt. Exit status 1 if anything was lost, or (with XA) duplicated.
 
+``--mode topics``: the producers publish to a topic instead, and every router has a durable
+and a non-durable subscriber; the table has a row per subscriber. Exit status 1 if a durable
+subscriber lost anything, or (with XA) any subscriber got a duplicate.
+
     .venv/bin/python bench/network_chaos.py --rounds 20 --topology triangle --xa
     .venv/bin/python bench/network_chaos.py --rounds 30 --topology chain --faults kill kill-store
     .venv/bin/python bench/network_chaos.py --rounds 10 --no-xa
+    .venv/bin/python bench/network_chaos.py --rounds 20 --mode topics --faults kill kill-store cut
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from netharness import FAULTS, TOPOLOGIES, Schedule, chaos, open_network  # noqa
 async def main(args: argparse.Namespace) -> int:
     schedule = Schedule(rounds=args.rounds, faults=tuple(args.faults), down=args.down, gap=args.gap, seed=args.seed,
                         producers=args.producers, rate=args.rate, drain_timeout=args.drain_timeout,
-                        spare=tuple(args.spare))
+                        spare=tuple(args.spare), mode=args.mode)
     with tempfile.TemporaryDirectory(prefix="network-chaos-") as scratch:
         folder = args.folder or scratch
         started = time.monotonic()
@@ -39,7 +44,7 @@ async def main(args: argparse.Namespace) -> int:
         finally:
             if args.keep_logs:
                 Path(args.keep_logs).write_text(network.logs())
-        title = (f"{args.topology}, {'XA' if args.xa else 'non-XA'}, seed {args.seed}, "
+        title = (f"{args.mode}, {args.topology}, {'XA' if args.xa else 'non-XA'}, seed {args.seed}, "
                  f"{time.monotonic() - started:.0f} s")
         print(results.table(title))
     return 1 if results.lost or (args.xa and results.duplicated) else 0
@@ -49,6 +54,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--topology", choices=sorted(TOPOLOGIES), default="triangle")
+    parser.add_argument("--mode", choices=("queues", "topics"), default="queues",
+                        help="queues: producers send to a queue on the destination router; topics: they publish "
+                        "to a topic with a durable and a non-durable subscriber on every router")
     parser.add_argument("--xa", action=argparse.BooleanOptionalAction, default=True,
                         help="XA links (default); --no-xa sets use-xa=false on both ends of every link")
     parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))

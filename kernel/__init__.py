@@ -56,6 +56,9 @@ from .config import (
     ConfigErrors as ConfigErrors,
 )
 from .config import (
+    ConfigProblem as ConfigProblem,
+)
+from .config import (
     RouterConfig as RouterConfig,
 )
 from .config import (

@@ -37,7 +37,7 @@ from lxml import etree
 from .plugins import SwiftletSpec
 from .pools import PoolConfig
 from .schema import config_class, prop
-from .xmlconfig import ConfigError, ConfigErrors, ElementReader, write_element
+from .xmlconfig import ConfigError, ConfigErrors, ConfigProblem, ElementReader, write_element
 
 __all__ = [
     "RouterSettings",
@@ -45,6 +45,7 @@ __all__ = [
     "RouterConfig",
     "ConfigError",
     "ConfigErrors",
+    "ConfigProblem",
     "load_config",
     "save_config",
     "to_xml",
@@ -150,6 +151,7 @@ def load_config(
         seen.add(name)
     sections: dict[str, SwiftletSection] = {}
     first_line: dict[str, int] = {}
+    elements: dict[str, etree._Element] = {}
     for el in root.iterchildren("swiftlet"):
         name = el.get("name")
         if not name:
@@ -161,6 +163,7 @@ def load_config(
             reader.error(el, f"unknown swiftlet {name!r}; installed: {installed}", "name")
         else:
             first_line[name] = el.sourceline
+            elements[name] = el
             section = _read_section(reader, el, specs[name])
             if section is not None:
                 sections[name] = section
@@ -168,7 +171,14 @@ def load_config(
         raise ConfigErrors(sorted(reader.errors, key=lambda e: e.line or 0))
     for name in startorder:
         sections.setdefault(name, default_section(specs[name]))
-    return RouterConfig(settings, sections)
+    config = RouterConfig(settings, sections)
+    for name in startorder:
+        for problem in specs[name].check(config) if specs[name].check else ():
+            el = elements.get(name)
+            reader.error(root if el is None else problem.locate(el), problem.message, problem.attribute)
+    if reader.errors:
+        raise ConfigErrors(sorted(reader.errors, key=lambda e: e.line or 0))
+    return config
 
 
 def _read_section(reader: ElementReader, el: etree._Element, spec: SwiftletSpec) -> SwiftletSection | None:

@@ -34,7 +34,7 @@ from lxml import etree
 
 from .schema import Child, ListOf, Prop, fields_of, format_value, meta_of, parse_value, xml_name
 
-__all__ = ["ConfigError", "ConfigErrors", "ElementReader", "element_path", "write_element"]
+__all__ = ["ConfigError", "ConfigErrors", "ConfigProblem", "ElementReader", "element_path", "write_element"]
 
 
 @attrs.frozen
@@ -51,6 +51,28 @@ class ConfigError:
         where = f"{self.file}:{self.line}" if self.line else self.file
         attr = f" attribute '{self.attribute}':" if self.attribute else ""
         return f"{where}: {self.path}:{attr} {self.message}"
+
+
+@attrs.frozen
+class ConfigProblem:
+    """A problem a swiftlet's cross-swiftlet check found (``SwiftletSpec.check``), located
+    below its ``<swiftlet>`` element by ``path``: child tags and item names alternating, e.g.
+    ``("static-remote-router-subscriptions", "b")`` is item ``b`` of that entity list.
+    Reported at the deepest element of the path that the file has."""
+
+    path: tuple[str, ...]
+    message: str
+    attribute: str | None = None
+
+    def locate(self, el: etree._Element) -> etree._Element:
+        """The element of ``path`` below ``el`` (the swiftlet's), or the deepest one found."""
+        for index, step in enumerate(self.path):
+            found = (next((c for c in el.iterchildren() if c.get("name") == step), None) if index % 2
+                     else next(el.iterchildren(step), None))
+            if found is None:
+                break
+            el = found
+        return el
 
 
 class ConfigErrors(Exception):

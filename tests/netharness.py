@@ -40,6 +40,16 @@ fault per round from a seeded random schedule, drains (waits, bounded, until eve
 message has arrived, then a little longer for late duplicates) and returns the
 :class:`Results`; ``bench/network_chaos.py`` prints them as a table.
 
+**Topic mode** (``Schedule(mode="topics")``): the producers publish to the topic ``chaos``
+instead; every router has a durable subscriber (client id ``sub-<router>``) and a
+non-durable one, a :class:`Consumer` each, subscribed and known to every router
+(:meth:`ProcessNetwork.wait_interest`) before the first publication. :func:`topic_verdict`
+checks each subscriber against everything accepted: a durable one must have each exactly
+once (as the queue consumer above: a batch in doubt may come again), whatever was killed,
+its own router included (README, "Testing the network under faults", says why that holds);
+a non-durable one loses what comes while it or its router is away (reported), and must
+never get one twice. Every process test builds its routers from :func:`router_config`.
+
 Blocking process operations (start, wait for a log line, kill) run in worker threads
 (:func:`trio.to_thread.run_sync`); everything else runs in the caller's trio nursery.
 """
@@ -53,13 +63,13 @@ import random
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 
 import attrs
 import trio
 
-from martinet.messaging.client import ConnectionLost, DeliveryMode, JMSError, Queue, TextMessage, connect
+from martinet.messaging.client import ConnectionLost, DeliveryMode, JMSError, Queue, TextMessage, Topic, connect
 
 from faultproxy import FaultProxy
 from processes import RouterProcess, RouterProcesses, free_port
@@ -92,6 +102,23 @@ ROUTER = """\
 CONNECTOR = """
       <connector name="{target}" hostname="127.0.0.1" port="{port}" password="{password}" retry-time="1000"
                  use-xa="{xa}"/>"""
+
+
+def router_config(name: str, *, amqp: int, routing: int, password: str,
+                  connectors: Iterable[tuple[str, int, str]] = (), static_routes: Iterable[str] = (),
+                  xa: bool = True) -> str:
+    """The config of a full router ``name`` for a test network (the one template of every
+    process test): the default stack with routing, its store in ``store`` (``sync="normal"``),
+    AMQP on ``127.0.0.1:amqp``, a routing listener on ``routing`` with ``password`` and a
+    keepalive of 1 s, a connector per ``(router, port, password)`` retrying every second,
+    ``static_routes`` and XA on the links (or ``use-xa="false"`` on both ends)."""
+    flag = "true" if xa else "false"
+    return ROUTER.format(
+        name=name, amqp=amqp, routing=routing, password=password, keepalive=KEEPALIVE_MS, xa=flag,
+        static="".join(f'\n      <static-route name="{other}"/>' for other in static_routes),
+        connectors="".join(CONNECTOR.format(target=target, port=port, password=secret, xa=flag)
+                           for target, port, secret in connectors))
+
 
 _ROUTE = re.compile(r"\[(?P<router>[\w-]+)\] \S+: route to (?P<dest>[\w-]+) via (?P<hop>[\w-]+) "
                     r"\(\d+ hops?: (?P<path>[\w -]+)\) (?P<change>added|removed)$", re.MULTILINE)
@@ -165,13 +192,11 @@ class ProcessNetwork:
         self.faults: collections.Counter[str] = collections.Counter()
 
     def config(self, name: str) -> str:
-        xa = "true" if self.xa else "false"
-        connectors = "".join(CONNECTOR.format(target=listener, port=self.proxies[(name, listener)].port,
-                                              password=f"secret-{listener}", xa=xa)
-                             for connector, listener in self.topology.links if connector == name)
-        static = "".join(f'\n      <static-route name="{other}"/>' for other in self.topology.routers if other != name)
-        return ROUTER.format(name=name, amqp=self.amqp[name], routing=self.routing[name], password=f"secret-{name}",
-                             keepalive=KEEPALIVE_MS, xa=xa, static=static, connectors=connectors)
+        connectors = [(listener, self.proxies[(name, listener)].port, f"secret-{listener}")
+                      for connector, listener in self.topology.links if connector == name]
+        return router_config(name, amqp=self.amqp[name], routing=self.routing[name], password=f"secret-{name}",
+                             connectors=connectors, static_routes=[r for r in self.topology.routers if r != name],
+                             xa=self.xa)
 
     async def start(self, nursery: trio.Nursery) -> None:
         for connector, listener in self.topology.links:
@@ -202,6 +227,21 @@ class ProcessNetwork:
                 await trio.sleep(0.1)
             return
         raise AssertionError(f"the routers did not connect within {timeout} s\n{self.logs()}")
+
+    async def wait_interest(self, root: str, timeout: float = 60) -> None:
+        """Wait (bounded) until every router has logged every other one's interest in ``root``.
+
+        Raises: AssertionError with every log if the time is up."""
+        def known() -> bool:
+            return all(f"interest of router {other}: {root}" in self.routers[name].current()
+                       for name in self.topology.routers for other in self.topology.routers if other != name)
+
+        with trio.move_on_after(timeout):
+            while not known():
+                await trio.sleep(0.1)
+            return
+        raise AssertionError(f"the routers did not learn each other's interest in {root} within {timeout} s\n"
+                             f"{self.logs()}")
 
     async def kill(self, name: str) -> None:
         """SIGKILL router ``name`` (no cleanup: its store is as a crash leaves it)."""
@@ -292,15 +332,16 @@ class NumberedMessage(TextMessage):
 
 
 class Producer:
-    """Sends seq 1, 2, … to ``address`` on ``url`` until stopped (or ``count`` are sent), at
-    most ``rate`` a second (0: as fast as the router accepts them). ``sent`` lists the
-    accepted seqs, ``in_doubt`` those whose connection ended before the answer, ``refused``
-    those the router refused (e.g. while it stopped)."""
+    """Sends seq 1, 2, … to ``address`` (a queue's name, or a :class:`Topic`) on ``url``
+    until stopped (or ``count`` are sent), at most ``rate`` a second (0: as fast as the
+    router accepts them). ``sent`` lists the accepted seqs, ``in_doubt`` those whose
+    connection ended before the answer, ``refused`` those the router refused (e.g. while it
+    stopped)."""
 
-    def __init__(self, ident: str, url: str, address: str, *, rate: float = 0, count: int | None = None):
+    def __init__(self, ident: str, url: str, address: str | Topic, *, rate: float = 0, count: int | None = None):
         self.ident = ident
         self.url = url
-        self.address = address
+        self.destination = Queue(address) if isinstance(address, str) else address
         self.interval = 1 / rate if rate else 0.0
         self.count = count
         self.sent: list[int] = []
@@ -316,7 +357,7 @@ class Producer:
         while self._more(stop):
             with contextlib.suppress(JMSError):
                 async with connect(self.url) as connection, connection.session() as session:
-                    async with session.producer(Queue(self.address),
+                    async with session.producer(self.destination,
                                                 delivery_mode=DeliveryMode.PERSISTENT) as producer:
                         while self._more(stop):
                             await self._send(producer)
@@ -342,12 +383,21 @@ class Consumer:
     """Receives from ``queue`` on ``url`` in a transacted session, committing every ``batch``
     messages (or when none came for a moment). ``received`` counts per (producer, seq) the
     copies in committed batches; ``in_doubt`` holds those of batches whose commit did not
-    come back; ``out_of_order`` counts seqs received after a higher one of their producer."""
+    come back; ``out_of_order`` counts seqs received after a higher one of their producer.
 
-    def __init__(self, url: str, queue: str, *, batch: int = 50):
+    ``queue`` may be a :class:`Topic`: a subscriber, non-durable (a new subscription per
+    connection: what is published while it reconnects is not its), or with ``durable``
+    the durable subscription of that name of client id ``durable`` (the same on every
+    connection). ``name`` labels it in results."""
+
+    def __init__(self, url: str, queue: str | Topic, *, batch: int = 50, durable: str | None = None,
+                 name: str = ""):
         self.url = url
-        self.queue = queue
+        self.source = Queue(queue) if isinstance(queue, str) else queue
+        self.durable = durable
+        self.name = name or str(queue)
         self.batch = batch
+        self.attached = trio.Event()  # subscribed (durable: the subscription exists)
         self.received: collections.Counter[tuple[str, int]] = collections.Counter()
         self.in_doubt: set[tuple[str, int]] = set()
         self.out_of_order = 0
@@ -359,8 +409,12 @@ class Consumer:
         while True:
             batch: list[tuple[str, int]] = []
             try:
-                async with connect(self.url) as connection, connection.session(transacted=True) as session:
-                    async with session.consumer(Queue(self.queue)) as consumer:
+                async with connect(self.url, client_id=self.durable) as connection, \
+                        connection.session(transacted=True) as session:
+                    subscribe = session.durable_subscriber(self.source, self.durable) if self.durable \
+                        else session.consumer(self.source)
+                    async with subscribe as consumer:
+                        self.attached.set()
                         while True:
                             message = await consumer.receive(0.2)
                             if message is not None:
@@ -405,13 +459,16 @@ class Results:
     consumer_in_doubt: int
     drain_seconds: float
     examples: dict[str, list[tuple[str, int]]]  # a few lost and duplicated (producer, seq)
+    #: Topics: each subscriber's own results (name, durable, results); the totals above count
+    #: lost and received at the durable ones, duplicated at all.
+    subscribers: tuple[tuple[str, bool, Results], ...] = ()
 
     def table(self, title: str = "") -> str:
         rows = [("rounds", self.rounds),
                 ("faults injected", ", ".join(f"{kind} {n}" for kind, n in sorted(self.faults.items())) or "none"),
                 ("messages sent (accepted)", self.sent),
-                ("received", self.received),
-                ("lost", self.lost),
+                ("received" + (" (durable subscribers)" if self.subscribers else ""), self.received),
+                ("lost" + (" (durable subscribers)" if self.subscribers else ""), self.lost),
                 ("duplicated", self.duplicated),
                 ("in doubt at the producer (of them arrived)",
                  f"{self.producer_in_doubt} ({self.producer_in_doubt_arrived})"),
@@ -422,6 +479,14 @@ class Results:
         width = max(len(name) for name, _ in rows)
         lines = [title] if title else []
         lines += [f"{name:<{width}}  {value}" for name, value in rows]
+        if self.subscribers:
+            header = ("subscriber", "kind", "expected", "received", "lost", "duplicated", "in doubt", "out of order")
+            cells = [header] + [(name, "durable" if durable else "non-durable", r.sent, r.received, r.lost,
+                                 r.duplicated, r.consumer_in_doubt, r.out_of_order)
+                                for name, durable, r in self.subscribers]
+            widths = [max(len(str(row[i])) for row in cells) for i in range(len(header))]
+            lines += ["  ".join(f"{cell!s:>{w}}" if i > 1 else f"{cell!s:<{w}}" for i, (cell, w) in
+                                enumerate(zip(row, widths, strict=True))) for row in cells]
         lines += [f"{kind} e.g. {keys}" for kind, keys in self.examples.items() if keys]
         return "\n".join(lines)
 
@@ -448,13 +513,35 @@ def verdict(producers: list[Producer], consumers: list[Consumer], *, rounds: int
         examples={"lost": lost[:5], "duplicated": duplicated[:5]})
 
 
-async def drain(producers: list[Producer], consumers: list[Consumer], timeout: float, quiet: float = 2.0) -> float:
-    """Wait until every sent message has arrived (or ``timeout`` seconds), then until the
-    consumers have had nothing new for ``quiet`` seconds (late duplicates); returns the time."""
+def topic_verdict(producers: list[Producer], durable: list[Consumer], non_durable: list[Consumer], *,
+                  rounds: int = 0, faults: dict[str, int] | None = None, drain_seconds: float = 0.0) -> Results:
+    """Each subscriber against everything the producers had accepted (every subscriber
+    expects every message); the totals: lost and received at the durable subscribers (a
+    non-durable one may lose while it or its router is away), duplicated at any."""
+    rows = [(c.name, c in durable, verdict(producers, [c])) for c in durable + non_durable]
+    in_doubt = {(p.ident, seq) for p in producers for seq in p.in_doubt + p.refused}
+    arrived = set().union(*(set(c.received) | c.in_doubt for c in durable + non_durable))
+    examples = {f"{kind} at {name}": r.examples[kind] for name, _, r in rows
+                for kind in ("lost", "duplicated")}
+    return Results(
+        rounds=rounds, faults=dict(faults or {}), sent=sum(len(p.sent) for p in producers),
+        received=sum(r.received for _, d, r in rows if d), lost=sum(r.lost for _, d, r in rows if d),
+        duplicated=sum(r.duplicated for _, _, r in rows), out_of_order=sum(r.out_of_order for _, _, r in rows),
+        producer_in_doubt=sum(len(p.in_doubt) for p in producers), producer_in_doubt_arrived=len(in_doubt & arrived),
+        refused=sum(len(p.refused) for p in producers), consumer_in_doubt=sum(r.consumer_in_doubt for _, _, r in rows),
+        drain_seconds=drain_seconds, examples=examples, subscribers=tuple(rows))
+
+
+async def drain(producers: list[Producer], consumers: list[Consumer], timeout: float, quiet: float = 2.0, *,
+                each: bool = False) -> float:
+    """Wait until every sent message has arrived (at any of ``consumers``; ``each``: at every
+    one) or ``timeout`` seconds pass, then until the consumers have had nothing new for
+    ``quiet`` seconds (late duplicates); returns the time."""
     started = trio.current_time()
     expected = [(p.ident, seq) for p in producers for seq in p.sent]
+    arrived = all if each else any
     with trio.move_on_after(timeout):
-        while not all(any(c.has(key) for c in consumers) for key in expected):
+        while not all(arrived(c.has(key) for c in consumers) for key in expected):
             await trio.sleep(0.2)
         while time.monotonic() - max(c.last_arrival for c in consumers) < quiet:
             await trio.sleep(0.2)
@@ -476,6 +563,7 @@ class Schedule:
     rate: float = 100.0  # messages a second per producer
     drain_timeout: float = 120.0
     spare: tuple[str, ...] = ()
+    mode: str = "queues"  # or "topics" (see chaos)
 
 
 def plan(network: ProcessNetwork, schedule: Schedule) -> list[tuple[str, str | tuple[str, str]]]:
@@ -492,18 +580,35 @@ def plan(network: ProcessNetwork, schedule: Schedule) -> list[tuple[str, str | t
 
 async def chaos(network: ProcessNetwork, schedule: Schedule,
                 report: Callable[[str], None] = lambda line: None) -> Results:
-    """Traffic under ``schedule``'s faults, then drain; ``report`` is told each step."""
+    """Traffic under ``schedule``'s faults, then drain; ``report`` is told each step.
+
+    ``queues``: producers on the sources send to ``queue@destination``, one consumer there.
+    ``topics``: producers on the sources publish to the topic ``queue``; every router has a
+    durable and a non-durable subscriber, subscribed (and their interest known on every
+    router) before the first publication; drained until every durable one has everything."""
     topology = network.topology
-    producers = [Producer(f"{source}{n}", network.url(source), f"{topology.queue}@{topology.destination}",
-                          rate=schedule.rate)
+    topics = schedule.mode == "topics"
+    address = Topic(topology.queue) if topics else f"{topology.queue}@{topology.destination}"
+    producers = [Producer(f"{source}{n}", network.url(source), address, rate=schedule.rate)
                  for source in topology.sources for n in range(schedule.producers)]
-    consumers = [Consumer(network.url(topology.destination), topology.queue)]
+    if topics:
+        durable = [Consumer(network.url(name), address, durable=f"sub-{name}", name=f"{name} durable")
+                   for name in topology.routers]
+        non_durable = [Consumer(network.url(name), address, name=f"{name} non-durable") for name in topology.routers]
+    else:
+        durable, non_durable = [Consumer(network.url(topology.destination), topology.queue)], []
+    consumers = durable + non_durable
     stop_producing, stop_consuming = trio.Event(), trio.Event()
     async with trio.open_nursery() as nursery:
-        for producer in producers:
-            nursery.start_soon(producer.run, stop_producing)
         for consumer in consumers:
             nursery.start_soon(consumer.run, stop_consuming)
+        if topics:
+            with trio.fail_after(60):
+                for consumer in consumers:
+                    await consumer.attached.wait()
+            await network.wait_interest(topology.queue)
+        for producer in producers:
+            nursery.start_soon(producer.run, stop_producing)
         await trio.sleep(schedule.gap)
         for number, (kind, target) in enumerate(plan(network, schedule), 1):
             report(f"round {number}: {kind} {target if isinstance(target, str) else '-'.join(target)}")
@@ -511,6 +616,9 @@ async def chaos(network: ProcessNetwork, schedule: Schedule,
             await trio.sleep(schedule.gap)
         stop_producing.set()
         await network.wait_connected()
-        seconds = await drain(producers, consumers, schedule.drain_timeout)
+        seconds = await drain(producers, durable, schedule.drain_timeout, each=topics)
         stop_consuming.set()
+    if topics:
+        return topic_verdict(producers, durable, non_durable, rounds=schedule.rounds, faults=network.faults,
+                             drain_seconds=seconds)
     return verdict(producers, consumers, rounds=schedule.rounds, faults=network.faults, drain_seconds=seconds)

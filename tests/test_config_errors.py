@@ -181,3 +181,57 @@ def test_check_command_accepts_the_default_config():
     assert done.returncode == 0, done.stderr
     assert ("OK: router router1, start order: sys$log sys$store sys$authentication sys$queuemanager sys$xa "
             "sys$topicmanager sys$jms") in done.stdout
+
+
+STATIC_SUBSCRIPTIONS = """
+<router name="a" startorder="sys$log sys$store sys$queuemanager sys$topicmanager{routing}">
+  <swiftlet name="sys$topicmanager">
+    <static-remote-router-subscriptions>
+      <static-remote-router-subscription name="b">
+        <static-topic-subscriptions>
+          <static-topic-subscription name="iit" keep-on-unsubscribe="true"/>
+        </static-topic-subscriptions>
+      </static-remote-router-subscription>
+      <static-remote-router-subscription name="c"/>
+    </static-remote-router-subscriptions>
+  </swiftlet>
+  <swiftlet name="sys$routing">
+    <static-routes>
+      <static-route name="{route}"/>
+    </static-routes>
+  </swiftlet>
+</router>
+"""
+TOPICMANAGER = "/router[@name='a']/swiftlet[@name='sys$topicmanager']/static-remote-router-subscriptions/"
+
+
+def test_check_command_reports_a_static_remote_subscription_without_a_static_route(write_config):
+    """A rule across swiftlets (SwiftletSpec.check): b has no static route, c has one."""
+    path = write_config(STATIC_SUBSCRIPTIONS.format(routing=" sys$routing", route="c"))
+    done = subprocess.run([sys.executable, "-m", "martinet.kernel", "check", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.strip().splitlines() == [
+        f"{path}:4: {TOPICMANAGER}static-remote-router-subscription[@name='b']: a static remote subscription needs "
+        """a static route to b: add <static-route name="b"/> to sys$routing's <static-routes>"""]
+
+
+def test_a_router_does_not_start_on_a_static_remote_subscription_without_routing(write_config):
+    from martinet.kernel import Router
+
+    path = write_config(STATIC_SUBSCRIPTIONS.format(routing="", route="b"))
+    with pytest.raises(ConfigErrors) as caught:
+        Router.from_file(path)
+    assert [(e.line, e.path) for e in caught.value.errors] == [
+        (4, f"{TOPICMANAGER}static-remote-router-subscription[@name='b']"),
+        (9, f"{TOPICMANAGER}static-remote-router-subscription[@name='c']")]
+    assert all(e.message.endswith("(sys$routing is not in the start order)") for e in caught.value.errors)
+
+
+def test_static_remote_subscriptions_with_their_static_routes_pass(write_config):
+    from martinet.kernel import Router
+
+    path = write_config(STATIC_SUBSCRIPTIONS.format(routing=" sys$routing", route="b").replace(
+        '<static-route name="b"/>', '<static-route name="b"/><static-route name="c"/>'))
+    assert set(Router.from_file(path).config.swiftlets["sys$topicmanager"].config
+               .static_remote_router_subscriptions) == {"b", "c"}

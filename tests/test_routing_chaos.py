@@ -24,6 +24,23 @@ async def test_xa_triangle_under_every_kind_of_fault_loses_and_duplicates_nothin
     assert (results.lost, results.duplicated) == (0, 0), results.table()
 
 
+async def test_topics_durable_subscribers_on_every_router_lose_and_duplicate_nothing_under_kills(tmp_path):
+    """Topic mode: publishers on a and b, a durable and a non-durable subscriber on each
+    router; a link cut, b's store engine killed, a (a publisher's router) and c (a
+    subscriber's only) SIGKILLed while they publish. Every durable subscriber gets every
+    accepted publication exactly once; the non-durable ones lose what came while they
+    were away (reported), never get one twice."""
+    schedule = Schedule(rounds=4, faults=("kill", "kill-store", "cut"), seed=6, mode="topics")
+    async with open_network(tmp_path, TOPOLOGIES["triangle"]) as network:
+        results = await chaos(network, schedule, print)
+    show(results, "topics, XA triangle")
+    assert results.faults == {"cut": 1, "kill-store": 1, "kill": 2}, results.table()
+    assert results.sent > 0 and (results.lost, results.duplicated) == (0, 0), results.table()
+    assert {name for name, durable, _ in results.subscribers if durable} == {"a durable", "b durable", "c durable"}
+    for _, durable, r in results.subscribers:
+        assert r.duplicated == 0 and (r.lost == 0 or not durable) and r.received > 0, results.table()
+
+
 async def test_routers_whose_store_engine_dies_mid_transfer_stop_themselves_and_lose_nothing(tmp_path):
     """Regression: when its store died, b's link to c closed (a commit failed), and b's
     dispatcher for rt$c turned to the route via a: every prepare there failed at once, and

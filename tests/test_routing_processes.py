@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from netharness import table
+from netharness import router_config, table
 from processes import RouterProcess, free_port
 
 pytestmark = pytest.mark.slow
@@ -28,27 +28,6 @@ PASSWORD = "triangle-secret"
 NAMES = ("paris", "lyon", "tokyo")
 TRIANGLE = {"paris": "lyon", "lyon": "tokyo", "tokyo": "paris"}  # who dials whom
 
-ROUTER = """\
-<router name="{name}"
-        startorder="sys$log sys$store sys$authentication sys$queuemanager sys$topicmanager sys$jms sys$routing">
-  <swiftlet name="sys$log" level="INFO"/>
-  <swiftlet name="sys$store" path="store" sync="normal"/>
-  <swiftlet name="sys$jms">
-    <listeners>
-      <listener name="amqp" port="{amqp}" bind-address="127.0.0.1"/>
-    </listeners>
-  </swiftlet>
-  <swiftlet name="sys$routing" reject-disconnect-delay="1000">
-    <listeners>
-      <listener name="plainsocket" port="{routing}" bindaddress="127.0.0.1" password="{password}"
-                keepalive-interval="1000"/>
-    </listeners>
-    <connectors>
-      <connector name="{target}" hostname="127.0.0.1" port="{target_port}" password="{password}" retry-time="1000"/>
-    </connectors>
-  </swiftlet>
-</router>
-"""
 
 def wait_until(what: str, predicate: Callable[[], bool], logs: Callable[[], str], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
@@ -67,8 +46,8 @@ FULL_TRIANGLE = {  # every router reaches the other two directly and over the th
 
 def test_a_triangle_of_processes_survives_a_sigkilled_router_and_takes_it_back(router_processes):
     routing = {name: free_port() for name in NAMES}
-    xml = {name: ROUTER.format(name=name, amqp=free_port(), routing=routing[name], password=PASSWORD,
-                               target=TRIANGLE[name], target_port=routing[TRIANGLE[name]]) for name in NAMES}
+    xml = {name: router_config(name, amqp=free_port(), routing=routing[name], password=PASSWORD,
+                               connectors=[(TRIANGLE[name], routing[TRIANGLE[name]], PASSWORD)]) for name in NAMES}
     routers = {name: router_processes.start(xml[name]) for name in NAMES}
     logs = router_processes.logs
 

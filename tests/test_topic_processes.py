@@ -14,6 +14,7 @@ import trio
 
 from martinet.messaging.client import DeliveryMode, TextMessage, Topic, connect
 
+from netharness import router_config
 from processes import free_port
 
 pytestmark = pytest.mark.slow
@@ -22,31 +23,6 @@ NAMES = ("paris", "lyon", "tokyo")
 TRIANGLE = {"paris": "lyon", "lyon": "tokyo", "tokyo": "paris"}  # who dials whom
 PASSWORD = "topics-secret"
 COUNT = 400  # per publisher
-
-ROUTER = """\
-<router name="{name}"
-        startorder="sys$log sys$store sys$authentication sys$queuemanager sys$xa sys$topicmanager sys$jms sys$routing">
-  <swiftlet name="sys$log" level="INFO"/>
-  <swiftlet name="sys$store" path="store" sync="normal"/>
-  <swiftlet name="sys$jms">
-    <listeners>
-      <listener name="amqp" port="{amqp}" bind-address="127.0.0.1"/>
-    </listeners>
-  </swiftlet>
-  <swiftlet name="sys$routing" reject-disconnect-delay="1000">
-    <listeners>
-      <listener name="plainsocket" port="{routing}" bindaddress="127.0.0.1" password="{password}"
-                keepalive-interval="1000"/>
-    </listeners>
-    <connectors>
-      <connector name="{target}" hostname="127.0.0.1" port="{target_port}" password="{password}" retry-time="1000"/>
-    </connectors>
-    <static-routes>
-{static_routes}
-    </static-routes>
-  </swiftlet>
-</router>
-"""
 
 
 async def wait_for(router, needle: str, timeout: float = 30) -> None:
@@ -80,9 +56,9 @@ async def test_durable_subscribers_on_every_router_lose_nothing_when_one_is_kill
     urls = {name: f"amqp://127.0.0.1:{amqp[name]}" for name in NAMES}
     routers = {}
     for name in NAMES:
-        statics = "\n".join(f'      <static-route name="{other}"/>' for other in NAMES if other != name)
-        xml = ROUTER.format(name=name, amqp=amqp[name], routing=routing[name], password=PASSWORD,
-                            target=TRIANGLE[name], target_port=routing[TRIANGLE[name]], static_routes=statics)
+        xml = router_config(name, amqp=amqp[name], routing=routing[name], password=PASSWORD,
+                            connectors=[(TRIANGLE[name], routing[TRIANGLE[name]], PASSWORD)],
+                            static_routes=[other for other in NAMES if other != name])
         routers[name] = await trio.to_thread.run_sync(router_processes.start, xml)
     for name in NAMES:  # a durable subscription on every router, no subscriber connected
         async with connect(urls[name], client_id=f"sub-{name}") as connection, connection.session() as session:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from martinet.kernel import SwiftletSpec, hookimpl
 
-from .config import TopicManagerConfig
+from .config import TopicManagerConfig, check_config
 from .jobs import TOPIC_JOBS
 from .manager import TopicManager
 
@@ -31,6 +31,7 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
             description="Topic hierarchies, predicate topics, durable subscribers, interest events.",
             config=TopicManagerConfig,
             factory=TopicManager,
+            check=check_config,
         )
     ]
 

@@ -4,9 +4,10 @@ announce filters."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
-from martinet.kernel import config_class, entity_list, prop
+from martinet.kernel import ConfigProblem, config_class, entity_list, prop
 
 SLOW_ACTIONS = ("flow-control", "drop", "disconnect")
 
@@ -70,3 +71,18 @@ class TopicManagerConfig:
         AnnounceFilter, item="announce-filter",
         description="Per remote router: which root topics this router announces interest in to it "
         "(keeps a topic local to a region).")
+
+
+def check_config(config: Any) -> Iterator[ConfigProblem]:
+    """The topic manager's rule across swiftlets (``SwiftletSpec.check``, run by ``martinet
+    check`` and at start): a static remote subscription needs a static route to its router in
+    a started ``sys$routing`` (the federation checks the same at run time, for management)."""
+    own = config.swiftlets["sys$topicmanager"].config
+    routing = config.swiftlets["sys$routing"].config if "sys$routing" in config.startorder else None
+    routes = routing.static_routes if routing is not None else {}
+    for router in own.static_remote_router_subscriptions:
+        if router not in routes:
+            yield ConfigProblem(("static-remote-router-subscriptions", router),
+                                f"a static remote subscription needs a static route to {router}: add "
+                                f'<static-route name="{router}"/> to sys$routing\'s <static-routes>'
+                                + ("" if routing is not None else " (sys$routing is not in the start order)"))

@@ -17,7 +17,11 @@ asks for one: a router holding static subscriptions to ``R`` that has not heard 
 yet sets ``reply`` in its own records to ``R``, and ``R`` answers with its record. The receiver
 keeps the newest record per router, by (epoch, sequence): the epoch is the sender's start
 time (above the one in its store, if the clock went back), so a restarted router replaces
-what it said before, and a record overtaken on another path is ignored.
+what it said before, and a record overtaken on another path is ignored. The newest record
+of each router is kept in the store (``federation``/``interest:<router>``, written before the
+record is acknowledged) and applied again at start: a router restarted after a crash
+forwards what its publishers send at once, not only after the other routers' records have
+come again (publications of that gap were lost for remote durable subscribers).
 
 **Remote subscriptions.** A record's roots become remote subscriptions of its router (usage
 ``remote-router-subscriptions/<router>/topics/<root>``). A message *published locally* under
@@ -60,7 +64,7 @@ from martinet.messaging.codec import Symbol, UInt
 from martinet.messaging.message import Message, build
 from martinet.swiftlets.queuemanager.api import Consumer, QueueError, QueueManager, check_queue_name
 from martinet.swiftlets.routing.api import DestinationActivated, Routing
-from martinet.swiftlets.store.api import PutRecord, Store
+from martinet.swiftlets.store.api import DeleteRecord, PutRecord, Store
 
 from .api import TopicError
 from .config import AnnounceFilter
@@ -75,6 +79,8 @@ log = logging.getLogger(__name__)
 INTEREST_QUEUE = "sys$topic"
 #: ``tpc$<root>``: the queue that receives publications forwarded by other routers.
 REMOTE_PREFIX = "tpc$"
+#: Store records (kind ``federation``) ``interest:<router>``: the newest record applied of each router.
+INTEREST_KEY = "interest:"
 #: Routing's annotations (docs/routing-protocol.md §12): the router a message entered the
 #: network at, its destination router and queue, the hops so far.
 SOURCE = Symbol("x-opt-martinet-src")
@@ -102,16 +108,24 @@ class InterestRecord:
     roots: frozenset[str]
     reply: bool = False  # the sender waits for the receiver's record (it holds static subscriptions to it)
 
+    def body(self) -> bytes:
+        """The record as JSON (the message body, and the store record of the receiver)."""
+        return json.dumps({"version": RECORD_VERSION, "router": self.router, "epoch": self.epoch, "seq": self.seq,
+                           "roots": sorted(self.roots), "reply": self.reply}).encode()
+
     def encode(self) -> Message:
-        body = {"version": RECORD_VERSION, "router": self.router, "epoch": self.epoch, "seq": self.seq,
-                "roots": sorted(self.roots), "reply": self.reply}
-        return build(json.dumps(body).encode(), subject="topic-interest", content_type="application/json")
+        return build(self.body(), subject="topic-interest", content_type="application/json")
 
     @classmethod
     def decode(cls, message: Message) -> InterestRecord:
         """Raises: ValueError (with what is wrong) for a record this version cannot read."""
+        return cls.parse(message.body())
+
+    @classmethod
+    def parse(cls, body: bytes) -> InterestRecord:
+        """Raises: ValueError (with what is wrong) for a record this version cannot read."""
         try:
-            data = json.loads(message.body())
+            data = json.loads(body)
             if data["version"] != RECORD_VERSION:
                 raise ValueError(f"version {data['version']!r}, this router reads {RECORD_VERSION}")
             roots = data["roots"]
@@ -302,13 +316,21 @@ class Federation:
 
     async def _new_epoch(self, store: Store) -> None:
         """An epoch above every earlier one of this router, even if the clock went back:
-        other routers ignore records of an epoch not newer than the last they applied."""
+        other routers ignore records of an epoch not newer than the last they applied. And
+        the remote subscriptions of the newest records kept in ``store``, so that what is
+        published before the other routers' records come again is forwarded."""
         records = store.recovered.records.get("federation", {})
         stored = records.get("epoch")
         if stored is not None and int(stored) >= self._epoch:
             self._epoch = int(stored) + 1
         self._store = store
         self._announced = "announced" in records
+        for key, body in sorted(records.items()):
+            if key.startswith(INTEREST_KEY):
+                try:
+                    self._apply(InterestRecord.parse(body))
+                except ValueError as exc:  # e.g. from another version: that router's next record replaces it
+                    log.warning("stored interest record %s ignored: %s", key, exc)
         await store.commit([PutRecord("federation", "epoch", str(self._epoch).encode())])
 
     def _lookup_routing(self) -> Routing | None:
@@ -405,13 +427,20 @@ class Federation:
                 log.warning("interest record in %s dropped: %s", INTEREST_QUEUE, exc)
             else:
                 self.records_received += 1
-                if self.subscriptions.apply(record):
-                    log.info("interest of router %s: %s", record.router, " ".join(sorted(record.roots)) or "none")
-                    self._list(record.router)
+                if self._apply(record):
+                    await self._store.commit([PutRecord("federation", INTEREST_KEY + record.router, record.body())])
                     if record.reply:
                         self._announce(record.router, answer=True)
             consumer.accept(entry)
             consumer.flow(1)
+
+    def _apply(self, record: InterestRecord) -> bool:
+        """Take ``record`` (see :meth:`RemoteSubscriptions.apply`); log and list what it changed."""
+        if not self.subscriptions.apply(record):
+            return False
+        log.info("interest of router %s: %s", record.router, " ".join(sorted(record.roots)) or "none")
+        self._list(record.router)
+        return True
 
     # -- forwarding ------------------------------------------------------------------------------
 
@@ -524,6 +553,7 @@ class Federation:
 
     def delete(self, router: str, root: str | None = None) -> None:
         """The operator's delete of a remote subscription (a router taken out of service).
+        The router's stored record goes too (a restart forgets all its subscriptions).
 
         Raises: Veto: there is none."""
         try:
@@ -532,6 +562,8 @@ class Federation:
             raise Veto(str(exc)) from None
         log.info("remote router subscription %s/%s deleted by the operator", router, root or "*")
         self._list(router)
+        if self._nursery is not None:  # a restart must not bring it back: forget the router's record
+            self._nursery.start_soon(self._store.commit, [DeleteRecord("federation", INTEREST_KEY + router)])
 
     # -- static remote subscriptions --------------------------------------------------------------
 
