@@ -157,9 +157,9 @@ async def _serve(router: Router, path: Path | None) -> int:
                     return EXIT_FAILED
                 finally:
                     nursery.cancel_scope.cancel()
-            if not reboot:
+            if not reboot and router.successor is None:
                 return EXIT_OK
-            router = reboot[0]
+            router = reboot[0] if reboot else router.successor  # SIGHUP, or management's reboot
             log.info("router %s rebooting", router.name)
 
 

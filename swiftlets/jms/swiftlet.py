@@ -67,6 +67,11 @@ class JmsSwiftlet:
         """Seconds to wait before answering a refused login from ``host``."""
         return self._auth.refusal_delay(host) if self._auth is not None else 0.0
 
+    @property
+    def authentication_enabled(self) -> bool:
+        """Whether logins check users and passwords now."""
+        return self._auth is not None and self._auth.enabled
+
     async def login(self, credentials: Credentials, host: str) -> Principal | None:
         """A principal for the credentials, or raise; everyone is let in without sys$authentication."""
         if self._auth is None:
@@ -175,9 +180,18 @@ class JmsSwiftlet:
             name = f"{next(self._connection_ids)}"
             self._live.add(connection)
             assert self._connections is not None
-            self._connections.add(name, lambda: connection.usage(config.name))
+            scope = trio.CancelScope()
+
+            def delete() -> str:
+                scope.cancel()
+                log.info("connection %s from %s deleted by management", name, host)
+                return f"connection {name} from {host} closed"
+
+            self._connections.add(name, lambda: connection.usage(config.name)).add_operation(
+                "delete", delete, "Close this connection (its temporary queues go, its unsettled messages go back).")
             try:
-                await connection.run()
+                with scope:
+                    await connection.run()
             except Exception:  # a bug in one connection must not take the listener down
                 log.exception("connection from %s failed", host)
             finally:

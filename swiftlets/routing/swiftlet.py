@@ -528,7 +528,13 @@ class RoutingSwiftlet:
 
     def _connector_added(self, entity: Entity) -> None:
         connector = self._connectors[entity.name] = _Connector(entity)
-        self._usage_connectors.add(entity.name, connector.usage)
+        usage = self._usage_connectors.add(entity.name, connector.usage)
+        for verb, value in (("enable", True), ("disable", False)):
+            def switch(value: bool = value, verb: str = verb) -> str:
+                entity.set("enabled", value)
+                return f"connector {entity.name} {verb}d"
+
+            usage.add_operation(verb, switch, f"{verb.capitalize()} this connector (sets its enabled property).")
         entity.on_change(lambda change: self._connector_changed(connector, change))
         assert self._nursery is not None
         self._nursery.start_soon(self._connect_forever, connector)
