@@ -9,6 +9,7 @@ with a listener bound on this machine's non-loopback address.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import subprocess
 
@@ -231,6 +232,7 @@ def test_the_authorization_decision():
 
 
 async def test_watch_notifications_until_unwatched_the_lease_ends_or_the_reply_queue_goes(network, caplog):
+    caplog.set_level(logging.INFO, logger="martinet.swiftlets.mgmt")
     await start_line(network, "a", "b", "c", **{"sys$mgmt": MgmtConfig(watch_lease=2)})  # renewed every second
     await network.settle({"a": {"b": 1, "c": 2}})
     c = network.routers["c"].management

@@ -176,7 +176,8 @@ async def crawl(admin: AdminClient, start: str | None = None) -> NetworkMap:
         live = view["connections"]
         for name, connector in sorted(view["connectors"].items()):
             link = live.get(f"connector:{name}", {})
-            target = connector["routername"] or link.get("routername") or f"{connector['hostname']}:{connector['port']}"
+            target = (connector["routername"] or link.get("routername") or connector.get("last-routername")
+                      or f"{connector['hostname']}:{connector['port']}")
             since = link.get("connecttime") or connector.get("last-error-time") or ""
             other = views.get(target, {}).get("connections", {})
             listener_state = next((entry["state"] for entry_name, entry in other.items()
@@ -566,9 +567,9 @@ async def _main(args: argparse.Namespace) -> int:
             commands = Commands(admin, args.router)
             commands.json = args.json
             commands.watch_limit = args.count
-            if args.command:
+            if args.words:
                 try:
-                    output = await commands.run(args.command)
+                    output = await commands.run(args.words)
                 except UsageError as exc:
                     print(f"error: {exc}", file=sys.stderr)
                     return EXIT_USAGE
@@ -604,7 +605,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds to wait for each reply")
     parser.add_argument("--count", type=int, default=None, help="watch: stop after this many notifications")
-    parser.add_argument("command", nargs=argparse.REMAINDER,
+    parser.add_argument("words", nargs=argparse.REMAINDER, metavar="COMMAND",
                         help="a command and its arguments (none: the interactive shell); 'help' in the shell "
                         "lists them: ar sr lc cc show describe set new delete invoke save reboot halt queues "
                         "connections xa routes links map watch")

@@ -323,7 +323,10 @@ class MgmtSwiftlet:
             else:
                 reply = await self.serve(request, identity, reply_to=reply_to, correlation=correlation)
             if isinstance(reply_to, str) and reply_to:
-                self._send(reply_to, reply, correlation)
+                try:
+                    self._send(reply_to, reply, correlation)
+                except QueueError as exc:  # e.g. no route (now) to the router of the reply-to
+                    log.info("management reply to %s (%s) not sent: %s", reply_to, identity, exc)
             else:
                 log.info("management request from %s had no reply-to; served without a reply", identity)
         finally:
@@ -333,17 +336,12 @@ class MgmtSwiftlet:
         """Send ``reply`` to ``address`` (non-persistent).
 
         Raises:
-            QueueError: it cannot go there (a reply-to gone; logged by the caller).
+            QueueError: it cannot go there (a reply-to gone, no route to its router).
         """
         assert self._queue_manager is not None
         message = build(json.dumps(reply), correlation_id=correlation, content_type="application/json",
                         properties={STATUS_PROPERTY: reply["status"]})
-        try:
-            self._queue_manager.send_nowait(address, message)
-        except QueueError as exc:
-            if not isinstance(exc, QueueNotFound):
-                log.info("management reply to %s not sent: %s", address, exc)
-            raise
+        self._queue_manager.send_nowait(address, message)
 
     def _answer(self, status: Status, *, result: Any = None, error: str | None = None) -> dict[str, Any]:
         reply: dict[str, Any] = {"version": VERSION, "router": self.router, "status": int(status)}
