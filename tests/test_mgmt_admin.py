@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from martinet.swiftlets.mgmt.admin import Commands, UsageError, crawl, to_dot
+from martinet.swiftlets.mgmt.admin import Commands, Shell, UsageError, crawl, to_dot
 from martinet.swiftlets.mgmt.client import AdminClient, AdminError
 
 from faultproxy import FaultProxy
@@ -173,3 +173,50 @@ def test_one_shot_commands_and_json_against_the_sample_network(tmp_path):
     finally:
         for router in routers:
             router.close()
+
+
+async def test_the_shell_runs_commands_in_context_and_completes_paths(network, capsys):
+    for name in ("a", "b"):
+        await network.start(network.config(name, startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}})
+    async with AdminClient.open(network.url("a")) as admin:
+        shell = Shell(Commands(admin), as_json=False)
+
+        def session() -> list:
+            completions = [shell.completenames("s"), shell.completedefault("/sys$q", "lc /sys$q", 3, 9)]
+            shell.onecmd("sr b")
+            shell.onecmd("cc /sys$queuemanager")
+            completions.append(shell.completedefault("usage/q", "lc usage/q", 3, 10))
+            completions.append(shell.completedefault("", "sr ", 3, 3))
+            shell.onecmd("set max-message-size 4242")
+            shell.onecmd("set max-message-size -1")
+            shell.onecmd("lc")
+            return completions
+
+        completions = await trio.to_thread.run_sync(session)
+    # (b first: the router in context)
+    assert completions == [["save ", "set ", "show ", "sr "], ["/sys$queuemanager/"], ["usage/queues/"], ["b", "a"]]
+    assert shell.prompt == "b:/sys$queuemanager> "
+    assert network.routers["b"].management.get("/sys$queuemanager", "max-message-size") == 4242
+    out = capsys.readouterr().out
+    assert "/sys$queuemanager max-message-size: " in out and "-> 4242" in out
+    assert "error: b: /sys$queuemanager: property 'max-message-size'" in out  # refused, shown, shell goes on
+    assert "queues" in out and "usage" in out  # the lc table
+
+
+@pytest.mark.slow
+def test_the_shell_reads_commands_from_stdin(tmp_path):
+    urls = sample_network(tmp_path)
+    router = RouterProcess(["router.xml"], tmp_path / "paris", name="paris")
+    try:
+        router.wait_started()
+        result = subprocess.run([sys.executable, "-m", "martinet.kernel", "admin", "-u", urls["paris"]],
+                                input="lc\ncc /sys$mgmt/groups\nshow\nhelp sr\nnonsense\nexit\n",
+                                capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+        assert result.returncode == 0, result.stderr
+        assert "sys$mgmt" in result.stdout and "read-write" in result.stdout  # lc, then the groups table
+        assert "sr ROUTER: the router the next commands go to." in result.stdout
+        assert "error: unknown command 'nonsense'" in result.stdout
+    finally:
+        router.close()

@@ -79,8 +79,8 @@ def _table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[An
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column, overflow="fold")
+    for index, column in enumerate(columns):  # names whole, values folded when the terminal is narrow
+        table.add_column(column, overflow="fold", no_wrap=index == 0)
     for row in rows:
         table.add_row(*("" if value is None else str(value) for value in row))
     return table
@@ -191,19 +191,24 @@ _DOT_COLOURS = {"operational": "darkgreen", "connecting": "orange", "waiting": "
                 "closed": "grey", "disabled": "grey"}
 
 
+def _quote(text: str) -> str:
+    """A DOT quoted string (a router name may hold any character but '/')."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def to_dot(network: NetworkMap) -> str:
     """The map as a Graphviz digraph: routers (the start one doubled), links from the dialing
     router labelled and coloured by state, routers that did not answer dashed."""
     lines = ["digraph martinet {", "  rankdir=LR;", "  node [shape=box, style=rounded];"]
     for router, hops in network.routers.items():
-        label = f"{router}\\n{'start' if router == network.start else f'{hops} hops' if hops else 'no route'}"
+        where = "start" if router == network.start else "no route" if not hops else f"{hops} hop{'s' * (hops > 1)}"
         style = ", peripheries=2" if router == network.start else ""
         style += ", style=dashed" if router in network.unreachable else ""
-        lines.append(f"  {json.dumps(router)} [label={json.dumps(label)}{style}];")
+        lines.append(f'  {_quote(router)} [label="{_quote(router)[1:-1]}\\n{where}"{style}];')
     for link in network.links:
         colour = _DOT_COLOURS.get(link.state, "black")
-        lines.append(f"  {json.dumps(link.source)} -> {json.dumps(link.target)} "
-                     f"[label={json.dumps(link.state)}, color={colour}, fontcolor={colour}];")
+        lines.append(f"  {_quote(link.source)} -> {_quote(link.target)} "
+                     f"[label={_quote(link.state)}, color={colour}, fontcolor={colour}];")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -479,12 +484,16 @@ def _views(node: dict[str, Any]) -> tuple[Any, ...]:
 def _print(output: Output, as_json: bool) -> None:
     from rich.console import Console
 
-    if as_json:
-        print(json.dumps(output.data, indent=2))
-        return
-    console = Console()
-    for view in output.views:
-        console.print(view, highlight=False, markup=False) if isinstance(view, str) else console.print(view)
+    try:
+        if as_json:
+            print(json.dumps(output.data, indent=2), flush=True)
+            return
+        console = Console()
+        for view in output.views:
+            console.print(view, highlight=False, markup=False) if isinstance(view, str) else console.print(view)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `martinet admin … | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 class Shell(cmd.Cmd):
