@@ -113,7 +113,8 @@ class AdminClient:
     async def _send(self, router: str | None, correlation: str, body: dict[str, Any]) -> None:
         message = TextMessage(json.dumps(body), correlation_id=correlation, reply_to=self._reply_to)
         try:
-            await self._producer.send(message, self._target(router))
+            # a request nobody served within the timeout expires: no stale change later
+            await self._producer.send(message, self._target(router), ttl=max(1, int(self.timeout * 1000)))
         except JMSError as exc:
             raise AdminError(int(Status.UNAVAILABLE), f"request not sent: {exc}", router or self.router) from None
 
