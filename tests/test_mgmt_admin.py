@@ -19,6 +19,7 @@ import trio
 from martinet.swiftlets.mgmt.admin import Commands, Shell, UsageError, crawl, to_dot
 from martinet.swiftlets.mgmt.client import AdminClient, AdminError
 
+from conftest import wait_until
 from faultproxy import FaultProxy
 from network import ROUTING_STACK, routing_config
 from processes import RouterProcess, free_port
@@ -92,6 +93,20 @@ async def test_commands_in_context(network):
         assert not {"test.1", "test.2"} & set(b.entity_list("/sys$queuemanager/queues").entities)
         await commands.run(["cc", ".."])
         assert commands.path == "/sys$queuemanager"
+        commands.watch_limit = 2
+        watched = {}
+
+        async def watch() -> None:
+            watched["output"] = await commands.run(["watch", "/sys$queuemanager"])
+
+        async with trio.open_nursery() as watching:
+            watching.start_soon(watch)
+            await wait_until(lambda: b.get("/sys$mgmt/usage", "watches") == 1, what="watching")
+            b.set("/sys$queuemanager", "max-message-size", "123456")
+            b.add("/sys$queuemanager/queues", "seen")
+        assert [(n["event"]["type"], n["event"]["path"]) for n in watched["output"].data] == [
+            ("property-changed", "/sys$queuemanager"), ("entity-added", "/sys$queuemanager/queues")]
+        await wait_until(lambda: b.get("/sys$mgmt/usage", "watches") == 0, what="unwatched")
         shown = await commands.run(["queues"])
         assert "sys$mgmt" in shown.data["entries"] and shown.views  # a table
         with pytest.raises(AdminError, match="no 'nothing' under /sys\\$queuemanager"):

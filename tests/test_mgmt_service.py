@@ -67,6 +67,7 @@ async def test_requests_to_the_local_router_and_to_one_two_hops_away(network):
         # describe gives the declarations a front end needs
         described = await admin.call("c", "describe", path="/sys$mgmt/groups")
         assert described["item"]["role"]["choices"] == ["read-only", "read-write"]
+        assert described["item"]["role"]["default"] == "read-only" and "default" not in described["item"]["name"]
         # a list as entries with their properties (what the CLI shows as a table)
         queues = await admin.call("c", "get", path="/sys$queuemanager/usage/queues")
         assert queues["kind"] == "usage-list" and "sys$mgmt" in queues["entries"]

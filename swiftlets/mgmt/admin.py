@@ -30,6 +30,7 @@ import cmd
 import json
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -56,7 +57,6 @@ COLUMNS = {
     "/sys$jms/usage/connections": ("listener", "host", "user", "client-id", "connected-since", "links",
                                    "messages-received", "messages-sent", "receive-rate", "send-rate"),
     "/sys$routing/usage/routing-table": ("active", "next-hop", "static", "backlog"),
-    "/sys$xa/usage/in-doubt": (),
 }
 SHORTCUTS = {"queues": "/sys$queuemanager/usage/queues", "connections": "/sys$jms/usage/connections",
              "xa": "/sys$xa/usage/in-doubt"}
@@ -226,6 +226,7 @@ class Commands:
         self.router = router or admin.router
         self.path = "/"
         self.watch_limit: int | None = None  # stop a watch after so many notifications (scripts)
+        self.json = False  # watch prints each notification as JSON
 
     @property
     def names(self) -> list[str]:
@@ -431,24 +432,28 @@ class Commands:
     async def cmd_watch(self, args: list[str]) -> Output:
         """watch [PATH]: print the changes below PATH as they happen, until Ctrl-C."""
         path = self._path(args)
-        seen = []
-        from rich.console import Console
+        seen: list[dict[str, Any]] = []
+        with trio.open_signal_receiver(signal.SIGINT) as interrupts:  # Ctrl-C ends the watch, not the shell
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch, path, seen, nursery.cancel_scope)
+                async for _ in interrupts:
+                    break
+                nursery.cancel_scope.cancel()
+        return Output(seen, ())
 
-        console = Console()
+    async def _watch(self, path: str, seen: list[dict[str, Any]], done: trio.CancelScope) -> None:
         async with self.admin.watch(self.router, path) as notices:
-            console.print(f"watching {self.router}:{path} (Ctrl-C ends)", highlight=False)
+            print(f"watching {self.router}:{path} (Ctrl-C ends)", flush=True)
             async for notice in notices:
                 seen.append(notice)
                 event = notice.get("event")
                 if event is None:
-                    console.print(f"watch ended: {notice.get('ended')}", highlight=False)
+                    print(f"watch ended: {notice.get('ended')}", flush=True)
                     break
-                console.print(json.dumps(event) if self.json else _event_text(event), highlight=False)
+                print(json.dumps(event) if self.json else _event_text(event), flush=True)
                 if self.watch_limit is not None and len(seen) >= self.watch_limit:
                     break
-        return Output(seen, ())
-
-    json = False  # watch prints each notification as JSON (set by --json)
+        done.cancel()
 
 
 def _event_text(event: dict[str, Any]) -> str:
@@ -503,7 +508,6 @@ class Shell(cmd.Cmd):
         super().__init__()
         self.commands = commands
         self.as_json = as_json
-        self.status = EXIT_OK
         self._refresh_prompt()
 
     def _refresh_prompt(self) -> None:
@@ -526,8 +530,6 @@ class Shell(cmd.Cmd):
             output = trio.from_thread.run(self.commands.run, words)
         except (UsageError, AdminError) as exc:
             print(f"error: {exc}")
-        except KeyboardInterrupt:  # a watch ended with Ctrl-C
-            print()
         else:
             _print(output, self.as_json)
         self._refresh_prompt()
@@ -598,7 +600,7 @@ async def _main(args: argparse.Namespace) -> int:
                         readline.write_history_file(HISTORY)
                     except OSError:
                         pass
-            return shell.status
+            return EXIT_OK
     except JMSError as exc:
         print(f"error: cannot connect to {args.url}: {exc}", file=sys.stderr)
         return EXIT_USAGE

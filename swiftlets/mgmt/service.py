@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from enum import Enum
 from typing import Any
 
+import attrs
 import trio
 
 from martinet.kernel import (
@@ -50,7 +51,7 @@ from martinet.kernel import (
 )
 from martinet.kernel.mgmt import Entity, EntityList, Node, Usage, UsageList
 from martinet.kernel.router import SwiftletContext
-from martinet.kernel.schema import fields_of, xml_name
+from martinet.kernel.schema import Prop, fields_of, xml_name
 from martinet.messaging.message import Message, MessageError, build
 from martinet.swiftlets.authentication.api import Authentication
 from martinet.swiftlets.queuemanager.api import QueueError, QueueManager, QueueNotFound
@@ -154,12 +155,12 @@ def declarations(config_type: type) -> dict[str, Any]:
     choices and flags, by XML name."""
     found = {}
     for field, meta in fields_of(config_type):
-        if not hasattr(meta, "read_only"):  # a child entity or list
+        if not isinstance(meta, Prop):  # a child entity or list
             continue
         kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
         entry: dict[str, Any] = {"description": meta.description, "type": kind,
                                  "read-only": meta.read_only, "reboot-required": meta.reboot_required}
-        if field.default is not None and not hasattr(field.default, "factory"):
+        if field.default is not attrs.NOTHING and not isinstance(field.default, attrs.Factory):
             entry["default"] = plain(field.default) if not meta.secret else "***"
         for bound in ("min", "max", "choices"):
             if getattr(meta, bound) is not None:
@@ -180,6 +181,13 @@ def explain(node: Node) -> dict[str, Any]:
     elif isinstance(node, Usage):
         result["operations"] = [op.describe() for op in node.operations.values()]
     return result
+
+
+def _path(request: Mapping[str, Any]) -> str:
+    path = request.get("path", "/")
+    if not isinstance(path, str):
+        raise Refused(Status.BAD_REQUEST, "argument 'path' must be text")
+    return path or "/"
 
 
 def _text(request: Mapping[str, Any], name: str) -> str:
@@ -392,10 +400,10 @@ class MgmtSwiftlet:
             return False
 
     async def _get(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        return describe_node(self.context.management.resolve(request.get("path") or "/"))
+        return describe_node(self.context.management.resolve(_path(request)))
 
     async def _describe(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        return explain(self.context.management.resolve(request.get("path") or "/"))
+        return explain(self.context.management.resolve(_path(request)))
 
     async def _available(self, *_: Any) -> Any:
         rows = [{"name": self.router, "local": True, "active": True, "hops": 0, "next-hop": ""}]
@@ -468,12 +476,10 @@ class MgmtSwiftlet:
         config = self.config
         number = request.get("watch")
         if number is not None:  # a renewal
-            watch = self._watches.get(number) if isinstance(number, int) else None
-            if watch is None:
-                raise Refused(Status.BAD_REQUEST, f"no watch {number!r} on router {self.router} (it ended)")
+            watch = self._own_watch(number, identity)
             watch.expires = trio.current_time() + config.watch_lease
             return {"watch": watch.id, "path": watch.path, "lease": config.watch_lease}
-        path = request.get("path") or "/"
+        path = _path(request)
         self.context.management.resolve(path)  # it must exist now
         if not reply_to:
             raise Refused(Status.BAD_REQUEST, "a watch needs a reply-to for its notifications")
@@ -491,11 +497,21 @@ class MgmtSwiftlet:
         log.info("management: %s watches %s (watch %d)", identity, watch.path, watch.id)
         return {"watch": watch.id, "path": watch.path, "lease": config.watch_lease}
 
-    async def _unwatch(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        number = request.get("watch")
-        watch = self._watches.get(number) if isinstance(number, int) else None
+    def _own_watch(self, number: Any, identity: Identity) -> _Watch:
+        """Watch ``number``, if ``identity`` started it (nobody renews or ends another's).
+
+        Raises:
+            Refused: no such watch (it ended), or another's.
+        """
+        watch = self._watches.get(number) if isinstance(number, int) and not isinstance(number, bool) else None
         if watch is None:
-            raise Refused(Status.BAD_REQUEST, f"no watch {number!r} on router {self.router}")
+            raise Refused(Status.BAD_REQUEST, f"no watch {number!r} on router {self.router} (it ended)")
+        if watch.identity != identity:
+            raise Refused(Status.FORBIDDEN, f"watch {number} is {watch.identity}'s")
+        return watch
+
+    async def _unwatch(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
+        watch = self._own_watch(request.get("watch"), identity)
         watch.scope.cancel()
         return {"watch": watch.id, "ended": True}
 
