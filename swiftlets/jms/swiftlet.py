@@ -9,8 +9,9 @@ A listener checks each accepted socket against its host access list and
 ``max-connections`` and hands it to an :class:`~.listener.AmqpConnection`, which runs
 SASL, the AMQP engine and the links until the client goes. The swiftlet keeps what the
 connections share: the client ids in use (by which connections), the temporary topic names, the peers above,
-and per-connection usage, whose message rates are sampled every ``collect-interval``.
-Listeners change only at the next start.
+and per-connection usage, whose message rates are sampled every ``collect-interval``; each
+connection's usage entry offers ``delete`` (management closes it: its task is cancelled, so
+what it held is released as for a lost connection). Listeners change only at the next start.
 """
 
 from __future__ import annotations
