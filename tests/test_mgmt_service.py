@@ -94,6 +94,10 @@ async def test_validation_errors_and_vetoes_come_back_with_their_reasons(network
         assert reply["status"] == 400 and "version 7" in reply["error"]
         with pytest.raises(AdminError, match="request not sent"):  # the connected router knows no 'nowhere'
             await admin.call("nowhere", "get", path="/")
+        # a reply larger than c lets a message be says so in one that fits
+        await admin.call("c", "set", path="/sys$queuemanager", name="max-message-size", value="1000")
+        reply = await admin.request("c", "get", path="/sys$queuemanager/usage/queues")
+        assert reply["status"] == 500 and reply["error"].startswith("the reply is too large: message of ")
 
 
 async def test_operations_of_swiftlets_through_management(network):

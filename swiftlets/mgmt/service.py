@@ -54,7 +54,7 @@ from martinet.kernel.router import SwiftletContext
 from martinet.kernel.schema import Prop, fields_of, xml_name
 from martinet.messaging.message import Message, MessageError, build
 from martinet.swiftlets.authentication.api import Authentication
-from martinet.swiftlets.queuemanager.api import QueueError, QueueManager, QueueNotFound
+from martinet.swiftlets.queuemanager.api import MessageTooLarge, QueueError, QueueManager, QueueNotFound
 from martinet.swiftlets.routing.api import DestinationAdded, DestinationRemoved, Routing
 
 from .api import (
@@ -332,7 +332,11 @@ class MgmtSwiftlet:
                 reply = await self.serve(request, identity, reply_to=reply_to, correlation=correlation)
             if isinstance(reply_to, str) and reply_to:
                 try:
-                    self._send(reply_to, reply, correlation)
+                    try:
+                        self._send(reply_to, reply, correlation)
+                    except MessageTooLarge as exc:  # say so, in a reply that fits
+                        self._send(reply_to, self._answer(Status.ERROR, error=f"the reply is too large: {exc}"),
+                                   correlation)
                 except QueueError as exc:  # e.g. no route (now) to the router of the reply-to
                     log.info("management reply to %s (%s) not sent: %s", reply_to, identity, exc)
             else:
