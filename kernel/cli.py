@@ -11,7 +11,8 @@ one per line, as ``file:line: element-path: attribute 'x': what was wrong``.
 once (for a swiftlet that hangs in its cleanup). SIGHUP reboots: the config file is read
 again and, only if it is valid, the router stops in order and starts on the new config
 (so reboot-required changes take effect); an invalid file is logged and the router keeps
-running on the old one.
+running on the old one. Management's ``reboot`` does the same (``Router.request_reboot``
+leaves the new router in ``successor``, which is run here).
 """
 
 from __future__ import annotations
@@ -157,9 +158,9 @@ async def _serve(router: Router, path: Path | None) -> int:
                     return EXIT_FAILED
                 finally:
                     nursery.cancel_scope.cancel()
-            if not reboot:
+            if not reboot and router.successor is None:
                 return EXIT_OK
-            router = reboot[0]
+            router = reboot[0] if reboot else router.successor  # SIGHUP, or management's reboot
             log.info("router %s rebooting", router.name)
 
 

@@ -43,10 +43,10 @@ from typing import Any, TypeVar
 import trio
 
 from .bus import EventBus, RouterStarted, RouterStopping, SwiftletStarted, SwiftletStopped
-from .config import RouterConfig, SwiftletSection, load_config, save_config
+from .config import ConfigErrors, RouterConfig, SwiftletSection, load_config, save_config
 from .logs import current_router, install_record_factory
 from .mgmt import Change, Entity, EntityList, Tree, Usage, Veto
-from .plugins import SwiftletSpec, load_plugins
+from .plugins import PluginError, SwiftletSpec, load_plugins
 from .pools import Pool, PoolConfig
 from .schema import ListOf
 
@@ -167,6 +167,19 @@ class SwiftletContext:
                 f"the interface {_qualified(kind)}" + (f": it lacks {', '.join(missing)}" if missing else "")
             )
         return swiftlet
+
+    def request_stop(self, reason: str, *, delay: float = 0.0) -> None:
+        """Begin an orderly stop of the whole router (``halt``); see :meth:`Router.request_stop`."""
+        self._router.request_stop(reason, delay=delay)
+
+    def request_reboot(self, reason: str, *, delay: float = 0.0) -> None:
+        """Stop the router in order and have it started again on its config file (``reboot``);
+        see :meth:`Router.request_reboot`."""
+        self._router.request_reboot(reason, delay=delay)
+
+    def save(self) -> Path:
+        """Write the live config to the file it came from; see :meth:`Router.save`."""
+        return self._router.save()
 
     def shutdown_scope(self) -> trio.CancelScope:
         """A shielded scope for awaiting cleanup, expiring after ``shutdown-timeout``."""
@@ -326,6 +339,8 @@ class Router:
         self._hosts = [_Host(self, specs[name]) for name in config.startorder]
         self._stop_requested = trio.Event()
         self._stop_reason = ""
+        self._stop_delay = 0.0
+        self.successor: Router | None = None  # built by request_reboot, run by whoever ran this one
         router_usage = root.children["usage"] = Usage("/usage", self._usage)
         swiftlets = router_usage.add_list("swiftlets")
         for host in self._hosts:
@@ -367,11 +382,30 @@ class Router:
                 return host.swiftlet
         raise LookupError(f"swiftlet {name} is not running on router {self.name}")
 
-    def request_stop(self, reason: str = "stop requested") -> None:
-        """Begin an orderly stop (idempotent); :meth:`run` returns once all have stopped."""
+    def request_stop(self, reason: str = "stop requested", *, delay: float = 0.0) -> None:
+        """Begin an orderly stop (idempotent) in ``delay`` seconds (management's ``halt``
+        lets its reply leave first); :meth:`run` returns once all have stopped."""
         if not self._stop_requested.is_set():
-            self._stop_reason = reason
+            self._stop_reason, self._stop_delay = reason, delay
             self._stop_requested.set()
+
+    def request_reboot(self, reason: str = "reboot requested", *, delay: float = 0.0) -> None:
+        """Read the config file again and, only if it is valid, begin an orderly stop after
+        which :attr:`successor` (a new router on that config) is to be run: ``martinet run``
+        does so, as after SIGHUP.
+
+        Raises:
+            ValueError: the router was not loaded from a file, or the file is invalid now (the
+                message has every problem); the router keeps running.
+        """
+        if self.config_path is None:
+            raise ValueError("this router was not loaded from a file: it cannot reboot")
+        try:
+            successor = Router.from_file(self.config_path)
+        except (ConfigErrors, PluginError, OSError) as exc:
+            raise ValueError(f"the config file is not valid; still running on the old one: {exc}") from None
+        self.successor = successor
+        self.request_stop(reason, delay=delay)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every swiftlet in ``startorder``, run until stopped, stop them in reverse.
@@ -414,6 +448,7 @@ class Router:
                 self.bus.publish(RouterStarted(router=self.name))
                 task_status.started()
                 await self._stop_requested.wait()
+                await trio.sleep(self._stop_delay)
             log.info("router %s stopping: %s", self.name, self._stop_reason)
             self.bus.publish(RouterStopping(router=self.name, reason=self._stop_reason))
             grace = self.config.settings.shutdown_timeout / 1000

@@ -69,7 +69,8 @@ def test_an_invalid_config_exits_2_before_starting(run_router, tmp_path):
     [line] = router.text().strip().splitlines()
     assert line.startswith(f"{config}:1: /router[@name='edge']: attribute 'startorder': "
                            "unknown swiftlet 'sys$warp'; installed: ")
-    assert "sys$log, sys$queuemanager, sys$routing, sys$scheduler, sys$store" in line  # the installed ones, sorted
+    # the installed ones, sorted
+    assert "sys$log, sys$mgmt, sys$queuemanager, sys$routing, sys$scheduler, sys$store" in line
 
 
 def test_example_plugin_in_a_real_process(run_router, echo_site):

@@ -101,6 +101,7 @@ from martinet.messaging.io import Driver, lead_in
 from martinet.messaging.message import AnnotationPatch, Message, MessageError
 from martinet.messaging.selector import SelectorError, compile_selector
 from martinet.swiftlets.authentication.api import AccessDenied, AuthenticationFailed
+from martinet.swiftlets.mgmt.api import IDENTITY_ANNOTATION, MANAGEMENT_QUEUE, Identity, is_management_address
 from martinet.swiftlets.queuemanager.api import (
     TEMPORARY_PREFIX,
     ConsumerRefused,
@@ -244,6 +245,8 @@ class IncomingLink:
             address, topic = self.address, self.topic
             if address is None:  # anonymous relay: route by the message's own address
                 address, topic = connection.route(message)
+            if not topic and is_management_address(address):
+                message = connection.with_identity(message)
             if state is not None and amqp.state_code(state) == TRANSACTIONAL_STATE:
                 self._stage(delivery_id, address, topic, message, state, remotely_settled)
             else:
@@ -579,6 +582,7 @@ class AmqpConnection:
         self.sole = False  # the client asked to be the only connection of its container id
         self._client_id_patch: AnnotationPatch | None = None  # the client id annotation, once the client opened
         self.principal: Any = None
+        self.authenticated = False
         self.transactions: dict[bytes, Any] = {}
         self._transaction_ids = itertools.count(1)
         self._driver: Driver | None = None
@@ -631,6 +635,9 @@ class AmqpConnection:
                 await lead_in(self.stream, login)
                 try:
                     self.principal = await self.swiftlet.login(login.credentials, self.host)
+                    # a user and password checked now (what a management request may rely on)
+                    self.authenticated = self.swiftlet.authentication_enabled and \
+                        login.credentials.mechanism == "PLAIN"
                 except AuthenticationFailed:
                     login.refuse()
                     raise
@@ -892,6 +899,9 @@ class AmqpConnection:
         - a temporary queue (``tmp$…``): anyone may send to it while it exists (it is a
           reply-to address); only the connection that created it may receive from or
           browse it;
+        - ``sys$mgmt`` (here or ``@router``): anyone may send to it (each request is stamped
+          with the sender's identity, and ``sys$mgmt`` decides whom it answers); nobody
+          receives from it;
         - a durable subscription's queue: never as a queue; attach to its topic as a durable
           subscriber, with the client id that created it;
         - any other ``$`` name: only with a grant that names it explicitly
@@ -914,6 +924,9 @@ class AmqpConnection:
             if self.principal is not None:
                 self.principal.check_queue(address, action)
             self._queue(address)  # created on first use if auto-create-queues is on (counted)
+            return
+        if name == MANAGEMENT_QUEUE and action == "send":  # sys$mgmt decides whom it answers
+            self.queue_manager.resolve(address) if remote else self.queue_manager.queue(address, create=False)
             return
         if name.startswith(TEMPORARY_PREFIX):
             if remote:  # a reply-to on another router: routing takes it there, if it knows the router
@@ -1057,6 +1070,15 @@ class AmqpConnection:
         if message.message_annotations.get(JMS_DEST) in JMS_TOPIC_TYPES:
             return self._check(to, "publish", topic=True), True
         return self._check(to[len(QUEUE_PREFIX):] if to.startswith(QUEUE_PREFIX) else to, "send"), False
+
+    def with_identity(self, message: Message) -> Message:
+        """A management request with the sender's identity stamped, replacing whatever the client
+        put there (:mod:`swiftlets.mgmt.api`: the router serving it trusts this stamp)."""
+        principal = self.principal
+        identity = Identity(user=getattr(principal, "user", "") or "", group=getattr(principal, "group", "") or "",
+                            authenticated=self.authenticated, host=self.host,
+                            router=self.swiftlet.router_name)
+        return message.with_annotations({IDENTITY_ANNOTATION: identity.annotation()})
 
     def with_client_id(self, message: Message) -> Message:
         """The message with the producer's client id annotated (as SwiftMQ's JMS_SWIFTMQ_CID)."""

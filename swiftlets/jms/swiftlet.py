@@ -9,8 +9,9 @@ A listener checks each accepted socket against its host access list and
 ``max-connections`` and hands it to an :class:`~.listener.AmqpConnection`, which runs
 SASL, the AMQP engine and the links until the client goes. The swiftlet keeps what the
 connections share: the client ids in use (by which connections), the temporary topic names, the peers above,
-and per-connection usage, whose message rates are sampled every ``collect-interval``.
-Listeners change only at the next start.
+and per-connection usage, whose message rates are sampled every ``collect-interval``; each
+connection's usage entry offers ``delete`` (management closes it: its task is cancelled, so
+what it held is released as for a lost connection). Listeners change only at the next start.
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ class JmsSwiftlet:
     def refusal_delay(self, host: str) -> float:
         """Seconds to wait before answering a refused login from ``host``."""
         return self._auth.refusal_delay(host) if self._auth is not None else 0.0
+
+    @property
+    def authentication_enabled(self) -> bool:
+        """Whether logins check users and passwords now."""
+        return self._auth is not None and self._auth.enabled
 
     async def login(self, credentials: Credentials, host: str) -> Principal | None:
         """A principal for the credentials, or raise; everyone is let in without sys$authentication."""
@@ -175,9 +181,18 @@ class JmsSwiftlet:
             name = f"{next(self._connection_ids)}"
             self._live.add(connection)
             assert self._connections is not None
-            self._connections.add(name, lambda: connection.usage(config.name))
+            scope = trio.CancelScope()
+
+            def delete() -> str:
+                scope.cancel()
+                log.info("connection %s from %s deleted by management", name, host)
+                return f"connection {name} from {host} closed"
+
+            self._connections.add(name, lambda: connection.usage(config.name)).add_operation(
+                "delete", delete, "Close this connection (its temporary queues go, its unsettled messages go back).")
             try:
-                await connection.run()
+                with scope:
+                    await connection.run()
             except Exception:  # a bug in one connection must not take the listener down
                 log.exception("connection from %s failed", host)
             finally:

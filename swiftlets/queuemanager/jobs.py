@@ -12,28 +12,24 @@
   the routing network), in local transactions of up to 500 messages: each batch is sent and
   acknowledged atomically, so a crash moves a batch entirely or not at all.
 
-Purging and moving consume like any consumer (through :mod:`.api`): messages delivered to
-other consumers and not yet settled stay where they are, and in ``exclusive`` mode a queue
-with a consumer refuses the job. Between batches the job yields, so stopping it (``max-runtime``
-or an operator) ends it at a batch boundary.
+Purging and moving are :mod:`.operations` (as an operator's purge and move): messages
+delivered to other consumers and not yet settled stay where they are, and in ``exclusive``
+mode a queue with a consumer refuses the job. Between batches the job yields, so stopping it
+(``max-runtime`` or an operator) ends it at a batch boundary.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-
-import trio
+from collections.abc import Awaitable, Callable
 
 from martinet.messaging.like import like_pattern
 from martinet.messaging.selector import compile_selector
 from martinet.swiftlets.scheduler.api import Job, JobError, JobGroup, JobParameter, JobRun
 
-from .api import Consumer, Entry, QueueError, QueueManager, check_queue_name
+from . import operations
+from .api import QueueError, QueueManager, check_queue_name
 
 __all__ = ["QUEUE_JOBS"]
-
-BATCH = 500
-OWNER = "sys$scheduler job"  # what a job's consumer shows as its owner
 
 
 def _matching(manager: QueueManager, predicate: str) -> list:
@@ -41,36 +37,13 @@ def _matching(manager: QueueManager, predicate: str) -> list:
     return [queue for name, queue in sorted(manager.queues.items()) if pattern.fullmatch(name)]
 
 
-async def _consume(queue, selector, handle: Callable[[Consumer, list[Entry]], Awaitable[None]]) -> int:
-    """Take the available messages of ``queue`` in batches and ``handle`` each batch (which
-    settles them); how many were taken."""
-    try:
-        consumer = queue.consumer(selector, owner=OWNER)
-    except QueueError as exc:
-        raise JobError(f"queue {queue.name}: {exc}") from None
-    taken = 0
-    try:
-        while True:
-            consumer.set_credit(BATCH)
-            entries = consumer.take(BATCH)
-            if not entries:
-                return taken
-            await handle(consumer, entries)
-            taken += len(entries)
-            await trio.sleep(0)  # a batch boundary: other tasks run, a stop lands here
-    finally:
-        consumer.close()
-
-
 async def purge(run: JobRun) -> str:
-    manager: QueueManager = run.swiftlet
-    queues = _matching(manager, run.parameters["Queue Name"])
-
-    async def accept(consumer: Consumer, entries: list[Entry]) -> None:
-        for entry in entries:
-            consumer.accept(entry)
-
-    counts = [f"{queue.name}: {await _consume(queue, None, accept)}" for queue in queues]
+    counts = []
+    for queue in _matching(run.swiftlet, run.parameters["Queue Name"]):
+        try:
+            counts.append(f"{queue.name}: {await operations.purge(queue)}")
+        except QueueError as exc:
+            raise JobError(f"queue {queue.name}: {exc}") from None
     return f"messages purged: {', '.join(counts)}" if counts else "no queue matches"
 
 
@@ -82,43 +55,17 @@ def _cleanup(to_dlq: bool | None) -> Callable[[JobRun], Awaitable[str]]:
     return cleanup
 
 
-async def _whole_messages(manager: QueueManager, entries: Sequence[Entry]) -> dict:
-    """The complete messages of ``entries`` (swapped-out bodies read back from the store)."""
-    done = trio.Event()
-    found: dict = {}
-
-    def on_done(messages) -> None:
-        found.update(messages)
-        done.set()
-
-    manager.fetch_messages(entries, on_done)
-    await done.wait()
-    return found
-
-
 async def move(run: JobRun) -> str:
     manager: QueueManager = run.swiftlet
     source, target = run.parameters["Source Queue"], run.parameters["Target Queue"]
     queue = manager.queues.get(source)
     if queue is None:
         raise JobError(f"no queue {source!r}")
-    text = run.parameters.get("Selector", "")
-    selector = compile_selector(text) if text else None
-
-    async def send(consumer: Consumer, entries: list[Entry]) -> None:
-        messages = await _whole_messages(manager, entries)
-        transaction = manager.transaction()
-        try:
-            for entry in entries:
-                if entry.id in messages:  # else consumed meanwhile: nothing to move
-                    transaction.send(target, messages[entry.id])
-                transaction.acknowledge(consumer, entry)
-            await transaction.commit()
-        except QueueError as exc:
-            await transaction.rollback()
-            raise JobError(f"moving to {target}: {exc}") from None
-
-    return f"{await _consume(queue, selector, send)} messages moved from {source} to {target}"
+    try:
+        moved = await operations.move(manager, queue, target, run.parameters.get("Selector", ""))
+    except QueueError as exc:
+        raise JobError(f"moving {source} to {target}: {exc}") from None
+    return f"{moved} messages moved from {source} to {target}"
 
 
 def _queue_name(name: str) -> None:

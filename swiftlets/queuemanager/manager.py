@@ -88,6 +88,7 @@ from .api import (
     check_queue_name,
 )
 from .config import QueueManagerConfig, QueueSettings
+from .operations import offer_operations
 from .queue import AVAILABLE, DELIVERED, GONE, HELD, Consumer, Entry, Queue, now_ms
 
 log = logging.getLogger(__name__)
@@ -493,7 +494,7 @@ class QueueManager:
     def _create(self, name: str, settings: QueueSettings, owner: Any = None) -> Queue:
         queue = self.queues[name] = Queue(self, name, settings, owner=owner)
         if self._usage is not None:
-            self._usage.add(name, queue.usage)
+            offer_operations(self, queue, self._usage.add(name, queue.usage))
         return queue
 
     def create_temporary_queue(self, owner: Any) -> Queue:

@@ -88,6 +88,7 @@ class _Connector:
         self.scope = trio.CancelScope()
         self.wakeup = trio.Event()
         self.link: Link | None = None
+        self.last_peer = ""  # the router it reached last (for the network map while it is down)
         self.state = LinkState.WAITING
         self.error: str | None = None
         self.error_time: float | None = None
@@ -100,7 +101,8 @@ class _Connector:
     def usage(self) -> dict[str, Any]:
         config = self.entity.config
         return {"state": self.state.value, "hostname": config.hostname, "port": config.port,
-                "routername": self.link.peer if self.link else "", "attempts": self.attempts,
+                "routername": self.link.peer if self.link else "", "last-routername": self.last_peer,
+                "attempts": self.attempts,
                 "last-error": self.error or "", "last-error-time": _stamp(self.error_time),
                 "next-attempt": _stamp(self.next_attempt)}
 
@@ -528,7 +530,13 @@ class RoutingSwiftlet:
 
     def _connector_added(self, entity: Entity) -> None:
         connector = self._connectors[entity.name] = _Connector(entity)
-        self._usage_connectors.add(entity.name, connector.usage)
+        usage = self._usage_connectors.add(entity.name, connector.usage)
+        for verb, value in (("enable", True), ("disable", False)):
+            def switch(value: bool = value, verb: str = verb) -> str:
+                entity.set("enabled", value)
+                return f"connector {entity.name} {verb}d"
+
+            usage.add_operation(verb, switch, f"{verb.capitalize()} this connector (sets its enabled property).")
         entity.on_change(lambda change: self._connector_changed(connector, change))
         assert self._nursery is not None
         self._nursery.start_soon(self._connect_forever, connector)
@@ -625,6 +633,7 @@ class RoutingSwiftlet:
             await link.run()
         finally:
             connector.link = None
+            connector.last_peer = link.peer or connector.last_peer
         if connector.state is not link.state:
             self._set_state(connector, link.state)
         return link.operational is not None

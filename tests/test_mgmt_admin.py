@@ -1,0 +1,236 @@
+"""``martinet admin``: the network map on a ring of five routers (states right after a link is
+cut, through tests/faultproxy.py), the commands in this process, and the one-shot commands
+with ``--json`` against the sample network run as real ``martinet run`` processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from martinet.swiftlets.mgmt.admin import Commands, Shell, UsageError, crawl, to_dot
+from martinet.swiftlets.mgmt.client import AdminClient, AdminError
+
+from conftest import wait_until
+from faultproxy import FaultProxy
+from network import ROUTING_STACK, routing_config
+from processes import RouterProcess, free_port
+
+MGMT_STACK = (*ROUTING_STACK, "sys$mgmt")
+RING = ("r1", "r2", "r3", "r4", "r5")
+CONF = Path(__file__).resolve().parent.parent / "conf" / "network"
+
+
+async def test_map_of_a_ring_of_five_before_and_right_after_a_link_is_cut(network, nursery):
+    for name in RING:  # (the default hop limit, 3, would hide the router 4 hops away once the link is cut)
+        routing = routing_config(route_announce_hop_limit=5)
+        await network.start(network.config(name, startorder=MGMT_STACK, swiftlets={"sys$routing": routing}))
+    proxy = FaultProxy("127.0.0.1", network.routing_port("r2"))  # r1 dials r2 through it
+    await nursery.start(proxy.run)
+    network.connect("r1", "r2", port=str(proxy.port), **{"retry-time": "1000"})
+    for source, target in [("r2", "r3"), ("r3", "r4"), ("r4", "r5"), ("r5", "r1")]:
+        network.connect(source, target)
+    await network.settle({"r1": {"r2": 1, "r3": 2, "r4": 2, "r5": 1}})
+    async with AdminClient.open(network.url("r1")) as admin:
+        ring = await crawl(admin)
+        assert ring.start == "r1" and ring.unreachable == {}
+        assert ring.routers == {"r1": 0, "r2": 1, "r3": 2, "r4": 2, "r5": 1}
+        assert [(link.source, link.target, link.state, link.listener_state) for link in ring.links] == [
+            (source, target, "operational", "operational")
+            for source, target in [("r1", "r2"), ("r2", "r3"), ("r3", "r4"), ("r4", "r5"), ("r5", "r1")]]
+        dot = to_dot(ring)
+        assert dot.count(" -> ") == 5 and dot.count("color=darkgreen,") == 5
+        assert all(f'"{name}" [label=' in dot for name in RING)
+
+        proxy.refuse(True)
+        proxy.cut()
+        with trio.fail_after(20):  # as soon as r1 has noticed and every router answers again (the long way)
+            while True:
+                cut = await crawl(admin)
+                first = cut.links[0]
+                if first.state != "operational" and first.listener_state == "" and not cut.unreachable:
+                    break
+                await trio.sleep(0.05)
+        assert (first.source, first.target, first.connector) == ("r1", "r2", "r2")
+        assert first.state in ("waiting", "connecting", "failed")
+        assert [link.state for link in cut.links[1:]] == ["operational"] * 4
+        assert set(cut.routers) == set(RING)
+        await network.settle({"r1": {"r2": 4, "r3": 3, "r4": 2, "r5": 1}})
+        after = await crawl(admin)
+        assert after.routers == {"r1": 0, "r2": 4, "r3": 3, "r4": 2, "r5": 1}
+        assert 'color=darkgreen' in to_dot(after) and re.search(r'"r1" -> "r2" \[label="(waiting|connecting|failed)"',
+                                                                to_dot(after))
+
+
+async def test_commands_in_context(network):
+    for name in ("a", "b"):
+        await network.start(network.config(name, startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}})
+    b = network.routers["b"].management
+    async with AdminClient.open(network.url("a")) as admin:
+        commands = Commands(admin)
+        assert [row["name"] for row in (await commands.run(["ar"])).data] == ["a", "b"]
+        await commands.run(["sr", "b"])
+        await commands.run(["cc", "/sys$queuemanager/queues"])
+        for name in ("test.1", "test.2", "keep"):
+            await commands.run(["new", ".", name, "max-messages=10"])
+        assert b.get("/sys$queuemanager/queues/test.1", "max-messages") == 10
+        assert (await commands.run(["set", "test.2", "max-messages", "20"])).data["new"] == 20
+        listed = await commands.run(["lc"])
+        assert set(listed.data["entries"]) >= {"test.1", "test.2", "keep"}
+        deleted = await commands.run(["delete", ".", "test._"])
+        assert deleted.data == {"path": "/sys$queuemanager/queues", "deleted": ["test.1", "test.2"]}
+        assert set(b.entity_list("/sys$queuemanager/queues").entities) >= {"keep"}
+        assert not {"test.1", "test.2"} & set(b.entity_list("/sys$queuemanager/queues").entities)
+        await commands.run(["cc", ".."])
+        assert commands.path == "/sys$queuemanager"
+        commands.watch_limit = 2
+        watched = {}
+
+        async def watch() -> None:
+            watched["output"] = await commands.run(["watch", "/sys$queuemanager"])
+
+        async with trio.open_nursery() as watching:
+            watching.start_soon(watch)
+            await wait_until(lambda: b.get("/sys$mgmt/usage", "watches") == 1, what="watching")
+            b.set("/sys$queuemanager", "max-message-size", "123456")
+            b.add("/sys$queuemanager/queues", "seen")
+        assert [(n["event"]["type"], n["event"]["path"]) for n in watched["output"].data] == [
+            ("property-changed", "/sys$queuemanager"), ("entity-added", "/sys$queuemanager/queues")]
+        await wait_until(lambda: b.get("/sys$mgmt/usage", "watches") == 0, what="unwatched")
+        shown = await commands.run(["queues"])
+        assert "sys$mgmt" in shown.data["entries"] and shown.views  # a table
+        with pytest.raises(AdminError, match="no 'nothing' under /sys\\$queuemanager"):
+            await commands.run(["cc", "nothing"])
+        with pytest.raises(UsageError, match="usage: set"):
+            await commands.run(["set", "x"])
+        with pytest.raises(UsageError, match="unknown command 'frobnicate'"):
+            await commands.run(["frobnicate"])
+
+
+def sample_network(folder: Path) -> dict[str, str]:
+    """The sample network's configs (conf/network) with free ports instead of its fixed ones,
+    written to ``folder/NAME/router.xml``; the AMQP URL of each router."""
+    ports = {port: free_port() for port in (5681, 5682, 5683, 4101, 4102, 4103)}
+    urls = {}
+    for file in sorted(CONF.glob("*.xml")):
+        text = file.read_text()
+        for old, new in ports.items():
+            text = text.replace(f'port="{old}"', f'port="{new}"')
+        (folder / file.stem).mkdir(parents=True)
+        (folder / file.stem / "router.xml").write_text(text)
+        amqp = re.search(r'<listener name="amqp" port="(\d+)"', text).group(1)
+        urls[file.stem] = f"amqp://127.0.0.1:{amqp}"
+    return urls
+
+
+def admin(url: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "martinet.kernel", "admin", "-u", url, *args],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+
+
+@pytest.mark.slow
+def test_one_shot_commands_and_json_against_the_sample_network(tmp_path):
+    urls = sample_network(tmp_path)
+    routers = [RouterProcess(["router.xml"], tmp_path / name, name=name) for name in urls]
+    try:
+        for router in routers:
+            router.wait_started()
+        deadline = time.monotonic() + 60
+        expected = [("tokyo", 0), ("lyon", 1), ("paris", 1)]
+        while True:  # until tokyo has its direct routes to both others
+            result = admin(urls["tokyo"], "--json", "ar")
+            if result.returncode == 0 and [(r["name"], r["hops"]) for r in json.loads(result.stdout)] == expected:
+                break
+            assert time.monotonic() < deadline, result.stdout + result.stderr
+            time.sleep(0.5)
+
+        # a change on paris through tokyo, as the issue's example
+        result = admin(urls["tokyo"], "-r", "paris", "--json", "set", "/sys$queuemanager/queues/orders",
+                       "max-messages", "10000")
+        assert result.returncode == 1 and "no entry" not in result.stderr  # no such queue configured yet
+        assert "no 'orders' under /sys$queuemanager/queues" in result.stderr
+        assert admin(urls["tokyo"], "-r", "paris", "new", "/sys$queuemanager/queues", "orders").returncode == 0
+        result = admin(urls["tokyo"], "-r", "paris", "--json", "set", "/sys$queuemanager/queues/orders",
+                       "max-messages", "10000")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["new"] == 10000
+        shown = json.loads(admin(urls["lyon"], "-r", "paris", "--json", "show", "/sys$queuemanager/queues/orders")
+                           .stdout)
+        assert shown["properties"]["max-messages"] == 10000
+
+        result = admin(urls["tokyo"], "-r", "paris", "set", "/sys$queuemanager/queues/orders", "max-messages", "x")
+        assert result.returncode == 1 and "paris: /sys$queuemanager/queues/orders: property 'max-messages'" \
+            in result.stderr
+
+        network = json.loads(admin(urls["tokyo"], "--json", "map").stdout)
+        assert network["routers"] == {"lyon": 1, "paris": 1, "tokyo": 0}
+        assert sorted((link["source"], link["target"], link["state"]) for link in network["links"]) == [
+            ("lyon", "tokyo", "operational"), ("paris", "lyon", "operational"), ("tokyo", "paris", "operational")]
+        dot = admin(urls["tokyo"], "map", "--dot").stdout
+        assert dot.startswith("digraph martinet {") and dot.count(" -> ") == 3
+        table = admin(urls["tokyo"], "links").stdout  # a rich table
+        assert all(name in table for name in urls) and table.count("operational") >= 3
+        routes = json.loads(admin(urls["paris"], "--json", "routes").stdout)
+        assert set(routes) == set(urls) and set(routes["paris"]) == {"lyon", "tokyo"}
+        for router in routers:
+            assert "Traceback" not in router.text()
+    finally:
+        for router in routers:
+            router.close()
+
+
+async def test_the_shell_runs_commands_in_context_and_completes_paths(network, capsys):
+    for name in ("a", "b"):
+        await network.start(network.config(name, startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}})
+    async with AdminClient.open(network.url("a")) as admin:
+        shell = Shell(Commands(admin), as_json=False)
+
+        def session() -> list:
+            completions = [shell.completenames("s"), shell.completedefault("/sys$q", "lc /sys$q", 3, 9)]
+            shell.onecmd("sr b")
+            shell.onecmd("cc /sys$queuemanager")
+            completions.append(shell.completedefault("usage/q", "lc usage/q", 3, 10))
+            completions.append(shell.completedefault("", "sr ", 3, 3))
+            shell.onecmd("set max-message-size 4242")
+            shell.onecmd("set max-message-size -1")
+            shell.onecmd("lc")
+            return completions
+
+        completions = await trio.to_thread.run_sync(session)
+    # (b first: the router in context)
+    assert completions == [["save ", "set ", "show ", "sr "], ["/sys$queuemanager/"], ["usage/queues/"], ["b", "a"]]
+    assert shell.prompt == "b:/sys$queuemanager> "
+    assert network.routers["b"].management.get("/sys$queuemanager", "max-message-size") == 4242
+    out = capsys.readouterr().out
+    assert "/sys$queuemanager max-message-size: " in out and "-> 4242" in out
+    assert "error: b: /sys$queuemanager: property 'max-message-size'" in out  # refused, shown, shell goes on
+    assert "queues" in out and "usage" in out  # the lc table
+
+
+@pytest.mark.slow
+def test_the_shell_reads_commands_from_stdin(tmp_path):
+    urls = sample_network(tmp_path)
+    router = RouterProcess(["router.xml"], tmp_path / "paris", name="paris")
+    try:
+        router.wait_started()
+        result = subprocess.run([sys.executable, "-m", "martinet.kernel", "admin", "-u", urls["paris"]],
+                                input="lc\ncc /sys$mgmt/groups\nshow\nhelp sr\nnonsense\nexit\n",
+                                capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+        assert result.returncode == 0, result.stderr
+        assert "sys$mgmt" in result.stdout and "read-write" in result.stdout  # lc, then the groups table
+        assert "sr ROUTER: the router the next commands go to." in result.stdout
+        assert "error: unknown command 'nonsense'" in result.stdout
+    finally:
+        router.close()

@@ -1,0 +1,332 @@
+"""``sys$mgmt``: management requests over real AMQP connections, to the router connected to and
+to routers two hops away, in networks of routers in this process (tests/network.py).
+
+Each request travels as the tool sends it (:class:`AdminClient`: our client, a temporary
+reply queue, JSON bodies); authorization is checked with real logins, and the loopback rule
+with a listener bound on this machine's non-loopback address.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+
+import attrs
+import pytest
+import trio
+from proton import Message as ProtonMessage
+from proton.utils import BlockingConnection
+
+from martinet.kernel import Router, load_swiftlet_specs
+from martinet.kernel.config import save_config
+from martinet.messaging.client import Queue, TextMessage, connect
+from martinet.swiftlets.authentication.config import AuthenticationConfig, GroupConfig, UserConfig
+from martinet.swiftlets.jms.config import JmsConfig
+from martinet.swiftlets.jms.config import ListenerConfig as AmqpListenerConfig
+from martinet.swiftlets.mgmt.api import IDENTITY_ANNOTATION, Identity, Management, Role
+from martinet.swiftlets.mgmt.client import AdminClient, AdminError
+from martinet.swiftlets.mgmt.config import AdminGroup, MgmtConfig
+from martinet.swiftlets.mgmt.service import Refused, authorize
+
+from conftest import wait_until
+from network import ROUTING_STACK, STACK, router_config, routing_config
+
+MGMT_STACK = (*ROUTING_STACK, "sys$mgmt")
+
+
+async def start_line(network, *names: str, **configs) -> None:
+    """Routers ``names`` with management, each dialing the next: a line."""
+    for name in names:
+        await network.start(network.config(name, startorder=MGMT_STACK,
+                                           swiftlets={"sys$routing": routing_config(), **configs}))
+    for source, target in zip(names, names[1:], strict=False):
+        network.connect(source, target)
+
+
+async def test_requests_to_the_local_router_and_to_one_two_hops_away(network):
+    await start_line(network, "a", "b", "c")
+    await network.settle({"a": {"b": 1, "c": 2}, "c": {"a": 2, "b": 1}})
+    async with AdminClient.open(network.url("a")) as admin:
+        assert admin.router == "a"
+        root = await admin.call(None, "get", path="/")
+        assert root["kind"] == "entity" and root["properties"]["name"] == "a"
+        assert {"sys$mgmt", "sys$routing", "usage"} <= set(root["children"])
+        remote = await admin.call("c", "get", path="/usage")
+        assert remote["properties"]["name"] == "c"
+        routers = await admin.call("a", "routers")
+        assert [(r["name"], r["hops"]) for r in routers] == [("a", 0), ("b", 1), ("c", 2)]
+        # a change two hops away, seen in c's tree and answered with old and new value
+        path = "/sys$queuemanager"
+        before = network.routers["c"].management.get(path, "max-message-size")
+        result = await admin.call("c", "set", path=path, name="max-message-size", value="20000")
+        assert (result["old"], result["new"], result["reboot-required"]) == (before, 20000, False)
+        assert network.routers["c"].management.get(path, "max-message-size") == 20000
+        assert network.routers["a"].management.get(path, "max-message-size") != 20000
+        # describe gives the declarations a front end needs
+        described = await admin.call("c", "describe", path="/sys$mgmt/groups")
+        assert described["item"]["role"]["choices"] == ["read-only", "read-write"]
+        assert described["item"]["role"]["default"] == "read-only" and "default" not in described["item"]["name"]
+        # a list as entries with their properties (what the CLI shows as a table)
+        queues = await admin.call("c", "get", path="/sys$queuemanager/usage/queues")
+        assert queues["kind"] == "usage-list" and "sys$mgmt" in queues["entries"]
+        assert "rt$a" in queues["entries"] and "messages" in queues["entries"]["rt$a"]
+
+
+async def test_validation_errors_and_vetoes_come_back_with_their_reasons(network):
+    await start_line(network, "a", "b", "c")
+    await network.settle({"a": {"b": 1, "c": 2}})
+    async with AdminClient.open(network.url("a")) as admin:
+        reply = await admin.request("c", "set", path="/sys$queuemanager", name="max-message-size", value="-3")
+        assert reply["status"] == 400 and reply["router"] == "c"
+        assert "/sys$queuemanager: property 'max-message-size'" in reply["error"]
+        # the routing swiftlet vetoes a static route no router can have
+        reply = await admin.request("c", "add", path="/sys$routing/static-routes", name="9bad")
+        assert reply["status"] == 400
+        assert "refused: invalid router name '9bad'" in reply["error"]
+        assert "9bad" not in network.routers["c"].management.entity_list("/sys$routing/static-routes").entities
+        reply = await admin.request("c", "get", path="/sys$nothing")
+        assert reply["status"] == 400 and "no 'sys$nothing' under /" in reply["error"]
+        reply = await admin.request(None, "explode")
+        assert reply["status"] == 400 and "unknown verb 'explode'" in reply["error"]
+        reply = await admin.request(None, "get", version=7)
+        assert reply["status"] == 400 and "version 7" in reply["error"]
+        with pytest.raises(AdminError, match="request not sent"):  # the connected router knows no 'nowhere'
+            await admin.call("nowhere", "get", path="/")
+        # a reply larger than c lets a message be says so in one that fits
+        await admin.call("c", "set", path="/sys$queuemanager", name="max-message-size", value="1000")
+        reply = await admin.request("c", "get", path="/sys$queuemanager/usage/queues")
+        assert reply["status"] == 500 and reply["error"].startswith("the reply is too large: message of ")
+
+
+async def test_operations_of_swiftlets_through_management(network):
+    await start_line(network, "a", "b")
+    await network.settle({"a": {"b": 1}})
+    async with connect(network.url("b")) as client:
+        session = await client.session()
+        producer = await session.producer(Queue("orders"))
+        for n in range(5):
+            await producer.send(TextMessage(f"order {n}", properties={"n": n}))
+        async with AdminClient.open(network.url("a")) as admin:
+            queue = "/sys$queuemanager/usage/queues/orders"
+            assert set((await admin.call("b", "get", path=queue))["operations"]) == {"purge", "move", "view"}
+            view = await admin.call("b", "invoke", path=queue, operation="view", args={"start": 1, "count": 2})
+            assert [(m["body"], m["properties"]) for m in view] == [("order 1", {"n": 1}), ("order 2", {"n": 2})]
+            moved = await admin.call("b", "invoke", path=queue, operation="move",
+                                     args={"target": "kept", "selector": "n >= 3"})
+            assert moved == "2 messages moved from orders to kept"
+            assert await admin.call("b", "invoke", path=queue, operation="purge") == "3 messages purged from orders"
+            usage = network.routers["b"].management
+            assert usage.get("/sys$queuemanager/usage/queues/kept", "messages") == 2
+            assert usage.get(queue, "messages") == 0
+            reply = await admin.request("b", "invoke", path=queue, operation="move", args={"target": "x@nowhere"})
+            assert reply["status"] == 400 and "nowhere" in reply["error"]
+            # delete a connection: the client's, on b
+            connections = (await admin.call("b", "get", path="/sys$jms/usage/connections"))["entries"]
+            [name] = [n for n, c in connections.items() if c["host"] == "127.0.0.1"]
+            await admin.call("b", "invoke", path=f"/sys$jms/usage/connections/{name}", operation="delete")
+            await wait_until(lambda: not usage.resolve("/sys$jms/usage/connections").children, what="closed")
+            # disable and enable a connector of a
+            await admin.call("a", "invoke", path="/sys$routing/usage/connectors/b", operation="disable")
+            assert network.routers["a"].management.get("/sys$routing/connectors/b", "enabled") is False
+            await wait_until(lambda: network.table("a") == {}, what="a's link to b down")
+            await admin.call("a", "invoke", path="/sys$routing/usage/connectors/b", operation="enable")
+            await network.settle({"a": {"b": 1}})
+
+
+def users_config() -> AuthenticationConfig:
+    groups = [GroupConfig(name=name) for name in ("public", "admin", "viewers")]
+    users = [UserConfig(name="root", password="root-pw", group="admin"),
+             UserConfig(name="watcher", password="watcher-pw", group="viewers"),
+             UserConfig(name="guest", password="guest-pw", group="public")]
+    return AuthenticationConfig(authentication_enabled=True, groups=groups, users=users)
+
+
+async def test_roles_with_authentication(network):
+    mgmt = MgmtConfig(groups=[AdminGroup(name="admin", role=Role.READ_WRITE),
+                              AdminGroup(name="viewers", role=Role.READ_ONLY)])
+    await start_line(network, "a", "b", **{"sys$authentication": users_config(), "sys$mgmt": mgmt})
+    await network.settle({"a": {"b": 1}})
+    url = network.url("a")
+    async with AdminClient.open(url, user="watcher", password="watcher-pw") as admin:
+        assert (await admin.call("b", "get", path="/usage"))["properties"]["name"] == "b"
+        reply = await admin.request("b", "set", path="/sys$queuemanager", name="max-message-size", value="20000")
+        assert reply["status"] == 403
+        assert reply["error"] == "'set' changes router b, and the role of group viewers is read-only"
+    async with AdminClient.open(url, user="guest", password="guest-pw") as admin:
+        reply = await admin.request("b", "get", path="/")
+        assert reply["status"] == 403 and "user guest (group public) may not manage router b" in reply["error"]
+    async with AdminClient.open(url, user="root", password="root-pw") as admin:
+        result = await admin.call("b", "set", path="/sys$queuemanager", name="max-message-size", value="20000")
+        assert result["new"] == 20000
+
+
+def non_loopback_address() -> str | None:
+    """An IPv4 address of this machine that is not loopback (None if it has none)."""
+    try:
+        words = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=10).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for word in words:
+        try:
+            socket.inet_aton(word)
+        except OSError:
+            continue
+        with socket.socket() as probe:  # it must be bindable here
+            try:
+                probe.bind((word, 0))
+            except OSError:
+                continue
+        return word
+    return None
+
+
+async def test_without_authentication_only_loopback_clients_are_answered(network, caplog):
+    address = non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    jms = JmsConfig(listeners=[AmqpListenerConfig(name="amqp", port=0, bind_address="127.0.0.1"),
+                               AmqpListenerConfig(name="outside", port=0, bind_address=address)])
+    await start_line(network, "a", "b", **{"sys$jms": jms})
+    await network.settle({"a": {"b": 1}})
+    port = network.routers["a"].management.get("/sys$jms/usage/listeners/outside", "port")
+    async with AdminClient.open(f"amqp://{address}:{port}") as admin:
+        for router in ("a", "b"):  # refused here and two hops on: b trusts the identity a stamped
+            reply = await admin.request(router, "get", path="/")
+            assert reply["status"] == 403
+            assert reply["error"] == f"router {router} has authentication disabled and answers management " \
+                f"requests only from loopback clients; anonymous@{address} via a is not one"
+    # a forged identity in the request (proton puts it in) is replaced by the one the listener stamps
+    reply = await trio.to_thread.run_sync(forged_request, f"amqp://{address}:{port}")
+    assert reply["status"] == 403 and f"anonymous@{address} via a is not one" in reply["error"]
+    assert "Traceback" not in caplog.text
+    async with AdminClient.open(network.url("a")) as admin:  # loopback: answered
+        assert (await admin.call("b", "get", path="/usage"))["properties"]["name"] == "b"
+
+
+def forged_request(url: str) -> dict:
+    """A ``get`` sent with proton, claiming a loopback identity in the annotation the
+    listener stamps; the reply."""
+    connection = BlockingConnection(url, timeout=10)
+    try:
+        receiver = connection.create_receiver(None, dynamic=True)
+        request = ProtonMessage(body=json.dumps({"verb": "get", "path": "/"}), reply_to=receiver.remote_source.address,
+                                correlation_id="forged")
+        request.annotations = {IDENTITY_ANNOTATION: Identity(host="127.0.0.1", router="a").annotation()}
+        connection.create_sender("sys$mgmt").send(request)
+        reply = receiver.receive(timeout=10)
+        receiver.accept()
+        assert reply.correlation_id == "forged"
+        return json.loads(reply.body)
+    finally:
+        connection.close()
+
+
+def test_the_authorization_decision():
+    groups = {"admin": Role.READ_WRITE, "viewers": Role.READ_ONLY}
+    root = Identity(user="root", group="admin", authenticated=True, host="10.1.1.1", router="x")
+    assert authorize(root, "set", router="r", authentication=True, groups=groups) is Role.READ_WRITE
+    with pytest.raises(Refused, match="not authenticated where the request entered"):
+        authorize(attrs.evolve(root, authenticated=False), "get", router="r", authentication=True, groups=groups)
+    local = Identity(host="::ffff:127.0.0.1")
+    assert authorize(local, "halt", router="r", authentication=False, groups=groups) is Role.READ_WRITE
+    assert Identity(host="::1").loopback and not Identity(host="192.0.2.1").loopback
+    with pytest.raises(Refused, match="carries no identity"):
+        authorize(None, "get", router="r", authentication=False, groups=groups)
+
+
+async def test_watch_notifications_until_unwatched_the_lease_ends_or_the_reply_queue_goes(network, caplog):
+    caplog.set_level(logging.INFO, logger="martinet.swiftlets.mgmt")
+    await start_line(network, "a", "b", "c", **{"sys$mgmt": MgmtConfig(watch_lease=2)})  # renewed every second
+    await network.settle({"a": {"b": 1, "c": 2}})
+    c = network.routers["c"].management
+    before = c.get("/sys$queuemanager", "max-message-size")
+    async with AdminClient.open(network.url("a")) as admin:
+        async with admin.watch("c", "/sys$queuemanager") as notices:
+            await admin.call("c", "set", path="/sys$queuemanager", name="max-message-size", value="30000")
+            await admin.call("c", "add", path="/sys$queuemanager/queues", name="watched")
+            await admin.call("c", "set", path="/sys$routing", name="max-routes-per-link", value="77")  # not below
+            await admin.call("c", "remove", path="/sys$queuemanager/queues", name="watched")
+            with trio.fail_after(10):
+                seen = [(await notices.receive())["event"] for _ in range(3)]
+            assert seen == [
+                {"type": "property-changed", "path": "/sys$queuemanager", "name": "max-message-size",
+                 "old": before, "new": 30000},
+                {"type": "entity-added", "path": "/sys$queuemanager/queues", "name": "watched"},
+                {"type": "entity-removed", "path": "/sys$queuemanager/queues", "name": "watched"},
+            ]
+            assert c.get("/sys$mgmt/usage", "watches") == 1
+        await wait_until(lambda: c.get("/sys$mgmt/usage", "watches") == 0, what="unwatched")
+    # a watcher that goes away without unwatching: its reply queue on c is gone, so the next
+    # change ends the watch; one that stays but does not renew: the lease ends it
+    for leave in (True, False):
+        async with connect(network.url("c")) as client:
+            session = await client.session()
+            reply_to = await session.create_temporary_queue()
+            consumer = await session.consumer(reply_to)
+            producer = await session.producer(Queue("sys$mgmt"))
+            await producer.send(TextMessage(json.dumps({"verb": "watch", "path": "/"}), reply_to=reply_to))
+            assert json.loads((await consumer.receive(timeout=10)).text)["result"]["lease"] == 2
+            assert c.get("/sys$mgmt/usage", "watches") == 1
+            if not leave:
+                await wait_until(lambda: c.get("/sys$mgmt/usage", "watches") == 0, what="the lease ended")
+        if leave:
+            c.set("/sys$queuemanager", "max-message-size", "40000")
+            await wait_until(lambda: c.get("/sys$mgmt/usage", "watches") == 0, what="the watch ended (reply-to gone)")
+    ends = [r.getMessage().rpartition(" ended: ")[2] for r in caplog.records if " ended: " in r.getMessage()]
+    assert ends == ["unwatched", "its reply-to is gone", "lease expired"]
+
+
+async def test_management_protocol_inside_the_router_for_front_ends(network):
+    await start_line(network, "a", "b", "c")
+    await network.settle({"a": {"b": 1, "c": 2}})
+    management = network.routers["a"].swiftlet("sys$mgmt")
+    assert isinstance(management, Management)
+    local = Identity(user="web", host="127.0.0.1", router="a")
+    reply = await management.request("c", {"verb": "get", "path": "/usage"}, local)
+    assert reply["status"] == 200 and reply["result"]["properties"]["name"] == "c"
+    reply = await management.request("a", {"verb": "routers"}, local)
+    assert [r["name"] for r in reply["result"]] == ["a", "b", "c"]
+    reply = await management.request("c", {"verb": "get"}, Identity(host="192.0.2.9", router="a"))
+    assert reply["status"] == 403
+
+
+async def test_halt_and_reboot(network, tmp_path):
+    await start_line(network, "a", "b")
+    await network.settle({"a": {"b": 1}})
+    async with AdminClient.open(network.url("a")) as admin:
+        reply = await admin.request("b", "reboot")
+        assert reply["status"] == 400 and "not loaded from a file" in reply["error"]
+        assert reply["router"] == "b"
+        reply = await admin.request("b", "save")
+        assert reply["status"] == 400 and "save failed: this router was not loaded from a file" in reply["error"]
+    stopped = network._stopped["b"]
+    async with AdminClient.open(network.url("a")) as admin:
+        result = await admin.call("b", "halt")
+        assert result == {"halting": "b", "in-seconds": 1.0}
+    with trio.fail_after(15):
+        await stopped.wait()
+
+
+async def test_reboot_runs_the_saved_config(nursery, tmp_path):
+    specs = load_swiftlet_specs()
+    path = tmp_path / "r.xml"
+    save_config(router_config("solo", tmp_path, startorder=(*STACK, "sys$mgmt")), specs, path)
+    router = Router.from_file(path)
+    done = trio.Event()
+
+    async def run(*, task_status):
+        await router.run(task_status=task_status)
+        done.set()
+
+    await nursery.start(run)
+    port = router.management.get("/sys$jms/usage/listeners/amqp", "port")
+    async with AdminClient.open(f"amqp://127.0.0.1:{port}") as admin:
+        await admin.call(None, "set", path="/sys$queuemanager", name="max-message-size", value="12345")
+        assert (await admin.call(None, "save"))["file"] == str(path)
+        assert (await admin.call(None, "reboot"))["rebooting"] == "solo"
+    with trio.fail_after(15):
+        await done.wait()
+    successor = router.successor
+    assert successor is not None and successor.management.get("/sys$queuemanager", "max-message-size") == 12345
