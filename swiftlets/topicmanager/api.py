@@ -203,5 +203,5 @@ class TopicManager(Protocol):
             TopicError: invalid topic, undefined root, or a message the queues refuse.
         """
 
-    def interest(self) -> frozenset[str]:
-        """The root topics that have local subscriptions now."""
+    def interest(self, *, durable_only: bool = False) -> frozenset[str]:
+        """The root topics that have local subscriptions now (``durable_only``: durable ones)."""

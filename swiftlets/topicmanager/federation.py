@@ -9,8 +9,14 @@ routers") sent as an ordinary non-persistent message to ``sys$topic@R`` for ever
 destination ``R`` of the routing table, so the routing network carries it however many hops
 away ``R`` is. A record always holds the *whole* set (after the announce filter for ``R``),
 never a change: it is sent when the set changes, again on every activation of ``R``
-(``DestinationActivated``: a link flap, ``R`` restarting, a new route) and, empty, when this
-router stops (it unsubscribes everywhere). Empty records are sent only by a router that has
+(``DestinationActivated``: a link flap, ``R`` restarting, a new route) and, when this
+router stops orderly, with its durable subscriptions' roots only. Seed 003 has a stopping
+router unsubscribe from everything, so that its durable subscribers lose what is published
+while it is down unless the others hold a static subscription with ``keep-on-unsubscribe``;
+here a stop (orderly or a crash) never withdraws durable interest: a maintenance restart
+loses nothing. What only non-durable subscribers wanted is withdrawn (they are gone). A
+node leaves the network as the seed describes: its clients unsubscribe (their durable
+subscriptions too), then it stops; or an operator deletes its remote subscriptions. Empty records are sent only by a router that has
 ever sent a non-empty one (a store record says so): one that never had interest in anything
 has nothing to withdraw, and its routing links carry none of its records — unless a router
 asks for one: a router holding static subscriptions to ``R`` that has not heard from ``R``
@@ -256,11 +262,11 @@ def federable(root: str) -> bool:
 class Federation:
     """The topic manager's part in the network: announces, forwards, receives.
 
-    ``interest()`` is the local interest now; ``deliver(message, transaction)`` delivers a
+    ``interest(durable_only=False)`` is the local interest now; ``deliver(message, transaction)`` delivers a
     forwarded message to local subscribers (the manager's): staged in ``transaction``, or
     at once when it is None."""
 
-    def __init__(self, context: SwiftletContext, queue_manager: QueueManager, interest: Callable[[], frozenset[str]],
+    def __init__(self, context: SwiftletContext, queue_manager: QueueManager, interest: Callable[..., frozenset[str]],
                  deliver: Callable[[Message, Any], None]):
         self.context = context
         self.local = context.router_name
@@ -358,8 +364,8 @@ class Federation:
 
     async def _when_stopping(self, stopping: Any) -> None:
         await stopping.receive()
-        for router in self._active():  # unsubscribe everywhere (remote keep-on-unsubscribe keeps forwarding)
-            self._send_record(router, frozenset())
+        for router in self._active():  # durable subscribers keep their interest while this router is down
+            self._announce(router, durable_only=True)
 
     # -- announcing ---------------------------------------------------------------------------------
 
@@ -372,9 +378,10 @@ class Federation:
         for router in self._active():
             self._announce(router)
 
-    def _announce(self, router: str, *, answer: bool = False) -> None:
-        """Send ``router`` our whole interest; ``answer``: even if empty (it asked)."""
-        roots = frozenset(r for r in self._interest() if federable(r))
+    def _announce(self, router: str, *, answer: bool = False, durable_only: bool = False) -> None:
+        """Send ``router`` our whole interest (``durable_only``: of durable subscriptions);
+        ``answer``: even if empty (it asked)."""
+        roots = frozenset(r for r in self._interest(durable_only=durable_only) if federable(r))
         announce_filter = self._filters.get(router)
         if announce_filter is not None:
             listed = frozenset(announce_filter.roots.split())

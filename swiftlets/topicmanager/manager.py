@@ -246,9 +246,10 @@ class TopicManager:
                 self._root_usage.add(name, root.usage)
         return root
 
-    def interest(self) -> frozenset[str]:
-        """The root topics that have local subscriptions now."""
-        return frozenset(name for name, root in self._roots.items() if root.subscriptions)
+    def interest(self, *, durable_only: bool = False) -> frozenset[str]:
+        """The root topics that have local subscriptions now (``durable_only``: durable ones)."""
+        return frozenset(name for name, root in self._roots.items()
+                         if any(s.durable for s in root.subscriptions) or (root.subscriptions and not durable_only))
 
     def _add(self, subscription: Subscription) -> None:
         root = self._root(subscription.topic.root, create=True)
