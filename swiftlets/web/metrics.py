@@ -1,0 +1,127 @@
+"""``/metrics``: every usage value of the management tree as Prometheus metrics.
+
+Theory of operation
+-------------------
+:class:`UsageCollector` is a ``prometheus_client`` custom collector: at each scrape it walks
+the router's management tree (the router's ``/usage`` and every swiftlet's ``usage``) and
+turns each usage value into a sample; ``prometheus_client``'s exposition writes the text.
+Nothing is registered globally: the swiftlet has its own ``CollectorRegistry``, so several
+routers in one process each serve their own.
+
+Names. A value ``messages`` of ``/sys$queuemanager/usage/queues/orders`` becomes
+``martinet_queuemanager_queues_messages{router="paris",queue="orders"}``: ``martinet_``, the
+swiftlet's name without ``sys$``, the usage lists on the way, the property, with every
+character outside ``[a-zA-Z0-9_]`` as ``_``. Each list's entry name is a label named after
+the list (:data:`LABELS`, else the list name without a plural ``s``). The kernel's pool lists
+are one family for all swiftlets: ``martinet_pool_running{swiftlet="sys$routing",pool=…}``;
+the router's own ``/usage`` is ``martinet_router_…``.
+
+Values. Numbers are samples; booleans are 0/1. A text value named ``state`` becomes a
+sample of value 1 with the state as label ``state`` (``martinet_routing_connections_state
+{connection="connector:paris",state="operational"} 1``), so link, swiftlet and listener
+states can be graphed and alerted on. Other texts are left out. Properties known to only
+grow while the router runs (:data:`COUNTERS`) are counters (exposed with ``_total``); every
+other value is a gauge.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from martinet.kernel import Entity, Tree, Usage, UsageList
+
+__all__ = ["UsageCollector", "COUNTERS", "LABELS"]
+
+#: Usage properties that only grow while the router runs.
+COUNTERS = frozenset({
+    "enqueued", "dequeued", "expired", "dead-lettered", "duplicates-dropped", "swapped-out", "read-back", "reads",
+    "messages-received", "messages-sent", "transactions", "fsyncs", "operations", "cancelled-pairs",
+    "completed", "failed", "rejected", "accepted", "refused", "attempts", "committed", "rolled-back",
+    "announcements-sent", "announcements-received", "routes-sent", "routes-received", "unroutable", "dropped",
+    "expired-in-transit", "runs", "logins", "refused-logins", "access-denials",
+})
+
+#: Label names of usage lists whose plural is not simply the name with an ``s``.
+LABELS = {"routing-table": "destination", "dynamic-routes": "route", "in-doubt": "xid", "swiftlets": "swiftlet",
+          "remote-router-subscriptions": "router_name", "durable-subscribers": "durable_subscriber"}
+
+_INVALID = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def _name(*parts: str) -> str:
+    return _INVALID.sub("_", "_".join(parts))
+
+
+def _label(list_name: str) -> str:
+    label = LABELS.get(list_name) or (list_name[:-1] if list_name.endswith("s") else list_name)
+    return "list_router" if label == "router" else _INVALID.sub("_", label)
+
+
+class UsageCollector(Collector):
+    """Collects a router's usage tree; see the module header. Called by the exposition in the
+    router's trio thread (the tree is not thread-safe), at each scrape."""
+
+    def __init__(self, router: str, tree: Tree):
+        self._router = router
+        self._tree = tree
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for prefix, labels, usage in self._usages():
+            for prop, value in usage.properties().items():
+                self._sample(families, prefix, labels, prop, value)
+        yield from families.values()
+
+    def _usages(self) -> Iterator[tuple[tuple[str, ...], dict[str, str], Usage]]:
+        """Every usage entity with its metric name prefix and its labels."""
+        root = self._tree.root
+        yield from self._walk(("router",), {"router": self._router}, root.children["usage"])
+        for name, child in root.children.items():
+            if not isinstance(child, Entity):
+                continue
+            swiftlet = name.removeprefix("sys$")
+            usage = child.children["usage"]
+            for node_name, node in usage.children.items():
+                if node_name == "pools" and isinstance(node, UsageList):  # the kernel's: one family for all
+                    for pool, entry in node.children.items():
+                        yield ("pool",), {"router": self._router, "swiftlet": name, "pool": pool}, entry
+            yield from self._walk((swiftlet,), {"router": self._router}, usage, skip="pools")
+
+    def _walk(self, prefix: tuple[str, ...], labels: dict[str, str], usage: Usage,
+              skip: str = "") -> Iterator[tuple[tuple[str, ...], dict[str, str], Usage]]:
+        yield prefix, labels, usage
+        for name, node in usage.children.items():
+            if name == skip:
+                continue
+            if isinstance(node, UsageList):
+                for entry_name, entry in node.children.items():
+                    yield from self._walk((*prefix, name), {**labels, _label(name): entry_name}, entry)
+            else:
+                yield from self._walk((*prefix, name), labels, node)
+
+    def _sample(self, families: dict[str, Metric], prefix: tuple[str, ...], labels: dict[str, str], prop: str,
+                value: Any) -> None:
+        if isinstance(value, bool):
+            value = int(value)
+        elif prop == "state" and isinstance(value, str) and value:
+            labels = {**labels, "state": value}
+            value = 1
+        if not isinstance(value, int | float):
+            return
+        name = _name("martinet", *prefix, prop)
+        family = families.get(name)
+        if family is None:
+            path = "/".join(prefix)
+            if prop in COUNTERS:
+                family = CounterMetricFamily(name, f"usage {prop} of {path}", labels=list(labels))
+            else:
+                family = GaugeMetricFamily(name, f"usage {prop} of {path}", labels=list(labels))
+            families[name] = family
+        if tuple(labels) != family._labelnames:  # one family, one label set: a stray entry is left out
+            return
+        family.add_metric(list(labels.values()), value)
