@@ -75,15 +75,18 @@ def _page(router: str, title: str, body: str, *, refresh: int = 0) -> HTMLRespon
         f"</nav><h1>{html.escape(title)}</h1>{body}</body></html>")
 
 
+def _cell(value: Any) -> str:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f'<td class="num">{value}</td>'
+    return f"<td>{html.escape(str(value))}</td>"
+
+
 def _table(table_id: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], empty: str) -> str:
     rows = list(rows)
     if not rows:
         return f'<p id="{table_id}">{html.escape(empty)}</p>'
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f'<td class="num">{v}</td>' if isinstance(v, int | float) else f"<td>{html.escape(str(v))}</td>"
-                         for v in row) + "</tr>"
-        for row in rows)
+    body = "".join("<tr>" + "".join(_cell(value) for value in row) + "</tr>" for row in rows)
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -254,5 +257,5 @@ def _remote_section(context: SwiftletContext, web: WebSwiftlet, name: str) -> st
     edges = [[f"{e.a} – {e.b}", e.state, e.error] for e in web.network_map().edges if name in e.key]
     return (f"<p>What {html.escape(context.router_name)} knows of {html.escape(name)}. Its queues and "
             "connections are shown by its own web view (management of remote routers over messaging is "
-            "sys$mgmt's).</p>" + _table("facts", ["", ""], facts, "") +
+            "sys$mgmt's).</p>" + _table("facts", ["property", "value"], facts, "") +
             "<h2>Links</h2>" + _table("links", ["link", "state", "error"], edges, "no links known"))
