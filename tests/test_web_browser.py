@@ -64,14 +64,31 @@ async def eventually(look: Callable[[], Any], what: str, timeout: float = 15) ->
     raise AssertionError(f"{what} not within {timeout} s; last seen: {answer!r}")
 
 
+# The map as the page shows it, read in one script: the page redraws at each event, so
+# elements found one call earlier may be gone (stale) by the next call.
+SNAPSHOT = """
+const map = {routers: {}, edges: {}, rows: {}};
+for (const node of document.querySelectorAll("#map circle[data-router]"))
+  map.routers[node.dataset.router] = node.dataset.state;
+for (const line of document.querySelectorAll("#map line[data-edge]"))
+  map.edges[line.dataset.edge] = [line.dataset.state, getComputedStyle(line).stroke];
+for (const row of document.querySelectorAll("#links tr[data-edge]"))
+  map.rows[row.dataset.edge] = row.innerText;
+return map;
+"""
+
+
+def shown(driver) -> dict[str, dict]:
+    return driver.execute_script(SNAPSHOT)
+
+
 def routers_shown(driver) -> dict[str, str]:
-    return {node.get_attribute("data-router"): node.get_attribute("data-state")
-            for node in driver.find_elements(By.CSS_SELECTOR, "#map circle[data-router]")}
+    return shown(driver)["routers"]
 
 
 def edge(driver, key: str) -> tuple[str, str] | None:
-    found = driver.find_elements(By.CSS_SELECTOR, f'#map line[data-edge="{key}"]')
-    return (found[0].get_attribute("data-state"), found[0].value_of_css_property("stroke")) if found else None
+    found = shown(driver)["edges"].get(key)
+    return tuple(found) if found else None
 
 
 async def test_the_map_shows_every_router_and_a_cut_link_turns_red(network, nursery, browser):
@@ -87,10 +104,8 @@ async def test_the_map_shows_every_router_and_a_cut_link_turns_red(network, nurs
     url = router.swiftlet("sys$web").url
 
     await trio.to_thread.run_sync(browser.get, url + "/")
-    shown = await eventually(lambda: (s := routers_shown(browser)) == {"a": "local", "b": "reachable",
-                                                                       "c": "reachable"} and s,
-                             "every router on the map")
-    assert shown
+    every = {"a": "local", "b": "reachable", "c": "reachable"}
+    await eventually(lambda: routers_shown(browser) == every, "every router on the map")
     state, stroke = await eventually(lambda: edge(browser, "b|c"), "the link b–c")
     assert state == "operational" and stroke != RED
     assert (await trio.to_thread.run_sync(edge, browser, "a|b"))[0] == "operational"
@@ -100,8 +115,8 @@ async def test_the_map_shows_every_router_and_a_cut_link_turns_red(network, nurs
     await eventually(lambda: edge(browser, "b|c") == ("down", RED), "the cut link b–c shown red")
     assert (await trio.to_thread.run_sync(routers_shown, browser))["c"] == "unreachable"
     assert (await trio.to_thread.run_sync(edge, browser, "a|b"))[0] == "operational"
-    row = await trio.to_thread.run_sync(browser.find_element, By.CSS_SELECTOR, '#links tr[data-edge="b|c"]')
-    assert "down" in row.text and "in no route of a" in row.text
+    row = (await trio.to_thread.run_sync(shown, browser))["rows"]["b|c"]
+    assert "down" in row and "in no route of a" in row
 
     proxy.heal()
     await eventually(lambda: (e := edge(browser, "b|c")) and e[0] == "operational", "the healed link b–c")
@@ -117,16 +132,13 @@ async def test_the_router_page_lists_a_queue_with_its_backlog(network, browser):
     url = router.swiftlet("sys$web").url
     await trio.to_thread.run_sync(browser.get, url + "/routers/a")
 
-    def orders_row() -> list[str]:
-        for row in browser.find_elements(By.CSS_SELECTOR, "#queues tbody tr"):
-            cells = [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
-            if cells[0] == "orders":
-                return cells
-        return []
+    def queues() -> dict[str, dict[str, str]]:  # one script: the page reloads itself every 5 s
+        header, *rows = browser.execute_script(
+            'return Array.from(document.querySelectorAll("#queues tr"), '
+            "row => Array.from(row.cells, cell => cell.innerText))")
+        return {row[0]: dict(zip(header, row, strict=True)) for row in rows}
 
-    cells = await eventually(orders_row, "the queue orders on the router page")
-    header = [cell.text for cell in await trio.to_thread.run_sync(
-        browser.find_elements, By.CSS_SELECTOR, "#queues thead th")]
-    assert dict(zip(header, cells, strict=True))["messages"] == "4"
-    await trio.to_thread.run_sync(browser.find_element(By.LINK_TEXT, "network map").click)
+    orders = await eventually(lambda: queues().get("orders"), "the queue orders on the router page")
+    assert orders["messages"] == "4" and orders["consumers"] == "0" and orders["enqueued"] == "4"
+    await trio.to_thread.run_sync(lambda: browser.find_element(By.LINK_TEXT, "network map").click())
     await eventually(lambda: routers_shown(browser) == {"a": "local"}, "the map of a router alone")

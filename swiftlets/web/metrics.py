@@ -12,7 +12,8 @@ Names. A value ``messages`` of ``/sys$queuemanager/usage/queues/orders`` becomes
 ``martinet_queuemanager_queues_messages{router="paris",queue="orders"}``: ``martinet_``, the
 swiftlet's name without ``sys$``, the usage lists on the way, the property, with every
 character outside ``[a-zA-Z0-9_]`` as ``_``. Each list's entry name is a label named after
-the list (:data:`LABELS`, else the list name without a plural ``s``). The kernel's pool lists
+the list (:data:`LABELS`, else the list name without a plural ``s``; ``_`` appended while
+that label is taken by an outer list). The kernel's pool lists
 are one family for all swiftlets: ``martinet_pool_running{swiftlet="sys$routing",pool=…}``;
 the router's own ``/usage`` is ``martinet_router_…``.
 
@@ -99,8 +100,11 @@ class UsageCollector(Collector):
             if name == skip:
                 continue
             if isinstance(node, UsageList):
+                label = _label(name)
+                while label in labels:  # a list nested in a list of the same name
+                    label += "_"
                 for entry_name, entry in node.children.items():
-                    yield from self._walk((*prefix, name), {**labels, _label(name): entry_name}, entry)
+                    yield from self._walk((*prefix, name), {**labels, label: entry_name}, entry)
             else:
                 yield from self._walk((*prefix, name), labels, node)
 

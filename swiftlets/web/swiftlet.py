@@ -16,9 +16,10 @@ with the address and the reason. Handlers run in the router's trio thread (they 
 The map. One task per kind of ``sys$routing`` event keeps the map current: link state
 changes update this router's links (one per neighbour: an operational link is not replaced
 by the state of a second, refused or closing link to the same neighbour), and every link or
-route event rebuilds the map with :func:`.netmap.build_map` from those links, the routing
-table and the previous map. A rebuild that changes the map bumps :attr:`WebSwiftlet.version`
-and wakes the pages' event streams. A link subscription that overflows is opened again and
+route event marks the map stale; one task rebuilds it (once for a burst of events) with
+:func:`.netmap.build_map` from those links, the routing table and the previous map. A
+rebuild that changes the map bumps :attr:`WebSwiftlet.version` and wakes the pages' event
+streams. A link subscription that overflows is opened again and
 the links are read afresh from ``sys$routing``'s usage, so no state is lost for good.
 """
 
@@ -77,6 +78,7 @@ class WebSwiftlet:
         self._links: dict[str, tuple[str, LinkView]] = {}  # peer -> (link name, its view)
         self._map = NetworkMap(local=context.router_name)
         self._changed = trio.Event()
+        self._stale = trio.Event()  # set: events came that the map does not show yet
         self._routing: Routing | None = None
         self.authentication: Authentication | None = None
 
@@ -112,6 +114,7 @@ class WebSwiftlet:
                 await nursery.start(self._follow_links)
                 for kind in (RouteAdded, RouteRemoved, DestinationAdded, DestinationRemoved):
                     await nursery.start(self._follow_routes, kind)
+                nursery.start_soon(self._rebuilder)
             self._rebuild()
             await self._serve(nursery, config)
             task_status.started()
@@ -155,14 +158,14 @@ class WebSwiftlet:
         while True:
             with self.context.bus.subscribe(LinkStateChanged) as events:
                 self._read_links()
-                self._rebuild()
+                self._stale.set()
                 task_status.started()
                 task_status = trio.TASK_STATUS_IGNORED
                 try:
                     async for event in events:
                         if event.peer:
                             self._link(event.link, event.peer, event.state.value, event.error or "", time.time())
-                            self._rebuild()
+                            self._stale.set()
                 except SubscriberOverflow as exc:
                     self.context.log.warning("%s; reading the links afresh", exc)
 
@@ -171,7 +174,14 @@ class WebSwiftlet:
         with self.context.bus.subscribe(kind, max_buffer=16, overflow=Overflow.DROP_OLDEST) as events:
             task_status.started()
             async for _ in events:
-                self._rebuild()
+                self._stale.set()
+
+    async def _rebuilder(self) -> None:
+        # One rebuild for a burst of events: the followers mark the map stale until they block.
+        while True:
+            await self._stale.wait()
+            self._stale = trio.Event()
+            self._rebuild()
 
     def _read_links(self) -> None:
         """This router's links from ``sys$routing``'s usage (connectors, then live links)."""
