@@ -33,11 +33,15 @@ async def start_web(network, name: str, web: WebConfig | None = None, **swiftlet
     return router, router.swiftlet("sys$web")
 
 
-async def fetch(url: str, *, user: str | None = None, password: str = "") -> tuple[int, Message, str]:
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+async def fetch(url: str, authorization: str | None = None) -> tuple[int, Message, str]:
     """GET ``url`` over a real socket (urllib, in a worker thread): status, headers, body."""
     request = urllib.request.Request(url)
-    if user is not None:
-        request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    if authorization is not None:
+        request.add_header("Authorization", authorization)
 
     def get() -> tuple[int, Message, str]:
         try:
@@ -200,9 +204,38 @@ async def test_with_authentication_only_the_admin_group_gets_in(network):
     url = "http://127.0.0.1:" + web.url.rsplit(":", 1)[1]
     status, headers, _ = await fetch(url + "/metrics")
     assert status == 401 and headers["WWW-Authenticate"].startswith("Basic")
-    assert (await fetch(url + "/", user="root", password="wrong"))[0] == 401
-    status, _, body = await fetch(url + "/routers/a", user="app", password="pw")
+    assert (await fetch(url + "/", basic("root", "wrong")))[0] == 401
+    for malformed in ("Basic !!!", "Basic " + base64.b64encode(b"root").decode(), "Bearer x", "Basic /w=="):
+        status, _, body = await fetch(url + "/", malformed)
+        assert status == 401 and ("malformed" in body or "log in" in body), (malformed, body)
+    status, _, body = await fetch(url + "/routers/a", basic("app", "pw"))
     assert status == 403 and "not in the admin group" in body
-    status, _, body = await fetch(url + "/metrics", user="root", password="top")
+    status, _, body = await fetch(url + "/metrics", basic("root", "top"))
     assert status == 200 and 'martinet_router_state{router="a",state="running"} 1.0' in body
-    assert (await fetch(url + "/routers/a", user="root", password="top"))[0] == 200
+    assert (await fetch(url + "/routers/a", basic("root", "top")))[0] == 200
+
+
+async def test_bad_http_input_gets_400_without_a_traceback_and_the_router_serves_on(network, caplog):
+    router, web = await start_web(network, "a")
+    host, port = web.url.removeprefix("http://").rsplit(":", 1)
+    for garbage in (b"GARBAGE\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64),
+                    b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: x\r\n\r\n"):
+        stream = await trio.open_tcp_stream(host, int(port))
+        await stream.send_all(garbage)
+        with trio.fail_after(10):
+            assert (await stream.receive_some()).startswith(b"HTTP/1.1 400 ")
+        await stream.aclose()
+    status, _, body = await fetch(web.url + "/routers/%3Cscript%3E")
+    assert status == 200 and "a knows no router &lt;script&gt;." in body
+    assert (await fetch(web.url + "/nothing"))[0] == 404
+    assert (await fetch(web.url + "/metrics"))[0] == 200
+    assert not [r for r in caplog.records if r.exc_info or r.levelname in ("ERROR", "CRITICAL")]
+
+
+async def test_nested_usage_lists_get_a_label_each_and_odd_names_are_escaped(network):
+    router, web = await start_web(network, "a")
+    outer = router.management.resolve("/sys$web/usage").add_list("topics")
+    outer.add('x"y\\z').add_list("topics").add("b", lambda: {"messages": 2, "note": "text is left out"})
+    parsed = samples((await fetch(web.url + "/metrics"))[2])
+    assert value(parsed, "martinet_web_topics_topics_messages", router="a", topic='x"y\\z', topic_="b") == 2
+    assert not [key for key in parsed if "note" in key[0]]
