@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -64,18 +63,27 @@ def _label(list_name: str) -> str:
 
 
 class UsageCollector(Collector):
-    """Collects a router's usage tree; see the module header. Called by the exposition in the
-    router's trio thread (the tree is not thread-safe), at each scrape."""
+    """Collects a router's usage tree; see the module header. Call :meth:`collect` in the
+    router's trio thread (the tree is not thread-safe), at each scrape; the families it
+    returns are plain data, which the exposition may write in another thread."""
 
     def __init__(self, router: str, tree: Tree):
         self._router = router
         self._tree = tree
+        self._names: dict[tuple[tuple[str, ...], str], str] = {}  # bounded: prefixes hold no entry names
 
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
         for prefix, labels, usage in self._usages():
+            names, values = tuple(labels), list(labels.values())
             for prop, value in usage.properties().items():
-                self._sample(families, prefix, labels, prop, value)
+                if isinstance(value, bool):
+                    value = int(value)
+                elif prop == "state" and isinstance(value, str) and value:
+                    self._add(families, prefix, prop, (*names, "state"), [*values, value], 1)
+                    continue
+                if isinstance(value, int | float):
+                    self._add(families, prefix, prop, names, values, value)
         yield from families.values()
 
     def _usages(self) -> Iterator[tuple[tuple[str, ...], dict[str, str], Usage]]:
@@ -108,24 +116,14 @@ class UsageCollector(Collector):
             else:
                 yield from self._walk((*prefix, name), labels, node)
 
-    def _sample(self, families: dict[str, Metric], prefix: tuple[str, ...], labels: dict[str, str], prop: str,
-                value: Any) -> None:
-        if isinstance(value, bool):
-            value = int(value)
-        elif prop == "state" and isinstance(value, str) and value:
-            labels = {**labels, "state": value}
-            value = 1
-        if not isinstance(value, int | float):
-            return
-        name = _name("martinet", *prefix, prop)
+    def _add(self, families: dict[str, Metric], prefix: tuple[str, ...], prop: str, names: tuple[str, ...],
+             values: list[str], value: float) -> None:
+        name = self._names.get((prefix, prop))
+        if name is None:
+            name = self._names[prefix, prop] = _name("martinet", *prefix, prop)
         family = families.get(name)
         if family is None:
-            path = "/".join(prefix)
-            if prop in COUNTERS:
-                family = CounterMetricFamily(name, f"usage {prop} of {path}", labels=list(labels))
-            else:
-                family = GaugeMetricFamily(name, f"usage {prop} of {path}", labels=list(labels))
-            families[name] = family
-        if tuple(labels) != family._labelnames:  # one family, one label set: a stray entry is left out
-            return
-        family.add_metric(list(labels.values()), value)
+            kind = CounterMetricFamily if prop in COUNTERS else GaugeMetricFamily
+            family = families[name] = kind(name, f"usage {prop} of {'/'.join(prefix)}", labels=names)
+        if names == family._labelnames:  # one family, one label set: a stray entry is left out
+            family.add_metric(values, value)
