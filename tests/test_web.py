@@ -20,6 +20,7 @@ from martinet.swiftlets.authentication.config import AuthenticationConfig, Group
 from martinet.swiftlets.store.config import StoreConfig
 from martinet.swiftlets.web.config import WebConfig
 
+from faultproxy import FaultProxy
 from network import ROUTING_STACK, routing_config
 from processes import free_port
 
@@ -239,3 +240,27 @@ async def test_nested_usage_lists_get_a_label_each_and_odd_names_are_escaped(net
     parsed = samples((await fetch(web.url + "/metrics"))[2])
     assert value(parsed, "martinet_web_topics_topics_messages", router="a", topic='x"y\\z', topic_="b") == 2
     assert not [key for key in parsed if "note" in key[0]]
+
+
+async def test_a_local_link_shows_its_connector_failing_and_coming_back(network, nursery):
+    router, web = await start_web(network, "a")
+    await network.start_routers("b")
+    proxy = FaultProxy("127.0.0.1", network.routing_port("b"))
+    await nursery.start(proxy.run)
+    router.management.add("/sys$routing/connectors", "b", {"hostname": "127.0.0.1", "port": str(proxy.port),
+                                                           "retry-time": "1000"})
+    await network.settle({"a": {"b": 1}})
+    assert web.network_map().edge("a", "b").state == "operational"
+    proxy.refuse(True)
+    proxy.cut()
+    seen = set()
+    with trio.fail_after(20):  # failed, then connecting again (the attempts name no peer: still a's link to b)
+        while not {"failed", "connecting"} <= seen:
+            await web.changed()
+            edge = web.network_map().edge("a", "b")
+            seen.add(edge.state)
+    assert edge.local and edge.error and web.network_map().router("b").state == "unreachable"
+    proxy.heal()
+    with trio.fail_after(20):
+        while web.network_map().edge("a", "b").state != "operational":
+            await web.changed()

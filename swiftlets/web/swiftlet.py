@@ -15,7 +15,9 @@ with the address and the reason. Handlers run in the router's trio thread (they 
 
 The map. One task per kind of ``sys$routing`` event keeps the map current: link state
 changes update this router's links (one per neighbour: an operational link is not replaced
-by the state of a second, refused or closing link to the same neighbour), and every link or
+by the state of a second, refused or closing link to the same neighbour; a connector's
+attempts, which name no peer until the handshake, count for the peer it reached last, so a
+neighbour that is gone shows the connector's failed and connecting states), and every link or
 route event marks the map stale; one task rebuilds it (once for a burst of events) with
 :func:`.netmap.build_map` from those links, the routing table and the previous map. A
 rebuild that changes the map bumps :attr:`WebSwiftlet.version` and wakes the pages' event
@@ -76,6 +78,7 @@ class WebSwiftlet:
         self.version = 0
         self._url = ""
         self._links: dict[str, tuple[str, LinkView]] = {}  # peer -> (link name, its view)
+        self._connector_peers: dict[str, str] = {}  # connector link -> the peer it reached last
         self._map = NetworkMap(local=context.router_name)
         self._changed = trio.Event()
         self._stale = trio.Event()  # set: events came that the map does not show yet
@@ -163,8 +166,11 @@ class WebSwiftlet:
                 task_status = trio.TASK_STATUS_IGNORED
                 try:
                     async for event in events:
-                        if event.peer:
-                            self._link(event.link, event.peer, event.state.value, event.error or "", time.time())
+                        if event.peer and event.link.startswith("connector:"):
+                            self._connector_peers[event.link] = event.peer
+                        peer = event.peer or self._connector_peers.get(event.link)
+                        if peer:
+                            self._link(event.link, peer, event.state.value, event.error or "", time.time())
                             self._stale.set()
                 except SubscriberOverflow as exc:
                     self.context.log.warning("%s; reading the links afresh", exc)
@@ -193,9 +199,10 @@ class WebSwiftlet:
                 continue
             for name, entry in entries.items():
                 values = entry.properties()
-                if values.get("routername"):
-                    link = f"connector:{name}" if kind == "connectors" else name
-                    self._link(link, values["routername"], values["state"], values.get("last-error", ""), now)
+                link = f"connector:{name}" if kind == "connectors" else name
+                peer = values.get("routername") or self._connector_peers.get(link)
+                if peer:
+                    self._link(link, peer, values["state"], values.get("last-error", ""), now)
 
     def _link(self, link: str, peer: str, state: str, error: str, now: float) -> None:
         current = self._links.get(peer)
