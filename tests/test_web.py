@@ -214,6 +214,22 @@ async def test_with_authentication_only_the_admin_group_gets_in(network):
     status, _, body = await fetch(url + "/metrics", basic("root", "top"))
     assert status == 200 and 'martinet_router_state{router="a",state="running"} 1.0' in body
     assert (await fetch(url + "/routers/a", basic("root", "top")))[0] == 200
+    router.management.set("/sys$authentication", "authentication-enabled", "false")  # not on loopback: closed
+    status, _, body = await fetch(url + "/metrics", basic("root", "top"))
+    assert status == 403 and "serves nothing until authentication is on again" in body
+    router.management.set("/sys$authentication", "authentication-enabled", "true")
+    assert (await fetch(url + "/metrics"))[0] == 401
+    assert (await fetch(url + "/metrics", basic("root", "top")))[0] == 200
+
+
+async def test_on_loopback_authentication_switched_on_at_runtime_applies_at_once(network):
+    authentication = AuthenticationConfig(groups=[GroupConfig(name="admin")],
+                                          users=[UserConfig(name="root", password="top", group="admin")])
+    router, web = await start_web(network, "a", **{"sys$authentication": authentication})
+    assert (await fetch(web.url + "/metrics"))[0] == 200
+    router.management.set("/sys$authentication", "authentication-enabled", "true")
+    assert (await fetch(web.url + "/metrics"))[0] == 401
+    assert (await fetch(web.url + "/metrics", basic("root", "top")))[0] == 200
 
 
 async def test_bad_http_input_gets_400_without_a_traceback_and_the_router_serves_on(network, caplog):

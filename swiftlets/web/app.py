@@ -11,7 +11,7 @@ Routes (all ``async``, run in the router's trio thread):
 - ``/metrics``: Prometheus text format from :class:`.metrics.UsageCollector`: collected in
   the router's thread, written by ``prometheus_client``'s exposition in a worker thread.
 
-With authentication on, :class:`BasicAuth` wraps it all: every request carries HTTP basic
+:class:`BasicAuth` wraps it all: with authentication on, every request carries HTTP basic
 credentials of a ``sys$authentication`` user of the admin group.
 """
 
@@ -38,7 +38,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from martinet.kernel import ManagementError, SwiftletContext
-from martinet.swiftlets.authentication.api import AuthenticationFailed
+from martinet.swiftlets.authentication.api import Authentication, AuthenticationFailed
 
 from .metrics import UsageCollector
 
@@ -148,10 +148,13 @@ class MapEvents:
 
 
 class BasicAuth:
-    """ASGI middleware: HTTP basic auth against ``sys$authentication``, admin group only.
+    """ASGI middleware: HTTP basic auth against ``sys$authentication``, admin group only,
+    while authentication is on.
 
     A request without credentials, or with wrong ones, gets 401 (after the authentication
-    swiftlet's refusal delay for its host); a user of another group gets 403.
+    swiftlet's refusal delay for its host); a user of another group gets 403. With
+    authentication off, a loopback listener lets every request through and any other
+    refuses every request (403).
     """
 
     def __init__(self, app: ASGIApp, web: WebSwiftlet, admin_group: str):
@@ -160,13 +163,19 @@ class BasicAuth:
         self.admin_group = admin_group
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        authentication = self.web.authentication
-        if scope["type"] != "http" or authentication is None:
+        if scope["type"] != "http" or not self.web.protected and self.web.loopback:
             await self.app(scope, receive, send)
             return
+        if not self.web.protected:
+            await PlainTextResponse("authentication-enabled is off in sys$authentication: this listener is not on "
+                                    "loopback, so it serves nothing until authentication is on again",
+                                    status_code=403)(scope, receive, send)
+            return
+        authentication = self.web.authentication
+        assert authentication is not None
         connection = HTTPConnection(scope)
         host = connection.client.host if connection.client else ""
-        refusal = await self._refusal(connection.headers.get("authorization", ""), host)
+        refusal = await self._refusal(authentication, connection.headers.get("authorization", ""), host)
         if refusal is None:
             await self.app(scope, receive, send)
             return
@@ -176,7 +185,7 @@ class BasicAuth:
         headers = {"WWW-Authenticate": 'Basic realm="martinet", charset="UTF-8"'} if status == 401 else None
         await PlainTextResponse(text, status_code=status, headers=headers)(scope, receive, send)
 
-    async def _refusal(self, header: str, host: str) -> tuple[int, str] | None:
+    async def _refusal(self, authentication: Authentication, header: str, host: str) -> tuple[int, str] | None:
         """None if the request may go on, else the status and the text of the refusal."""
         scheme, _, encoded = header.partition(" ")
         if scheme.lower() != "basic":
@@ -187,9 +196,8 @@ class BasicAuth:
             return 401, "malformed basic auth credentials"
         if not colon:
             return 401, "malformed basic auth credentials"
-        assert self.web.authentication is not None
         try:
-            principal = await self.web.authentication.login(user, password, host)
+            principal = await authentication.login(user, password, host)
         except AuthenticationFailed as exc:
             return 401, exc.reason
         if principal.group != self.admin_group:

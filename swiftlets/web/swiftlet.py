@@ -6,7 +6,8 @@ Disabled (the default), the swiftlet starts and does nothing. Enabled, it checks
 address first: anything but loopback needs ``sys$authentication`` with authentication on,
 else the start fails with the reason (nothing is served unprotected beyond this host). With
 authentication on, every request logs in with HTTP basic auth and the user's group must be
-``admin-group`` (:mod:`.app`).
+``admin-group`` (:mod:`.app`); whether it is on is read at each request, and a listener
+beyond loopback refuses every request while it is off.
 
 The HTTP side is Starlette (:mod:`.app`) served by Hypercorn's trio worker, a task in the
 swiftlet's nursery: the router's cancellation stops it, and a bind error fails the start
@@ -83,7 +84,8 @@ class WebSwiftlet:
         self._changed = trio.Event()
         self._stale = trio.Event()  # set: events came that the map does not show yet
         self._routing: Routing | None = None
-        self.authentication: Authentication | None = None
+        self.authentication: Authentication | None = None  # sys$authentication, if it runs
+        self.loopback = True  # whether the listener is bound to a loopback address
 
     @property
     def url(self) -> str:
@@ -103,8 +105,12 @@ class WebSwiftlet:
         if not config.enabled:
             task_status.started()
             await trio.sleep_forever()
-        self.authentication = self._authentication()
-        if not is_loopback(config.bind_address) and self.authentication is None:
+        self.loopback = is_loopback(config.bind_address)
+        try:
+            self.authentication = self.context.lookup("sys$authentication", Authentication)
+        except LookupError:
+            self.authentication = None
+        if not self.loopback and not self.protected:
             raise RuntimeError(f"bind-address {config.bind_address!r} is not a loopback address: serving the web "
                                "view and /metrics beyond this host needs authentication-enabled in "
                                "sys$authentication (or bind to 127.0.0.1)")
@@ -122,13 +128,11 @@ class WebSwiftlet:
             await self._serve(nursery, config)
             task_status.started()
 
-    def _authentication(self) -> Authentication | None:
-        """``sys$authentication`` if it runs with authentication enabled, else None."""
-        try:
-            authentication = self.context.lookup("sys$authentication", Authentication)
-        except LookupError:
-            return None
-        return authentication if authentication.enabled else None
+    @property
+    def protected(self) -> bool:
+        """Whether requests must log in: ``sys$authentication`` runs with authentication on
+        (read at each request: the operator may switch it at runtime)."""
+        return self.authentication is not None and self.authentication.enabled
 
     async def _serve(self, nursery: trio.Nursery, config: Any) -> None:
         # The socket is bound here, not by Hypercorn, so that a bind error is reported with
@@ -153,7 +157,7 @@ class WebSwiftlet:
         self._url = f"http://{host}:{listener.getsockname()[1]}"
         await nursery.start(partial(worker_serve, app, hypercorn, sockets=Sockets([], [listener], [])))
         self.context.log.info("web view and /metrics on %s%s", self._url,
-                              " (HTTP basic auth, group " + config.admin_group + ")" if self.authentication else "")
+                              " (HTTP basic auth, group " + config.admin_group + ")" if self.protected else "")
 
     # -- the map -----------------------------------------------------------------------------
 
