@@ -24,6 +24,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import attrs
 import trio
@@ -57,7 +58,7 @@ table { border-collapse: collapse; margin-bottom: 1.5em; }
 th, td { border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: left; }
 td.num { text-align: right; }
 svg .edge { stroke-width: 4; }
-svg text { font-size: 14px; text-anchor: middle; }
+svg text { font-size: 14px; text-anchor: middle; paint-order: stroke; stroke: #fff; stroke-width: 4px; }
 .state-operational { stroke: #2a9d3a; color: #2a9d3a; }
 .state-connecting, .state-waiting { stroke: #e0a000; color: #b08000; }
 .state-failed, .state-down { stroke: #d00000; color: #d00000; }
@@ -74,7 +75,8 @@ def _page(router: str, title: str, body: str, *, refresh: int = 0) -> HTMLRespon
     return HTMLResponse(
         f'<!doctype html><html><head><meta charset="utf-8">{meta}<title>{html.escape(title)}</title>'
         f"<style>{STYLE}</style></head><body><nav><a href=\"/\">network map</a>"
-        f'<a href="/routers/{html.escape(router)}">router {html.escape(router)}</a><a href="/metrics">metrics</a>'
+        f'<a href="/routers/{html.escape(quote(router, safe=""))}">router {html.escape(router)}</a>'
+        '<a href="/metrics">metrics</a>'
         f"</nav><h1>{html.escape(title)}</h1>{body}</body></html>")
 
 
