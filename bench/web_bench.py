@@ -90,7 +90,7 @@ async def bench_metrics(queues: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--routers", type=int, nargs="+", default=[10, 100, 300])
+    parser.add_argument("--routers", type=int, nargs="*", default=[10, 100, 300])
     parser.add_argument("--queues", type=int, nargs="*", default=[10, 1000, 5000])
     args = parser.parse_args()
     for count in args.routers:

@@ -8,8 +8,9 @@ Routes (all ``async``, run in the router's trio thread):
 - ``/routers/{name}``: this router's page (queues with backlog and rates, client
   connections, routing links, routing table), or for another router what this one knows of
   it (routes, its routing queue's backlog, the link to it).
-- ``/metrics``: Prometheus text format from :class:`.metrics.UsageCollector`: collected in
-  the router's thread, written by ``prometheus_client``'s exposition in a worker thread.
+- ``/metrics``: Prometheus text format from :class:`.metrics.UsageCollector`: the values
+  read in the router's thread, written by ``prometheus_client``'s exposition in a worker
+  thread.
 
 :class:`BasicAuth` wraps it all: with authentication on, every request carries HTTP basic
 credentials of a ``sys$authentication`` user of the admin group.
@@ -26,11 +27,8 @@ from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import attrs
 import trio
-from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
-from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import HTTPConnection, Request
@@ -46,7 +44,7 @@ from .metrics import UsageCollector
 if TYPE_CHECKING:
     from .swiftlet import WebSwiftlet
 
-__all__ = ["build_app", "BasicAuth", "MapEvents", "Collected"]
+__all__ = ["build_app", "BasicAuth", "MapEvents"]
 
 KEEPALIVE = 15.0  # seconds between comments on an idle event stream
 MAP_SCRIPT = files(__package__).joinpath("static/map.js").read_text(encoding="utf-8")
@@ -114,16 +112,6 @@ def _section(context: SwiftletContext, title: str, table_id: str, path: str, col
     if rows is None:
         return f"<h2>{html.escape(title)}</h2><p>not running here ({html.escape(path)})</p>"
     return f"<h2>{html.escape(title)}</h2>" + _table(table_id, ["name", *columns], rows, empty)
-
-
-@attrs.frozen
-class Collected(Collector):
-    """Metrics collected already, for the exposition to write (in a worker thread)."""
-
-    families: list[Metric]
-
-    def collect(self) -> Iterable[Metric]:
-        return self.families
 
 
 class MapEvents:
@@ -228,10 +216,9 @@ def build_app(web: WebSwiftlet, context: SwiftletContext, *, admin_group: str) -
         return StreamingResponse(MapEvents(web), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
     async def metrics(request: Request) -> Response:
-        # The tree is read here, in the router's thread; the text is written in a worker
-        # thread, so that a large exposition does not hold up the router's event loop.
-        collected = Collected(list(collector.collect()))
-        text = await trio.to_thread.run_sync(generate_latest, collected)
+        # The tree is read here, in the router's thread; families and text are made in a
+        # worker thread, so that a large exposition does not hold up the router's event loop.
+        text = await trio.to_thread.run_sync(generate_latest, collector.snapshot())
         return Response(text, media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
     async def router_page(request: Request) -> Response:

@@ -8,6 +8,10 @@ turns each usage value into a sample; ``prometheus_client``'s exposition writes 
 Nothing is registered globally: the swiftlet has its own ``CollectorRegistry``, so several
 routers in one process each serve their own.
 
+Threads. :meth:`UsageCollector.snapshot` reads the usage values (in the router's thread,
+where the tree lives: a few ms for a thousand queues); :meth:`Snapshot.collect` makes the
+metric families of that plain data, and the exposition the text, in a worker thread.
+
 Names. A value ``messages`` of ``/sys$queuemanager/usage/queues/orders`` becomes
 ``martinet_queuemanager_queues_messages{router="paris",queue="orders"}``: ``martinet_``, the
 swiftlet's name without ``sys$``, the usage lists on the way, the property, with every
@@ -29,13 +33,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 
+import attrs
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from martinet.kernel import Entity, Tree, Usage, UsageList
 
-__all__ = ["UsageCollector", "COUNTERS", "LABELS"]
+__all__ = ["UsageCollector", "Snapshot", "COUNTERS", "LABELS"]
 
 #: Usage properties that only grow while the router runs.
 COUNTERS = frozenset({
@@ -63,28 +69,23 @@ def _label(list_name: str) -> str:
 
 
 class UsageCollector(Collector):
-    """Collects a router's usage tree; see the module header. Call :meth:`collect` in the
-    router's trio thread (the tree is not thread-safe), at each scrape; the families it
-    returns are plain data, which the exposition may write in another thread."""
+    """Collects a router's usage tree; see the module header. Call :meth:`snapshot` (or
+    :meth:`collect`) in the router's trio thread, at each scrape: the tree is not
+    thread-safe. The :class:`Snapshot` is plain data, which the exposition may turn into
+    text in another thread."""
 
     def __init__(self, router: str, tree: Tree):
         self._router = router
         self._tree = tree
         self._names: dict[tuple[tuple[str, ...], str], str] = {}  # bounded: prefixes hold no entry names
 
+    def snapshot(self) -> Snapshot:
+        """Every usage entity's values now, with its metric name prefix and labels."""
+        return Snapshot([(prefix, labels, usage.properties()) for prefix, labels, usage in self._usages()],
+                        self._names)
+
     def collect(self) -> Iterator[Metric]:
-        families: dict[str, Metric] = {}
-        for prefix, labels, usage in self._usages():
-            names, values = tuple(labels), list(labels.values())
-            for prop, value in usage.properties().items():
-                if isinstance(value, bool):
-                    value = int(value)
-                elif prop == "state" and isinstance(value, str) and value:
-                    self._add(families, prefix, prop, (*names, "state"), [*values, value], 1)
-                    continue
-                if isinstance(value, int | float):
-                    self._add(families, prefix, prop, names, values, value)
-        yield from families.values()
+        return self.snapshot().collect()
 
     def _usages(self) -> Iterator[tuple[tuple[str, ...], dict[str, str], Usage]]:
         """Every usage entity with its metric name prefix and its labels."""
@@ -116,11 +117,34 @@ class UsageCollector(Collector):
             else:
                 yield from self._walk((*prefix, name), labels, node)
 
+
+@attrs.frozen
+class Snapshot(Collector):
+    """Usage values read at one scrape; :meth:`collect` makes the metric families of them
+    (in any thread: it touches no router state)."""
+
+    entries: list[tuple[tuple[str, ...], dict[str, str], dict[str, Any]]]
+    names: dict[tuple[tuple[str, ...], str], str]  # the collector's cache of metric names
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for prefix, labels, properties in self.entries:
+            names, values = tuple(labels), list(labels.values())
+            for prop, value in properties.items():
+                if isinstance(value, bool):
+                    value = int(value)
+                elif prop == "state" and isinstance(value, str) and value:
+                    self._add(families, prefix, prop, (*names, "state"), [*values, value], 1)
+                    continue
+                if isinstance(value, int | float):
+                    self._add(families, prefix, prop, names, values, value)
+        yield from families.values()
+
     def _add(self, families: dict[str, Metric], prefix: tuple[str, ...], prop: str, names: tuple[str, ...],
              values: list[str], value: float) -> None:
-        name = self._names.get((prefix, prop))
-        if name is None:
-            name = self._names[prefix, prop] = _name("martinet", *prefix, prop)
+        name = self.names.get((prefix, prop))
+        if name is None:  # (a concurrent scrape may store the same name: harmless)
+            name = self.names[prefix, prop] = _name("martinet", *prefix, prop)
         family = families.get(name)
         if family is None:
             kind = CounterMetricFamily if prop in COUNTERS else GaugeMetricFamily
