@@ -1,0 +1,230 @@
+"""The running ``sys$web``: the HTTP listener, and the network map kept up to date from events.
+
+Theory of operation
+-------------------
+Disabled (the default), the swiftlet starts and does nothing. Enabled, it checks the bind
+address first: anything but loopback needs ``sys$authentication`` with authentication on,
+else the start fails with the reason (nothing is served unprotected beyond this host). With
+authentication on, every request logs in with HTTP basic auth and the user's group must be
+``admin-group`` (:mod:`.app`); whether it is on is read at each request, and a listener
+beyond loopback refuses every request while it is off.
+
+The HTTP side is Starlette (:mod:`.app`) served by Hypercorn's trio worker, a task in the
+swiftlet's nursery: the router's cancellation stops it, and a bind error fails the start
+with the address and the reason. Handlers run in the router's trio thread (they are all
+``async``), so they read the management tree and the routing table directly.
+
+The map. One task per kind of ``sys$routing`` event keeps the map current: link state
+changes update this router's links (one per neighbour: an operational link is not replaced
+by the state of a second, refused or closing link to the same neighbour; a connector's
+attempts, which name no peer until the handshake, count for the peer it reached last, so a
+neighbour that is gone shows the connector's failed and connecting states), and every link or
+route event marks the map stale; one task rebuilds it (once for a burst of events) with
+:func:`.netmap.build_map` from those links, the routing table and the previous map. A
+rebuild that changes the map bumps :attr:`WebSwiftlet.version` and wakes the pages' event
+streams. A link subscription that overflows is opened again and
+the links are read afresh from ``sys$routing``'s usage, so no state is lost for good.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+from functools import partial
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.config import Sockets
+from hypercorn.trio.run import worker_serve
+from hypercorn.utils import wrap_app
+
+from martinet.kernel import Event, ManagementError, Overflow, SubscriberOverflow, SwiftletContext
+from martinet.swiftlets.authentication.api import Authentication
+from martinet.swiftlets.routing.api import (
+    DestinationAdded,
+    DestinationRemoved,
+    LinkState,
+    LinkStateChanged,
+    RouteAdded,
+    RouteRemoved,
+    Routing,
+)
+
+from .app import build_app
+from .netmap import LinkView, NetworkMap, build_map
+
+__all__ = ["WebSwiftlet", "is_loopback"]
+
+BACKLOG = 100
+GRACEFUL = 1.0  # seconds Hypercorn gives open requests (event streams) at a shutdown it triggers itself
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (an IP address or ``localhost``) is a loopback address."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+class WebSwiftlet:
+    """``sys$web``: provides :class:`.api.Web`."""
+
+    def __init__(self, context: SwiftletContext):
+        self.context = context
+        self.version = 0
+        self._url = ""
+        self._links: dict[str, tuple[str, LinkView]] = {}  # peer -> (link name, its view)
+        self._connector_peers: dict[str, str] = {}  # connector link -> the peer it reached last
+        self._map = NetworkMap(local=context.router_name)
+        self._changed = trio.Event()
+        self._stale = trio.Event()  # set: events came that the map does not show yet
+        self._routing: Routing | None = None
+        self.authentication: Authentication | None = None  # sys$authentication, if it runs
+        self.loopback = True  # whether the listener is bound to a loopback address
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def network_map(self) -> NetworkMap:
+        return self._map
+
+    async def changed(self) -> None:
+        """Wait until the map changes."""
+        await self._changed.wait()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        config = self.context.config
+        self.context.usage.provide(lambda: {"url": self._url, "map-version": self.version,
+                                            "routers": len(self._map.routers), "links": len(self._map.edges)})
+        if not config.enabled:
+            task_status.started()
+            await trio.sleep_forever()
+        self.loopback = is_loopback(config.bind_address)
+        try:
+            self.authentication = self.context.lookup("sys$authentication", Authentication)
+        except LookupError:
+            self.authentication = None
+        if not self.loopback and not self.protected:
+            raise RuntimeError(f"bind-address {config.bind_address!r} is not a loopback address: serving the web "
+                               "view and /metrics beyond this host needs authentication-enabled in "
+                               "sys$authentication (or bind to 127.0.0.1)")
+        try:
+            self._routing = self.context.lookup("sys$routing", Routing)
+        except LookupError:
+            self.context.log.info("sys$routing is not running: the map shows this router alone")
+        async with trio.open_nursery() as nursery:
+            if self._routing is not None:
+                await nursery.start(self._follow_links)
+                for kind in (RouteAdded, RouteRemoved, DestinationAdded, DestinationRemoved):
+                    await nursery.start(self._follow_routes, kind)
+                nursery.start_soon(self._rebuilder)
+            self._rebuild()
+            await self._serve(nursery, config)
+            task_status.started()
+
+    @property
+    def protected(self) -> bool:
+        """Whether requests must log in: ``sys$authentication`` runs with authentication on
+        (read at each request: the operator may switch it at runtime)."""
+        return self.authentication is not None and self.authentication.enabled
+
+    async def _serve(self, nursery: trio.Nursery, config: Any) -> None:
+        # The socket is bound here, not by Hypercorn, so that a bind error is reported with
+        # the address (and the socket closed: Hypercorn would leave it open).
+        family = socket.AF_INET6 if ":" in config.bind_address else socket.AF_INET
+        host = f"[{config.bind_address}]" if family == socket.AF_INET6 else config.bind_address
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((config.bind_address, config.port))
+            listener.listen(BACKLOG)
+        except OSError as exc:
+            listener.close()
+            raise RuntimeError(f"cannot listen on {host}:{config.port} (bind-address, port): "
+                               f"{exc.strerror or exc}") from None
+        hypercorn = HypercornConfig()
+        hypercorn.accesslog = None
+        hypercorn.errorlog = self.context.log
+        hypercorn.graceful_timeout = GRACEFUL
+        app = wrap_app(build_app(self, self.context, admin_group=config.admin_group), hypercorn.wsgi_max_body_size,
+                       "asgi")
+        self._url = f"http://{host}:{listener.getsockname()[1]}"
+        await nursery.start(partial(worker_serve, app, hypercorn, sockets=Sockets([], [listener], [])))
+        self.context.log.info("web view and /metrics on %s%s", self._url,
+                              " (HTTP basic auth, group " + config.admin_group + ")" if self.protected else "")
+
+    # -- the map -----------------------------------------------------------------------------
+
+    async def _follow_links(self, *, task_status: trio.TaskStatus[None]) -> None:
+        while True:
+            with self.context.bus.subscribe(LinkStateChanged) as events:
+                self._read_links()
+                self._stale.set()
+                task_status.started()
+                task_status = trio.TASK_STATUS_IGNORED
+                try:
+                    async for event in events:
+                        if event.peer and event.link.startswith("connector:"):
+                            self._connector_peers[event.link] = event.peer
+                        peer = event.peer or self._connector_peers.get(event.link)
+                        if peer:
+                            self._link(event.link, peer, event.state.value, event.error or "", time.time())
+                            self._stale.set()
+                except SubscriberOverflow as exc:
+                    self.context.log.warning("%s; reading the links afresh", exc)
+
+    async def _follow_routes(self, kind: type[Event], *, task_status: trio.TaskStatus[None]) -> None:
+        # Only the fact of a change matters: the table is read at each rebuild.
+        with self.context.bus.subscribe(kind, max_buffer=16, overflow=Overflow.DROP_OLDEST) as events:
+            task_status.started()
+            async for _ in events:
+                self._stale.set()
+
+    async def _rebuilder(self) -> None:
+        # One rebuild for a burst of events: the followers mark the map stale until they block.
+        while True:
+            await self._stale.wait()
+            self._stale = trio.Event()
+            self._rebuild()
+
+    def _read_links(self) -> None:
+        """This router's links from ``sys$routing``'s usage (connectors, then live links)."""
+        now = time.time()
+        for kind in ("connectors", "connections"):
+            try:
+                entries = self.context.management.resolve(f"/sys$routing/usage/{kind}").children
+            except ManagementError:
+                continue
+            for name, entry in entries.items():
+                values = entry.properties()
+                link = f"connector:{name}" if kind == "connectors" else name
+                peer = values.get("routername") or self._connector_peers.get(link)
+                if peer:
+                    self._link(link, peer, values["state"], values.get("last-error", ""), now)
+
+    def _link(self, link: str, peer: str, state: str, error: str, now: float) -> None:
+        current = self._links.get(peer)
+        if current is not None:
+            current_link, view = current
+            if current_link != link and view.state == LinkState.OPERATIONAL.value \
+                    and state != LinkState.OPERATIONAL.value:
+                return  # a second link to the same neighbour (refused, closing): the live one counts
+            if view.state == state and current_link == link:
+                return
+        self._links[peer] = (link, LinkView(peer=peer, state=state, since=now, error=error))
+
+    def _rebuild(self) -> None:
+        routes = {row.name: row.routes for row in self._routing.destinations()} if self._routing else {}
+        links = {peer: view for peer, (_, view) in self._links.items()}
+        new = build_map(self.context.router_name, links, routes, self._map, time.time())
+        if new != self._map:
+            self._map = new
+            self.version += 1
+            self._changed.set()
+            self._changed = trio.Event()
