@@ -1,0 +1,182 @@
+"""``spark.readStream.format("martinet")``: the metrics topic of a router as a Spark stream.
+
+A Spark 4 Python data source (:class:`MartinetSource`, register it with
+``spark.dataSource.register(MartinetSource)``; :func:`martinet.pipeline.jobs.session` does).
+Options: ``url`` (``amqp://host:port``, required), ``topic`` (``martinet.metrics``), ``table``
+(``rows`` or ``events``), ``client-id`` and ``subscription`` (the durable subscription;
+default ``spark-<table>``: one per query that reads the topic), ``wait`` (seconds a read waits
+for the first message, default 0.5) and ``max-messages`` per micro-batch (default 500).
+
+Exactly once across restarts
+----------------------------
+The reader (a :class:`SimpleDataSourceStreamReader`: it runs in one long-lived Python
+process next to Spark's driver) holds a durable subscription in a CLIENT_ACKNOWLEDGE session.
+Every row carries its router's ``(epoch, seq)``, increasing in the order the router made them,
+and a router's messages arrive in order. The **offset** is, per router, the highest
+``(epoch, seq)`` a batch includes. So:
+
+- ``read(start)`` returns the rows received that lie beyond ``start``, and the new offset;
+- ``commit(end)`` acknowledges only the oldest messages whose rows are all within ``end``
+  (``Session.acknowledge(count)``): Spark asks for the next batch *before* it commits the
+  previous one, so messages of an uncommitted batch stay unacknowledged;
+- after a restart, what was not acknowledged comes again from the subscription. Spark replays
+  a logged but uncommitted batch with ``readBetweenOffsets(start, end)``: the reader takes the
+  rows within ``(start, end]`` (waiting, bounded, until every router of ``end`` is reached);
+  rows at or below ``start`` (acknowledged too late before the restart) are dropped.
+
+Nothing is lost (a message is acknowledged only after Spark committed every row of it) and
+nothing is counted twice (the offsets filter by key).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
+from pyspark.sql.types import StructType
+
+from martinet.swiftlets.spark.api import decode_batch
+
+from .schema import spark_schema
+
+__all__ = ["MartinetSource"]
+
+Key = tuple[int, int]  # (epoch, seq)
+
+
+def _key(offset: dict, router: str) -> Key:
+    mark = offset.get("routers", {}).get(router)
+    return (mark["epoch"], mark["seq"]) if mark else (-1, -1)
+
+
+def _offset(marks: dict[str, Key]) -> dict:
+    """Offsets compare as JSON text inside Spark: always sorted."""
+    return {"routers": {router: {"epoch": marks[router][0], "seq": marks[router][1]} for router in sorted(marks)}}
+
+
+class MartinetSource(DataSource):
+    """The ``martinet`` format."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "martinet"
+
+    def schema(self) -> StructType:
+        return spark_schema(self.options.get("table", "rows"))
+
+    def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
+        return _Reader(self.options)
+
+
+class _Reader(SimpleDataSourceStreamReader):
+    def __init__(self, options: dict[str, str]):
+        self.table = options.get("table", "rows")
+        if self.table not in ("rows", "events"):
+            raise ValueError(f"martinet source: option table={self.table!r}: use rows or events")
+        if "url" not in options:
+            raise ValueError("martinet source: option url (amqp://host:port of a router) is required")
+        self.url = options["url"]
+        self.topic = options.get("topic", "martinet.metrics")
+        self.client_id = options.get("client-id", f"spark-{self.table}")
+        self.subscription = options.get("subscription", f"spark-{self.table}")
+        self.wait = float(options.get("wait", "0.5"))
+        self.max_messages = int(options.get("max-messages", "500"))
+        self._connection: Any = None
+        self._pending: list[tuple[dict[str, Key], list[tuple]]] = []  # unacknowledged messages, in order
+        self._available_now = False
+        self._drained = False
+
+    # -- the subscription -----------------------------------------------------------------------
+
+    def _consumer(self) -> Any:
+        if self._connection is None:
+            from martinet.messaging.client import AckMode, Topic
+            from martinet.messaging.client.blocking import BlockingConnection
+
+            self._connection = BlockingConnection(self.url, client_id=self.client_id)
+            self._session = self._connection.session(ack_mode=AckMode.CLIENT_ACKNOWLEDGE)
+            self._subscriber = self._session.durable_subscriber(Topic(self.topic), self.subscription)
+        return self._subscriber
+
+    def _receive(self, wait: float, until: dict | None = None) -> None:
+        """Take what the subscription has: wait up to ``wait`` s for the first message, then
+        take what is there without waiting; with ``until``, keep waiting (bounded by ``wait``)
+        until every router of that offset is reached."""
+        consumer = self._consumer()
+        deadline = time.monotonic() + wait
+        for count in range(self.max_messages):
+            if until is not None and self._reached(until):
+                return
+            remaining = deadline - time.monotonic()
+            if until is not None or count == 0:
+                message = consumer.receive(timeout=remaining) if remaining > 0 else None
+            else:
+                message = consumer.receive_nowait()
+            if message is None:
+                return
+            try:
+                rows, events = decode_batch(bytes(message.body))
+            except ValueError:  # not a metrics batch: skipped, acknowledged with its neighbours
+                self._pending.append(({}, []))
+                continue
+            chosen = rows if self.table == "rows" else events
+            marks: dict[str, Key] = {}
+            for row in rows + events:  # column 0 the router, the last two epoch and seq
+                marks[row[0]] = max(marks.get(row[0], (-1, -1)), (row[-2], row[-1]))
+            self._pending.append((marks, [(row[0], datetime.fromtimestamp(row[1] / 1000, UTC), *row[2:])
+                                          for row in chosen]))
+
+    def _reached(self, offset: dict) -> bool:
+        seen: dict[str, Key] = {}
+        for marks, _ in self._pending:
+            for router, key in marks.items():
+                seen[router] = max(seen.get(router, (-1, -1)), key)
+        return all(seen.get(router, (-1, -1)) >= _key(offset, router) for router in offset.get("routers", {}))
+
+    def _between(self, start: dict, end: dict | None) -> Iterator[tuple]:
+        for _, rows in self._pending:
+            for row in rows:
+                key = (row[-2], row[-1])
+                if key > _key(start, row[0]) and (end is None or key <= _key(end, row[0])):
+                    yield row
+
+    # -- SimpleDataSourceStreamReader -------------------------------------------------------------
+
+    def initialOffset(self) -> dict:
+        return {"routers": {}}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now = True
+
+    def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
+        if not (self._available_now and self._drained):
+            self._receive(self.wait)
+        rows = list(self._between(start, None))
+        marks = {router: _key(start, router) for router in start.get("routers", {})}
+        for marks_of_message, _ in self._pending:
+            for router, key in marks_of_message.items():
+                if key > marks.get(router, (-1, -1)):
+                    marks[router] = key
+        if self._available_now and not rows:
+            self._drained = True
+        return iter(rows), _offset(marks)
+
+    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[tuple]:
+        self._receive(max(self.wait, 30.0), until=end)
+        if not self._reached(end):
+            raise RuntimeError(f"martinet source: cannot replay up to {end}: the subscription {self.subscription} "
+                               f"on {self.url} does not hold those rows any more")
+        return iter(list(self._between(start, end)))
+
+    def commit(self, end: dict) -> None:
+        done = 0
+        for marks, _ in self._pending:
+            if any(key > _key(end, router) for router, key in marks.items()):
+                break
+            done += 1
+        if done:
+            self._session.acknowledge(done)
+            del self._pending[:done]
