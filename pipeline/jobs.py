@@ -105,7 +105,8 @@ def _counter_rates(frame: DataFrame, keys: list[str]) -> DataFrame:
     """Per window and ``keys`` (which include ``metric``): the counter's increase per second
     between its first and last sample in the window (null with one sample; a reset, e.g. a
     restarted router, gives null rather than a negative rate)."""
-    per = frame.groupBy("w", *keys).agg(F.min_by("value", "time").alias("first"), F.max_by("value", "time").alias("last"),
+    per = frame.groupBy("w", *keys).agg(F.min_by("value", "time").alias("first"),
+                                        F.max_by("value", "time").alias("last"),
                                         F.min("time").alias("t0"), F.max("time").alias("t1"))
     seconds = F.unix_millis(F.col("t1")) / 1000 - F.unix_millis(F.col("t0")) / 1000
     rate = F.when((seconds > 0) & (F.col("last") >= F.col("first")), (F.col("last") - F.col("first")) / seconds)
@@ -120,7 +121,8 @@ def analyse(spark: SparkSession, output: Path, *, window: str = "1 minute", aler
     queues = _windowed(rows.filter((F.col("swiftlet") == "sys$queuemanager") & F.col("entity").startswith("queues/")
                                    & F.col("value").isNotNull())
                        .withColumn("queue", F.expr("substring(entity, 8)")), window)
-    counters = (_counter_rates(queues.filter(F.col("metric").isin("enqueued", "dequeued")), ["router", "queue", "metric"])
+    flows = queues.filter(F.col("metric").isin("enqueued", "dequeued"))
+    counters = (_counter_rates(flows, ["router", "queue", "metric"])
                 .groupBy("w", "router", "queue").pivot("metric", ["enqueued", "dequeued"]).agg(F.first("rate"))
                 .withColumnRenamed("enqueued", "in_rate").withColumnRenamed("dequeued", "out_rate"))
     backlog = (queues.filter(F.col("metric") == "messages").groupBy("w", "router", "queue")

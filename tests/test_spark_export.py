@@ -12,11 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 import trio
 
-from conftest import wait_until
 from martinet.kernel import ConfigErrors, load_config, load_swiftlet_specs
 from martinet.messaging.message import build
 from martinet.swiftlets.spark.api import EVENT_COLUMNS, ROW_COLUMNS, decode_batch, encode_batch
 from martinet.swiftlets.spark.config import SparkConfig
+
+from conftest import wait_until
 from network import ROUTING_STACK, STACK, routing_config
 
 SPARK_STACK = (*STACK, "sys$spark")

@@ -64,7 +64,8 @@ def decode_batch(body: bytes) -> tuple[list[tuple], list[tuple]]:
         raise ValueError(f"not a metrics batch: {exc}") from None
     for table, columns in ((rows, ROW_COLUMNS), (events, EVENT_COLUMNS)):
         for row in table:
-            if len(row) != len(columns) or not all(_fits(value, kind) for value, (_, kind) in zip(row, columns)):
+            if len(row) != len(columns) or not all(
+                    _fits(value, kind) for value, (_, kind) in zip(row, columns, strict=True)):
                 raise ValueError(f"not a metrics batch: {row!r:.200} does not fit {[kind for _, kind in columns]}")
     return rows, events
 

@@ -101,7 +101,7 @@ def enforce_retention(folder: str, max_age_ms: int, max_bytes: int) -> int:
     empty. Returns the number of files deleted."""
     if max_age_ms < 0 and max_bytes < 0:
         return 0
-    files = sorted(((path.stat().st_mtime, path.stat().st_size, path) for path in _data_files(folder)))
+    files = sorted((path.stat().st_mtime, path.stat().st_size, path) for path in _data_files(folder))
     deleted = 0
     now = time.time()
     total = sum(size for _, size, _ in files)
