@@ -28,6 +28,7 @@ then the report (:mod:`.report`) is drawn from them.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -44,8 +45,11 @@ RESULTS = ("rates", "backlog_alerts", "link_availability", "route_changes", "slo
 
 def session(master: str = "local[*]", name: str = "martinet-pipeline") -> SparkSession:
     """A Spark session for the pipeline, with the ``martinet`` source registered. Keeps Spark on
-    loopback when nothing says otherwise (``SPARK_LOCAL_IP``) and without its web UI."""
+    loopback when nothing says otherwise (``SPARK_LOCAL_IP``) and without its web UI; Python
+    workers run this interpreter (``PYSPARK_PYTHON``, unless set: the live source imports
+    ``martinet`` there — on a cluster, the workers' Python needs ``martinet[spark]`` too)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder.master(master).appName(name)
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")

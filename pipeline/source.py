@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
 from martinet.swiftlets.spark.api import decode_batch
@@ -71,7 +72,7 @@ class MartinetSource(DataSource):
         return _Reader(self.options)
 
 
-class _Reader(SimpleDataSourceStreamReader):
+class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]):
         self.table = options.get("table", "rows")
         if self.table not in ("rows", "events"):
@@ -87,7 +88,6 @@ class _Reader(SimpleDataSourceStreamReader):
         self._connection: Any = None
         self._pending: list[tuple[dict[str, Key], list[tuple]]] = []  # unacknowledged messages, in order
         self._available_now = False
-        self._drained = False
 
     # -- the subscription -----------------------------------------------------------------------
 
@@ -101,22 +101,23 @@ class _Reader(SimpleDataSourceStreamReader):
             self._subscriber = self._session.durable_subscriber(Topic(self.topic), self.subscription)
         return self._subscriber
 
-    def _receive(self, wait: float, until: dict | None = None) -> None:
-        """Take what the subscription has: wait up to ``wait`` s for the first message, then
-        take what is there without waiting; with ``until``, keep waiting (bounded by ``wait``)
-        until every router of that offset is reached."""
+    def _receive(self, wait: float, until: dict | None = None) -> int:
+        """Take what the subscription has (at most ``max-messages``): wait up to ``wait`` s for
+        the first message, then take what is there without waiting; with ``until``, keep waiting
+        (bounded by ``wait``) until every router of that offset is reached. Returns how many
+        messages it took."""
         consumer = self._consumer()
         deadline = time.monotonic() + wait
         for count in range(self.max_messages):
             if until is not None and self._reached(until):
-                return
+                return count
             remaining = deadline - time.monotonic()
             if until is not None or count == 0:
                 message = consumer.receive(timeout=remaining) if remaining > 0 else None
             else:
                 message = consumer.receive_nowait()
             if message is None:
-                return
+                return count
             try:
                 rows, events = decode_batch(bytes(message.body))
             except ValueError:  # not a metrics batch: skipped, acknowledged with its neighbours
@@ -128,6 +129,7 @@ class _Reader(SimpleDataSourceStreamReader):
                 marks[row[0]] = max(marks.get(row[0], (-1, -1)), (row[-2], row[-1]))
             self._pending.append((marks, [(row[0], datetime.fromtimestamp(row[1] / 1000, UTC), *row[2:])
                                           for row in chosen]))
+        return self.max_messages
 
     def _reached(self, offset: dict) -> bool:
         seen: dict[str, Key] = {}
@@ -149,10 +151,14 @@ class _Reader(SimpleDataSourceStreamReader):
         return {"routers": {}}
 
     def prepareForTriggerAvailableNow(self) -> None:
+        """``availableNow``: take everything the subscription holds now (until it stays quiet for
+        ``wait``); reads then return only that."""
+        while self._receive(self.wait) == self.max_messages:
+            pass  # more may be waiting
         self._available_now = True
 
     def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
-        if not (self._available_now and self._drained):
+        if not self._available_now:
             self._receive(self.wait)
         rows = list(self._between(start, None))
         marks = {router: _key(start, router) for router in start.get("routers", {})}
@@ -160,8 +166,6 @@ class _Reader(SimpleDataSourceStreamReader):
             for router, key in marks_of_message.items():
                 if key > marks.get(router, (-1, -1)):
                     marks[router] = key
-        if self._available_now and not rows:
-            self._drained = True
         return iter(rows), _offset(marks)
 
     def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[tuple]:
