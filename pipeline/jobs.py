@@ -83,7 +83,7 @@ def start_ingest(spark: SparkSession, *, source: str, output: Path, checkpoint: 
             if not url:
                 raise ValueError("--source live needs --url (amqp://host:port of a router)")
             frame = (spark.readStream.format("martinet").option("url", url).option("topic", topic)
-                     .option("table", table).load())
+                     .option("table", table).option("replay-folder", str(checkpoint / f"replay-{table}")).load())
         else:
             raise ValueError(f"unknown source {source!r}: use files or live")
         writer = (frame.writeStream.format("parquet").outputMode("append")

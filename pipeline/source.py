@@ -2,10 +2,11 @@
 
 A Spark 4 Python data source (:class:`MartinetSource`, register it with
 ``spark.dataSource.register(MartinetSource)``; :func:`martinet.pipeline.jobs.session` does).
-Options: ``url`` (``amqp://host:port``, required), ``topic`` (``martinet.metrics``), ``table``
-(``rows`` or ``events``), ``client-id`` and ``subscription`` (the durable subscription;
-default ``spark-<table>``: one per query that reads the topic), ``wait`` (seconds a read waits
-for the first message, default 0.5) and ``max-messages`` per micro-batch (default 500).
+Options: ``url`` (``amqp://host:port``, required), ``replay-folder`` (required, see below),
+``topic`` (``martinet.metrics``), ``table`` (``rows`` or ``events``), ``client-id`` and
+``subscription`` (the durable subscription; default ``spark-<table>``: one per query that
+reads the topic), ``wait`` (seconds a read waits for the first message, default 0.5) and
+``max-messages`` per micro-batch (default 500).
 
 Exactly once across restarts
 ----------------------------
@@ -19,10 +20,14 @@ and a router's messages arrive in order. The **offset** is, per router, the high
 - ``commit(end)`` acknowledges only the oldest messages whose rows are all within ``end``
   (``Session.acknowledge(count)``): Spark asks for the next batch *before* it commits the
   previous one, so messages of an uncommitted batch stay unacknowledged;
-- after a restart, what was not acknowledged comes again from the subscription. Spark replays
-  a logged but uncommitted batch with ``readBetweenOffsets(start, end)``: the reader takes the
-  rows within ``(start, end]`` (waiting, bounded, until every router of ``end`` is reached);
-  rows at or below ``start`` (acknowledged too late before the restart) are dropped.
+- after a restart, Spark replays a logged but uncommitted batch with
+  ``readBetweenOffsets(start, end)`` — in an executor's Python worker, another process, which
+  cannot share the subscription (one consumer per durable subscription and client id). So
+  ``read`` stores each batch's rows in ``replay-folder`` (required; the pipeline uses the
+  checkpoint folder; on a cluster it must be shared like the checkpoint) before it returns its
+  offset, atomically (hidden name, rename), and ``commit`` deletes the files of committed
+  batches. The messages of the replayed batch, not acknowledged, come again to the new reader,
+  which drops their rows (at or below its next start) and acknowledges them with the commit.
 
 Nothing is lost (a message is acknowledged only after Spark committed every row of it) and
 nothing is counted twice (the offsets filter by key).
@@ -30,9 +35,12 @@ nothing is counted twice (the offsets filter by key).
 
 from __future__ import annotations
 
-import time
+import hashlib
+import json
+import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
@@ -79,7 +87,10 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ValueError(f"martinet source: option table={self.table!r}: use rows or events")
         if "url" not in options:
             raise ValueError("martinet source: option url (amqp://host:port of a router) is required")
+        if "replay-folder" not in options:
+            raise ValueError("martinet source: option replay-folder (a folder kept with the checkpoint) is required")
         self.url = options["url"]
+        self.replay = Path(options["replay-folder"])
         self.topic = options.get("topic", "martinet.metrics")
         self.client_id = options.get("client-id", f"spark-{self.table}")
         self.subscription = options.get("subscription", f"spark-{self.table}")
@@ -101,21 +112,12 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
             self._subscriber = self._session.durable_subscriber(Topic(self.topic), self.subscription)
         return self._subscriber
 
-    def _receive(self, wait: float, until: dict | None = None) -> int:
+    def _receive(self, wait: float) -> int:
         """Take what the subscription has (at most ``max-messages``): wait up to ``wait`` s for
-        the first message, then take what is there without waiting; with ``until``, keep waiting
-        (bounded by ``wait``) until every router of that offset is reached. Returns how many
-        messages it took."""
+        the first message, then take what is there without waiting. Returns how many it took."""
         consumer = self._consumer()
-        deadline = time.monotonic() + wait
         for count in range(self.max_messages):
-            if until is not None and self._reached(until):
-                return count
-            remaining = deadline - time.monotonic()
-            if until is not None or count == 0:
-                message = consumer.receive(timeout=remaining) if remaining > 0 else None
-            else:
-                message = consumer.receive_nowait()
+            message = consumer.receive(timeout=wait) if count == 0 else consumer.receive_nowait()
             if message is None:
                 return count
             try:
@@ -131,13 +133,6 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
                                           for row in chosen]))
         return self.max_messages
 
-    def _reached(self, offset: dict) -> bool:
-        seen: dict[str, Key] = {}
-        for marks, _ in self._pending:
-            for router, key in marks.items():
-                seen[router] = max(seen.get(router, (-1, -1)), key)
-        return all(seen.get(router, (-1, -1)) >= _key(offset, router) for router in offset.get("routers", {}))
-
     def _between(self, start: dict, end: dict | None) -> Iterator[tuple]:
         for _, rows in self._pending:
             for row in rows:
@@ -151,8 +146,8 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"routers": {}}
 
     def prepareForTriggerAvailableNow(self) -> None:
-        """``availableNow``: take everything the subscription holds now (until it stays quiet for
-        ``wait``); reads then return only that."""
+        """``availableNow``: take everything the subscription holds now; reads then return only
+        that."""
         while self._receive(self.wait) == self.max_messages:
             pass  # more may be waiting
         self._available_now = True
@@ -166,14 +161,31 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
             for router, key in marks_of_message.items():
                 if key > marks.get(router, (-1, -1)):
                     marks[router] = key
-        return iter(rows), _offset(marks)
+        end = _offset(marks)
+        if rows:
+            self._keep(start, end, rows)
+        return iter(rows), end
+
+    def _replay_file(self, start: dict, end: dict) -> Path:
+        return self.replay / (hashlib.sha1(json.dumps([start, end]).encode()).hexdigest() + ".json")
+
+    def _keep(self, start: dict, end: dict, rows: list[tuple]) -> None:
+        """Store a batch for its replay, complete or not at all."""
+        self.replay.mkdir(parents=True, exist_ok=True)
+        target = self._replay_file(start, end)
+        temporary = target.with_name("." + target.name)
+        plain = [(row[0], int(row[1].timestamp() * 1000), *row[2:]) for row in rows]
+        temporary.write_text(json.dumps({"end": end, "rows": plain}))
+        os.replace(temporary, target)
 
     def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[tuple]:
-        self._receive(max(self.wait, 30.0), until=end)
-        if not self._reached(end):
-            raise RuntimeError(f"martinet source: cannot replay up to {end}: the subscription {self.subscription} "
-                               f"on {self.url} does not hold those rows any more")
-        return iter(list(self._between(start, end)))
+        path = self._replay_file(start, end)
+        try:
+            rows = json.loads(path.read_text())["rows"]
+        except FileNotFoundError:
+            raise RuntimeError(f"martinet source: cannot replay the batch up to {end}: {path} is missing "
+                               "(replay-folder must be the one of the query's earlier runs)") from None
+        return iter([(row[0], datetime.fromtimestamp(row[1] / 1000, UTC), *row[2:]) for row in rows])
 
     def commit(self, end: dict) -> None:
         done = 0
@@ -182,5 +194,10 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
                 break
             done += 1
         if done:
+            self._consumer()
             self._session.acknowledge(done)
             del self._pending[:done]
+        for path in self.replay.glob("*.json"):  # batches up to end are done for good
+            mark = json.loads(path.read_text())["end"]
+            if all(_key(mark, router) <= _key(end, router) for router in mark["routers"]):
+                path.unlink(missing_ok=True)
