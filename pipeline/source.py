@@ -162,7 +162,7 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
                 if key > marks.get(router, (-1, -1)):
                     marks[router] = key
         end = _offset(marks)
-        if rows:
+        if end != start:  # a batch Spark may replay, even without rows of this table
             self._keep(start, end, rows)
         return iter(rows), end
 
