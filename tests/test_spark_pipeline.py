@@ -3,6 +3,7 @@ subprocess per run: each costs a Spark start, so the runs are few and each check
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -42,8 +43,13 @@ def table(output: Path, name: str) -> list[dict]:
 
 
 def ingested(output: Path, name: str = "rows") -> list[dict]:
-    files = [p for p in (output / name).glob("*.parquet")]
-    return [row for path in files for row in pq.read_table(path).to_pylist()]
+    """The rows of an ingested table's committed files: those its ``_spark_metadata`` log lists
+    (a query killed mid-batch leaves a partial file, which Spark's readers skip as well)."""
+    files = set()
+    for log in (output / name / "_spark_metadata").iterdir():
+        if not log.name.startswith("."):
+            files.update(json.loads(line)["path"] for line in log.read_text().splitlines()[1:])
+    return [row for path in files for row in pq.read_table(path.removeprefix("file://")).to_pylist()]
 
 
 async def paced_sends(url: str, queue: str, rate: float, seconds: float) -> None:
