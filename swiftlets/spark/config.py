@@ -60,9 +60,11 @@ class SparkConfig:
     output: Output = prop(Output.FILES, choices=Output,
                           description="Where this router's rows go: files (in folder), topic (published to "
                           "topic, for a collector) or none.")
-    collector_enabled: bool = prop(False, description="Subscribe durably to topic and write the rows of every "
-                                   "router that publishes there into folder (network-wide collection).")
-    topic: str = prop("martinet.metrics", description="The metrics topic for output 'topic' and the collector.")
+    collector_enabled: bool = prop(False, reboot_required=True,
+                                   description="Subscribe durably to topic and write the rows of every router that "
+                                   "publishes there into folder (network-wide collection).")
+    topic: str = prop("martinet.metrics", reboot_required=True,
+                      description="The metrics topic for output 'topic' and the collector.")
     folder: str = prop("metrics", description="Folder of the files: rows/ and events/ below it, partitioned "
                        "date=YYYY-MM-DD/router=NAME/.")
     format: FileFormat = prop(FileFormat.PARQUET, choices=FileFormat, check=check_format,

@@ -132,7 +132,7 @@ class SparkSwiftlet:
             self._rows.extend(rows)
         elif output is Output.TOPIC:
             events, self._outbox = self._outbox, []
-            for start in range(0, max(len(rows), 1), CHUNK):
+            for start in range(0, max(len(rows), 1 if events else 0), CHUNK):
                 self._publish(rows[start:start + CHUNK], events if start == 0 else [])
         else:
             self.counters["rows-dropped"] += len(rows)
