@@ -75,7 +75,10 @@ async def test_a_reader_racing_the_writer_sees_only_complete_files(network, tmp_
         stop.set()
     assert not problems
     written = {p: len(read_rows(p)) for p in data_files(folder)}
-    assert sum(written.values()) == usage(router)["rows"] > 0  # every sampled row is in a file, once
+    # every sampled row is in a file, once — but for batches dropped because the writer fell
+    # behind (a full pool queue; on a busy machine at a 50 ms roll), which are counted
+    counters = usage(router)
+    assert sum(written.values()) == counters["rows"] - counters["rows-dropped"] > 0
     assert all(p.parent.name == "router=r1" and p.parent.parent.name.startswith("date=") for p in written)
 
 
