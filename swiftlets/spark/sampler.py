@@ -89,9 +89,10 @@ class Sampler:
                     continue
                 entries.add((swiftlet, entity))
                 for metric, value in node.properties().items():
-                    if isinstance(value, (bool, int, float)):
+                    kind = type(value)  # exact types: the hot loop of a sample (20,000 values at 1,000 queues)
+                    if kind is int or kind is float or kind is bool:
                         rows.append((swiftlet, entity, metric, float(value), None))
-                    elif isinstance(value, str):
+                    elif kind is str:
                         rows.append((swiftlet, entity, metric, None, value[:1000]))
         changes: list[tuple[str, str, str]] = []
         if self._entries is not None:

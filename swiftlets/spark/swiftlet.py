@@ -124,7 +124,8 @@ class SparkSwiftlet:
         router, epoch = self.context.router_name, self.epoch
         for kind, swiftlet, entity in changes:
             self._event(now, swiftlet, kind, entity, json.dumps({"swiftlet": swiftlet, "entity": entity}))
-        rows = [(router, now, *part, epoch, self._stamp()) for part in parts]
+        first, self._seq = self._seq + 1, self._seq + len(parts)
+        rows = [(router, now, *part, epoch, seq) for part, seq in zip(parts, range(first, self._seq + 1), strict=True)]
         self.counters["samples"] += 1
         self.counters["rows"] += len(rows)
         output = self.config.output
