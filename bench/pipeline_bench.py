@@ -72,6 +72,7 @@ def main(args: argparse.Namespace) -> None:
         results = analyse(spark, output, window="1 minute")
         write_results(results, output)
         write_report(results, output / "report.html")
+        spark.catalog.clearCache()
         analysis = time.perf_counter() - started
         print(f"analyses + tables + report: {analysis:.1f} s = {count / analysis:,.0f} rows/s")
         print(f"whole pipeline: {count / (ingest + analysis):,.0f} rows/s")

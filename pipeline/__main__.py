@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         results = analyse(spark, output, window=args.window, alert_windows=args.alert_windows)
         write_results(results, output)
         path = write_report(results, output / "report.html")
+        spark.catalog.clearCache()
         print(f"report: {path.resolve()}", flush=True)
 
     try:

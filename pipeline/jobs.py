@@ -119,9 +119,10 @@ def _counter_rates(frame: DataFrame, keys: list[str]) -> DataFrame:
 
 def analyse(spark: SparkSession, output: Path, *, window: str = "1 minute", alert_windows: int = 3,
             top: int = 20) -> dict[str, DataFrame]:
-    """The result tables (see the module header) from the ingested tables below ``output``."""
-    rows = _ingested(spark, output, "rows")
-    events = _ingested(spark, output, "events")
+    """The result tables (see the module header) from the ingested tables below ``output``. They
+    share cached inputs: ``spark.catalog.clearCache()`` once they are written."""
+    rows = _ingested(spark, output, "rows").persist()  # read by every table: deduplicated once
+    events = _ingested(spark, output, "events").persist()
     queues = _windowed(rows.filter((F.col("swiftlet") == "sys$queuemanager") & F.col("entity").startswith("queues/")
                                    & F.col("value").isNotNull())
                        .withColumn("queue", F.expr("substring(entity, 8)")), window)
@@ -135,7 +136,8 @@ def analyse(spark: SparkSession, output: Path, *, window: str = "1 minute", aler
                     (F.max_by("value", "time") - F.min_by("value", "time")).alias("backlog_growth")))
     rates = (backlog.join(counters, ["w", "router", "queue"], "left")
              .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"), "router", "queue",
-                     "in_rate", "out_rate", "backlog_avg", "backlog_max", "backlog_last", "backlog_growth"))
+                     "in_rate", "out_rate", "backlog_avg", "backlog_max", "backlog_last", "backlog_growth")
+             .persist())
 
     by_queue = Window.partitionBy("router", "queue").orderBy("window_start")
     growing = F.col("backlog_growth") > 0
