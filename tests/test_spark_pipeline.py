@@ -14,9 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 import trio
 
-from conftest import wait_until
 from martinet.messaging.client import Queue, TextMessage, connect
 from martinet.swiftlets.spark.config import SparkConfig
+
+from conftest import wait_until
 from network import ROUTING_STACK, STACK, routing_config
 
 pytestmark = pytest.mark.slow
