@@ -171,6 +171,22 @@ async def test_unacknowledged_messages_come_back_when_the_connection_ends(amqp_b
         assert message.text == "keep me" and message.redelivered
 
 
+async def test_acknowledge_count_takes_only_the_oldest_messages(amqp_broker):
+    broker = await amqp_broker()
+    async with connect(broker.url) as connection:
+        session = await connection.session(ack_mode=AckMode.CLIENT_ACKNOWLEDGE)
+        producer = await session.producer(Queue("some"))
+        for i in range(3):
+            await producer.send(TextMessage(f"m{i}"))
+        consumer = await session.consumer(Queue("some"))
+        assert [(await consumer.receive(5)).text for _ in range(3)] == ["m0", "m1", "m2"]
+        await session.acknowledge(2)  # m0 and m1 only: m2 stays unacknowledged
+        await wait_until(lambda: broker.usage("some")["messages"] == 1)
+    async with connect(broker.url) as connection:
+        session = await connection.session()
+        assert (await (await session.consumer(Queue("some"))).receive(5)).text == "m2"
+
+
 async def test_transacted_session_commit_and_rollback(amqp_broker):
     broker = await amqp_broker()
     async with connect(broker.url) as connection:

@@ -217,12 +217,15 @@ class Session:
         else:
             link.settle(delivery_id, amqp.ACCEPTED)
 
-    async def acknowledge(self) -> None:
-        """CLIENT_ACKNOWLEDGE: acknowledge every message delivered so far in this session."""
+    async def acknowledge(self, count: int | None = None) -> None:
+        """CLIENT_ACKNOWLEDGE: acknowledge every message delivered so far in this session, or
+        (``count``, a Martinet extension) only the ``count`` oldest not yet acknowledged — for a
+        reader that must not acknowledge what it received after the work it has finished."""
         self._check()
-        for link, delivery_id in self._unacknowledged:
+        done = self._unacknowledged[:count]
+        for link, delivery_id in done:
             link.settle(delivery_id, amqp.ACCEPTED)
-        self._unacknowledged.clear()
+        del self._unacknowledged[:len(done)]
 
     async def recover(self) -> None:
         """Redeliver every unacknowledged message, marked redelivered, from the oldest one."""

@@ -1,0 +1,200 @@
+"""``sys$spark``, the export: files complete while read, a stable schema, filters, retention,
+events, the metrics topic and the collector (no Spark here: tests/test_spark_pipeline.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import trio
+
+from martinet.kernel import ConfigErrors, load_config, load_swiftlet_specs
+from martinet.messaging.message import build
+from martinet.swiftlets.spark.api import EVENT_COLUMNS, ROW_COLUMNS, decode_batch, encode_batch
+from martinet.swiftlets.spark.config import SparkConfig
+
+from conftest import wait_until
+from network import ROUTING_STACK, STACK, routing_config
+
+SPARK_STACK = (*STACK, "sys$spark")
+
+
+async def start(network, name: str, folder: Path, *, routing: bool = False, **spark):
+    settings = {"collect_interval": 100, "roll_interval": 200, "folder": str(folder), **spark}
+    swiftlets = {"sys$spark": SparkConfig(**settings)}
+    if routing:
+        swiftlets["sys$routing"] = routing_config()
+    return await network.start(network.config(name, startorder=(*ROUTING_STACK, "sys$spark") if routing
+                                              else SPARK_STACK, swiftlets=swiftlets))
+
+
+def usage(router) -> dict:
+    return router.management.resolve("/sys$spark/usage").properties()
+
+
+def data_files(folder: Path, table: str = "rows") -> list[Path]:
+    """The files Spark's file source would read (hidden names ignored)."""
+    return sorted(p for p in (folder / table).rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
+
+
+def read_rows(path: Path) -> list[dict]:
+    if path.suffix == ".parquet":
+        return pq.read_table(path).to_pylist()
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("file_format", ["parquet", "jsonl"])
+async def test_a_reader_racing_the_writer_sees_only_complete_files(network, tmp_path, file_format):
+    folder = tmp_path / "metrics"
+    router = await start(network, "r1", folder, format=file_format, collect_interval=20, roll_interval=50)
+    for n in range(50):  # something to sample: 50 queues
+        router.swiftlet("sys$queuemanager").queue(f"q{n}", create=True)
+    seen: dict[Path, int] = {}
+    problems: list[str] = []
+    stop = threading.Event()
+
+    def race() -> None:
+        while not stop.is_set():
+            for path in data_files(folder):
+                try:
+                    rows = read_rows(path)
+                except Exception as exc:  # what a partial file would cause
+                    problems.append(f"{path.name}: {exc!r}")
+                    continue
+                if seen.setdefault(path, len(rows)) != len(rows) or not rows:
+                    problems.append(f"{path.name}: {len(rows)} rows, earlier {seen[path]}")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.to_thread.run_sync, race)
+        await wait_until(lambda: usage(router)["files"] >= 30, timeout=30, what="30 files written")
+        await network.stop("r1")
+        stop.set()
+    assert not problems
+    written = {p: len(read_rows(p)) for p in data_files(folder)}
+    # every sampled row is in a file, once — but for batches dropped because the writer fell
+    # behind (a full pool queue; on a busy machine at a 50 ms roll), which are counted
+    counters = usage(router)
+    assert sum(written.values()) == counters["rows"] - counters["rows-dropped"] > 0
+    assert all(p.parent.name == "router=r1" and p.parent.parent.name.startswith("date=") for p in written)
+
+
+async def test_the_schema_is_the_documented_one_in_every_file(network, tmp_path):
+    folder = tmp_path / "metrics"
+    router = await start(network, "r1", folder)
+    await wait_until(lambda: usage(router)["files"] >= 3, timeout=20)
+    await network.stop("r1")
+    expected = {"rows": [name for name, _ in ROW_COLUMNS], "events": [name for name, _ in EVENT_COLUMNS]}
+    for table, columns in expected.items():
+        files = data_files(folder, table)
+        assert files
+        for path in files:
+            schema = pq.read_schema(path)
+            assert schema.names == columns
+            assert str(schema.field("time").type) == "timestamp[ms, tz=UTC]"
+            assert str(schema.field("seq").type) == "int64"
+    rows = [row for path in data_files(folder) for row in read_rows(path)]
+    queues = {(row["entity"], row["metric"]) for row in rows if row["swiftlet"] == "sys$queuemanager"}
+    assert ("queues/unroutable", "messages") in queues or ("", "queues") in queues
+    assert any(row["swiftlet"] == "router" for row in rows)  # the router's own usage
+    assert any(row["text"] is not None and row["value"] is None for row in rows)  # strings as text
+    keys = [(row["epoch"], row["seq"]) for row in rows]
+    assert len(set(keys)) == len(keys)
+
+
+async def test_include_and_exclude_predicates_choose_swiftlets_and_entities(network, tmp_path):
+    folder = tmp_path / "metrics"
+    router = await start(network, "r1", folder, format="jsonl", include_swiftlets="sys$queuemanager",
+                         exclude_entities="queues/tmp%")
+    for name in ("orders", "tmp1", "tmp2"):
+        router.swiftlet("sys$queuemanager").queue(name, create=True)
+    await wait_until(lambda: usage(router)["samples"] >= 3, timeout=20)
+    await network.stop("r1")
+    rows = [row for path in data_files(folder) for row in read_rows(path)]
+    assert {row["swiftlet"] for row in rows} == {"sys$queuemanager"}
+    entities = {row["entity"] for row in rows}
+    assert "queues/orders" in entities and not any(e.startswith("queues/tmp") for e in entities)
+
+
+async def test_retention_by_size_deletes_the_oldest_files(network, tmp_path):
+    folder = tmp_path / "metrics"
+    router = await start(network, "r1", folder, format="jsonl", collect_interval=20, roll_interval=50,
+                         retention_size=60_000)
+    await wait_until(lambda: usage(router)["files-deleted"] >= 5, timeout=30)
+    files = data_files(folder) + data_files(folder, "events")
+    assert sum(p.stat().st_size for p in files) <= 60_000
+    assert usage(router)["bytes"] > 60_000
+
+
+async def test_retention_by_age_deletes_old_files(network, tmp_path):
+    folder = tmp_path / "metrics"
+    router = await start(network, "r1", folder, format="jsonl", retention_age=300)
+    await wait_until(lambda: usage(router)["files-deleted"] >= 3, timeout=30)
+    await trio.sleep(0.1)
+    assert len(data_files(folder)) <= 3  # what one 300 ms span holds at a 200 ms roll
+
+
+def test_parquet_without_pyarrow_is_a_config_error_with_its_line(tmp_path, monkeypatch):
+    path = tmp_path / "router.xml"
+    path.write_text('<router name="r1" startorder="sys$spark">\n'
+                    '  <swiftlet name="sys$spark" format="parquet"/>\n</router>\n')
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if the spark extra were not installed
+    with pytest.raises(ConfigErrors, match=r"router.xml:2.*pyarrow"):
+        load_config(path, load_swiftlet_specs())
+
+
+async def test_events_record_usage_entries_that_come_and_go(network, tmp_path):
+    folder = tmp_path / "metrics"
+    router = await start(network, "r1", folder, format="jsonl")
+    await wait_until(lambda: usage(router)["samples"] >= 2, timeout=20)
+    router.swiftlet("sys$queuemanager").queue("fresh", create=True)
+    await wait_until(lambda: usage(router)["samples"] >= 5, timeout=20)
+    await network.stop("r1")
+    events = [row for path in data_files(folder, "events") for row in read_rows(path)]
+    added = [e for e in events if e["kind"] == "UsageAdded" and e["entity"] == "queues/fresh"]
+    assert added and added[0]["swiftlet"] == "sys$queuemanager"
+    assert any(e["kind"] == "RouterStarted" for e in events)
+
+
+def test_a_batch_round_trips_and_garbage_is_refused():
+    body = encode_batch("r1", 7, [(1000, "sys$x", "e", "m", 1.5, None, 3)], [(1001, "sys$y", "K", "e", "{}", 4)])
+    rows, events = decode_batch(body)
+    assert rows == [("r1", 1000, "sys$x", "e", "m", 1.5, None, 7, 3)]
+    assert events == [("r1", 1001, "sys$y", "K", "e", "{}", 7, 4)]
+    for garbage in (b"", b"[]", b'{"router":"r"}', b'{"router":"r","epoch":1,"rows":[[1]],"events":[]}',
+                    b'{"router":"r","epoch":1,"rows":[[1,"s","e","m","not a number",null,3]],"events":[]}'):
+        with pytest.raises(ValueError, match="not a metrics batch"):
+            decode_batch(garbage)
+
+
+async def test_three_routers_publish_and_one_collector_writes_the_whole_network(network, tmp_path, caplog):
+    folder = tmp_path / "collected"
+    for name in ("a", "b", "c"):
+        await start(network, name, folder if name == "a" else tmp_path / "unused", routing=True, output="topic",
+                    collector_enabled=name == "a", format="jsonl")
+    network.connect("b", "a")
+    network.connect("c", "a")
+    await network.settle({"a": {"b": 1, "c": 1}, "b": {"a": 1, "c": 2}, "c": {"a": 1, "b": 2}})
+    collector = network.routers["a"]
+    # a message on the topic that is no metrics batch: rejected, the collector goes on
+    collector.swiftlet("sys$topicmanager").publish("martinet.metrics", build(b"garbage", durable=True))
+
+    def routers_seen() -> set[str]:
+        return {p.parent.name for p in data_files(folder)}
+
+    await wait_until(lambda: routers_seen() == {"router=a", "router=b", "router=c"}, timeout=30,
+                     what="rows of a, b and c in the collector's folder")
+    assert usage(collector)["rejected"] == 1
+    assert "not a metrics batch" in caplog.text and "Traceback" not in caplog.text
+    for name in ("b", "c"):  # events of every router arrive too
+        network.routers[name].swiftlet("sys$queuemanager").queue(f"new-on-{name}", create=True)
+
+    def events_seen() -> set[str]:
+        return {(e["router"], e["entity"]) for path in data_files(folder, "events") for e in read_rows(path)
+                if e["kind"] == "UsageAdded"}
+
+    await wait_until(lambda: events_seen() >= {("b", "queues/new-on-b"), ("c", "queues/new-on-c")}, timeout=30)
+    assert not (tmp_path / "unused").exists()  # output topic: no files of their own

@@ -1,0 +1,174 @@
+"""The PySpark pipeline and the live source, with real Spark (a ``martinet-pipeline``
+subprocess per run: each costs a Spark start, so the runs are few and each checks much)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import trio
+
+from martinet.messaging.client import Queue, TextMessage, connect
+from martinet.swiftlets.spark.config import SparkConfig
+
+from conftest import wait_until
+from network import ROUTING_STACK, STACK, routing_config
+
+pytestmark = pytest.mark.slow
+
+PIPELINE_TIMEOUT = 300  # a busy 2-core machine: Spark starts in 5-20 s, a run takes 30-90 s
+
+
+def pipeline_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "martinet.pipeline", "--master", "local[2]", *args]
+
+
+async def run_pipeline(*args: str) -> None:
+    """Run the pipeline to its end; its output is shown when it fails."""
+    env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
+    with trio.fail_after(PIPELINE_TIMEOUT):
+        result = await trio.run_process(pipeline_command(*args), capture_stdout=True, capture_stderr=True,
+                                        check=False, env=env)
+    assert result.returncode == 0, result.stderr.decode()[-5000:]
+    assert b"report: " in result.stdout
+
+
+def table(output: Path, name: str) -> list[dict]:
+    return pq.read_table(output / "tables" / name).to_pylist()
+
+
+def ingested(output: Path, name: str = "rows") -> list[dict]:
+    """The rows of an ingested table's committed files: those its ``_spark_metadata`` log lists
+    (a query killed mid-batch leaves a partial file, which Spark's readers skip as well)."""
+    files = set()
+    for log in (output / name / "_spark_metadata").iterdir():
+        if not log.name.startswith("."):
+            files.update(json.loads(line)["path"] for line in log.read_text().splitlines()[1:])
+    return [row for path in files for row in pq.read_table(path.removeprefix("file://")).to_pylist()]
+
+
+async def paced_sends(url: str, queue: str, rate: float, seconds: float) -> None:
+    async with connect(url) as connection, connection.session() as session:
+        producer = await session.producer(Queue(queue))
+        start = trio.current_time()
+        for n in range(int(rate * seconds)):
+            await trio.sleep_until(start + n / rate)
+            await producer.send(TextMessage(f"m{n}"))
+
+
+async def consume(url: str, queue: str, stop: trio.Event) -> None:
+    async with connect(url) as connection, connection.session() as session:
+        consumer = await session.consumer(Queue(queue))
+        while not stop.is_set():
+            await consumer.receive(timeout=0.2)
+
+
+async def test_known_load_gives_its_rates_and_backlogs_and_flaps_lower_availability(network, tmp_path):
+    export = tmp_path / "metrics"
+    spark = SparkConfig(collect_interval=200, roll_interval=1000, folder=str(export))
+    a = await network.start(network.config("a", startorder=(*ROUTING_STACK, "sys$spark"), swiftlets={
+        "sys$spark": spark, "sys$routing": routing_config()}))
+    await network.start_routers("b")
+    network.connect("a", "b", **{"retry-time": "1000"})
+    await network.settle({"a": {"b": 1}})
+    url = network.url("a")
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(consume, url, "flow", stop)
+        nursery.start_soon(paced_sends, url, "flow", 40, 12)
+        nursery.start_soon(paced_sends, url, "load", 50, 12)  # nobody consumes: the backlog grows 50/s
+        await trio.sleep(4)
+        for _ in range(2):  # two flaps of the link a -> b
+            a.management.set("/sys$routing/connectors/b", "enabled", "false")
+            await trio.sleep(1.5)
+            a.management.set("/sys$routing/connectors/b", "enabled", "true")
+            await network.settle({"a": {"b": 1}})
+            await trio.sleep(1)
+        await trio.sleep(12 - trio.current_time() % 1)  # well past the end of the sends
+        stop.set()
+    await network.stop("a")
+
+    output = tmp_path / "analysis"
+    await run_pipeline("--source", "files", "--input", str(export), "--output", str(output), "--once",
+                       "--window", "2 seconds", "--alert-windows", "2")
+    rates = table(output, "rates")
+    load = sorted((r for r in rates if r["queue"] == "load" and r["in_rate"]), key=lambda r: r["window_start"])
+    flow = sorted((r for r in rates if r["queue"] == "flow" and r["in_rate"]), key=lambda r: r["window_start"])
+    inner = load[1:-1]  # the first and the last window hold the start and the end of the sends
+    assert len(inner) >= 3
+    for row in inner:
+        assert 50 * 0.7 < row["in_rate"] < 50 * 1.3, row
+        assert not row["out_rate"], row
+        assert 100 * 0.6 < row["backlog_growth"] < 100 * 1.4, row  # 50/s over a 2 s window
+    assert max(r["backlog_last"] for r in load) >= 500
+    for row in flow[1:-1]:
+        assert 40 * 0.7 < row["in_rate"] < 40 * 1.3 and 40 * 0.7 < row["out_rate"] < 40 * 1.3, row
+        assert row["backlog_max"] < 40, row
+    alerts = table(output, "backlog_alerts")
+    assert {r["queue"] for r in alerts} == {"load"}
+    assert table(output, "slowest_consumers")[0]["queue"] == "load"
+
+    links = [r for r in table(output, "link_availability") if r["router"] == "a" and r["link"] == "b"]
+    assert min(r["availability"] for r in links) < 1.0
+    assert max(r["availability"] for r in links) == 1.0
+    assert sum(r["flaps"] for r in links) == 2
+    changes = table(output, "route_changes")
+    assert {"RouteAdded", "RouteRemoved"} <= {r["kind"] for r in changes if r["router"] == "a"}
+    report = (output / "report.html").read_text()
+    assert report.count("data:image/png;base64,") == 4 and "load" in report
+
+
+async def test_the_live_source_delivers_every_row_once_across_a_killed_query(network, tmp_path):
+    spark = SparkConfig(collect_interval=100, output="topic", events_enabled=False, include_swiftlets="sys$store")
+    router = await network.start(network.config("r1", startorder=(*STACK, "sys$spark"),
+                                                swiftlets={"sys$spark": spark}))
+    output = tmp_path / "analysis"
+    arguments = ["--source", "live", "--url", network.url("r1"), "--output", str(output)]
+    env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
+    process = subprocess.Popen(pipeline_command(*arguments, "--interval", "1"), env=env, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        await wait_until(lambda: len(list((output / "rows").glob("*.parquet"))) >= 4, timeout=PIPELINE_TIMEOUT,
+                         what="four batches of the first query")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the driver and its JVM: a crash, mid-batch or not
+        await trio.to_thread.run_sync(process.wait)
+    await trio.sleep(1)  # rows go on while no query runs
+    router.management.set("/sys$spark", "output", "none")
+    published = router.management.get("/sys$spark/usage", "rows")  # seq of the last row published
+
+    await run_pipeline(*arguments, "--once")
+    seqs = sorted(row["seq"] for row in ingested(output) if row["router"] == "r1")
+    assert len(seqs) == len(set(seqs)), "a row was delivered twice"
+    assert seqs == list(range(seqs[0], published + 1)), "a row was lost"
+
+
+async def test_three_routers_collected_into_one_folder_are_one_spark_table(network, tmp_path):
+    folder = tmp_path / "collected"
+    for name in ("a", "b", "c"):
+        spark = SparkConfig(collect_interval=200, roll_interval=500, output="topic", collector_enabled=name == "a",
+                            folder=str(folder))
+        await network.start(network.config(name, startorder=(*ROUTING_STACK, "sys$spark"), swiftlets={
+            "sys$spark": spark, "sys$routing": routing_config()}))
+    network.connect("b", "a")
+    network.connect("c", "b")
+    await network.settle({"a": {"b": 1, "c": 2}, "c": {"a": 2, "b": 1}})
+    await wait_until(lambda: {p.name for p in (folder / "rows").glob("*/router=*")} == {
+        "router=a", "router=b", "router=c"}, timeout=30, what="rows of a, b and c collected")
+    await trio.sleep(1)
+    await network.stop_all()
+
+    output = tmp_path / "analysis"
+    await run_pipeline("--source", "files", "--input", str(folder), "--output", str(output), "--once")
+    rows = ingested(output)
+    assert {row["router"] for row in rows} == {"a", "b", "c"}
+    keys = [(row["router"], row["epoch"], row["seq"]) for row in rows]
+    assert len(keys) == len(set(keys))
+    written = sum(len(pq.read_table(p)) for p in (folder / "rows").rglob("part-*.parquet"))
+    assert len(rows) == written
