@@ -70,7 +70,8 @@ def test_an_invalid_config_exits_2_before_starting(run_router, tmp_path):
     assert line.startswith(f"{config}:1: /router[@name='edge']: attribute 'startorder': "
                            "unknown swiftlet 'sys$warp'; installed: ")
     # the installed ones, sorted
-    assert "sys$log, sys$mgmt, sys$queuemanager, sys$routing, sys$scheduler, sys$store" in line
+    assert "sys$log, sys$mgmt, sys$queuemanager, sys$routing, sys$scheduler, sys$spark, sys$store, " \
+           "sys$topicmanager, sys$web, sys$xa" in line
 
 
 def test_example_plugin_in_a_real_process(run_router, echo_site):
