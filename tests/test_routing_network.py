@@ -206,16 +206,20 @@ async def test_two_routers_dialling_each_other_keep_one_link(network):
         network.connect(a, b, **{"retry-time": "1000"})
         network.connect(b, a, **{"retry-time": "1000"})
         await network.settle({a: {b: 1}, b: {a: 1}})
-        with trio.fail_after(20):  # the loser settles as refused, the winner stays
+        # The loser settles as refused, the winner stays: one link, the same at both ends (a's
+        # connector is b's listener link, or the other way round). On the way there one end may
+        # count a link operational a moment before the other does, so the whole picture is awaited.
+        with trio.fail_after(20):
             while True:
-                states = {connector_usage(network, a, b)["state"], connector_usage(network, b, a)["state"]}
-                links_a = network.routers[a].management.resolve("/sys$routing/usage/connections").children
-                links_b = network.routers[b].management.resolve("/sys$routing/usage/connections").children
-                if "operational" in states and len(links_a) == len(links_b) == 1:
+                a_dialled = connector_usage(network, a, b)["state"] == "operational"
+                b_dialled = connector_usage(network, b, a)["state"] == "operational"
+                links_a = list(network.routers[a].management.resolve("/sys$routing/usage/connections").children)
+                links_b = list(network.routers[b].management.resolve("/sys$routing/usage/connections").children)
+                if a_dialled != b_dialled and len(links_a) == len(links_b) == 1 \
+                        and a_dialled == links_b[0].startswith("listener") \
+                        and b_dialled == links_a[0].startswith("listener"):
                     break
                 await trio.sleep(0.05)
-        # the same link at both ends: a's connector is b's listener link, or the other way round
-        assert (connector_usage(network, a, b)["state"] == "operational") == (list(links_b)[0].startswith("listener"))
 
 
 async def test_a_wrong_password_is_refused_at_both_ends_with_the_reason(network):
