@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from martinet.kernel import Router, SwiftletFailed
+from martinet.messaging.client import JMSError, Queue, TextMessage, connect
 from martinet.messaging.message import build
 from martinet.swiftlets.store.api import (
     DeleteMessage,
@@ -24,6 +25,7 @@ from martinet.swiftlets.store.api import (
     StoreError,
 )
 
+from conftest import amqp_router_xml
 from netharness import store_engine_pid
 
 
@@ -286,3 +288,35 @@ def test_the_store_process_applies_nothing_after_a_failed_commit(tmp_path):
         assert db.execute("SELECT id, body FROM messages").fetchall() == [(1, b"first")]
     finally:
         db.close()
+
+
+async def test_producers_get_an_error_not_a_traceback_when_the_store_process_dies(tmp_path, caplog):
+    """Persistent sends racing the store process's death are refused (or their connection
+    closes as the router stops): none of them may end in a traceback from the listener."""
+    path = tmp_path / "router.xml"
+    path.write_text(amqp_router_xml(tmp_path))
+    router = Router.from_file(path)
+    sent = 0
+
+    async def produce(url: str) -> None:
+        nonlocal sent
+        try:
+            async with connect(url) as connection, connection.session() as session:
+                producer = await session.producer(Queue("q"))
+                while True:
+                    await producer.send(TextMessage("x" * 100))
+                    sent += 1
+        except (JMSError, OSError):
+            pass  # refused, or the router went away: what a client should see
+
+    with trio.fail_after(60), pytest.RaisesGroup(pytest.RaisesExc(SwiftletFailed, match="sys\\$store")):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(router.run)
+            url = f"amqp://127.0.0.1:{router.management.get('/sys$jms/usage/listeners/amqp', 'port')}"
+            for _ in range(20):
+                nursery.start_soon(produce, url)
+            while sent < 500:
+                await trio.sleep(0.005)
+            os.kill(store_engine_pid(os.getpid()), signal.SIGKILL)
+    tracebacks = [r for r in caplog.records if r.exc_info and r.name.startswith("martinet.swiftlets.jms")]
+    assert tracebacks == [], [r.getMessage() for r in tracebacks]
