@@ -4,7 +4,7 @@
 
 Two ``martinet run`` routers of the same config (``sync="full"``, ``Q`` queues defined, 1,000 by
 default, about 20,000 values: a full sample holds them all, the others what changed), one
-without ``sys$spark`` and one with it (``collect-interval`` 1 s, ``full-sample-interval`` 6,
+without ``sys$spark`` and one with it (``collect-interval`` 1 s, ``full-sample-interval`` 30,
 files in ``--format``, a roll every 10 s). First both idle for ``--idle`` seconds: the
 export's own CPU (per second, and per message at the best rate measured; the steady figure, as
 samples, full samples and writes all fall in it). Then the load of
@@ -34,7 +34,7 @@ ROUTER = """<router name="bench" startorder="sys$store sys$queuemanager sys$jms{
   </swiftlet>{spark}
 </router>"""
 SPARK = """
-  <swiftlet name="sys$spark" collect-interval="1000" full-sample-interval="6" roll-interval="10000" folder="metrics" format="{format}"/>"""
+  <swiftlet name="sys$spark" collect-interval="1000" full-sample-interval="30" roll-interval="10000" folder="metrics" format="{format}"/>"""
 
 
 def config(port: int, queues: int, export: str | None) -> str:
