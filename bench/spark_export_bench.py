@@ -34,7 +34,8 @@ ROUTER = """<router name="bench" startorder="sys$store sys$queuemanager sys$jms{
   </swiftlet>{spark}
 </router>"""
 SPARK = """
-  <swiftlet name="sys$spark" collect-interval="1000" full-sample-interval="30" roll-interval="10000" folder="metrics" format="{format}"/>"""
+  <swiftlet name="sys$spark" collect-interval="1000" full-sample-interval="30" roll-interval="10000" folder="metrics"
+             format="{format}"/>"""
 
 
 def config(port: int, queues: int, export: str | None) -> str:
