@@ -31,6 +31,7 @@ Failures:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -59,6 +60,7 @@ _POOLS = ListOf(PoolConfig, "pool", "The swiftlet's task pools and their sizes."
 T = TypeVar("T")
 
 
+@functools.cache  # read by every usage sample: parsing the package's metadata costs about 1 ms
 def _release() -> str:
     try:
         return version("martinet")

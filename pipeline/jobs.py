@@ -23,6 +23,13 @@ another state), ``route_changes`` (routing events per kind), ``slowest_consumers
 whose consumers take the smallest share of what comes in) and ``busiest_links`` (routing
 links by messages per second). They are rewritten whole each time (open windows included),
 then the report (:mod:`.report`) is drawn from them.
+
+The export holds a number only when it changed (and every value at each full sample,
+docs/metrics.md), so the analyses work on the rows in a window as they are: a rate is exact
+while its counter moves at every sample (a busy queue) and is ``0`` for an idle one with two
+full samples in the window, but a burst that stops mid-window is rated over the time it moved;
+the backlog average is over the backlog's changes, not weighted by time. Texts (link states)
+come at every sample, so availability is a share of samples as before.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from martinet.kernel import ConfigErrors, load_config, load_swiftlet_specs
 from martinet.messaging.message import build
 from martinet.swiftlets.spark.api import EVENT_COLUMNS, ROW_COLUMNS, decode_batch, encode_batch
 from martinet.swiftlets.spark.config import SparkConfig
+from martinet.swiftlets.spark.sampler import Filter, Sampler
 
 from conftest import wait_until
 from network import ROUTING_STACK, STACK, routing_config
@@ -45,6 +46,43 @@ def read_rows(path: Path) -> list[dict]:
     if path.suffix == ".parquet":
         return pq.read_table(path).to_pylist()
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_a_sample_holds_the_changed_numbers_and_every_full_sample_interval_all_values(network, tmp_path):
+    router = await start(network, "r1", tmp_path / "metrics", collect_interval=86_400_000)  # samples taken here
+    queues = router.swiftlet("sys$queuemanager")
+    for name in ("busy", "idle"):
+        queues.queue(name, create=True)
+    sampler = Sampler(router.management, Filter("sys$queuemanager router", ""), Filter("%", ""),
+                      full_every=3)
+
+    def numbers(rows: list[tuple]) -> dict[tuple[str, str], float]:
+        return {(entity, metric): value for _, entity, metric, value, _ in rows if value is not None}
+
+    def texts(rows: list[tuple]) -> set[tuple[str, str, str]]:
+        return {(swiftlet, entity, metric) for swiftlet, entity, metric, value, _ in rows if value is None}
+
+    first, _ = sampler.sample()  # the first sample is full
+    everything = numbers(first)
+    assert {("queues/busy", "messages"), ("queues/idle", "messages"), ("queues/idle", "enqueued")} <= everything.keys()
+    assert texts(first) and all(swiftlet == "router" for swiftlet, _, _ in texts(first))  # e.g. the state
+
+    await queues.send("busy", build(b"one"))
+    changed, _ = sampler.sample()
+    assert numbers(changed)[("queues/busy", "messages")] == everything[("queues/busy", "messages")] + 1
+    assert numbers(changed)[("queues/busy", "enqueued")] == everything[("queues/busy", "enqueued")] + 1
+    assert not {entity for entity, _ in numbers(changed)} & {"queues/idle", ""}  # unchanged: not exported
+    assert texts(changed) == texts(first)  # texts at every sample
+    queues.queue("fresh", create=True)
+    third, changes = sampler.sample()
+    assert ("UsageAdded", "sys$queuemanager", "queues/fresh") in changes
+    assert {entity for entity, _ in numbers(third)} <= {"queues/fresh", ""}  # a new entity: all its values
+    assert ("queues/fresh", "messages") in numbers(third) and ("queues/busy", "messages") not in numbers(third)
+
+    full, _ = sampler.sample()  # the fourth: full again
+    assert numbers(full).keys() == everything.keys() | {key for key in numbers(third) if key[0] == "queues/fresh"}
+    assert numbers(full)[("queues/busy", "messages")] == everything[("queues/busy", "messages")] + 1
+    assert not {entity for entity, _ in numbers(sampler.sample()[0])} & {"queues/busy", "queues/idle", "queues/fresh"}
 
 
 @pytest.mark.parametrize("file_format", ["parquet", "jsonl"])

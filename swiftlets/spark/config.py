@@ -44,6 +44,10 @@ def check_predicates(value: str) -> None:
 class SparkConfig:
     collect_interval: int = prop(10_000, min=10, max=86_400_000,
                                  description="Milliseconds between two samples of every swiftlet's usage.")
+    full_sample_interval: int = prop(30, min=1, max=1_000_000,
+                                     description="Every this many samples, one holds every value (a full sample); "
+                                     "the others hold only the numbers that changed since the previous sample, and "
+                                     "every text. 1: every sample is full.")
     include_swiftlets: str = prop("%", check=check_predicates,
                                   description="LIKE predicates (separated by spaces) of the swiftlets exported, "
                                   "e.g. 'sys$queuemanager sys$routing'; 'router' is the router's own usage.")

@@ -68,11 +68,11 @@ def write_tables(folder: str, file_format: FileFormat, tables: dict[str, list[tu
     write = _write_parquet if file_format is FileFormat.PARQUET else _write_jsonl
     for table, rows in tables.items():
         columns = TABLES[table]
-        parts: dict[str, list[tuple]] = {}
+        parts: dict[tuple[str, int], list[tuple]] = {}
         for row in rows:  # column 0 is the router, 1 the time, the last two epoch and seq
-            parts.setdefault(partition(table, row[1], row[0]), []).append(row)
-        for where, part in parts.items():
-            target = Path(folder, where)
+            parts.setdefault((row[0], row[1] // 86_400_000), []).append(row)  # router and UTC day: named once
+        for (router, _day), part in parts.items():
+            target = Path(folder, partition(table, part[0][1], router))
             target.mkdir(parents=True, exist_ok=True)
             first = part[0]
             name = f"part-{first[1]}-{first[-2]}-{first[-1]}.{file_format.value}"

@@ -3,7 +3,9 @@
 Theory of operation
 -------------------
 Every ``collect-interval`` the :class:`~.sampler.Sampler` walks the management tree (in the
-router's thread; it is not thread-safe) and the rows, stamped with the router, the time and
+router's thread; it is not thread-safe) and the rows (every ``full-sample-interval``-th sample
+all values, the others only the numbers that changed and the texts: the export's cost follows
+what moves, not what exists), stamped with the router, the time and
 ``(epoch, seq)``, go where ``output`` says. Bus events are taken from a subscription with
 ``DROP_OLDEST`` (a burst must never stall or fail the publishers; what is dropped is counted)
 and become event rows at once.
@@ -108,11 +110,12 @@ class SparkSwiftlet:
 
     def _sampler_now(self) -> Sampler:
         config = self.config
-        key = (config.include_swiftlets, config.exclude_swiftlets, config.include_entities, config.exclude_entities)
-        if self._filters is None or self._filters[0] != key:
-            swiftlets, entities = Filter(*key[:2]), Filter(*key[2:])
+        key = (config.include_swiftlets, config.exclude_swiftlets, config.include_entities, config.exclude_entities,
+               config.full_sample_interval)
+        if self._filters is None or self._filters[0] != key:  # a new sampler: its first sample is full
+            swiftlets, entities = Filter(*key[:2]), Filter(*key[2:4])
             self._filters = (key, swiftlets, entities)
-            self._sampler = Sampler(self.context.management, swiftlets, entities)
+            self._sampler = Sampler(self.context.management, swiftlets, entities, config.full_sample_interval)
         return self._sampler
 
     def sample(self) -> None:
