@@ -210,7 +210,11 @@ async def test_checkpoints_keep_the_wal_short_and_lose_nothing(broker, tmp_path)
     for n in range(1, 3001):  # one transaction each: one WAL frame or more each
         await store.commit([PutMessage(n, "q", raw(b"x" * 100))] + ([DeleteMessage(n - 1)] if n % 2 == 0 else []))
     wal = tmp_path / "store" / "r1.sqlite-wal"
-    assert 1000 * frame < wal.stat().st_size < 2000 * frame
+    # Without the catch-up the WAL would hold every frame of the 3000 commits (two or more
+    # each). With it, it starts over near 1000 frames; on a loaded machine a little later
+    # (the committer's catch-up is skipped while the thread's own checkpoint still copies),
+    # and the file keeps the longest length it reached.
+    assert 1000 * frame < wal.stat().st_size < 3000 * frame
     await broker.restart()
     assert broker.store.recovered.message_count == 1500
     await broker.stop()
