@@ -31,7 +31,8 @@ Other routers' links. When ``sys$mgmt`` runs here, a task crawls the network eve
 this router's own identity (read-only, :meth:`~martinet.swiftlets.mgmt.api.Identity.of_router`):
 every known router's connectors, with their state, peer, last error and since when. Those
 are the map's reported links (:func:`.netmap.build_map`'s ``remote``); a router that does
-not answer keeps its links from the previous crawl until it answers again. Without
+not answer keeps its links from the previous crawl while it is still routed to (until it
+answers again), and loses them once it is gone from the routing table. Without
 ``sys$mgmt``, links between other routers are inferred from the routes only.
 """
 
@@ -234,8 +235,11 @@ class WebSwiftlet:
             else:
                 for router in network.unreachable:
                     network.routers.pop(router, None)
-                answered = set(network.routers)
-                remote = {router: views for router, views in self._remote.items() if router not in answered}
+                # a router that did not answer but is still routed to (slow, or sys$mgmt restarting)
+                # keeps its last reports; one gone from the table loses them (its links go down)
+                routed = {row.name for row in self._routing.destinations() if row.routes} if self._routing else set()
+                remote = {router: views for router, views in self._remote.items()
+                          if router in routed and router not in network.routers}
                 before = {(router, view.peer): view for router, views in self._remote.items() for view in views}
                 now = time.time()
                 for link in network.links:
