@@ -8,8 +8,11 @@
    router's event loop meanwhile (a task that sleeps 1 ms at a time measures how late it
    wakes): the collector walks the usage tree in the router's thread, the text is written
    in a worker thread.
+3. A crawl of the network through ``sys$mgmt`` (what the map asks every
+   ``map-refresh-interval``): ``C`` routers on a ring in this process, crawled from one with
+   ``map-concurrency`` 8: the median and worst of 10 crawls (2 requests per router).
 
-    .venv/bin/python bench/web_bench.py [--routers 10 100 300] [--queues 10 1000 5000]
+    .venv/bin/python bench/web_bench.py [--routers 10 100 300] [--queues 10 1000 5000] [--crawl 5 10]
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from martinet.swiftlets.mgmt.api import crawl  # noqa: E402
 from martinet.swiftlets.web.api import LinkView, build_map  # noqa: E402
 from martinet.swiftlets.web.config import WebConfig  # noqa: E402
 
@@ -88,15 +92,44 @@ async def bench_metrics(queues: int) -> None:
             nursery.cancel_scope.cancel()
 
 
+async def bench_crawl(count: int) -> None:
+    names = [f"r{i}" for i in range(count)]
+    with tempfile.TemporaryDirectory() as folder:
+        async with trio.open_nursery() as nursery:
+            network = Network(nursery, Path(folder))
+            for name in names:
+                web = WebConfig(enabled=name == "r0", port=0, map_refresh_interval=3600.0)
+                await network.start(network.config(name, startorder=(*ROUTING_STACK, "sys$mgmt", "sys$web"),
+                                                   swiftlets={"sys$web": web, "sys$routing": routing_config(
+                                                       route_announce_hop_limit=count)}))
+            for i, name in enumerate(names):
+                network.connect(name, names[(i + 1) % count])
+            await network.settle({"r0": {name: min(i, count - i) for i, name in enumerate(names) if i}}, timeout=120)
+            web = network.routers["r0"].swiftlet("sys$web")
+            times = []
+            for _ in range(10):
+                began = time.perf_counter()
+                found = await crawl(web.ask, "r0", concurrency=8)
+                times.append(time.perf_counter() - began)
+            assert len(found.links) == count and not found.unreachable
+            print(f"crawl of a ring of {count:3d} routers: median {1e3 * statistics.median(times):7.1f} ms, "
+                  f"worst {1e3 * max(times):7.1f} ms")
+            await network.stop_all()
+            nursery.cancel_scope.cancel()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--routers", type=int, nargs="*", default=[10, 100, 300])
     parser.add_argument("--queues", type=int, nargs="*", default=[10, 1000, 5000])
+    parser.add_argument("--crawl", type=int, nargs="*", default=[5, 10])
     args = parser.parse_args()
     for count in args.routers:
         bench_map(count)
     for queues in args.queues:
         trio.run(bench_metrics, queues)
+    for count in args.crawl:
+        trio.run(bench_crawl, count)
 
 
 if __name__ == "__main__":

@@ -206,14 +206,14 @@ async def test_without_authentication_only_loopback_clients_are_answered(network
 
 
 def forged_request(url: str) -> dict:
-    """A ``get`` sent with proton, claiming a loopback identity in the annotation the
-    listener stamps; the reply."""
+    """A ``get`` sent with proton, claiming a loopback identity and to be the router itself in
+    the annotation the listener stamps; the reply."""
     connection = BlockingConnection(url, timeout=10)
     try:
         receiver = connection.create_receiver(None, dynamic=True)
         request = ProtonMessage(body=json.dumps({"verb": "get", "path": "/"}), reply_to=receiver.remote_source.address,
                                 correlation_id="forged")
-        request.annotations = {IDENTITY_ANNOTATION: Identity(host="127.0.0.1", router="a").annotation()}
+        request.annotations = {IDENTITY_ANNOTATION: Identity(host="127.0.0.1", router="a", internal=True).annotation()}
         connection.create_sender("sys$mgmt").send(request)
         reply = receiver.receive(timeout=10)
         receiver.accept()
@@ -234,6 +234,12 @@ def test_the_authorization_decision():
     assert Identity(host="::1").loopback and not Identity(host="192.0.2.1").loopback
     with pytest.raises(Refused, match="carries no identity"):
         authorize(None, "get", router="r", authentication=False, groups=groups)
+    itself = Identity.of_router("x")  # a router's own request: read-only, with or without authentication
+    assert Identity.from_annotations({IDENTITY_ANNOTATION: itself.annotation()}) == itself
+    for authentication in (True, False):
+        assert authorize(itself, "get", router="r", authentication=authentication, groups={}) is Role.READ_ONLY
+        with pytest.raises(Refused, match="'set' changes router r"):
+            authorize(itself, "set", router="r", authentication=authentication, groups=groups)
 
 
 async def test_watch_notifications_until_unwatched_the_lease_ends_or_the_reply_queue_goes(network, caplog):
@@ -290,6 +296,10 @@ async def test_management_protocol_inside_the_router_for_front_ends(network):
     assert [r["name"] for r in reply["result"]] == ["a", "b", "c"]
     reply = await management.request("c", {"verb": "get"}, Identity(host="192.0.2.9", router="a"))
     assert reply["status"] == 403
+    itself = Identity.of_router("a")  # not loopback, not authenticated: read-only as a router
+    assert (await management.request("c", {"verb": "routers"}, itself))["status"] == 200
+    reply = await management.request("c", {"verb": "halt"}, itself)
+    assert reply["status"] == 403 and "read-only" in reply["error"]
 
 
 async def test_halt_and_reboot(network, tmp_path):

@@ -67,3 +67,21 @@ def test_a_failed_local_link_replaces_its_operational_state_and_the_json_has_eve
 def test_the_router_alone():
     alone = build_map("a", {}, {}, None, now=1.0)
     assert [r.name for r in alone.routers] == ["a"] and alone.edges == ()
+
+
+def test_links_other_routers_report_replace_the_inferred_state_but_not_the_local_ones():
+    links = {"b": LinkView(peer="b", state="operational", since=1.0)}
+    routes = {"b": [("b",)], "c": [("b", "c")], "d": [("b", "c", "d")]}
+    remote = {"b": [LinkView(peer="c", state="operational", since=2.0),
+                    LinkView(peer="a", state="failed", since=3.0, error="no")],  # a's own link: a knows better
+              "c": [LinkView(peer="d", state="failed", since=4.0, error="refused"),
+                    LinkView(peer="b", state="connecting", since=5.0)],  # c dials b too: the operational one counts
+              "d": [LinkView(peer="c", state="connecting", since=6.0)]}  # d's report of c–d comes after c's
+    built = build_map("a", links, routes, None, now=9.0, remote=remote)
+    assert states(built) == {("a", "b"): "operational", ("b", "c"): "operational", ("c", "d"): "connecting"}
+    assert built.edge("b", "c").since == 2.0 and not built.edge("c", "d").local
+    assert build_map("a", links, routes, None, now=9.0, remote={"c": [LinkView(peer="d", state="failed", since=4.0,
+                                                                             error="refused")]}
+                     ).edge("c", "d").error == "refused"
+    gone = build_map("a", links, {"b": [("b",)]}, built, now=10.0, remote=remote)
+    assert gone.edge("c", "d").state == "connecting" and gone.router("d").state == "unreachable"

@@ -43,6 +43,8 @@ from martinet.kernel import Command
 from martinet.messaging.client import JMSError
 from martinet.messaging.like import LikePatternError, like_pattern
 
+from .api import NetworkMap
+from .api import crawl as api_crawl
 from .client import DEFAULT_TIMEOUT, AdminClient, AdminError
 
 __all__ = ["ADMIN_COMMAND", "Commands", "Output", "crawl", "NetworkMap", "to_dot"]
@@ -113,78 +115,10 @@ def _assignments(words: Sequence[str]) -> dict[str, str]:
 # -- the network map --------------------------------------------------------------------------------
 
 
-@attrs.frozen
-class Link:
-    """A link as its dialing router (the connector's side) reports it."""
-
-    source: str  # the router whose connector dials
-    target: str  # the router it reaches (its name once known, else host:port)
-    connector: str
-    state: str
-    since: str
-    error: str = ""
-    listener_state: str = ""  # the listening side's view; "" if it has no such link
-
-
-@attrs.frozen
-class NetworkMap:
-    """What :func:`crawl` found: each router's hop count from the start router (None:
-    known, no active route), links, and the routers that did not answer."""
-
-    start: str
-    routers: dict[str, int | None]
-    links: tuple[Link, ...]
-    unreachable: dict[str, str]
-
-    def data(self) -> dict[str, Any]:
-        return {"start": self.start, "routers": self.routers, "links": [attrs.asdict(link) for link in self.links],
-                "unreachable": self.unreachable}
-
-
-async def _routing_view(admin: AdminClient, router: str) -> dict[str, Any]:
-    """A router's routing usage: its connectors and its live links."""
-    usage = await admin.call(router, "get", path="/sys$routing/usage/connectors")
-    live = await admin.call(router, "get", path="/sys$routing/usage/connections")
-    return {"connectors": usage["entries"], "connections": live["entries"]}
-
-
 async def crawl(admin: AdminClient, start: str | None = None) -> NetworkMap:
-    """The network as seen from ``start`` (default: the router connected to): every router
-    it knows and every link each of them reports, asked of all routers at once; a router that
-    does not answer is listed with the reason."""
-    start = start or admin.router
-    known = {row["name"]: row["hops"] for row in await admin.call(start, "routers")}
-    views: dict[str, dict[str, Any]] = {}
-    unreachable: dict[str, str] = {}
-    pending = set(known)
-
-    async def ask(router: str) -> None:
-        try:
-            views[router] = await _routing_view(admin, router)
-        except AdminError as exc:
-            unreachable[router] = exc.reason
-
-    while pending:  # routers reported by links but not in the table are asked too
-        async with trio.open_nursery() as nursery:
-            for router in sorted(pending):
-                nursery.start_soon(ask, router)
-        seen = {entry["routername"] for view in views.values() for entry in view["connections"].values()}
-        pending = {r for r in seen if r and r not in known}
-        known.update({r: None for r in pending})
-    links = []
-    for router, view in sorted(views.items()):
-        live = view["connections"]
-        for name, connector in sorted(view["connectors"].items()):
-            link = live.get(f"connector:{name}", {})
-            target = (connector["routername"] or link.get("routername") or connector.get("last-routername")
-                      or f"{connector['hostname']}:{connector['port']}")
-            since = link.get("connecttime") or connector.get("last-error-time") or ""
-            other = views.get(target, {}).get("connections", {})
-            listener_state = next((entry["state"] for entry_name, entry in other.items()
-                                   if entry_name.startswith("listener:") and entry["routername"] == router), "")
-            links.append(Link(source=router, target=target, connector=name, state=connector["state"], since=since,
-                              error=connector.get("last-error", ""), listener_state=listener_state))
-    return NetworkMap(start=start, routers=dict(sorted(known.items())), links=tuple(links), unreachable=unreachable)
+    """:func:`.api.crawl` over ``admin``'s connection, from ``start`` (default: the router
+    connected to)."""
+    return await api_crawl(admin.call, start or admin.router)
 
 
 _DOT_COLOURS = {"operational": "darkgreen", "connecting": "orange", "waiting": "orange", "failed": "red",

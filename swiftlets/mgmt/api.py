@@ -16,16 +16,27 @@ that router authenticated the user, the peer's address, the router's name), repl
 value a client put there; routing carries it unchanged to the router that serves the request.
 So a router trusts what the entry router authenticated: routers authenticate each other
 (the routing listener's password), clients never vouch for themselves.
+
+A router's own requests. A front end inside a router that asks on the router's own behalf,
+not for a user (``sys$web`` reading other routers' links), uses :meth:`Identity.of_router`:
+an identity with ``internal`` set. No listener ever stamps one (a client's annotation is
+replaced), so only a router makes it, and only routers (trusted, as above) carry it; every
+router's ``sys$mgmt`` gives it the read-only role, whatever its groups and whether
+authentication is on.
+
+The crawl. :func:`crawl` asks every router one router knows for its links (what ``martinet
+admin map`` shows and ``sys$web`` draws), through any way of sending requests.
 """
 
 from __future__ import annotations
 
 import enum
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
+import trio
 
 __all__ = [
     "MANAGEMENT_QUEUE",
@@ -39,6 +50,10 @@ __all__ = [
     "Role",
     "Management",
     "is_management_address",
+    "RequestFailed",
+    "Link",
+    "NetworkMap",
+    "crawl",
 ]
 
 #: The queue each router serves management requests on.
@@ -85,6 +100,7 @@ class Identity:
         authenticated: that router checked the user's password (authentication enabled).
         host: the address the client connected from.
         router: the router where the request entered the network.
+        internal: the request comes from router ``router`` itself (see the module header).
     """
 
     user: str = ""
@@ -92,6 +108,12 @@ class Identity:
     authenticated: bool = False
     host: str = ""
     router: str = ""
+    internal: bool = False
+
+    @classmethod
+    def of_router(cls, router: str) -> Identity:
+        """The identity of router ``router``'s own requests (read-only everywhere)."""
+        return cls(user=f"router {router}", router=router, internal=True)
 
     def annotation(self) -> dict[str, Any]:
         """The value of :data:`IDENTITY_ANNOTATION` for this identity."""
@@ -139,3 +161,100 @@ class Management(Protocol):
         "error"}``); on this router it is served at once, on another it travels as a message
         to ``sys$mgmt@router`` and back. A remote router that does not answer in ``timeout``
         seconds gives status 503. Authorization is as for any request."""
+
+
+class RequestFailed(Exception):
+    """A request failed: the router's status and reason, or no answer (status 503)."""
+
+    def __init__(self, status: int, reason: str, router: str = ""):
+        super().__init__(f"{router}: {reason}" if router else reason)
+        self.status = status
+        self.reason = reason
+        self.router = router
+
+
+#: Sends one management request: ``await call(router, verb, **args)`` is the reply's result.
+Call = Callable[..., Awaitable[Any]]
+
+
+@attrs.frozen
+class Link:
+    """A link as its dialing router (the connector's side) reports it."""
+
+    source: str  # the router whose connector dials
+    target: str  # the router it reaches (its name once known, else host:port)
+    connector: str
+    state: str
+    since: str
+    error: str = ""
+    listener_state: str = ""  # the listening side's view; "" if it has no such link
+
+
+@attrs.frozen
+class NetworkMap:
+    """What :func:`crawl` found: each router's hop count from the start router (None:
+    known, no active route), links, and the routers that did not answer."""
+
+    start: str
+    routers: dict[str, int | None]
+    links: tuple[Link, ...]
+    unreachable: dict[str, str]
+
+    def data(self) -> dict[str, Any]:
+        return {"start": self.start, "routers": self.routers, "links": [attrs.asdict(link) for link in self.links],
+                "unreachable": self.unreachable}
+
+
+async def _routing_view(call: Call, router: str) -> dict[str, Any]:
+    """A router's routing usage: its connectors and its live links."""
+    usage = await call(router, "get", path="/sys$routing/usage/connectors")
+    live = await call(router, "get", path="/sys$routing/usage/connections")
+    return {"connectors": usage["entries"], "connections": live["entries"]}
+
+
+async def crawl(call: Call, start: str, *, concurrency: int = 1000) -> NetworkMap:
+    """The network as seen from router ``start``: every router it knows and every link each of
+    them reports, asked of up to ``concurrency`` routers at once; a router that does not
+    answer is listed with the reason.
+
+    Args:
+        call: sends one request (``call(router, verb, **args)``) and returns its result;
+            raises :class:`RequestFailed` for any other status or no answer (it bounds the wait).
+
+    Raises:
+        RequestFailed: ``start`` did not list its routers.
+    """
+    known = {row["name"]: row["hops"] for row in await call(start, "routers")}
+    limit = trio.CapacityLimiter(concurrency)
+    views: dict[str, dict[str, Any]] = {}
+    unreachable: dict[str, str] = {}
+    pending = set(known)
+
+    async def ask(router: str) -> None:
+        try:
+            async with limit:
+                views[router] = await _routing_view(call, router)
+        except RequestFailed as exc:
+            unreachable[router] = exc.reason
+
+    while pending:  # routers reported by links but not in the table are asked too
+        async with trio.open_nursery() as nursery:
+            for router in sorted(pending):
+                nursery.start_soon(ask, router)
+        seen = {entry["routername"] for view in views.values() for entry in view["connections"].values()}
+        pending = {r for r in seen if r and r not in known}
+        known.update({r: None for r in pending})
+    links = []
+    for router, view in sorted(views.items()):
+        live = view["connections"]
+        for name, connector in sorted(view["connectors"].items()):
+            link = live.get(f"connector:{name}", {})
+            target = (connector["routername"] or link.get("routername") or connector.get("last-routername")
+                      or f"{connector['hostname']}:{connector['port']}")
+            since = link.get("connecttime") or connector.get("last-error-time") or ""
+            other = views.get(target, {}).get("connections", {})
+            listener_state = next((entry["state"] for entry_name, entry in other.items()
+                                   if entry_name.startswith("listener:") and entry["routername"] == router), "")
+            links.append(Link(source=router, target=target, connector=name, state=connector["state"], since=since,
+                              error=connector.get("last-error", ""), listener_state=listener_state))
+    return NetworkMap(start=start, routers=dict(sorted(known.items())), links=tuple(links), unreachable=unreachable)

@@ -22,21 +22,15 @@ import trio
 
 from martinet.messaging.client import Connection, DeliveryMode, JMSError, Queue, TextMessage, connect
 
-from .api import MANAGEMENT_QUEUE, VERSION, Status
+from .api import MANAGEMENT_QUEUE, VERSION, RequestFailed, Status
 
 __all__ = ["AdminClient", "AdminError"]
 
 DEFAULT_TIMEOUT = 10.0
 
 
-class AdminError(Exception):
+class AdminError(RequestFailed):
     """A request failed: the router's status and reason, or no answer (status 503)."""
-
-    def __init__(self, status: int, reason: str, router: str = ""):
-        super().__init__(f"{router}: {reason}" if router else reason)
-        self.status = status
-        self.reason = reason
-        self.router = router
 
 
 class AdminClient:

@@ -88,7 +88,8 @@ def authorize(identity: Identity | None, verb: str, *, router: str, authenticati
               groups: Mapping[str, Role]) -> Role:
     """The role ``identity`` has on this router for ``verb``.
 
-    With ``authentication`` (this router's ``authentication-enabled``), the user must have
+    A router's own request (:meth:`.api.Identity.of_router`) is read-only. Otherwise, with
+    ``authentication`` (this router's ``authentication-enabled``), the user must have
     been authenticated where the request entered and belong to one of ``groups``; without
     it, the client must have connected from a loopback address (read-write then).
 
@@ -98,7 +99,9 @@ def authorize(identity: Identity | None, verb: str, *, router: str, authenticati
     if identity is None:
         raise Refused(Status.FORBIDDEN, "the request carries no identity (it did not come through an AMQP "
                       "listener)")
-    if authentication:
+    if identity.internal:  # a router's own request: routers are trusted (see .api), for reading only
+        role = Role.READ_ONLY
+    elif authentication:
         if not identity.authenticated:
             raise Refused(Status.FORBIDDEN, f"router {router} requires an authenticated user, and {identity} was "
                           "not authenticated where the request entered")

@@ -5,7 +5,8 @@ Starlette on Hypercorn's trio worker. Layout: :mod:`.api` (the :class:`~.api.Web
 and the map's types), :mod:`.config`, :mod:`.netmap` (the map from one router's view: pure),
 :mod:`.metrics` (the usage tree as a Prometheus collector), :mod:`.app` (routes and pages,
 ``static/map.js`` draws the map) and :mod:`.swiftlet` (the listener and the map kept current
-from ``sys$routing``'s events). Start it last, after the swiftlets it shows.
+from ``sys$routing``'s events, and other routers' links crawled through ``sys$mgmt`` when it
+runs). Start it last, after the swiftlets it shows.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ Routes (all ``async``, run in the router's trio thread):
   whole map at once and at each change, a comment every 15 s to keep proxies from closing).
 - ``/routers/{name}``: this router's page (queues with backlog and rates, client
   connections, routing links, routing table), or for another router what this one knows of
-  it (routes, its routing queue's backlog, the link to it).
+  it (routes, its routing queue's backlog, its links on the map) and, when ``sys$mgmt``
+  runs here, its queues and client connections asked of it (read-only, this router's own
+  identity; a router that does not answer is shown with the reason).
 - ``/metrics``: Prometheus text format from :class:`.metrics.UsageCollector`: the values
   read in the router's thread, written by ``prometheus_client``'s exposition in a worker
   thread.
@@ -38,6 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from martinet.kernel import ManagementError, SwiftletContext
 from martinet.swiftlets.authentication.api import Authentication, AuthenticationFailed
+from martinet.swiftlets.mgmt.api import RequestFailed
 
 from .metrics import UsageCollector
 
@@ -228,7 +231,14 @@ def build_app(web: WebSwiftlet, context: SwiftletContext, *, admin_group: str) -
         known = web.network_map().router(name)
         if known is None:
             return _page(router, f"Router {name}", f"<p>{router} knows no router {html.escape(name)}.</p>")
-        return _page(router, f"Router {name}", _remote_section(context, web, name), refresh=5)
+        body = _remote_section(context, web, name)
+        if web.management is not None:
+            async with trio.open_nursery() as nursery:  # both asked at once: one timeout at most
+                parts = [""] * len(REMOTE_SECTIONS)
+                for index, section in enumerate(REMOTE_SECTIONS):
+                    nursery.start_soon(_ask_section, web, name, section, parts, index)
+            body += "".join(parts)
+        return _page(router, f"Router {name}", body, refresh=5)
 
     routes = [
         Route("/", map_page),
@@ -240,13 +250,31 @@ def build_app(web: WebSwiftlet, context: SwiftletContext, *, admin_group: str) -
     return Starlette(routes=routes, middleware=[Middleware(BasicAuth, web=web, admin_group=admin_group)])
 
 
+#: The sections a router page shows of any router: title, table id, usage path, columns, text when empty.
+REMOTE_SECTIONS = (
+    ("Queues", "queues", "/sys$queuemanager/usage/queues",
+     ["messages", "consumers", "enqueued", "dequeued", "send-rate", "receive-rate"], "no queues"),
+    ("Client connections", "connections", "/sys$jms/usage/connections",
+     ["listener", "host", "user", "client-id", "messages-received", "messages-sent", "receive-rate", "send-rate"],
+     "no client connections"),
+)
+
+
+async def _ask_section(web: WebSwiftlet, name: str, section: tuple[Any, ...], parts: list[str], index: int) -> None:
+    """``parts[index]``: a :data:`REMOTE_SECTIONS` section of router ``name``, asked of it over ``sys$mgmt``."""
+    title, table_id, path, columns, empty = section
+    try:
+        entries = (await web.ask(name, "get", path=path))["entries"]
+    except RequestFailed as exc:
+        parts[index] = f"<h2>{html.escape(title)}</h2><p id=\"{table_id}\">not available: {html.escape(exc.reason)}</p>"
+        return
+    rows = [[entry, *(values.get(column, "") for column in columns)] for entry, values in sorted(entries.items())]
+    parts[index] = f"<h2>{html.escape(title)}</h2>" + _table(table_id, ["name", *columns], rows, empty)
+
+
 def _local_sections(context: SwiftletContext, web: WebSwiftlet) -> str:
     return "".join((
-        _section(context, "Queues", "queues", "/sys$queuemanager/usage/queues",
-                 ["messages", "consumers", "enqueued", "dequeued", "send-rate", "receive-rate"], "no queues"),
-        _section(context, "Client connections", "connections", "/sys$jms/usage/connections",
-                 ["listener", "host", "user", "client-id", "messages-received", "messages-sent", "receive-rate",
-                  "send-rate"], "no client connections"),
+        *(_section(context, *section) for section in REMOTE_SECTIONS),
         _section(context, "Routing connectors", "connectors", "/sys$routing/usage/connectors",
                  ["state", "hostname", "port", "routername", "last-error", "next-attempt"], "no connectors"),
         _section(context, "Routing links", "links", "/sys$routing/usage/connections",
@@ -268,7 +296,8 @@ def _remote_section(context: SwiftletContext, web: WebSwiftlet, name: str) -> st
     facts = [["state", known.state], ["hops", known.hops if known.hops is not None else ""],
              *([key, value] for key, value in row.items())]
     edges = [[f"{e.a} – {e.b}", e.state, e.error] for e in web.network_map().edges if name in e.key]
-    return (f"<p>What {html.escape(context.router_name)} knows of {html.escape(name)}. Its queues and "
-            "connections are shown by its own web view (management of remote routers over messaging is "
-            "sys$mgmt's).</p>" + _table("facts", ["property", "value"], facts, "") +
+    asked = ("Its queues and connections below are asked of it through sys$mgmt." if web.management is not None else
+             "Its queues and connections are shown by its own web view (sys$mgmt does not run here).")
+    return (f"<p>What {html.escape(context.router_name)} knows of {html.escape(name)}. {asked}</p>" +
+            _table("facts", ["property", "value"], facts, "") +
             "<h2>Links</h2>" + _table("links", ["link", "state", "error"], edges, "no links known"))

@@ -1,7 +1,8 @@
 """``sys$web`` configuration: the optional HTTP listener of the web view and ``/metrics``.
 
-Every property takes effect at the next start of the swiftlet (``reboot_required``): the
-listener is bound once, when the swiftlet starts. Whether a bind address is allowed depends
+The listener's properties take effect at the next start of the swiftlet
+(``reboot_required``): the listener is bound once, when the swiftlet starts. The crawl's
+(``map-*``) are read at each crawl. Whether a bind address is allowed depends
 on another swiftlet (a non-loopback address needs ``sys$authentication`` with
 ``authentication-enabled``), so the running swiftlet checks that and refuses to start with
 the reason.
@@ -22,3 +23,11 @@ class WebConfig:
                      "(0: any free port; usage shows the one bound).")
     admin_group: str = prop("admin", reboot_required=True, description="With authentication enabled, only users "
                             "of this sys$authentication group may use the web view and /metrics.")
+    map_refresh_interval: float = prop(10.0, min=0.5, max=3600.0, description="Seconds "
+                                       "between two crawls of the network through sys$mgmt (every known router "
+                                       "asked for its links), when sys$mgmt runs here.")
+    map_request_timeout: float = prop(5.0, min=0.1, max=600.0, description="Seconds a "
+                                      "router has to answer one request of a crawl (or of a remote router's "
+                                      "page); one that does not is shown as not answering.")
+    map_concurrency: int = prop(8, min=1, max=1000, description="Routers a crawl asks at "
+                                "once.")

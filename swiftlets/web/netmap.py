@@ -11,10 +11,12 @@ management crawl), it draws their links the same way.
 
 - A **local link** (this router to a neighbour) has the state the link reports
   (``operational``, ``connecting``, ``failed``, … see ``LinkState``), with its last error.
-- A **remote link** is inferred from the routes: each pair of routers next to each other on
-  a path (this router prepended) is a link that carried that route announcement, so it was
-  ``operational`` when the route came. Remote link states between announcements are not
-  known here: only that a link is in some path or not.
+- A **reported link** (between two other routers) has the state its dialing router reports
+  through ``sys$mgmt`` (``remote``: the last crawl's answers), exact as of that crawl.
+- Any other **remote link** is inferred from the routes: each pair of routers next to each
+  other on a path (this router prepended) is a link that carried that route announcement, so
+  it was ``operational`` when the route came. Its state between announcements is not known
+  here: only that it is in some path or not (no crawl, or a router that did not answer).
 - A link seen before that is now in no path and no live local link is ``down``, with the
   time it went (``since``). It stays on the map as down; a link that comes back is
   operational again, with a new ``since``.
@@ -109,7 +111,8 @@ def _key(a: str, b: str) -> tuple[str, str]:
 
 
 def build_map(local: str, links: Mapping[str, LinkView], routes: Mapping[str, Sequence[Sequence[str]]],
-              previous: NetworkMap | None, now: float) -> NetworkMap:
+              previous: NetworkMap | None, now: float,
+              remote: Mapping[str, Sequence[LinkView]] | None = None) -> NetworkMap:
     """The map of router ``local`` (see the module header).
 
     Args:
@@ -120,12 +123,21 @@ def build_map(local: str, links: Mapping[str, LinkView], routes: Mapping[str, Se
         previous: the map built last time (None at first): links it had that are gone now
             are shown ``down``; unchanged states keep their ``since``.
         now: the time of this view, seconds since the epoch.
+        remote: links other routers report, by router (each link once, by its dialing
+            router; where both dial each other, an operational one counts). They replace the
+            inferred state; this router's own links are not taken from here.
     """
     before = {edge.key: edge for edge in previous.edges} if previous is not None else {}
     edges: dict[tuple[str, str], MapEdge] = {}
     for peer, view in links.items():
         key = _key(local, peer)
         edges[key] = MapEdge(a=key[0], b=key[1], state=view.state, since=view.since, local=True, error=view.error)
+    for router, views in (remote or {}).items():
+        for view in views:
+            key = _key(router, view.peer)
+            if local in key or edges.get(key, None) is not None and edges[key].state == OPERATIONAL:
+                continue
+            edges[key] = MapEdge(a=key[0], b=key[1], state=view.state, since=view.since, local=False, error=view.error)
     hops: dict[str, int] = {}
     for paths in routes.values():
         for path in paths:  # the hot loop: every hop of every route (inlined for speed)

@@ -24,6 +24,16 @@ route event marks the map stale; one task rebuilds it (once for a burst of event
 rebuild that changes the map bumps :attr:`WebSwiftlet.version` and wakes the pages' event
 streams. A link subscription that overflows is opened again and
 the links are read afresh from ``sys$routing``'s usage, so no state is lost for good.
+
+Other routers' links. When ``sys$mgmt`` runs here, a task crawls the network every
+``map-refresh-interval`` seconds with :func:`martinet.swiftlets.mgmt.api.crawl` (up to
+``map-concurrency`` routers at once, each request bounded by ``map-request-timeout``), under
+this router's own identity (read-only, :meth:`~martinet.swiftlets.mgmt.api.Identity.of_router`):
+every known router's connectors, with their state, peer, last error and since when. Those
+are the map's reported links (:func:`.netmap.build_map`'s ``remote``); a router that does
+not answer keeps its links from the previous crawl while it is still routed to (until it
+answers again), and loses them once it is gone from the routing table. Without
+``sys$mgmt``, links between other routers are inferred from the routes only.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from hypercorn.utils import wrap_app
 
 from martinet.kernel import Event, ManagementError, Overflow, SubscriberOverflow, SwiftletContext
 from martinet.swiftlets.authentication.api import Authentication
+from martinet.swiftlets.mgmt.api import Identity, Management, RequestFailed, Status, crawl
 from martinet.swiftlets.routing.api import (
     DestinationAdded,
     DestinationRemoved,
@@ -84,6 +95,8 @@ class WebSwiftlet:
         self._changed = trio.Event()
         self._stale = trio.Event()  # set: events came that the map does not show yet
         self._routing: Routing | None = None
+        self._remote: dict[str, tuple[LinkView, ...]] = {}  # router -> its links, as the last crawl found them
+        self.management: Management | None = None  # sys$mgmt, if it runs
         self.authentication: Authentication | None = None  # sys$authentication, if it runs
         self.loopback = True  # whether the listener is bound to a loopback address
 
@@ -118,12 +131,18 @@ class WebSwiftlet:
             self._routing = self.context.lookup("sys$routing", Routing)
         except LookupError:
             self.context.log.info("sys$routing is not running: the map shows this router alone")
+        try:
+            self.management = self.context.lookup("sys$mgmt", Management)
+        except LookupError:
+            self.management = None
         async with trio.open_nursery() as nursery:
             if self._routing is not None:
                 await nursery.start(self._follow_links)
                 for kind in (RouteAdded, RouteRemoved, DestinationAdded, DestinationRemoved):
                     await nursery.start(self._follow_routes, kind)
                 nursery.start_soon(self._rebuilder)
+                if self.management is not None:
+                    nursery.start_soon(self._crawler)
             self._rebuild()
             await self._serve(nursery, config)
             task_status.started()
@@ -193,6 +212,47 @@ class WebSwiftlet:
             self._stale = trio.Event()
             self._rebuild()
 
+    async def ask(self, router: str, verb: str, **args: Any) -> Any:
+        """One read-only request to ``router``'s ``sys$mgmt`` under this router's identity: the
+        result, or :class:`RequestFailed` (also with no ``sys$mgmt`` here, or no answer in
+        ``map-request-timeout``)."""
+        if self.management is None:
+            raise RequestFailed(int(Status.UNAVAILABLE), "sys$mgmt does not run on this router", router)
+        reply = await self.management.request(router, {"verb": verb, **args},
+                                              Identity.of_router(self.context.router_name),
+                                              timeout=self.context.config.map_request_timeout)
+        if reply.get("status") != Status.OK:
+            raise RequestFailed(reply.get("status", int(Status.ERROR)), reply.get("error", "no reason given"), router)
+        return reply.get("result")
+
+    async def _crawler(self) -> None:
+        while True:
+            config = self.context.config
+            try:
+                network = await crawl(self.ask, self.context.router_name, concurrency=config.map_concurrency)
+            except RequestFailed as exc:  # (only this router's own "routers" request: not expected)
+                self.context.log.warning("web: the network map's crawl failed: %s", exc)
+            else:
+                for router in network.unreachable:
+                    network.routers.pop(router, None)
+                # a router that did not answer but is still routed to (slow, or sys$mgmt restarting)
+                # keeps its last reports; one gone from the table loses them (its links go down)
+                routed = {row.name for row in self._routing.destinations() if row.routes} if self._routing else set()
+                remote = {router: views for router, views in self._remote.items()
+                          if router in routed and router not in network.routers}
+                before = {(router, view.peer): view for router, views in self._remote.items() for view in views}
+                now = time.time()
+                for link in network.links:
+                    if link.source != self.context.router_name:
+                        old = before.get((link.source, link.target))
+                        since = _seconds(link.since) or (old.since if old and old.state == link.state else now)
+                        view = LinkView(peer=link.target, state=link.state, since=since, error=link.error)
+                        remote[link.source] = (*remote.get(link.source, ()), view)
+                if remote != self._remote:
+                    self._remote = remote
+                    self._stale.set()
+            await trio.sleep(config.map_refresh_interval)
+
     def _read_links(self) -> None:
         """This router's links from ``sys$routing``'s usage (connectors, then live links)."""
         now = time.time()
@@ -222,9 +282,18 @@ class WebSwiftlet:
     def _rebuild(self) -> None:
         routes = {row.name: row.routes for row in self._routing.destinations()} if self._routing else {}
         links = {peer: view for peer, (_, view) in self._links.items()}
-        new = build_map(self.context.router_name, links, routes, self._map, time.time())
+        new = build_map(self.context.router_name, links, routes, self._map, time.time(), self._remote)
         if new != self._map:
             self._map = new
             self.version += 1
             self._changed.set()
             self._changed = trio.Event()
+
+
+def _seconds(stamp: str) -> float | None:
+    """A routing usage time stamp (local time, ``%Y-%m-%d %H:%M:%S``) in seconds since the
+    epoch; None when there is none."""
+    try:
+        return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
+    except ValueError:
+        return None
