@@ -120,7 +120,7 @@ async def test_commands_in_context(network):
 def sample_network(folder: Path) -> dict[str, str]:
     """The sample network's configs (conf/network) with free ports instead of its fixed ones,
     written to ``folder/NAME/router.xml``; the AMQP URL of each router."""
-    ports = {port: free_port() for port in (5681, 5682, 5683, 4101, 4102, 4103)}
+    ports = {port: free_port() for port in (5681, 5682, 5683, 4101, 4102, 4103, 8081, 8082, 8083)}
     urls = {}
     for file in sorted(CONF.glob("*.xml")):
         text = file.read_text()

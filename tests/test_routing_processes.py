@@ -85,7 +85,7 @@ def test_every_sample_network_config_passes_martinet_check():
         assert result.returncode == 0, f"{file}: exit {result.returncode}\n{result.stdout}{result.stderr}"
 
 
-SAMPLE_PORTS = (5681, 5682, 5683, 4101, 4102, 4103)
+SAMPLE_PORTS = (5681, 5682, 5683, 4101, 4102, 4103, 8081, 8082, 8083)  # AMQP, routing, web
 
 
 def busy_ports(ports) -> list[int]:
