@@ -153,6 +153,15 @@ def test_one_shot_commands_and_json_against_the_sample_network(tmp_path):
                 break
             assert time.monotonic() < deadline, result.stdout + result.stderr
             time.sleep(0.5)
+        # and until all three links are up: a connector that dialled before its peer listened
+        # waits its retry-time (5 s) before the next attempt, while the routes already exist
+        while True:
+            result = admin(urls["tokyo"], "--json", "map")
+            if result.returncode == 0 and [link["state"] for link in json.loads(result.stdout)["links"]] == \
+                    ["operational"] * 3:
+                break
+            assert time.monotonic() < deadline, result.stdout + result.stderr
+            time.sleep(0.5)
 
         # a change on paris through tokyo, as the example
         result = admin(urls["tokyo"], "-r", "paris", "--json", "set", "/sys$queuemanager/queues/orders",
