@@ -9,25 +9,26 @@ routers") sent as an ordinary non-persistent message to ``sys$topic@R`` for ever
 destination ``R`` of the routing table, so the routing network carries it however many hops
 away ``R`` is. A record always holds the *whole* set (after the announce filter for ``R``),
 never a change: it is sent when the set changes, again on every activation of ``R``
-(``DestinationActivated``: a link flap, ``R`` restarting, a new route) and, when this
-router stops orderly, with its durable subscriptions' roots only. Seed 003 has a stopping
-router unsubscribe from everything, so that its durable subscribers lose what is published
-while it is down unless the others hold a static subscription with ``keep-on-unsubscribe``;
-here a stop (orderly or a crash) never withdraws durable interest: a maintenance restart
-loses nothing. What only non-durable subscribers wanted is withdrawn (they are gone). A
-node leaves the network as the seed describes: its clients unsubscribe (their durable
-subscriptions too), then it stops; or an operator deletes its remote subscriptions. Empty records are sent only by a router that has
-ever sent a non-empty one (a store record says so): one that never had interest in anything
-has nothing to withdraw, and its routing links carry none of its records — unless a router
-asks for one: a router holding static subscriptions to ``R`` that has not heard from ``R``
-yet sets ``reply`` in its own records to ``R``, and ``R`` answers with its record. The receiver
-keeps the newest record per router, by (epoch, sequence): the epoch is the sender's start
-time (above the one in its store, if the clock went back), so a restarted router replaces
-what it said before, and a record overtaken on another path is ignored. The newest record
-of each router is kept in the store (``federation``/``interest:<router>``, written before the
-record is acknowledged) and applied again at start: a router restarted after a crash
-forwards what its publishers send at once, not only after the other routers' records have
-come again (publications of that gap were lost for remote durable subscribers).
+(``DestinationActivated``: a link flap, ``R`` restarting, a new route) and, when this router
+stops orderly, with its durable subscriptions' roots only. Seed 003 has a stopping router
+unsubscribe from everything, so that its durable subscribers lose what is published while it
+is down unless the others hold a static subscription with ``keep-on-unsubscribe``; here a
+stop (orderly or a crash) never withdraws durable interest: a maintenance restart loses
+nothing. What only non-durable subscribers wanted is withdrawn (they are gone). A node
+leaves the network as the seed describes: its clients unsubscribe (their durable
+subscriptions too), then it stops; or an operator deletes its remote subscriptions. Empty
+records are sent only by a router that has ever sent a non-empty one (a store record says
+so): one that never had interest in anything has nothing to withdraw, and its routing links
+carry none of its records — unless a router asks for one: a router holding static
+subscriptions to ``R`` that has not heard from ``R`` yet sets ``reply`` in its own records
+to ``R``, and ``R`` answers with its record. The receiver keeps the newest record per
+router, by (epoch, sequence): the epoch is the sender's start time (above the one in its
+store, if the clock went back), so a restarted router replaces what it said before, and a
+record overtaken on another path is ignored. The newest record of each router is kept in the
+store (``federation``/``interest:<router>``, written before the record is acknowledged) and
+applied again at start: a router restarted after a crash forwards what its publishers send
+at once, not only after the other routers' records have come again (publications of that gap
+were lost for remote durable subscribers).
 
 **Remote subscriptions.** A record's roots become remote subscriptions of its router (usage
 ``remote-router-subscriptions/<router>/topics/<root>``). A message *published locally* under
