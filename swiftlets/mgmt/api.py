@@ -86,8 +86,9 @@ class Role(enum.StrEnum):
 
 
 def is_management_address(address: str) -> bool:
-    """Whether ``address`` (``q`` or ``q@router``) names a router's management queue."""
-    return address.partition("@")[0] == MANAGEMENT_QUEUE
+    """Whether ``address`` (``q`` or ``q@router``) names a router's management queue (asked
+    for every message a client sends: the prefix test answers almost all of them)."""
+    return address.startswith(MANAGEMENT_QUEUE) and address.partition("@")[0] == MANAGEMENT_QUEUE
 
 
 @attrs.frozen(kw_only=True)
