@@ -103,17 +103,22 @@ def test_hash_password_cli_makes_a_hash_that_verifies():
 
 
 class Pbkdf2Calls:
-    """Counts calls of hashlib.pbkdf2_hmac in any thread (the checks run in worker threads):
-    a counting wrapper around the real function while the block runs, not a mock."""
+    """Counts calls of hashlib.pbkdf2_hmac in any thread (the checks run in worker threads)
+    and records each one's iteration count: a recording wrapper around the real function
+    while the block runs, not a mock."""
 
     def __init__(self):
-        self.count = 0
+        self.iterations = []
         self._real = hashlib.pbkdf2_hmac
 
+    @property
+    def count(self):
+        return len(self.iterations)
+
     def __enter__(self):
-        def counted(*args, **kwargs):
-            self.count += 1
-            return self._real(*args, **kwargs)
+        def counted(hash_name, password, salt, iterations, *args, **kwargs):
+            self.iterations.append(iterations)
+            return self._real(hash_name, password, salt, iterations, *args, **kwargs)
 
         hashlib.pbkdf2_hmac = counted
         return self
@@ -123,15 +128,28 @@ class Pbkdf2Calls:
 
 
 async def test_unknown_users_go_through_the_same_compare(amqp_broker):
+    """Every refusal costs the same hash: an unknown user's and a user's without password
+    (a dummy of the configured hashes' iteration count: it was the default 100 000 against
+    users' 2 000), and a plain-text user's among hashed ones (it was a plain compare only).
+    Each from its own address, so that no throttling delay hides a difference."""
     broker = await amqp_broker(auth="true")
-    await add_user(broker, "hashed", HASHED)
     auth = broker.router.swiftlet("sys$authentication")
-    counts = []
-    for user in ("hashed", "nobody-by-this-name"):
+    await add_user(broker, "nopw", None)
+    users = ("app", "nopw", "nobody-by-this-name")  # plain text, no password, unknown
+    for n, user in enumerate(users):  # only plain-text passwords: no hash at all
         with Pbkdf2Calls() as calls, pytest.raises(AuthenticationFailed):
-            await auth.login(user, "wrong", "10.9.9.9")
-        counts.append(calls.count)
-    assert counts == [1, 1]
+            await auth.login(user, "wrong", f"10.9.8.{n}")
+        assert calls.iterations == [], user
+    await add_user(broker, "hashed", HASHED)
+    iterations = []
+    for n, user in enumerate(("hashed", *users)):
+        with Pbkdf2Calls() as calls, pytest.raises(AuthenticationFailed):
+            await auth.login(user, "wrong", f"10.9.9.{n}")
+        iterations.append(calls.iterations)
+    assert iterations == [[2000]] * 4
+    with Pbkdf2Calls() as calls:  # and a plain-text user still logs in, at the same cost
+        await auth.login("app", "s3cret", "10.9.9.9")
+    assert calls.iterations == [2000]
 
 
 async def test_failed_logins_are_throttled_per_address_and_reset_by_a_success(amqp_broker):

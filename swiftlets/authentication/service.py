@@ -28,8 +28,11 @@ Passwords: a configured password is plain text (as SwiftMQ keeps them) or a salt
 ``pbkdf2-sha256$…`` (:mod:`martinet.kernel.passwords`, ``martinet hash-password``); the
 management tree never shows either. A user whose password is empty cannot log in (authentication enabled):
 an empty password is a forgotten one, not an open door. An unknown user's password is
-checked against a dummy of the kind the config uses (hashed if any user's password is), so
-the time a refusal takes does not tell whether the user exists. Hashes are checked in worker
+checked against a dummy of the kind the config uses (hashed if any user's password is, with
+the largest iteration count configured), and where some users have hashes, a plain-text
+password's compare is followed by a compare against that dummy hash too: every login costs
+the same hash, so the time a refusal takes does not tell whether the user exists (the
+iteration counts are the only difference left between users: give all the same). Hashes are checked in worker
 threads, at most :data:`HASH_CHECK_THREADS` at once, never on the event loop.
 
 Failed logins, per source address:
@@ -53,7 +56,7 @@ import attrs
 import trio
 
 from martinet.kernel import SwiftletContext
-from martinet.kernel.passwords import hash_password, is_hashed, verify_password
+from martinet.kernel.passwords import SCHEME, is_hashed, verify_password
 from martinet.messaging.like import LikePatternError, like_pattern
 
 from .api import QUEUE_ACTIONS, TOPIC_ACTIONS, AccessDenied, AuthenticationFailed
@@ -70,8 +73,10 @@ LOG_INTERVAL = 60.0  # refusals from one address within it are logged as one lin
 # Password hashes checked at once, each in a worker thread (hashlib releases the GIL while
 # it hashes): the machine's cores, not one thread per waiting login.
 HASH_CHECK_THREADS = max(1, min(4, os.cpu_count() or 1))
-_DUMMY_HASH = hash_password("not a password", salt=b"martinet-dummy..")
 _DUMMY_PLAIN = "not a password"
+# The salt and digest of the dummy hash, urlsafe base64 of 16 fixed bytes and 32 zero bytes
+# (only its cost matters: no password's PBKDF2 gives those).
+_DUMMY_SALT_DIGEST = "bWFydGluZXQtZHVtbXkuLg$" + "A" * 43
 
 
 def _grant(grants: Mapping[str, Any], name: str, *, explicit: bool = False) -> Any:
@@ -197,8 +202,9 @@ class Authentication:
             self.logins += 1
             return Principal("anonymous", host, "public", True, self)
         # The same compare whether the user exists or not (see the module docstring).
-        stored = config.password if config is not None and config.password else self._dummy(users)
-        matches = await self._verify(stored, password or "")
+        dummy = self._dummy(users)
+        stored = config.password if config is not None and config.password else dummy
+        matches = await self._verify(stored, password or "", dummy)
         if config is None:
             self._refuse(f"unknown user {user!r}", user, host, "invalid user name or password")
         if not config.password:
@@ -210,19 +216,28 @@ class Authentication:
         log.info("user %s logged in from %s", user, host)
         return Principal(user, host, config.group, True, self)
 
-    async def _verify(self, stored: str, given: str) -> bool:
+    async def _verify(self, stored: str, given: str, dummy: str) -> bool:
         """:func:`verify_password`, a hash off the event loop: one takes tens of milliseconds
         of CPU, and a burst of logins checked on the loop stalled every connection's
         traffic meanwhile. At most HASH_CHECK_THREADS run at once (the rest wait their turn,
-        without a thread each). A plain-text compare is cheap and stays on the loop."""
-        if not is_hashed(stored):
-            return verify_password(stored, given)
-        return await trio.to_thread.run_sync(verify_password, stored, given, limiter=self._hash_checks)
+        without a thread each). A plain-text compare is cheap and stays on the loop; when
+        ``dummy`` is a hash (other users have hashes) it is checked too, its result unused,
+        so that this login costs what an unknown user's does."""
+        if is_hashed(stored):
+            return await trio.to_thread.run_sync(verify_password, stored, given, limiter=self._hash_checks)
+        matches = verify_password(stored, given)
+        if is_hashed(dummy):
+            await trio.to_thread.run_sync(verify_password, dummy, given, limiter=self._hash_checks)
+        return matches
 
     @staticmethod
     def _dummy(users: Mapping[str, Any]) -> str:
-        hashed = any(is_hashed(entity.config.password) for entity in users.values())
-        return _DUMMY_HASH if hashed else _DUMMY_PLAIN
+        """Plain text unless some user's password is a hash; then a hash of as many
+        iterations as the largest count configured (it never matches)."""
+        iterations = [int(parts[1]) for entity in users.values()
+                      if len(parts := entity.config.password.split("$")) == 4 and parts[0] == SCHEME
+                      and parts[1].isdigit()]
+        return f"{SCHEME}${max(iterations)}${_DUMMY_SALT_DIGEST}" if iterations else _DUMMY_PLAIN
 
     def _refuse(self, detail: str, user: str | None, host: str, reason: str) -> None:
         self.refused_logins += 1
