@@ -5,6 +5,7 @@ an AMQP close, passwords never shown by management. Live listener where the wire
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import time
 
 import pytest
 import trio
+from test_mgmt_service import users_config
+from test_web import basic, fetch
 
 from martinet.kernel.passwords import hash_password, verify_password
 from martinet.messaging.amqp.sasl import SaslClient, SaslRefused
@@ -20,6 +23,13 @@ from martinet.messaging.client import Queue, TextMessage, connect
 from martinet.messaging.codec import decode
 from martinet.swiftlets.authentication import service
 from martinet.swiftlets.authentication.api import AuthenticationFailed
+from martinet.swiftlets.authentication.config import UserConfig
+from martinet.swiftlets.mgmt.api import Role
+from martinet.swiftlets.mgmt.client import AdminClient
+from martinet.swiftlets.mgmt.config import AdminGroup, MgmtConfig
+from martinet.swiftlets.web.config import WebConfig
+
+from network import ROUTING_STACK, routing_config
 
 HASHED = hash_password("s3cret-hashed", iterations=2000)
 
@@ -264,3 +274,45 @@ async def test_a_burst_of_slow_logins_does_not_stall_an_established_connection(a
     # Stalled, a round trip got through between two hashes at best (2-3 measured); hashing
     # in worker threads, they go on throughout (146-843 measured on a busy 2-core machine).
     assert during >= 5 * logins, f"{during} round trips during {logins} logins"
+
+
+async def test_no_password_leaves_the_router_through_sys_mgmt_its_log_or_sys_web(network, caplog):
+    """Item 9: passwords (users' and a routing listener's) are masked wherever the tree is
+    read from outside — ``sys$mgmt`` get, describe, set and add answers, watch notices and
+    the changes it logs (what ``martinet admin`` prints) — and ``sys$web``'s pages and
+    metrics hold none."""
+    caplog.set_level(logging.DEBUG)
+    secrets = ["root-pw", "watcher-pw", "guest-pw", "link-secret", "new-guest-pw", "added-pw", HASHED]
+    auth = users_config()
+    auth = type(auth)(authentication_enabled=True, groups=list(auth.groups.values()),
+                      users=[*auth.users.values(), UserConfig(name="hashed", password=HASHED, group="admin")])
+    swiftlets = {"sys$authentication": auth, "sys$routing": routing_config(listener={"password": "link-secret"}),
+                 "sys$mgmt": MgmtConfig(groups=[AdminGroup(name="admin", role=Role.READ_WRITE)]),
+                 "sys$web": WebConfig(enabled=True, port=0)}
+    router = await network.start(network.config("a", startorder=(*ROUTING_STACK, "sys$mgmt", "sys$web"),
+                                                 swiftlets=swiftlets))
+    answers = []
+    async with AdminClient.open(network.url("a"), user="root", password="root-pw") as admin:
+        async with admin.watch("a", "/sys$authentication") as notices:
+            answers.append(await admin.call("a", "get", path="/sys$authentication/users"))
+            answers.append(await admin.call("a", "get", path="/sys$authentication/users/hashed"))
+            answers.append(await admin.call("a", "get", path="/sys$routing/listeners"))
+            answers.append(await admin.call("a", "describe", path="/sys$authentication/users"))
+            answers.append(await admin.call("a", "set", path="/sys$authentication/users/guest", name="password",
+                                            value="new-guest-pw"))
+            answers.append(await admin.call("a", "add", path="/sys$authentication/users", name="added",
+                                            values={"password": "added-pw", "group": "public"}))
+            with trio.fail_after(10):
+                answers.extend([await notices.receive() for _ in range(2)])
+    web = router.swiftlet("sys$web").url
+    for page in ("/", "/routers/a", "/map.json", "/metrics"):
+        status, _, text = await fetch(web + page, basic("hashed", "s3cret-hashed"))
+        assert status == 200, page
+        answers.append(text)
+    assert router.management.get("/sys$authentication/users/guest", "password") == "********"
+    seen = json.dumps(answers) + "\n".join(record.getMessage() for record in caplog.records)
+    assert [secret for secret in secrets if secret in seen] == []
+    assert answers[0]["entries"]["root"]["password"] == "********"  # shown masked, not dropped
+    assert answers[4]["old"] == answers[4]["new"] == "********"
+    assert "********" in json.dumps(answers[6:8])  # the watch notices: the change and the addition
+    assert await sasl_login(int(network.url("a").rsplit(":", 1)[1]), "guest", "new-guest-pw")  # set for real
