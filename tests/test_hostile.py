@@ -493,3 +493,35 @@ async def test_every_simple_property_type_still_passes(amqp_broker):
             connection.close()
 
     assert await in_thread(round_trip) == properties
+
+
+async def test_a_body_the_router_cannot_decode_is_passed_through_and_viewed_as_unreadable(amqp_broker, caplog):
+    """The router does not read bodies, so one nested deeper than the codec's bound is queued
+    like any other; management's ``view`` of its queue used to fail whole with a traceback in
+    the log (MessageError out of the operation). The body is shown as unreadable now, and the
+    messages around it as they are."""
+    running = await amqp_broker()
+    nested = b"\x45"
+    for _ in range(100):  # a list of one list of one list ..., beyond the 64 levels decoded
+        nested = b"\xd0" + (len(nested) + 4).to_bytes(4, "big") + b"\x00\x00\x00\x01" + nested
+    deep = section(HEADER, [True]) + b"\x00\x53\x77" + nested
+
+    def send():
+        connection = connect(running.url)
+        try:
+            sender = connection.create_sender("opaque")
+            sender.send(Message(body="before", properties={"n": 1}))
+            state, _, _ = outcome(connection, sender, deep)
+            sender.send(Message(body="after", properties={"n": 2}))
+            return state
+        finally:
+            connection.close()
+
+    assert await in_thread(send) == Delivery.ACCEPTED
+    with caplog.at_level(logging.INFO):
+        view = await running.router.management.invoke("/sys$queuemanager/usage/queues/opaque", "view", count=10)
+    assert [m["body"] for m in view[::2]] == ["before", "after"]
+    assert [m["properties"] for m in view] == [{"n": 1}, {}, {"n": 2}]
+    assert "nested deeper than 64" in view[1]["body"]["unreadable"]
+    assert not [record for record in caplog.records if record.exc_info or record.levelno >= logging.ERROR]
+    assert running.usage("opaque")["messages"] == 3  # a view consumes nothing

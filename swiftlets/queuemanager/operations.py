@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from martinet.kernel import Parameter, Usage, Veto
+from martinet.messaging.message import Message, MessageError
 from martinet.messaging.selector import SelectorError, compile_selector
 
 from .api import Consumer, Entry, Queue, QueueError, QueueManager
@@ -131,13 +132,27 @@ async def view(manager: QueueManager, queue: Queue, start: int = 0, count: int =
         message = messages.get(entry.id)
         if message is None:  # consumed meanwhile
             continue
-        properties = message.properties
         shown.append({"id": entry.id, "priority": entry.priority, "delivery-count": entry.delivery_count,
-                      "size": len(message), "message-id": _shown(properties.message_id),
-                      "correlation-id": _shown(properties.correlation_id),
-                      "properties": {k: _shown(v) for k, v in message.application_properties.items()},
-                      "body": _shown(message.body())})
+                      "size": len(message), **_sections(message)})
     return shown
+
+
+def _sections(message: Message) -> dict[str, Any]:
+    """The ids, application-properties and body of ``message`` as data. The router passes a
+    body through unread, so it may not decode (nested deeper than the codec's bound, say), and
+    a message stored by an older version may have sections that do not: such a section is
+    shown as ``{"unreadable": reason}`` and the rest of the view goes on."""
+    readers = {"message-id": lambda: _shown(message.properties.message_id),
+               "correlation-id": lambda: _shown(message.properties.correlation_id),
+               "properties": lambda: {k: _shown(v) for k, v in message.application_properties.items()},
+               "body": lambda: _shown(message.body())}
+    sections = {}
+    for name, read in readers.items():
+        try:
+            sections[name] = read()
+        except MessageError as exc:
+            sections[name] = {"unreadable": str(exc)}
+    return sections
 
 
 def offer_operations(manager: QueueManager, queue: Queue, usage: Usage) -> None:
