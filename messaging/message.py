@@ -365,8 +365,11 @@ class Message:
                                 else:
                                     position = skip(raw, position)
                             absolute = decode(raw, position)[0]
-                    except (DecodeError, IndexError) as exc:
+                    except DecodeError as exc:
                         raise MessageError(f"malformed properties: {exc}") from None
+                    except IndexError:
+                        raise MessageError(f"malformed properties at offset {value_at}: its fields run past the "
+                                           f"end of the message") from None
                     if absolute is not None and (not isinstance(absolute, int) or isinstance(absolute, bool)):
                         raise MessageFieldError(f"properties field 8 (absolute-expiry-time) must be a timestamp, "
                                                 f"found {type(absolute).__name__} {absolute!r:.40}")

@@ -334,6 +334,8 @@ MALFORMED = [  # (what, bytes, what the rejection must say)
     ("invalid UTF-8 in a key", b"\x00\x53\x74\xc1\x06\x02\xa1\x02\xff\xfe\x40" + BODY, "invalid UTF-8"),
     ("an odd count", b"\x00\x53\x74\xc1\x03\x01\xa1\x00" + BODY, "even count"),
     ("a map past the end", section(HEADER, [True]) + b"\x00\x53\x74\xc1\x20\x02\xa1\x01k", "size says"),
+    ("properties whose count lies", section(HEADER, [True]) + b"\x00\x53\x73\xd0\x00\x00\x00\x05\xff\xff\xff\xff\x40"
+     + BODY, "properties at offset .*: its fields run past the end of the message"),
     ("sections out of order", section(APPLICATION_PROPERTIES, {"k": 1}) + section(PROPERTIES, ["id"]) + BODY,
      "out of order"),
     ("garbage after the header", section(HEADER, [True]) + b"\xff\xff\xff", "expected a described section"),
