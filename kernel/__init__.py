@@ -121,6 +121,7 @@ from .plugins import (
 from .pools import Pool as Pool
 from .pools import PoolFull as PoolFull
 from .pools import PoolSpec as PoolSpec
+from .router import ExplainedError as ExplainedError
 from .router import Router as Router
 from .router import SwiftletContext as SwiftletContext
 from .router import SwiftletFailed as SwiftletFailed

@@ -68,6 +68,18 @@ def _release() -> str:
         return "unknown"
 
 
+class ExplainedError(Exception):
+    """A failure whose message says all there is to say (a store refusing to start on a
+    damaged database, a full disk): when it ends a swiftlet, the log gets the message and no
+    traceback, which would only show where it was raised. Swiftlets derive their operator-facing
+    errors from it; anything else is a bug and is logged with its traceback."""
+
+
+def _traceback(exc: BaseException) -> BaseException | None:
+    """What to log as ``exc_info`` for a swiftlet's failure ``exc``."""
+    return None if isinstance(exc, ExplainedError) else exc
+
+
 class SwiftletFailed(Exception):
     """A swiftlet failed to start, or failed while running; the router has stopped."""
 
@@ -243,7 +255,7 @@ class _Host:
             self.state, self.error = "failed", _leaf(exc)
             if not started:
                 raise
-            log.error("swiftlet %s failed: %s", self.name, describe(exc), exc_info=self.error)
+            log.error("swiftlet %s failed: %s", self.name, describe(exc), exc_info=_traceback(self.error))
             self.router.request_stop(f"swiftlet {self.name} failed")
         finally:
             entity.clear_listeners()  # the swiftlet is gone: changes now just commit
@@ -441,7 +453,7 @@ class Router:
                     await nursery.start(host.run)
                 except Exception as exc:
                     failure = SwiftletFailed(host.name, "failed to start", exc)
-                    log.error("%s", failure, exc_info=failure.cause)
+                    log.error("%s", failure, exc_info=_traceback(failure.cause))
                     self.request_stop(str(failure))
                     break
                 started.append(host)

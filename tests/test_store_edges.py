@@ -41,6 +41,9 @@ async def test_a_store_truncated_to_zero_bytes_is_refused_unless_accepted(make_b
     with pytest.raises(SwiftletFailed, match=r"r1.sqlite: the store existed \(its marker r1.sqlite.store-id says "
                        r"so\) but the database is empty or missing — refusing to start"):
         await refused_run(running.path)
+    # one ERROR line that says it all, no traceback (StoreError is a kernel ExplainedError)
+    refusals = [r for r in caplog.records if r.levelname == "ERROR" and "refusing to start" in r.getMessage()]
+    assert len(refusals) == 1 and not [r for r in caplog.records if r.exc_info], caplog.text
     database.unlink()  # or deleted it: the same
     with pytest.raises(SwiftletFailed, match="the database is empty or missing"):
         await refused_run(running.path)

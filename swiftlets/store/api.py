@@ -19,6 +19,8 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 import attrs
 
+from martinet.kernel import ExplainedError
+
 __all__ = [
     "Store",
     "StoreError",
@@ -36,8 +38,9 @@ __all__ = [
 ]
 
 
-class StoreError(Exception):
-    """The store could not apply a commit (disk full, I/O error, closed store)."""
+class StoreError(ExplainedError):
+    """The store could not apply a commit (disk full, I/O error, closed store), or refuses to
+    start (a store that existed is empty or damaged); the message says what and where."""
 
 
 class PutMessage(NamedTuple):
