@@ -117,15 +117,18 @@ def live(tmp_path):
 # -- item 1: counts and sizes checked against the bytes present --------------------------------
 
 
+@pytest.mark.parametrize("constructor", range(0x40, 0x46))  # null, true, false, uint0, ulong0, list0
 @pytest.mark.parametrize("where", ["sasl-init", "open"])
-def test_an_array_count_the_bytes_cannot_hold_is_refused_at_once(live, caplog, where):
+def test_an_array_count_the_bytes_cannot_hold_is_refused_at_once(live, caplog, where, constructor):
     """[1.6.24] An array holds ``count`` elements within ``size`` bytes: four billion nulls in
-    a 10-byte array used to loop on the event loop (and grow without bound)."""
+    a 10-byte array (or any other zero-width constructor) used to loop on the event loop (and
+    grow without bound)."""
     caplog.set_level(logging.INFO)
+    array = HUGE_ARRAY[:-1] + bytes([constructor])
     if where == "sasl-init":  # before login
-        data = SASL_HEADER + raw_frame(b"\x00\x53\x41\xc0\x0f\x03\xa3\x09ANONYMOUS" + HUGE_ARRAY, kind=1)
+        data = SASL_HEADER + raw_frame(b"\x00\x53\x41\xc0\x0f\x03\xa3\x09ANONYMOUS" + array, kind=1)
     else:
-        data = LOGIN + raw_frame(b"\x00\x53\x10\xc0\x0f\x02\xa1\x07hostile" + HUGE_ARRAY)
+        data = LOGIN + raw_frame(b"\x00\x53\x10\xc0\x0f\x02\xa1\x07hostile" + array)
     reply = exchange(live.port, data, timeout=5)
     if where == "open":
         assert closed_with(reply) == "amqp:decode-error"
