@@ -22,7 +22,7 @@ from martinet.messaging.amqp.wire import AMQP_HEADER, FRAME_HEADER, descriptor_c
 from martinet.messaging.client import Queue, TextMessage, connect
 from martinet.messaging.codec import decode
 from martinet.swiftlets.authentication import service
-from martinet.swiftlets.authentication.api import AuthenticationFailed
+from martinet.swiftlets.authentication.api import AccessDenied, AuthenticationFailed
 from martinet.swiftlets.authentication.config import UserConfig
 from martinet.swiftlets.mgmt.api import Role
 from martinet.swiftlets.mgmt.client import AdminClient
@@ -215,6 +215,23 @@ async def test_refusals_are_logged_once_per_address_and_interval(nursery, write_
     assert [r.getMessage() for r in caplog.records] == [
         "login refused from 10.3.3.3: wrong password for user 'u'",
         "49 more login(s) refused from 10.3.3.3 in the last 60 s (last: wrong password for user 'u')"]
+    # Access denials too: a client attaching in a loop to what it may not use (200 refused
+    # attaches wrote 200 WARNING lines) gets its first logged, the rest counted, per address.
+    caplog.clear()
+    principal = await auth.login("u", "p", "10.3.3.3")
+    with caplog.at_level(logging.WARNING, logger="martinet.swiftlets.authentication"):
+        for n in range(200):
+            with pytest.raises(AccessDenied):
+                principal.check_queue(f"junk-{n}", "send")
+        with pytest.raises(AccessDenied):
+            principal.check_topic("news", "subscribe")
+        assert len(caplog.records) == 1
+        await trio.sleep(service.LOG_INTERVAL + 1)
+    assert [r.getMessage() for r in caplog.records] == [
+        "access denied from 10.3.3.3: user u (group public) may not send on queue 'junk-0'",
+        "200 more access denial(s) from 10.3.3.3 in the last 60 s (last: user u (group public) may not subscribe "
+        "on topic 'news')"]
+    assert router.management.get("/sys$authentication/usage", "access-denials") == 201
     router.request_stop()
 
 

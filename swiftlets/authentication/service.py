@@ -43,6 +43,9 @@ Failed logins, per source address:
 - *Logged aggregated*: the first refusal from an address is logged (WARNING) with its
   details; further ones within :data:`LOG_INTERVAL` are counted and logged as one WARNING
   per address at the end of the interval.
+
+Access denials (a grant missing) are logged aggregated the same way, per address: a client
+attaching in a loop to what it may not use would otherwise write a line per attempt.
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ LOG_INTERVAL = 60.0  # refusals from one address within it are logged as one lin
 # it hashes): the machine's cores, not one thread per waiting login.
 HASH_CHECK_THREADS = max(1, min(4, os.cpu_count() or 1))
 _DUMMY_PLAIN = "not a password"
+LOGIN_REFUSED, ACCESS_DENIED = "login refused", "access denied"
+_COUNTED = {LOGIN_REFUSED: "login(s) refused", ACCESS_DENIED: "access denial(s)"}  # in flush_log's summary
 # The salt and digest of the dummy hash, urlsafe base64 of 16 fixed bytes and 32 zero bytes
 # (only its cost matters: no password's PBKDF2 gives those).
 _DUMMY_SALT_DIGEST = "bWFydGluZXQtZHVtbXkuLg$" + "A" * 43
@@ -141,7 +146,8 @@ class Authentication:
         self.context = context
         self.logins = self.refused_logins = self.denials = 0
         self._failures: dict[str, tuple[int, float]] = {}  # host → (failures in a row, time of the last)
-        self._unlogged: dict[str, list[Any]] = {}  # host → [refusals not logged yet, last detail]
+        # (what, host) → [events not logged yet, last detail]; what: LOGIN_REFUSED or ACCESS_DENIED
+        self._unlogged: dict[tuple[str, str], list[Any]] = {}
         self._hash_checks = trio.CapacityLimiter(HASH_CHECK_THREADS)
 
     def refusal_delay(self, host: str) -> float:
@@ -161,9 +167,9 @@ class Authentication:
         """Log the refusals counted since the last flush (one line per address) and forget
         addresses quiet for QUIET_PERIOD; the swiftlet calls it every LOG_INTERVAL."""
         unlogged, self._unlogged = self._unlogged, {}
-        for host, (count, detail) in unlogged.items():
+        for (what, host), (count, detail) in unlogged.items():
             if count:
-                log.warning("%d more login(s) refused from %s in the last %.0f s (last: %s)", count, host,
+                log.warning("%d more %s from %s in the last %.0f s (last: %s)", count, _COUNTED[what], host,
                             LOG_INTERVAL, detail)
         now = trio.current_time()
         for host, (_count, last) in list(self._failures.items()):
@@ -242,20 +248,24 @@ class Authentication:
     def _refuse(self, detail: str, user: str | None, host: str, reason: str) -> None:
         self.refused_logins += 1
         self._failed(host)
-        pending = self._unlogged.get(host)
-        if pending is None:
-            self._unlogged[host] = [0, detail]
-            log.warning("login refused from %s: %s", host, detail)
-        else:
-            pending[0] += 1
-            pending[1] = detail
+        self._log(LOGIN_REFUSED, host, detail)
         raise AuthenticationFailed(reason, f"login of {user or 'anonymous'} from {host} refused: {detail}")
 
     def _denied(self, principal: Principal, what: str) -> None:
         self.denials += 1
-        log.warning("access denied: user %s (group %s) from %s may not %s", principal.user, principal.group,
-                    principal.host, what)
+        self._log(ACCESS_DENIED, principal.host, f"user {principal.user} (group {principal.group}) may not {what}")
         raise AccessDenied(f"user {principal.user} may not {what}")
+
+    def _log(self, what: str, host: str, detail: str) -> None:
+        """Log the first ``what`` from ``host`` in a LOG_INTERVAL at once; count the others for
+        :meth:`flush_log`."""
+        pending = self._unlogged.get((what, host))
+        if pending is None:
+            self._unlogged[what, host] = [0, detail]
+            log.warning("%s from %s: %s", what, host, detail)
+        else:
+            pending[0] += 1
+            pending[1] = detail
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.context.usage.provide(lambda: {"logins": self.logins, "refused-logins": self.refused_logins,
