@@ -527,3 +527,51 @@ async def test_a_body_the_router_cannot_decode_is_passed_through_and_viewed_as_u
     assert "nested deeper than 64" in view[1]["body"]["unreadable"]
     assert not [record for record in caplog.records if record.exc_info or record.levelno >= logging.ERROR]
     assert running.usage("opaque")["messages"] == 3  # a view consumes nothing
+
+
+async def test_refused_transfers_and_attaches_are_logged_limited_per_host(amqp_broker, caplog, monkeypatch):
+    """A client repeating what is refused — a malformed message 60 times, 30 attaches it has
+    no grant for — used to write an INFO line per attempt, without bound. Now at most LIMIT
+    lines per host and period, then the count in one line when the next period starts; every
+    attempt is still answered (rejected, refused)."""
+    from martinet.swiftlets.jms.listener import BrokenInputLog
+
+    monkeypatch.setattr(BrokenInputLog, "PERIOD", 3600.0)  # all of it within one period, however slow
+    running = await hostile_broker(amqp_broker)
+    bad = MALFORMED[0][1]
+
+    def attempts():
+        app, eve = connect(running.url, **APP), connect(running.url, **EVE)
+        try:
+            sender = app.create_sender("limited")
+            states = {outcome(app, sender, bad)[0] for _ in range(60)}
+            for n in range(30):
+                refused(eve.create_sender, f"junk-{n}")
+            return states
+        finally:
+            app.close()
+            eve.close()
+
+    def attempt_once():
+        eve = connect(running.url, **EVE)
+        try:
+            refused(eve.create_sender, "junk-last")
+        finally:
+            eve.close()
+
+    def refusal_lines():
+        return [r.getMessage() for r in caplog.records if r.name == "martinet.swiftlets.jms.listener"
+                and " refused: " in r.getMessage()]
+
+    with caplog.at_level(logging.INFO, logger="martinet.swiftlets.jms.listener"):
+        assert await in_thread(attempts) == {Delivery.REJECTED}
+        lines = refusal_lines()
+        assert len(lines) == BrokenInputLog.LIMIT, lines
+        assert lines[0].startswith("transfer to limited from 127.0.0.1 refused: malformed message"), lines[0]
+        monkeypatch.setattr(BrokenInputLog, "PERIOD", 0.0)  # the next refusal starts a period: the count comes
+        await in_thread(attempt_once)
+    assert refusal_lines()[-1].startswith("attach from 127.0.0.1 refused: ")
+    summaries = [r.getMessage() for r in caplog.records if "not logged one by one" in r.getMessage()]
+    assert len(summaries) == 1 and re.fullmatch(
+        rf"{60 + 30 - BrokenInputLog.LIMIT} more refusals of transfers or attaches from 127\.0\.0\.1 in \d+ s "
+        r"\(not logged one by one\)", summaries[0]), summaries

@@ -134,25 +134,29 @@ JMS_TOPIC_TYPES = (JMS_TOPIC, JMS_TEMPORARY_TOPIC)
 
 
 class BrokenInputLog:
-    """The WARNING lines for connections closed because the peer sent what does not decode
-    or breaks SASL or framing: one line each (the peer and the reason, never a traceback),
-    at most :attr:`LIMIT` per host per :attr:`PERIOD` seconds; beyond that they are
-    counted, and the count is logged in one line when the host's next period starts."""
+    """Log lines about what a peer did, limited per host: by default WARNING lines for
+    connections closed because the peer sent what does not decode or breaks SASL or framing:
+    one line each (the peer and the reason, never a traceback), at most :attr:`LIMIT` per
+    host per :attr:`PERIOD` seconds; beyond that they are counted, and the count is logged in
+    one line when the host's next period starts. ``line`` and ``counted`` make the same for
+    other events a client can repeat at will (refused transfers and attaches, at INFO)."""
 
     LIMIT = 10
     PERIOD = 60.0
     HOSTS = 1024  # hosts remembered; the oldest periods are forgotten beyond that
 
-    def __init__(self) -> None:
+    def __init__(self, line: str = "%s from %s closed: %s", counted: str = "connections from %s closed for broken "
+                 "input", level: int = logging.WARNING) -> None:
         self._periods: dict[str, list] = {}  # host -> [period start, lines logged, lines suppressed]
+        self._line, self._counted, self._level = line, counted, level
 
     def warn(self, host: str, what: str, reason: object) -> None:
         now = time.monotonic()
         period = self._periods.get(host)
         if period is None or now - period[0] >= self.PERIOD:
             if period is not None and period[2]:
-                log.warning("%d more connections from %s closed for broken input in %.0f s (not logged one by one)",
-                            period[2], host, now - period[0])
+                log.log(self._level, "%d more %s in %.0f s (not logged one by one)", period[2], self._counted % host,
+                        now - period[0])
             if period is None and len(self._periods) >= self.HOSTS:
                 for old in sorted(self._periods, key=lambda key: self._periods[key][0])[:self.HOSTS // 4]:
                     del self._periods[old]
@@ -160,7 +164,7 @@ class BrokenInputLog:
         if period[1] < self.LIMIT:
             period[1] += 1
             text = " ".join(str(reason).split())  # one line, whatever the peer put in it
-            log.warning("%s from %s closed: %s", what, host, text[:300])
+            log.log(self._level, self._line, what, host, text[:300])
         else:
             period[2] += 1
 
@@ -258,7 +262,8 @@ class IncomingLink:
                 if result.delay_ms > self.delay_ms:
                     self.delay_ms, self.delayed_queue = result.delay_ms, None if topic else address
         except (QueueError, TopicError, MessageError, DecodeError, _Refused) as exc:
-            log.info("transfer to %s refused: %s", self.address or "(anonymous relay)", exc)
+            connection.swiftlet.refusals.warn(connection.host, f"transfer to {self.address or '(anonymous relay)'}",
+                                              exc)
             if not remotely_settled:
                 link.settle(delivery_id, _rejected(_condition(exc), str(exc)))
         self.unreplenished += 1
@@ -784,7 +789,7 @@ class AmqpConnection:
 
     def _refuse(self, link: amqp.Link, refusal: _Refused) -> None:
         """Answer with a null terminus and detach with the reason [2.6.3]."""
-        log.info("attach from %s refused: %s", self.host, refusal)
+        self.swiftlet.refusals.warn(self.host, "attach", refusal)
         link.source, link.target = (None, link.remote_target) if link.is_sender else (link.remote_source, None)
         link.attach()
         link.detach(closed=True, error=Error(refusal.condition, str(refusal)))

@@ -57,6 +57,9 @@ class JmsSwiftlet:
         self._live: set[AmqpConnection] = set()
         self._temporary_topics = 0
         self.broken_input = BrokenInputLog()  # one WARNING line per broken connection, rate-limited per host
+        # one INFO line per refused transfer or attach, rate-limited per host likewise
+        self.refusals = BrokenInputLog("%s from %s refused: %s", "refusals of transfers or attaches from %s",
+                                       logging.INFO)
 
     def temporary_topic_name(self) -> str:
         """``tmp$topic$<router>$<n>``: unique in the network, since a reply-to temporary topic
