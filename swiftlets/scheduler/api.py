@@ -115,8 +115,11 @@ class Job:
     run: Callable[[JobRun], Awaitable[str | None]] = attrs.field(eq=False, repr=False)
     parameters: Sequence[JobParameter] = attrs.field(default=(), converter=tuple)
 
-    def resolve(self, given: Mapping[str, str]) -> dict[str, str]:
+    def resolve(self, given: Mapping[str, str], *, complete: bool = True) -> dict[str, str]:
         """The values a run gets: ``given`` checked, defaults filled in.
+
+        ``complete=False`` lets mandatory parameters be missing (a disabled schedule is
+        built up one parameter at a time; it must be complete when enabled).
 
         Raises:
             ValueError: an unknown parameter, a mandatory one missing, or a value its check
@@ -129,7 +132,7 @@ class Job:
         for parameter in self.parameters:
             value = given.get(parameter.name, parameter.default)
             if value is None:
-                if parameter.mandatory:
+                if parameter.mandatory and complete:
                     problems.append(f"parameter {parameter.name!r} missing ({parameter.description})")
                 continue
             try:

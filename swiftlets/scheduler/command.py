@@ -50,7 +50,7 @@ def next_runs(path: Path, count: int, start: str | None, out=sys.stdout, err=sys
     status (2 when the config, or a schedule in it, is invalid)."""
     try:
         plugins = load_plugins()
-        config = load_config(path, plugins.specs)
+        config = load_config(path, plugins.specs, hook=plugins.hook)
     except (ConfigErrors, PluginError) as exc:
         print(exc, file=err)
         return EXIT_INVALID
