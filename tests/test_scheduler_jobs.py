@@ -298,3 +298,15 @@ async def test_backups_are_consistent_copies_and_only_the_newest_are_kept(write_
         await nursery.start(restored.run)
         assert messages(restored, "orders") == 100
         restored.request_stop()
+
+
+async def test_a_backup_folder_that_cannot_be_written_fails_the_job_plainly(write_config, tmp_path, caplog):
+    backups = tmp_path / "backups"
+    backups.write_text("a file where the folder should be")
+    router = Router.from_file(write_config(STORE_ROUTER.format(store=tmp_path / "store", backups=backups / "daily")))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(router.run)
+        ended = await run_job(router, "backup")
+        assert (ended.outcome, ended.message) == ("failed", f"cannot write to {backups / 'daily'}: Not a directory")
+        router.request_stop()
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []  # bad input: no traceback in the log
