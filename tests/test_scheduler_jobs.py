@@ -182,6 +182,31 @@ async def test_bad_job_parameters_are_refused_at_once(queue_router):
         tree.set("/sys$scheduler/schedules/move/parameters/Target Queue", "value", "a b@r2")
 
 
+async def test_the_queue_mover_moves_to_a_queue_of_another_router(network):
+    await network.start_routers("paris")
+    mover = ScheduleConfig(name="offload", job_group="Queue Manager", job_name="Queue Mover",
+                           time_expression="at 03:00", parameters=[
+                               ParameterConfig(name="Source Queue", value="in"),
+                               ParameterConfig(name="Target Queue", value="out@paris"),
+                               ParameterConfig(name="Selector", value="n >= 2")])
+    tokyo = await network.start(network.config("tokyo", startorder=(*ROUTING_STACK, "sys$scheduler"), swiftlets={
+        "sys$routing": routing_config(), "sys$scheduler": SchedulerConfig(schedules=[mover])}))
+    network.connect("tokyo", "paris")
+    await network.settle({"tokyo": {"paris": 1}, "paris": {"tokyo": 1}})
+    for n in range(5):
+        await tokyo.swiftlet("sys$queuemanager").send("in", message(n, durable=True))
+    ended = await run_job(tokyo, "offload")
+    assert (ended.outcome, ended.message) == ("success", "3 messages moved from in to out@paris")
+    assert messages(tokyo, "in") == 2
+    paris = network.routers["paris"].swiftlet("sys$queuemanager")
+    with trio.fail_after(10):
+        while "out" not in paris.queues or messages(network.routers["paris"], "out") < 3:
+            await trio.sleep(0.05)
+    consumer = paris.queue("out").consumer()
+    consumer.flow(10)
+    assert [entry.message.body() for entry in consumer.take(10)] == [b"m2", b"m3", b"m4"]
+
+
 # -- Topic Manager: Delete Durable; Scheduler: Message Sender ---------------------------------------
 
 TOPIC_ROUTER = """
