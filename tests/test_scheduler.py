@@ -9,6 +9,7 @@ passes in no time and every time asserted is computed, never measured.
 from __future__ import annotations
 
 from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import pytest
 import trio
@@ -278,6 +279,40 @@ async def test_runtime_changes_apply_at_once_and_bad_ones_are_refused(start_rout
 
     tree.remove(schedules, "soon")
     await wait_until(lambda: "soon" not in tree.resolve("/sys$scheduler/usage/schedules").children)
+    router.request_stop()
+
+
+async def test_calendar_and_time_zone_changes_apply_at_once(start_router, autojump_clock):
+    calendars = '<calendar name="days" weekdays="mon"/>'
+    xml = _router_xml(_schedule("noon", "at 12:30", calendar="days"), calendars)
+    router, _, _ = await start_router(xml, datetime(2026, 3, 6, 12, 0, tzinfo=PARIS))  # a Friday
+    tree = router.management
+    assert schedule_usage(router, "noon")["next-start"] == "2026-03-09T12:30:00"
+    tree.set("/sys$scheduler/calendars/days", "weekdays", "mon fri")
+    await wait_until(lambda: schedule_usage(router, "noon")["next-start"] == "2026-03-06T12:30:00")
+    tree.add("/sys$scheduler/calendars/days/date-ranges", "today", {"date-from": "2026-03-06",
+                                                                    "date-to": "2026-03-06"})
+    tree.set("/sys$scheduler/calendars/days", "type", "exclude")  # every day but Mondays, Fridays and today
+    await wait_until(lambda: schedule_usage(router, "noon")["next-start"] == "2026-03-07T12:30:00")
+    tree.set("/sys$scheduler", "time-zone", "America/New_York")  # 06:00 there, still Friday
+    await wait_until(lambda: router.management.get("/sys$scheduler/usage", "time-zone") == "America/New_York")
+    assert router.management.get("/sys$scheduler/usage", "now").startswith("2026-03-06T06:00:")
+    assert schedule_usage(router, "noon")["next-start"] == "2026-03-07T12:30:00"
+    scheduler: Scheduler = router.swiftlet("sys$scheduler")
+    assert scheduler.next_starts("noon", 1) == [datetime(2026, 3, 7, 12, 30, tzinfo=ZoneInfo("America/New_York"))]
+    with pytest.raises(ManagementError, match="unknown time zone 'Europe/Zurch'"):
+        tree.set("/sys$scheduler", "time-zone", "Europe/Zurch")
+    router.request_stop()
+
+
+async def test_a_start_after_a_time_zone_change_is_the_next_one_of_the_new_zone(start_router, autojump_clock):
+    router, jobs, _ = await start_router(_router_xml(_schedule("noon", "at 12:30")),
+                                         datetime(2026, 3, 6, 12, 0, tzinfo=PARIS))
+    await wait_until(lambda: len(jobs.runs) == 1, timeout=3600)  # 12:30 in Paris
+    router.management.set("/sys$scheduler", "time-zone", "America/New_York")  # 06:30 there
+    await wait_until(lambda: schedule_usage(router, "noon")["next-start"] == "2026-03-06T12:30:00")
+    await wait_until(lambda: len(jobs.runs) == 2, timeout=7 * 3600)
+    assert [e["planned"] for e in history(router)] == ["2026-03-06T12:30:00"] * 2  # each in its zone
     router.request_stop()
 
 

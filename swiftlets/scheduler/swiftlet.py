@@ -266,7 +266,12 @@ class SchedulerSwiftlet:
     def _replan(self) -> None:
         """Bring every schedule's state and next start in line with the current config."""
         config: SchedulerConfig = self.context.config
-        self.zone = Zone.named(config.time_zone)
+        zone = Zone.named(config.time_zone)
+        if zone != self.zone:  # each last start stays the same instant, in the new zone's time
+            for schedule in self._schedules.values():
+                if schedule.last_planned is not None:
+                    schedule.last_planned = zone.local(self.zone.instant(schedule.last_planned))
+            self.zone = zone
         plans = build_plans(config)
         now = self._local_now()
         for name in list(self._schedules):
