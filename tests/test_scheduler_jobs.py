@@ -4,6 +4,7 @@ manager's purger, cleanups and mover do their work on real queues of a router wi
 
 from __future__ import annotations
 
+import socket
 from datetime import datetime
 
 import pytest
@@ -62,6 +63,31 @@ async def test_the_routing_connector_job_brings_a_link_up_for_its_window(network
     assert tree.get("/sys$routing/usage/connectors/paris", "state") == "disabled"
     assert tree.get("/sys$scheduler/usage/schedules/night-link", "next-start") == "2026-03-07T22:00:00"
     tokyo.request_stop()
+
+
+async def test_the_routing_connector_job_ends_the_retries_at_its_stop(network, nursery):
+    """Nobody listens at the connector's port: the connector retries during the job, and
+    retries end when the job stops (seed 000: "Retry ends at the job stop")."""
+    with socket.socket() as placeholder:  # a port nobody listens on
+        placeholder.bind(("127.0.0.1", 0))
+        port = placeholder.getsockname()[1]
+    connector = ConnectorConfig(name="gone", hostname="127.0.0.1", port=port, enabled=False, retry_time=1000)
+    window = ScheduleConfig(name="try", job_group="Routing", job_name="Routing Connector", time_expression="at 22:00",
+                            max_runtime="3s", parameters=[ParameterConfig(name="Connector Name", value="gone")])
+    tokyo = await network.start(network.config("tokyo", startorder=(*ROUTING_STACK, "sys$scheduler"), swiftlets={
+        "sys$routing": routing_config(connectors=[connector]), "sys$scheduler": SchedulerConfig(schedules=[window])}))
+    usage, tree = "/sys$routing/usage/connectors/gone", tokyo.management
+    finished = tokyo.bus.subscribe(JobFinished, max_buffer=10)
+    await tree.invoke("/sys$scheduler/usage/schedules/try", "start")
+    with trio.fail_after(10):
+        while tree.get(usage, "attempts") < 2:  # it retries during the job
+            await trio.sleep(0.05)
+        ended = await finished.receive()
+    assert (ended.outcome, ended.message) == ("stopped", "max-runtime 3s reached")
+    assert (tree.get(usage, "state"), tree.get(usage, "next-attempt"), tree.get(usage, "attempts")) == (
+        "disabled", "", 0)
+    await trio.sleep(1.5)  # one and a half retry-times: no attempt
+    assert (tree.get(usage, "state"), tree.get(usage, "attempts")) == ("disabled", 0)
 
 
 async def test_the_routing_connector_job_fails_for_an_unknown_connector(network, nursery):
