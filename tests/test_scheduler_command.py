@@ -76,3 +76,9 @@ def test_a_bad_expression_is_reported_with_file_and_line(write_config):
     assert done.stderr.strip() == (
         f"{path}:16: /router[@name='r1']/swiftlet[@name='sys$scheduler']/schedules/schedule[@name='bad']: "
         "attribute 'time-expression': at: expected HH:mm or HH:mm:ss, found '7pm'")
+
+
+def test_a_bad_count_is_refused(write_config):
+    done = schedule_next(write_config(CONFIG.format(extra="")), "--count", "0")
+    assert done.returncode == 2
+    assert "argument --count: expected a whole number from 1 to 10000, found '0'" in done.stderr
