@@ -84,8 +84,11 @@ async def test_the_routing_connector_job_ends_the_retries_at_its_stop(network, n
             await trio.sleep(0.05)
         ended = await finished.receive()
     assert (ended.outcome, ended.message) == ("stopped", "max-runtime 3s reached")
-    assert (tree.get(usage, "state"), tree.get(usage, "next-attempt"), tree.get(usage, "attempts")) == (
-        "disabled", "", 0)
+    assert tree.get("/sys$routing/connectors/gone", "enabled") is False
+    with trio.fail_after(5):  # the routing swiftlet ends the connector's task on the change
+        while tree.get(usage, "state") != "disabled":
+            await trio.sleep(0.05)
+    assert (tree.get(usage, "next-attempt"), tree.get(usage, "attempts")) == ("", 0)
     await trio.sleep(1.5)  # one and a half retry-times: no attempt
     assert (tree.get(usage, "state"), tree.get(usage, "attempts")) == ("disabled", 0)
 

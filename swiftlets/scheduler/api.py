@@ -87,7 +87,8 @@ class JobParameter:
         name: as schedules name it in ``<parameter name="…" value="…"/>``.
         description: for the operator.
         default: the value when a schedule gives none; ``None``: none.
-        mandatory: a schedule must give a value (or the default is used, if any).
+        mandatory: a schedule must give a value (or the default is used, if any) by the time
+            it is enabled.
         check: raises ``ValueError`` for a value the job cannot use (SwiftMQ's verifier);
             a schedule with such a value is refused when added or changed.
     """
