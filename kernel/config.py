@@ -112,9 +112,13 @@ def default_section(spec: SwiftletSpec) -> SwiftletSection:
 
 
 def load_config(
-    source: str | os.PathLike[str], specs: Mapping[str, SwiftletSpec], *, text: bytes | None = None
+    source: str | os.PathLike[str], specs: Mapping[str, SwiftletSpec], *, text: bytes | None = None,
+    hook: Any = None,
 ) -> RouterConfig:
     """Read and check a router config file (or ``text``, labelled with ``source``).
+
+    ``hook``: the plugins' hooks, given to each swiftlet's ``check`` (``None``: the checks
+    that need them are skipped).
 
     Raises:
         ConfigErrors: every problem found, each with file:line, element path and attribute.
@@ -173,7 +177,7 @@ def load_config(
         sections.setdefault(name, default_section(specs[name]))
     config = RouterConfig(settings, sections)
     for name in startorder:
-        for problem in specs[name].check(config) if specs[name].check else ():
+        for problem in specs[name].check(config, hook) if specs[name].check else ():
             el = elements.get(name)
             reader.error(root if el is None else problem.locate(el), problem.message, problem.attribute)
     if reader.errors:

@@ -79,11 +79,12 @@ class SwiftletSpec:
             (``context.hook.<name>(...)``), as pytest's ``pytest_addhooks`` lets a plugin add
             hooks: e.g. ``sys$scheduler`` asks each plugin for the jobs it offers. The specs
             belong to the swiftlet's ``api`` module, where implementers find them.
-        check: ``check(config) -> problems``, the swiftlet's rules across swiftlets (e.g. a
-            static remote subscription needs ``sys$routing``'s static route), run by
+        check: ``check(config, hook) -> problems``, the swiftlet's rules across swiftlets
+            (e.g. a static remote subscription needs ``sys$routing``'s static route), run by
             :func:`~kernel.config.load_config` on a config whose elements are each valid, when
             the swiftlet is in the start order: ``config`` is the whole
-            :class:`~kernel.config.RouterConfig`, each problem a
+            :class:`~kernel.config.RouterConfig`, ``hook`` the plugins' hooks or ``None`` (e.g.
+            ``sys$scheduler`` asks them for the jobs a schedule names), each problem a
             :class:`~kernel.xmlconfig.ConfigProblem`, reported with file:line like any other.
 
     Other swiftlets reach a running swiftlet through ``context.lookup(name, kind)``, which
@@ -97,7 +98,7 @@ class SwiftletSpec:
     factory: Callable[[SwiftletContext], Swiftlet]
     pools: Sequence[PoolSpec] = ()
     hookspecs: type | None = None
-    check: Callable[[Any], Iterable[Any]] | None = None
+    check: Callable[[Any, Any], Iterable[Any]] | None = None
 
 
 @attrs.frozen

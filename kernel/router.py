@@ -371,7 +371,7 @@ class Router:
             OSError: the file cannot be read.
         """
         found = load_plugins(plugins)
-        return cls(load_config(path, found.specs), found.specs, config_path=path, hook=found.hook)
+        return cls(load_config(path, found.specs, hook=found.hook), found.specs, config_path=path, hook=found.hook)
 
     @property
     def name(self) -> str:

@@ -5,6 +5,7 @@ with ``--json`` against the sample network run as real ``martinet run`` processe
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from martinet.swiftlets.mgmt.admin import Commands, Shell, UsageError, crawl, to_dot
+from martinet.swiftlets.mgmt.admin import Commands, Shell, UsageError, _table, crawl, to_dot
 from martinet.swiftlets.mgmt.client import AdminClient, AdminError
 
 from conftest import wait_until
@@ -115,6 +116,15 @@ async def test_commands_in_context(network):
             await commands.run(["set", "x"])
         with pytest.raises(UsageError, match="unknown command 'frobnicate'"):
             await commands.run(["frobnicate"])
+
+
+def test_table_values_are_shown_as_they_are():
+    from rich.console import Console
+
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(_table("/sys$scheduler/schedules", ["property", "description"], [
+        ["time-expression", "'start HH:mm[:ss] stop HH:mm[:ss] delay <n>h|m|s [repeat <n>]' [bold]x[/bold]"]]))
+    assert "delay <n>h|m|s [repeat <n>]' [bold]x[/bold]" in console.export_text()
 
 
 def sample_network(folder: Path) -> dict[str, str]:

@@ -9,11 +9,12 @@ passes in no time and every time asserted is computed, never measured.
 from __future__ import annotations
 
 from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import pytest
 import trio
 
-from martinet.kernel import ManagementError, Router, hookimpl
+from martinet.kernel import ConfigErrors, ManagementError, Router, hookimpl
 from martinet.swiftlets.scheduler.api import (
     Job,
     JobError,
@@ -58,6 +59,9 @@ class JobsPlugin(ClockPlugin):
     async def give_up(self, run: JobRun) -> None:
         raise JobError("the target is gone", further_runs=False)
 
+    async def needs(self, run: JobRun) -> str:
+        return f"to {run.parameters['Target']}"
+
     @hookimpl
     def martinet_scheduler_jobs(self) -> list[JobGroup]:
         return [JobGroup(name="Test", jobs=[
@@ -66,6 +70,8 @@ class JobsPlugin(ClockPlugin):
                 JobParameter(name="Note", description="Optional text.", mandatory=False)]),
             Job(name="Forever", description="Runs until stopped.", run=self.forever),
             Job(name="Give Up", description="Fails and forbids further runs.", run=self.give_up),
+            Job(name="Needs", description="Has a mandatory parameter without default.", run=self.needs,
+                parameters=[JobParameter(name="Target", description="Where to.")]),
         ])]
 
 
@@ -276,25 +282,111 @@ async def test_runtime_changes_apply_at_once_and_bad_ones_are_refused(start_rout
     router.request_stop()
 
 
-async def test_a_configured_schedule_that_cannot_run_is_shown_invalid(start_router, autojump_clock, caplog):
-    xml = _router_xml(_schedule("lost", "at 01:00", calendar="nope") + _schedule("nojob", "at 01:00", job="Dance")
-                      + _schedule("noparam", "at 01:00").replace(
-                          "/>", '><parameters><parameter name="Times" value="0"/></parameters></schedule>'))
+async def test_calendar_and_time_zone_changes_apply_at_once(start_router, autojump_clock):
+    calendars = '<calendar name="days" weekdays="mon"/>'
+    xml = _router_xml(_schedule("noon", "at 12:30", calendar="days"), calendars)
+    router, _, _ = await start_router(xml, datetime(2026, 3, 6, 12, 0, tzinfo=PARIS))  # a Friday
+    tree = router.management
+    assert schedule_usage(router, "noon")["next-start"] == "2026-03-09T12:30:00"
+    tree.set("/sys$scheduler/calendars/days", "weekdays", "mon fri")
+    await wait_until(lambda: schedule_usage(router, "noon")["next-start"] == "2026-03-06T12:30:00")
+    tree.add("/sys$scheduler/calendars/days/date-ranges", "today", {"date-from": "2026-03-06",
+                                                                    "date-to": "2026-03-06"})
+    tree.set("/sys$scheduler/calendars/days", "type", "exclude")  # every day but Mondays, Fridays and today
+    await wait_until(lambda: schedule_usage(router, "noon")["next-start"] == "2026-03-07T12:30:00")
+    tree.set("/sys$scheduler", "time-zone", "America/New_York")  # 06:00 there, still Friday
+    await wait_until(lambda: router.management.get("/sys$scheduler/usage", "time-zone") == "America/New_York")
+    assert router.management.get("/sys$scheduler/usage", "now").startswith("2026-03-06T06:00:")
+    assert schedule_usage(router, "noon")["next-start"] == "2026-03-07T12:30:00"
+    scheduler: Scheduler = router.swiftlet("sys$scheduler")
+    assert scheduler.next_starts("noon", 1) == [datetime(2026, 3, 7, 12, 30, tzinfo=ZoneInfo("America/New_York"))]
+    with pytest.raises(ManagementError, match="unknown time zone 'Europe/Zurch'"):
+        tree.set("/sys$scheduler", "time-zone", "Europe/Zurch")
+    router.request_stop()
+
+
+async def test_a_start_after_a_time_zone_change_is_the_next_one_of_the_new_zone(start_router, autojump_clock):
+    router, jobs, _ = await start_router(_router_xml(_schedule("noon", "at 12:30")),
+                                         datetime(2026, 3, 6, 12, 0, tzinfo=PARIS))
+    await wait_until(lambda: len(jobs.runs) == 1, timeout=3600)  # 12:30 in Paris
+    router.management.set("/sys$scheduler", "time-zone", "America/New_York")  # 06:30 there
+    await wait_until(lambda: schedule_usage(router, "noon")["next-start"] == "2026-03-06T12:30:00")
+    await wait_until(lambda: len(jobs.runs) == 2, timeout=7 * 3600)
+    assert [e["planned"] for e in history(router)] == ["2026-03-06T12:30:00"] * 2  # each in its zone
+    router.request_stop()
+
+
+def test_schedules_that_cannot_run_are_config_errors_with_file_and_line(write_config):
+    """Checked with the jobs the plugins offer (the hook), when the file is read: by
+    ``martinet check``, ``martinet run`` and a reboot alike."""
+    with_times = '><parameters><parameter name="Times" value="0"/></parameters></schedule>'
+    xml = _router_xml(
+        "\n" + _schedule("lost", "at 01:00", calendar="nope")
+        + "\n" + _schedule("nojob", "at 01:00", job="Dance")
+        + "\n" + _schedule("noparam", "at 01:00").replace("/>", with_times)
+        + "\n" + _schedule("empty", "at 01:00", date_from="2026-03-06", date_to="2026-03-05")
+        + "\n" + _schedule("incomplete", "at 01:00", job="Needs")
+        + "\n" + _schedule("draft", "at 01:00", job="Needs").replace('enabled="true"', 'enabled="false"'),
+        '\n<calendar name="a" base-calendar="b"/>\n<calendar name="b" base-calendar="a"/>'
+        '\n<calendar name="c" base-calendar="gone"/>')
+    path = write_config(xml)
+    with pytest.raises(ConfigErrors) as caught:
+        Router.from_file(path, plugins=[JobsPlugin(TrioClock(datetime(2026, 3, 6, tzinfo=PARIS)))])
+    schedule, calendar = "/router[@name='r1']/swiftlet[@name='sys$scheduler']/schedules/schedule", \
+        "/router[@name='r1']/swiftlet[@name='sys$scheduler']/calendars/calendar"
+    assert str(caught.value).splitlines() == [
+        f"{path}:5: {calendar}[@name='a']: attribute 'base-calendar': calendars form a cycle through "
+        "base-calendar: a -> b -> a",
+        f"{path}:6: {calendar}[@name='b']: attribute 'base-calendar': calendars form a cycle through "
+        "base-calendar: a -> b -> a",
+        f"{path}:7: {calendar}[@name='c']: attribute 'base-calendar': calendar 'c': base-calendar 'gone' does "
+        "not exist",
+        f"{path}:9: {schedule}[@name='lost']: attribute 'calendar': unknown calendar 'nope' (calendars: a, b, c)",
+        f"{path}:10: {schedule}[@name='nojob']: attribute 'job-name': job group 'Test' has no job 'Dance' (jobs: "
+        "Record, Forever, Give Up, Needs)",
+        f"{path}:11: {schedule}[@name='noparam']: parameter 'Times': expected a positive whole number, found '0'",
+        f"{path}:12: {schedule}[@name='empty']: attribute 'date-to': date-to 2026-03-05 is before date-from "
+        "2026-03-06",
+        f"{path}:13: {schedule}[@name='incomplete']: parameter 'Target' missing (Where to.)",
+    ]  # "draft" is disabled: its mandatory parameter may be missing until it is enabled
+
+
+async def test_an_operator_builds_a_schedule_up_at_runtime(start_router, autojump_clock):
+    """As ``martinet admin`` does it, one entity at a time: the schedule is added disabled,
+    its parameters after it, and it is enabled once complete."""
+    router, jobs, (started, finished) = await start_router(_router_xml(), datetime(2026, 3, 6, 12, 0, tzinfo=PARIS))
+    tree, schedules = router.management, "/sys$scheduler/schedules"
+    with pytest.raises(ManagementError, match="job group 'Test' has no job 'Need' \\(jobs: Record, Forever"):
+        tree.add(schedules, "typo", {"job-group": "Test", "job-name": "Need", "time-expression": "at 12:30"})
+    with pytest.raises(ManagementError, match="parameter 'Target' missing \\(Where to.\\)"):
+        tree.add(schedules, "at-once", {"enabled": "true", "job-group": "Test", "job-name": "Needs",
+                                        "time-expression": "at 12:30"})
+    tree.add(schedules, "link", {"job-group": "Test", "job-name": "Needs", "time-expression": "at 12:30"})
+    await wait_until(lambda: "link" in tree.resolve("/sys$scheduler/usage/schedules").children)
+    assert schedule_usage(router, "link")["state"] == "disabled"
+    with pytest.raises(ManagementError, match="parameter 'Target' missing"):
+        tree.set(f"{schedules}/link", "enabled", True)
+    with pytest.raises(ManagementError, match="start.*parameter 'Target' missing"):
+        await tree.invoke("/sys$scheduler/usage/schedules/link", "start")
+    tree.add(f"{schedules}/link/parameters", "Target", {"value": "branch"})
+    tree.set(f"{schedules}/link", "enabled", True)
+    await wait_until(lambda: schedule_usage(router, "link")["next-start"] == "2026-03-06T12:30:00")
+    with pytest.raises(ManagementError, match="parameter 'Target' missing"):  # it is enabled now
+        tree.remove(f"{schedules}/link/parameters", "Target")
+    with trio.fail_after(3600):
+        ended = await finished.receive()
+    assert (ended.schedule, ended.outcome, ended.message) == ("link", "success", "to branch")
+    router.request_stop()
+
+
+async def test_a_schedule_of_a_group_nobody_offers_waits_invalid(start_router, autojump_clock, caplog):
+    xml = _router_xml(_schedule("typo", "at 01:00").replace('job-group="Test"', 'job-group="Tset"'))
     router, _, _ = await start_router(xml, datetime(2026, 3, 6, 12, 0, tzinfo=PARIS))
-    assert {name: (schedule_usage(router, name)["state"], schedule_usage(router, name)["error"])
-            for name in ("lost", "nojob", "noparam")} == {
-        "lost": ("invalid", "unknown calendar 'nope' (calendars: none)"),
-        "nojob": ("invalid", "job group 'Test' has no job 'Dance' (jobs: Record, Forever, Give Up)"),
-        "noparam": ("invalid", "parameter 'Times': expected a positive whole number, found '0'"),
-    }
-    warnings = [r.getMessage() for r in caplog.records if "will not run" in r.getMessage()]
-    assert sorted(warnings) == [  # one line each, naming the schedule's path
-        "schedule /sys$scheduler/schedules/lost is invalid and will not run: unknown calendar 'nope' "
-        "(calendars: none)",
-        "schedule /sys$scheduler/schedules/nojob is invalid and will not run: job group 'Test' has no job "
-        "'Dance' (jobs: Record, Forever, Give Up)",
-        "schedule /sys$scheduler/schedules/noparam is invalid and will not run: parameter 'Times': expected a "
-        "positive whole number, found '0'"]
+    usage = schedule_usage(router, "typo")
+    assert usage["state"] == "invalid"
+    assert usage["error"].startswith("no job group 'Tset' registered (groups: Queue Manager, Routing, Scheduler, ")
+    assert [r.getMessage() for r in caplog.records if "will not run" in r.getMessage()] == [  # once
+        f"schedule /sys$scheduler/schedules/typo is invalid and will not run: {usage['error']}"]
     router.request_stop()
 
 

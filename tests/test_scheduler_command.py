@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 CONFIG = """
 <router name="r1" startorder="sys$scheduler">
   <swiftlet name="sys$scheduler" time-zone="Europe/Zurich">
@@ -51,14 +53,19 @@ def test_the_next_starts_of_every_schedule_are_printed(write_config):
     ]
 
 
-def test_a_schedule_that_cannot_run_is_reported_with_its_line(write_config):
-    extra = '<schedule name="typo" job-group="Routing" job-name="Routing Conector" time-expression="at 01:00"/>'
+@pytest.mark.parametrize(("group", "job", "problem"), [
+    ("Routing", "Routing Conector", "attribute 'job-name': job group 'Routing' has no job 'Routing Conector' "
+     "(jobs: Routing Connector)"),  # a config error, as martinet check and martinet run report it
+    ("Routng", "Routing Connector", "no job group 'Routng' registered (groups: "),  # the router would start
+])
+def test_a_schedule_that_cannot_run_is_reported_with_its_line(write_config, group, job, problem):
+    extra = f'<schedule name="typo" job-group="{group}" job-name="{job}" time-expression="at 01:00"/>'
     path = write_config(CONFIG.format(extra=extra))
     done = schedule_next(path, "--from", "2026-12-24T12:00")
     assert done.returncode == 2
-    assert done.stderr.strip() == (
+    assert done.stderr.startswith(
         f"{path}:16: /router[@name='r1']/swiftlet[@name='sys$scheduler']/schedules/schedule[@name='typo']: "
-        "job group 'Routing' has no job 'Routing Conector' (jobs: Routing Connector)")
+        + problem)
 
 
 def test_a_bad_expression_is_reported_with_file_and_line(write_config):
@@ -69,3 +76,9 @@ def test_a_bad_expression_is_reported_with_file_and_line(write_config):
     assert done.stderr.strip() == (
         f"{path}:16: /router[@name='r1']/swiftlet[@name='sys$scheduler']/schedules/schedule[@name='bad']: "
         "attribute 'time-expression': at: expected HH:mm or HH:mm:ss, found '7pm'")
+
+
+def test_a_bad_count_is_refused(write_config):
+    done = schedule_next(write_config(CONFIG.format(extra="")), "--count", "0")
+    assert done.returncode == 2
+    assert "argument --count: expected a whole number from 1 to 10000, found '0'" in done.stderr

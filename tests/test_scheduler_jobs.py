@@ -4,6 +4,7 @@ manager's purger, cleanups and mover do their work on real queues of a router wi
 
 from __future__ import annotations
 
+import socket
 from datetime import datetime
 
 import pytest
@@ -62,6 +63,34 @@ async def test_the_routing_connector_job_brings_a_link_up_for_its_window(network
     assert tree.get("/sys$routing/usage/connectors/paris", "state") == "disabled"
     assert tree.get("/sys$scheduler/usage/schedules/night-link", "next-start") == "2026-03-07T22:00:00"
     tokyo.request_stop()
+
+
+async def test_the_routing_connector_job_ends_the_retries_at_its_stop(network, nursery):
+    """Nobody listens at the connector's port: the connector retries during the job, and
+    retries end when the job stops (seed 000: "Retry ends at the job stop")."""
+    with socket.socket() as placeholder:  # a port nobody listens on
+        placeholder.bind(("127.0.0.1", 0))
+        port = placeholder.getsockname()[1]
+    connector = ConnectorConfig(name="gone", hostname="127.0.0.1", port=port, enabled=False, retry_time=1000)
+    window = ScheduleConfig(name="try", job_group="Routing", job_name="Routing Connector", time_expression="at 22:00",
+                            max_runtime="3s", parameters=[ParameterConfig(name="Connector Name", value="gone")])
+    tokyo = await network.start(network.config("tokyo", startorder=(*ROUTING_STACK, "sys$scheduler"), swiftlets={
+        "sys$routing": routing_config(connectors=[connector]), "sys$scheduler": SchedulerConfig(schedules=[window])}))
+    usage, tree = "/sys$routing/usage/connectors/gone", tokyo.management
+    finished = tokyo.bus.subscribe(JobFinished, max_buffer=10)
+    await tree.invoke("/sys$scheduler/usage/schedules/try", "start")
+    with trio.fail_after(10):
+        while tree.get(usage, "attempts") < 2:  # it retries during the job
+            await trio.sleep(0.05)
+        ended = await finished.receive()
+    assert (ended.outcome, ended.message) == ("stopped", "max-runtime 3s reached")
+    assert tree.get("/sys$routing/connectors/gone", "enabled") is False
+    with trio.fail_after(5):  # the routing swiftlet ends the connector's task on the change
+        while tree.get(usage, "state") != "disabled":
+            await trio.sleep(0.05)
+    assert (tree.get(usage, "next-attempt"), tree.get(usage, "attempts")) == ("", 0)
+    await trio.sleep(1.5)  # one and a half retry-times: no attempt
+    assert (tree.get(usage, "state"), tree.get(usage, "attempts")) == ("disabled", 0)
 
 
 async def test_the_routing_connector_job_fails_for_an_unknown_connector(network, nursery):
@@ -182,6 +211,31 @@ async def test_bad_job_parameters_are_refused_at_once(queue_router):
         tree.set("/sys$scheduler/schedules/move/parameters/Target Queue", "value", "a b@r2")
 
 
+async def test_the_queue_mover_moves_to_a_queue_of_another_router(network):
+    await network.start_routers("paris")
+    mover = ScheduleConfig(name="offload", job_group="Queue Manager", job_name="Queue Mover",
+                           time_expression="at 03:00", parameters=[
+                               ParameterConfig(name="Source Queue", value="in"),
+                               ParameterConfig(name="Target Queue", value="out@paris"),
+                               ParameterConfig(name="Selector", value="n >= 2")])
+    tokyo = await network.start(network.config("tokyo", startorder=(*ROUTING_STACK, "sys$scheduler"), swiftlets={
+        "sys$routing": routing_config(), "sys$scheduler": SchedulerConfig(schedules=[mover])}))
+    network.connect("tokyo", "paris")
+    await network.settle({"tokyo": {"paris": 1}, "paris": {"tokyo": 1}})
+    for n in range(5):
+        await tokyo.swiftlet("sys$queuemanager").send("in", message(n, durable=True))
+    ended = await run_job(tokyo, "offload")
+    assert (ended.outcome, ended.message) == ("success", "3 messages moved from in to out@paris")
+    assert messages(tokyo, "in") == 2
+    paris = network.routers["paris"].swiftlet("sys$queuemanager")
+    with trio.fail_after(10):
+        while "out" not in paris.queues or messages(network.routers["paris"], "out") < 3:
+            await trio.sleep(0.05)
+    consumer = paris.queue("out").consumer()
+    consumer.flow(10)
+    assert [entry.message.body() for entry in consumer.take(10)] == [b"m2", b"m3", b"m4"]
+
+
 # -- Topic Manager: Delete Durable; Scheduler: Message Sender ---------------------------------------
 
 TOPIC_ROUTER = """
@@ -298,3 +352,15 @@ async def test_backups_are_consistent_copies_and_only_the_newest_are_kept(write_
         await nursery.start(restored.run)
         assert messages(restored, "orders") == 100
         restored.request_stop()
+
+
+async def test_a_backup_folder_that_cannot_be_written_fails_the_job_plainly(write_config, tmp_path, caplog):
+    backups = tmp_path / "backups"
+    backups.write_text("a file where the folder should be")
+    router = Router.from_file(write_config(STORE_ROUTER.format(store=tmp_path / "store", backups=backups / "daily")))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(router.run)
+        ended = await run_job(router, "backup")
+        assert (ended.outcome, ended.message) == ("failed", f"cannot write to {backups / 'daily'}: Not a directory")
+        router.request_stop()
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []  # bad input: no traceback in the log

@@ -79,12 +79,13 @@ class Output:
 
 def _table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Any:
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=title, title_justify="left")
     for index, column in enumerate(columns):  # names whole, values folded when the terminal is narrow
         table.add_column(column, overflow="fold", no_wrap=index == 0)
-    for row in rows:
-        table.add_row(*("" if value is None else str(value) for value in row))
+    for row in rows:  # Text: a value is shown as it is, never read as rich markup ("[repeat <n>]")
+        table.add_row(*(Text("" if value is None else str(value)) for value in row))
     return table
 
 

@@ -19,6 +19,7 @@ from .api import SchedulerHooks
 from .command import SCHEDULE_COMMAND
 from .config import SchedulerConfig
 from .jobs import SCHEDULER_JOBS
+from .plans import check_config
 from .swiftlet import POOL, SchedulerSwiftlet
 
 
@@ -33,6 +34,7 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
             pools=(PoolSpec(POOL, "Runs the jobs of the schedules, each until it ends or is stopped.",
                             max_concurrency=10),),
             hookspecs=SchedulerHooks,
+            check=check_config,
         )
     ]
 

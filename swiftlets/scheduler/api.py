@@ -87,7 +87,8 @@ class JobParameter:
         name: as schedules name it in ``<parameter name="…" value="…"/>``.
         description: for the operator.
         default: the value when a schedule gives none; ``None``: none.
-        mandatory: a schedule must give a value (or the default is used, if any).
+        mandatory: a schedule must give a value (or the default is used, if any) by the time
+            it is enabled.
         check: raises ``ValueError`` for a value the job cannot use (SwiftMQ's verifier);
             a schedule with such a value is refused when added or changed.
     """
@@ -115,8 +116,11 @@ class Job:
     run: Callable[[JobRun], Awaitable[str | None]] = attrs.field(eq=False, repr=False)
     parameters: Sequence[JobParameter] = attrs.field(default=(), converter=tuple)
 
-    def resolve(self, given: Mapping[str, str]) -> dict[str, str]:
+    def resolve(self, given: Mapping[str, str], *, complete: bool = True) -> dict[str, str]:
         """The values a run gets: ``given`` checked, defaults filled in.
+
+        ``complete=False`` lets mandatory parameters be missing (a disabled schedule is
+        built up one parameter at a time; it must be complete when enabled).
 
         Raises:
             ValueError: an unknown parameter, a mandatory one missing, or a value its check
@@ -129,7 +133,7 @@ class Job:
         for parameter in self.parameters:
             value = given.get(parameter.name, parameter.default)
             if value is None:
-                if parameter.mandatory:
+                if parameter.mandatory and complete:
                     problems.append(f"parameter {parameter.name!r} missing ({parameter.description})")
                 continue
             try:

@@ -29,11 +29,17 @@ __all__ = ["SCHEDULE_COMMAND"]
 EXIT_OK, EXIT_INVALID = 0, 2
 
 
+def _count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 10_000:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 10000, found {text!r}")
+    return int(text)
+
+
 def _configure(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="schedule_command", required=True)
     upcoming = actions.add_parser("next", help="print the next planned starts of every schedule of a config")
     upcoming.add_argument("config", type=Path, help="router config file")
-    upcoming.add_argument("--count", type=int, default=5, help="starts per schedule (default 5)")
+    upcoming.add_argument("--count", type=_count, default=5, help="starts per schedule (default 5)")
     upcoming.add_argument("--from", dest="start", default=None, metavar="TIME",
                           help="count from this local time, yyyy-MM-ddTHH:mm[:ss] (default: now)")
 
@@ -50,7 +56,7 @@ def next_runs(path: Path, count: int, start: str | None, out=sys.stdout, err=sys
     status (2 when the config, or a schedule in it, is invalid)."""
     try:
         plugins = load_plugins()
-        config = load_config(path, plugins.specs)
+        config = load_config(path, plugins.specs, hook=plugins.hook)
     except (ConfigErrors, PluginError) as exc:
         print(exc, file=err)
         return EXIT_INVALID

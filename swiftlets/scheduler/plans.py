@@ -5,15 +5,19 @@ A :class:`Plan` answers "when next?" in naive local time (:mod:`.timing`); a :cl
 converts between that and instants. :func:`build_plans` turns a whole
 :class:`~.config.SchedulerConfig` into plans, or, for a schedule that cannot run, the
 reason (an unknown or broken calendar): the problems that need more than one value.
+:func:`check_config` reports those problems, and the jobs' ones, with file:line.
 """
 
 from __future__ import annotations
 
 import zoneinfo
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import date, datetime, tzinfo
+from typing import Any
 
 import attrs
+
+from martinet.kernel import ConfigProblem
 
 from .api import JobGroup
 from .config import CalendarConfig, CalendarType, ScheduleConfig, SchedulerConfig
@@ -33,7 +37,7 @@ from .timing import (
     resolve_calendars,
 )
 
-__all__ = ["Plan", "Zone", "build_calendars", "build_plans", "plan_of", "job_problem"]
+__all__ = ["Plan", "Zone", "build_calendars", "build_plans", "plan_of", "job_problem", "check_config"]
 
 
 @attrs.frozen
@@ -133,18 +137,47 @@ def build_plans(config: SchedulerConfig) -> dict[str, Plan | str]:
     return {name: plan_of(schedule, calendars) for name, schedule in config.schedules.items()}
 
 
-def job_problem(schedule: ScheduleConfig, groups: Mapping[str, JobGroup]) -> str:
+def job_problem(schedule: ScheduleConfig, groups: Mapping[str, JobGroup], *, complete: bool | None = None) -> str:
     """Why ``schedule``'s job cannot run with its parameters, given the ``groups`` offered;
-    "" if it can."""
+    "" if it can. Mandatory parameters may be missing while the schedule is disabled
+    (``complete``: whether they must be there; default: when it is enabled)."""
     group = groups.get(schedule.job_group)
     if group is None:
-        return f"no job group {schedule.job_group!r} registered (groups: {', '.join(groups) or 'none'})"
+        return f"no job group {schedule.job_group!r} registered (groups: {', '.join(sorted(groups)) or 'none'})"
     job = group.job(schedule.job_name)
     if job is None:
         return (f"job group {schedule.job_group!r} has no job {schedule.job_name!r} "
                 f"(jobs: {', '.join(j.name for j in group.jobs)})")
     try:
-        job.resolve({p.name: p.value for p in schedule.parameters.values()})
+        job.resolve({p.name: p.value for p in schedule.parameters.values()},
+                    complete=schedule.enabled if complete is None else complete)
     except ValueError as exc:
         return str(exc)
     return ""
+
+
+def check_config(config: Any, hook: Any) -> Iterator[ConfigProblem]:
+    """``sys$scheduler``'s rules across values (``SwiftletSpec.check``: ``martinet check``
+    and every start report them with file:line): base calendars exist and make no cycle;
+    a schedule's calendar exists and its date range is not empty; and, with the plugins'
+    ``hook``, a schedule naming an offered job group names one of its jobs with parameters
+    the job accepts. A group nobody offers is left to the running swiftlet (a swiftlet may
+    register it later: the schedule waits, ``invalid``)."""
+    own: SchedulerConfig = config.swiftlets["sys$scheduler"].config
+    calendars = build_calendars(own.calendars)
+    for name, calendar in calendars.items():
+        if isinstance(calendar, str):
+            yield ConfigProblem(("calendars", name), calendar, "base-calendar")
+    groups = {group.name: group for offered in hook.martinet_scheduler_jobs() for group in offered} \
+        if hook is not None else {}
+    for name, schedule in own.schedules.items():
+        where = ("schedules", name)
+        plan = plan_of(schedule, calendars)
+        if isinstance(plan, str):
+            broken = schedule.calendar and not isinstance(calendars.get(schedule.calendar), Calendar)
+            yield ConfigProblem(where, plan, "calendar" if broken else "date-to")
+        if schedule.job_group in groups:
+            problem = job_problem(schedule, groups)
+            if problem:
+                yield ConfigProblem(where, problem, None if groups[schedule.job_group].job(schedule.job_name)
+                                    else "job-name")

@@ -266,7 +266,12 @@ class SchedulerSwiftlet:
     def _replan(self) -> None:
         """Bring every schedule's state and next start in line with the current config."""
         config: SchedulerConfig = self.context.config
-        self.zone = Zone.named(config.time_zone)
+        zone = Zone.named(config.time_zone)
+        if zone != self.zone:  # each last start stays the same instant, in the new zone's time
+            for schedule in self._schedules.values():
+                if schedule.last_planned is not None:
+                    schedule.last_planned = zone.local(self.zone.instant(schedule.last_planned))
+            self.zone = zone
         plans = build_plans(config)
         now = self._local_now()
         for name in list(self._schedules):
@@ -337,7 +342,7 @@ class SchedulerSwiftlet:
         config = self.context.config.schedules.get(schedule.name)
         if config is None:
             raise Veto(f"schedule {schedule.name} no longer exists")
-        problem = self._job_problem(config)
+        problem = job_problem(config, self._groups, complete=True)
         if problem:
             raise Veto(problem)
         self._submit(schedule, config, self._local_now())
@@ -538,15 +543,16 @@ class SchedulerSwiftlet:
         self._check_schedule(entity.config)
 
     def _check_schedule(self, config: ScheduleConfig) -> None:
-        """Refuse a schedule (new or changed) with an unknown calendar, or parameters its job
-        refuses (a job not registered yet is not refused: the schedule waits for it)."""
+        """Refuse a schedule (new or changed) with an unknown calendar or an empty date range,
+        naming a job its group does not offer, or with parameters the job refuses (missing
+        mandatory ones only once it is enabled). A group not registered yet is not refused:
+        the schedule waits for it."""
         if not self._checking:
             return
         plan = self._plan(config)
         if isinstance(plan, str):
             raise Veto(plan)
-        group = self._groups.get(config.job_group)
-        if group is not None and group.job(config.job_name) is not None:
+        if config.job_group in self._groups:
             problem = self._job_problem(config)
             if problem:
                 raise Veto(problem)

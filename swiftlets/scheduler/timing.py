@@ -307,9 +307,7 @@ def resolve_calendars(definitions: Mapping[str, Callable[[Calendar | None], Cale
         built[name] = base if isinstance(base, str) else definitions[name](base)
         return built[name]
 
-    for name in definitions:
-        build(name, ())
-    return built
+    return {name: build(name, ()) for name in definitions}  # in the order defined
 
 
 def _first_after(expression: TimeExpression, day: date, after: datetime) -> datetime | None:

@@ -33,10 +33,12 @@ async def backup(run: JobRun) -> str:
     folder = Path(run.parameters["Folder"]).absolute()
     keep = int(run.parameters["Generations"])
     stem = store.database.stem
-    folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.sqlite"
     try:
+        folder.mkdir(parents=True, exist_ok=True)
         size = await store.backup(target)
+    except OSError as exc:
+        raise JobError(f"cannot write to {folder}: {exc.strerror}") from None
     except StoreError as exc:
         raise JobError(str(exc)) from None
     copies = sorted(folder.glob(f"{stem}-????????-??????.sqlite"))

@@ -73,7 +73,7 @@ class TopicManagerConfig:
         "(keeps a topic local to a region).")
 
 
-def check_config(config: Any) -> Iterator[ConfigProblem]:
+def check_config(config: Any, _hook: Any = None) -> Iterator[ConfigProblem]:
     """The topic manager's rule across swiftlets (``SwiftletSpec.check``, run by ``martinet
     check`` and at start): a static remote subscription needs a static route to its router in
     a started ``sys$routing`` (the federation checks the same at run time, for management)."""
