@@ -859,6 +859,7 @@ class Transaction:
         self._staged: dict[Queue, list[int]] = {}  # queue → [sends, bytes] staged to it
         self._keys: dict[int, str] = {}
         self._acks: list[tuple[Queue, Entry]] = []
+        self._logged = True  # prepared with a record in the store (not in memory only)
 
     def __repr__(self) -> str:
         return f"<Transaction {self.xid or id(self)} {self.state}: {len(self._sends)} sends, {len(self._acks)} acks>"
@@ -945,10 +946,14 @@ class Transaction:
         """
         await _outcome(self.prepare_nowait, xid)
 
-    def prepare_nowait(self, xid: str, on_done: Callable[[BaseException | None], None]) -> None:
+    def prepare_nowait(self, xid: str, on_done: Callable[[BaseException | None], None], *,
+                       transient_in_memory: bool = False) -> None:
         """:meth:`prepare` without waiting: the write is queued to the store now (after every
         write queued before it), and ``on_done(None)`` is called once it is durable and the
         transaction is prepared, ``on_done(error)`` if the store failed (it is active again).
+        ``transient_in_memory``: a transaction with nothing persistent in it (no persistent
+        send, no persistent acknowledgement) is prepared in memory only, before this returns
+        (``on_done(None)`` called at once): a crash loses its messages anyway, and so its xid.
 
         Raises:
             TransactionError: not active, or ``xid`` is in use (nothing was queued).
@@ -958,6 +963,12 @@ class Transaction:
         manager = self._manager
         if xid in manager._prepared or xid in manager._preparing:
             raise TransactionError(f"a transaction {xid!r} is prepared already")
+        if transient_in_memory and not any(entry.persistent for _, entry in self._sends) \
+                and not any(entry.persistent for _, entry in self._acks):
+            self.xid, self.state, self.prepared_at, self._logged = xid, "prepared", time.time(), False
+            manager._prepared[xid] = self
+            on_done(None)
+            return
         ops: list[Op] = []
         for queue, entry in self._sends:
             ops.extend(manager._put_ops(queue, entry, None, txid=xid))
@@ -1012,7 +1023,8 @@ class Transaction:
                 ops.extend(manager._put_ops(queue, entry, self._keys.get(entry.id)))
         else:
             ops.extend(SetTransaction(entry.id, None) for _, entry in self._sends if entry.persistent)
-            ops.append(DeleteRecord("xa", self.xid or ""))
+            if self._logged:
+                ops.append(DeleteRecord("xa", self.xid or ""))
         ops.extend(DeleteMessage(entry.id) for _, entry in self._acks if entry.persistent)
         if not ops:
             self._committed()
@@ -1062,7 +1074,9 @@ class Transaction:
         """
         self._require("active", "prepared")
         manager = self._manager
-        if self.state == "prepared":
+        if self.state == "prepared" and not self._logged:
+            manager._prepared.pop(self.xid or "", None)
+        elif self.state == "prepared":
             ops: list[Op] = [DeleteMessage(entry.id) for _, entry in self._sends if entry.persistent]
             ops.append(DeleteRecord("xa", self.xid or ""))
             assert manager._store is not None

@@ -561,7 +561,7 @@ class Transfer:
 
         state.reserved += 1
         try:
-            transaction.prepare_nowait(xid, prepared)
+            transaction.prepare_nowait(xid, prepared, transient_in_memory=True)
         except StoreError as exc:
             not_prepared(exc)
 
@@ -702,7 +702,7 @@ class Transfer:
         try:
             for raw in messages:
                 write.delay_ms = max(write.delay_ms, self._stage(transaction, raw))
-            transaction.prepare_nowait(xid, write.finish)
+            transaction.prepare_nowait(xid, write.finish, transient_in_memory=True)
         except (QueueError, StoreError) as exc:  # e.g. a full queue
             self._refuse(link, transaction, xid, str(exc))
             return None
