@@ -69,6 +69,7 @@ import collections
 import itertools
 import logging
 import math
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -121,7 +122,7 @@ __all__ = ["Transfer", "routing_rewrite", "SOURCE", "DESTINATION", "QUEUE", "HOP
 log = logging.getLogger(__name__)
 
 UNROUTABLE_REASON = Symbol("x-opt-martinet-unroutable")
-_REWRITTEN_KEYS = tuple(key.encode() for key in (SOURCE, DESTINATION, QUEUE, HOPS))  # their text
+_REWRITTEN_KEYS = re.compile(b"|".join(re.escape(key.encode()) for key in (SOURCE, DESTINATION, QUEUE, HOPS)))
 
 FRAME_OVERHEAD = 1024  # bytes of a TRANSACTION frame besides its messages (xid, field names, lengths)
 REFUSED_BACKOFF = 1.0  # seconds a dispatcher waits after the peer refused a transaction
@@ -141,7 +142,7 @@ def routing_rewrite(local: str) -> Rewrite:
     def rewrite(address: str, message: Message) -> Message:
         # a message without their text in its bytes has none of these keys: nothing decoded
         raw = message.raw
-        absent = type(raw) is bytes and not any(key in raw for key in _REWRITTEN_KEYS)
+        absent = type(raw) is bytes and _REWRITTEN_KEYS.search(raw) is None  # (one scan for the four)
         queue, _, router = address.rpartition("@")
         if not absent:
             annotations = message.message_annotations
@@ -154,7 +155,7 @@ def routing_rewrite(local: str) -> Rewrite:
             patch = patches[address] = AnnotationPatch({SOURCE: local, DESTINATION: router, QUEUE: queue,
                                                         HOPS: UInt(0)})
         message = patch.apply(message, absent=absent)
-        expires = message.queue_info(_now_ms())[2]  # the time to live counts end to end (§12)
+        expires = message.queue_info(_now_ms(), peek=True)[2]  # the time to live counts end to end (§12)
         return message if expires is None else message.with_annotations({EXPIRES: Timestamp(expires)})
 
     return rewrite
