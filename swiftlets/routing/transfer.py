@@ -260,6 +260,7 @@ class Transfer:
         self._dispatchers: dict[str, trio.Event] = {}  # router → its wake-up
         self._outbound: dict[str, Transaction] = {}  # xid → prepared and sent, not yet committed
         self._state: dict[Link, _LinkTransfer] = {}
+        self._hops = routing_annotations.HopCounter()
         self.dropped = 0  # messages for temporary queues that were gone
         self.unroutable = 0
         self.expired = 0  # messages found expired on arrival (dead-lettered here)
@@ -617,8 +618,7 @@ class Transfer:
         """Stage one received message where it goes; the flow-control delay (ms) of the
         queue it goes to (0 when it is dropped, dead-lettered or goes to unroutable)."""
         try:
-            fields = routing_annotations.read(raw)  # the usual case, without decoding the message
-            counted = fields.next_hop() if fields is not None else None
+            fields, counted = self._hops.count(raw)  # the usual case, without decoding the message
             if fields is not None and counted is not None:
                 destination, queue, hops = fields.destination, fields.queue, fields.hops
                 doubt, expires = fields.doubt, fields.expires
