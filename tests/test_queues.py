@@ -621,6 +621,7 @@ async def test_controllers_give_settings_to_unlisted_queues(make_broker):
     assert queue_manager.create_temporary_queue(object()).settings.persistence_mode == "non_persistent"
     assert queue_manager.queue("plain").settings.consumer_mode == "shared"
     assert queue_manager.settings_for("routerdlq").name == "06"
+    assert queue_manager.settings_for("rt$paris").cache_size == 5000  # a transit queue: read back costs most
     running.router.management.add("/sys$queuemanager/queue-controllers", "00", {
         "predicate": "audit%", "max-messages": "7"})
     assert queue_manager.queue("audit-log").settings.max_messages == 7
