@@ -65,6 +65,13 @@ async def test_names_resolve_against_the_local_router(broker):
     await queue_manager.send("orders@paris", msg(3))
     assert (queue_manager.queue("rt$paris").size == 1
             and queue_manager.queue("rt$paris").settings.persistence_mode == "as_message")
+    queue_manager.add_redirection("orders@paris", "rt$special")  # (remembered redirections are forgotten)
+    assert queue_manager.resolve("orders@paris") == "rt$paris"  # the first added still covers it
+    queue_manager.remove_redirection("%@paris")
+    assert queue_manager.resolve("orders@paris") == "rt$special"
+    queue_manager.remove_redirection("orders@paris")
+    with pytest.raises(QueueNotFound, match="router 'paris' is not known"):
+        queue_manager.resolve("orders@paris")
 
 
 async def test_priority_order_then_fifo(broker):

@@ -98,6 +98,7 @@ __all__ = ["QueueManager", "Transaction"]
 PREDEFINED = ("unroutable", "routerdlq")
 DLQ_REASON = Symbol("x-opt-martinet-dlq-reason")
 DLQ_QUEUE = Symbol("x-opt-martinet-dlq-queue")
+REDIRECTIONS_KEPT = 4096  # addresses whose redirection is remembered (each message to q@R looks it up)
 
 
 _NOT_DELAYED = SendResult(0)
@@ -162,6 +163,7 @@ class QueueManager:
         self._temporary = 0
         # (predicate, its pattern, target queue, rewrite of the messages redirected or None)
         self._redirections: list[tuple[str, re.Pattern[str], str, Rewrite | None]] = []
+        self._redirected: dict[str, tuple[str, Rewrite | None]] = {}  # address → its redirection, as found
         self._deferred: list[Op] = []
         self._deferred_wakeup = trio.Event()
         self._swap_after_flush: list[tuple[Queue, Entry]] = []  # (dead letters) to swap out once stored
@@ -391,10 +393,17 @@ class QueueManager:
         return self._redirection(address)[0]
 
     def _redirection(self, address: str) -> tuple[str, Rewrite | None]:
-        """The target queue and rewrite of the redirection covering ``q@other``."""
+        """The target queue and rewrite of the redirection covering ``q@other`` (remembered
+        per address until the redirections change: every message to ``q@other`` asks)."""
+        found = self._redirected.get(address)
+        if found is not None:
+            return found
         for _, pattern, target, rewrite in self._redirections:
             if pattern.fullmatch(address):
-                return target, rewrite
+                if len(self._redirected) >= REDIRECTIONS_KEPT:
+                    self._redirected.clear()
+                found = self._redirected[address] = target, rewrite
+                return found
         router = address.rpartition("@")[2]
         raise QueueNotFound(f"router {router!r} is not known to router {self.router_name!r} (no route and no "
                             f"static route), so {address!r} cannot be reached")
@@ -405,6 +414,7 @@ class QueueManager:
         ``rewrite(address, message)``; routing uses ``%@R`` → ``rt$R``."""
         self.remove_redirection(predicate)
         self._redirections.append((predicate, like_pattern(predicate), target, rewrite))
+        self._redirected.clear()
 
     def _rewritten(self, address: str, message: Message) -> Message:
         """``message`` as the redirection of ``address`` (``q@other``) rewrites it.
@@ -420,6 +430,7 @@ class QueueManager:
 
     def remove_redirection(self, predicate: str) -> None:
         self._redirections = [r for r in self._redirections if r[0] != predicate]
+        self._redirected.clear()
 
     def settings_for(self, name: str) -> QueueSettings:
         """The settings of queue ``name``: its own definition, else the first controller
