@@ -710,21 +710,33 @@ class Transfer:
         return write
 
     async def _commit_inbound(self, link: Link, state: _LinkTransfer, xid: str, recovery: bool) -> _Write:
-        def committed(error: BaseException | None) -> None:
+        def stored(error: BaseException | None) -> None:
             if error is not None:
                 raise StoreError(f"routing transaction {xid} not committed: {error}")
+
+        def committed(error: BaseException | None) -> None:
+            stored(error)
             if recovery:
                 log.info("routing transaction %s from %s committed in recovery", xid, link.peer)
             link.machine.committed(xid)
             link.wake()
 
-        write = _Write(committed)
         transaction = state.inbound.pop(xid, None)
         if transaction is not None:
+            # Answered now, not once durable: the prepare is durable, so a crash before the
+            # commit is leaves the xid prepared here and gone at the sender, a case the
+            # recovery table commits (docs/routing-protocol.md §8.1); the sender's slot is
+            # freed a durable write sooner. The answerer still waits for the write, in order
+            # (the writes queued after it finish after it anyway): a link that ends waits
+            # for it, and a failed commit closes the link.
+            write = _Write(stored)
             transaction.commit_nowait(write.finish)
-        else:  # prepared by an earlier link (or run) of this peer
-            await self.manager.resolve_prepared(xid, commit=True)
-            write.finish(None)
+            link.machine.committed(xid)
+            link.wake()
+            return write
+        write = _Write(committed)  # prepared by an earlier link (or run) of this peer
+        await self.manager.resolve_prepared(xid, commit=True)
+        write.finish(None)
         return write
 
     async def _receive_nonxa(self, link: Link, state: _LinkTransfer, seq: int,
