@@ -162,8 +162,10 @@ class Message:
         self._application: dict | None = None
         self._annotations: dict | None = None
         # What an AnnotationPatch read on its way in, for queue_info() to use once:
-        # ((durable, priority, ttl), where the properties section may start).
-        self._front: tuple[tuple[bool, int, int | None], int] | None = None
+        # ((durable, priority, ttl), where the properties section may start, where the
+        # message-annotations section starts: -1 unless its descriptor is 0x00 0x53 0x72),
+        # and for the next patch (which then finds the annotations without a scan).
+        self._front: tuple[tuple[bool, int, int | None], int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.raw)
@@ -307,7 +309,8 @@ class Message:
         ttl = self.header.ttl
         return arrival_ms + ttl if ttl else None
 
-    def queue_info(self, arrival_ms: int, *, check: bool = False) -> tuple[bool, int, int | None, Any]:
+    def queue_info(self, arrival_ms: int, *, check: bool = False,
+                   peek: bool = False) -> tuple[bool, int, int | None, Any]:
         """``(durable, priority 0-9, absolute expiry or None, message-id)`` without caching.
 
         The queue manager's per-message path, one pass: the header is read where it always
@@ -315,7 +318,9 @@ class Message:
         when their count shows it may be there, ``absolute-expiry-time`` (field 9), and only
         skipping over the fields between. With ``check`` the same pass does
         :meth:`check_sections` too, going on from where the properties end (what the queue
-        manager does with a message it takes in).
+        manager does with a message it takes in). What a patch read on the way in is used
+        once; with ``peek`` it is left for the next call (a rewrite that reads the expiry
+        before the queue manager takes the message in).
 
         Raises:
             MessageError: malformed header or properties (with ``check``: anything
@@ -326,7 +331,8 @@ class Message:
         if check and front is None:  # (the header is checked where it is read: _header_fields, else decoded)
             _check_sections(raw, 0, HEADER - 1)
         if front is not None:  # patched on the way in: the header is read already
-            self._front = None
+            if not peek:
+                self._front = None
             durable, priority, ttl = front[0]
         elif header is not None:
             durable, priority, ttl = header.durable, header.priority, header.ttl
@@ -526,6 +532,13 @@ class AnnotationPatch:
                 malformed section in front of them.
         """
         raw = message.raw
+        known = message._front
+        if known is not None and known[2] >= 0 and type(raw) is bytes:  # patched on the way in: spans known
+            header_fields, end, start = known
+            section = self._append(raw, start, start + 3, end) if absent else self._splice(raw, start, start + 3, end)
+            patched = Message(raw[:start] + section + raw[end:])
+            patched._front = header_fields, start + len(section), start
+            return patched
         front = _front(raw)
         if front is None:  # it has message-annotations already, or an unusual encoding
             span = _find_section(raw, MESSAGE_ANNOTATIONS)
@@ -543,12 +556,12 @@ class AnnotationPatch:
             else:
                 header_fields = None
             if header_fields is not None:  # what queue_info() would look for, as on the fast path
-                patched._front = header_fields, start + len(section)
+                patched._front = header_fields, start + len(section), start if value_at == start + 3 else -1
             return patched
         at, header_fields = front
         section = self._section
         patched = Message(raw[:at] + section + raw[at:])
-        patched._front = header_fields, at + len(section)
+        patched._front = header_fields, at + len(section), at
         return patched
 
     def _splice(self, raw: bytes, start: int, at: int, end: int) -> bytes:

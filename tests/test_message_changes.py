@@ -196,6 +196,37 @@ def test_merging_annotations_keeps_every_other_entry_byte_for_byte(keys, data, w
     assert decoded.message_annotations == {**before, **changes}
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    header=st.sampled_from(HEADERS),
+    delivery_annotations=st.booleans(),
+    annotated=st.booleans(),
+    absent=st.booleans(),
+    peek=st.booleans(),
+    second=st.dictionaries(st.sampled_from([CID, Symbol("x-opt-b"), ULong(5)]), st.text(max_size=300), min_size=1),
+)
+def test_a_patch_on_a_patched_message_uses_the_spans_it_knows(header, delivery_annotations, annotated, absent, peek,
+                                                               second):
+    """A message patched on the way in (the listener's client id) and patched again (the
+    routing rewrite) comes out byte for byte as if the second patch read it afresh; and
+    ``queue_info(peek=True)`` leaves what the patch read for the queue manager's call."""
+    front = header + (encode(Described(ULong(0x71), {Symbol("x-opt-d"): 1})) if delivery_annotations else b"")
+    annotations = encode(Described(ULong(0x72), {Symbol("x-opt-a"): "a"})) if annotated else b""
+    raw = front + annotations + TAIL
+    first = AnnotationPatch({CID: "client-1"}).apply(Message(raw))
+    if absent:  # what the caller promises then: none of the second patch's keys is there
+        second = {key: value for key, value in second.items() if key is not CID}
+        if not second:
+            return
+    if peek:
+        assert first.queue_info(1000, peek=True) == Message(first.raw).queue_info(1000)
+    twice = AnnotationPatch(second).apply(first, absent=absent)
+    fresh = AnnotationPatch(second).apply(Message(first.raw), absent=absent)
+    assert twice.raw == fresh.raw
+    assert twice.queue_info(1000, check=True) == Message(twice.raw).queue_info(1000, check=True)
+    assert Message(twice.raw).message_annotations == {**Message(raw).message_annotations, CID: "client-1", **second}
+
+
 def test_a_map8_that_outgrows_one_byte_becomes_a_map32():
     raw = encode(Described(ULong(0x72), {Symbol("x-opt-a"): "x" * 200})) + encode(Described(ULong(0x77), None))
     assert raw[3] == 0xC1

@@ -65,6 +65,13 @@ async def test_names_resolve_against_the_local_router(broker):
     await queue_manager.send("orders@paris", msg(3))
     assert (queue_manager.queue("rt$paris").size == 1
             and queue_manager.queue("rt$paris").settings.persistence_mode == "as_message")
+    queue_manager.add_redirection("orders@paris", "rt$special")  # (remembered redirections are forgotten)
+    assert queue_manager.resolve("orders@paris") == "rt$paris"  # the first added still covers it
+    queue_manager.remove_redirection("%@paris")
+    assert queue_manager.resolve("orders@paris") == "rt$special"
+    queue_manager.remove_redirection("orders@paris")
+    with pytest.raises(QueueNotFound, match="router 'paris' is not known"):
+        queue_manager.resolve("orders@paris")
 
 
 async def test_priority_order_then_fifo(broker):
@@ -409,6 +416,35 @@ async def test_prepared_transactions_survive_a_restart(broker):
             and bodies(queue_manager.queue("in").browse()) == ["m1"])
 
 
+async def test_a_transient_transaction_is_prepared_in_memory_only_when_asked(broker):
+    """``transient_in_memory`` (routing): nothing persistent → prepared at once, no store
+    record (a restart forgets it, as it forgets its non-persistent messages); commit and
+    rollback work as for a logged one. Anything persistent in it → logged as ever."""
+    queue_manager = broker.queue_manager
+    for n in range(3):
+        await queue_manager.send("in", msg(n))
+    consumer = queue_manager.queue("in").consumer()
+    consumer.flow(3)
+    entries = take(consumer, 3)
+    done: list[BaseException | None] = []
+    transactions = []
+    for n, entry in enumerate(entries):
+        transaction = queue_manager.transaction()
+        transaction.acknowledge(consumer, entry)
+        transaction.send("out", msg(10 + n, durable=n == 2))
+        transaction.prepare_nowait(f"xid-{n}", done.append, transient_in_memory=True)
+        transactions.append(transaction)
+    assert done == [None, None] and [t.state for t in transactions] == ["prepared", "prepared", "preparing"]
+    await wait_until(lambda: len(done) == 3)
+    assert done == [None] * 3 and sorted(queue_manager.prepared_transactions()) == ["xid-0", "xid-1", "xid-2"]
+    await queue_manager.resolve_prepared("xid-0", commit=True)
+    await queue_manager.resolve_prepared("xid-1", commit=False)
+    assert bodies(queue_manager.queue("out").browse()) == ["m10"]
+    assert bodies(queue_manager.queue("in").browse()) == ["m1"]  # given back to the queue
+    await broker.restart()
+    assert sorted(broker.queue_manager.prepared_transactions()) == ["xid-2"]  # only the logged one
+
+
 async def test_temporary_queues_go_with_their_owner(broker):
     queue_manager = broker.queue_manager
     owner = object()
@@ -592,6 +628,7 @@ async def test_controllers_give_settings_to_unlisted_queues(make_broker):
     assert queue_manager.create_temporary_queue(object()).settings.persistence_mode == "non_persistent"
     assert queue_manager.queue("plain").settings.consumer_mode == "shared"
     assert queue_manager.settings_for("routerdlq").name == "06"
+    assert queue_manager.settings_for("rt$paris").cache_size == 5000  # a transit queue: read back costs most
     running.router.management.add("/sys$queuemanager/queue-controllers", "00", {
         "predicate": "audit%", "max-messages": "7"})
     assert queue_manager.queue("audit-log").settings.max_messages == 7

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from martinet.messaging.codec import Symbol, UInt
 from martinet.messaging.message import AnnotationPatch, Message, MessageError, build
-from martinet.swiftlets.routing.routing_annotations import DESTINATION, DOUBT, HOPS, QUEUE, read
+from martinet.swiftlets.routing.routing_annotations import DESTINATION, DOUBT, HOPS, QUEUE, HopCounter, read
 from martinet.swiftlets.routing.transfer import routing_rewrite
 
 names = st.text(st.characters(codec="utf-8", categories=("L", "N")), min_size=1, max_size=300)
@@ -39,6 +39,13 @@ def test_the_short_path_reads_and_counts_as_the_general_one(others, queue, route
     if counted is not None:  # (None: a map8 that would outgrow itself; the general path then)
         assert counted == AnnotationPatch({HOPS: UInt(hops + 1)}).apply(Message(raw)).raw
         assert general(counted)[2] == hops + 1
+    counter = HopCounter(kept=1)
+    for _ in range(2):  # read, then remembered
+        remembered, again = counter.count(raw)
+        assert remembered is not None and again == counted
+        assert (remembered.destination, remembered.queue, remembered.hops, remembered.doubt) == general(raw)
+    other = AnnotationPatch({HOPS: UInt(hops + 1)}).apply(Message(raw)).raw  # another section: the one kept goes
+    assert counter.count(other)[0].hops == hops + 1 and counter.count(raw)[1] == counted
 
 
 def test_it_declines_what_it_does_not_know_and_refuses_what_is_broken():
@@ -52,3 +59,6 @@ def test_it_declines_what_it_does_not_know_and_refuses_what_is_broken():
     cut = no_hops.raw[:len(no_hops.raw) - len(b"body") - 12]  # inside the map
     with pytest.raises(MessageError, match="malformed message-annotations"):
         read(cut)
+    with pytest.raises(MessageError, match="malformed message-annotations: their map ends at"):
+        HopCounter().count(cut)
+    assert HopCounter().count(plain.raw) == (None, None)

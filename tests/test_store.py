@@ -187,6 +187,18 @@ async def test_a_relative_path_is_under_the_start_directory_and_logged_absolute(
     router.request_stop()
 
 
+async def test_updates_of_one_batch_go_by_value_and_the_last_one_wins(broker, tmp_path):
+    """A batch's updates are grouped into one statement per column and value (a commit
+    clears the txid of all its messages at once); per message the last update counts."""
+    store = broker.store
+    await store.commit([PutMessage(n, "a", b"m", 0, "xid-1") for n in range(1, 5)])
+    counts = [SetDeliveryCount(1, 1), SetDeliveryCount(2, 2), SetDeliveryCount(1, 7), SetDeliveryCount(3, 2)]
+    await store.commit([SetTransaction(n, None) for n in (1, 2, 3)] + counts + [SetTransaction(3, "xid-2")])
+    await broker.stop()
+    assert stored_messages(tmp_path) == [(1, "a", b"m", 7, None), (2, "a", b"m", 2, None), (3, "a", b"m", 2, "xid-2"),
+                                         (4, "a", b"m", 0, "xid-1")]
+
+
 async def test_a_message_body_is_replaced_stored_or_in_the_same_batch(broker, tmp_path):
     await broker.store.commit([PutMessage(1, "a", raw(b"one"))])
     await broker.store.commit([SetMessageBody(1, raw(b"one, annotated")), PutMessage(2, "a", raw(b"two")),

@@ -419,12 +419,18 @@ class Transaction(Protocol):
             StoreError: the store failed (nothing took effect).
         """
 
-    def prepare_nowait(self, xid: str, on_done: Callable[[BaseException | None], None]) -> None:
+    def prepare_nowait(self, xid: str, on_done: Callable[[BaseException | None], None], *,
+                       transient_in_memory: bool = False) -> None:
         """:meth:`prepare` without waiting: the write is queued to the store now, after every
         write queued before it (the store makes them durable in that order), and
         ``on_done(None)`` is called once it is durable and the transaction prepared,
         ``on_done(error)`` if the store failed (the transaction is active again). For callers
         with many transactions in flight that must stay in order (routing links).
+        ``transient_in_memory``: a transaction with nothing persistent in it (no persistent
+        send, no persistent acknowledgement) is prepared in memory only, at once (no store
+        write; ``on_done(None)`` before this returns): a crash loses its non-persistent
+        messages anyway, and its xid with them. Routing uses it; an XA client's prepare keeps
+        its record.
 
         Raises:
             TransactionError: not active, or ``xid`` is in use (nothing was queued).

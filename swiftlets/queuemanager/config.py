@@ -94,7 +94,7 @@ DEFAULT_CONTROLLERS = [
     ControllerConfig(name="01", predicate="tmp$%", persistence_mode=PersistenceMode.NON_PERSISTENT),
     ControllerConfig(name="02", predicate="sys$%"),
     # messages waiting for a route that expire go to routerdlq: nothing in transit vanishes unseen
-    ControllerConfig(name="03", predicate="rt$%", expired_to_dlq=True),
+    ControllerConfig(name="03", predicate="rt$%", expired_to_dlq=True, cache_size=5000),
     ControllerConfig(name="04", predicate="unroutable"),
     ControllerConfig(name="05", predicate="%$%"),
     ControllerConfig(name="06", predicate="routerdlq"),

@@ -98,6 +98,7 @@ __all__ = ["QueueManager", "Transaction"]
 PREDEFINED = ("unroutable", "routerdlq")
 DLQ_REASON = Symbol("x-opt-martinet-dlq-reason")
 DLQ_QUEUE = Symbol("x-opt-martinet-dlq-queue")
+REDIRECTIONS_KEPT = 4096  # addresses whose redirection is remembered (each message to q@R looks it up)
 
 
 _NOT_DELAYED = SendResult(0)
@@ -162,6 +163,7 @@ class QueueManager:
         self._temporary = 0
         # (predicate, its pattern, target queue, rewrite of the messages redirected or None)
         self._redirections: list[tuple[str, re.Pattern[str], str, Rewrite | None]] = []
+        self._redirected: dict[str, tuple[str, Rewrite | None]] = {}  # address → its redirection, as found
         self._deferred: list[Op] = []
         self._deferred_wakeup = trio.Event()
         self._swap_after_flush: list[tuple[Queue, Entry]] = []  # (dead letters) to swap out once stored
@@ -391,10 +393,17 @@ class QueueManager:
         return self._redirection(address)[0]
 
     def _redirection(self, address: str) -> tuple[str, Rewrite | None]:
-        """The target queue and rewrite of the redirection covering ``q@other``."""
+        """The target queue and rewrite of the redirection covering ``q@other`` (remembered
+        per address until the redirections change: every message to ``q@other`` asks)."""
+        found = self._redirected.get(address)
+        if found is not None:
+            return found
         for _, pattern, target, rewrite in self._redirections:
             if pattern.fullmatch(address):
-                return target, rewrite
+                if len(self._redirected) >= REDIRECTIONS_KEPT:
+                    self._redirected.clear()
+                found = self._redirected[address] = target, rewrite
+                return found
         router = address.rpartition("@")[2]
         raise QueueNotFound(f"router {router!r} is not known to router {self.router_name!r} (no route and no "
                             f"static route), so {address!r} cannot be reached")
@@ -405,6 +414,7 @@ class QueueManager:
         ``rewrite(address, message)``; routing uses ``%@R`` → ``rt$R``."""
         self.remove_redirection(predicate)
         self._redirections.append((predicate, like_pattern(predicate), target, rewrite))
+        self._redirected.clear()
 
     def _rewritten(self, address: str, message: Message) -> Message:
         """``message`` as the redirection of ``address`` (``q@other``) rewrites it.
@@ -420,6 +430,7 @@ class QueueManager:
 
     def remove_redirection(self, predicate: str) -> None:
         self._redirections = [r for r in self._redirections if r[0] != predicate]
+        self._redirected.clear()
 
     def settings_for(self, name: str) -> QueueSettings:
         """The settings of queue ``name``: its own definition, else the first controller
@@ -859,6 +870,7 @@ class Transaction:
         self._staged: dict[Queue, list[int]] = {}  # queue → [sends, bytes] staged to it
         self._keys: dict[int, str] = {}
         self._acks: list[tuple[Queue, Entry]] = []
+        self._logged = True  # prepared with a record in the store (not in memory only)
 
     def __repr__(self) -> str:
         return f"<Transaction {self.xid or id(self)} {self.state}: {len(self._sends)} sends, {len(self._acks)} acks>"
@@ -945,10 +957,14 @@ class Transaction:
         """
         await _outcome(self.prepare_nowait, xid)
 
-    def prepare_nowait(self, xid: str, on_done: Callable[[BaseException | None], None]) -> None:
+    def prepare_nowait(self, xid: str, on_done: Callable[[BaseException | None], None], *,
+                       transient_in_memory: bool = False) -> None:
         """:meth:`prepare` without waiting: the write is queued to the store now (after every
         write queued before it), and ``on_done(None)`` is called once it is durable and the
         transaction is prepared, ``on_done(error)`` if the store failed (it is active again).
+        ``transient_in_memory``: a transaction with nothing persistent in it (no persistent
+        send, no persistent acknowledgement) is prepared in memory only, before this returns
+        (``on_done(None)`` called at once): a crash loses its messages anyway, and so its xid.
 
         Raises:
             TransactionError: not active, or ``xid`` is in use (nothing was queued).
@@ -958,6 +974,12 @@ class Transaction:
         manager = self._manager
         if xid in manager._prepared or xid in manager._preparing:
             raise TransactionError(f"a transaction {xid!r} is prepared already")
+        if transient_in_memory and not any(entry.persistent for _, entry in self._sends) \
+                and not any(entry.persistent for _, entry in self._acks):
+            self.xid, self.state, self.prepared_at, self._logged = xid, "prepared", time.time(), False
+            manager._prepared[xid] = self
+            on_done(None)
+            return
         ops: list[Op] = []
         for queue, entry in self._sends:
             ops.extend(manager._put_ops(queue, entry, None, txid=xid))
@@ -1012,7 +1034,8 @@ class Transaction:
                 ops.extend(manager._put_ops(queue, entry, self._keys.get(entry.id)))
         else:
             ops.extend(SetTransaction(entry.id, None) for _, entry in self._sends if entry.persistent)
-            ops.append(DeleteRecord("xa", self.xid or ""))
+            if self._logged:
+                ops.append(DeleteRecord("xa", self.xid or ""))
         ops.extend(DeleteMessage(entry.id) for _, entry in self._acks if entry.persistent)
         if not ops:
             self._committed()
@@ -1062,7 +1085,9 @@ class Transaction:
         """
         self._require("active", "prepared")
         manager = self._manager
-        if self.state == "prepared":
+        if self.state == "prepared" and not self._logged:
+            manager._prepared.pop(self.xid or "", None)
+        elif self.state == "prepared":
             ops: list[Op] = [DeleteMessage(entry.id) for _, entry in self._sends if entry.persistent]
             ops.append(DeleteRecord("xa", self.xid or ""))
             assert manager._store is not None

@@ -69,6 +69,7 @@ import collections
 import itertools
 import logging
 import math
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -121,7 +122,7 @@ __all__ = ["Transfer", "routing_rewrite", "SOURCE", "DESTINATION", "QUEUE", "HOP
 log = logging.getLogger(__name__)
 
 UNROUTABLE_REASON = Symbol("x-opt-martinet-unroutable")
-_REWRITTEN_KEYS = tuple(key.encode() for key in (SOURCE, DESTINATION, QUEUE, HOPS))  # their text
+_REWRITTEN_KEYS = re.compile(b"|".join(re.escape(key.encode()) for key in (SOURCE, DESTINATION, QUEUE, HOPS)))
 
 FRAME_OVERHEAD = 1024  # bytes of a TRANSACTION frame besides its messages (xid, field names, lengths)
 REFUSED_BACKOFF = 1.0  # seconds a dispatcher waits after the peer refused a transaction
@@ -141,7 +142,7 @@ def routing_rewrite(local: str) -> Rewrite:
     def rewrite(address: str, message: Message) -> Message:
         # a message without their text in its bytes has none of these keys: nothing decoded
         raw = message.raw
-        absent = type(raw) is bytes and not any(key in raw for key in _REWRITTEN_KEYS)
+        absent = type(raw) is bytes and _REWRITTEN_KEYS.search(raw) is None  # (one scan for the four)
         queue, _, router = address.rpartition("@")
         if not absent:
             annotations = message.message_annotations
@@ -154,7 +155,7 @@ def routing_rewrite(local: str) -> Rewrite:
             patch = patches[address] = AnnotationPatch({SOURCE: local, DESTINATION: router, QUEUE: queue,
                                                         HOPS: UInt(0)})
         message = patch.apply(message, absent=absent)
-        expires = message.queue_info(_now_ms())[2]  # the time to live counts end to end (§12)
+        expires = message.queue_info(_now_ms(), peek=True)[2]  # the time to live counts end to end (§12)
         return message if expires is None else message.with_annotations({EXPIRES: Timestamp(expires)})
 
     return rewrite
@@ -259,6 +260,7 @@ class Transfer:
         self._dispatchers: dict[str, trio.Event] = {}  # router → its wake-up
         self._outbound: dict[str, Transaction] = {}  # xid → prepared and sent, not yet committed
         self._state: dict[Link, _LinkTransfer] = {}
+        self._hops = routing_annotations.HopCounter()
         self.dropped = 0  # messages for temporary queues that were gone
         self.unroutable = 0
         self.expired = 0  # messages found expired on arrival (dead-lettered here)
@@ -561,7 +563,7 @@ class Transfer:
 
         state.reserved += 1
         try:
-            transaction.prepare_nowait(xid, prepared)
+            transaction.prepare_nowait(xid, prepared, transient_in_memory=True)
         except StoreError as exc:
             not_prepared(exc)
 
@@ -616,8 +618,7 @@ class Transfer:
         """Stage one received message where it goes; the flow-control delay (ms) of the
         queue it goes to (0 when it is dropped, dead-lettered or goes to unroutable)."""
         try:
-            fields = routing_annotations.read(raw)  # the usual case, without decoding the message
-            counted = fields.next_hop() if fields is not None else None
+            fields, counted = self._hops.count(raw)  # the usual case, without decoding the message
             if fields is not None and counted is not None:
                 destination, queue, hops = fields.destination, fields.queue, fields.hops
                 doubt, expires = fields.doubt, fields.expires
@@ -702,28 +703,40 @@ class Transfer:
         try:
             for raw in messages:
                 write.delay_ms = max(write.delay_ms, self._stage(transaction, raw))
-            transaction.prepare_nowait(xid, write.finish)
+            transaction.prepare_nowait(xid, write.finish, transient_in_memory=True)
         except (QueueError, StoreError) as exc:  # e.g. a full queue
             self._refuse(link, transaction, xid, str(exc))
             return None
         return write
 
     async def _commit_inbound(self, link: Link, state: _LinkTransfer, xid: str, recovery: bool) -> _Write:
-        def committed(error: BaseException | None) -> None:
+        def stored(error: BaseException | None) -> None:
             if error is not None:
                 raise StoreError(f"routing transaction {xid} not committed: {error}")
+
+        def committed(error: BaseException | None) -> None:
+            stored(error)
             if recovery:
                 log.info("routing transaction %s from %s committed in recovery", xid, link.peer)
             link.machine.committed(xid)
             link.wake()
 
-        write = _Write(committed)
         transaction = state.inbound.pop(xid, None)
         if transaction is not None:
+            # Answered now, not once durable: the prepare is durable, so a crash before the
+            # commit is leaves the xid prepared here and gone at the sender, a case the
+            # recovery table commits (docs/routing-protocol.md §8.1); the sender's slot is
+            # freed a durable write sooner. The answerer still waits for the write, in order
+            # (the writes queued after it finish after it anyway): a link that ends waits
+            # for it, and a failed commit closes the link.
+            write = _Write(stored)
             transaction.commit_nowait(write.finish)
-        else:  # prepared by an earlier link (or run) of this peer
-            await self.manager.resolve_prepared(xid, commit=True)
-            write.finish(None)
+            link.machine.committed(xid)
+            link.wake()
+            return write
+        write = _Write(committed)  # prepared by an earlier link (or run) of this peer
+        await self.manager.resolve_prepared(xid, commit=True)
+        write.finish(None)
         return write
 
     async def _receive_nonxa(self, link: Link, state: _LinkTransfer, seq: int,

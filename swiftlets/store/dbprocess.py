@@ -260,7 +260,7 @@ class Database:
         """
         puts: dict[int, list[Any]] = {}
         deletes: list[int] = []
-        updates: list[tuple[str, tuple]] = []
+        updates: dict[str, dict[int, Any]] = {}  # column → id → its last value in this batch
         records: list[tuple] = []
         record_deletes: list[tuple] = []
         remembered: list[tuple] = []
@@ -281,7 +281,7 @@ class Database:
                 if put is not None:  # stored in this batch: store it changed
                     put[field] = op[2]
                 else:
-                    updates.append((f"UPDATE messages SET {column} = ? WHERE id = ?", (op[2], op[1])))
+                    updates.setdefault(column, {})[op[1]] = op[2]
             elif code == 5:
                 records.append(tuple(op[1:]))
             elif code == 6:
@@ -298,8 +298,15 @@ class Database:
             for start in range(0, len(deletes), _ROWS_PER_STATEMENT * 4):
                 chunk = deletes[start:start + _ROWS_PER_STATEMENT * 4]
                 db.execute(f"DELETE FROM messages WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
-            for sql, parameters in updates:
-                db.execute(sql, parameters)
+            for column, values in updates.items():  # one statement per value (a commit clears many txids)
+                by_value: dict[Any, list[int]] = {}
+                for id_, value in values.items():
+                    by_value.setdefault(value, []).append(id_)
+                for value, ids in by_value.items():
+                    for start in range(0, len(ids), _ROWS_PER_STATEMENT * 4):
+                        chunk = ids[start:start + _ROWS_PER_STATEMENT * 4]
+                        db.execute(f"UPDATE messages SET {column} = ? WHERE id IN ({', '.join('?' * len(chunk))})",
+                                   (value, *chunk))
             _insert_rows(db, "records (kind, key, value)", records, replace=True)
             for kind_key in record_deletes:
                 db.execute("DELETE FROM records WHERE kind = ? AND key = ?", kind_key)
