@@ -1,0 +1,118 @@
+"""Per-key windows of a changes-only series: the stateful step of the streaming analyses.
+
+The export holds a number only when it changed (and every value at each full sample,
+docs/metrics.md): a value *holds* from its row until the next row of the same key. This
+module turns such points into one row per closed window and metric with time-weighted
+figures, for :func:`martinet.pipeline.jobs.start_analyses`' ``applyInPandasWithState``
+(grouped by router, swiftlet and entity; the function is :meth:`Windows.step`).
+
+Per window ``[start, end)`` and metric, with the value forward-filled from before the window:
+
+- ``seconds``: the time covered (the whole window, or from the metric's first point on);
+- ``average`` (weighted by the time each value held), ``maximum``, ``first``, ``last``;
+- ``increase``: the rise of a counter; a fall, or a new epoch (a restarted router, whose
+  counters start again from 0), counts as a restart: the new value is the rise since. So a
+  burst that stops mid-window is spread over the window, an idle queue rises 0, and a
+  restart gives neither a null nor a negative rate;
+- ``drops``: how often the value fell (a link's up indicator: flaps);
+- ``streak``: windows in a row, up to this one, in which the value grew (``last > first``).
+
+A window is emitted once the watermark has passed its end (the state's event-time timeout
+fires then even when the key has no new rows: an idle queue gets a row in every window);
+points older than the last emitted window are late and ignored. A key stops being filled
+``fill`` ms after its last point (it went: a deleted queue, a stopped router) and its state
+is dropped. The state is one JSON string per key (``STATE_SCHEMA``): the time windows are
+emitted up to, per metric the value carried over and its epoch, and the points not yet in an
+emitted window.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pandas as pd
+
+__all__ = ["Windows", "OUTPUT_SCHEMA", "STATE_SCHEMA"]
+
+OUTPUT_SCHEMA = ("window_start long, window_end long, router string, swiftlet string, entity string, metric string, "
+                 "seconds double, average double, maximum double, first double, last double, increase double, "
+                 "drops long, streak long")
+STATE_SCHEMA = "json string"
+_COLUMNS = [field.split()[0] for field in OUTPUT_SCHEMA.split(", ")]
+
+
+class Windows:
+    """The window function for one ``window`` length and ``fill`` limit (both in ms)."""
+
+    def __init__(self, window: int, fill: int):
+        self.window = window
+        self.fill = fill
+
+    def step(self, key: tuple, frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+        """``applyInPandasWithState``'s function: ``frames`` hold columns ``t`` (ms), ``metric``,
+        ``value``, ``epoch``, ``seq``."""
+        saved = json.loads(state.get[0]) if state.exists else {"until": None, "seen": None, "metrics": {},
+                                                                  "points": []}
+        points = saved["points"]
+        for frame in frames:
+            points.extend(zip(frame["t"].tolist(), frame["metric"].tolist(), frame["value"].tolist(),
+                              frame["epoch"].tolist(), frame["seq"].tolist(), strict=True))
+        if saved["until"] is None and points:
+            saved["until"] = min(p[0] for p in points) // self.window * self.window
+        points = [p for p in points if p[0] >= saved["until"]]  # late: its window was emitted
+        points.sort(key=lambda p: (p[0], p[3], p[4]))
+        if points:
+            saved["seen"] = max(saved["seen"] or 0, points[-1][0])
+        watermark = state.getCurrentWatermarkMs()
+        out = []
+        while saved["until"] + self.window <= watermark and saved["until"] < saved["seen"] + self.fill:
+            start = saved["until"]
+            end = start + self.window
+            inside = 0
+            while inside < len(points) and points[inside][0] < end:
+                inside += 1
+            out += self._close(key, start, end, points[:inside], saved["metrics"])
+            points = points[inside:]
+            saved["until"] = end
+        if not points and saved["until"] >= saved["seen"] + self.fill:
+            state.remove()  # gone: nothing to fill any more
+        else:
+            saved["points"] = points
+            state.update((json.dumps(saved, separators=(",", ":")),))
+            state.setTimeoutTimestamp(saved["until"] + self.window)  # when the next window closes
+        if out:
+            yield pd.DataFrame(out, columns=_COLUMNS)
+
+    @staticmethod
+    def _close(key: tuple, start: int, end: int, points: list, metrics: dict) -> list[tuple]:
+        """The rows of window ``[start, end)`` from its ``points`` and the values carried into it
+        (``metrics``, updated to the values carried out)."""
+        by_metric: dict[str, list] = {name: [] for name in metrics}
+        for point in points:
+            by_metric.setdefault(point[1], []).append(point)
+        rows = []
+        for name, own in by_metric.items():
+            carried = metrics.get(name)
+            if carried is None:  # the metric's first point: covered from there
+                since, value, epoch = own[0][0], own[0][2], own[0][3]
+            else:
+                since, value, epoch = start, carried["v"], carried["e"]
+            first, maximum, area, increase, drops, at = value, value, 0.0, 0.0, 0, since
+            for t, _, new, new_epoch, _ in own:
+                area += value * (t - at)
+                if new < value or new_epoch != epoch:  # a restart of a counter (or a gauge that fell)
+                    increase += new
+                    drops += new < value
+                else:
+                    increase += new - value
+                value, epoch, at = new, new_epoch, t
+                maximum = max(maximum, value)
+            area += value * (end - at)
+            streak = (carried["s"] + 1 if carried else 1) if value > first else 0
+            metrics[name] = {"v": value, "e": epoch, "s": streak}
+            seconds = (end - since) / 1000
+            rows.append((start, end, *key, name, seconds, area / (end - since), maximum, first, value, increase, drops,
+                         streak))
+        return rows
