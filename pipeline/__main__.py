@@ -36,6 +36,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                         "least the export's roll-interval (default '2 minutes'); a window is reported once it passed.")
     parser.add_argument("--fill", default="10 minutes", help="How long a value without new rows still holds: "
                         "longer than the export's full-sample period (default '10 minutes').")
+    parser.add_argument("--state-timeout", default="30 seconds", help="A link state not sampled for this long "
+                        "counts as down (its router stopped): longer than the export's collect-interval "
+                        "(default '30 seconds').")
     parser.add_argument("--alert-windows", type=int, default=3,
                         help="Alert when a backlog grew for this many windows in a row (default 3).")
     return parser.parse_args(argv)
@@ -61,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             queries.extend(start_analyses(spark, output=output, checkpoint=checkpoint, once=args.once,
                                           interval=interval, window=args.window, delay=args.delay, fill=args.fill,
+                                          state_timeout=args.state_timeout,
                                           alert_windows=args.alert_windows))
 
     def report() -> None:

@@ -150,20 +150,22 @@ def _milliseconds(interval: str, spark: SparkSession) -> int:
 
 def start_analyses(spark: SparkSession, *, output: Path, checkpoint: Path, once: bool, interval: str = "10 seconds",
                    window: str = "1 minute", delay: str = "2 minutes", fill: str = "10 minutes",
-                   alert_windows: int = 3) -> list:
+                   state_timeout: str = "30 seconds", alert_windows: int = 3) -> list:
     """Start the analysis queries over the ingested tables below ``output`` (see the module
     header) and return them (``StreamingQuery``). ``fill``: how long a key without rows is still
-    forward-filled (longer than the export's full-sample period, or idle queues get gaps).
+    forward-filled (longer than the export's full-sample period, or idle queues get gaps);
+    ``state_timeout``: how long a link state holds without a sample (longer than the export's
+    collect-interval; past it the link counts as down: its router stopped).
 
     Raises:
         ValueError: an interval Spark cannot parse.
     """
     try:
-        window_ms, fill_ms = _milliseconds(window, spark), _milliseconds(fill, spark)
+        window_ms, fill_ms, expire_ms = (_milliseconds(value, spark) for value in (window, fill, state_timeout))
         _milliseconds(delay, spark)
     except Exception as exc:  # Spark's parse error: long and Java-flavoured
-        raise ValueError(f"bad interval among --window {window!r}, --delay {delay!r}, --fill {fill!r}: "
-                         f"{str(exc).splitlines()[0]}") from None
+        raise ValueError(f"bad interval among --window {window!r}, --delay {delay!r}, --fill {fill!r}, "
+                         f"--state-timeout {state_timeout!r}: {str(exc).splitlines()[0]}") from None
     if window_ms <= 0:
         raise ValueError(f"--window {window!r} must be positive")
     rows, events = _stream(spark, output, "rows"), _stream(spark, output, "events")
@@ -196,8 +198,8 @@ def start_analyses(spark: SparkSession, *, output: Path, checkpoint: Path, once:
               .filter(F.col("value").isNotNull()).withWatermark("time", delay).dropDuplicatesWithinWatermark(KEY)
               .withColumn("t", F.unix_millis("time")))
     series = (points.groupBy("router", "swiftlet", "entity")
-              .applyInPandasWithState(Windows(window_ms, fill_ms).step, OUTPUT_SCHEMA, STATE_SCHEMA, "append",
-                                      GroupStateTimeout.EventTimeTimeout)
+              .applyInPandasWithState(Windows(window_ms, fill_ms, {"state": expire_ms}).step, OUTPUT_SCHEMA,
+                                      STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout)
               .withColumn("window_start", F.timestamp_millis("window_start"))
               .withColumn("window_end", F.timestamp_millis("window_end")))
 

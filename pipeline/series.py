@@ -15,6 +15,9 @@ Per window ``[start, end)`` and metric, with the value forward-filled from befor
   burst that stops mid-window is spread over the window, an idle queue rises 0, and a
   restart gives neither a null nor a negative rate;
 - ``drops``: how often the value fell (a link's up indicator: flaps);
+- a metric sampled at every sample (a link's state: texts are exported at every sample)
+  holds only ``expire`` ms after its last sample and is 0 after that: a stopped router's
+  links count as down, not as they were when it stopped (its export stops first);
 - ``streak``: windows in a row, up to this one, in which the value grew (``last > first``).
 
 A window is emitted once the watermark has passed its end (the state's event-time timeout
@@ -44,11 +47,14 @@ _COLUMNS = [field.split()[0] for field in OUTPUT_SCHEMA.split(", ")]
 
 
 class Windows:
-    """The window function for one ``window`` length and ``fill`` limit (both in ms)."""
+    """The window function for one ``window`` length and ``fill`` limit (both in ms); metrics
+    in ``expire`` (name: ms) are sampled at every sample and count as 0 once not sampled for
+    that long (a link's state while its router is stopped)."""
 
-    def __init__(self, window: int, fill: int):
+    def __init__(self, window: int, fill: int, expire: dict[str, int]):
         self.window = window
         self.fill = fill
+        self.expire = expire
 
     def step(self, key: tuple, frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         """``applyInPandasWithState``'s function: ``frames`` hold columns ``t`` (ms), ``metric``,
@@ -85,8 +91,7 @@ class Windows:
         if out:
             yield pd.DataFrame(out, columns=_COLUMNS)
 
-    @staticmethod
-    def _close(key: tuple, start: int, end: int, points: list, metrics: dict) -> list[tuple]:
+    def _close(self, key: tuple, start: int, end: int, points: list, metrics: dict) -> list[tuple]:
         """The rows of window ``[start, end)`` from its ``points`` and the values carried into it
         (``metrics``, updated to the values carried out)."""
         by_metric: dict[str, list] = {name: [] for name in metrics}
@@ -96,22 +101,28 @@ class Windows:
         for name, own in by_metric.items():
             carried = metrics.get(name)
             if carried is None:  # the metric's first point: covered from there
-                since, value, epoch = own[0][0], own[0][2], own[0][3]
+                since, value, epoch, sampled = own[0][0], own[0][2], own[0][3], own[0][0]
             else:
-                since, value, epoch = start, carried["v"], carried["e"]
+                since, value, epoch, sampled = start, carried["v"], carried["e"], carried["p"]
+            expiry = self.expire.get(name)
             first, maximum, area, increase, drops, at = value, value, 0.0, 0.0, 0, since
-            for t, _, new, new_epoch, _ in own:
+            for t, _, new, new_epoch, _ in [*own, (end, None, None, None, None)]:
+                if expiry is not None and value and t > sampled + expiry:  # not sampled: its router is gone
+                    area += value * (max(at, sampled + expiry) - at)
+                    value, at, drops = 0.0, max(at, sampled + expiry), drops + 1
                 area += value * (t - at)
+                at = t
+                if new is None:
+                    break
                 if new < value or new_epoch != epoch:  # a restart of a counter (or a gauge that fell)
                     increase += new
                     drops += new < value
                 else:
                     increase += new - value
-                value, epoch, at = new, new_epoch, t
+                value, epoch, sampled = new, new_epoch, t
                 maximum = max(maximum, value)
-            area += value * (end - at)
             streak = (carried["s"] + 1 if carried else 1) if value > first else 0
-            metrics[name] = {"v": value, "e": epoch, "s": streak}
+            metrics[name] = {"v": value, "e": epoch, "s": streak, "p": sampled}
             seconds = (end - since) / 1000
             rows.append((start, end, *key, name, seconds, area / (end - since), maximum, first, value, increase, drops,
                          streak))
