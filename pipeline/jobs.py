@@ -25,10 +25,11 @@ collector's redelivered duplicates by ``(router, epoch, seq)`` within it
   rows and from ``LinkStateChanged`` events, as 1 for Operational and 0 otherwise) and link
   counters (``connections/…``) go through ``applyInPandasWithState`` grouped by router,
   swiftlet and entity, with an event-time timeout (:mod:`.series`: time-weighted averages,
-  restart-proof counter increases, growth streaks; every closed window, also with no new
-  row). Chosen over ``transformWithStateInPandas`` as the stable API with event-time timeouts
-  in Spark 4.0–4.3, and over state kept in our own tables because Spark checkpoints it with the
-  query. Its output goes through ``foreachBatch``, which writes ``tables/series`` (one row per
+  restart-proof counter increases, growth streaks, link states that count as down once no
+  longer sampled; every closed window, also with no new row). Chosen over Spark 4's
+  ``transformWithStateInPandas`` as the older, simpler API that runs on the default state
+  store (the newer one needs RocksDB's), and over state kept in our own tables because Spark
+  checkpoints it with the query. Its output goes through ``foreachBatch``, which writes ``tables/series`` (one row per
   window, key and metric) and the tables derived from it — ``rates`` (per router and queue:
   messages in and out per second, backlog average, maximum, last, growth and streak),
   ``backlog_alerts`` (a backlog that grew ``--alert-windows`` windows in a row),
@@ -90,6 +91,8 @@ def session(master: str = "local[*]", name: str = "martinet-pipeline", scratch: 
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.sql.shuffle.partitions", "4")
+             # PySpark's own applyInPandasWithState code warns about its pandas use in every batch
+             .config("spark.executorEnv.PYTHONWARNINGS", "ignore::FutureWarning:pyspark.worker")
              .getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(MartinetSource)
