@@ -164,8 +164,8 @@ def start_analyses(spark: SparkSession, *, output: Path, checkpoint: Path, once:
         ValueError: an interval Spark cannot parse.
     """
     try:
-        window_ms, fill_ms, expire_ms = (_milliseconds(value, spark) for value in (window, fill, state_timeout))
-        _milliseconds(delay, spark)
+        window_ms, delay_ms, fill_ms, expire_ms = (_milliseconds(value, spark)
+                                                   for value in (window, delay, fill, state_timeout))
     except Exception as exc:  # Spark's parse error: long and Java-flavoured
         raise ValueError(f"bad interval among --window {window!r}, --delay {delay!r}, --fill {fill!r}, "
                          f"--state-timeout {state_timeout!r}: {str(exc).splitlines()[0]}") from None
@@ -201,7 +201,7 @@ def start_analyses(spark: SparkSession, *, output: Path, checkpoint: Path, once:
               .filter(F.col("value").isNotNull()).withWatermark("time", delay).dropDuplicatesWithinWatermark(KEY)
               .withColumn("t", F.unix_millis("time")))
     series = (points.groupBy("router", "swiftlet", "entity")
-              .applyInPandasWithState(Windows(window_ms, fill_ms, {"state": expire_ms}).step, OUTPUT_SCHEMA,
+              .applyInPandasWithState(Windows(window_ms, delay_ms, fill_ms, {"state": expire_ms}).step, OUTPUT_SCHEMA,
                                       STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout)
               .withColumn("window_start", F.timestamp_millis("window_start"))
               .withColumn("window_end", F.timestamp_millis("window_end")))

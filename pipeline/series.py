@@ -20,8 +20,9 @@ Per window ``[start, end)`` and metric, with the value forward-filled from befor
   links count as down, not as they were when it stopped (its export stops first);
 - ``streak``: windows in a row, up to this one, in which the value grew (``last > first``).
 
-A window is emitted once the watermark has passed its end (the state's event-time timeout
-fires then even when the key has no new rows: an idle queue gets a row in every window);
+A window is emitted once the watermark, or the key's latest point minus the watermark's
+delay, has passed its end (the state's event-time timeout fires then even when the key has no
+new rows: an idle queue gets a row in every window);
 points older than the last emitted window are late and ignored. A key stops being filled
 ``fill`` ms after its last point (it went: a deleted queue, a stopped router) and its state
 is dropped. The state is one JSON string per key (``STATE_SCHEMA``): the time windows are
@@ -47,12 +48,13 @@ _COLUMNS = [field.split()[0] for field in OUTPUT_SCHEMA.split(", ")]
 
 
 class Windows:
-    """The window function for one ``window`` length and ``fill`` limit (both in ms); metrics
-    in ``expire`` (name: ms) are sampled at every sample and count as 0 once not sampled for
-    that long (a link's state while its router is stopped)."""
+    """The window function for one ``window`` length, the watermark's ``delay`` and the ``fill``
+    limit (all in ms); metrics in ``expire`` (name: ms) are sampled at every sample and count
+    as 0 once not sampled for that long (a link's state while its router is stopped)."""
 
-    def __init__(self, window: int, fill: int, expire: dict[str, int]):
+    def __init__(self, window: int, delay: int, fill: int, expire: dict[str, int]):
         self.window = window
+        self.delay = delay
         self.fill = fill
         self.expire = expire
 
@@ -71,7 +73,11 @@ class Windows:
         points.sort(key=lambda p: (p[0], p[3], p[4]))
         if points:
             saved["seen"] = max(saved["seen"] or 0, points[-1][0])
-        watermark = state.getCurrentWatermarkMs()
+        # The key's own latest point minus the delay is as safe a bound as the watermark: Spark
+        # drops rows older than the watermark, which will be at least that. It closes windows in
+        # the batch that brings their rows (the watermark moves only after a batch), so a large
+        # batch (a first run over days of files) does not pile all its points up in the state.
+        watermark = max(state.getCurrentWatermarkMs(), (saved["seen"] or 0) - self.delay)
         out = []
         while saved["until"] + self.window <= watermark and saved["until"] < saved["seen"] + self.fill:
             start = saved["until"]
