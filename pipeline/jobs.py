@@ -10,13 +10,13 @@ router is a column already) or from the live source (:mod:`.source`). The Parque
 
 **Analyses.** Two streaming queries read the ingested tables as streams (the file source
 follows the sink's log, so they see committed batches only) with an event-time watermark of
-``--delay`` (how late rows may come: a router's file holds ``roll-interval`` of rows) and drop a
-collector's redelivered duplicates by ``(router, epoch, seq)`` within it
-(``dropDuplicatesWithinWatermark``):
+``--delay`` (how late rows may come: a router's file holds ``roll-interval`` of rows), and
+count a row a collector wrote twice once (same ``(router, epoch, seq)``):
 
-- ``route_changes``: a plain windowed count of routing events per router and kind, in
-  append mode to the Parquet table ``tables/route_changes`` (a window is written once the
-  watermark has passed it).
+- ``route_changes``: a plain windowed count of routing events per router and kind
+  (duplicates dropped by ``dropDuplicatesWithinWatermark``: few rows), in append mode to
+  the Parquet table ``tables/route_changes`` (a window is written once the watermark has
+  passed it).
 - ``series``: the export holds a number only when it changed, so windowed aggregation of
   the rows as they are would rate a burst that stops mid-window over the time it moved, weight
   a backlog by its changes and give an idle queue no row at all. The values are
@@ -29,9 +29,10 @@ collector's redelivered duplicates by ``(router, epoch, seq)`` within it
   longer sampled; every closed window, also with no new row). Chosen over Spark 4's
   ``transformWithStateInPandas`` as the older, simpler API that runs on the default state
   store (the newer one needs RocksDB's), and over state kept in our own tables because Spark
-  checkpoints it with the query. Its output goes through ``foreachBatch``, which writes ``tables/series`` (one row per
-  window, key and metric) and the tables derived from it — ``rates`` (per router and queue:
-  messages in and out per second, backlog average, maximum, last, growth and streak),
+  checkpoints it with the query. Its output goes through ``foreachBatch``, which writes
+  ``tables/series`` (one row per window, key and metric) and the tables derived from it —
+  ``rates`` (per router and queue: messages in and out per second, backlog average, maximum,
+  last, growth and streak),
   ``backlog_alerts`` (a backlog that grew ``--alert-windows`` windows in a row),
   ``link_availability`` (per connector: share of time Operational, flaps) and ``link_rates``
   (messages per second per routing connection) — each batch into ``batch=<id>`` partitions,
@@ -198,8 +199,7 @@ def start_analyses(spark: SparkSession, *, output: Path, checkpoint: Path, once:
                            "epoch", "seq"))
     columns = ["router", "time", "swiftlet", "entity", "metric", "value", "epoch", "seq"]
     points = (numbers.select(*columns).unionByName(states.select(*columns)).unionByName(link_events)
-              .filter(F.col("value").isNotNull()).withWatermark("time", delay).dropDuplicatesWithinWatermark(KEY)
-              .withColumn("t", F.unix_millis("time")))
+              .filter(F.col("value").isNotNull()).withWatermark("time", delay).withColumn("t", F.unix_millis("time")))
     series = (points.groupBy("router", "swiftlet", "entity")
               .applyInPandasWithState(Windows(window_ms, delay_ms, fill_ms, {"state": expire_ms}).step, OUTPUT_SCHEMA,
                                       STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout)

@@ -23,7 +23,8 @@ Per window ``[start, end)`` and metric, with the value forward-filled from befor
 A window is emitted once the watermark, or the key's latest point minus the watermark's
 delay, has passed its end (the state's event-time timeout fires then even when the key has no
 new rows: an idle queue gets a row in every window);
-points older than the last emitted window are late and ignored. A key stops being filled
+points older than the last emitted window are late and ignored, and a point that came twice
+(a collector's redelivery: the same ``(epoch, seq)``) counts once. A key stops being filled
 ``fill`` ms after its last point (it went: a deleted queue, a stopped router) and its state
 is dropped. The state is one JSON string per key (``STATE_SCHEMA``): the time windows are
 emitted up to, per metric the value carried over and its epoch, and the points not yet in an
@@ -69,8 +70,12 @@ class Windows:
                               frame["epoch"].tolist(), frame["seq"].tolist(), strict=True))
         if saved["until"] is None and points:
             saved["until"] = min(p[0] for p in points) // self.window * self.window
-        points = [p for p in points if p[0] >= saved["until"]]  # late: its window was emitted
         points.sort(key=lambda p: (p[0], p[3], p[4]))
+        # late (its window was emitted) or a collector's duplicate (the same epoch and seq, so the
+        # same time: next to its original): Spark's dropDuplicatesWithinWatermark would keep every
+        # key of a first run's batch in the JVM's memory
+        points = [p for i, p in enumerate(points)
+                  if p[0] >= saved["until"] and (i == 0 or p[3:] != points[i - 1][3:])]
         if points:
             saved["seen"] = max(saved["seen"] or 0, points[-1][0])
         # The key's own latest point minus the delay is as safe a bound as the watermark: Spark
