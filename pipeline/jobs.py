@@ -146,10 +146,20 @@ def _stream(spark: SparkSession, output: Path, table: str) -> DataFrame:
     return spark.readStream.schema(spark_schema(table)).parquet(str(output / table))
 
 
-def _milliseconds(interval: str, spark: SparkSession) -> int:
+def _milliseconds(spark: SparkSession, option: str, interval: str) -> int:
     """``'2 minutes'`` in ms (Spark's own interval syntax, so ``--window`` means what
-    ``window()`` takes)."""
-    return spark.sql(f"SELECT unix_millis(TIMESTAMP'1970-01-01 00:00:00' + INTERVAL {interval})").first()[0]
+    ``window()`` takes).
+
+    Raises:
+        ValueError: not an interval, or not positive; the message names ``option``.
+    """
+    try:
+        value = spark.sql(f"SELECT unix_millis(TIMESTAMP'1970-01-01 00:00:00' + INTERVAL {interval})").first()[0]
+    except Exception:  # Spark's parse error: long and Java-flavoured
+        raise ValueError(f"{option} {interval!r} is not an interval (like '30 seconds' or '2 minutes')") from None
+    if value <= 0:
+        raise ValueError(f"{option} {interval!r} must be positive")
+    return value
 
 
 def start_analyses(spark: SparkSession, *, output: Path, checkpoint: Path, once: bool, interval: str = "10 seconds",
@@ -162,16 +172,11 @@ def start_analyses(spark: SparkSession, *, output: Path, checkpoint: Path, once:
     collect-interval; past it the link counts as down: its router stopped).
 
     Raises:
-        ValueError: an interval Spark cannot parse.
+        ValueError: an interval that Spark cannot parse or that is not positive.
     """
-    try:
-        window_ms, delay_ms, fill_ms, expire_ms = (_milliseconds(value, spark)
-                                                   for value in (window, delay, fill, state_timeout))
-    except Exception as exc:  # Spark's parse error: long and Java-flavoured
-        raise ValueError(f"bad interval among --window {window!r}, --delay {delay!r}, --fill {fill!r}, "
-                         f"--state-timeout {state_timeout!r}: {str(exc).splitlines()[0]}") from None
-    if window_ms <= 0:
-        raise ValueError(f"--window {window!r} must be positive")
+    window_ms, delay_ms, fill_ms, expire_ms = (
+        _milliseconds(spark, option, value) for option, value in (
+            ("--window", window), ("--delay", delay), ("--fill", fill), ("--state-timeout", state_timeout)))
     rows, events = _stream(spark, output, "rows"), _stream(spark, output, "events")
 
     changes = (events.filter(F.col("kind").isin(*ROUTE_EVENTS)).withWatermark("time", delay)
