@@ -5,8 +5,9 @@
 Writes ``N`` rows (10 million by default) as the export would (Parquet, partitioned by date
 and router, with :func:`martinet.swiftlets.spark.files.write_tables`): 3 routers, 200 queues
 each sampled every second (messages, enqueued, dequeued and a text value per sample), spread
-over ``F`` files. Then runs the ingest (Structured Streaming, ``availableNow``) and the
-analyses with the report, each timed, in one Spark session, and prints rows per second.
+over ``F`` files. Then runs the ingest and the analyses (Structured Streaming, ``availableNow``,
+one after the other as ``--once`` does) and the report, each timed, in one Spark session, and
+prints rows per second.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from martinet.pipeline.jobs import analyse, session, start_ingest, write_results
+from martinet.pipeline.jobs import results, session, start_analyses, start_ingest
 from martinet.pipeline.report import write_report
 from martinet.swiftlets.spark.config import FileFormat
 from martinet.swiftlets.spark.files import write_tables
@@ -57,7 +58,7 @@ def main(args: argparse.Namespace) -> None:
               f"{sum(f.stat().st_size for f in files) / 1e6:.0f} MB, written in {time.perf_counter() - started:.0f} s",
               flush=True)
         started = time.perf_counter()
-        spark = session(args.master, "pipeline-bench")
+        spark = session(args.master, "pipeline-bench", scratch=folder / "spark")
         print(f"Spark {spark.version} on {args.master}: session in {time.perf_counter() - started:.1f} s", flush=True)
         output = folder / "analysis"
         started = time.perf_counter()
@@ -69,13 +70,17 @@ def main(args: argparse.Namespace) -> None:
         print(f"ingest (streaming, availableNow): {count:,} rows in {ingest:.1f} s = {count / ingest:,.0f} rows/s",
               flush=True)
         started = time.perf_counter()
-        results = analyse(spark, output, window="1 minute")
-        write_results(results, output)
-        write_report(results, output / "report.html")
-        spark.catalog.clearCache()
+        for query in start_analyses(spark, output=output, checkpoint=output / "_checkpoints", once=True,
+                                    window="1 minute", delay="1 minute"):
+            query.awaitTermination()
         analysis = time.perf_counter() - started
-        print(f"analyses + tables + report: {analysis:.1f} s = {count / analysis:,.0f} rows/s")
-        print(f"whole pipeline: {count / (ingest + analysis):,.0f} rows/s")
+        windows = spark.read.parquet(str(output / "tables" / "rates")).count()
+        print(f"analyses (streaming, availableNow): {analysis:.1f} s = {count / analysis:,.0f} rows/s "
+              f"({windows:,} queue windows)", flush=True)
+        started = time.perf_counter()
+        write_report(results(spark, output), output / "report.html")
+        print(f"report: {time.perf_counter() - started:.1f} s")
+        print(f"ingest + analyses: {count / (ingest + analysis):,.0f} rows/s")
         spark.stop()
 
 

@@ -9,6 +9,7 @@ See :mod:`.jobs` for what it computes and README "Metrics into Spark" for a walk
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,13 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--interval", type=float, default=30, help="Seconds between batches and reports when "
                         "running continuously (default 30).")
     parser.add_argument("--window", default="1 minute", help="Window of the results (default '1 minute').")
+    parser.add_argument("--delay", default="2 minutes", help="How late rows may arrive: the watermark's delay, at "
+                        "least the export's roll-interval (default '2 minutes'); a window is reported once it passed.")
+    parser.add_argument("--fill", default="10 minutes", help="How long a value without new rows still holds: "
+                        "longer than the export's full-sample period (default '10 minutes').")
+    parser.add_argument("--state-timeout", default="30 seconds", help="A link state not sampled for this long "
+                        "counts as down (its router stopped): longer than the export's collect-interval "
+                        "(default '30 seconds').")
     parser.add_argument("--alert-windows", type=int, default=3,
                         help="Alert when a backlog grew for this many windows in a row (default 3).")
     return parser.parse_args(argv)
@@ -38,45 +46,57 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
-    from .jobs import analyse, session, start_ingest, write_results  # Spark is slow to import: after --help
+    from .jobs import results, session, start_analyses, start_ingest  # Spark is slow to import: after --help
     from .report import write_report
 
     output = Path(args.output)
     checkpoint = Path(args.checkpoint) if args.checkpoint else output / "_checkpoints"
-    spark = session(args.master)
-    try:
-        queries = start_ingest(spark, source=args.source, output=output, checkpoint=checkpoint, once=args.once,
-                               interval=f"{args.interval} seconds", folder=args.input, file_format=args.format,
-                               url=args.url, topic=args.topic)
-    except ValueError as exc:
-        print(f"martinet-pipeline: {exc}", file=sys.stderr)
-        spark.stop()
-        return 2
+    scratch = output / "_spark"  # Spark's local files, removed at the end
+    spark = session(args.master, scratch=scratch)
+    interval = f"{args.interval} seconds"
+    queries = []
+
+    def start(what: str) -> None:
+        if what == "ingest":
+            queries.extend(start_ingest(spark, source=args.source, output=output, checkpoint=checkpoint,
+                                        once=args.once, interval=interval, folder=args.input,
+                                        file_format=args.format, url=args.url, topic=args.topic))
+        else:
+            queries.extend(start_analyses(spark, output=output, checkpoint=checkpoint, once=args.once,
+                                          interval=interval, window=args.window, delay=args.delay, fill=args.fill,
+                                          state_timeout=args.state_timeout,
+                                          alert_windows=args.alert_windows))
 
     def report() -> None:
-        results = analyse(spark, output, window=args.window, alert_windows=args.alert_windows)
-        write_results(results, output)
-        path = write_report(results, output / "report.html")
-        spark.catalog.clearCache()
+        path = write_report(results(spark, output), output / "report.html")
         print(f"report: {path.resolve()}", flush=True)
 
     try:
-        if args.once:
+        start("ingest")
+        if args.once:  # the analyses read what the ingest wrote: one after the other
+            for query in queries:
+                query.awaitTermination()
+            start("analyses")
             for query in queries:
                 query.awaitTermination()
             report()
         else:
+            start("analyses")
             while all(query.isActive for query in queries):
                 time.sleep(args.interval)
                 report()
             for query in queries:
                 query.awaitTermination()  # raises what stopped it
+    except ValueError as exc:
+        print(f"martinet-pipeline: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         pass
     finally:
         for query in queries:
             query.stop()
         spark.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 

@@ -1,35 +1,50 @@
-"""The pipeline's Spark work: ingest (Structured Streaming) and the analyses (batch over what
-was ingested).
+"""The pipeline's Spark work: the ingest and the windowed analyses, all Structured Streaming.
 
 Theory of operation
 -------------------
 **Ingest.** One streaming query per table (``rows``, ``events``) copies the source into the
 output folder's Parquet tables ``rows`` and ``events``: from the export's files (Spark's file
 source; ``recursiveFileLookup`` because the export partitions by ``date=…/router=…`` and the
-router is a column already) or from the live source (:mod:`.source`). Each query has its own
-checkpoint, and the Parquet sink's log makes a re-run neither skip nor repeat a file or a
-batch: a restarted job continues where it stopped. ``--once`` runs them with
-``availableNow`` (everything there now, then stop); otherwise they run until stopped, every
-``--interval``.
+router is a column already) or from the live source (:mod:`.source`). The Parquet sink's log
+(``_spark_metadata``) makes a re-run neither skip nor repeat a file or a batch.
 
-**Analyses.** :func:`analyse` reads the ingested tables (a batch read: every row so far,
-duplicates from a collector's redelivery removed by ``(router, epoch, seq)``) and computes the
-result tables, each windowed by ``--window``: ``rates`` (per router and queue: messages in
-and out per second — a counter's increase over the time between its first and last sample
-in the window — and the backlog: average, maximum, last, growth), ``backlog_alerts`` (a
-backlog that grew for ``--alert-windows`` windows in a row), ``link_availability`` (per
-routing connector: share of samples Operational, and flaps: changes from Operational to
-another state), ``route_changes`` (routing events per kind), ``slowest_consumers`` (queues
-whose consumers take the smallest share of what comes in) and ``busiest_links`` (routing
-links by messages per second). They are rewritten whole each time (open windows included),
-then the report (:mod:`.report`) is drawn from them.
+**Analyses.** Two streaming queries read the ingested tables as streams (the file source
+follows the sink's log, so they see committed batches only) with an event-time watermark of
+``--delay`` (how late rows may come: a router's file holds ``roll-interval`` of rows), and
+count a row a collector wrote twice once (same ``(router, epoch, seq)``):
 
-The export holds a number only when it changed (and every value at each full sample,
-docs/metrics.md), so the analyses work on the rows in a window as they are: a rate is exact
-while its counter moves at every sample (a busy queue) and is ``0`` for an idle one with two
-full samples in the window, but a burst that stops mid-window is rated over the time it moved;
-the backlog average is over the backlog's changes, not weighted by time. Texts (link states)
-come at every sample, so availability is a share of samples as before.
+- ``route_changes``: a plain windowed count of routing events per router and kind
+  (duplicates dropped by ``dropDuplicatesWithinWatermark``: few rows), in append mode to
+  the Parquet table ``tables/route_changes`` (a window is written once the watermark has
+  passed it).
+- ``series``: the export holds a number only when it changed, so windowed aggregation of
+  the rows as they are would rate a burst that stops mid-window over the time it moved, weight
+  a backlog by its changes and give an idle queue no row at all. The values are
+  forward-filled per key instead, which needs state across windows: queue counters and
+  backlogs (``sys$queuemanager queues/…``), link states (``sys$routing connectors/…`` from the
+  rows and from ``LinkStateChanged`` events, as 1 for Operational and 0 otherwise) and link
+  counters (``connections/…``) go through ``applyInPandasWithState`` grouped by router,
+  swiftlet and entity, with an event-time timeout (:mod:`.series`: time-weighted averages,
+  restart-proof counter increases, growth streaks, link states that count as down once no
+  longer sampled; every closed window, also with no new row). Chosen over Spark 4's
+  ``transformWithStateInPandas`` as the older, simpler API that runs on the default state
+  store (the newer one needs RocksDB's), and over state kept in our own tables because Spark
+  checkpoints it with the query. Its output goes through ``foreachBatch``, which writes
+  ``tables/series`` (one row per window, key and metric) and the tables derived from it —
+  ``rates`` (per router and queue: messages in and out per second, backlog average, maximum,
+  last, growth and streak),
+  ``backlog_alerts`` (a backlog that grew ``--alert-windows`` windows in a row),
+  ``link_availability`` (per connector: share of time Operational, flaps) and ``link_rates``
+  (messages per second per routing connection) — each batch into ``batch=<id>`` partitions,
+  replaced whole when a restarted query runs a batch again: exactly once. All of one entity's
+  metrics close in the same batch, so the per-batch pivot is complete.
+
+Each query has its own checkpoint below ``--checkpoint``: a restarted job continues where it
+stopped, its open windows included (keep ``--window`` and ``--delay`` for a checkpoint).
+``--once`` runs them with ``availableNow`` (the ingest first, then the analyses: everything
+there now, then stop); windows the watermark has not passed yet stay open until a later run.
+Otherwise they all run until stopped, every ``--interval``. :func:`results` reads the result
+tables for the report, ranking ``slowest_consumers`` and ``busiest_links`` over all windows.
 """
 
 from __future__ import annotations
@@ -37,31 +52,48 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.state import GroupStateTimeout
 
 from .schema import spark_schema
+from .series import OUTPUT_SCHEMA, STATE_SCHEMA, Windows
 from .source import MartinetSource
 
-__all__ = ["session", "start_ingest", "analyse", "RESULTS"]
+__all__ = ["session", "start_ingest", "start_analyses", "results", "RESULTS"]
 
 KEY = ["router", "epoch", "seq"]
 RESULTS = ("rates", "backlog_alerts", "link_availability", "route_changes", "slowest_consumers", "busiest_links")
+ROUTE_EVENTS = ("RouteAdded", "RouteRemoved", "DestinationAdded", "DestinationRemoved", "DestinationActivated",
+                "DestinationDeactivated")
 
 
-def session(master: str = "local[*]", name: str = "martinet-pipeline") -> SparkSession:
+def session(master: str = "local[*]", name: str = "martinet-pipeline", scratch: Path | None = None) -> SparkSession:
     """A Spark session for the pipeline, with the ``martinet`` source registered. Keeps Spark on
     loopback when nothing says otherwise (``SPARK_LOCAL_IP``) and without its web UI; Python
     workers run this interpreter (``PYSPARK_PYTHON``, unless set: the live source imports
-    ``martinet`` there — on a cluster, the workers' Python needs ``martinet[spark]`` too)."""
+    ``martinet`` there — on a cluster, the workers' Python needs ``martinet[spark]`` too).
+    ``scratch`` takes Spark's local files (``spark.local.dir`` and the JVM's temporary folder:
+    ``blockmgr-*``, ``spark-*``, ``artifacts-*``) instead of ``/tmp``; the caller removes it
+    after ``spark.stop()`` (a killed driver leaves them there, not in ``/tmp``)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master(master).appName(name)
+    builder = SparkSession.builder.master(master).appName(name)
+    if scratch is not None:
+        scratch.mkdir(parents=True, exist_ok=True)
+        temporary = f"-Djava.io.tmpdir={scratch.resolve()}"
+        builder = (builder.config("spark.local.dir", str(scratch.resolve()))
+                   .config("spark.driver.extraJavaOptions", temporary)
+                   .config("spark.executor.extraJavaOptions", temporary))
+    spark = (builder
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.sql.shuffle.partitions", "4")
+             # PySpark's own applyInPandasWithState code warns about its pandas use in every batch
+             .config("spark.executorEnv.PYTHONWARNINGS", "ignore::FutureWarning:pyspark.worker")
              .getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(MartinetSource)
@@ -93,6 +125,9 @@ def start_ingest(spark: SparkSession, *, source: str, output: Path, checkpoint: 
                      .option("table", table).option("replay-folder", str(checkpoint / f"replay-{table}")).load())
         else:
             raise ValueError(f"unknown source {source!r}: use files or live")
+        # the analyses stream from this table: with its log there from the start they never
+        # take it for a plain folder (and read a file the sink has not committed yet)
+        (output / table / "_spark_metadata").mkdir(parents=True, exist_ok=True)
         writer = (frame.writeStream.format("parquet").outputMode("append")
                   .option("path", str(output / table)).option("checkpointLocation", str(checkpoint / table))
                   .queryName(f"ingest-{table}"))
@@ -101,102 +136,159 @@ def start_ingest(spark: SparkSession, *, source: str, output: Path, checkpoint: 
     return queries
 
 
-def _ingested(spark: SparkSession, output: Path, table: str) -> DataFrame:
-    path = output / table
-    if not any(path.glob("*.parquet")):
-        return spark.createDataFrame([], spark_schema(table))
-    return spark.read.schema(spark_schema(table)).parquet(str(path)).dropDuplicates(KEY)
 
 
-def _windowed(frame: DataFrame, window: str) -> DataFrame:
-    return frame.withColumn("w", F.window("time", window))
+def _trigger(writer: Any, once: bool, interval: str) -> Any:
+    return writer.trigger(availableNow=True) if once else writer.trigger(processingTime=interval)
 
 
-def _counter_rates(frame: DataFrame, keys: list[str]) -> DataFrame:
-    """Per window and ``keys`` (which include ``metric``): the counter's increase per second
-    between its first and last sample in the window (null with one sample; a reset, e.g. a
-    restarted router, gives null rather than a negative rate)."""
-    per = frame.groupBy("w", *keys).agg(F.min_by("value", "time").alias("first"),
-                                        F.max_by("value", "time").alias("last"),
-                                        F.min("time").alias("t0"), F.max("time").alias("t1"))
-    seconds = F.unix_millis(F.col("t1")) / 1000 - F.unix_millis(F.col("t0")) / 1000
-    rate = F.when((seconds > 0) & (F.col("last") >= F.col("first")), (F.col("last") - F.col("first")) / seconds)
-    return per.withColumn("rate", rate)
+def _stream(spark: SparkSession, output: Path, table: str) -> DataFrame:
+    return spark.readStream.schema(spark_schema(table)).parquet(str(output / table))
 
 
-def analyse(spark: SparkSession, output: Path, *, window: str = "1 minute", alert_windows: int = 3,
-            top: int = 20) -> dict[str, DataFrame]:
-    """The result tables (see the module header) from the ingested tables below ``output``. They
-    share cached inputs: ``spark.catalog.clearCache()`` once they are written."""
-    rows = _ingested(spark, output, "rows").persist()  # read by every table: deduplicated once
-    events = _ingested(spark, output, "events").persist()
-    queues = _windowed(rows.filter((F.col("swiftlet") == "sys$queuemanager") & F.col("entity").startswith("queues/")
-                                   & F.col("value").isNotNull())
-                       .withColumn("queue", F.expr("substring(entity, 8)")), window)
-    flows = queues.filter(F.col("metric").isin("enqueued", "dequeued"))
-    counters = (_counter_rates(flows, ["router", "queue", "metric"])
-                .groupBy("w", "router", "queue").pivot("metric", ["enqueued", "dequeued"]).agg(F.first("rate"))
-                .withColumnRenamed("enqueued", "in_rate").withColumnRenamed("dequeued", "out_rate"))
-    backlog = (queues.filter(F.col("metric") == "messages").groupBy("w", "router", "queue")
-               .agg(F.avg("value").alias("backlog_avg"), F.max("value").alias("backlog_max"),
-                    F.max_by("value", "time").alias("backlog_last"),
-                    (F.max_by("value", "time") - F.min_by("value", "time")).alias("backlog_growth")))
-    rates = (backlog.join(counters, ["w", "router", "queue"], "left")
-             .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"), "router", "queue",
-                     "in_rate", "out_rate", "backlog_avg", "backlog_max", "backlog_last", "backlog_growth")
-             .persist())
+def _milliseconds(spark: SparkSession, option: str, interval: str) -> int:
+    """``'2 minutes'`` in ms (Spark's own interval syntax, so ``--window`` means what
+    ``window()`` takes).
 
-    by_queue = Window.partitionBy("router", "queue").orderBy("window_start")
-    growing = F.col("backlog_growth") > 0
-    streaks = (rates.withColumn("run", F.sum(F.when(growing, 0).otherwise(1)).over(by_queue))
-               .withColumn("streak", F.sum(F.when(growing, 1).otherwise(0))
-                           .over(Window.partitionBy("router", "queue", "run").orderBy("window_start"))))
-    alerts = (streaks.filter(growing & (F.col("streak") >= alert_windows))
-              .select("window_start", "router", "queue", "streak", "backlog_last", "backlog_growth"))
-
-    states = _windowed(rows.filter((F.col("swiftlet") == "sys$routing") & F.col("entity").startswith("connectors/")
-                                   & (F.col("metric") == "state"))
-                       .withColumn("link", F.expr("substring(entity, 12)")), window)
-    availability = states.groupBy("w", "router", "link").agg(
-        F.avg(F.when(F.col("text") == "operational", 1.0).otherwise(0.0)).alias("availability"),
-        F.count("*").alias("samples"))
-    link_events = (events.filter((F.col("kind") == "LinkStateChanged") & F.col("entity").startswith("connector:"))
-                   .withColumn("link", F.expr("substring(entity, 11)"))
-                   .withColumn("state", F.get_json_object("fields", "$.state")))
-    before = F.lag("state").over(Window.partitionBy("router", "link").orderBy("time", "epoch", "seq"))
-    flaps = (_windowed(link_events.withColumn("before", before), window)
-             .filter((F.col("before") == "operational") & (F.col("state") != "operational"))
-             .groupBy("w", "router", "link").agg(F.count("*").alias("flaps")))
-    link_availability = (availability.join(flaps, ["w", "router", "link"], "left").fillna(0, ["flaps"])
-                         .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"), "router",
-                                 "link", "availability", "flaps", "samples"))
-
-    route_changes = (_windowed(events.filter(F.col("kind").isin("RouteAdded", "RouteRemoved", "DestinationAdded",
-                                                                "DestinationRemoved", "DestinationActivated",
-                                                                "DestinationDeactivated")), window)
-                     .groupBy("w", "router", "kind").agg(F.count("*").alias("changes"))
-                     .select(F.col("w.start").alias("window_start"), "router", "kind", "changes"))
-
-    slowest = (rates.filter(F.col("in_rate") > 0).groupBy("router", "queue")
-               .agg(F.avg("in_rate").alias("in_rate"), F.avg("out_rate").alias("out_rate"),
-                    F.max_by("backlog_last", "window_start").alias("backlog"))
-               .withColumn("consumed_share", F.coalesce(F.col("out_rate"), F.lit(0.0)) / F.col("in_rate"))
-               .orderBy("consumed_share", F.desc("backlog")).limit(top))
-
-    links = _windowed(rows.filter((F.col("swiftlet") == "sys$routing") & F.col("entity").startswith("connections/")
-                                  & F.col("metric").isin("messages-in", "messages-out")), window)
-    busiest = (_counter_rates(links, ["router", "entity", "metric"]).groupBy("router", "entity")
-               .agg((F.sum("rate") / F.countDistinct("w")).alias("messages_per_second"))
-               .withColumn("link", F.expr("substring(entity, 13)")).drop("entity")
-               .orderBy(F.desc("messages_per_second")).limit(top))
-    return {"rates": rates, "backlog_alerts": alerts, "link_availability": link_availability,
-            "route_changes": route_changes, "slowest_consumers": slowest, "busiest_links": busiest}
+    Raises:
+        ValueError: not an interval, or not positive; the message names ``option``.
+    """
+    try:
+        value = spark.sql(f"SELECT unix_millis(TIMESTAMP'1970-01-01 00:00:00' + INTERVAL {interval})").first()[0]
+    except Exception:  # Spark's parse error: long and Java-flavoured
+        raise ValueError(f"{option} {interval!r} is not an interval (like '30 seconds' or '2 minutes')") from None
+    if value <= 0:
+        raise ValueError(f"{option} {interval!r} must be positive")
+    return value
 
 
-def write_results(results: dict[str, DataFrame], output: Path) -> dict[str, Path]:
-    """Write every result table as Parquet below ``output/tables`` (replacing the last run's)."""
-    paths = {}
-    for name, frame in results.items():
-        paths[name] = output / "tables" / name
-        frame.coalesce(1).write.mode("overwrite").parquet(str(paths[name]))
-    return paths
+def start_analyses(spark: SparkSession, *, output: Path, checkpoint: Path, once: bool, interval: str = "10 seconds",
+                   window: str = "1 minute", delay: str = "2 minutes", fill: str = "10 minutes",
+                   state_timeout: str = "30 seconds", alert_windows: int = 3) -> list:
+    """Start the analysis queries over the ingested tables below ``output`` (see the module
+    header) and return them (``StreamingQuery``). ``fill``: how long a key without rows is still
+    forward-filled (longer than the export's full-sample period, or idle queues get gaps);
+    ``state_timeout``: how long a link state holds without a sample (longer than the export's
+    collect-interval; past it the link counts as down: its router stopped).
+
+    Raises:
+        ValueError: an interval that Spark cannot parse or that is not positive.
+    """
+    window_ms, delay_ms, fill_ms, expire_ms = (
+        _milliseconds(spark, option, value) for option, value in (
+            ("--window", window), ("--delay", delay), ("--fill", fill), ("--state-timeout", state_timeout)))
+    rows, events = _stream(spark, output, "rows"), _stream(spark, output, "events")
+
+    changes = (events.filter(F.col("kind").isin(*ROUTE_EVENTS)).withWatermark("time", delay)
+               .dropDuplicatesWithinWatermark(KEY)
+               .groupBy(F.window("time", window).alias("w"), "router", "kind").agg(F.count("*").alias("changes"))
+               .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"), "router", "kind",
+                       "changes"))
+    queries = [_trigger(changes.writeStream.format("parquet").outputMode("append").queryName("route-changes")
+                        .option("path", str(output / "tables" / "route_changes"))
+                        .option("checkpointLocation", str(checkpoint / "route_changes")), once, interval).start()]
+
+    entity, metric = F.col("entity"), F.col("metric")
+    numbers = rows.filter(
+        ((F.col("swiftlet") == "sys$queuemanager") & entity.startswith("queues/")
+         & metric.isin("messages", "enqueued", "dequeued"))
+        | ((F.col("swiftlet") == "sys$routing") & entity.startswith("connections/")
+           & metric.isin("messages-in", "messages-out")))
+    states = (rows.filter((F.col("swiftlet") == "sys$routing") & entity.startswith("connectors/") & (metric == "state"))
+              .withColumn("value", (F.col("text") == "operational").cast("double")))
+    link_events = (events.filter((F.col("kind") == "LinkStateChanged") & entity.startswith("connector:"))
+                   .select("router", "time", F.lit("sys$routing").alias("swiftlet"),
+                           F.concat(F.lit("connectors/"), F.expr("substring(entity, 11)")).alias("entity"),
+                           F.lit("state").alias("metric"),
+                           (F.get_json_object("fields", "$.state") == "operational").cast("double").alias("value"),
+                           "epoch", "seq"))
+    columns = ["router", "time", "swiftlet", "entity", "metric", "value", "epoch", "seq"]
+    points = (numbers.select(*columns).unionByName(states.select(*columns)).unionByName(link_events)
+              .filter(F.col("value").isNotNull()).withWatermark("time", delay).withColumn("t", F.unix_millis("time")))
+    series = (points.groupBy("router", "swiftlet", "entity")
+              .applyInPandasWithState(Windows(window_ms, delay_ms, fill_ms, {"state": expire_ms}).step, OUTPUT_SCHEMA,
+                                      STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout)
+              .withColumn("window_start", F.timestamp_millis("window_start"))
+              .withColumn("window_end", F.timestamp_millis("window_end")))
+
+    def write(frame: DataFrame, batch: int) -> None:
+        _write_batch(frame, batch, output / "tables", alert_windows)
+
+    queries.append(_trigger(series.writeStream.foreachBatch(write).queryName("series")
+                            .option("checkpointLocation", str(checkpoint / "series")), once, interval).start())
+    return queries
+
+
+def _write_batch(series: DataFrame, batch: int, tables: Path, alert_windows: int) -> None:
+    """One batch of closed windows into ``tables/<name>/batch=<batch>``, each replaced whole (a
+    batch run again after a restart writes the same rows)."""
+    series = series.persist()
+    try:
+        kinds = {row.kind for row in series.select(F.substring_index("entity", "/", 1).alias("kind"))
+                 .distinct().collect()}
+        if not kinds:
+            return
+        frames = {"series": series}
+        window = ["window_start", "window_end", "router"]
+        if "queues" in kinds:
+
+            def of(name: str, value: Any) -> Any:
+                return F.max(F.when(F.col("metric") == name, value))
+
+            rates = (series.filter(F.col("swiftlet") == "sys$queuemanager").groupBy(*window, "entity").agg(
+                of("enqueued", F.col("increase") / F.col("seconds")).alias("in_rate"),
+                of("dequeued", F.col("increase") / F.col("seconds")).alias("out_rate"),
+                of("messages", F.col("average")).alias("backlog_avg"),
+                of("messages", F.col("maximum")).alias("backlog_max"),
+                of("messages", F.col("last")).alias("backlog_last"),
+                of("messages", F.col("last") - F.col("first")).alias("backlog_growth"),
+                of("messages", F.col("streak")).alias("streak"))
+                .select(*window, F.expr("substring(entity, 8)").alias("queue"), "in_rate", "out_rate", "backlog_avg",
+                        "backlog_max", "backlog_last", "backlog_growth", "streak"))
+            frames["rates"] = rates
+            frames["backlog_alerts"] = rates.filter(F.col("streak") >= alert_windows)
+        if "connectors" in kinds:
+            frames["link_availability"] = (
+                series.filter(F.col("entity").startswith("connectors/"))
+                .select(*window, F.expr("substring(entity, 12)").alias("link"), F.col("average").alias("availability"),
+                        F.col("drops").alias("flaps"), "seconds"))
+        if "connections" in kinds:
+            frames["link_rates"] = (
+                series.filter(F.col("entity").startswith("connections/"))
+                .groupBy(*window, F.expr("substring(entity, 13)").alias("link"))
+                .agg(F.sum(F.col("increase") / F.col("seconds")).alias("messages_per_second")))
+        for name, frame in frames.items():
+            frame.write.mode("overwrite").parquet(str(tables / name / f"batch={batch}"))
+    finally:
+        series.unpersist()
+
+
+def _table(spark: SparkSession, tables: Path, name: str) -> DataFrame | None:
+    path = tables / name
+    if not path.exists() or not any(p for p in path.rglob("*.parquet")):
+        return None
+    return spark.read.parquet(str(path))
+
+
+def results(spark: SparkSession, output: Path, *, top: int = 20) -> dict[str, list]:
+    """The result tables below ``output/tables`` as rows for the report (:mod:`.report`):
+    ``rates``, ``backlog_alerts``, ``link_availability``, ``route_changes`` by window, and the
+    rankings ``slowest_consumers`` (smallest share of the inflow consumed, over every window
+    with an inflow) and ``busiest_links`` (messages per second over all windows)."""
+    tables = output / "tables"
+    found = {name: _table(spark, tables, name) for name in (*RESULTS[:4], "link_rates")}
+    out: dict[str, list] = {}
+    for name in RESULTS[:4]:
+        frame = found[name]
+        out[name] = [] if frame is None else frame.drop("batch").orderBy("window_start").collect()
+    rates, links = found["rates"], found["link_rates"]
+    out["slowest_consumers"] = [] if rates is None else (
+        rates.filter(F.col("in_rate") > 0).groupBy("router", "queue")
+        .agg(F.avg("in_rate").alias("in_rate"), F.avg("out_rate").alias("out_rate"),
+             F.max_by("backlog_last", "window_start").alias("backlog"))
+        .withColumn("consumed_share", F.coalesce(F.col("out_rate"), F.lit(0.0)) / F.col("in_rate"))
+        .orderBy("consumed_share", F.desc("backlog")).limit(top).collect())
+    out["busiest_links"] = [] if links is None else (
+        links.groupBy("router", "link").agg(F.avg("messages_per_second").alias("messages_per_second"))
+        .orderBy(F.desc("messages_per_second")).limit(top).collect())
+    return out

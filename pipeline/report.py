@@ -33,13 +33,22 @@ def _png(figure: Any) -> str:
     return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
 
 
-def _series_plot(title: str, ylabel: str, series: dict[str, list[tuple[Any, float]]]) -> str:
+def _series_plot(title: str, ylabel: str, series: dict[str, list[tuple[Any, Any, float]]]) -> str:
+    """One step line per series of ``(window start, window end, value)``: a value holds for its
+    window (a gap where a window has no row)."""
     figure, axes = plt.subplots(figsize=(10, 3.5))
-    for label, points in sorted(series.items()):
-        points.sort()
-        axes.plot([t for t, _ in points], [v for _, v in points], marker=".", label=label)
+    for label, windows in sorted(series.items()):
+        times, values = [], []
+        for start, end, value in sorted(windows):
+            if times and times[-1] != start:
+                times.append(times[-1])
+                values.append(float("nan"))
+            times += [start, end]
+            values += [value, value]
+        axes.plot(times, values, label=label)
     axes.set_title(title)
     axes.set_ylabel(ylabel)
+    axes.set_ylim(0, 105 if ylabel == "%" else None)  # from 0: a dip looks as deep as it is
     axes.grid(alpha=0.3)
     if series:
         axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
@@ -59,8 +68,8 @@ def _cell(value: Any) -> str:
 
 
 def write_report(results: dict[str, Any], path: Path) -> Path:
-    """Draw the report from the result DataFrames (:func:`.jobs.analyse`) into ``path``."""
-    rates = results["rates"].collect()
+    """Draw the report from the result tables' rows (:func:`.jobs.results`) into ``path``."""
+    rates = results["rates"]
     totals: dict[str, float] = defaultdict(float)
     for row in rates:
         totals[f"{row.router}/{row.queue}"] += (row.in_rate or 0) + (row.backlog_max or 0)
@@ -70,27 +79,26 @@ def write_report(results: dict[str, Any], path: Path) -> Path:
         name = f"{row.router}/{row.queue}"
         if name in shown:
             if row.in_rate is not None:
-                inflow[name].append((row.window_start, row.in_rate))
+                inflow[name].append((row.window_start, row.window_end, row.in_rate))
             if row.out_rate is not None:
-                outflow[name].append((row.window_start, row.out_rate))
-            backlog[name].append((row.window_start, row.backlog_last))
+                outflow[name].append((row.window_start, row.window_end, row.out_rate))
+            backlog[name].append((row.window_start, row.window_end, row.backlog_avg))
     availability = defaultdict(list)
-    for row in results["link_availability"].collect():
-        availability[f"{row.router}→{row.link}"].append((row.window_start, 100 * row.availability))
+    for row in results["link_availability"]:
+        availability[f"{row.router}→{row.link}"].append((row.window_start, row.window_end, 100 * row.availability))
     parts = [
         "<h1>Martinet metrics</h1>",
         f"<p>{len(rates)} queue windows; the {len(shown)} busiest queues are plotted.</p>",
         _series_plot("Messages in per second", "msg/s", inflow),
         _series_plot("Messages out per second", "msg/s", outflow),
-        _series_plot("Backlog (messages waiting, last sample of each window)", "messages", backlog),
-        _series_plot("Link availability (share of samples Operational)", "%", availability),
-        _table("Backlog alerts", results["backlog_alerts"].orderBy("window_start").collect(),
+        _series_plot("Backlog (messages waiting, time-weighted average of each window)", "messages", backlog),
+        _series_plot("Link availability (share of the time Operational)", "%", availability),
+        _table("Backlog alerts", results["backlog_alerts"],
                ["window_start", "router", "queue", "streak", "backlog_last", "backlog_growth"]),
-        _table("Slowest consumers", results["slowest_consumers"].collect(),
+        _table("Slowest consumers", results["slowest_consumers"],
                ["router", "queue", "in_rate", "out_rate", "consumed_share", "backlog"]),
-        _table("Busiest links", results["busiest_links"].collect(), ["router", "link", "messages_per_second"]),
-        _table("Route changes", results["route_changes"].orderBy("window_start").collect(),
-               ["window_start", "router", "kind", "changes"]),
+        _table("Busiest links", results["busiest_links"], ["router", "link", "messages_per_second"]),
+        _table("Route changes", results["route_changes"], ["window_start", "router", "kind", "changes"]),
     ]
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}")

@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -39,6 +41,11 @@ async def run_pipeline(*args: str) -> None:
     assert b"report: " in result.stdout
 
 
+def at(moment: datetime) -> float:
+    """Seconds since the epoch of a window's start (Spark's Parquet timestamps are UTC)."""
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
 def table(output: Path, name: str) -> list[dict]:
     return pq.read_table(output / "tables" / name).to_pylist()
 
@@ -53,13 +60,20 @@ def ingested(output: Path, name: str = "rows") -> list[dict]:
     return [row for path in files for row in pq.read_table(path.removeprefix("file://")).to_pylist()]
 
 
-async def paced_sends(url: str, queue: str, rate: float, seconds: float) -> None:
+async def paced_sends(url: str, queue: str, rate: float, seconds: float, *, window: float = 0) -> float:
+    """Send ``rate`` messages a second for ``seconds``. With ``window``, start 0.3 s into the next
+    window of that many seconds (wall clock, like Spark's windows), once connected, and return
+    that window's start."""
     async with connect(url) as connection, connection.session() as session:
         producer = await session.producer(Queue(queue))
+        if window:
+            await trio.sleep(window - time.time() % window + 0.3)
+        begin = time.time() // window * window if window else 0.0
         start = trio.current_time()
         for n in range(int(rate * seconds)):
             await trio.sleep_until(start + n / rate)
             await producer.send(TextMessage(f"m{n}"))
+    return begin
 
 
 async def consume(url: str, queue: str, stop: trio.Event) -> None:
@@ -69,7 +83,11 @@ async def consume(url: str, queue: str, stop: trio.Event) -> None:
             await consumer.receive(timeout=0.2)
 
 
-async def test_known_load_gives_its_rates_and_backlogs_and_flaps_lower_availability(network, tmp_path):
+async def test_known_load_gives_its_windows_across_a_restart_and_flaps_lower_availability(network, tmp_path):
+    """Queues under known load (``flow`` consumed at 40/s, ``load`` growing 50/s, ``idle`` at 5
+    messages, ``burst``: 60 messages in half a second inside one 2 s window) and two flaps of a
+    link; the pipeline runs twice on one checkpoint, the second time over the files the first
+    did not see (a restarted job)."""
     export = tmp_path / "metrics"
     spark = SparkConfig(collect_interval=200, roll_interval=1000, folder=str(export))
     a = await network.start(network.config("a", startorder=(*ROUTING_STACK, "sys$spark"), swiftlets={
@@ -78,41 +96,75 @@ async def test_known_load_gives_its_rates_and_backlogs_and_flaps_lower_availabil
     network.connect("a", "b", **{"retry-time": "1000"})
     await network.settle({"a": {"b": 1}})
     url = network.url("a")
+    await paced_sends(url, "idle", 100, 0.05)
+    await paced_sends(url, "burst", 100, 0.01)
     stop = trio.Event()
+    started = time.time()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(consume, url, "flow", stop)
         nursery.start_soon(paced_sends, url, "flow", 40, 12)
         nursery.start_soon(paced_sends, url, "load", 50, 12)  # nobody consumes: the backlog grows 50/s
-        await trio.sleep(4)
+        burst = await paced_sends(url, "burst", 120, 0.5, window=2)  # windows start at multiples of 2 s
         for _ in range(2):  # two flaps of the link a -> b
             a.management.set("/sys$routing/connectors/b", "enabled", "false")
             await trio.sleep(1.5)
             a.management.set("/sys$routing/connectors/b", "enabled", "true")
             await network.settle({"a": {"b": 1}})
             await trio.sleep(1)
-        await trio.sleep(12 - trio.current_time() % 1)  # well past the end of the sends
+        await trio.sleep(max(0.0, started + 20 - time.time()))  # well past the end of the sends
         stop.set()
     await network.stop("a")
 
-    output = tmp_path / "analysis"
-    await run_pipeline("--source", "files", "--input", str(export), "--output", str(output), "--once",
-                       "--window", "2 seconds", "--alert-windows", "2")
+    output, later = tmp_path / "analysis", tmp_path / "later"
+    halfway = int((started + 6) * 1000)
+    for path in list(export.rglob("part-*")):  # the files from halfway on come after the first run
+        if int(path.name.split("-")[1]) >= halfway:
+            (later / path.relative_to(export)).parent.mkdir(parents=True, exist_ok=True)
+            path.rename(later / path.relative_to(export))
+    arguments = ["--source", "files", "--input", str(export), "--output", str(output), "--once",
+                 "--window", "2 seconds", "--delay", "2 seconds", "--alert-windows", "3"]
+    await run_pipeline(*arguments)
+    assert table(output, "rates"), "the first run closed no window"
+    for path in list(later.rglob("part-*")):
+        path.rename(export / path.relative_to(later))
+    await run_pipeline(*arguments)
+    assert not (output / "_spark").exists()  # Spark's local files (blockmgr-*, …) were there, not in /tmp
+
     rates = table(output, "rates")
-    load = sorted((r for r in rates if r["queue"] == "load" and r["in_rate"]), key=lambda r: r["window_start"])
-    flow = sorted((r for r in rates if r["queue"] == "flow" and r["in_rate"]), key=lambda r: r["window_start"])
-    inner = load[1:-1]  # the first and the last window hold the start and the end of the sends
+    keys = [(r["router"], r["queue"], r["window_start"]) for r in rates]
+    assert len(keys) == len(set(keys)), "a window was written twice"
+    by_queue = {name: sorted((r for r in rates if r["queue"] == name), key=lambda r: r["window_start"])
+                for name in ("flow", "load", "idle", "burst")}
+    every = sorted({r["window_start"] for r in rates})
+    assert at(every[-1]) >= started + 14
+    for name in ("load", "idle", "burst"):  # every window has a row, moving or not
+        assert [r["window_start"] for r in by_queue[name]] == every[every.index(by_queue[name][0]["window_start"]):]
+    inner = [r for r in by_queue["load"] if started <= at(r["window_start"]) <= started + 10]
     assert len(inner) >= 3
     for row in inner:
         assert 50 * 0.7 < row["in_rate"] < 50 * 1.3, row
         assert not row["out_rate"], row
         assert 100 * 0.6 < row["backlog_growth"] < 100 * 1.4, row  # 50/s over a 2 s window
-    assert max(r["backlog_last"] for r in load) >= 500
-    for row in flow[1:-1]:
-        assert 40 * 0.7 < row["in_rate"] < 40 * 1.3 and 40 * 0.7 < row["out_rate"] < 40 * 1.3, row
-        assert row["backlog_max"] < 40, row
+        middle = row["backlog_last"] - row["backlog_growth"] / 2  # of a ramp, weighted by time
+        assert abs(row["backlog_avg"] - middle) < 0.35 * row["backlog_growth"], row
+    first, *after = by_queue["load"]  # the queue appeared in its first window, with first["backlog_last"] in it
+    received = first["backlog_last"] + sum(r["in_rate"] * 2 for r in after)
+    assert abs(received - 600) < 1e-6, "the restarted job counted a window twice or lost one"
+    assert by_queue["load"][-1]["backlog_last"] == 600
+    for row in by_queue["flow"]:
+        if started + 2 <= at(row["window_start"]) <= started + 8:
+            assert 40 * 0.7 < row["in_rate"] < 40 * 1.3 and 40 * 0.7 < row["out_rate"] < 40 * 1.3, row
+            assert row["backlog_max"] < 40, row
+    for row in by_queue["idle"][2:]:  # its first window(s) saw its 5 messages come
+        assert row["in_rate"] == 0 and row["backlog_avg"] == row["backlog_last"] == 5, row
+    assert burst in {at(r["window_start"]) for r in by_queue["burst"]}
+    for row in by_queue["burst"][1:]:  # rated over the whole window, not the half second it moved
+        if at(row["window_start"]) == burst:
+            assert abs(row["in_rate"] - 60 / 2) < 1e-6 and 61 * 0.4 < row["backlog_avg"] < 61 * 0.9, row
+        else:
+            assert row["in_rate"] == 0, row
     alerts = table(output, "backlog_alerts")
     assert {r["queue"] for r in alerts} == {"load"}
-    assert table(output, "slowest_consumers")[0]["queue"] == "load"
 
     links = [r for r in table(output, "link_availability") if r["router"] == "a" and r["link"] == "b"]
     assert min(r["availability"] for r in links) < 1.0
@@ -121,7 +173,7 @@ async def test_known_load_gives_its_rates_and_backlogs_and_flaps_lower_availabil
     changes = table(output, "route_changes")
     assert {"RouteAdded", "RouteRemoved"} <= {r["kind"] for r in changes if r["router"] == "a"}
     report = (output / "report.html").read_text()
-    assert report.count("data:image/png;base64,") == 4 and "load" in report
+    assert report.count("data:image/png;base64,") == 4 and "load" in report and "<td>load</td>" in report
 
 
 async def test_the_live_source_delivers_every_row_once_across_a_killed_query(network, tmp_path):
