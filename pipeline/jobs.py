@@ -54,6 +54,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
@@ -264,10 +265,20 @@ def _write_batch(series: DataFrame, batch: int, tables: Path, alert_windows: int
 
 
 def _table(spark: SparkSession, tables: Path, name: str) -> DataFrame | None:
+    """The committed rows of result table ``name``; None while it has none. A running job
+    writes while the report reads: a table of ``batch=<id>`` parts is read from the parts
+    whose write finished (``_SUCCESS``), a streaming sink's through its ``_spark_metadata`` log
+    (which lists committed files only)."""
     path = tables / name
-    if not path.exists() or not any(p for p in path.rglob("*.parquet")):
-        return None
-    return spark.read.parquet(str(path))
+    if (path / "_spark_metadata").is_dir():
+        if not any(path.glob("*.parquet")):
+            return None
+        try:
+            return spark.read.parquet(str(path))
+        except AnalysisException:  # files written, none committed yet
+            return None
+    parts = sorted(str(done.parent) for done in path.glob("batch=*/_SUCCESS"))
+    return spark.read.option("basePath", str(path)).parquet(*parts) if parts else None
 
 
 def results(spark: SparkSession, output: Path, *, top: int = 20) -> dict[str, list]:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -224,3 +225,61 @@ async def test_three_routers_collected_into_one_folder_are_one_spark_table(netwo
     assert len(keys) == len(set(keys))
     written = sum(len(pq.read_table(p)) for p in (folder / "rows").rglob("part-*.parquet"))
     assert len(rows) == written
+
+
+async def test_the_continuous_job_reports_windows_of_files_that_arrive_while_it_runs(network, tmp_path):
+    """Without ``--once`` the ingest and the analyses keep running: windows of load that starts
+    after the job started appear in the result tables and the report, and an interrupt (Ctrl-C)
+    stops the job cleanly."""
+    export = tmp_path / "metrics"
+    spark = SparkConfig(collect_interval=200, roll_interval=1000, folder=str(export))
+    await network.start(network.config("r1", startorder=(*STACK, "sys$spark"), swiftlets={"sys$spark": spark}))
+    url = network.url("r1")
+    await wait_until(lambda: any(export.rglob("part-*")), timeout=30, what="the export's first file")
+    output = tmp_path / "analysis"
+    report = output / "report.html"
+
+    async def poll(found: Callable[[], object], what: str) -> None:
+        """Wait for ``found()`` (read once a second: it reads files Spark is writing)."""
+        with trio.move_on_after(PIPELINE_TIMEOUT):
+            while not found():
+                assert process.poll() is None, log.read_text()[-5000:]
+                await trio.sleep(1)
+            return
+        raise AssertionError(f"not within {PIPELINE_TIMEOUT} s: {what}")
+
+    def steady_windows() -> list[dict]:
+        """The windows of ``steady`` the job reported, wholly inside its load."""
+        try:
+            rows = table(output, "rates")
+        except (OSError, ValueError):  # not there yet, or a file being written
+            return []
+        return [r for r in rows if r["queue"] == "steady" and started + 2 <= at(r["window_start"]) <= started + 6]
+
+    env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
+    log = tmp_path / "pipeline.log"
+    with log.open("wb") as output_file:
+        process = subprocess.Popen(
+            pipeline_command("--source", "files", "--input", str(export), "--output", str(output), "--interval", "1",
+                             "--window", "2 seconds", "--delay", "2 seconds"),
+            env=env, start_new_session=True, stdout=output_file, stderr=subprocess.STDOUT)
+    try:
+        await poll(report.exists, "the continuous job's first report")
+        started = time.time()  # the job runs: this load comes while it does
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consume, url, "steady", stop)
+            await paced_sends(url, "steady", 30, 8)
+            stop.set()
+        await poll(lambda: len(steady_windows()) >= 2, "windows of the load sent after the job started")
+        for row in steady_windows():
+            assert 30 * 0.6 < row["in_rate"] < 30 * 1.4 and 30 * 0.6 < row["out_rate"] < 30 * 1.4, row
+        await poll(lambda: "steady" in report.read_text(), "the report rewritten with the new queue")
+        process.send_signal(signal.SIGINT)  # Ctrl-C: the queries stop, the job ends
+        with trio.fail_after(120):
+            code = await trio.to_thread.run_sync(process.wait)
+        assert code == 0, log.read_text()[-5000:]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            await trio.to_thread.run_sync(process.wait)
