@@ -96,6 +96,17 @@ def _section_start(raw: bytes) -> int | None:
         position = skip(raw, position + 3)
 
 
+def _map_header(raw: bytes, at: int) -> tuple[int, int, int] | None:
+    """``(count, first element, end)`` of the map8 or map32 at ``at``; None for another encoding.
+
+    Raises: IndexError (malformed)."""
+    if raw[at] == 0xC1:
+        return raw[at + 2], at + 3, at + 2 + raw[at + 1]
+    if raw[at] == 0xD1:
+        return int.from_bytes(raw[at + 5:at + 9], "big"), at + 9, at + 5 + int.from_bytes(raw[at + 1:at + 5], "big")
+    return None
+
+
 def span(raw: bytes) -> tuple[int, int] | None:
     """``(start, end)`` of the message-annotations section of ``raw`` by the short path (a
     map8 or map32 after the usual descriptor); None when it does not apply.
@@ -107,13 +118,10 @@ def span(raw: bytes) -> tuple[int, int] | None:
         start = _section_start(raw)
         if start is None:
             return None
-        at = start + 3
-        if raw[at] == 0xC1:
-            end = at + 2 + raw[at + 1]
-        elif raw[at] == 0xD1:
-            end = at + 5 + int.from_bytes(raw[at + 1:at + 5], "big")
-        else:
+        header = _map_header(raw, start + 3)
+        if header is None:
             return None
+        end = header[2]
     except (DecodeError, IndexError) as exc:
         raise MessageError(f"malformed message: {exc}") from None
     if end > len(raw):
@@ -164,12 +172,10 @@ def read(raw: bytes) -> Routing | None:
         if position is None:
             return None
         at = position + 3
-        if raw[at] == 0xC1:
-            count, position = raw[at + 2], at + 3
-        elif raw[at] == 0xD1:
-            count, position = int.from_bytes(raw[at + 5:at + 9], "big"), at + 9
-        else:
+        header = _map_header(raw, at)
+        if header is None:
             return None
+        count, position, _ = header
         found: dict[Symbol, Any] = {}
         hops_at = hops_end = 0
         for _ in range(count // 2):
