@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from martinet.messaging.codec import Symbol, UInt
 from martinet.messaging.message import AnnotationPatch, Message, MessageError, build
-from martinet.swiftlets.routing.routing_annotations import DESTINATION, DOUBT, HOPS, QUEUE, HopCounter, read
+from martinet.swiftlets.routing.routing_annotations import DESTINATION, DOUBT, HOPS, QUEUE, SOURCE, HopCounter, read
 from martinet.swiftlets.routing.transfer import routing_rewrite
 
 names = st.text(st.characters(codec="utf-8", categories=("L", "N")), min_size=1, max_size=300)
@@ -20,7 +20,8 @@ others = st.dictionaries(st.sampled_from(["x-opt-jms-msg-type", "x-opt-a", "x-op
 
 def general(raw: bytes) -> tuple:
     annotations = Message(raw).message_annotations
-    return annotations.get(DESTINATION), annotations.get(QUEUE), annotations.get(HOPS), annotations.get(DOUBT)
+    return (annotations.get(SOURCE), annotations.get(DESTINATION), annotations.get(QUEUE), annotations.get(HOPS),
+            annotations.get(DOUBT))
 
 
 @given(others=others, queue=names, router=names, durable=st.booleans(), hops=st.integers(0, 70),
@@ -32,18 +33,24 @@ def test_the_short_path_reads_and_counts_as_the_general_one(others, queue, route
     message = routing_rewrite("source")(f"{queue}@{router}", message)
     extra = {HOPS: UInt(hops)} | ({DOUBT: True} if doubt else {})
     raw = AnnotationPatch(extra).apply(message).raw
+    forward = routing_rewrite("middle")
+    assert forward(f"{queue}@{router}", Message(raw)).raw == raw  # travelling there already: forwarded as it is
+    elsewhere = forward(f"x{queue}@{router}", Message(raw)).raw  # (a queue bridge) a new journey
+    assert general(elsewhere)[:4] == ("middle", router, f"x{queue}", 0)
     fields = read(raw)
     assert fields is not None
-    assert (fields.destination, fields.queue, fields.hops, fields.doubt) == general(raw)
+    assert (fields.source, fields.destination, fields.queue, fields.hops, fields.doubt) == general(raw)
     counted = fields.next_hop()
     if counted is not None:  # (None: a map8 that would outgrow itself; the general path then)
         assert counted == AnnotationPatch({HOPS: UInt(hops + 1)}).apply(Message(raw)).raw
-        assert general(counted)[2] == hops + 1
+        assert general(counted)[3] == hops + 1
     counter = HopCounter(kept=1)
     for _ in range(2):  # read, then remembered
         remembered, again = counter.count(raw)
         assert remembered is not None and again == counted
-        assert (remembered.destination, remembered.queue, remembered.hops, remembered.doubt) == general(raw)
+        assert (remembered.source, remembered.destination, remembered.queue, remembered.hops,
+                remembered.doubt) == general(raw)
+        assert counter.fields(raw) == remembered
     other = AnnotationPatch({HOPS: UInt(hops + 1)}).apply(Message(raw)).raw  # another section: the one kept goes
     assert counter.count(other)[0].hops == hops + 1 and counter.count(raw)[1] == counted
 

@@ -135,6 +135,11 @@ class Link:
         """Output may be waiting in the machine: have the writer look."""
         self._driver.wake()
 
+    def flush(self) -> None:
+        """Write what the machine has now, without waiting (:meth:`messaging.io.Driver.flush`):
+        for a task about to wait after it queued answers."""
+        self._driver.flush()
+
     def start_soon(self, function: Callable[..., Any], *args: Any) -> None:
         """Run ``function(*args)`` in the link's nursery: it ends with the link."""
         self._driver.start_soon(function, *args)

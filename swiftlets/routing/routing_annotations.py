@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-Every router a message passes reads its destination router, queue, hop count, doubt mark
-and expiry (``docs/routing-protocol.md`` §12) and writes the hop count plus one. Decoding the
+Every router a message passes reads its source and destination router, queue, hop count,
+doubt mark and expiry (``docs/routing-protocol.md`` §12) and writes the hop count plus one. Decoding the
 whole message-annotations map and splicing a new one (:class:`~martinet.messaging.message.AnnotationPatch`)
 cost more than the rest of a router's work for the message, so :func:`read` takes the
 usual case on a short path: the message-annotations section is found by skipping the
@@ -41,7 +41,7 @@ DOUBT = Symbol("x-opt-martinet-doubt")
 EXPIRES = Symbol("x-opt-martinet-expires")
 
 _MESSAGE_ANNOTATIONS = 0x72
-_WANTED = {encode(key): key for key in (DESTINATION, QUEUE, HOPS, DOUBT, EXPIRES)}  # sym8 encoding → key
+_WANTED = {encode(key): key for key in (SOURCE, DESTINATION, QUEUE, HOPS, DOUBT, EXPIRES)}  # sym8 encoding → key
 
 
 @attrs.frozen
@@ -49,6 +49,7 @@ class Routing:
     """The routing annotations of one message (None where absent) and where the hop count is."""
 
     raw: bytes
+    source: Any
     destination: Any
     queue: Any
     hops: Any
@@ -137,6 +138,25 @@ class HopCounter:
         self._kept = kept
         self._known: dict[bytes, tuple[Routing | None, bytes | None]] = {}
 
+    def fields(self, raw: bytes) -> Routing | None:
+        """The routing annotations of ``raw`` (None: the short path does not apply); their
+        offsets are those of the section alone.
+
+        Raises:
+            MessageError: as :func:`read`.
+        """
+        where = span(raw)
+        return None if where is None else self._section(raw[where[0]:where[1]])[0]
+
+    def _section(self, section: bytes) -> tuple[Routing | None, bytes | None]:
+        known = self._known.get(section)
+        if known is None:
+            if len(self._known) >= self._kept:
+                self._known.clear()
+            fields = read(section)  # (a message of that section alone)
+            known = self._known[section] = fields, fields.next_hop() if fields is not None else None
+        return known
+
     def count(self, raw: bytes) -> tuple[Routing | None, bytes | None]:
         """``(fields, counted)``: the routing annotations of ``raw`` (None: the short path
         does not apply) and its bytes with the hop count one higher (None: not by the short
@@ -149,14 +169,7 @@ class HopCounter:
         if where is None:
             return None, None
         start, end = where
-        section = raw[start:end]
-        known = self._known.get(section)
-        if known is None:
-            if len(self._known) >= self._kept:
-                self._known.clear()
-            fields = read(section)  # (a message of that section alone)
-            known = self._known[section] = fields, fields.next_hop() if fields is not None else None
-        fields, counted = known
+        fields, counted = self._section(raw[start:end])
         return fields, None if counted is None else raw[:start] + counted + raw[end:]
 
 
@@ -189,5 +202,5 @@ def read(raw: bytes) -> Routing | None:
             position = value_end
     except (DecodeError, IndexError) as exc:
         raise MessageError(f"malformed message-annotations: {exc}") from None
-    return Routing(raw, found.get(DESTINATION), found.get(QUEUE), found.get(HOPS), found.get(DOUBT),
+    return Routing(raw, found.get(SOURCE), found.get(DESTINATION), found.get(QUEUE), found.get(HOPS), found.get(DOUBT),
                    found.get(EXPIRES), at, hops_at, hops_end)

@@ -52,7 +52,11 @@ the worker queues a transaction's prepare or commit (``prepare_nowait``/``commit
 and goes on with the next event; the store's group commit makes them durable together,
 in the order queued (its contract), and a second task per link, the *answerer*, waits for
 each write in that order and then answers the peer (PREPARE_REPLY, COMMIT_REPLY,
-NONXA_COMMIT, or our COMMIT after the peer prepared). Messages become visible in queue
+NONXA_COMMIT, or our COMMIT after the peer prepared). A write that is done when queued (a
+non-persistent batch, prepared in memory) is answered by the worker itself when the answerer
+has nothing left, and both write the answers out before they wait (:meth:`Link.flush`):
+each task switch on the way of an answer costs a busy router's whole batch of runnable
+tasks, and the answers' round trip is what bounds a link (the window). Messages become visible in queue
 order because the store finishes writes in order (the queue manager applies a commit when
 its write is durable); a non-persistent non-XA batch has nothing to write and is visible
 at once, so it may pass a persistent one still being written (as JMS allows). The
@@ -138,6 +142,7 @@ def routing_rewrite(local: str) -> Rewrite:
     starts a new journey. The encoded annotations are made once per address (the latest
     :data:`PATCHES_KEPT`); a message with an expiry also gets ``x-opt-martinet-expires``."""
     patches: dict[str, AnnotationPatch] = {}
+    sections = routing_annotations.HopCounter()  # a forwarded batch mostly shares one section
 
     def rewrite(address: str, message: Message) -> Message:
         # a message without their text in its bytes has none of these keys: nothing decoded
@@ -145,8 +150,13 @@ def routing_rewrite(local: str) -> Rewrite:
         absent = type(raw) is bytes and _REWRITTEN_KEYS.search(raw) is None  # (one scan for the four)
         queue, _, router = address.rpartition("@")
         if not absent:
-            annotations = message.message_annotations
-            if SOURCE in annotations and annotations.get(DESTINATION) == router and annotations.get(QUEUE) == queue:
+            fields = sections.fields(raw)
+            if fields is None:  # (not by the short path)
+                annotations = message.message_annotations
+                source, destination, to = annotations.get(SOURCE), annotations.get(DESTINATION), annotations.get(QUEUE)
+            else:
+                source, destination, to = fields.source, fields.destination, fields.queue
+            if source is not None and destination == router and to == queue:
                 return message
         patch = patches.get(address)
         if patch is None:
@@ -184,6 +194,7 @@ class _LinkTransfer:
     ready: collections.deque[tuple[str, Transaction, list[bytes]]] = attrs.Factory(collections.deque)
     jobs: Any = None  # the send side of the link's worker's queue
     writes: Any = None  # the send side of the answerer's queue (:class:`_Write`, in the order queued)
+    unanswered: int = 0  # writes in the answerer's queue, or being answered
     claim: Claim | None = None  # this link's xids, claimed from sys$xa while the link lives
     messages_out: int = 0
     messages_in: int = 0
@@ -221,12 +232,14 @@ Job = tuple[Callable[..., Any], tuple[Any, ...]]
 T = TypeVar("T")
 
 
-async def _next(channel: trio.MemoryReceiveChannel[T]) -> T:
+async def _next(channel: trio.MemoryReceiveChannel[T], link: Link) -> T:
     """The next item, waiting (a checkpoint) only when none is queued: what is ready is
-    handled in one go, and the answers it causes leave in one write."""
+    handled in one go, and the answers it causes leave in one write, at once, before the wait
+    (:meth:`Link.flush`)."""
     try:
         return channel.receive_nowait()
     except trio.WouldBlock:
+        link.flush()
         return await channel.receive()
 
 
@@ -352,31 +365,37 @@ class Transfer:
             state.jobs, jobs = trio.open_memory_channel[Job](math.inf)
             state.writes, writes = trio.open_memory_channel[_Write](math.inf)
             link.start_soon(self._work, link, state, jobs)
-            link.start_soon(self._answer, link, writes)
+            link.start_soon(self._answer, link, state, writes)
         return state
 
     async def _work(self, link: Link, state: _LinkTransfer, jobs: trio.MemoryReceiveChannel[Job]) -> None:
         """The link's worker: its transfer jobs one after the other (a job returns the
-        :class:`_Write` it queued, if any, for the answerer); a failure closes the link
-        (recovery sorts out what was in flight), never the router."""
+        :class:`_Write` it queued, if any, for the answerer; one that is durable already,
+        with nothing before it still unanswered, is answered here, a task switch sooner); a
+        failure closes the link (recovery sorts out what was in flight), never the router."""
         while True:
-            function, args = await _next(jobs)
+            function, args = await _next(jobs, link)
             try:
                 write = await function(*args)
+                if write is None:
+                    continue
+                if state.unanswered or not write.done.is_set() or (write.delay_ms and self.inbound_flow_control):
+                    state.unanswered += 1
+                    state.writes.send_nowait(write)
+                else:  # durable already (in memory), nothing before it unanswered: no need to pass it on
+                    write.then(write.error)
             except Exception as exc:
                 self._failed(link, exc)
                 return
-            if write is not None:
-                state.writes.send_nowait(write)
 
-    async def _answer(self, link: Link, writes: trio.MemoryReceiveChannel[_Write]) -> None:
+    async def _answer(self, link: Link, state: _LinkTransfer, writes: trio.MemoryReceiveChannel[_Write]) -> None:
         """The link's answerer: each queued write, in order, once durable, is answered.
         When the link ends it still waits (shielded) for the writes queued, so that what
         a new link's recovery finds is prepared or committed, not on its way."""
         write: _Write | None = None
         try:
             while True:
-                write = await _next(writes)
+                write = await _next(writes, link)
                 if not write.done.is_set():
                     await write.done.wait()
                 if write.delay_ms and self.inbound_flow_control and write.error is None:
@@ -386,6 +405,7 @@ class Transfer:
                 except Exception as exc:
                     self._failed(link, exc)
                     return
+                state.unanswered -= 1
         finally:
             with trio.CancelScope(shield=True):
                 while write is not None:
