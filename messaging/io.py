@@ -153,13 +153,16 @@ class Driver:
         if self._socket is None or self._writing or self._unsent:
             self._wakeup.set()
             return
-        data = self.protocol.data_to_send()
-        if data:
+        # until the protocol has nothing more: a close leaves it with None to give, which
+        # only the writer may act on (it ends the connection)
+        while data := self.protocol.data_to_send():
             try:
                 sent = os.write(self._socket.fileno(), data)
             except OSError:  # (BlockingIOError: the buffer is full) the writer takes over
                 sent = 0
-            self._unsent = data[sent:]
+            if sent < len(data):
+                self._unsent = data[sent:]
+                break
         if data is None or self._unsent or self.protocol.finished:
             self._wakeup.set()
 
@@ -199,12 +202,14 @@ class Driver:
         while True:
             data = None
             deadline = protocol.tick(trio.current_time())
+            self.flush()  # what the last input and the tick caused (answers, a heartbeat, a close)
             with trio.move_on_at(deadline if deadline else math.inf):
                 data = await stream.receive_some(self._read_size)
                 protocol.receive_data(data)
             self._on_input()
-            self.flush()
             if data == b"":
+                self.flush()
+                self.wake()
                 return
 
     async def _write(self) -> None:
