@@ -6,6 +6,8 @@ alone. Real sockets (a connected pair), a toy protocol."""
 from __future__ import annotations
 
 import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -69,59 +71,51 @@ def socket_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
     return trio.SocketStream(ours), trio.SocketStream(theirs)
 
 
-async def test_the_answer_to_a_read_leaves_without_the_writer():
-    ours, peer = socket_pair()
+@asynccontextmanager
+async def running(ours: trio.abc.Stream, peer: trio.abc.Stream, answer_size: int,
+                  timeout: float = 10) -> AsyncIterator[Counting]:
+    """A Driver of :class:`Answering` on ``ours``, started and settled; the owner's counts
+    from then on (the writer's first look, at the start, is not counted)."""
     owner = Counting()
-    driver = Driver(ours, Answering(100), on_input=owner.on_input, before_write=owner.before_write)
+    driver = Driver(ours, Answering(answer_size), on_input=owner.on_input, before_write=owner.before_write)
     async with ours, peer:
-        with trio.fail_after(10):
+        with trio.fail_after(timeout):
             async with trio.open_nursery() as nursery:
                 await nursery.start(driver.run)
                 await trio.testing.wait_all_tasks_blocked()
-                turns = owner.writer_turns  # (the writer's first look, at the start)
-                for request in (b"a", b"bc", b"def"):
-                    await peer.send_all(request)
-                    assert await receive_exactly(peer, 100) == (request * 100)[:100]
-                assert owner.writer_turns == turns  # written by the reader, three times
+                owner.writer_turns = 0
+                yield owner
                 nursery.cancel_scope.cancel()
+
+
+async def test_the_answer_to_a_read_leaves_without_the_writer():
+    ours, peer = socket_pair()
+    async with running(ours, peer, 100) as owner:
+        for request in (b"a", b"bc", b"def"):
+            await peer.send_all(request)
+            assert await receive_exactly(peer, 100) == (request * 100)[:100]
+        assert owner.writer_turns == 0  # written by the reader, three times
 
 
 async def test_what_the_socket_does_not_take_is_written_by_the_writer_in_order():
     ours, peer = socket_pair()
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    owner = Counting()
     size = 2_000_000  # far more than the socket buffers hold: a flush writes part of it
-    driver = Driver(ours, Answering(size), on_input=owner.on_input, before_write=owner.before_write)
-    async with ours, peer:
-        with trio.fail_after(20):
-            async with trio.open_nursery() as nursery:
-                await nursery.start(driver.run)
-                await trio.testing.wait_all_tasks_blocked()
-                turns = owner.writer_turns
-                await peer.send_all(b"x")
-                await trio.testing.wait_all_tasks_blocked()  # the writer waits for room now
-                await peer.send_all(b"y")  # answered while the first answer is still being written
-                await trio.testing.wait_all_tasks_blocked()
-                got = await receive_exactly(peer, 2 * size)
-                assert got == b"x" * size + b"y" * size
-                assert owner.writer_turns > turns
-                nursery.cancel_scope.cancel()
+    async with running(ours, peer, size, timeout=20) as owner:
+        await peer.send_all(b"x")
+        await trio.testing.wait_all_tasks_blocked()  # the writer waits for room now
+        await peer.send_all(b"y")  # answered while the first answer is still being written
+        await trio.testing.wait_all_tasks_blocked()
+        assert await receive_exactly(peer, 2 * size) == b"x" * size + b"y" * size
+        assert owner.writer_turns > 0
 
 
 async def test_a_stream_that_is_not_a_socket_is_written_by_the_writer():
     ours, peer = trio.testing.memory_stream_pair()
-    owner = Counting()
-    driver = Driver(ours, Answering(10), on_input=owner.on_input, before_write=owner.before_write)
-    async with ours, peer:
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                await nursery.start(driver.run)
-                await trio.testing.wait_all_tasks_blocked()
-                turns = owner.writer_turns
-                await peer.send_all(b"z")
-                assert await receive_exactly(peer, 10) == b"z" * 10
-                assert owner.writer_turns == turns + 1
-                nursery.cancel_scope.cancel()
+    async with running(ours, peer, 10) as owner:
+        await peer.send_all(b"z")
+        assert await receive_exactly(peer, 10) == b"z" * 10
+        assert owner.writer_turns == 1
 
 
 async def test_a_peer_gone_before_the_flush_ends_the_connection_with_the_writers_error():
