@@ -28,7 +28,7 @@ the socket does not take (its buffer is full) is left to the writer, which write
 anything newer. Measured on the routing links (``bench/routing_bench.py``): the time from
 a routing transaction handed to the link to its bytes on the socket fell from about 1 ms to
 0.1 ms, and a one-hop transfer, bounded by how many transactions may be open at once, went
-about 15 % faster; a single router's throughput did not change. A TLS stream (not a plain
+about 10 % faster; a single router's throughput did not change. A TLS stream (not a plain
 socket) is always written by the writer.
 
 The connection is over when the protocol says so (``data_to_send`` returns None) or when
