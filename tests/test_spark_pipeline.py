@@ -38,8 +38,16 @@ async def run_pipeline(*args: str) -> None:
     with trio.fail_after(PIPELINE_TIMEOUT):
         result = await trio.run_process(pipeline_command(*args), capture_stdout=True, capture_stderr=True,
                                         check=False, env=env)
-    assert result.returncode == 0, result.stderr.decode()[-5000:]
+    assert result.returncode == 0, failure(result.stderr.decode())
     assert b"report: " in result.stdout
+
+
+def failure(stderr: str) -> str:
+    """What a failed pipeline printed: its error lines (a JVM stack trace would push the
+    cause out of a plain tail), then the tail."""
+    causes = [line for line in stderr.splitlines()
+              if ("Error" in line or "Exception" in line) and not line.lstrip().startswith("at ")]
+    return "\n".join(causes[:30]) + "\n...\n" + stderr[-3000:]
 
 
 def at(moment: datetime) -> float:
