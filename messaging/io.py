@@ -122,9 +122,9 @@ async def lead_in(stream: trio.abc.Stream, stage: Stage) -> bytes:
 class Driver:
     """Runs ``protocol`` on ``stream`` (after the lead-in) until the connection is over.
 
-    ``on_input()`` is called after each read or tick, to handle the events it caused;
-    ``before_write()`` each time the writer is about to take the protocol's output.
-    Both run in the reader's or writer's task and must not block.
+    ``on_input()`` is called after each read (of at most ``read_size`` bytes) or tick, to
+    handle the events it caused; ``before_write()`` each time the writer is about to take the
+    protocol's output. Both run in the reader's or writer's task and must not block.
     """
 
     def __init__(self, stream: trio.abc.Stream, protocol: SansIO, *, on_input: Callable[[], None],
