@@ -147,12 +147,14 @@ class Driver:
         self._wakeup.set()
 
     def flush(self) -> None:
-        """Write what the protocol has now, without waiting: one non-blocking send when the
-        writer is idle (else, or for what the socket does not take, the writer is woken).
+        """Take the writer's turn now, without waiting: ``before_write()``, then one
+        non-blocking send of what the protocol has when the writer is idle (else, or for
+        what the socket does not take, the writer is woken).
         Never raises: a broken socket is left for the writer to find."""
         if self._socket is None or self._writing or self._unsent:
             self._wakeup.set()
             return
+        self._before_write()  # a writer's turn, done here: the owner's output is prepared first
         # until the protocol has nothing more: a close leaves it with None to give, which
         # only the writer may act on (it ends the connection)
         while data := self.protocol.data_to_send():
