@@ -56,13 +56,21 @@ def build_loadgen(folder: Path) -> Path:
     flags = subprocess.run(["pkg-config", "--cflags", "--libs", "libqpid-proton"], capture_output=True, text=True)
     if flags.returncode:
         raise SystemExit("libqpid-proton11-dev is needed (apt-get install libqpid-proton11-dev pkg-config)")
-    subprocess.run(["gcc", "-O2", "-o", str(binary), str(HERE / "amqp_loadgen.c"), *flags.stdout.split()],
-                   check=True)
+    subprocess.run(["gcc", "-O2", "-o", str(binary), str(HERE / "amqp_loadgen.c"), *flags.stdout.split()], check=True)
     return binary
 
 
-def run_round(loadgen: Path, send: tuple[int, str], receive: tuple[int, str], count: int, *, durable: bool,
-              size: int = 100, credentials: tuple[str, ...] = (), timeout: float = 900) -> float:
+def run_round(
+    loadgen: Path,
+    send: tuple[int, str],
+    receive: tuple[int, str],
+    count: int,
+    *,
+    durable: bool,
+    size: int = 100,
+    credentials: tuple[str, ...] = (),
+    timeout: float = 900,
+) -> float:
     """One concurrent sender + receiver round: messages per second, first send to last receive.
 
     ``send`` and ``receive`` are (port, address) on 127.0.0.1.
@@ -72,12 +80,19 @@ def run_round(loadgen: Path, send: tuple[int, str], receive: tuple[int, str], co
             or the round took longer than ``timeout`` seconds (both are killed).
     """
     extra = [str(size), "durable" if durable else "transient", *credentials]
-    receiver = subprocess.Popen([str(loadgen), "recv", "127.0.0.1", str(receive[0]), receive[1], str(count), *extra],
-                                stdout=subprocess.PIPE, text=True)
+    receiver = subprocess.Popen(
+        [str(loadgen), "recv", "127.0.0.1", str(receive[0]), receive[1], str(count), *extra],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(0.3)  # the receiver's link is attached (RabbitMQ declares the queue on attach)
     try:
-        sender = subprocess.run([str(loadgen), "send", "127.0.0.1", str(send[0]), send[1], str(count), *extra],
-                                capture_output=True, text=True, timeout=timeout)
+        sender = subprocess.run(
+            [str(loadgen), "send", "127.0.0.1", str(send[0]), send[1], str(count), *extra],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         received, _ = receiver.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         receiver.kill()
@@ -103,8 +118,9 @@ def martinet_router(folder: Path, config: str, *, port: int, timeout: float = 60
     folder.mkdir(parents=True)
     (folder / "router.xml").write_text(config)
     with (folder / "stderr.log").open("w") as log:
-        router = subprocess.Popen([sys.executable, "-m", "martinet.kernel", "run", "router.xml"], stderr=log,
-                                  cwd=folder)
+        router = subprocess.Popen(
+            [sys.executable, "-m", "martinet.kernel", "run", "router.xml"], stderr=log, cwd=folder
+        )
     try:
         wait_for_port(port, timeout, router)
         yield router
@@ -129,8 +145,9 @@ class RabbitNode:
 
         Raises: RuntimeError with rabbitmqctl's error text when it fails.
         """
-        done = subprocess.run([str(RABBITMQ_SBIN / "rabbitmqctl"), "-q", *args], env=self.env, capture_output=True,
-                              text=True, timeout=120)
+        done = subprocess.run(
+            [str(RABBITMQ_SBIN / "rabbitmqctl"), "-q", *args], env=self.env, capture_output=True, text=True, timeout=120
+        )
         if done.returncode:
             raise RuntimeError(f"rabbitmqctl {' '.join(args)}: {done.stderr.strip() or done.stdout.strip()}")
         return done.stdout.strip()
@@ -152,26 +169,42 @@ def rabbitmq_node(folder: Path, name: str, plugins: tuple[str, ...], epmd_port: 
     (base / "rabbitmq.conf").write_text(RABBITMQ_CONF.format(port=port))
     (base / "enabled_plugins").write_text(f"[{','.join(plugins)}].\n")
     env = os.environ | {
-        "HOME": str(base / "erlhome"), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-        "RABBITMQ_NODENAME": f"{name}@localhost", "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-        "RABBITMQ_NODE_PORT": str(port), "RABBITMQ_DIST_PORT": str(dist_port),
-        "ERL_EPMD_ADDRESS": "127.0.0.1", "ERL_EPMD_PORT": str(epmd_port),
+        "HOME": str(base / "erlhome"),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "RABBITMQ_NODENAME": f"{name}@localhost",
+        "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+        "RABBITMQ_NODE_PORT": str(port),
+        "RABBITMQ_DIST_PORT": str(dist_port),
+        "ERL_EPMD_ADDRESS": "127.0.0.1",
+        "ERL_EPMD_PORT": str(epmd_port),
         "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
-        "RABBITMQ_MNESIA_BASE": str(base / "mnesia"), "RABBITMQ_LOG_BASE": str(base / "log"),
+        "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
+        "RABBITMQ_LOG_BASE": str(base / "log"),
         "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
-        "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"), "RABBITMQ_PID_FILE": str(base / "rabbit.pid"),
+        "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"),
+        "RABBITMQ_PID_FILE": str(base / "rabbit.pid"),
         "PATH": f"{RABBITMQ_SBIN}:{os.environ['PATH']}",
     }
     with (base / "server.out").open("w") as out:
-        broker = subprocess.Popen([str(RABBITMQ_SBIN / "rabbitmq-server")], env=env, stdout=out,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+        broker = subprocess.Popen(
+            [str(RABBITMQ_SBIN / "rabbitmq-server")],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     node = RabbitNode(port, env)
     try:
         wait_for_port(port, 120, broker)
         yield node
     finally:
-        subprocess.run([str(RABBITMQ_SBIN / "rabbitmqctl"), "stop", str(base / "rabbit.pid")], env=env,
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            [str(RABBITMQ_SBIN / "rabbitmqctl"), "stop", str(base / "rabbit.pid")],
+            env=env,
+            capture_output=True,
+            timeout=120,
+        )
         if broker.poll() is None:
             os.killpg(broker.pid, signal.SIGKILL)
 

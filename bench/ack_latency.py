@@ -73,8 +73,10 @@ def percentiles(samples: list[float]) -> str:
     def at(fraction: float) -> float:
         return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000
 
-    return (f"p50 {at(0.50):6.2f}  p90 {at(0.90):6.2f}  p99 {at(0.99):6.2f}  p99.9 {at(0.999):7.2f}  "
-            f"max {ordered[-1] * 1000:7.2f} ms  ({len(ordered):,} samples)")
+    return (
+        f"p50 {at(0.50):6.2f}  p90 {at(0.90):6.2f}  p99 {at(0.99):6.2f}  p99.9 {at(0.999):7.2f}  "
+        f"max {ordered[-1] * 1000:7.2f} ms  ({len(ordered):,} samples)"
+    )
 
 
 def baseline(folder: Path, rate: int, seconds: float) -> list[float]:
@@ -145,17 +147,21 @@ def main(args: argparse.Namespace) -> None:
     root = Path(args.folder) if args.folder else None
     with tempfile.TemporaryDirectory(dir=root) as name:
         folder = Path(name)
-        print(f"persistent 100-byte messages at {args.rate}/s for {args.seconds} s, send -> accepted, "
-              f"sync=full, store in {folder} ({os.cpu_count()} CPUs); "
-              f"{'no consumer' if args.no_consumer else 'a consumer in another process'}", flush=True)
+        print(
+            f"persistent 100-byte messages at {args.rate}/s for {args.seconds} s, send -> accepted, "
+            f"sync=full, store in {folder} ({os.cpu_count()} CPUs); "
+            f"{'no consumer' if args.no_consumer else 'a consumer in another process'}",
+            flush=True,
+        )
         for run in range(1, args.runs + 1):
             port = free_port()
             config = folder / "router.xml"
             config.write_text(ROUTER.format(folder=folder, port=port, start=-1 if args.no_consumer else 400))
             url = f"amqp://127.0.0.1:{port}"
             with (folder / "router.log").open("w") as log:
-                router = subprocess.Popen([sys.executable, "-m", "martinet.kernel", "run", str(config)],
-                                          stderr=log, cwd=folder)
+                router = subprocess.Popen(
+                    [sys.executable, "-m", "martinet.kernel", "run", str(config)], stderr=log, cwd=folder
+                )
             consumer = None
             try:
                 wait_for_port(port, 60, router)
@@ -173,8 +179,11 @@ def main(args: argparse.Namespace) -> None:
                 leftover.unlink()
         if args.baseline_seconds > 0:
             latencies = baseline(folder, args.rate, args.baseline_seconds)
-            print(f"4 KiB write + fsync, same disk, {args.rate}/s for {args.baseline_seconds} s: "
-                  f"{percentiles(latencies)}", flush=True)
+            print(
+                f"4 KiB write + fsync, same disk, {args.rate}/s for {args.baseline_seconds} s: "
+                f"{percentiles(latencies)}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,15 @@ ROUTER = """<router name="bench" startorder="sys$store sys$queuemanager sys$jms"
 </router>"""
 
 
-def measure(name: str, loadgen: Path, port: int, prefix: str, args: argparse.Namespace,
-            credentials: tuple[str, ...], pid: int | None = None) -> dict[str, float]:
+def measure(
+    name: str,
+    loadgen: Path,
+    port: int,
+    prefix: str,
+    args: argparse.Namespace,
+    credentials: tuple[str, ...],
+    pid: int | None = None,
+) -> dict[str, float]:
     results = {}
     for durable in (False, True):
         kind = "persistent" if durable else "non-persistent"
@@ -56,13 +63,17 @@ def measure(name: str, loadgen: Path, port: int, prefix: str, args: argparse.Nam
         for i in range(args.rounds):
             before = cpu_seconds(pid) if pid else 0.0
             address = f"{prefix}bench-{kind}-{i}"
-            rates.append(run_round(loadgen, (port, address), (port, address), count, durable=durable,
-                                   credentials=credentials))
+            rates.append(
+                run_round(loadgen, (port, address), (port, address), count, durable=durable, credentials=credentials)
+            )
             cpu.append((cpu_seconds(pid) - before) / count * 1e6 if pid else 0.0)
         results[kind] = max(rates)
         usage = f"; router CPU {min(cpu):.2f} µs/msg" if pid else ""
-        print(f"{name:10} {kind:15} {max(rates):>9,.0f} msgs/s   (rounds: {', '.join(f'{r:,.0f}' for r in rates)}; "
-              f"{count:,} messages each{usage})", flush=True)
+        print(
+            f"{name:10} {kind:15} {max(rates):>9,.0f} msgs/s   (rounds: {', '.join(f'{r:,.0f}' for r in rates)}; "
+            f"{count:,} messages each{usage})",
+            flush=True,
+        )
     return results
 
 
@@ -91,8 +102,11 @@ def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         loadgen = build_loadgen(folder)
-        print(f"one C sender + one C receiver process, concurrent, 100-byte messages, at-least-once; "
-              f"{os.cpu_count()} CPUs", flush=True)
+        print(
+            f"one C sender + one C receiver process, concurrent, 100-byte messages, at-least-once; "
+            f"{os.cpu_count()} CPUs",
+            flush=True,
+        )
         ours = martinet(loadgen, folder, args)
         theirs = None if args.no_rabbitmq else rabbitmq(loadgen, folder, args)
         if theirs:

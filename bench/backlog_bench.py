@@ -54,8 +54,9 @@ class Router:
 
     def start(self) -> None:
         with (self.folder / "martinet.log").open("a") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "martinet.kernel", "run", str(self.config)],
-                                            stderr=log, cwd=self.folder)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "martinet.kernel", "run", str(self.config)], stderr=log, cwd=self.folder
+            )
         wait_for_port(self.port, 300, self.process)
 
     def stop(self) -> None:
@@ -65,8 +66,12 @@ class Router:
 
 def loadgen_run(loadgen: Path, mode: str, port: int, count: int, size: int) -> float:
     """Run the load generator; its rate (messages per second, first to last)."""
-    done = subprocess.run([str(loadgen), mode, "127.0.0.1", str(port), "backlog", str(count), str(size), "durable"],
-                          capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        [str(loadgen), mode, "127.0.0.1", str(port), "backlog", str(count), str(size), "durable"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if done.returncode:
         raise RuntimeError(f"load generator {mode} failed: {done.stderr.strip()}")
     return float(done.stdout.split()[4])
@@ -75,8 +80,9 @@ def loadgen_run(loadgen: Path, mode: str, port: int, count: int, size: int) -> f
 def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as name:
         loadgen = build_loadgen(Path(name))
-        print(f"{args.messages:,} persistent messages of {args.size} bytes, one C sender then one C receiver",
-              flush=True)
+        print(
+            f"{args.messages:,} persistent messages of {args.size} bytes, one C sender then one C receiver", flush=True
+        )
         for label, cache in SETTINGS.items():
             for restarted in (False, True):
                 with tempfile.TemporaryDirectory() as folder:
@@ -91,9 +97,12 @@ def main(args: argparse.Namespace) -> None:
                     rate = loadgen_run(loadgen, "recv", router.port, args.messages, args.size)
                     after = rss_mib(router.process.pid)
                     router.stop()
-                print(f"{label:24} {'restarted' if restarted else 'live':9}: RSS {before:6.1f} MiB empty, "
-                      f"{backlog:7.1f} MiB with the backlog, {after:7.1f} MiB after consuming it; "
-                      f"sent at {sent:,.0f}/s, consumed at {rate:,.0f} msgs/s", flush=True)
+                print(
+                    f"{label:24} {'restarted' if restarted else 'live':9}: RSS {before:6.1f} MiB empty, "
+                    f"{backlog:7.1f} MiB with the backlog, {after:7.1f} MiB after consuming it; "
+                    f"sent at {sent:,.0f}/s, consumed at {rate:,.0f} msgs/s",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,11 @@ async def run(args: argparse.Namespace) -> None:
             await fill(manager, args.messages, args.size)
             inbox = manager.queues["inbox"]
             start = time.perf_counter()
-            router.management.add("/sys$routing/queue-bridges", "b", {
-                "source-queue": "outbox", "destination": "inbox@bench", "transaction-size": str(size)})
+            router.management.add(
+                "/sys$routing/queue-bridges",
+                "b",
+                {"source-queue": "outbox", "destination": "inbox@bench", "transaction-size": str(size)},
+            )
             while inbox.size < args.messages:
                 await trio.sleep(0.01)
             elapsed = time.perf_counter() - start

@@ -56,10 +56,12 @@ def terminus(code: int, address: str) -> Described:
     return Described(ULong(code), [address])
 
 
-OPENING = frame(0x11, [None, UInt(0), UInt(1000), UInt(1000)]) + frame(
-    0x12, ["out", UInt(0), False, None, None, None, terminus(0x29, "soak"), None, None, UInt(0)]) + frame(
-    0x12, ["in", UInt(1), True, UByte(1), None, terminus(0x28, "soak"), None]) + frame(
-    0x13, [UInt(0), UInt(1000), UInt(0), UInt(1000), UInt(1), UInt(0), UInt(10)])
+OPENING = (
+    frame(0x11, [None, UInt(0), UInt(1000), UInt(1000)])
+    + frame(0x12, ["out", UInt(0), False, None, None, None, terminus(0x29, "soak"), None, None, UInt(0)])
+    + frame(0x12, ["in", UInt(1), True, UByte(1), None, terminus(0x28, "soak"), None])
+    + frame(0x13, [UInt(0), UInt(1000), UInt(0), UInt(1000), UInt(1), UInt(0), UInt(10)])
+)
 MESSAGE = b"\x00\x53\x77\xa1\x05hello"
 SENDING = frame(0x14, [UInt(0), UInt(0), b"t", UInt(0), True], MESSAGE)
 CLOSING = frame(0x18, [])
@@ -125,8 +127,12 @@ class Router:
         config.write_text(ROUTER.format(folder=folder))
         self.log = folder / "stderr.log"
         with self.log.open("wb") as stderr:
-            self.process = subprocess.Popen([sys.executable, "-m", "martinet.kernel", "run", str(config)],
-                                            cwd=folder, stdout=subprocess.DEVNULL, stderr=stderr)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "martinet.kernel", "run", str(config)],
+                cwd=folder,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
         deadline = time.monotonic() + 60
         while not (match := re.search(r"AMQP listener amqp on [\d.]+:(\d+)", self.log.read_text())):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -170,9 +176,11 @@ def main() -> None:
     args = parser.parse_args()
     began = time.monotonic()
     start, end = soak(args.connections, warmup=args.warmup, wave=args.wave)
-    print(f"router RSS after {args.warmup} warm-up connections: {start / 1024:.1f} MiB; "
-          f"after {args.connections} more: {end / 1024:.1f} MiB ({(end - start) / 1024:+.1f} MiB; "
-          f"{(end - start) * 1024 / args.connections:.0f} bytes per connection); {time.monotonic() - began:.0f} s")
+    print(
+        f"router RSS after {args.warmup} warm-up connections: {start / 1024:.1f} MiB; "
+        f"after {args.connections} more: {end / 1024:.1f} MiB ({(end - start) / 1024:+.1f} MiB; "
+        f"{(end - start) * 1024 / args.connections:.0f} bytes per connection); {time.monotonic() - began:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -134,12 +134,15 @@ def sending_engine(count: int) -> tuple[amqp.Connection, amqp.Link]:
     engine.receive_data(amqp.AMQP_HEADER + frame(0x10, ["peer"]))
     answer(engine, 0)
     source = amqp.Terminus(kind=amqp.SOURCE, address="q").described()
-    engine.receive_data(frame(0x11, [None, UInt(0), UInt(0x7FFFFFFF), UInt(0xFFFFFFFF)])
-                        + frame(0x12, ["out", UInt(0), True, None, None, source, None]))
+    engine.receive_data(
+        frame(0x11, [None, UInt(0), UInt(0x7FFFFFFF), UInt(0xFFFFFFFF)])
+        + frame(0x12, ["out", UInt(0), True, None, None, source, None])
+    )
     link = answer(engine, 0)
     assert link is not None
-    engine.receive_data(frame(0x13, [UInt(0), UInt(0x7FFFFFFF), UInt(0), UInt(0x7FFFFFFF), UInt(0), UInt(0),
-                                     UInt(count)]))
+    engine.receive_data(
+        frame(0x13, [UInt(0), UInt(0x7FFFFFFF), UInt(0), UInt(0x7FFFFFFF), UInt(0), UInt(0), UInt(count)])
+    )
     engine.data_to_send()
     assert link.credit == count
     return engine, link
@@ -167,7 +170,7 @@ def main() -> None:
     options = parser.parse_args()
     count = options.messages
     prefix, transfers = capture_proton_transfers(count)
-    chunks = [transfers[at:at + READ] for at in range(0, len(transfers), READ)]
+    chunks = [transfers[at : at + READ] for at in range(0, len(transfers), READ)]
 
     def receive(engine: amqp.Connection, link: amqp.Link) -> None:
         for chunk in chunks:

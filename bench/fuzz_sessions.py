@@ -82,6 +82,7 @@ async def _record_through_proxy(port: int, run_client: Any) -> list[Chunk]:
     async def handle(client: trio.SocketStream) -> None:
         mine: list[list] = [] if chunks else chunks  # only the first connection is recorded
         async with client, await trio.open_tcp_stream("127.0.0.1", port) as server:
+
             async def upstream() -> None:
                 while data := await client.receive_some(65536):
                     mine.append([data, False])
@@ -119,10 +120,19 @@ def _proton_session(port: int) -> None:
     try:
         sender = connection.create_sender("fz-proton")
         for number in range(2):
-            sender.send(Message(body=f"proton {number}", durable=True, priority=7, ttl=60,
-                                id=f"id-{number}", correlation_id=number, subject="fuzz",
-                                properties={"colour": "red", "n": number},
-                                annotations={Symbol("x-opt-fuzz"): number}))
+            sender.send(
+                Message(
+                    body=f"proton {number}",
+                    durable=True,
+                    priority=7,
+                    ttl=60,
+                    id=f"id-{number}",
+                    correlation_id=number,
+                    subject="fuzz",
+                    properties={"colour": "red", "n": number},
+                    annotations={Symbol("x-opt-fuzz"): number},
+                )
+            )
         receiver = connection.create_receiver("fz-proton", options=Selector("colour = 'red'"))
         for _ in range(2):
             receiver.receive(timeout=10)
@@ -162,12 +172,12 @@ def units(data: bytes) -> list[bytes]:
     """``data`` split into protocol headers and frames (a cut remainder is one unit)."""
     found, offset = [], 0
     while offset < len(data):
-        if data[offset:offset + 4] == b"AMQP":
+        if data[offset : offset + 4] == b"AMQP":
             size = 8
         else:
-            size = int.from_bytes(data[offset:offset + 4], "big") if offset + 4 <= len(data) else 0
+            size = int.from_bytes(data[offset : offset + 4], "big") if offset + 4 <= len(data) else 0
             size = size if 8 <= size <= len(data) - offset else len(data) - offset
-        found.append(data[offset:offset + size])
+        found.append(data[offset : offset + size])
         offset += size
     return found
 
@@ -198,9 +208,44 @@ def with_size(frame: bytes) -> bytes:
 
 
 INTERESTING = [0, 1, 2, 3, 0x7F, 0x80, 0xFF, 0x100, 0xFFFF, 0x10000, 2**31 - 1, 2**31, 2**32 - 1]
-CONSTRUCTORS = [0x00, 0x40, 0x41, 0x42, 0x43, 0x44, 0x45, 0x50, 0x52, 0x53, 0x56, 0x60, 0x70, 0x71, 0x72, 0x73,
-                0x80, 0x81, 0x82, 0x83, 0x94, 0x98, 0xA0, 0xA1, 0xA3, 0xB0, 0xB1, 0xB3, 0xC0, 0xC1, 0xD0,
-                0xD1, 0xE0, 0xF0, 0x01, 0xFF]
+CONSTRUCTORS = [
+    0x00,
+    0x40,
+    0x41,
+    0x42,
+    0x43,
+    0x44,
+    0x45,
+    0x50,
+    0x52,
+    0x53,
+    0x56,
+    0x60,
+    0x70,
+    0x71,
+    0x72,
+    0x73,
+    0x80,
+    0x81,
+    0x82,
+    0x83,
+    0x94,
+    0x98,
+    0xA0,
+    0xA1,
+    0xA3,
+    0xB0,
+    0xB1,
+    0xB3,
+    0xC0,
+    0xC1,
+    0xD0,
+    0xD1,
+    0xE0,
+    0xF0,
+    0x01,
+    0xFF,
+]
 
 
 def hostile_value(rng: random.Random) -> Any:
@@ -219,7 +264,7 @@ def hostile_value(rng: random.Random) -> Any:
     if kind == 5:
         return "s" * rng.choice([0, 1, 300, 70000])
     if kind == 6:
-        return rng.choice([-1, -2**63, 2**64 - 1, 2**32, 3])
+        return rng.choice([-1, -(2**63), 2**64 - 1, 2**32, 3])
     if kind == 7:
         return rng.choice([3.5, float("nan"), float("inf")])
     if kind == 8:
@@ -319,8 +364,11 @@ def mutate_tree(frame: bytes, rng: random.Random) -> bytes | None:
 
 
 def mutate_count(frame: bytes, rng: random.Random) -> bytes | None:
-    found = [(at, code) for at, code in constructors(frame, 8) if code in (
-        0xA0, 0xA1, 0xA3, 0xB0, 0xB1, 0xB3, 0xC0, 0xC1, 0xD0, 0xD1, 0xE0, 0xF0)]
+    found = [
+        (at, code)
+        for at, code in constructors(frame, 8)
+        if code in (0xA0, 0xA1, 0xA3, 0xB0, 0xB1, 0xB3, 0xC0, 0xC1, 0xD0, 0xD1, 0xE0, 0xF0)
+    ]
     if not found:
         return None
     at, code = rng.choice(found)
@@ -328,9 +376,9 @@ def mutate_count(frame: bytes, rng: random.Random) -> bytes | None:
     field = at + 1 + (width if code & 0xF0 in (0xC0, 0xD0, 0xE0, 0xF0) and rng.random() < 0.6 else 0)
     if field + width > len(frame):
         return None
-    current = int.from_bytes(frame[field:field + width], "big")
-    value = rng.choice(INTERESTING + [current + 1, max(current - 1, 0), current * 2 + 1]) % (256 ** width)
-    return frame[:field] + value.to_bytes(width, "big") + frame[field + width:]
+    current = int.from_bytes(frame[field : field + width], "big")
+    value = rng.choice(INTERESTING + [current + 1, max(current - 1, 0), current * 2 + 1]) % (256**width)
+    return frame[:field] + value.to_bytes(width, "big") + frame[field + width :]
 
 
 def mutate_constructor(frame: bytes, rng: random.Random) -> bytes | None:
@@ -338,7 +386,7 @@ def mutate_constructor(frame: bytes, rng: random.Random) -> bytes | None:
     if not found:
         return None
     at, _ = rng.choice(found)
-    return frame[:at] + bytes([rng.choice(CONSTRUCTORS)]) + frame[at + 1:]
+    return frame[:at] + bytes([rng.choice(CONSTRUCTORS)]) + frame[at + 1 :]
 
 
 def mutate_header(frame: bytes, rng: random.Random) -> bytes | None:
@@ -366,8 +414,16 @@ def mutate_bytes(frame: bytes, rng: random.Random) -> bytes | None:
     return bytes(data)
 
 
-FRAME_MUTATIONS = [mutate_tree, mutate_tree, mutate_count, mutate_count, mutate_constructor, mutate_header,
-                   mutate_truncate, mutate_bytes]
+FRAME_MUTATIONS = [
+    mutate_tree,
+    mutate_tree,
+    mutate_count,
+    mutate_count,
+    mutate_constructor,
+    mutate_header,
+    mutate_truncate,
+    mutate_bytes,
+]
 
 
 def make_case(sessions: list[list[Chunk]], rng: random.Random) -> tuple[list[Chunk], list[str]]:
@@ -375,8 +431,12 @@ def make_case(sessions: list[list[Chunk]], rng: random.Random) -> tuple[list[Chu
     session = rng.randrange(len(sessions))
     chunks = [(units(data), answered) for data, answered in sessions[session]]
     done = [f"session {session}"]
-    frames = [(c, u) for c, (found, _) in enumerate(chunks) for u, unit in enumerate(found)
-              if unit[:4] != b"AMQP" and len(unit) >= 8]
+    frames = [
+        (c, u)
+        for c, (found, _) in enumerate(chunks)
+        for u, unit in enumerate(found)
+        if unit[:4] != b"AMQP" and len(unit) >= 8
+    ]
     for _ in range(rng.choice([1, 1, 2, 3])):
         if not frames:
             break
@@ -476,8 +536,9 @@ async def fuzz(cases: int, seed: int, *, out: Any = print) -> dict[str, Any]:
     def watchdog() -> None:
         while not stop.wait(1):
             if time.monotonic() - heartbeat[0] > 30:
-                print(f"FROZEN: the event loop made no progress for 30 s in {heartbeat[1]}", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"FROZEN: the event loop made no progress for 30 s in {heartbeat[1]}", file=sys.stderr, flush=True
+                )
                 os._exit(3)
 
     threading.Thread(target=watchdog, daemon=True).start()

@@ -70,8 +70,10 @@ async def bench_pool(max_concurrency: int, jobs: int) -> float:
 async def main() -> None:
     for subscribers in (1, 10):
         rate = await bench_bus(subscribers, 200_000)
-        print(f"bus publish, {subscribers:>2} subscriber(s): {rate:>10,.0f} events/s "
-              f"({rate * subscribers:,.0f} deliveries/s)")
+        print(
+            f"bus publish, {subscribers:>2} subscriber(s): {rate:>10,.0f} events/s "
+            f"({rate * subscribers:,.0f} deliveries/s)"
+        )
     for size in (1, 8):
         rate = await bench_pool(size, 100_000)
         print(f"pool jobs, max-concurrency {size}:      {rate:>10,.0f} jobs/s")

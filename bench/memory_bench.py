@@ -70,8 +70,13 @@ def rss() -> int:
 
 
 def make_message(n: int, size: int, durable: bool):
-    return build(b"x" * size, durable=durable, message_id=f"ID:bench:{n}", creation_time=1_700_000_000_000 + n,
-                 properties={"n": n, "kind": "bench"})
+    return build(
+        b"x" * size,
+        durable=durable,
+        message_id=f"ID:bench:{n}",
+        creation_time=1_700_000_000_000 + n,
+        properties={"n": n, "kind": "bench"},
+    )
 
 
 async def fill(router: Router, queue_name: str, count: int, size: int, durable: bool) -> tuple[float, int]:
@@ -130,8 +135,14 @@ async def run_case(args: argparse.Namespace) -> dict:
         per_message, encoded = await fill(router, name, args.messages, args.size, name != "transient")
         filled = time.perf_counter() - begin
         figures = router.management.resolve(f"/sys$queuemanager/usage/queues/{name}").properties()
-        result = {"case": name, "per_message": per_message, "encoded": encoded, "filled": filled,
-                  "cached": figures["cached"], "swapped": figures["swapped"]}
+        result = {
+            "case": name,
+            "per_message": per_message,
+            "encoded": encoded,
+            "filled": filled,
+            "cached": figures["cached"],
+            "swapped": figures["swapped"],
+        }
         if name != "transient":
             result["consumed"], result["cpu"], result["store_cpu"] = await consume(router, name, args.messages)
             figures = router.management.resolve(f"/sys$queuemanager/usage/queues/{name}").properties()
@@ -146,24 +157,35 @@ def main(args: argparse.Namespace) -> None:
     defaults = QueueSettings()
     results = {}
     for case in args.cases:
-        output = subprocess.run([sys.executable, __file__, "--case", case, "--messages", str(args.messages),
-                                 "--size", str(args.size)], check=True, capture_output=True, text=True).stdout
+        output = subprocess.run(
+            [sys.executable, __file__, "--case", case, "--messages", str(args.messages), "--size", str(args.size)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         result = results[case] = json.loads(output.splitlines()[-1])
-        line = (f"{case:15}: RSS +{result['per_message'] * args.messages / 2**20:,.0f} MiB, "
-                f"{result['per_message']:,.0f} bytes per queued message ({result['encoded']} "
-                f"encoded bytes, {args.size}-byte body; {args.messages:,} queued in {result['filled']:.1f} s; "
-                f"cached {result['cached']:,}, swapped {result['swapped']:,})")
+        line = (
+            f"{case:15}: RSS +{result['per_message'] * args.messages / 2**20:,.0f} MiB, "
+            f"{result['per_message']:,.0f} bytes per queued message ({result['encoded']} "
+            f"encoded bytes, {args.size}-byte body; {args.messages:,} queued in {result['filled']:.1f} s; "
+            f"cached {result['cached']:,}, swapped {result['swapped']:,})"
+        )
         if "consumed" in result:
-            line += (f"; consumed in {result['consumed']:.2f} s = {args.messages / result['consumed']:,.0f} msg/s "
-                     f"({result['reads']:,} reads from the store), CPU per message: router "
-                     f"{result['cpu'] / args.messages * 1e6:.1f} µs, store process "
-                     f"{result['store_cpu'] / args.messages * 1e6:.1f} µs")
+            line += (
+                f"; consumed in {result['consumed']:.2f} s = {args.messages / result['consumed']:,.0f} msg/s "
+                f"({result['reads']:,} reads from the store), CPU per message: router "
+                f"{result['cpu'] / args.messages * 1e6:.1f} µs, store process "
+                f"{result['store_cpu'] / args.messages * 1e6:.1f} µs"
+            )
         print(line, flush=True)
     for case in ("persistent", "persistent-all"):
         if case in results:
             per_message = results[case]["per_message"]
-            print(f"default max-messages {defaults.max_messages:,} of such messages, {case}: about "
-                  f"{defaults.max_messages * per_message / 2**20:,.0f} MiB of RSS", flush=True)
+            print(
+                f"default max-messages {defaults.max_messages:,} of such messages, {case}: about "
+                f"{defaults.max_messages * per_message / 2**20:,.0f} MiB of RSS",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

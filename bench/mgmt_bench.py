@@ -34,8 +34,11 @@ async def main(requests: int, parallel: int) -> None:
         async with trio.open_nursery() as nursery:
             network = Network(nursery, Path(folder))
             for name in ("a", "b", "c"):
-                await network.start(network.config(name, startorder=(*ROUTING_STACK, "sys$mgmt"),
-                                                   swiftlets={"sys$routing": routing_config()}))
+                await network.start(
+                    network.config(
+                        name, startorder=(*ROUTING_STACK, "sys$mgmt"), swiftlets={"sys$routing": routing_config()}
+                    )
+                )
             network.connect("a", "b")
             network.connect("b", "c")
             await network.settle({"a": {"b": 1, "c": 2}})
@@ -53,8 +56,10 @@ async def main(requests: int, parallel: int) -> None:
                         for _ in range(parallel):
                             workers.start_soon(_requests, admin, target, requests // parallel)
                     rate = (requests // parallel * parallel) / (time.perf_counter() - start)
-                    print(f"{label:20s} get /usage: median {statistics.median(times) * 1000:6.2f} ms, "
-                          f"p99 {p99 * 1000:6.2f} ms; {parallel} in flight: {rate:7.0f} requests/s")
+                    print(
+                        f"{label:20s} get /usage: median {statistics.median(times) * 1000:6.2f} ms, "
+                        f"p99 {p99 * 1000:6.2f} ms; {parallel} in flight: {rate:7.0f} requests/s"
+                    )
                 maps = []
                 for _ in range(10):
                     start = time.perf_counter()

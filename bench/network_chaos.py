@@ -32,9 +32,18 @@ from netharness import FAULTS, TOPOLOGIES, Schedule, chaos, open_network  # noqa
 
 
 async def main(args: argparse.Namespace) -> int:
-    schedule = Schedule(rounds=args.rounds, faults=tuple(args.faults), down=args.down, gap=args.gap, seed=args.seed,
-                        producers=args.producers, rate=args.rate, drain_timeout=args.drain_timeout,
-                        spare=tuple(args.spare), mode=args.mode)
+    schedule = Schedule(
+        rounds=args.rounds,
+        faults=tuple(args.faults),
+        down=args.down,
+        gap=args.gap,
+        seed=args.seed,
+        producers=args.producers,
+        rate=args.rate,
+        drain_timeout=args.drain_timeout,
+        spare=tuple(args.spare),
+        mode=args.mode,
+    )
     with tempfile.TemporaryDirectory(prefix="network-chaos-") as scratch:
         folder = args.folder or scratch
         started = time.monotonic()
@@ -44,8 +53,10 @@ async def main(args: argparse.Namespace) -> int:
         finally:
             if args.keep_logs:
                 Path(args.keep_logs).write_text(network.logs())
-        title = (f"{args.mode}, {args.topology}, {'XA' if args.xa else 'non-XA'}, seed {args.seed}, "
-                 f"{time.monotonic() - started:.0f} s")
+        title = (
+            f"{args.mode}, {args.topology}, {'XA' if args.xa else 'non-XA'}, seed {args.seed}, "
+            f"{time.monotonic() - started:.0f} s"
+        )
         print(results.table(title))
     return 1 if results.lost or (args.xa and results.duplicated) else 0
 
@@ -54,11 +65,19 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--topology", choices=sorted(TOPOLOGIES), default="triangle")
-    parser.add_argument("--mode", choices=("queues", "topics"), default="queues",
-                        help="queues: producers send to a queue on the destination router; topics: they publish "
-                        "to a topic with a durable and a non-durable subscriber on every router")
-    parser.add_argument("--xa", action=argparse.BooleanOptionalAction, default=True,
-                        help="XA links (default); --no-xa sets use-xa=false on both ends of every link")
+    parser.add_argument(
+        "--mode",
+        choices=("queues", "topics"),
+        default="queues",
+        help="queues: producers send to a queue on the destination router; topics: they publish "
+        "to a topic with a durable and a non-durable subscriber on every router",
+    )
+    parser.add_argument(
+        "--xa",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="XA links (default); --no-xa sets use-xa=false on both ends of every link",
+    )
     parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
     parser.add_argument("--spare", nargs="*", default=[], help="routers never killed")
     parser.add_argument("--down", type=float, default=1.0, help="seconds a fault lasts")

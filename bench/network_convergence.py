@@ -105,8 +105,11 @@ def simulated_sends(names: list[str], links: list[tuple[str, str]], failed: tupl
     """Announcements the pure simulation sends in the three phases (routesim, seed 1)."""
     sim = SimNetwork(names, hop_limits=limit, rng=random.Random(1))
     counts = []
-    for action in (lambda: [sim.link_up(a, b) for a, b in links], lambda: sim.link_down(*failed),
-                   lambda: sim.link_up(*failed)):
+    for action in (
+        lambda: [sim.link_up(a, b) for a, b in links],
+        lambda: sim.link_down(*failed),
+        lambda: sim.link_up(*failed),
+    ):
         before = sim.sent
         action()
         sim.settle()
@@ -120,8 +123,9 @@ class Watch:
     operational."""
 
     def __init__(self, routers: dict, connector_router: str, connector: str):
-        self._subscriptions = [(name, router.bus.subscribe(Event, max_buffer=1_000_000))
-                               for name, router in routers.items()]
+        self._subscriptions = [
+            (name, router.bus.subscribe(Event, max_buffer=1_000_000)) for name, router in routers.items()
+        ]
         self._router, self._link = connector_router, f"connector:{connector}"
 
     def drain(self) -> tuple[int, bool]:
@@ -135,8 +139,12 @@ class Watch:
                     break
                 if isinstance(event, (RouteAdded, RouteRemoved)):
                     changes += 1
-                elif (isinstance(event, LinkStateChanged) and name == self._router and event.link == self._link
-                      and event.state is LinkState.OPERATIONAL):
+                elif (
+                    isinstance(event, LinkStateChanged)
+                    and name == self._router
+                    and event.link == self._link
+                    and event.state is LinkState.OPERATIONAL
+                ):
                     link_up = True
         return changes, link_up
 
@@ -151,8 +159,9 @@ def totals(net: Network) -> tuple[int, int]:
     return sent, received
 
 
-async def phase(net: Network, watch: Watch, names: list[str], links: set[frozenset[str]], limit: int,
-                action: Callable[[], None]) -> dict | None:
+async def phase(
+    net: Network, watch: Watch, names: list[str], links: set[frozenset[str]], limit: int, action: Callable[[], None]
+) -> dict | None:
     """Run ``action`` and wait until the network is right and quiet; the figures, or None
     (printed why) if it does not converge within TIMEOUT."""
     expected = expected_tables(names, links, limit)
@@ -183,8 +192,10 @@ async def phase(net: Network, watch: Watch, names: list[str], links: set[frozens
             break
         if now - start > TIMEOUT:
             wrong = {name: net.table(name) for name in names if net.table(name) != expected[name]}
-            print(f"    NOT CONVERGED in {TIMEOUT:.0f} s: {len(wrong)} routers differ, e.g. "
-                  f"{dict(list(wrong.items())[:2])}; expected {dict((n, expected[n]) for n in list(wrong)[:2])}")
+            print(
+                f"    NOT CONVERGED in {TIMEOUT:.0f} s: {len(wrong)} routers differ, e.g. "
+                f"{dict(list(wrong.items())[:2])}; expected {dict((n, expected[n]) for n in list(wrong)[:2])}"
+            )
             return None
     reference = reference_routes(names, links, dict.fromkeys(names, limit), {})
     routing = {name: net.routers[name].swiftlet("sys$routing") for name in names}
@@ -206,15 +217,25 @@ async def run(folder: Path, label: str, names: list[str], links: list[tuple[str,
     failed = links[len(links) // 2]
     simulated = simulated_sends(names, links, failed, limit)
     up = {frozenset(link) for link in links}
-    print(f"{label}, hop limit {limit}: {len(names)} routers, {len(links)} links, "
-          f"link {failed[0]}-{failed[1]} fails (through a FaultProxy)", flush=True)
-    print(f"  {'phase':<14} {'table s':>8} {'routes s':>9} {'quiet s':>8} {'link s':>7} {'sent':>7} {'recv':>7} "
-          f"{'sim':>7} {'routes':>7}  check")
+    print(
+        f"{label}, hop limit {limit}: {len(names)} routers, {len(links)} links, "
+        f"link {failed[0]}-{failed[1]} fails (through a FaultProxy)",
+        flush=True,
+    )
+    print(
+        f"  {'phase':<14} {'table s':>8} {'routes s':>9} {'quiet s':>8} {'link s':>7} {'sent':>7} {'recv':>7} "
+        f"{'sim':>7} {'routes':>7}  check"
+    )
     async with trio.open_nursery() as nursery:
         net = Network(nursery, folder / label.replace(" ", "-"))
         for name in names:
-            await net.start(net.config(name, startorder=STARTORDER, swiftlets={
-                "sys$routing": routing_config(route_announce_hop_limit=limit)}))
+            await net.start(
+                net.config(
+                    name,
+                    startorder=STARTORDER,
+                    swiftlets={"sys$routing": routing_config(route_announce_hop_limit=limit)},
+                )
+            )
         proxy = FaultProxy("127.0.0.1", net.routing_port(failed[1]))
         await nursery.start(proxy.run)
         watch = Watch(net.routers, failed[0], failed[1])
@@ -222,24 +243,31 @@ async def run(folder: Path, label: str, names: list[str], links: list[tuple[str,
         def connect_all() -> None:
             for a, b in links:
                 port = proxy.port if (a, b) == failed else net.routing_port(b)
-                net.routers[a].management.add("/sys$routing/connectors", b, {
-                    "hostname": "127.0.0.1", "port": str(port), "retry-time": "1000"})
+                net.routers[a].management.add(
+                    "/sys$routing/connectors", b, {"hostname": "127.0.0.1", "port": str(port), "retry-time": "1000"}
+                )
 
         def fail() -> None:
             proxy.refuse(True)
             proxy.cut()
 
-        phases = [("all links up", up, connect_all), ("link fails", up - {frozenset(failed)}, fail),
-                  ("link recovers", up, proxy.heal)]
+        phases = [
+            ("all links up", up, connect_all),
+            ("link fails", up - {frozenset(failed)}, fail),
+            ("link recovers", up, proxy.heal),
+        ]
         try:
             for (title, links_up, action), sim in zip(phases, simulated, strict=True):
                 figures = await phase(net, watch, names, links_up, limit, action)
                 if figures is None:
                     break
                 link = "" if figures["link"] is None else f"{figures['link']:.3f}"
-                print(f"  {title:<14} {figures['table']:>8.3f} {figures['routes']:>9.3f} {figures['quiet']:>8.3f} "
-                      f"{link:>7} {figures['sent']:>7,} {figures['received']:>7,} {sim:>7,} "
-                      f"{figures['routes held']:>7,}  {figures['check']}", flush=True)
+                print(
+                    f"  {title:<14} {figures['table']:>8.3f} {figures['routes']:>9.3f} {figures['quiet']:>8.3f} "
+                    f"{link:>7} {figures['sent']:>7,} {figures['received']:>7,} {sim:>7,} "
+                    f"{figures['routes held']:>7,}  {figures['check']}",
+                    flush=True,
+                )
             rss, _ = memory()
             print(f"  RSS with these {len(names)} routers running: {rss:.1f} MiB", flush=True)
         finally:
@@ -264,7 +292,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ring", type=int, default=20, help="routers in the ring (default 20)")
     parser.add_argument("--mesh", type=int, default=10, help="routers in the full mesh (default 10)")
-    parser.add_argument("--hop-limit", type=int, default=3,
-                        help="route-announce-hop-limit (default 3); the ring also runs with -1 (unlimited)")
+    parser.add_argument(
+        "--hop-limit",
+        type=int,
+        default=3,
+        help="route-announce-hop-limit (default 3); the ring also runs with -1 (unlimited)",
+    )
     logging.getLogger("martinet").setLevel(logging.ERROR)  # the refused retries of phase 2 log warnings
     trio.run(main, parser.parse_args())

@@ -38,11 +38,22 @@ def synthesize(folder: Path, rows: int, files: int) -> None:
                 seq += 1
                 sent = second * (q + 1)
                 entity = f"queues/q{q}"
-                batch += [(router, now, "sys$queuemanager", entity, "messages", float(sent // 10), None, 1, seq * 4),
-                          (router, now, "sys$queuemanager", entity, "enqueued", float(sent), None, 1, seq * 4 + 1),
-                          (router, now, "sys$queuemanager", entity, "dequeued", float(sent - sent // 10), None, 1,
-                           seq * 4 + 2),
-                          (router, now, "sys$queuemanager", entity, "state", None, "ok", 1, seq * 4 + 3)]
+                batch += [
+                    (router, now, "sys$queuemanager", entity, "messages", float(sent // 10), None, 1, seq * 4),
+                    (router, now, "sys$queuemanager", entity, "enqueued", float(sent), None, 1, seq * 4 + 1),
+                    (
+                        router,
+                        now,
+                        "sys$queuemanager",
+                        entity,
+                        "dequeued",
+                        float(sent - sent // 10),
+                        None,
+                        1,
+                        seq * 4 + 2,
+                    ),
+                    (router, now, "sys$queuemanager", entity, "state", None, "ok", 1, seq * 4 + 3),
+                ]
         if (second + 1) % per_file == 0 or second == seconds - 1:
             write_tables(str(folder), FileFormat.PARQUET, {"rows": batch, "events": []})
             batch = []
@@ -54,29 +65,43 @@ def main(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         synthesize(folder / "export", args.rows, args.files)
         files = list((folder / "export" / "rows").rglob("part-*.parquet"))
-        print(f"synthetic export: {args.rows:,} rows in {len(files)} Parquet files, "
-              f"{sum(f.stat().st_size for f in files) / 1e6:.0f} MB, written in {time.perf_counter() - started:.0f} s",
-              flush=True)
+        print(
+            f"synthetic export: {args.rows:,} rows in {len(files)} Parquet files, "
+            f"{sum(f.stat().st_size for f in files) / 1e6:.0f} MB, written in {time.perf_counter() - started:.0f} s",
+            flush=True,
+        )
         started = time.perf_counter()
         spark = session(args.master, "pipeline-bench", scratch=folder / "spark")
         print(f"Spark {spark.version} on {args.master}: session in {time.perf_counter() - started:.1f} s", flush=True)
         output = folder / "analysis"
         started = time.perf_counter()
-        for query in start_ingest(spark, source="files", output=output, checkpoint=output / "_checkpoints",
-                                  once=True, folder=str(folder / "export")):
+        for query in start_ingest(
+            spark,
+            source="files",
+            output=output,
+            checkpoint=output / "_checkpoints",
+            once=True,
+            folder=str(folder / "export"),
+        ):
             query.awaitTermination()
         ingest = time.perf_counter() - started
         count = spark.read.parquet(str(output / "rows")).count()
-        print(f"ingest (streaming, availableNow): {count:,} rows in {ingest:.1f} s = {count / ingest:,.0f} rows/s",
-              flush=True)
+        print(
+            f"ingest (streaming, availableNow): {count:,} rows in {ingest:.1f} s = {count / ingest:,.0f} rows/s",
+            flush=True,
+        )
         started = time.perf_counter()
-        for query in start_analyses(spark, output=output, checkpoint=output / "_checkpoints", once=True,
-                                    window="1 minute", delay="1 minute"):
+        for query in start_analyses(
+            spark, output=output, checkpoint=output / "_checkpoints", once=True, window="1 minute", delay="1 minute"
+        ):
             query.awaitTermination()
         analysis = time.perf_counter() - started
         windows = spark.read.parquet(str(output / "tables" / "rates")).count()
-        print(f"analyses (streaming, availableNow): {analysis:.1f} s = {count / analysis:,.0f} rows/s "
-              f"({windows:,} queue windows)", flush=True)
+        print(
+            f"analyses (streaming, availableNow): {analysis:.1f} s = {count / analysis:,.0f} rows/s "
+            f"({windows:,} queue windows)",
+            flush=True,
+        )
         started = time.perf_counter()
         write_report(results(spark, output), output / "report.html")
         print(f"report: {time.perf_counter() - started:.1f} s")

@@ -37,8 +37,13 @@ CONFIG = """<router name="bench" startorder="sys$store sys$queuemanager">
 
 
 def make_message(n: int, size: int, durable: bool):
-    return build(b"x" * size, durable=durable, message_id=f"ID:bench:{n}", creation_time=1_700_000_000_000 + n,
-                 properties={"n": n, "kind": "bench"})
+    return build(
+        b"x" * size,
+        durable=durable,
+        message_id=f"ID:bench:{n}",
+        creation_time=1_700_000_000_000 + n,
+        properties={"n": n, "kind": "bench"},
+    )
 
 
 async def throughput(router: Router, count: int, durable: bool) -> tuple[float, dict]:
@@ -103,14 +108,18 @@ async def main(args: argparse.Namespace) -> None:
     async with running_router(CONFIG, sync=args.sync) as router:
         rate, store = await throughput(router, args.messages, durable=True)
         fsyncs = store["transactions"] / store["seconds"]
-        print(f"persistent, 1 KB, sync={args.sync}: {rate:,.0f} msgs/s; {fsyncs:,.0f} store transactions/s "
-              f"({store['transactions']} for {args.messages} messages); "
-              f"{store['cancelled-pairs']:,} messages never written (stored and consumed in one commit)")
+        print(
+            f"persistent, 1 KB, sync={args.sync}: {rate:,.0f} msgs/s; {fsyncs:,.0f} store transactions/s "
+            f"({store['transactions']} for {args.messages} messages); "
+            f"{store['cancelled-pairs']:,} messages never written (stored and consumed in one commit)"
+        )
         rate, _ = await throughput(router, args.messages, durable=False)
         print(f"non-persistent, 1 KB: {rate:,.0f} msgs/s")
         overhead, size = await memory(router, args.queued)
-        print(f"memory: {overhead:,.0f} bytes per queued message beyond its {size} encoded bytes "
-              f"({args.queued:,} queued 100-byte-body messages)")
+        print(
+            f"memory: {overhead:,.0f} bytes per queued message beyond its {size} encoded bytes "
+            f"({args.queued:,} queued 100-byte-body messages)"
+        )
 
 
 if __name__ == "__main__":

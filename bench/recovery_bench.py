@@ -92,8 +92,10 @@ async def recover(folder: Path, count: int, traced: bool) -> None:
         await trio.sleep(1)
         gc.collect()
         alive = sum(isinstance(o, StoredMessage) for o in gc.get_objects())
-        print(f"RSS after consuming all: {rss_mib():8.1f} MiB  (queue size {queue.size}, StoredMessage "
-              f"objects alive: {alive}{held()})")
+        print(
+            f"RSS after consuming all: {rss_mib():8.1f} MiB  (queue size {queue.size}, StoredMessage "
+            f"objects alive: {alive}{held()})"
+        )
         trimmed = trim()
         print(f"  after malloc_trim(0):  {rss_mib():8.1f} MiB" if trimmed else "  (no malloc_trim here)")
         router.request_stop()
@@ -111,8 +113,18 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as folder:
         trio.run(fill, Path(folder), args.count, args.size)
-        subprocess.run([sys.executable, __file__, "--count", str(args.count), "--recover", folder,
-                        *(["--trace"] if args.trace else [])], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--count",
+                str(args.count),
+                "--recover",
+                folder,
+                *(["--trace"] if args.trace else []),
+            ],
+            check=True,
+        )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,11 @@ def run(label: str, names: list[str], links: list[tuple[str, str]], limit: int, 
         for a, b in links:
             net.link_up(a, b)
 
-    phases = [("all links up", all_up), (f"link {failed[0]}-{failed[1]} fails", lambda: net.link_down(*failed)),
-              (f"link {failed[0]}-{failed[1]} recovers", lambda: net.link_up(*failed))]
+    phases = [
+        ("all links up", all_up),
+        (f"link {failed[0]}-{failed[1]} fails", lambda: net.link_down(*failed)),
+        (f"link {failed[0]}-{failed[1]} recovers", lambda: net.link_up(*failed)),
+    ]
     for phase, action in phases:
         adds, removes = net.adds, net.removes
         begin = time.process_time()
@@ -43,8 +46,10 @@ def run(label: str, names: list[str], links: list[tuple[str, str]], limit: int, 
         routes = sum(len(net.routes(name)) for name in names)
         expected = reference_routes(names, net.links, dict.fromkeys(names, limit), {})
         assert all(net.routes(name) == expected[name] for name in names), f"{label}: {phase}: not the reference"
-        print(f"{label}, hop limit {limit:>2}, {phase:<22}: {net.adds - adds:>6,} ADD {net.removes - removes:>6,} "
-              f"REMOVE; {routes:>6,} routes in the network; {elapsed * 1000:>8.1f} ms CPU")
+        print(
+            f"{label}, hop limit {limit:>2}, {phase:<22}: {net.adds - adds:>6,} ADD {net.removes - removes:>6,} "
+            f"REMOVE; {routes:>6,} routes in the network; {elapsed * 1000:>8.1f} ms CPU"
+        )
 
 
 def main() -> None:

@@ -119,14 +119,25 @@ class Bench:
             queue = f"bench{self.rounds}"
             address = queue if sender == receiver else f"{queue}@{receiver}"
             before = running.cpu()
-            rates.append(run_round(self.loadgen, (running.amqp[sender], address), (running.amqp[receiver], queue),
-                                   count, durable=durable, size=self.args.size))
+            rates.append(
+                run_round(
+                    self.loadgen,
+                    (running.amqp[sender], address),
+                    (running.amqp[receiver], queue),
+                    count,
+                    durable=durable,
+                    size=self.args.size,
+                )
+            )
             after = running.cpu()
             cpu.append({name: (after[name] - before[name]) / count * 1e6 for name in before})
         best = min(cpu, key=lambda usage: sum(usage.values()))
         each = ", ".join(f"{name} {value:.1f}" for name, value in best.items())
-        print(f"{label:44} {max(rates):>9,.0f} msgs/s   router CPU {sum(best.values()):6.1f} µs/msg ({each})"
-              f"{'' if len(rates) == 1 else '   rounds: ' + ', '.join(f'{r:,.0f}' for r in rates)}", flush=True)
+        print(
+            f"{label:44} {max(rates):>9,.0f} msgs/s   router CPU {sum(best.values()):6.1f} µs/msg ({each})"
+            f"{'' if len(rates) == 1 else '   rounds: ' + ', '.join(f'{r:,.0f}' for r in rates)}",
+            flush=True,
+        )
         return max(rates)
 
     def paths(self, path: tuple[str, ...], name: str, single: bool) -> None:
@@ -134,11 +145,17 @@ class Bench:
             with network(self.folder, path, xa=xa, size=20) as running:
                 if single and not self.single:
                     for durable in (False, True):
-                        self.single[durable] = self.measure(f"single router B, {kind(durable)}", running,
-                                                            path[-1], path[-1], durable=durable)
+                        self.single[durable] = self.measure(
+                            f"single router B, {kind(durable)}", running, path[-1], path[-1], durable=durable
+                        )
                 for durable in (False, True):
-                    rate = self.measure(f"{name}, {kind(durable)}, {'XA' if xa else 'non-XA'}", running,
-                                        path[0], path[-1], durable=durable)
+                    rate = self.measure(
+                        f"{name}, {kind(durable)}, {'XA' if xa else 'non-XA'}",
+                        running,
+                        path[0],
+                        path[-1],
+                        durable=durable,
+                    )
                     self.results[(name, durable, xa)] = rate
 
     def sweep(self) -> None:
@@ -154,27 +171,49 @@ class Bench:
         epmd_port = free_port()
         plugins = ("rabbitmq_amqp1_0", "rabbitmq_shovel")
         try:
-            with rabbitmq_node(self.folder, "bench-a", plugins, epmd_port) as node_a, \
-                    rabbitmq_node(self.folder, "bench-b", plugins, epmd_port) as node_b:
+            with (
+                rabbitmq_node(self.folder, "bench-a", plugins, epmd_port) as node_a,
+                rabbitmq_node(self.folder, "bench-b", plugins, epmd_port) as node_b,
+            ):
                 count = self.count(True)
                 # the shovel declares both queues durable; the load generator names them without
                 # declaring (/amq/queue/ at both ends: /queue/ would redeclare them, which fails on
                 # the durable queue and leaves the sender waiting for credit)
                 uri = "amqp://guest:guest@127.0.0.1:{}"
-                node_a.ctl("set_parameter", "shovel", "bench", (
-                    f'{{"src-protocol": "amqp091", "src-uri": "{uri.format(node_a.port)}", "src-queue": "shovelled",'
-                    f' "dest-protocol": "amqp091", "dest-uri": "{uri.format(node_b.port)}",'
-                    f' "dest-queue": "shovelled", "ack-mode": "on-confirm"}}'))
+                node_a.ctl(
+                    "set_parameter",
+                    "shovel",
+                    "bench",
+                    (
+                        f'{{"src-protocol": "amqp091", "src-uri": "{uri.format(node_a.port)}",'
+                        ' "src-queue": "shovelled",'
+                        f' "dest-protocol": "amqp091", "dest-uri": "{uri.format(node_b.port)}",'
+                        f' "dest-queue": "shovelled", "ack-mode": "on-confirm"}}'
+                    ),
+                )
                 deadline = time.monotonic() + 60
                 while "running" not in node_a.ctl("shovel_status"):
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"the shovel is not running: {node_a.ctl('shovel_status')}")
                     time.sleep(0.5)
-                print(f"RabbitMQ {node_a.ctl('version')}: two nodes, dynamic shovel A → B (AMQP 0-9-1, "
-                      f"on-confirm), load through the amqp1_0 plugin", flush=True)
-                rates = [run_round(self.loadgen, (node_a.port, "/amq/queue/shovelled"),
-                                   (node_b.port, "/amq/queue/shovelled"), count, durable=True, size=self.args.size,
-                                   credentials=("guest", "guest"), timeout=120) for _ in range(self.args.rounds)]
+                print(
+                    f"RabbitMQ {node_a.ctl('version')}: two nodes, dynamic shovel A → B (AMQP 0-9-1, "
+                    f"on-confirm), load through the amqp1_0 plugin",
+                    flush=True,
+                )
+                rates = [
+                    run_round(
+                        self.loadgen,
+                        (node_a.port, "/amq/queue/shovelled"),
+                        (node_b.port, "/amq/queue/shovelled"),
+                        count,
+                        durable=True,
+                        size=self.args.size,
+                        credentials=("guest", "guest"),
+                        timeout=120,
+                    )
+                    for _ in range(self.args.rounds)
+                ]
                 print(f"{'RabbitMQ shovel, one hop, persistent':44} {max(rates):>9,.0f} msgs/s", flush=True)
                 return max(rates)
         finally:
@@ -194,9 +233,12 @@ def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         bench = Bench(build_loadgen(folder), folder, args)
-        print(f"C sender on A to q@B, C receiver on B, concurrent, {args.size}-byte messages, at-least-once; "
-              f"{args.messages:,} messages a round ({args.messages // 2:,} persistent); {os.cpu_count()} CPUs; "
-              f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+        print(
+            f"C sender on A to q@B, C receiver on B, concurrent, {args.size}-byte messages, at-least-once; "
+            f"{args.messages:,} messages a round ({args.messages // 2:,} persistent); {os.cpu_count()} CPUs; "
+            f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+            flush=True,
+        )
         if "one-hop" in sections or "single" in sections:
             bench.paths(("A", "B"), "one hop", single="single" in sections)
         if "two-hops" in sections:
@@ -217,8 +259,7 @@ def main(args: argparse.Namespace) -> None:
             if rabbit and durable and path == "one hop":
                 ratios.append(f"{rate / rabbit:.2f}x the RabbitMQ shovel")
             if any(ratios):
-                print(f"ratio {path}, {kind(durable)}, {'XA' if xa else 'non-XA'}: "
-                      f"{'; '.join(r for r in ratios if r)}")
+                print(f"ratio {path}, {kind(durable)}, {'XA' if xa else 'non-XA'}: {'; '.join(r for r in ratios if r)}")
 
 
 if __name__ == "__main__":

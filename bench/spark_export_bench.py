@@ -39,9 +39,12 @@ SPARK = """
 
 
 def config(port: int, queues: int, export: str | None) -> str:
-    return ROUTER.format(port=port, queues="".join(f'<queue name="idle{n}"/>' for n in range(queues)),
-                         spark_order=" sys$spark" if export else "",
-                         spark=SPARK.format(format=export) if export else "")
+    return ROUTER.format(
+        port=port,
+        queues="".join(f'<queue name="idle{n}"/>' for n in range(queues)),
+        spark_order=" sys$spark" if export else "",
+        spark=SPARK.format(format=export) if export else "",
+    )
 
 
 def main(args: argparse.Namespace) -> None:
@@ -53,8 +56,9 @@ def main(args: argparse.Namespace) -> None:
         routers = {}
         for label, export in (("export off", None), ("export on", args.format)):
             port = free_port()
-            router = stack.enter_context(martinet_router(folder / label.replace(" ", "-"),
-                                                         config(port, args.queues, export), port=port))
+            router = stack.enter_context(
+                martinet_router(folder / label.replace(" ", "-"), config(port, args.queues, export), port=port)
+            )
             routers[label] = (port, router)
         time.sleep(3)  # a few samples taken before the first round
         idle = {}
@@ -63,27 +67,35 @@ def main(args: argparse.Namespace) -> None:
         time.sleep(args.idle)
         for label, (_, router) in routers.items():
             idle[label] = (cpu_seconds(router.pid) - idle[label]) / args.idle * 1000  # ms of CPU per second
-        print(f"{args.queues} queues, export every 1 s as {args.format}; one C sender + one C receiver, "
-              f"100-byte non-persistent messages, {args.messages:,} per round", flush=True)
+        print(
+            f"{args.queues} queues, export every 1 s as {args.format}; one C sender + one C receiver, "
+            f"100-byte non-persistent messages, {args.messages:,} per round",
+            flush=True,
+        )
         rates: dict[str, list[float]] = {label: [] for label in routers}
         cpu: dict[str, list[float]] = {label: [] for label in routers}
         for i in range(args.rounds):
             for label, (port, router) in routers.items():
                 before = cpu_seconds(router.pid)
-                rates[label].append(run_round(loadgen, (port, f"q{i}"), (port, f"q{i}"), args.messages,
-                                              durable=False))
+                rates[label].append(run_round(loadgen, (port, f"q{i}"), (port, f"q{i}"), args.messages, durable=False))
                 cpu[label].append((cpu_seconds(router.pid) - before) / args.messages * 1e6)
         for label in routers:
-            print(f"{label:10} {max(rates[label]):>9,.0f} msgs/s   router CPU {min(cpu[label]):.2f} µs/msg   "
-                  f"(rounds: {', '.join(f'{r:,.0f}' for r in rates[label])})")
+            print(
+                f"{label:10} {max(rates[label]):>9,.0f} msgs/s   router CPU {min(cpu[label]):.2f} µs/msg   "
+                f"(rounds: {', '.join(f'{r:,.0f}' for r in rates[label])})"
+            )
         off, on = "export off", "export on"
-        print(f"cost of the export: {100 * (1 - max(rates[on]) / max(rates[off])):+.1f} % throughput (best rounds), "
-              f"{100 * (min(cpu[on]) / min(cpu[off]) - 1):+.1f} % router CPU per message")
+        print(
+            f"cost of the export: {100 * (1 - max(rates[on]) / max(rates[off])):+.1f} % throughput (best rounds), "
+            f"{100 * (min(cpu[on]) / min(cpu[off]) - 1):+.1f} % router CPU per message"
+        )
         export = idle[on] - idle[off]
-        print(f"idle router CPU: export off {idle[off]:.1f} ms/s, on {idle[on]:.1f} ms/s: the export takes "
-              f"{export:.1f} ms of CPU per second, {export * 1000 / max(rates[off]):.2f} µs per message at "
-              f"{max(rates[off]):,.0f} msgs/s = {100 * export * 1000 / max(rates[off]) / min(cpu[off]):+.1f} % "
-              f"router CPU per message")
+        print(
+            f"idle router CPU: export off {idle[off]:.1f} ms/s, on {idle[on]:.1f} ms/s: the export takes "
+            f"{export:.1f} ms of CPU per second, {export * 1000 / max(rates[off]):.2f} µs per message at "
+            f"{max(rates[off]):,.0f} msgs/s = {100 * export * 1000 / max(rates[off]) / min(cpu[off]):+.1f} % "
+            f"router CPU per message"
+        )
         files = list((folder / "export-on" / "metrics").rglob("part-*"))
         print(f"export wrote {len(files)} files, {sum(f.stat().st_size for f in files) / 1e6:.1f} MB")
 

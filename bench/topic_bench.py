@@ -57,8 +57,10 @@ async def main(args: argparse.Namespace) -> None:
         for subscribers in (1, 10, 100):
             count = max(args.messages // subscribers, 1000)
             rate = await fan_out(router, subscribers, count)
-            print(f"fan-out to {subscribers:>3} subscriber(s): {rate:>10,.0f} deliveries/s "
-                  f"({count:,} messages, 100-byte, non-persistent)")
+            print(
+                f"fan-out to {subscribers:>3} subscriber(s): {rate:>10,.0f} deliveries/s "
+                f"({count:,} messages, 100-byte, non-persistent)"
+            )
 
 
 if __name__ == "__main__":

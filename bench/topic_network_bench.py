@@ -57,14 +57,14 @@ async def wait_for(condition, what: str) -> None:
         raise RuntimeError(f"{what}: not reached in 30 s")
 
 
-async def fan_out(network: Network, routers: tuple[str, ...], subscribers: int, count: int,
-                  persistent: bool) -> tuple[float, float]:
+async def fan_out(
+    network: Network, routers: tuple[str, ...], subscribers: int, count: int, persistent: bool
+) -> tuple[float, float]:
     """(deliveries/s over every subscriber, seconds until a's subscribers had everything)."""
     managers = {r: network.routers[r].swiftlet("sys$topicmanager") for r in routers}
     subscriptions = {r: [managers[r].subscribe("bench") for _ in range(subscribers)] for r in routers}
     others = set(routers) - {"a"}
-    await wait_for(lambda: {r for r, roots in remote(network, "a").items() if "bench" in roots} == others,
-                   "interest")
+    await wait_for(lambda: {r for r, roots in remote(network, "a").items() if "bench" in roots} == others, "interest")
     message = build(b"p" * 100, message_id="ID:bench:1", durable=persistent)
     local_done = trio.Event()
     remaining = {"a": subscribers}
@@ -112,11 +112,17 @@ async def main(args: argparse.Namespace) -> None:
             for persistent in (False, True):
                 mode = "persistent" if persistent else "non-persistent"
                 single, _ = await fan_out(network, ("a",), n, args.messages, persistent)
-                print(f"{mode:>14}, single router, {n} subscribers:        {single:>9,.0f} deliveries/s "
-                      f"({args.messages:,} messages, 100-byte)", flush=True)
+                print(
+                    f"{mode:>14}, single router, {n} subscribers:        {single:>9,.0f} deliveries/s "
+                    f"({args.messages:,} messages, 100-byte)",
+                    flush=True,
+                )
                 wide, local = await fan_out(network, ROUTERS, n, args.messages, persistent)
-                print(f"{mode:>14}, 3 routers in a line, {n} subscribers each: {wide:>9,.0f} deliveries/s "
-                      f"network-wide (a's own subscribers done after {local:.2f} s)", flush=True)
+                print(
+                    f"{mode:>14}, 3 routers in a line, {n} subscribers each: {wide:>9,.0f} deliveries/s "
+                    f"network-wide (a's own subscribers done after {local:.2f} s)",
+                    flush=True,
+                )
             await network.stop_all()
             nursery.cancel_scope.cancel()
 

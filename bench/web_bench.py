@@ -39,7 +39,7 @@ from network import ROUTING_STACK, Network, routing_config  # noqa: E402
 def ring_routes(count: int) -> dict[str, list[tuple[str, ...]]]:
     """Router r0's routes on a ring r0…r{count-1}: both ways round to every other router."""
     names = [f"r{i}" for i in range(count)]
-    return {names[i]: [tuple(names[1:i + 1]), tuple(reversed(names[i:]))] for i in range(1, count)}
+    return {names[i]: [tuple(names[1 : i + 1]), tuple(reversed(names[i:]))] for i in range(1, count)}
 
 
 def bench_map(count: int) -> None:
@@ -58,8 +58,13 @@ async def bench_metrics(queues: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
         async with trio.open_nursery() as nursery:
             network = Network(nursery, Path(folder))
-            router = await network.start(network.config("a", startorder=(*ROUTING_STACK, "sys$web"), swiftlets={
-                "sys$routing": routing_config(), "sys$web": WebConfig(enabled=True, port=0)}))
+            router = await network.start(
+                network.config(
+                    "a",
+                    startorder=(*ROUTING_STACK, "sys$web"),
+                    swiftlets={"sys$routing": routing_config(), "sys$web": WebConfig(enabled=True, port=0)},
+                )
+            )
             for n in range(queues):
                 router.management.add("/sys$queuemanager/queues", f"q{n}")
             url = router.swiftlet("sys$web").url + "/metrics"
@@ -85,9 +90,11 @@ async def bench_metrics(queues: int) -> None:
             for _ in range(20):
                 seconds, size = await trio.to_thread.run_sync(scrape)
                 times.append(seconds)
-            print(f"/metrics with {queues:5d} queues: median {1e3 * statistics.median(times):7.1f} ms, "
-                  f"worst {1e3 * max(times):7.1f} ms, {size / 1024:6.0f} KiB; longest event-loop stall "
-                  f"{1e3 * stalls[0]:6.1f} ms")
+            print(
+                f"/metrics with {queues:5d} queues: median {1e3 * statistics.median(times):7.1f} ms, "
+                f"worst {1e3 * max(times):7.1f} ms, {size / 1024:6.0f} KiB; longest event-loop stall "
+                f"{1e3 * stalls[0]:6.1f} ms"
+            )
             await network.stop_all()
             nursery.cancel_scope.cancel()
 
@@ -99,9 +106,13 @@ async def bench_crawl(count: int) -> None:
             network = Network(nursery, Path(folder))
             for name in names:
                 web = WebConfig(enabled=name == "r0", port=0, map_refresh_interval=3600.0)
-                await network.start(network.config(name, startorder=(*ROUTING_STACK, "sys$mgmt", "sys$web"),
-                                                   swiftlets={"sys$web": web, "sys$routing": routing_config(
-                                                       route_announce_hop_limit=count)}))
+                await network.start(
+                    network.config(
+                        name,
+                        startorder=(*ROUTING_STACK, "sys$mgmt", "sys$web"),
+                        swiftlets={"sys$web": web, "sys$routing": routing_config(route_announce_hop_limit=count)},
+                    )
+                )
             for i, name in enumerate(names):
                 network.connect(name, names[(i + 1) % count])
             await network.settle({"r0": {name: min(i, count - i) for i, name in enumerate(names) if i}}, timeout=120)
@@ -112,8 +123,10 @@ async def bench_crawl(count: int) -> None:
                 found = await crawl(web.ask, "r0", concurrency=8)
                 times.append(time.perf_counter() - began)
             assert len(found.links) == count and not found.unreachable
-            print(f"crawl of a ring of {count:3d} routers: median {1e3 * statistics.median(times):7.1f} ms, "
-                  f"worst {1e3 * max(times):7.1f} ms")
+            print(
+                f"crawl of a ring of {count:3d} routers: median {1e3 * statistics.median(times):7.1f} ms, "
+                f"worst {1e3 * max(times):7.1f} ms"
+            )
             await network.stop_all()
             nursery.cancel_scope.cancel()
 

@@ -129,8 +129,7 @@ class Subscription(Generic[E]):
     def _end(self) -> Exception:
         if self._overflowed:
             return SubscriberOverflow(
-                f"subscriber to {self.event_type.__name__} fell {self.max_buffer} events "
-                f"behind and was dropped"
+                f"subscriber to {self.event_type.__name__} fell {self.max_buffer} events behind and was dropped"
             )
         return trio.EndOfChannel()
 

@@ -59,10 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     check = commands.add_parser("check", help="check a router config and report every problem")
     check.add_argument("config", type=Path)
     hashing = commands.add_parser(
-        "hash-password", help="print a salted hash of a password (read from stdin, or prompted for) "
-        "for a user's password attribute")
-    hashing.add_argument("--iterations", type=int, default=None,
-                         help="PBKDF2-SHA256 iterations (default: the authentication swiftlet's)")
+        "hash-password",
+        help="print a salted hash of a password (read from stdin, or prompted for) for a user's password attribute",
+    )
+    hashing.add_argument(
+        "--iterations", type=int, default=None, help="PBKDF2-SHA256 iterations (default: the authentication swiftlet's)"
+    )
     added: dict[str, Command] = {}
     try:
         for commands_of_plugin in load_plugins().hook.martinet_commands():
@@ -174,8 +176,7 @@ async def _watch_signals(
             try:
                 successor = Router.from_file(path or default_config())
             except (ConfigErrors, PluginError, OSError) as exc:
-                log.error("%s received, but the config is not valid; still running on the old "
-                          "one:\n%s", name, exc)
+                log.error("%s received, but the config is not valid; still running on the old one:\n%s", name, exc)
                 continue
             if path is None:
                 successor.config_path = None

@@ -56,6 +56,7 @@ _ROUTER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*\Z")
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class RouterSettings:
     """The attributes of the root ``<router>`` element."""
 
@@ -67,8 +68,7 @@ class RouterSettings:
     startorder: str = prop(
         "",
         reboot_required=True,
-        description="Swiftlets to start, in order, separated by spaces, commas or colons; "
-        "they stop in reverse order.",
+        description="Swiftlets to start, in order, separated by spaces, commas or colons; they stop in reverse order.",
     )
     shutdown_timeout: int = prop(
         10_000,
@@ -76,9 +76,7 @@ class RouterSettings:
         max=3_600_000,
         description="Milliseconds each swiftlet may spend cleaning up when it is stopped.",
     )
-    config_backups: int = prop(
-        15, min=0, max=1000, description="Backups of the config file kept by 'save'."
-    )
+    config_backups: int = prop(15, min=0, max=1000, description="Backups of the config file kept by 'save'.")
 
 
 @attrs.frozen
@@ -112,7 +110,10 @@ def default_section(spec: SwiftletSpec) -> SwiftletSection:
 
 
 def load_config(
-    source: str | os.PathLike[str], specs: Mapping[str, SwiftletSpec], *, text: bytes | None = None,
+    source: str | os.PathLike[str],
+    specs: Mapping[str, SwiftletSpec],
+    *,
+    text: bytes | None = None,
     hook: Any = None,
 ) -> RouterConfig:
     """Read and check a router config file (or ``text``, labelled with ``source``).
@@ -125,9 +126,7 @@ def load_config(
         OSError: the file cannot be read.
     """
     label = str(source)
-    parser = etree.XMLParser(
-        resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False
-    )
+    parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False)
     try:
         if text is None:
             text = Path(source).read_bytes()
@@ -136,14 +135,15 @@ def load_config(
         error = ConfigError(label, exc.lineno, "/", f"malformed XML: {exc.msg}")
         raise ConfigErrors([error]) from None
     if root.tag != "router":
-        raise ConfigErrors(
-            [ConfigError(label, root.sourceline, f"/{root.tag}", "the root element must be <router>")]
-        )
+        raise ConfigErrors([ConfigError(label, root.sourceline, f"/{root.tag}", "the root element must be <router>")])
     reader = ElementReader(label)
     settings = reader.read(root, RouterSettings, skip=("swiftlet",))
     if settings is not None and not _ROUTER_NAME.match(settings.name):
-        reader.error(root, f"invalid router name {settings.name!r}: use letters, digits, "
-                     "'_' and '-', starting with a letter", "name")
+        reader.error(
+            root,
+            f"invalid router name {settings.name!r}: use letters, digits, '_' and '-', starting with a letter",
+            "name",
+        )
     startorder = parse_startorder(root.get("startorder", ""))
     installed = ", ".join(specs) or "none"
     seen: set[str] = set()
@@ -161,8 +161,7 @@ def load_config(
         if not name:
             reader.error(el, "<swiftlet> needs a 'name' attribute")
         elif name in first_line:
-            reader.error(el, f"swiftlet {name!r} is configured twice (first at line "
-                         f"{first_line[name]})")
+            reader.error(el, f"swiftlet {name!r} is configured twice (first at line {first_line[name]})")
         elif name not in specs:
             reader.error(el, f"unknown swiftlet {name!r}; installed: {installed}", "name")
         else:
@@ -195,14 +194,12 @@ def _read_section(reader: ElementReader, el: etree._Element, spec: SwiftletSpec)
         for item in list(containers[0].iterchildren("pool")):
             pool = declared.get(item.get("name", ""))
             if pool is not None:
-                for key, value in (("max-concurrency", pool.max_concurrency),
-                                   ("queue-size", pool.queue_size)):
+                for key, value in (("max-concurrency", pool.max_concurrency), ("queue-size", pool.queue_size)):
                     if item.get(key) is None:
                         item.set(key, str(value))
             elif item.get("name"):
                 names = ", ".join(declared) or "none"
-                reader.error(item, f"swiftlet {spec.name} has no pool {item.get('name')!r}; "
-                             f"its pools: {names}", "name")
+                reader.error(item, f"swiftlet {spec.name} has no pool {item.get('name')!r}; its pools: {names}", "name")
                 containers[0].remove(item)  # reported; the list reader need not see it
         configured = reader.read_list(containers[0], PoolConfig, "pool")
         pools.update(configured or {})
@@ -243,9 +240,7 @@ def _named(tag: str, name: str, body: etree._Element | None) -> etree._Element:
     return el
 
 
-def save_config(
-    config: RouterConfig, specs: Mapping[str, SwiftletSpec], path: str | os.PathLike[str]
-) -> Path:
+def save_config(config: RouterConfig, specs: Mapping[str, SwiftletSpec], path: str | os.PathLike[str]) -> Path:
     """Write ``config`` to ``path`` atomically, rotating up to ``config-backups`` backups.
 
     The new text goes to a temporary file in the same folder, is fsynced, and replaces the

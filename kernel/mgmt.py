@@ -172,8 +172,9 @@ class Entity:
 
     def properties(self) -> dict[str, Any]:
         """All properties and their current values, by XML name (secret ones masked)."""
-        return {key: shown(self.props[key][1], value) if key in self.props else value
-                for key, value in self._values.items()}
+        return {
+            key: shown(self.props[key][1], value) if key in self.props else value for key, value in self._values.items()
+        }
 
     @property
     def config(self) -> Any:
@@ -188,10 +189,7 @@ class Entity:
         before it is committed).
         """
         if self._config is None:
-            kwargs = {
-                field.name: self._at_start.get(key, self._values[key])
-                for key, (field, _) in self.props.items()
-            }
+            kwargs = {field.name: self._at_start.get(key, self._values[key]) for key, (field, _) in self.props.items()}
             for key, field_name in self._config_children.items():
                 child = self.children[key]
                 assert isinstance(child, (Entity, EntityList))  # config children only
@@ -285,8 +283,9 @@ class Entity:
             self._at_start.setdefault(name, change.old)  # in effect until the next start
         self._values[name] = value
         self._invalidate()
-        self.tree.bus.publish(PropertyChanged(path=self.path, name=name, old=shown(meta, change.old),
-                                              new=shown(meta, value)))
+        self.tree.bus.publish(
+            PropertyChanged(path=self.path, name=name, old=shown(meta, change.old), new=shown(meta, value))
+        )
         return change
 
     def snapshot(self) -> Any:
@@ -478,8 +477,13 @@ class Operation:
             "name": self.name,
             "description": self.description,
             "parameters": [
-                {"name": p.name, "description": p.description, "type": p.type.__name__,
-                 "required": p.required, "default": p.default}
+                {
+                    "name": p.name,
+                    "description": p.description,
+                    "type": p.type.__name__,
+                    "required": p.required,
+                    "default": p.default,
+                }
                 for p in self.parameters
             ],
         }
@@ -504,8 +508,9 @@ class Usage:
     ) -> Operation:
         """Offer (or replace) operation ``name`` on this entity; :meth:`Tree.invoke` calls
         ``call`` with the parameters as keyword arguments (awaiting it if it is async)."""
-        operation = self.operations[name] = Operation(name=name, description=description,
-                                                      parameters=tuple(parameters), call=call)
+        operation = self.operations[name] = Operation(
+            name=name, description=description, parameters=tuple(parameters), call=call
+        )
         return operation
 
     def provide(self, values: Callable[[], Mapping[str, Any]]) -> None:
@@ -665,7 +670,12 @@ class Tree:
     def _usage(self, path: str) -> Usage:
         node = self.resolve(path)
         if not isinstance(node, Usage):
-            kind = "a usage list" if isinstance(node, UsageList) else \
-                "a config entity" if isinstance(node, Entity) else "an entity list"
+            kind = (
+                "a usage list"
+                if isinstance(node, UsageList)
+                else "a config entity"
+                if isinstance(node, Entity)
+                else "an entity list"
+            )
             raise ManagementError(f"{path} is {kind}; operations are on usage entities")
         return node

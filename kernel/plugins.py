@@ -172,9 +172,7 @@ def load_plugins(extra_plugins: Iterable[Any] = ()) -> Plugins:
         for spec in impl.function():
             _check(spec, owner)
             if spec.name in specs:
-                raise PluginError(
-                    f"swiftlet {spec.name!r} is provided by both {owners[spec.name]} and {owner}"
-                )
+                raise PluginError(f"swiftlet {spec.name!r} is provided by both {owners[spec.name]} and {owner}")
             specs[spec.name] = spec
             owners[spec.name] = owner
             if spec.hookspecs is not None:

@@ -40,13 +40,12 @@ Job = Callable[..., Awaitable[Any]]
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class PoolConfig:
     """The ``<pool>`` element of a swiftlet's ``<pools>`` list."""
 
     name: str = prop(description="Name of a pool the swiftlet declares, e.g. routing.service.")
-    max_concurrency: int = prop(
-        1, min=1, max=100_000, description="Jobs of this pool that may run at the same time."
-    )
+    max_concurrency: int = prop(1, min=1, max=100_000, description="Jobs of this pool that may run at the same time.")
     queue_size: int = prop(
         1000,
         min=1,
@@ -66,9 +65,7 @@ class PoolSpec:
     queue_size: int = 1000
 
     def default_config(self) -> PoolConfig:
-        return PoolConfig(
-            name=self.name, max_concurrency=self.max_concurrency, queue_size=self.queue_size
-        )
+        return PoolConfig(name=self.name, max_concurrency=self.max_concurrency, queue_size=self.queue_size)
 
 
 class PoolFull(Exception):
@@ -190,4 +187,3 @@ class Pool:
             "failed": self.failed,
             "rejected": self.rejected,
         }
-

@@ -36,10 +36,10 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import trio
 
@@ -152,7 +152,7 @@ class SwiftletContext:
         calls the hooks it declared itself (``SwiftletSpec.hookspecs``)."""
         return self._router.hook
 
-    def lookup(self, name: str, kind: type[T]) -> T:
+    def lookup(self, name: str, kind: Callable[..., T]) -> T:
         """The running swiftlet ``name`` (a swiftlet started earlier), as the interface ``kind``.
 
         ``kind`` is what the caller is going to use of it: the ``@runtime_checkable``
@@ -161,6 +161,8 @@ class SwiftletContext:
         checked once, here, with ``isinstance`` — for a protocol, whether it has every
         member — so a swiftlet replaced by one that does not provide the interface stops the
         start with a clear message instead of failing later with an ``AttributeError``.
+        ``kind`` is typed as a callable that makes a ``T``: mypy refuses a Protocol where
+        ``type[T]`` is expected (it could not be instantiated), and takes it as such a callable.
 
         Raises:
             LookupError: no swiftlet ``name`` is running.
@@ -169,18 +171,24 @@ class SwiftletContext:
                 without ``@runtime_checkable``.
         """
         swiftlet = self._router.swiftlet(name)
+        if not isinstance(kind, type):
+            raise TypeError(
+                f"lookup of swiftlet {name}: the interface {kind!r} must be a class or a @runtime_checkable Protocol"
+            )
         try:
             provided = isinstance(swiftlet, kind)
         except TypeError:  # a Protocol that is not runtime checkable: a bug of the caller
-            raise TypeError(f"lookup of swiftlet {name}: the interface {_qualified(kind)} must be a class or a "
-                            "@runtime_checkable Protocol") from None
+            raise TypeError(
+                f"lookup of swiftlet {name}: the interface {_qualified(kind)} must be a class or a "
+                "@runtime_checkable Protocol"
+            ) from None
         if not provided:
             missing = _missing_members(swiftlet, kind)
             raise TypeError(
                 f"swiftlet {name} on router {self.router_name} ({_qualified(type(swiftlet))}) does not provide "
                 f"the interface {_qualified(kind)}" + (f": it lacks {', '.join(missing)}" if missing else "")
             )
-        return swiftlet
+        return cast(T, swiftlet)
 
     def request_stop(self, reason: str, *, delay: float = 0.0) -> None:
         """Begin an orderly stop of the whole router (``halt``); see :meth:`Router.request_stop`."""

@@ -298,9 +298,7 @@ def _freeze(items: Any) -> Mapping[str, Any]:
     return types.MappingProxyType({item.name: item for item in items})
 
 
-def entity_list(
-    item_type: type, *, item: str, description: str, default: Iterable[Any] = ()
-) -> Any:
+def entity_list(item_type: type, *, item: str, description: str, default: Iterable[Any] = ()) -> Any:
     """Declare an entity list of ``item_type`` entries, each an XML element named ``item``.
 
     ``default`` holds the entries present when the config names none; the item class
@@ -317,6 +315,10 @@ def entity_list(
 def config_class(cls: type[_C]) -> type[_C]:
     """Make ``cls`` a frozen, keyword-only attrs config class and check its declarations.
 
+    Declare it ``@config_class`` over ``@attrs.frozen(kw_only=True)``: mypy's attrs plugin
+    knows only attrs' own decorators, so with the inner one it checks every construction of
+    the class (names, types) the way the runtime does; without it the class works the same.
+
     Every message starts with ``Class.field:``.
 
     Raises:
@@ -326,7 +328,8 @@ def config_class(cls: type[_C]) -> type[_C]:
             an entity-list item has no mandatory ``name`` property.
         ValueError: ``min > max``, or a default outside the bounds or choices.
     """
-    cls = attrs.frozen(kw_only=True)(cls)
+    if not attrs.has(cls):  # declared without the attrs decorator that type checkers read
+        cls = attrs.frozen(kw_only=True)(cls)
     attrs.resolve_types(cls)
     for f in attrs.fields(cls):
         meta = meta_of(f)
@@ -354,13 +357,16 @@ def _check_prop(where: str, kind: Any, meta: Prop) -> None:
             raise TypeError(f"{where}: a property typed {kind.__qualname__} needs choices={kind.__qualname__}")
         bad = [m for m in kind if not isinstance(m.value, str)]
         if bad:
-            raise TypeError(f"{where}: the values of {kind.__qualname__} must be strings (the XML text), "
-                            f"found {bad[0].value!r}")
+            raise TypeError(
+                f"{where}: the values of {kind.__qualname__} must be strings (the XML text), found {bad[0].value!r}"
+            )
     elif kind not in SCALAR_TYPES:
         raise TypeError(f"{where}: a property must be bool, int, float or str (or an Enum of strings), not {kind!r}")
     elif meta.enum is not None:
-        raise TypeError(f"{where}: choices={meta.enum.__qualname__} needs the field typed "
-                        f"{meta.enum.__qualname__}, not {kind.__name__}")
+        raise TypeError(
+            f"{where}: choices={meta.enum.__qualname__} needs the field typed "
+            f"{meta.enum.__qualname__}, not {kind.__name__}"
+        )
     if meta.choices is not None:
         if not (kind is str or is_enum(kind)):
             raise TypeError(f"{where}: choices are for str or Enum properties, not {kind.__name__}")
@@ -391,8 +397,9 @@ def _check_default(where: str, kind: Any, meta: Prop, default: Any) -> None:
         return  # a member is one of the choices by construction
     if type(default) is not kind:
         hint = f"; write {float(default)!r}" if kind is float and type(default) is int else ""
-        raise TypeError(f"{where}: default {default!r} has type {type(default).__name__}, "
-                        f"expected {kind.__name__}{hint}")
+        raise TypeError(
+            f"{where}: default {default!r} has type {type(default).__name__}, expected {kind.__name__}{hint}"
+        )
     if meta.choices is not None and default not in meta.choices:
         raise ValueError(f"{where}: default {default!r} is not one of {_allowed(meta.choices)}")
     if meta.min is not None and default < meta.min:

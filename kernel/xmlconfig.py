@@ -67,8 +67,11 @@ class ConfigProblem:
     def locate(self, el: etree._Element) -> etree._Element:
         """The element of ``path`` below ``el`` (the swiftlet's), or the deepest one found."""
         for index, step in enumerate(self.path):
-            found = (next((c for c in el.iterchildren() if c.get("name") == step), None) if index % 2
-                     else next(el.iterchildren(step), None))
+            found = (
+                next((c for c in el.iterchildren() if c.get("name") == step), None)
+                if index % 2
+                else next(el.iterchildren(step), None)
+            )
             if found is None:
                 break
             el = found
@@ -229,8 +232,7 @@ class ElementReader:
             if name in items:
                 self.error(
                     item,
-                    f"duplicate {meta.item_tag} name {name!r} (first defined at line "
-                    f"{first_line[name]})",
+                    f"duplicate {meta.item_tag} name {name!r} (first defined at line {first_line[name]})",
                 )
                 continue
             first_line[name] = item.sourceline
@@ -246,9 +248,7 @@ class ElementReader:
             if isinstance(meta, Prop):
                 hook = _prop_hook(field.type, meta)
             overrides[field.name] = override(rename=xml_name(field.name), struct_hook=hook)
-        return make_dict_structure_fn(
-            cls, self._converter, _cattrs_forbid_extra_keys=True, **overrides
-        )
+        return make_dict_structure_fn(cls, self._converter, _cattrs_forbid_extra_keys=True, **overrides)
 
     def _report(self, exc: BaseException, node: _Node, cls: type) -> None:
         """Walk a cattrs failure tree alongside the node tree and record located errors."""

@@ -341,13 +341,13 @@ def _described(buf: bytes, offset: int, depth: int) -> tuple[Any, int]:
 
 def _uuid(buf: bytes, offset: int) -> tuple[Any, int]:
     _need(buf, offset + 16, "uuid")
-    return uuid.UUID(bytes=bytes(buf[offset:offset + 16])), offset + 16
+    return uuid.UUID(bytes=bytes(buf[offset : offset + 16])), offset + 16
 
 
 def _decimal(code: int, width: int) -> Decoder:
     def decode_decimal(buf: bytes, offset: int) -> tuple[Any, int]:
         _need(buf, offset + width, "decimal")
-        return Decimal(code, bytes(buf[offset:offset + width])), offset + width
+        return Decimal(code, bytes(buf[offset : offset + width])), offset + width
 
     return decode_decimal
 
@@ -443,7 +443,7 @@ def decode(buf: bytes, offset: int = 0, depth: int = 0) -> tuple[Any, int]:
         if end > len(buf):
             raise DecodeError(f"truncated {'string' if code == 0xA1 else 'symbol'} at offset {offset - 1}")
         try:
-            text = buf[offset + 1:end].decode("utf-8" if code == 0xA1 else "ascii")
+            text = buf[offset + 1 : end].decode("utf-8" if code == 0xA1 else "ascii")
         except UnicodeDecodeError as exc:
             raise DecodeError(f"invalid text at offset {offset + 1}: {exc.reason}") from None
         return (text if code == 0xA1 else Symbol(text)), end
@@ -490,12 +490,33 @@ def decode_all(buf: bytes) -> list[Any]:
 
 # Widths of fixed-size values, by constructor, for skip().
 _FIXED_WIDTH = {
-    0x40: 0, 0x41: 0, 0x42: 0, 0x43: 0, 0x44: 0, 0x45: 0,
-    0x50: 1, 0x51: 1, 0x52: 1, 0x53: 1, 0x54: 1, 0x55: 1, 0x56: 1,
-    0x60: 2, 0x61: 2,
-    0x70: 4, 0x71: 4, 0x72: 4, 0x73: 4, 0x74: 4,
-    0x80: 8, 0x81: 8, 0x82: 8, 0x83: 8, 0x84: 8,
-    0x94: 16, 0x98: 16,
+    0x40: 0,
+    0x41: 0,
+    0x42: 0,
+    0x43: 0,
+    0x44: 0,
+    0x45: 0,
+    0x50: 1,
+    0x51: 1,
+    0x52: 1,
+    0x53: 1,
+    0x54: 1,
+    0x55: 1,
+    0x56: 1,
+    0x60: 2,
+    0x61: 2,
+    0x70: 4,
+    0x71: 4,
+    0x72: 4,
+    0x73: 4,
+    0x74: 4,
+    0x80: 8,
+    0x81: 8,
+    0x82: 8,
+    0x83: 8,
+    0x84: 8,
+    0x94: 16,
+    0x98: 16,
 }
 
 
@@ -765,10 +786,26 @@ _ELEMENT_ENCODERS: dict[int, Callable[[Any, bytearray], None]] = {
     0x44: _constant_element((0,)),
     0x45: _constant_element(([], ())),
     0x56: _boolean_element,
-    **{code: _fixed_element(fmt) for code, fmt in {
-        0x50: ">B", 0x52: ">B", 0x53: ">B", 0x60: ">H", 0x70: ">I", 0x80: ">Q",
-        0x51: ">b", 0x54: ">b", 0x55: ">b", 0x61: ">h", 0x71: ">i", 0x81: ">q",
-        0x72: ">f", 0x82: ">d", 0x83: ">q"}.items()},
+    **{
+        code: _fixed_element(fmt)
+        for code, fmt in {
+            0x50: ">B",
+            0x52: ">B",
+            0x53: ">B",
+            0x60: ">H",
+            0x70: ">I",
+            0x80: ">Q",
+            0x51: ">b",
+            0x54: ">b",
+            0x55: ">b",
+            0x61: ">h",
+            0x71: ">i",
+            0x81: ">q",
+            0x72: ">f",
+            0x82: ">d",
+            0x83: ">q",
+        }.items()
+    },
     0x73: _char_element,
     0x98: _uuid_element,
     0x74: _decimal_element(0x74),

@@ -127,8 +127,15 @@ class Driver:
     protocol's output. Both run in the reader's or writer's task and must not block.
     """
 
-    def __init__(self, stream: trio.abc.Stream, protocol: SansIO, *, on_input: Callable[[], None],
-                 before_write: Callable[[], None] | None = None, read_size: int = READ_SIZE):
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        protocol: SansIO,
+        *,
+        on_input: Callable[[], None],
+        before_write: Callable[[], None] | None = None,
+        read_size: int = READ_SIZE,
+    ):
         self.stream = stream
         self.protocol = protocol
         self._on_input = on_input
@@ -175,8 +182,9 @@ class Driver:
             raise RuntimeError("the connection is not running")
         self._nursery.start_soon(function, *args)
 
-    async def run(self, remaining: bytes = b"", *,
-                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, remaining: bytes = b"", *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Drive the connection; ``remaining``: what the lead-in left, fed first (once the
         nursery exists, so owner work it causes can start). Started once that is done;
         returns when the connection is over (its output ended, or the peer closed its side

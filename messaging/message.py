@@ -54,8 +54,17 @@ from .codec import (
     skip,
 )
 
-__all__ = ["Message", "MessageError", "MessageFieldError", "Header", "Properties", "AnnotationPatch", "build",
-           "SECTIONS", "head_length"]
+__all__ = [
+    "Message",
+    "MessageError",
+    "MessageFieldError",
+    "Header",
+    "Properties",
+    "AnnotationPatch",
+    "build",
+    "SECTIONS",
+    "head_length",
+]
 
 # Section descriptor codes (part 3, §3.2).
 HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES = 0x70, 0x71, 0x72, 0x73
@@ -100,9 +109,11 @@ class Header:
         for index, (name, kind) in enumerate(_HEADER_TYPES):
             value = fields[index]
             if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
-                raise MessageFieldError(f"header field {index} ({name}) must be a "
-                                        f"{'boolean' if kind is bool else 'number'}"
-                                        f", found {type(value).__name__} {value!r:.40}")
+                raise MessageFieldError(
+                    f"header field {index} ({name}) must be a "
+                    f"{'boolean' if kind is bool else 'number'}"
+                    f", found {type(value).__name__} {value!r:.40}"
+                )
         self.durable = bool(fields[0])
         self.priority = 4 if fields[1] is None else _unsigned(fields[1], 0xFF, "priority")
         self.ttl = None if fields[2] is None else _unsigned(fields[2], 0xFFFFFFFF, "ttl")
@@ -117,8 +128,18 @@ class Properties:
     """The properties section (part 3, §3.2.4); absent fields are ``None``."""
 
     __slots__ = (
-        "message_id", "user_id", "to", "subject", "reply_to", "correlation_id", "content_type",
-        "content_encoding", "absolute_expiry_time", "creation_time", "group_id", "group_sequence",
+        "message_id",
+        "user_id",
+        "to",
+        "subject",
+        "reply_to",
+        "correlation_id",
+        "content_type",
+        "content_encoding",
+        "absolute_expiry_time",
+        "creation_time",
+        "group_id",
+        "group_sequence",
         "reply_to_group_id",
     )
 
@@ -131,7 +152,8 @@ class Properties:
         for index in (8, 9, 11):  # absolute-expiry-time, creation-time, group-sequence
             if fields[index] is not None and (not isinstance(fields[index], int) or isinstance(fields[index], bool)):
                 raise MessageFieldError(
-                    f"properties field {self.__slots__[index]} is not a number: {fields[index]!r}"[:200])
+                    f"properties field {self.__slots__[index]} is not a number: {fields[index]!r}"[:200]
+                )
 
 
 def _unsigned(value: Any, largest: int, name: str) -> int:
@@ -256,15 +278,13 @@ class Message:
     @property
     def application_properties(self) -> dict:
         if self._application is None:
-            self._application = _expect(self._section_value(APPLICATION_PROPERTIES) or {}, dict,
-                                        APPLICATION_PROPERTIES)
+            self._application = _expect(self._section_value(APPLICATION_PROPERTIES) or {}, dict, APPLICATION_PROPERTIES)
         return self._application
 
     @property
     def message_annotations(self) -> dict:
         if self._annotations is None:
-            self._annotations = _expect(self._section_value(MESSAGE_ANNOTATIONS) or {}, dict,
-                                        MESSAGE_ANNOTATIONS)
+            self._annotations = _expect(self._section_value(MESSAGE_ANNOTATIONS) or {}, dict, MESSAGE_ANNOTATIONS)
         return self._annotations
 
     def body(self) -> Any:
@@ -309,8 +329,9 @@ class Message:
         ttl = self.header.ttl
         return arrival_ms + ttl if ttl else None
 
-    def queue_info(self, arrival_ms: int, *, check: bool = False,
-                   peek: bool = False) -> tuple[bool, int, int | None, Any]:
+    def queue_info(
+        self, arrival_ms: int, *, check: bool = False, peek: bool = False
+    ) -> tuple[bool, int, int | None, Any]:
         """``(durable, priority 0-9, absolute expiry or None, message-id)`` without caching.
 
         The queue manager's per-message path, one pass: the header is read where it always
@@ -354,7 +375,7 @@ class Message:
                 count = 0 if value_at is None else _list_count(raw, value_at)
             else:  # the patch knows where a properties section would start
                 at = front[1]
-                value_at = at + 3 if raw[at:at + 3] == _PROPERTIES_PREFIX else None
+                value_at = at + 3 if raw[at : at + 3] == _PROPERTIES_PREFIX else None
                 if check:  # the rest of the message, from the properties on (and their count)
                     count = _check_rest(raw, at, value_at)
                 else:
@@ -374,15 +395,20 @@ class Message:
                     except DecodeError as exc:
                         raise MessageError(f"malformed properties: {exc}") from None
                     except IndexError:
-                        raise MessageError(f"malformed properties at offset {value_at}: its fields run past the "
-                                           f"end of the message") from None
+                        raise MessageError(
+                            f"malformed properties at offset {value_at}: its fields run past the end of the message"
+                        ) from None
                     if absolute is not None and (not isinstance(absolute, int) or isinstance(absolute, bool)):
-                        raise MessageFieldError(f"properties field 8 (absolute-expiry-time) must be a timestamp, "
-                                                f"found {type(absolute).__name__} {absolute!r:.40}")
+                        raise MessageFieldError(
+                            f"properties field 8 (absolute-expiry-time) must be a timestamp, "
+                            f"found {type(absolute).__name__} {absolute!r:.40}"
+                        )
         if absolute:
             if not isinstance(absolute, int) or isinstance(absolute, bool):
-                raise MessageFieldError(f"properties field 8 (absolute-expiry-time) must be a timestamp, "
-                                        f"found {type(absolute).__name__} {absolute!r:.40}")
+                raise MessageFieldError(
+                    f"properties field 8 (absolute-expiry-time) must be a timestamp, "
+                    f"found {type(absolute).__name__} {absolute!r:.40}"
+                )
             expiry: int | None = int(absolute)
         elif ttl:
             expiry = arrival_ms + ttl
@@ -422,15 +448,15 @@ class Message:
         if span is None:
             if not failures:
                 return self
-            return Message(_list_section(_HEADER_PREFIX, [_NULL, _NULL, _NULL, _FALSE, _uint(failures)], False)
-                           + raw)
+            return Message(_list_section(_HEADER_PREFIX, [_NULL, _NULL, _NULL, _FALSE, _uint(failures)], False) + raw)
         elements = _list_elements(raw, span[1], span[2], HEADER)
-        first_acquirer = raw[elements[3][0]:elements[3][1]] if len(elements) > 3 else _NULL
+        first_acquirer = raw[elements[3][0] : elements[3][1]] if len(elements) > 3 else _NULL
         if not failures and first_acquirer in _NOT_FIRST_ACQUIRER:
             return self
         sent = _count_value(raw, elements[4]) if len(elements) > 4 else 0
-        return self._with_header(span, elements, first_acquirer=_FALSE,
-                                 delivery_count=_uint(min(sent + failures, _UINT_MAX)))
+        return self._with_header(
+            span, elements, first_acquirer=_FALSE, delivery_count=_uint(min(sent + failures, _UINT_MAX))
+        )
 
     def with_delivery_count(self, count: int) -> Message:
         """A copy whose header says ``delivery-count = count``; the other header elements
@@ -460,9 +486,15 @@ class Message:
             return Message(_list_section(_HEADER_PREFIX, [_NULL, _NULL, value], False) + raw)
         return self._with_header(span, _list_elements(raw, span[1], span[2], HEADER), ttl=value)
 
-    def _with_header(self, span: tuple[int, int, int], elements: list[tuple[int, int]], *,
-                     first_acquirer: bytes | None = None, delivery_count: bytes | None = None,
-                     ttl: bytes | None = None) -> Message:
+    def _with_header(
+        self,
+        span: tuple[int, int, int],
+        elements: list[tuple[int, int]],
+        *,
+        first_acquirer: bytes | None = None,
+        delivery_count: bytes | None = None,
+        ttl: bytes | None = None,
+    ) -> Message:
         raw = self.raw
         start, value_at, end = span
         parts = [raw[s:e] for s, e in elements]
@@ -480,7 +512,7 @@ class Message:
         offsets = _find_sections(self.raw)
         span = offsets.get(code)
         if span is not None:
-            return Message(self.raw[: span[0]] + section + self.raw[span[2]:])
+            return Message(self.raw[: span[0]] + section + self.raw[span[2] :])
         # Insert before the first section that must follow it.
         later = [start for other, (start, _, _) in offsets.items() if other > code]
         at = min(later) if later else len(self.raw)
@@ -591,8 +623,9 @@ class AnnotationPatch:
         except DecodeError as exc:
             raise MessageError(f"malformed message-annotations: {exc}") from None
         if position != end:
-            raise MessageError(f"the message-annotations map's {count} elements end at offset {position}, "
-                               f"its size says {end}")
+            raise MessageError(
+                f"the message-annotations map's {count} elements end at offset {position}, its size says {end}"
+            )
         pieces.append(raw[kept_from:end])
         pieces += [entry for index, entry in enumerate(entries) if index not in placed]
         count += 2 * (len(entries) - len(placed) - dropped)
@@ -603,8 +636,9 @@ class AnnotationPatch:
         entries added at its end, the map's size and count rewritten."""
         code, count, position = _map_head(raw, at)
         entries = self._entries
-        return _map_section(raw[start:at], raw[position:end] + b"".join(entries), count + 2 * len(entries),
-                            code == 0xD1)
+        return _map_section(
+            raw[start:at], raw[position:end] + b"".join(entries), count + 2 * len(entries), code == 0xD1
+        )
 
     def _match(self, raw: bytes, at: int, end: int) -> int | None:
         """The index of the change whose key the map key ``raw[at:end]`` is, or None."""
@@ -621,11 +655,33 @@ class AnnotationPatch:
 
 # Key constructors by AMQP type, so that a key matches whatever encoding of its type it uses.
 _KEY_TYPES = {
-    0xA3: "symbol", 0xB3: "symbol", 0xA1: "string", 0xB1: "string", 0xA0: "binary", 0xB0: "binary",
-    0x80: "ulong", 0x53: "ulong", 0x44: "ulong", 0x70: "uint", 0x52: "uint", 0x43: "uint",
-    0x50: "ubyte", 0x60: "ushort", 0x51: "byte", 0x61: "short", 0x71: "int", 0x54: "int",
-    0x81: "long", 0x55: "long", 0x56: "boolean", 0x41: "boolean", 0x42: "boolean",
-    0x83: "timestamp", 0x98: "uuid", 0x73: "char", 0x40: "null",
+    0xA3: "symbol",
+    0xB3: "symbol",
+    0xA1: "string",
+    0xB1: "string",
+    0xA0: "binary",
+    0xB0: "binary",
+    0x80: "ulong",
+    0x53: "ulong",
+    0x44: "ulong",
+    0x70: "uint",
+    0x52: "uint",
+    0x43: "uint",
+    0x50: "ubyte",
+    0x60: "ushort",
+    0x51: "byte",
+    0x61: "short",
+    0x71: "int",
+    0x54: "int",
+    0x81: "long",
+    0x55: "long",
+    0x56: "boolean",
+    0x41: "boolean",
+    0x42: "boolean",
+    0x83: "timestamp",
+    0x98: "uuid",
+    0x73: "char",
+    0x40: "null",
 }
 _SHORT_TEXT = frozenset((0xA1, 0xA3))
 
@@ -650,7 +706,7 @@ def _map_head(raw: bytes, at: int) -> tuple[int, int, int]:
     if code == 0xC1:
         return code, raw[at + 2], at + 3
     if code == 0xD1:
-        return code, int.from_bytes(raw[at + 5:at + 9], "big"), at + 9
+        return code, int.from_bytes(raw[at + 5 : at + 9], "big"), at + 9
     raise MessageError(f"the message-annotations section must be a map, found constructor 0x{code:02x}")
 
 
@@ -681,7 +737,7 @@ def _list_elements(raw: bytes, at: int, end: int, code: int) -> list[tuple[int, 
     if constructor == 0xC0:
         count, position = raw[at + 2], at + 3
     elif constructor == 0xD0:
-        count, position = int.from_bytes(raw[at + 5:at + 9], "big"), at + 9
+        count, position = int.from_bytes(raw[at + 5 : at + 9], "big"), at + 9
     else:
         raise MessageError(f"the {_name(code)} section must be a list, found constructor 0x{constructor:02x}")
     elements = []
@@ -738,7 +794,7 @@ def _list_count(raw: bytes, offset: int) -> int:
     if code == 0xC0:
         return raw[offset + 2]
     if code == 0xD0:
-        return int.from_bytes(raw[offset + 5:offset + 9], "big")
+        return int.from_bytes(raw[offset + 5 : offset + 9], "big")
     return 0
 
 
@@ -782,7 +838,7 @@ def _header_fields(raw: bytes) -> tuple[bool, int, int | None] | None:
         if count > 2:
             code = raw[position]
             if code == 0x70:
-                ttl = int.from_bytes(raw[position + 1:position + 5], "big")
+                ttl = int.from_bytes(raw[position + 1 : position + 5], "big")
                 position += 5
             elif code == 0x52:
                 ttl = raw[position + 1]
@@ -795,7 +851,7 @@ def _header_fields(raw: bytes) -> tuple[bool, int, int | None] | None:
             if count > 3:  # first-acquirer, delivery-count: only stepped over (their encodings checked)
                 if count > 5:
                     return None
-                for widths in _HEADER_TAIL[:count - 3]:
+                for widths in _HEADER_TAIL[: count - 3]:
                     width = widths.get(raw[position])
                     if width is None:
                         return None
@@ -844,11 +900,11 @@ def _front(raw: bytes) -> tuple[int, tuple[bool, int, int | None]] | None:
             position = 4 if raw[3] == 0x45 else 5 + raw[4]  # list0 or list8: all _header_fields reads
         else:
             header_fields, position = _DEFAULT_HEADER_FIELDS, 0
-        if raw[position:position + 3] == _DELIVERY_ANNOTATIONS_PREFIX:
+        if raw[position : position + 3] == _DELIVERY_ANNOTATIONS_PREFIX:
             position = skip(raw, position + 3)
     except DecodeError:
         return None
-    following = raw[position:position + 3]  # the next section's descriptor
+    following = raw[position : position + 3]  # the next section's descriptor
     if len(following) < 3 or following[:2] != b"\x00\x53" or following[2] <= MESSAGE_ANNOTATIONS:
         return None
     return position, header_fields
@@ -863,7 +919,7 @@ def _check_sections(raw: bytes, position: int, last: int) -> None:
     code = last
     try:
         while position < size:
-            if raw[position:position + 2] != b"\x00\x53" or position + 3 >= size:
+            if raw[position : position + 2] != b"\x00\x53" or position + 3 >= size:
                 offsets = _find_sections(raw)  # an unusual descriptor encoding, or cut short: the full walk
                 span = offsets.get(APPLICATION_PROPERTIES)
                 if span is not None:
@@ -886,8 +942,9 @@ def _check_sections(raw: bytes, position: int, last: int) -> None:
     except (DecodeError, IndexError) as exc:
         raise MessageError(f"malformed {_name(code)} section at offset {position}: {exc}") from None
     if position > size:
-        raise MessageError(f"malformed {_name(code)} section: it ends at offset {position}, after the message's "
-                           f"{size} bytes")
+        raise MessageError(
+            f"malformed {_name(code)} section: it ends at offset {position}, after the message's {size} bytes"
+        )
 
 
 def _check_rest(raw: bytes, at: int, value_at: int | None) -> int:
@@ -914,7 +971,7 @@ def _check_rest(raw: bytes, at: int, value_at: int | None) -> int:
                 position, last, count = value_at + 2 + raw[value_at + 1], PROPERTIES, raw[value_at + 2]
             else:
                 position, last, count = _skip_section(raw, value_at, PROPERTIES), PROPERTIES, _list_count(raw, value_at)
-        head = raw[position:position + 4]
+        head = raw[position : position + 4]
         if head in _SHORT_BODIES:
             if position + 5 + raw[position + 4] == size:
                 return count
@@ -923,7 +980,7 @@ def _check_rest(raw: bytes, at: int, value_at: int | None) -> int:
                 return count
         elif head[:3] == b"\x00\x53\x74":  # application-properties (checked entry by entry), then the body
             position, last = _check_application_properties(raw, position + 3), APPLICATION_PROPERTIES
-            head = raw[position:position + 4]  # (the same two tests as above, for the body after them)
+            head = raw[position : position + 4]  # (the same two tests as above, for the body after them)
             if head in _SHORT_BODIES:
                 if position + 5 + raw[position + 4] == size:
                     return count
@@ -987,18 +1044,21 @@ def _check_application_properties(raw: bytes, at: int) -> int:
             return at + 1
         else:
             kind = _COMPOUND.get(code) or f"value with constructor 0x{code:02x}"
-            raise MessageFieldError(f"application-properties at offset {at} must be a map (part 3, §3.2.5), "
-                                    f"found a {kind}")
+            raise MessageFieldError(
+                f"application-properties at offset {at} must be a map (part 3, §3.2.5), found a {kind}"
+            )
     except (IndexError, struct.error):
         raise MessageError(f"application-properties at offset {at}: truncated") from None
     if end > size:
-        raise MessageError(f"application-properties at offset {at}: its size says {end - at} bytes, "
-                           f"{size - at} are left")
+        raise MessageError(
+            f"application-properties at offset {at}: its size says {end - at} bytes, {size - at} are left"
+        )
     if count & 1:
         raise MessageError(f"application-properties at offset {at}: a map needs an even count, found {count}")
     if 3 * (count >> 1) > end - position:  # an entry takes 3 bytes at least (key 2, value 1)
-        raise MessageError(f"application-properties at offset {at}: {count >> 1} entries cannot fit in "
-                           f"{end - position} bytes")
+        raise MessageError(
+            f"application-properties at offset {at}: {count >> 1} entries cannot fit in {end - position} bytes"
+        )
     key_at = position
     try:  # (each operation counts: this runs for every message with properties; errors are rare)
         for _ in range(count >> 1):
@@ -1006,48 +1066,58 @@ def _check_application_properties(raw: bytes, at: int) -> int:
             code = raw[position]
             if code == 0xA1:  # str8: checked by decoding; a size past the map's end is caught below
                 position += 2 + raw[position + 1]
-                raw[key_at + 2:position].decode()
+                raw[key_at + 2 : position].decode()
             elif code == 0xB1:
                 position += 5 + _U32(raw, position + 1)[0]
-                raw[key_at + 5:position].decode()
+                raw[key_at + 5 : position].decode()
             else:
                 found = {0xA3: "symbol", 0xB3: "symbol", 0x40: "null"}.get(code) or f"constructor 0x{code:02x}"
-                raise MessageFieldError(f"application-properties key at offset {key_at} must be a string "
-                                   f"(part 3, §3.2.5), found a {found}")
+                raise MessageFieldError(
+                    f"application-properties key at offset {key_at} must be a string (part 3, §3.2.5), found a {found}"
+                )
             value_at = position
             code = raw[position]
             if code == 0xA1:  # the usual value: a short string
                 position += 2 + raw[position + 1]
-                raw[value_at + 2:position].decode()
+                raw[value_at + 2 : position].decode()
                 continue
             width = _SIMPLE_WIDTH.get(code)
             if width is not None:  # numbers, null, true, false, timestamps, uuids: any bytes are valid
                 position += 1 + width
             elif code in _COMPOUND:
-                raise MessageFieldError(f"application-properties value of {_key(raw, key_at)!r} at offset {value_at} "
-                                   f"is a {_COMPOUND[code]}: only simple types are allowed (part 3, §3.2.5)")
+                raise MessageFieldError(
+                    f"application-properties value of {_key(raw, key_at)!r} at offset {value_at} "
+                    f"is a {_COMPOUND[code]}: only simple types are allowed (part 3, §3.2.5)"
+                )
             elif code in _DECODED_VALUES:  # rarer values whose bytes can be wrong: the decoder checks
                 value, position = decode(raw, value_at)
                 while isinstance(value, Described):  # what counts is the described value's type
                     value = value.value
                 if isinstance(value, (list, dict, Array)):
-                    raise MessageFieldError(f"application-properties value of {_key(raw, key_at)!r} at offset "
-                                       f"{value_at} is a described {type(value).__name__}: only simple types are "
-                                       "allowed (part 3, §3.2.5)")
+                    raise MessageFieldError(
+                        f"application-properties value of {_key(raw, key_at)!r} at offset "
+                        f"{value_at} is a described {type(value).__name__}: only simple types are "
+                        "allowed (part 3, §3.2.5)"
+                    )
             elif code == 0xA0 or code == 0xB0:  # binary
                 position = skip(raw, position)
             else:  # (skip() would step over an unknown constructor of a known size class)
-                raise MessageError(f"application-properties value of {_key(raw, key_at)!r} at offset {value_at}: "
-                                   f"unknown constructor 0x{code:02x}")
+                raise MessageError(
+                    f"application-properties value of {_key(raw, key_at)!r} at offset {value_at}: "
+                    f"unknown constructor 0x{code:02x}"
+                )
     except UnicodeDecodeError as exc:
-        raise MessageError(f"application-properties entry at offset {key_at}{_key_note(raw, key_at)}: invalid "
-                           f"UTF-8: {exc.reason}") from None
+        raise MessageError(
+            f"application-properties entry at offset {key_at}{_key_note(raw, key_at)}: invalid UTF-8: {exc.reason}"
+        ) from None
     except (DecodeError, IndexError, struct.error) as exc:
-        raise MessageError(f"application-properties entry at offset {key_at}{_key_note(raw, key_at)}: malformed: "
-                           f"{exc or 'truncated'}") from None
+        raise MessageError(
+            f"application-properties entry at offset {key_at}{_key_note(raw, key_at)}: malformed: {exc or 'truncated'}"
+        ) from None
     if position != end:
-        raise MessageError(f"application-properties at offset {at}: its entries end at offset {position}, "
-                           f"its size says {end}")
+        raise MessageError(
+            f"application-properties at offset {at}: its entries end at offset {position}, its size says {end}"
+        )
     return end
 
 
@@ -1149,15 +1219,31 @@ def build(
     """Encode a message. ``body``: bytes → a data section; anything else → amqp-value."""
     parts = []
     if durable or priority is not None or ttl is not None:
-        parts.append(Described(ULong(HEADER), [
-            durable, None if priority is None else UByte(priority), None if ttl is None else UInt(ttl)]))
+        parts.append(
+            Described(
+                ULong(HEADER),
+                [durable, None if priority is None else UByte(priority), None if ttl is None else UInt(ttl)],
+            )
+        )
     if annotations:
-        parts.append(Described(ULong(MESSAGE_ANNOTATIONS),
-                               {Symbol(k) if type(k) is str else k: v for k, v in annotations.items()}))
-    fields = [message_id, user_id, to, subject, reply_to, correlation_id,
-              None if content_type is None else Symbol(content_type), None,
-              None if absolute_expiry_time is None else Timestamp(absolute_expiry_time),
-              None if creation_time is None else Timestamp(creation_time), group_id]
+        parts.append(
+            Described(
+                ULong(MESSAGE_ANNOTATIONS), {Symbol(k) if type(k) is str else k: v for k, v in annotations.items()}
+            )
+        )
+    fields = [
+        message_id,
+        user_id,
+        to,
+        subject,
+        reply_to,
+        correlation_id,
+        None if content_type is None else Symbol(content_type),
+        None,
+        None if absolute_expiry_time is None else Timestamp(absolute_expiry_time),
+        None if creation_time is None else Timestamp(creation_time),
+        group_id,
+    ]
     while fields and fields[-1] is None:
         fields.pop()
     if fields:

@@ -20,8 +20,12 @@ __all__ = ["main"]
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="martinet-pipeline", description=__doc__.splitlines()[0])
     parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*]).")
-    parser.add_argument("--source", choices=("files", "live"), default="files",
-                        help="files: the export's folder (--input); live: a router's metrics topic (--url).")
+    parser.add_argument(
+        "--source",
+        choices=("files", "live"),
+        default="files",
+        help="files: the export's folder (--input); live: a router's metrics topic (--url).",
+    )
     parser.add_argument("--input", help="The export's folder (sys$spark's folder, or the collector's).")
     parser.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="The export's format.")
     parser.add_argument("--url", help="amqp://host:port of the router holding the metrics topic (--source live).")
@@ -29,18 +33,38 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output", required=True, help="Folder of the ingested tables, results and report.html.")
     parser.add_argument("--checkpoint", help="Checkpoint folder (default OUTPUT/_checkpoints); keep it to continue.")
     parser.add_argument("--once", action="store_true", help="Process what is there now, report, and stop.")
-    parser.add_argument("--interval", type=float, default=30, help="Seconds between batches and reports when "
-                        "running continuously (default 30).")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=30,
+        help="Seconds between batches and reports when running continuously (default 30).",
+    )
     parser.add_argument("--window", default="1 minute", help="Window of the results (default '1 minute').")
-    parser.add_argument("--delay", default="2 minutes", help="How late rows may arrive: the watermark's delay, at "
-                        "least the export's roll-interval (default '2 minutes'); a window is reported once it passed.")
-    parser.add_argument("--fill", default="10 minutes", help="How long a value without new rows still holds: "
-                        "longer than the export's full-sample period (default '10 minutes').")
-    parser.add_argument("--state-timeout", default="30 seconds", help="A link state not sampled for this long "
-                        "counts as down (its router stopped): longer than the export's collect-interval "
-                        "(default '30 seconds').")
-    parser.add_argument("--alert-windows", type=int, default=3,
-                        help="Alert when a backlog grew for this many windows in a row (default 3).")
+    parser.add_argument(
+        "--delay",
+        default="2 minutes",
+        help="How late rows may arrive: the watermark's delay, at "
+        "least the export's roll-interval (default '2 minutes'); a window is reported once it passed.",
+    )
+    parser.add_argument(
+        "--fill",
+        default="10 minutes",
+        help="How long a value without new rows still holds: "
+        "longer than the export's full-sample period (default '10 minutes').",
+    )
+    parser.add_argument(
+        "--state-timeout",
+        default="30 seconds",
+        help="A link state not sampled for this long "
+        "counts as down (its router stopped): longer than the export's collect-interval "
+        "(default '30 seconds').",
+    )
+    parser.add_argument(
+        "--alert-windows",
+        type=int,
+        default=3,
+        help="Alert when a backlog grew for this many windows in a row (default 3).",
+    )
     return parser.parse_args(argv)
 
 
@@ -58,14 +82,35 @@ def main(argv: list[str] | None = None) -> int:
 
     def start(what: str) -> None:
         if what == "ingest":
-            queries.extend(start_ingest(spark, source=args.source, output=output, checkpoint=checkpoint,
-                                        once=args.once, interval=interval, folder=args.input,
-                                        file_format=args.format, url=args.url, topic=args.topic))
+            queries.extend(
+                start_ingest(
+                    spark,
+                    source=args.source,
+                    output=output,
+                    checkpoint=checkpoint,
+                    once=args.once,
+                    interval=interval,
+                    folder=args.input,
+                    file_format=args.format,
+                    url=args.url,
+                    topic=args.topic,
+                )
+            )
         else:
-            queries.extend(start_analyses(spark, output=output, checkpoint=checkpoint, once=args.once,
-                                          interval=interval, window=args.window, delay=args.delay, fill=args.fill,
-                                          state_timeout=args.state_timeout,
-                                          alert_windows=args.alert_windows))
+            queries.extend(
+                start_analyses(
+                    spark,
+                    output=output,
+                    checkpoint=checkpoint,
+                    once=args.once,
+                    interval=interval,
+                    window=args.window,
+                    delay=args.delay,
+                    fill=args.fill,
+                    state_timeout=args.state_timeout,
+                    alert_windows=args.alert_windows,
+                )
+            )
 
     def report() -> None:
         path = write_report(results(spark, output), output / "report.html")

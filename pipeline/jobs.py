@@ -67,8 +67,14 @@ __all__ = ["session", "start_ingest", "start_analyses", "results", "RESULTS"]
 
 KEY = ["router", "epoch", "seq"]
 RESULTS = ("rates", "backlog_alerts", "link_availability", "route_changes", "slowest_consumers", "busiest_links")
-ROUTE_EVENTS = ("RouteAdded", "RouteRemoved", "DestinationAdded", "DestinationRemoved", "DestinationActivated",
-                "DestinationDeactivated")
+ROUTE_EVENTS = (
+    "RouteAdded",
+    "RouteRemoved",
+    "DestinationAdded",
+    "DestinationRemoved",
+    "DestinationActivated",
+    "DestinationDeactivated",
+)
 
 
 def session(master: str = "local[*]", name: str = "martinet-pipeline", scratch: Path | None = None) -> SparkSession:
@@ -85,25 +91,38 @@ def session(master: str = "local[*]", name: str = "martinet-pipeline", scratch: 
     if scratch is not None:
         scratch.mkdir(parents=True, exist_ok=True)
         temporary = f"-Djava.io.tmpdir={scratch.resolve()}"
-        builder = (builder.config("spark.local.dir", str(scratch.resolve()))
-                   .config("spark.driver.extraJavaOptions", temporary)
-                   .config("spark.executor.extraJavaOptions", temporary))
-    spark = (builder
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.sql.shuffle.partitions", "4")
-             # PySpark's own applyInPandasWithState code warns about its pandas use in every batch
-             .config("spark.executorEnv.PYTHONWARNINGS", "ignore::FutureWarning:pyspark.worker")
-             .getOrCreate())
+        builder = (
+            builder.config("spark.local.dir", str(scratch.resolve()))
+            .config("spark.driver.extraJavaOptions", temporary)
+            .config("spark.executor.extraJavaOptions", temporary)
+        )
+    spark = (
+        builder.config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "4")
+        # PySpark's own applyInPandasWithState code warns about its pandas use in every batch
+        .config("spark.executorEnv.PYTHONWARNINGS", "ignore::FutureWarning:pyspark.worker")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(MartinetSource)
     return spark
 
 
-def start_ingest(spark: SparkSession, *, source: str, output: Path, checkpoint: Path, once: bool,
-                 interval: str = "10 seconds", folder: str | None = None, file_format: str = "parquet",
-                 url: str | None = None, topic: str = "martinet.metrics") -> list:
+def start_ingest(
+    spark: SparkSession,
+    *,
+    source: str,
+    output: Path,
+    checkpoint: Path,
+    once: bool,
+    interval: str = "10 seconds",
+    folder: str | None = None,
+    file_format: str = "parquet",
+    url: str | None = None,
+    topic: str = "martinet.metrics",
+) -> list:
     """Start the ingest queries (rows and events) and return them (``StreamingQuery``).
 
     Raises:
@@ -117,26 +136,37 @@ def start_ingest(spark: SparkSession, *, source: str, output: Path, checkpoint: 
                 raise ValueError("--source files needs --input (the export's folder)")
             Path(folder, table).mkdir(parents=True, exist_ok=True)
             reader = spark.readStream.schema(schema).option("recursiveFileLookup", "true")
-            frame = (reader.parquet(str(Path(folder, table))) if file_format == "parquet"
-                     else reader.json(str(Path(folder, table))))
+            frame = (
+                reader.parquet(str(Path(folder, table)))
+                if file_format == "parquet"
+                else reader.json(str(Path(folder, table)))
+            )
         elif source == "live":
             if not url:
                 raise ValueError("--source live needs --url (amqp://host:port of a router)")
-            frame = (spark.readStream.format("martinet").option("url", url).option("topic", topic)
-                     .option("table", table).option("replay-folder", str(checkpoint / f"replay-{table}")).load())
+            frame = (
+                spark.readStream.format("martinet")
+                .option("url", url)
+                .option("topic", topic)
+                .option("table", table)
+                .option("replay-folder", str(checkpoint / f"replay-{table}"))
+                .load()
+            )
         else:
             raise ValueError(f"unknown source {source!r}: use files or live")
         # the analyses stream from this table: with its log there from the start they never
         # take it for a plain folder (and read a file the sink has not committed yet)
         (output / table / "_spark_metadata").mkdir(parents=True, exist_ok=True)
-        writer = (frame.writeStream.format("parquet").outputMode("append")
-                  .option("path", str(output / table)).option("checkpointLocation", str(checkpoint / table))
-                  .queryName(f"ingest-{table}"))
+        writer = (
+            frame.writeStream.format("parquet")
+            .outputMode("append")
+            .option("path", str(output / table))
+            .option("checkpointLocation", str(checkpoint / table))
+            .queryName(f"ingest-{table}")
+        )
         writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=interval)
         queries.append(writer.start())
     return queries
-
-
 
 
 def _trigger(writer: Any, once: bool, interval: str) -> Any:
@@ -163,9 +193,19 @@ def _milliseconds(spark: SparkSession, option: str, interval: str) -> int:
     return value
 
 
-def start_analyses(spark: SparkSession, *, output: Path, checkpoint: Path, once: bool, interval: str = "10 seconds",
-                   window: str = "1 minute", delay: str = "2 minutes", fill: str = "10 minutes",
-                   state_timeout: str = "30 seconds", alert_windows: int = 3) -> list:
+def start_analyses(
+    spark: SparkSession,
+    *,
+    output: Path,
+    checkpoint: Path,
+    once: bool,
+    interval: str = "10 seconds",
+    window: str = "1 minute",
+    delay: str = "2 minutes",
+    fill: str = "10 minutes",
+    state_timeout: str = "30 seconds",
+    alert_windows: int = 3,
+) -> list:
     """Start the analysis queries over the ingested tables below ``output`` (see the module
     header) and return them (``StreamingQuery``). ``fill``: how long a key without rows is still
     forward-filled (longer than the export's full-sample period, or idle queues get gaps);
@@ -176,47 +216,96 @@ def start_analyses(spark: SparkSession, *, output: Path, checkpoint: Path, once:
         ValueError: an interval that Spark cannot parse or that is not positive.
     """
     window_ms, delay_ms, fill_ms, expire_ms = (
-        _milliseconds(spark, option, value) for option, value in (
-            ("--window", window), ("--delay", delay), ("--fill", fill), ("--state-timeout", state_timeout)))
+        _milliseconds(spark, option, value)
+        for option, value in (
+            ("--window", window),
+            ("--delay", delay),
+            ("--fill", fill),
+            ("--state-timeout", state_timeout),
+        )
+    )
     rows, events = _stream(spark, output, "rows"), _stream(spark, output, "events")
 
-    changes = (events.filter(F.col("kind").isin(*ROUTE_EVENTS)).withWatermark("time", delay)
-               .dropDuplicatesWithinWatermark(KEY)
-               .groupBy(F.window("time", window).alias("w"), "router", "kind").agg(F.count("*").alias("changes"))
-               .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"), "router", "kind",
-                       "changes"))
-    queries = [_trigger(changes.writeStream.format("parquet").outputMode("append").queryName("route-changes")
-                        .option("path", str(output / "tables" / "route_changes"))
-                        .option("checkpointLocation", str(checkpoint / "route_changes")), once, interval).start()]
+    changes = (
+        events.filter(F.col("kind").isin(*ROUTE_EVENTS))
+        .withWatermark("time", delay)
+        .dropDuplicatesWithinWatermark(KEY)
+        .groupBy(F.window("time", window).alias("w"), "router", "kind")
+        .agg(F.count("*").alias("changes"))
+        .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"), "router", "kind", "changes")
+    )
+    queries = [
+        _trigger(
+            changes.writeStream.format("parquet")
+            .outputMode("append")
+            .queryName("route-changes")
+            .option("path", str(output / "tables" / "route_changes"))
+            .option("checkpointLocation", str(checkpoint / "route_changes")),
+            once,
+            interval,
+        ).start()
+    ]
 
     entity, metric = F.col("entity"), F.col("metric")
     numbers = rows.filter(
-        ((F.col("swiftlet") == "sys$queuemanager") & entity.startswith("queues/")
-         & metric.isin("messages", "enqueued", "dequeued"))
-        | ((F.col("swiftlet") == "sys$routing") & entity.startswith("connections/")
-           & metric.isin("messages-in", "messages-out")))
-    states = (rows.filter((F.col("swiftlet") == "sys$routing") & entity.startswith("connectors/") & (metric == "state"))
-              .withColumn("value", (F.col("text") == "operational").cast("double")))
-    link_events = (events.filter((F.col("kind") == "LinkStateChanged") & entity.startswith("connector:"))
-                   .select("router", "time", F.lit("sys$routing").alias("swiftlet"),
-                           F.concat(F.lit("connectors/"), F.expr("substring(entity, 11)")).alias("entity"),
-                           F.lit("state").alias("metric"),
-                           (F.get_json_object("fields", "$.state") == "operational").cast("double").alias("value"),
-                           "epoch", "seq"))
+        (
+            (F.col("swiftlet") == "sys$queuemanager")
+            & entity.startswith("queues/")
+            & metric.isin("messages", "enqueued", "dequeued")
+        )
+        | (
+            (F.col("swiftlet") == "sys$routing")
+            & entity.startswith("connections/")
+            & metric.isin("messages-in", "messages-out")
+        )
+    )
+    states = rows.filter(
+        (F.col("swiftlet") == "sys$routing") & entity.startswith("connectors/") & (metric == "state")
+    ).withColumn("value", (F.col("text") == "operational").cast("double"))
+    link_events = events.filter((F.col("kind") == "LinkStateChanged") & entity.startswith("connector:")).select(
+        "router",
+        "time",
+        F.lit("sys$routing").alias("swiftlet"),
+        F.concat(F.lit("connectors/"), F.expr("substring(entity, 11)")).alias("entity"),
+        F.lit("state").alias("metric"),
+        (F.get_json_object("fields", "$.state") == "operational").cast("double").alias("value"),
+        "epoch",
+        "seq",
+    )
     columns = ["router", "time", "swiftlet", "entity", "metric", "value", "epoch", "seq"]
-    points = (numbers.select(*columns).unionByName(states.select(*columns)).unionByName(link_events)
-              .filter(F.col("value").isNotNull()).withWatermark("time", delay).withColumn("t", F.unix_millis("time")))
-    series = (points.groupBy("router", "swiftlet", "entity")
-              .applyInPandasWithState(Windows(window_ms, delay_ms, fill_ms, {"state": expire_ms}).step, OUTPUT_SCHEMA,
-                                      STATE_SCHEMA, "append", GroupStateTimeout.EventTimeTimeout)
-              .withColumn("window_start", F.timestamp_millis("window_start"))
-              .withColumn("window_end", F.timestamp_millis("window_end")))
+    points = (
+        numbers.select(*columns)
+        .unionByName(states.select(*columns))
+        .unionByName(link_events)
+        .filter(F.col("value").isNotNull())
+        .withWatermark("time", delay)
+        .withColumn("t", F.unix_millis("time"))
+    )
+    series = (
+        points.groupBy("router", "swiftlet", "entity")
+        .applyInPandasWithState(
+            Windows(window_ms, delay_ms, fill_ms, {"state": expire_ms}).step,
+            OUTPUT_SCHEMA,
+            STATE_SCHEMA,
+            "append",
+            GroupStateTimeout.EventTimeTimeout,
+        )
+        .withColumn("window_start", F.timestamp_millis("window_start"))
+        .withColumn("window_end", F.timestamp_millis("window_end"))
+    )
 
     def write(frame: DataFrame, batch: int) -> None:
         _write_batch(frame, batch, output / "tables", alert_windows)
 
-    queries.append(_trigger(series.writeStream.foreachBatch(write).queryName("series")
-                            .option("checkpointLocation", str(checkpoint / "series")), once, interval).start())
+    queries.append(
+        _trigger(
+            series.writeStream.foreachBatch(write)
+            .queryName("series")
+            .option("checkpointLocation", str(checkpoint / "series")),
+            once,
+            interval,
+        ).start()
+    )
     return queries
 
 
@@ -225,8 +314,9 @@ def _write_batch(series: DataFrame, batch: int, tables: Path, alert_windows: int
     batch run again after a restart writes the same rows)."""
     series = series.persist()
     try:
-        kinds = {row.kind for row in series.select(F.substring_index("entity", "/", 1).alias("kind"))
-                 .distinct().collect()}
+        kinds = {
+            row.kind for row in series.select(F.substring_index("entity", "/", 1).alias("kind")).distinct().collect()
+        }
         if not kinds:
             return
         frames = {"series": series}
@@ -236,28 +326,46 @@ def _write_batch(series: DataFrame, batch: int, tables: Path, alert_windows: int
             def of(name: str, value: Any) -> Any:
                 return F.max(F.when(F.col("metric") == name, value))
 
-            rates = (series.filter(F.col("swiftlet") == "sys$queuemanager").groupBy(*window, "entity").agg(
-                of("enqueued", F.col("increase") / F.col("seconds")).alias("in_rate"),
-                of("dequeued", F.col("increase") / F.col("seconds")).alias("out_rate"),
-                of("messages", F.col("average")).alias("backlog_avg"),
-                of("messages", F.col("maximum")).alias("backlog_max"),
-                of("messages", F.col("last")).alias("backlog_last"),
-                of("messages", F.col("last") - F.col("first")).alias("backlog_growth"),
-                of("messages", F.col("streak")).alias("streak"))
-                .select(*window, F.expr("substring(entity, 8)").alias("queue"), "in_rate", "out_rate", "backlog_avg",
-                        "backlog_max", "backlog_last", "backlog_growth", "streak"))
+            rates = (
+                series.filter(F.col("swiftlet") == "sys$queuemanager")
+                .groupBy(*window, "entity")
+                .agg(
+                    of("enqueued", F.col("increase") / F.col("seconds")).alias("in_rate"),
+                    of("dequeued", F.col("increase") / F.col("seconds")).alias("out_rate"),
+                    of("messages", F.col("average")).alias("backlog_avg"),
+                    of("messages", F.col("maximum")).alias("backlog_max"),
+                    of("messages", F.col("last")).alias("backlog_last"),
+                    of("messages", F.col("last") - F.col("first")).alias("backlog_growth"),
+                    of("messages", F.col("streak")).alias("streak"),
+                )
+                .select(
+                    *window,
+                    F.expr("substring(entity, 8)").alias("queue"),
+                    "in_rate",
+                    "out_rate",
+                    "backlog_avg",
+                    "backlog_max",
+                    "backlog_last",
+                    "backlog_growth",
+                    "streak",
+                )
+            )
             frames["rates"] = rates
             frames["backlog_alerts"] = rates.filter(F.col("streak") >= alert_windows)
         if "connectors" in kinds:
-            frames["link_availability"] = (
-                series.filter(F.col("entity").startswith("connectors/"))
-                .select(*window, F.expr("substring(entity, 12)").alias("link"), F.col("average").alias("availability"),
-                        F.col("drops").alias("flaps"), "seconds"))
+            frames["link_availability"] = series.filter(F.col("entity").startswith("connectors/")).select(
+                *window,
+                F.expr("substring(entity, 12)").alias("link"),
+                F.col("average").alias("availability"),
+                F.col("drops").alias("flaps"),
+                "seconds",
+            )
         if "connections" in kinds:
             frames["link_rates"] = (
                 series.filter(F.col("entity").startswith("connections/"))
                 .groupBy(*window, F.expr("substring(entity, 13)").alias("link"))
-                .agg(F.sum(F.col("increase") / F.col("seconds")).alias("messages_per_second")))
+                .agg(F.sum(F.col("increase") / F.col("seconds")).alias("messages_per_second"))
+            )
         for name, frame in frames.items():
             frame.write.mode("overwrite").parquet(str(tables / name / f"batch={batch}"))
     finally:
@@ -293,13 +401,32 @@ def results(spark: SparkSession, output: Path, *, top: int = 20) -> dict[str, li
         frame = found[name]
         out[name] = [] if frame is None else frame.drop("batch").orderBy("window_start").collect()
     rates, links = found["rates"], found["link_rates"]
-    out["slowest_consumers"] = [] if rates is None else (
-        rates.filter(F.col("in_rate") > 0).groupBy("router", "queue")
-        .agg(F.avg("in_rate").alias("in_rate"), F.avg("out_rate").alias("out_rate"),
-             F.max_by("backlog_last", "window_start").alias("backlog"))
-        .withColumn("consumed_share", F.coalesce(F.col("out_rate"), F.lit(0.0)) / F.col("in_rate"))
-        .orderBy("consumed_share", F.desc("backlog")).limit(top).collect())
-    out["busiest_links"] = [] if links is None else (
-        links.groupBy("router", "link").agg(F.avg("messages_per_second").alias("messages_per_second"))
-        .orderBy(F.desc("messages_per_second")).limit(top).collect())
+    out["slowest_consumers"] = (
+        []
+        if rates is None
+        else (
+            rates.filter(F.col("in_rate") > 0)
+            .groupBy("router", "queue")
+            .agg(
+                F.avg("in_rate").alias("in_rate"),
+                F.avg("out_rate").alias("out_rate"),
+                F.max_by("backlog_last", "window_start").alias("backlog"),
+            )
+            .withColumn("consumed_share", F.coalesce(F.col("out_rate"), F.lit(0.0)) / F.col("in_rate"))
+            .orderBy("consumed_share", F.desc("backlog"))
+            .limit(top)
+            .collect()
+        )
+    )
+    out["busiest_links"] = (
+        []
+        if links is None
+        else (
+            links.groupBy("router", "link")
+            .agg(F.avg("messages_per_second").alias("messages_per_second"))
+            .orderBy(F.desc("messages_per_second"))
+            .limit(top)
+            .collect()
+        )
+    )
     return out

@@ -58,8 +58,10 @@ def _series_plot(title: str, ylabel: str, series: dict[str, list[tuple[Any, Any,
 
 def _table(title: str, rows: list[Any], columns: list[str]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(row[c]))}</td>" for c in columns) + "</tr>"
-                   for row in rows) or f'<tr><td colspan="{len(columns)}">none</td></tr>'
+    body = (
+        "".join("<tr>" + "".join(f"<td>{html.escape(_cell(row[c]))}</td>" for c in columns) + "</tr>" for row in rows)
+        or f'<tr><td colspan="{len(columns)}">none</td></tr>'
+    )
     return f"<h2>{html.escape(title)}</h2><table><tr>{head}</tr>{body}</table>"
 
 
@@ -93,15 +95,26 @@ def write_report(results: dict[str, Any], path: Path) -> Path:
         _series_plot("Messages out per second", "msg/s", outflow),
         _series_plot("Backlog (messages waiting, time-weighted average of each window)", "messages", backlog),
         _series_plot("Link availability (share of the time Operational)", "%", availability),
-        _table("Backlog alerts", results["backlog_alerts"],
-               ["window_start", "router", "queue", "streak", "backlog_last", "backlog_growth"]),
-        _table("Slowest consumers", results["slowest_consumers"],
-               ["router", "queue", "in_rate", "out_rate", "consumed_share", "backlog"]),
+        _table(
+            "Backlog alerts",
+            results["backlog_alerts"],
+            ["window_start", "router", "queue", "streak", "backlog_last", "backlog_growth"],
+        ),
+        _table(
+            "Slowest consumers",
+            results["slowest_consumers"],
+            ["router", "queue", "in_rate", "out_rate", "consumed_share", "backlog"],
+        ),
         _table("Busiest links", results["busiest_links"], ["router", "link", "messages_per_second"]),
         _table("Route changes", results["route_changes"], ["window_start", "router", "kind", "changes"]),
     ]
-    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}")
-    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>Martinet metrics</title>"
-                    f"<style>{style}</style></head><body>{''.join(parts)}</body></html>", encoding="utf-8")
+    style = (
+        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
+    )
+    path.write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Martinet metrics</title>"
+        f"<style>{style}</style></head><body>{''.join(parts)}</body></html>",
+        encoding="utf-8",
+    )
     return path

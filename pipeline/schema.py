@@ -8,8 +8,7 @@ from martinet.swiftlets.spark.api import TABLES
 
 __all__ = ["spark_schema"]
 
-_TYPES = {"string": T.StringType(), "timestamp": T.TimestampType(), "double": T.DoubleType(),
-          "long": T.LongType()}
+_TYPES = {"string": T.StringType(), "timestamp": T.TimestampType(), "double": T.DoubleType(), "long": T.LongType()}
 
 
 def spark_schema(table: str) -> T.StructType:

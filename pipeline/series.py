@@ -41,9 +41,11 @@ import pandas as pd
 
 __all__ = ["Windows", "OUTPUT_SCHEMA", "STATE_SCHEMA"]
 
-OUTPUT_SCHEMA = ("window_start long, window_end long, router string, swiftlet string, entity string, metric string, "
-                 "seconds double, average double, maximum double, first double, last double, increase double, "
-                 "drops long, streak long")
+OUTPUT_SCHEMA = (
+    "window_start long, window_end long, router string, swiftlet string, entity string, metric string, "
+    "seconds double, average double, maximum double, first double, last double, increase double, "
+    "drops long, streak long"
+)
 STATE_SCHEMA = "json string"
 _COLUMNS = [field.split()[0] for field in OUTPUT_SCHEMA.split(", ")]
 
@@ -62,20 +64,26 @@ class Windows:
     def step(self, key: tuple, frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
         """``applyInPandasWithState``'s function: ``frames`` hold columns ``t`` (ms), ``metric``,
         ``value``, ``epoch``, ``seq``."""
-        saved = json.loads(state.get[0]) if state.exists else {"until": None, "seen": None, "metrics": {},
-                                                                  "points": []}
+        saved = json.loads(state.get[0]) if state.exists else {"until": None, "seen": None, "metrics": {}, "points": []}
         points = saved["points"]
         for frame in frames:
-            points.extend(zip(frame["t"].tolist(), frame["metric"].tolist(), frame["value"].tolist(),
-                              frame["epoch"].tolist(), frame["seq"].tolist(), strict=True))
+            points.extend(
+                zip(
+                    frame["t"].tolist(),
+                    frame["metric"].tolist(),
+                    frame["value"].tolist(),
+                    frame["epoch"].tolist(),
+                    frame["seq"].tolist(),
+                    strict=True,
+                )
+            )
         if saved["until"] is None and points:
             saved["until"] = min(p[0] for p in points) // self.window * self.window
         points.sort(key=lambda p: (p[0], p[3], p[4]))
         # late (its window was emitted) or a collector's duplicate (the same epoch and seq, so the
         # same time: next to its original): Spark's dropDuplicatesWithinWatermark would keep every
         # key of a first run's batch in the JVM's memory
-        points = [p for i, p in enumerate(points)
-                  if p[0] >= saved["until"] and (i == 0 or p[3:] != points[i - 1][3:])]
+        points = [p for i, p in enumerate(points) if p[0] >= saved["until"] and (i == 0 or p[3:] != points[i - 1][3:])]
         if points:
             saved["seen"] = max(saved["seen"] or 0, points[-1][0])
         # The key's own latest point minus the delay is as safe a bound as the watermark: Spark
@@ -135,6 +143,7 @@ class Windows:
             streak = (carried["s"] + 1 if carried else 1) if value > first else 0
             metrics[name] = {"v": value, "e": epoch, "s": streak, "p": sampled}
             seconds = (end - since) / 1000
-            rows.append((start, end, *key, name, seconds, area / (end - since), maximum, first, value, increase, drops,
-                         streak))
+            rows.append(
+                (start, end, *key, name, seconds, area / (end - since), maximum, first, value, increase, drops, streak)
+            )
         return rows

@@ -129,8 +129,9 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
             marks: dict[str, Key] = {}
             for row in rows + events:  # column 0 the router, the last two epoch and seq
                 marks[row[0]] = max(marks.get(row[0], (-1, -1)), (row[-2], row[-1]))
-            self._pending.append((marks, [(row[0], datetime.fromtimestamp(row[1] / 1000, UTC), *row[2:])
-                                          for row in chosen]))
+            self._pending.append(
+                (marks, [(row[0], datetime.fromtimestamp(row[1] / 1000, UTC), *row[2:]) for row in chosen])
+            )
         return self.max_messages
 
     def _between(self, start: dict, end: dict | None) -> Iterator[tuple]:
@@ -183,8 +184,10 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             rows = json.loads(path.read_text())["rows"]
         except FileNotFoundError:
-            raise RuntimeError(f"martinet source: cannot replay the batch up to {end}: {path} is missing "
-                               "(replay-folder must be the one of the query's earlier runs)") from None
+            raise RuntimeError(
+                f"martinet source: cannot replay the batch up to {end}: {path} is missing "
+                "(replay-folder must be the one of the query's earlier runs)"
+            ) from None
         return iter([(row[0], datetime.fromtimestamp(row[1] / 1000, UTC), *row[2:]) for row in rows])
 
     def commit(self, end: dict) -> None:

@@ -77,8 +77,18 @@ def echo_site(tmp_path_factory) -> Path:
     """
     target = tmp_path_factory.mktemp("echo-site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-         "--disable-pip-version-check", "--target", str(target), str(ECHO_PLUGIN)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(ECHO_PLUGIN),
+        ],
         check=True,
         env={**os.environ, "PIP_NO_INPUT": "1"},
         timeout=300,
@@ -102,8 +112,14 @@ class RunningRouter:
     def __init__(self, nursery, tmp_path: Path, manager: str = "", queues: str = "", sync: str = "normal"):
         self.nursery = nursery
         self.path = tmp_path / "router.xml"
-        self.path.write_text(QUEUE_ROUTER.format(store=tmp_path / "store", sync=sync, manager=manager,
-                                                 queues=f"<queues>{queues}</queues>" if queues else ""))
+        self.path.write_text(
+            QUEUE_ROUTER.format(
+                store=tmp_path / "store",
+                sync=sync,
+                manager=manager,
+                queues=f"<queues>{queues}</queues>" if queues else "",
+            )
+        )
         self.router: Router | None = None
         self._done: trio.Event | None = None
         self.failure: SwiftletFailed | None = None
@@ -180,8 +196,16 @@ AMQP_ROUTER = """
 
 def amqp_router_xml(tmp_path, **options) -> str:
     """:data:`AMQP_ROUTER` with its defaults, overridden by ``options`` (its placeholders)."""
-    settings = {"auth": "false", "anonymous": "false", "autocreate": "true", "maxconn": "-1",
-                "collect": "10000", "hosts": "", "queues": "", "listener": ""} | options
+    settings = {
+        "auth": "false",
+        "anonymous": "false",
+        "autocreate": "true",
+        "maxconn": "-1",
+        "collect": "10000",
+        "hosts": "",
+        "queues": "",
+        "listener": "",
+    } | options
     return AMQP_ROUTER.format(store=tmp_path / "store", **settings)
 
 
@@ -204,8 +228,9 @@ class AmqpBroker:
         self.router.request_stop()
         with trio.fail_after(10):
             while self.router.management.get("/usage", "state") != "stopping" or any(
-                    self.router.management.get(f"/usage/swiftlets/{n}", "state") != "stopped"
-                    for n in ("sys$jms", "sys$store")):
+                self.router.management.get(f"/usage/swiftlets/{n}", "state") != "stopped"
+                for n in ("sys$jms", "sys$store")
+            ):
                 await trio.sleep(0.02)
 
     def usage(self, queue: str) -> dict:

@@ -30,8 +30,10 @@ async def main(config: str, run: str) -> None:
                 transaction = queue_manager.transaction()
                 for queue, count in (("a", 3), ("b", 2)):
                     for k in range(count):
-                        transaction.send(queue, build(b"x" * 200, durable=True, message_id=f"{txn}-{queue}{k}",
-                                                      properties={"txn": txn}))
+                        transaction.send(
+                            queue,
+                            build(b"x" * 200, durable=True, message_id=f"{txn}-{queue}{k}", properties={"txn": txn}),
+                        )
                 await transaction.commit()
                 print("txn", txn, flush=True)
                 n += 1
@@ -40,8 +42,9 @@ async def main(config: str, run: str) -> None:
             n = 0
             while True:
                 key = int(run) * 10_000_000 + n
-                await queue_manager.send("c", build(b"y" * 300, durable=True, message_id=f"c-{key}",
-                                                    properties={"id": key}))
+                await queue_manager.send(
+                    "c", build(b"y" * 300, durable=True, message_id=f"c-{key}", properties={"id": key})
+                )
                 print("send", key, flush=True)
                 n += 1
 

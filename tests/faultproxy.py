@@ -109,10 +109,14 @@ class FrameScanner:
                     self._pending_sent = True
                     return buffer[sent:], None
                 return buffer[sent:position], None
-            if (code is not None and position >= sent and buffer[position + 4] == _ARRAY_OF_2
-                    and buffer[position + 5] == code):
+            if (
+                code is not None
+                and position >= sent
+                and buffer[position + 4] == _ARRAY_OF_2
+                and buffer[position + 5] == code
+            ):
                 return buffer[sent:position], buffer[position:]
-            self._skip = 4 + int.from_bytes(buffer[position:position + 4], "big")
+            self._skip = 4 + int.from_bytes(buffer[position : position + 4], "big")
         return buffer[sent:], None
 
 
@@ -137,7 +141,7 @@ class Held:
     @property
     def fields(self) -> dict:
         """The held frame's fields (after :attr:`seen`)."""
-        code, fields = msgpack.unpackb(bytes(self.data[4:4 + self._length]), raw=False)
+        code, fields = msgpack.unpackb(bytes(self.data[4 : 4 + self._length]), raw=False)
         assert code == self.code
         return fields
 
@@ -264,8 +268,7 @@ class FaultProxy:
             self._connections.discard(scope)
             self.live -= 1
 
-    def _pump(self, nursery: trio.Nursery, source: trio.SocketStream, sink: trio.SocketStream,
-              direction: str) -> None:
+    def _pump(self, nursery: trio.Nursery, source: trio.SocketStream, sink: trio.SocketStream, direction: str) -> None:
         """Start the reader and the writer of one direction (``to_target``, ``to_client``);
         a reset or a failed write cancels ``nursery``, which ends the connection."""
         send, receive = trio.open_memory_channel[tuple[float, object]](self.buffer)
@@ -273,8 +276,9 @@ class FaultProxy:
         nursery.start_soon(self._read, source, send, received, direction)
         nursery.start_soon(self._write, receive, sink, f"forwarded_{direction}", nursery.cancel_scope)
 
-    async def _read(self, source: trio.SocketStream, channel: trio.MemorySendChannel, counter: str,
-                    direction: str) -> None:
+    async def _read(
+        self, source: trio.SocketStream, channel: trio.MemorySendChannel, counter: str, direction: str
+    ) -> None:
         scanner = FrameScanner()
         held: Held | None = None  # once set, this direction forwards nothing more
         async with channel:
@@ -304,8 +308,9 @@ class FaultProxy:
                     continue
                 await channel.send((trio.current_time(), data))
 
-    async def _write(self, channel: trio.MemoryReceiveChannel, sink: trio.SocketStream, counter: str,
-                     connection: trio.CancelScope) -> None:
+    async def _write(
+        self, channel: trio.MemoryReceiveChannel, sink: trio.SocketStream, counter: str, connection: trio.CancelScope
+    ) -> None:
         async with channel:
             async for read_at, item in channel:
                 if isinstance(item, bytes):

@@ -104,9 +104,16 @@ CONNECTOR = """
                  use-xa="{xa}"/>"""
 
 
-def router_config(name: str, *, amqp: int, routing: int, password: str,
-                  connectors: Iterable[tuple[str, int, str]] = (), static_routes: Iterable[str] = (),
-                  xa: bool = True) -> str:
+def router_config(
+    name: str,
+    *,
+    amqp: int,
+    routing: int,
+    password: str,
+    connectors: Iterable[tuple[str, int, str]] = (),
+    static_routes: Iterable[str] = (),
+    xa: bool = True,
+) -> str:
     """The config of a full router ``name`` for a test network (the one template of every
     process test): the default stack with routing, its store in ``store`` (``sync="normal"``),
     AMQP on ``127.0.0.1:amqp``, a routing listener on ``routing`` with ``password`` and a
@@ -114,14 +121,24 @@ def router_config(name: str, *, amqp: int, routing: int, password: str,
     ``static_routes`` and XA on the links (or ``use-xa="false"`` on both ends)."""
     flag = "true" if xa else "false"
     return ROUTER.format(
-        name=name, amqp=amqp, routing=routing, password=password, keepalive=KEEPALIVE_MS, xa=flag,
+        name=name,
+        amqp=amqp,
+        routing=routing,
+        password=password,
+        keepalive=KEEPALIVE_MS,
+        xa=flag,
         static="".join(f'\n      <static-route name="{other}"/>' for other in static_routes),
-        connectors="".join(CONNECTOR.format(target=target, port=port, password=secret, xa=flag)
-                           for target, port, secret in connectors))
+        connectors="".join(
+            CONNECTOR.format(target=target, port=port, password=secret, xa=flag) for target, port, secret in connectors
+        ),
+    )
 
 
-_ROUTE = re.compile(r"\[(?P<router>[\w-]+)\] \S+: route to (?P<dest>[\w-]+) via (?P<hop>[\w-]+) "
-                    r"\(\d+ hops?: (?P<path>[\w -]+)\) (?P<change>added|removed)$", re.MULTILINE)
+_ROUTE = re.compile(
+    r"\[(?P<router>[\w-]+)\] \S+: route to (?P<dest>[\w-]+) via (?P<hop>[\w-]+) "
+    r"\(\d+ hops?: (?P<path>[\w -]+)\) (?P<change>added|removed)$",
+    re.MULTILINE,
+)
 
 
 def table(log: str) -> dict[str, set[tuple[str, ...]]]:
@@ -157,8 +174,7 @@ TOPOLOGIES = {
     # a → b → c: every message passes the intermediate b
     "chain": Topology(("a", "b", "c"), (("a", "b"), ("b", "c")), sources=("a",), destination="c"),
     # a, b, c all linked: a's messages go a-c, or a-b-c while a-c is down
-    "triangle": Topology(("a", "b", "c"), (("a", "b"), ("b", "c"), ("c", "a")), sources=("a", "b"),
-                         destination="c"),
+    "triangle": Topology(("a", "b", "c"), (("a", "b"), ("b", "c"), ("c", "a")), sources=("a", "b"), destination="c"),
 }
 
 
@@ -192,11 +208,20 @@ class ProcessNetwork:
         self.faults: collections.Counter[str] = collections.Counter()
 
     def config(self, name: str) -> str:
-        connectors = [(listener, self.proxies[(name, listener)].port, f"secret-{listener}")
-                      for connector, listener in self.topology.links if connector == name]
-        return router_config(name, amqp=self.amqp[name], routing=self.routing[name], password=f"secret-{name}",
-                             connectors=connectors, static_routes=[r for r in self.topology.routers if r != name],
-                             xa=self.xa)
+        connectors = [
+            (listener, self.proxies[(name, listener)].port, f"secret-{listener}")
+            for connector, listener in self.topology.links
+            if connector == name
+        ]
+        return router_config(
+            name,
+            amqp=self.amqp[name],
+            routing=self.routing[name],
+            password=f"secret-{name}",
+            connectors=connectors,
+            static_routes=[r for r in self.topology.routers if r != name],
+            xa=self.xa,
+        )
 
     async def start(self, nursery: trio.Nursery) -> None:
         for connector, listener in self.topology.links:
@@ -232,16 +257,22 @@ class ProcessNetwork:
         """Wait (bounded) until every router has logged every other one's interest in ``root``.
 
         Raises: AssertionError with every log if the time is up."""
+
         def known() -> bool:
-            return all(f"interest of router {other}: {root}" in self.routers[name].current()
-                       for name in self.topology.routers for other in self.topology.routers if other != name)
+            return all(
+                f"interest of router {other}: {root}" in self.routers[name].current()
+                for name in self.topology.routers
+                for other in self.topology.routers
+                if other != name
+            )
 
         with trio.move_on_after(timeout):
             while not known():
                 await trio.sleep(0.1)
             return
-        raise AssertionError(f"the routers did not learn each other's interest in {root} within {timeout} s\n"
-                             f"{self.logs()}")
+        raise AssertionError(
+            f"the routers did not learn each other's interest in {root} within {timeout} s\n{self.logs()}"
+        )
 
     async def kill(self, name: str) -> None:
         """SIGKILL router ``name`` (no cleanup: its store is as a crash leaves it)."""
@@ -260,8 +291,10 @@ class ProcessNetwork:
         try:
             await trio.to_thread.run_sync(router.proc.wait, timeout)
         except Exception as exc:
-            raise AssertionError(f"router {name} did not stop after its store engine was killed: {exc}; "
-                                 f"the end of its log:\n{router.current()[-5000:]}") from None
+            raise AssertionError(
+                f"router {name} did not stop after its store engine was killed: {exc}; "
+                f"the end of its log:\n{router.current()[-5000:]}"
+            ) from None
 
     async def stop(self, name: str) -> None:
         """Stop router ``name`` in order (SIGTERM); raises AssertionError unless it exits 0."""
@@ -357,8 +390,7 @@ class Producer:
         while self._more(stop):
             with contextlib.suppress(JMSError):
                 async with connect(self.url) as connection, connection.session() as session:
-                    async with session.producer(self.destination,
-                                                delivery_mode=DeliveryMode.PERSISTENT) as producer:
+                    async with session.producer(self.destination, delivery_mode=DeliveryMode.PERSISTENT) as producer:
                         while self._more(stop):
                             await self._send(producer)
             if self._more(stop):
@@ -390,8 +422,7 @@ class Consumer:
     the durable subscription of that name of client id ``durable`` (the same on every
     connection). ``name`` labels it in results."""
 
-    def __init__(self, url: str, queue: str | Topic, *, batch: int = 50, durable: str | None = None,
-                 name: str = ""):
+    def __init__(self, url: str, queue: str | Topic, *, batch: int = 50, durable: str | None = None, name: str = ""):
         self.url = url
         self.source = Queue(queue) if isinstance(queue, str) else queue
         self.durable = durable
@@ -409,10 +440,15 @@ class Consumer:
         while True:
             batch: list[tuple[str, int]] = []
             try:
-                async with connect(self.url, client_id=self.durable) as connection, \
-                        connection.session(transacted=True) as session:
-                    subscribe = session.durable_subscriber(self.source, self.durable) if self.durable \
+                async with (
+                    connect(self.url, client_id=self.durable) as connection,
+                    connection.session(transacted=True) as session,
+                ):
+                    subscribe = (
+                        session.durable_subscriber(self.source, self.durable)
+                        if self.durable
                         else session.consumer(self.source)
+                    )
                     async with subscribe as consumer:
                         self.attached.set()
                         while True:
@@ -464,35 +500,60 @@ class Results:
     subscribers: tuple[tuple[str, bool, Results], ...] = ()
 
     def table(self, title: str = "") -> str:
-        rows = [("rounds", self.rounds),
-                ("faults injected", ", ".join(f"{kind} {n}" for kind, n in sorted(self.faults.items())) or "none"),
-                ("messages sent (accepted)", self.sent),
-                ("received" + (" (durable subscribers)" if self.subscribers else ""), self.received),
-                ("lost" + (" (durable subscribers)" if self.subscribers else ""), self.lost),
-                ("duplicated", self.duplicated),
-                ("in doubt at the producer (of them arrived)",
-                 f"{self.producer_in_doubt} ({self.producer_in_doubt_arrived})"),
-                ("refused by the router", self.refused),
-                ("in doubt at the consumer (a commit not answered)", self.consumer_in_doubt),
-                ("out of order (allowed where the path changed)", self.out_of_order),
-                ("drain (s)", f"{self.drain_seconds:.1f}")]
+        rows = [
+            ("rounds", self.rounds),
+            ("faults injected", ", ".join(f"{kind} {n}" for kind, n in sorted(self.faults.items())) or "none"),
+            ("messages sent (accepted)", self.sent),
+            ("received" + (" (durable subscribers)" if self.subscribers else ""), self.received),
+            ("lost" + (" (durable subscribers)" if self.subscribers else ""), self.lost),
+            ("duplicated", self.duplicated),
+            (
+                "in doubt at the producer (of them arrived)",
+                f"{self.producer_in_doubt} ({self.producer_in_doubt_arrived})",
+            ),
+            ("refused by the router", self.refused),
+            ("in doubt at the consumer (a commit not answered)", self.consumer_in_doubt),
+            ("out of order (allowed where the path changed)", self.out_of_order),
+            ("drain (s)", f"{self.drain_seconds:.1f}"),
+        ]
         width = max(len(name) for name, _ in rows)
         lines = [title] if title else []
         lines += [f"{name:<{width}}  {value}" for name, value in rows]
         if self.subscribers:
             header = ("subscriber", "kind", "expected", "received", "lost", "duplicated", "in doubt", "out of order")
-            cells = [header] + [(name, "durable" if durable else "non-durable", r.sent, r.received, r.lost,
-                                 r.duplicated, r.consumer_in_doubt, r.out_of_order)
-                                for name, durable, r in self.subscribers]
+            cells = [header] + [
+                (
+                    name,
+                    "durable" if durable else "non-durable",
+                    r.sent,
+                    r.received,
+                    r.lost,
+                    r.duplicated,
+                    r.consumer_in_doubt,
+                    r.out_of_order,
+                )
+                for name, durable, r in self.subscribers
+            ]
             widths = [max(len(str(row[i])) for row in cells) for i in range(len(header))]
-            lines += ["  ".join(f"{cell!s:>{w}}" if i > 1 else f"{cell!s:<{w}}" for i, (cell, w) in
-                                enumerate(zip(row, widths, strict=True))) for row in cells]
+            lines += [
+                "  ".join(
+                    f"{cell!s:>{w}}" if i > 1 else f"{cell!s:<{w}}"
+                    for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+                )
+                for row in cells
+            ]
         lines += [f"{kind} e.g. {keys}" for kind, keys in self.examples.items() if keys]
         return "\n".join(lines)
 
 
-def verdict(producers: list[Producer], consumers: list[Consumer], *, rounds: int = 0,
-            faults: dict[str, int] | None = None, drain_seconds: float = 0.0) -> Results:
+def verdict(
+    producers: list[Producer],
+    consumers: list[Consumer],
+    *,
+    rounds: int = 0,
+    faults: dict[str, int] | None = None,
+    drain_seconds: float = 0.0,
+) -> Results:
     """Compare what the producers had accepted with what the consumers received."""
     received: collections.Counter[tuple[str, int]] = collections.Counter()
     for consumer in consumers:
@@ -503,37 +564,59 @@ def verdict(producers: list[Producer], consumers: list[Consumer], *, rounds: int
     duplicated = sorted(key for key, n in received.items() if n > 1)
     in_doubt = [(p.ident, seq) for p in producers for seq in p.in_doubt + p.refused]
     return Results(
-        rounds=rounds, faults=dict(faults or {}), sent=sum(len(p.sent) for p in producers), received=len(got),
-        lost=len(lost), duplicated=sum(received[key] - 1 for key in duplicated),
+        rounds=rounds,
+        faults=dict(faults or {}),
+        sent=sum(len(p.sent) for p in producers),
+        received=len(got),
+        lost=len(lost),
+        duplicated=sum(received[key] - 1 for key in duplicated),
         out_of_order=sum(c.out_of_order for c in consumers),
         producer_in_doubt=sum(len(p.in_doubt) for p in producers),
         producer_in_doubt_arrived=sum(1 for key in in_doubt if key in got),
         refused=sum(len(p.refused) for p in producers),
-        consumer_in_doubt=len(doubt_consumer - set(received)), drain_seconds=drain_seconds,
-        examples={"lost": lost[:5], "duplicated": duplicated[:5]})
+        consumer_in_doubt=len(doubt_consumer - set(received)),
+        drain_seconds=drain_seconds,
+        examples={"lost": lost[:5], "duplicated": duplicated[:5]},
+    )
 
 
-def topic_verdict(producers: list[Producer], durable: list[Consumer], non_durable: list[Consumer], *,
-                  rounds: int = 0, faults: dict[str, int] | None = None, drain_seconds: float = 0.0) -> Results:
+def topic_verdict(
+    producers: list[Producer],
+    durable: list[Consumer],
+    non_durable: list[Consumer],
+    *,
+    rounds: int = 0,
+    faults: dict[str, int] | None = None,
+    drain_seconds: float = 0.0,
+) -> Results:
     """Each subscriber against everything the producers had accepted (every subscriber
     expects every message); the totals: lost and received at the durable subscribers (a
     non-durable one may lose while it or its router is away), duplicated at any."""
     rows = [(c.name, c in durable, verdict(producers, [c])) for c in durable + non_durable]
     in_doubt = {(p.ident, seq) for p in producers for seq in p.in_doubt + p.refused}
     arrived = set().union(*(set(c.received) | c.in_doubt for c in durable + non_durable))
-    examples = {f"{kind} at {name}": r.examples[kind] for name, _, r in rows
-                for kind in ("lost", "duplicated")}
+    examples = {f"{kind} at {name}": r.examples[kind] for name, _, r in rows for kind in ("lost", "duplicated")}
     return Results(
-        rounds=rounds, faults=dict(faults or {}), sent=sum(len(p.sent) for p in producers),
-        received=sum(r.received for _, d, r in rows if d), lost=sum(r.lost for _, d, r in rows if d),
-        duplicated=sum(r.duplicated for _, _, r in rows), out_of_order=sum(r.out_of_order for _, _, r in rows),
-        producer_in_doubt=sum(len(p.in_doubt) for p in producers), producer_in_doubt_arrived=len(in_doubt & arrived),
-        refused=sum(len(p.refused) for p in producers), consumer_in_doubt=sum(r.consumer_in_doubt for _, _, r in rows),
-        drain_seconds=drain_seconds, examples=examples, subscribers=tuple(rows))
+        rounds=rounds,
+        faults=dict(faults or {}),
+        sent=sum(len(p.sent) for p in producers),
+        received=sum(r.received for _, d, r in rows if d),
+        lost=sum(r.lost for _, d, r in rows if d),
+        duplicated=sum(r.duplicated for _, _, r in rows),
+        out_of_order=sum(r.out_of_order for _, _, r in rows),
+        producer_in_doubt=sum(len(p.in_doubt) for p in producers),
+        producer_in_doubt_arrived=len(in_doubt & arrived),
+        refused=sum(len(p.refused) for p in producers),
+        consumer_in_doubt=sum(r.consumer_in_doubt for _, _, r in rows),
+        drain_seconds=drain_seconds,
+        examples=examples,
+        subscribers=tuple(rows),
+    )
 
 
-async def drain(producers: list[Producer], consumers: list[Consumer], timeout: float, quiet: float = 2.0, *,
-                each: bool = False) -> float:
+async def drain(
+    producers: list[Producer], consumers: list[Consumer], timeout: float, quiet: float = 2.0, *, each: bool = False
+) -> float:
     """Wait until every sent message has arrived (at any of ``consumers``; ``each``: at every
     one) or ``timeout`` seconds pass, then until the consumers have had nothing new for
     ``quiet`` seconds (late duplicates); returns the time."""
@@ -578,8 +661,9 @@ def plan(network: ProcessNetwork, schedule: Schedule) -> list[tuple[str, str | t
     return steps
 
 
-async def chaos(network: ProcessNetwork, schedule: Schedule,
-                report: Callable[[str], None] = lambda line: None) -> Results:
+async def chaos(
+    network: ProcessNetwork, schedule: Schedule, report: Callable[[str], None] = lambda line: None
+) -> Results:
     """Traffic under ``schedule``'s faults, then drain; ``report`` is told each step.
 
     ``queues``: producers on the sources send to ``queue@destination``, one consumer there.
@@ -589,11 +673,16 @@ async def chaos(network: ProcessNetwork, schedule: Schedule,
     topology = network.topology
     topics = schedule.mode == "topics"
     address = Topic(topology.queue) if topics else f"{topology.queue}@{topology.destination}"
-    producers = [Producer(f"{source}{n}", network.url(source), address, rate=schedule.rate)
-                 for source in topology.sources for n in range(schedule.producers)]
+    producers = [
+        Producer(f"{source}{n}", network.url(source), address, rate=schedule.rate)
+        for source in topology.sources
+        for n in range(schedule.producers)
+    ]
     if topics:
-        durable = [Consumer(network.url(name), address, durable=f"sub-{name}", name=f"{name} durable")
-                   for name in topology.routers]
+        durable = [
+            Consumer(network.url(name), address, durable=f"sub-{name}", name=f"{name} durable")
+            for name in topology.routers
+        ]
         non_durable = [Consumer(network.url(name), address, name=f"{name} non-durable") for name in topology.routers]
     else:
         durable, non_durable = [Consumer(network.url(topology.destination), topology.queue)], []
@@ -619,6 +708,7 @@ async def chaos(network: ProcessNetwork, schedule: Schedule,
         seconds = await drain(producers, durable, schedule.drain_timeout, each=topics)
         stop_consuming.set()
     if topics:
-        return topic_verdict(producers, durable, non_durable, rounds=schedule.rounds, faults=network.faults,
-                             drain_seconds=seconds)
+        return topic_verdict(
+            producers, durable, non_durable, rounds=schedule.rounds, faults=network.faults, drain_seconds=seconds
+        )
     return verdict(producers, consumers, rounds=schedule.rounds, faults=network.faults, drain_seconds=seconds)

@@ -34,8 +34,9 @@ def routing_config(**options: Any) -> RoutingConfig:
     return RoutingConfig(listeners=[listener], **options)
 
 
-def router_config(name: str, folder: Path, *, swiftlets: Mapping[str, Any] | None = None,
-                  startorder: tuple[str, ...] = STACK) -> RouterConfig:
+def router_config(
+    name: str, folder: Path, *, swiftlets: Mapping[str, Any] | None = None, startorder: tuple[str, ...] = STACK
+) -> RouterConfig:
     """The config of router ``name``: every swiftlet of ``startorder`` with its defaults, except
     a store in ``folder/name`` (``sync="normal"``) and one AMQP listener ``amqp`` on a free
     loopback port; ``swiftlets`` maps swiftlet names to config objects that replace those."""
@@ -96,19 +97,24 @@ class Network:
     async def start_routers(self, *names: str, **routing: Any) -> None:
         """Start routers with the routing swiftlet (``routing``: :func:`routing_config`'s options)."""
         for name in names:
-            await self.start(self.config(name, startorder=ROUTING_STACK,
-                                         swiftlets={"sys$routing": routing_config(**routing)}))
+            await self.start(
+                self.config(name, startorder=ROUTING_STACK, swiftlets={"sys$routing": routing_config(**routing)})
+            )
 
     def routing_port(self, name: str, listener: str = "links") -> int:
         return self.routers[name].management.get(f"/sys$routing/usage/listeners/{listener}", "port")
 
-    def connect(self, source: str, target: str, *, name: str | None = None, listener: str = "links",
-                **attributes: Any) -> str:
+    def connect(
+        self, source: str, target: str, *, name: str | None = None, listener: str = "links", **attributes: Any
+    ) -> str:
         """Add a connector (named after ``target`` unless ``name``) on ``source`` to ``target``'s
         routing listener, at runtime; ``attributes``: more connector attributes (XML names)."""
         name = name or target
-        self.routers[source].management.add("/sys$routing/connectors", name, {
-            "hostname": "127.0.0.1", "port": str(self.routing_port(target, listener)), **attributes})
+        self.routers[source].management.add(
+            "/sys$routing/connectors",
+            name,
+            {"hostname": "127.0.0.1", "port": str(self.routing_port(target, listener)), **attributes},
+        )
         return name
 
     def table(self, name: str) -> dict[str, int]:

@@ -6,15 +6,18 @@ an entry point, so they exist only in the tests that ask for them.
 
 from __future__ import annotations
 
+import attrs
 import trio
 
 from martinet.kernel import PoolSpec, SwiftletContext, SwiftletSpec, config_class, hookimpl, prop
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class ProbeConfig:
     fail: str = prop(
-        "never", choices=("never", "start", "run", "return"),
+        "never",
+        choices=("never", "start", "run", "return"),
         description="When to fail: never; before started(); 1 s after started; or return from run().",
     )
     cleanup_ms: int = prop(0, min=0, max=600_000, description="Time spent in awaited cleanup.")

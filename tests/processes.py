@@ -91,8 +91,9 @@ class RouterProcess:
     :meth:`wait_started` and :meth:`restart`'s wait. Not thread-safe.
     """
 
-    def __init__(self, args: list[str], cwd: Path, env: dict | None = None, *, log: str = "stderr.log",
-                 name: str | None = None):
+    def __init__(
+        self, args: list[str], cwd: Path, env: dict | None = None, *, log: str = "stderr.log", name: str | None = None
+    ):
         self.args = list(args)
         self.cwd = cwd
         self.env = env
@@ -182,8 +183,9 @@ class RouterProcesses:
         self.folder = folder
         self.started: list[RouterProcess] = []
 
-    def start(self, xml: str, *args: str, env: dict | None = None, wait: bool = True,
-              timeout: float = 30) -> RouterProcess:
+    def start(
+        self, xml: str, *args: str, env: dict | None = None, wait: bool = True, timeout: float = 30
+    ) -> RouterProcess:
         """Write ``xml`` to ``folder/NAME/router.xml`` (NAME: the router's ``name``
         attribute), run ``martinet run router.xml ARGS`` in that folder and, with ``wait``,
         wait until the router has started (AssertionError with the log if it does not)."""

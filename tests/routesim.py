@@ -88,15 +88,23 @@ class TableFollower:
 class Network:
     """Routers ``names`` with their exchangers, links, and the messages in flight."""
 
-    def __init__(self, names: Iterable[str], *, hop_limits: int | Mapping[str, int] = 3,
-                 filters: Filters | None = None, round_robin: bool = False, rng: random.Random | None = None):
+    def __init__(
+        self,
+        names: Iterable[str],
+        *,
+        hop_limits: int | Mapping[str, int] = 3,
+        filters: Filters | None = None,
+        round_robin: bool = False,
+        rng: random.Random | None = None,
+    ):
         filters = filters or {}
         self.rng = rng or random.Random(0)
         self.routers: dict[str, RouteExchanger] = {}
         for name in names:
             limit = hop_limits if isinstance(hop_limits, int) else hop_limits[name]
-            self.routers[name] = RouteExchanger(name, hop_limit=limit, filters=filters.get(name, {}),
-                                                round_robin=round_robin)
+            self.routers[name] = RouteExchanger(
+                name, hop_limit=limit, filters=filters.get(name, {}), round_robin=round_robin
+            )
         self.followers = {name: TableFollower(name) for name in self.routers}
         self.links: set[frozenset[str]] = set()  # up at both ends
         self.closing: dict[frozenset[str], str] = {}  # link -> the end that dropped it (the other has not yet)
@@ -239,8 +247,9 @@ def may_announce(holder: str, receiver: str, route: Path, hop_limits: Mapping[st
     return inside if kind.startswith("include") else not inside
 
 
-def reference_routes(names: Iterable[str], links: Iterable[frozenset[str]], hop_limits: Mapping[str, int],
-                     filters: Filters) -> dict[str, frozenset[Path]]:
+def reference_routes(
+    names: Iterable[str], links: Iterable[frozenset[str]], hop_limits: Mapping[str, int], filters: Filters
+) -> dict[str, frozenset[Path]]:
     """Router -> every route it must hold once the network is quiet (see the module docstring)."""
     names = list(names)
     neighbours: dict[str, set[str]] = {name: set() for name in names}
@@ -251,8 +260,9 @@ def reference_routes(names: Iterable[str], links: Iterable[frozenset[str]], hop_
 
     def valid(origin: str, path: Path) -> bool:
         chain = (origin, *path)
-        return all(may_announce(chain[i], chain[i - 1], chain[i + 1:], hop_limits, filters)
-                   for i in range(1, len(chain) - 1))
+        return all(
+            may_announce(chain[i], chain[i - 1], chain[i + 1 :], hop_limits, filters) for i in range(1, len(chain) - 1)
+        )
 
     def limit_passed(origin: str, path: Path) -> bool:
         """Some router on ``path`` already holds too long a route: longer paths fail too."""
@@ -276,15 +286,20 @@ def reference_routes(names: Iterable[str], links: Iterable[frozenset[str]], hop_
     return result
 
 
-def reference_announced(routes: Mapping[str, frozenset[Path]], links: Iterable[frozenset[str]],
-                        hop_limits: Mapping[str, int], filters: Filters) -> dict[tuple[str, str], frozenset[Path]]:
+def reference_announced(
+    routes: Mapping[str, frozenset[Path]],
+    links: Iterable[frozenset[str]],
+    hop_limits: Mapping[str, int],
+    filters: Filters,
+) -> dict[tuple[str, str], frozenset[Path]]:
     """(holder, neighbour) -> the routes the holder should have announced over each up link."""
     result = {}
     for link in links:
         a, b = sorted(link)
         for holder, receiver in ((a, b), (b, a)):
-            result[holder, receiver] = frozenset(path for path in routes[holder]
-                                                 if may_announce(holder, receiver, path, hop_limits, filters))
+            result[holder, receiver] = frozenset(
+                path for path in routes[holder] if may_announce(holder, receiver, path, hop_limits, filters)
+            )
     return result
 
 
@@ -303,4 +318,4 @@ def ring(count: int) -> tuple[list[str], list[tuple[str, str]]]:
 
 def mesh(count: int) -> tuple[list[str], list[tuple[str, str]]]:
     names = [f"m{i:02d}" for i in range(count)]
-    return names, [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    return names, [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]

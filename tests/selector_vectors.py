@@ -379,7 +379,7 @@ CASES = [
     ("1name = 1", INVALID),
     ("na-me = 1", None),  # not a hyphenated name: na minus me (both NULL)
     ("na.me = 1", INVALID),
-    ('"name" = \'James\'', INVALID),  # no quoted identifiers
+    ("\"name\" = 'James'", INVALID),  # no quoted identifiers
     ("name = 'James' AMD rank = 123", INVALID),
     # -- malformed ------------------------------------------------------------------------
     ("", True),  # an empty selector selects everything
@@ -459,20 +459,49 @@ CUSTOM_CASES = [
     ("SessionserverId = 1870414179", {"properties": {"SessionserverId": 1234}}, False),
     ("Command NOT IN ('MirrorLobbyRequest', 'MirrorLobbyReply')", {"properties": {}}, None),
     ("Command NOT IN ('MirrorLobbyRequest', 'MirrorLobbyReply')", {"properties": {"Command": "Cheese"}}, True),
-    ("Command NOT IN ('MirrorLobbyRequest', 'MirrorLobbyReply')",
-     {"properties": {"Command": "MirrorLobbyRequest"}}, False),
-    ("modelClassId LIKE 'com.whatever.something.%' AND modelInstanceId = '170' AND "
-     "(modelRequestError IS NULL OR modelCorrelatedClientId = 'whatever')",
-     {"properties": {"modelClassId": "com.whatever.something.foo.bar", "modelInstanceId": "170",
-                     "modelRequestError": "abc", "modelCorrelatedClientId": "whatever"}}, True),
-    ("modelClassId LIKE 'com.whatever.something.%' AND modelInstanceId = '170' AND "
-     "(modelRequestError IS NULL OR modelCorrelatedClientId = 'whatever')",
-     {"properties": {"modelClassId": "com.whatever.something.foo.bar", "modelInstanceId": "170",
-                     "modelRequestError": "abc", "modelCorrelatedClientId": "shouldFailNow"}}, False),
-    ("modelClassId LIKE 'com.whatever.something.%' AND modelInstanceId = '170' AND "
-     "(modelRequestError IS NULL OR modelCorrelatedClientId = 'whatever')",
-     {"properties": {"modelClassId": "com.whatever.something.foo.bar", "modelInstanceId": "170",
-                     "modelCorrelatedClientId": "shouldNotMatch"}}, True),
+    (
+        "Command NOT IN ('MirrorLobbyRequest', 'MirrorLobbyReply')",
+        {"properties": {"Command": "MirrorLobbyRequest"}},
+        False,
+    ),
+    (
+        "modelClassId LIKE 'com.whatever.something.%' AND modelInstanceId = '170' AND "
+        "(modelRequestError IS NULL OR modelCorrelatedClientId = 'whatever')",
+        {
+            "properties": {
+                "modelClassId": "com.whatever.something.foo.bar",
+                "modelInstanceId": "170",
+                "modelRequestError": "abc",
+                "modelCorrelatedClientId": "whatever",
+            }
+        },
+        True,
+    ),
+    (
+        "modelClassId LIKE 'com.whatever.something.%' AND modelInstanceId = '170' AND "
+        "(modelRequestError IS NULL OR modelCorrelatedClientId = 'whatever')",
+        {
+            "properties": {
+                "modelClassId": "com.whatever.something.foo.bar",
+                "modelInstanceId": "170",
+                "modelRequestError": "abc",
+                "modelCorrelatedClientId": "shouldFailNow",
+            }
+        },
+        False,
+    ),
+    (
+        "modelClassId LIKE 'com.whatever.something.%' AND modelInstanceId = '170' AND "
+        "(modelRequestError IS NULL OR modelCorrelatedClientId = 'whatever')",
+        {
+            "properties": {
+                "modelClassId": "com.whatever.something.foo.bar",
+                "modelInstanceId": "170",
+                "modelCorrelatedClientId": "shouldNotMatch",
+            }
+        },
+        True,
+    ),
     ("binary IS NULL", {"properties": {"binary": b"\x00\x01"}}, True),  # not a JMS type
     ("sym = 'abc'", {"properties": {"sym": "abc"}}, True),
     ("colour = 'green'", {"properties": {"colour": "green"}}, True),  # proton's selected_recv

@@ -217,8 +217,9 @@ async def test_selectors_filter_what_a_consumer_gets(broker):
 
     assert await in_thread(colours, running.url) == [1, 3]
     with pytest.raises(LinkDetached, match="amqp:invalid-field.*invalid selector"):
-        await in_thread(lambda: BlockingConnection(running.url, timeout=10).create_receiver(
-            "paint", options=Selector("colour = ")))
+        await in_thread(
+            lambda: BlockingConnection(running.url, timeout=10).create_receiver("paint", options=Selector("colour = "))
+        )
 
 
 async def test_anonymous_relay_needs_an_address(broker):
@@ -301,8 +302,11 @@ async def test_transactions_commit_abort_and_connection_loss(broker):
     got = await in_thread(lambda: transactional(running.url, "txq", receive=2, finish="abort"))
     assert got == ["t0", "t1"]
     await wait_until(lambda: running.connections() == 0)
-    assert queue_manager.queue("txq").size == 3 and [
-        e.redelivered for e in queue_manager.queue("txq").browse()] == [True, True, False]
+    assert queue_manager.queue("txq").size == 3 and [e.redelivered for e in queue_manager.queue("txq").browse()] == [
+        True,
+        True,
+        False,
+    ]
     got = await in_thread(lambda: transactional(running.url, "txq", receive=3, finish="commit"))
     assert got == ["t0", "t1", "t2"]
     await wait_until(lambda: running.connections() == 0)
@@ -324,8 +328,11 @@ async def test_producer_client_id_and_no_local(broker):
         other.create_sender("topic://chat").send(Message(body="from other"))
         got_all = [everything.receive(timeout=10) for _ in range(2)]
         got_mine = mine.receive(timeout=10)
-        result = ([m.body for m in got_all], got_mine.body,
-                  [m.annotations["x-opt-martinet-cid"] == me.container.container_id for m in got_all])
+        result = (
+            [m.body for m in got_all],
+            got_mine.body,
+            [m.annotations["x-opt-martinet-cid"] == me.container.container_id for m in got_all],
+        )
         me.close()
         other.close()
         return result
@@ -480,14 +487,16 @@ async def test_a_silent_peer_is_dropped_after_the_idle_timeout(nursery, tmp_path
     assert received.startswith(AMQP_HEADER)  # the router answered, then hung up:
     performatives, offset = [], len(AMQP_HEADER)
     while offset < len(received):
-        size = int.from_bytes(received[offset:offset + 4], "big")
+        size = int.from_bytes(received[offset : offset + 4], "big")
         if size > 8:  # (an empty frame is a heartbeat)
-            performatives.append(decode(received[offset + 8:offset + size])[0])
+            performatives.append(decode(received[offset + 8 : offset + size])[0])
         offset += size
     opened, closed = performatives
     assert (opened.descriptor, opened.value[4]) == (0x10, 2000)  # open, announcing its idle timeout
     assert closed.descriptor == 0x18 and closed.value[0].value[:2] == [
-        "amqp:resource-limit-exceeded", "local-idle-timeout expired"]
+        "amqp:resource-limit-exceeded",
+        "local-idle-timeout expired",
+    ]
     assert 2 <= trio.current_time() - begin < 10
     await stream.aclose()
     router.request_stop()
@@ -505,8 +514,10 @@ class OversizedSender(MessagingHandler):
 
     def on_start(self, event):
         self.connection = event.container.connect(self.url)
-        self.links = {name: event.container.create_sender(self.connection, name, name=name)
-                      for name in ("streamed", "whole", "small")}
+        self.links = {
+            name: event.container.create_sender(self.connection, name, name=name)
+            for name in ("streamed", "whole", "small")
+        }
         self.timer = event.container.schedule(20, self)
 
     def on_timer_task(self, event):
@@ -562,8 +573,10 @@ async def test_a_message_above_max_message_size_detaches_its_link_at_once(broker
     client = OversizedSender(running.url, encoded[:300_000], Message(body=b"y" * 600_000))
     container = Container(client)
     await in_thread(container.run)  # (bounded by the client's own timer)
-    limit_error = ("amqp:link:message-size-exceeded", "a message on link '{}' exceeds its max-message-size of "
-                   "200000 bytes")
+    limit_error = (
+        "amqp:link:message-size-exceeded",
+        "a message on link '{}' exceeds its max-message-size of 200000 bytes",
+    )
     assert client.seen == {
         "max-message-size": {"streamed": 200000, "whole": 200000, "small": 200000},
         "sent": ["streamed", "whole", "small"],
@@ -571,7 +584,10 @@ async def test_a_message_above_max_message_size_detaches_its_link_at_once(broker
         "accepted": "small",
     }
     assert {name: running.usage(name)["messages"] for name in ("streamed", "whole", "small")} == {
-        "streamed": 0, "whole": 0, "small": 1}
+        "streamed": 0,
+        "whole": 0,
+        "small": 1,
+    }
 
 
 class DrainingBrowser(MessagingHandler):
@@ -633,7 +649,8 @@ async def test_a_browser_gets_the_whole_queue_and_drained_credit_only_at_its_end
     client = DrainingBrowser(running.url, "browsed", 10)
     await in_thread(Container(client).run)  # (bounded by the client's own timer)
     assert client.rounds == [([f"m{n}" for n in range(start, start + 10)], 0) for start in range(0, 90, 10)] + [
-        ([f"m{n}" for n in range(90, 95)], 5)]
+        ([f"m{n}" for n in range(90, 95)], 5)
+    ]
     assert running.usage("browsed")["messages"] == 95  # nothing consumed
 
 
@@ -651,8 +668,9 @@ class DetachAtOnce(MessagingHandler):
 
         self.connection = event.container.connect(self.url)
         for name in ("gone", "kept"):
-            receiver = event.container.create_receiver(self.connection, "topic://at.once", name=name,
-                                                       options=DurableSubscription())
+            receiver = event.container.create_receiver(
+                self.connection, "topic://at.once", name=name, options=DurableSubscription()
+            )
             receiver.close() if name == "gone" else receiver.detach()
         self.timer = event.container.schedule(20, self)
 
@@ -695,7 +713,7 @@ def performatives(data: bytes) -> list[int]:
 
     codes, offset = [], 0
     while offset < len(data):
-        size, doff = int.from_bytes(data[offset:offset + 4], "big"), data[offset + 4]
+        size, doff = int.from_bytes(data[offset : offset + 4], "big"), data[offset + 4]
         assert data[offset + 5] == 0 and offset + size <= len(data), f"not whole AMQP frames: {data[offset:]!r}"
         codes.append(int(decode(data, offset + doff * 4)[0].descriptor))
         offset += size
@@ -742,9 +760,28 @@ async def test_tls_listener(nursery, tmp_path):
     from proton import SSLDomain
 
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    await trio.run_process(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                            "-keyout", str(key), "-out", str(cert)], capture_stdout=True, capture_stderr=True)
+    await trio.run_process(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        capture_stdout=True,
+        capture_stderr=True,
+    )
     path = tmp_path / "router.xml"
     path.write_text(router_xml(tmp_path, listener=f'tls-certificate="{cert}" tls-key="{key}"'))
     router = Router.from_file(path)
@@ -771,6 +808,7 @@ async def test_tls_listener(nursery, tmp_path):
     import ssl
 
     from martinet.messaging.client import ConnectionLost, Queue, TextMessage, connect
+
     async with connect(f"amqps://127.0.0.1:{port}", ssl_context=ssl.create_default_context(cafile=str(cert))) as c:
         session = await c.session()
         await (await session.producer(Queue("ours"))).send(TextMessage("ours, encrypted"))
@@ -786,6 +824,7 @@ async def test_a_missing_tls_certificate_fails_the_start(tmp_path):
     path.write_text(router_xml(tmp_path, listener='tls-certificate="/nope/cert.pem"'))
     from martinet.kernel import SwiftletFailed
 
-    with pytest.raises(SwiftletFailed, match="sys\\$jms failed to start: .*cannot load the TLS certificate "
-                                             "'/nope/cert.pem'"):
+    with pytest.raises(
+        SwiftletFailed, match="sys\\$jms failed to start: .*cannot load the TLS certificate '/nope/cert.pem'"
+    ):
         await Router.from_file(path).run()

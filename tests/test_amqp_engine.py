@@ -37,10 +37,10 @@ class Recorder:
 class Pair:
     """Our engine as the server, proton as the client, joined in memory."""
 
-    def __init__(self, *, client_max_frame: int = 0, server_max_frame: int = 65536, credit: int = 1000,
-                 idle_timeout: float = 0.0):
-        self.engine = amqp.Connection(container_id="router", max_frame_size=server_max_frame,
-                                      idle_timeout=idle_timeout)
+    def __init__(
+        self, *, client_max_frame: int = 0, server_max_frame: int = 65536, credit: int = 1000, idle_timeout: float = 0.0
+    ):
+        self.engine = amqp.Connection(container_id="router", max_frame_size=server_max_frame, idle_timeout=idle_timeout)
         self.transport = proton.Transport(proton.Transport.CLIENT)
         if client_max_frame:
             self.transport.max_frame_size = client_max_frame
@@ -141,7 +141,8 @@ def test_messages_both_ways_with_ranged_dispositions():
     pair.pump()
     assert outbound.handler.outcomes == [  # every 20th released, the rest accepted, each settled once
         (delivery_id, amqp.RELEASED_CODE if n % 20 == 19 else amqp.ACCEPTED_CODE, True)
-        for n, delivery_id in enumerate(sent)]
+        for n, delivery_id in enumerate(sent)
+    ]
     assert not outbound.session.unsettled
 
 
@@ -236,14 +237,17 @@ def opened_engine(**options) -> amqp.Connection:
     return engine
 
 
-@pytest.mark.parametrize("garbage, condition", [
-    (b"\x00\x00\x00\x0c\x02\x00\x00\x00\x00\x53\x13\xff", "amqp:decode-error"),  # unknown constructor
-    (b"\x00\x00\x00\x04\x02\x00\x00\x00", "amqp:connection:framing-error"),  # size below the header
-    (b"\x00\x10\x00\x00\x02\x00\x00\x00", "amqp:connection:framing-error"),  # above max-frame-size
-    (b"\x00\x00\x00\x0c\x02\x01\x00\x00abcd", "amqp:connection:framing-error"),  # a SASL frame now
-    (frame(0x12, ["l", UInt(0), False], channel=7), "amqp:not-allowed"),  # attach on a channel not begun
-    (frame(0x14, [UInt(3), UInt(0), b"t"]), "amqp:not-allowed"),  # transfer before begin
-])
+@pytest.mark.parametrize(
+    "garbage, condition",
+    [
+        (b"\x00\x00\x00\x0c\x02\x00\x00\x00\x00\x53\x13\xff", "amqp:decode-error"),  # unknown constructor
+        (b"\x00\x00\x00\x04\x02\x00\x00\x00", "amqp:connection:framing-error"),  # size below the header
+        (b"\x00\x10\x00\x00\x02\x00\x00\x00", "amqp:connection:framing-error"),  # above max-frame-size
+        (b"\x00\x00\x00\x0c\x02\x01\x00\x00abcd", "amqp:connection:framing-error"),  # a SASL frame now
+        (frame(0x12, ["l", UInt(0), False], channel=7), "amqp:not-allowed"),  # attach on a channel not begun
+        (frame(0x14, [UInt(3), UInt(0), b"t"]), "amqp:not-allowed"),  # transfer before begin
+    ],
+)
 def test_broken_frames_close_the_connection_with_the_right_error(garbage, condition):
     engine = opened_engine(max_frame_size=4096)
     engine.receive_data(garbage)
@@ -311,8 +315,15 @@ def test_frames_sent_before_our_open_wait_for_it():
 
 def test_termini_round_trip_with_filters_and_capabilities():
     selector = Described(ULong(0x0000468C00000004), "color = 'red'")
-    source = amqp.Terminus(kind=amqp.SOURCE, address="topic://news", durable=2, expiry_policy="never",
-                           distribution_mode="copy", filter={"jms-selector": selector}, capabilities=["topic"])
+    source = amqp.Terminus(
+        kind=amqp.SOURCE,
+        address="topic://news",
+        durable=2,
+        expiry_policy="never",
+        distribution_mode="copy",
+        filter={"jms-selector": selector},
+        capabilities=["topic"],
+    )
     again = amqp.Terminus.from_value(Described(*_redecode(source.described())))
     assert again == source
 
@@ -344,9 +355,11 @@ def test_a_refused_open_reads_nothing_after_it():
     assert engine.finished
 
 
-VALID = (frame(0x11, [None, UInt(0), UInt(100), UInt(100)])
-         + frame(0x12, ["l", UInt(0), False, None, None, None, amqp.Terminus(kind=amqp.TARGET).described()])
-         + frame(0x14, [UInt(0), UInt(0), b"t", UInt(0), False], b"\x00\x53\x77\xa1\x02hi"))
+VALID = (
+    frame(0x11, [None, UInt(0), UInt(100), UInt(100)])
+    + frame(0x12, ["l", UInt(0), False, None, None, None, amqp.Terminus(kind=amqp.TARGET).described()])
+    + frame(0x14, [UInt(0), UInt(0), b"t", UInt(0), False], b"\x00\x53\x77\xa1\x02hi")
+)
 
 
 @given(data=st.data())
@@ -376,6 +389,7 @@ def test_any_bytes_end_in_events_never_in_exceptions(data):
 
 
 # -- client mode: our engine (after our SASL client) against proton as the server ------------------
+
 
 class ServerPeer:
     """proton as the server (SASL ANONYMOUS, then AMQP), our SASL client and client-mode
@@ -547,6 +561,7 @@ def test_client_mode_refused_attach_and_peer_close():
 
 # -- breaches answered at their scope: a link, a session, the connection [2.8.15-2.8.17] ----------
 
+
 def performatives(data: bytes) -> list[tuple[int, int, list]]:
     """(channel, code, fields) of each frame we wrote, headers and empty frames skipped."""
     got, offset = [], 0
@@ -569,14 +584,27 @@ def begin(channel: int = 0) -> bytes:
 def attach(name: str, handle: int, *, peer_receives: bool, channel: int = 0) -> bytes:
     terminus = amqp.Terminus(kind=amqp.SOURCE if peer_receives else amqp.TARGET, address="q").described()
     source, target = (terminus, None) if peer_receives else (None, terminus)
-    return frame(0x12, [name, UInt(handle), peer_receives, None, None, source, target, None, None,
-                        None if peer_receives else UInt(0)], channel=channel)
+    return frame(
+        0x12,
+        [name, UInt(handle), peer_receives, None, None, source, target, None, None, None if peer_receives else UInt(0)],
+        channel=channel,
+    )
 
 
-def transfer(handle: int, delivery_id: int | None, *, channel: int = 0, more: bool = False,
-             payload: bytes = b"\x00\x53\x77\xa1\x02hi") -> bytes:
-    return frame(0x14, [UInt(handle), None if delivery_id is None else UInt(delivery_id), b"t", UInt(0), False, more],
-                 payload, channel=channel)
+def transfer(
+    handle: int,
+    delivery_id: int | None,
+    *,
+    channel: int = 0,
+    more: bool = False,
+    payload: bytes = b"\x00\x53\x77\xa1\x02hi",
+) -> bytes:
+    return frame(
+        0x14,
+        [UInt(handle), None if delivery_id is None else UInt(delivery_id), b"t", UInt(0), False, more],
+        payload,
+        channel=channel,
+    )
 
 
 def answered(engine: amqp.Connection, credit: int = 10) -> dict[str, amqp.Link]:
@@ -600,8 +628,12 @@ def test_a_transfer_beyond_credit_detaches_that_link_and_the_rest_keeps_working(
     (but counted by the session); the other links carry on; once the peer's detach
     answered, its handle takes a new link."""
     engine = opened_engine()
-    engine.receive_data(begin() + attach("bad", 0, peer_receives=False) + attach("good", 1, peer_receives=False)
-                        + attach("out", 2, peer_receives=True))
+    engine.receive_data(
+        begin()
+        + attach("bad", 0, peer_receives=False)
+        + attach("good", 1, peer_receives=False)
+        + attach("out", 2, peer_receives=True)
+    )
     links = answered(engine)
     bad, good, out = links["bad"], links["good"], links["out"]
     bad.flow(2)
@@ -609,18 +641,25 @@ def test_a_transfer_beyond_credit_detaches_that_link_and_the_rest_keeps_working(
     engine.receive_data(transfer(0, 0) + transfer(0, 1) + transfer(0, 2))
     assert [event.link for event in engine.events] == [bad]
     detached = engine.events.pop()
-    assert (detached.closed, detached.error.condition, detached.by_peer) == \
-        (True, "amqp:link:transfer-limit-exceeded", False)
+    assert (detached.closed, detached.error.condition, detached.by_peer) == (
+        True,
+        "amqp:link:transfer-limit-exceeded",
+        False,
+    )
     assert bad.handler.transfers == [(0, b"\x00\x53\x77\xa1\x02hi", False), (1, b"\x00\x53\x77\xa1\x02hi", False)]
     [(_, code, fields)] = performatives(engine.data_to_send())
     assert code == amqp.DETACH and fields[0] == bad.handle and fields[1] is True
     assert amqp.Error.from_value(fields[2]).condition == "amqp:link:transfer-limit-exceeded"
     assert bad.state is amqp.LinkState.DISCARDING and not bad.attached and bad.credit == 0
 
-    engine.receive_data(transfer(0, 3) + frame(0x13, [UInt(0), UInt(1000), UInt(0), UInt(1000), UInt(0), UInt(0),
-                                                      UInt(5)])  # a flow for "bad": dropped too
-                        + transfer(1, 4) + frame(0x13, [UInt(0), UInt(1000), UInt(0), UInt(1000), UInt(2), UInt(0),
-                                                        UInt(1)]))  # credit for "out"
+    engine.receive_data(
+        transfer(0, 3)
+        + frame(
+            0x13, [UInt(0), UInt(1000), UInt(0), UInt(1000), UInt(0), UInt(0), UInt(5)]
+        )  # a flow for "bad": dropped too
+        + transfer(1, 4)
+        + frame(0x13, [UInt(0), UInt(1000), UInt(0), UInt(1000), UInt(2), UInt(0), UInt(1)])
+    )  # credit for "out"
     assert [type(event) for event in engine.events] == [amqp.LinkFlow] and engine.events.pop().link is out
     assert len(bad.handler.transfers) == 2 and bad.credit == 0
     assert [delivery_id for delivery_id, _, _ in good.handler.transfers] == [4]
@@ -643,17 +682,26 @@ def test_a_transfer_beyond_credit_detaches_that_link_and_the_rest_keeps_working(
     assert not engine.finished and engine.opened
 
 
-@pytest.mark.parametrize("breach, condition", [
-    (transfer(2, 0), "amqp:not-allowed"),  # a transfer on a link where the peer receives
-    (transfer(0, 0, more=True) + transfer(0, 9), "amqp:not-allowed"),  # a continuation naming another delivery
-    (transfer(0, None), "amqp:decode-error"),  # a first transfer without a delivery-id
-    (transfer(0, 0, more=True, payload=b"x" * 400) + transfer(0, None, payload=b"y" * 400),
-     "amqp:link:message-size-exceeded"),
-])
+@pytest.mark.parametrize(
+    "breach, condition",
+    [
+        (transfer(2, 0), "amqp:not-allowed"),  # a transfer on a link where the peer receives
+        (transfer(0, 0, more=True) + transfer(0, 9), "amqp:not-allowed"),  # a continuation naming another delivery
+        (transfer(0, None), "amqp:decode-error"),  # a first transfer without a delivery-id
+        (
+            transfer(0, 0, more=True, payload=b"x" * 400) + transfer(0, None, payload=b"y" * 400),
+            "amqp:link:message-size-exceeded",
+        ),
+    ],
+)
 def test_other_link_breaches_detach_only_that_link(breach, condition):
     engine = opened_engine(max_message_size=600)
-    engine.receive_data(begin() + attach("in", 0, peer_receives=False) + attach("other", 1, peer_receives=False)
-                        + attach("out", 2, peer_receives=True))
+    engine.receive_data(
+        begin()
+        + attach("in", 0, peer_receives=False)
+        + attach("other", 1, peer_receives=False)
+        + attach("out", 2, peer_receives=True)
+    )
     links = answered(engine)
     engine.data_to_send()
     engine.receive_data(breach + transfer(1, 20))
@@ -687,27 +735,38 @@ def test_a_transfer_before_the_owner_answered_the_attach_is_refused_with_an_atta
     assert engine.data_to_send() == b"" and link.state is amqp.LinkState.DISCARDING
 
 
-@pytest.mark.parametrize("breach, condition", [
-    (transfer(5, 0), "amqp:session:unattached-handle"),
-    (frame(0x13, [UInt(0), UInt(1000), UInt(0), UInt(1000), UInt(5), UInt(0), UInt(1)]),
-     "amqp:session:unattached-handle"),  # a flow naming no link
-    (frame(0x16, [UInt(5), True]), "amqp:session:unattached-handle"),
-    (attach("twice", 0, peer_receives=False), "amqp:session:handle-in-use"),
-])
+@pytest.mark.parametrize(
+    "breach, condition",
+    [
+        (transfer(5, 0), "amqp:session:unattached-handle"),
+        (
+            frame(0x13, [UInt(0), UInt(1000), UInt(0), UInt(1000), UInt(5), UInt(0), UInt(1)]),
+            "amqp:session:unattached-handle",
+        ),  # a flow naming no link
+        (frame(0x16, [UInt(5), True]), "amqp:session:unattached-handle"),
+        (attach("twice", 0, peer_receives=False), "amqp:session:handle-in-use"),
+    ],
+)
 def test_a_session_breach_ends_only_that_session(breach, condition):
     """[2.5.5] the session ends with the error (its links with it); frames on its channel are
     dropped until the peer's end; the other session carries on; the channel is free again
     after the peer's end."""
     engine = opened_engine()
-    engine.receive_data(begin(0) + attach("first", 0, peer_receives=False)
-                        + begin(1) + attach("second", 0, peer_receives=False, channel=1))
+    engine.receive_data(
+        begin(0)
+        + attach("first", 0, peer_receives=False)
+        + begin(1)
+        + attach("second", 0, peer_receives=False, channel=1)
+    )
     links = answered(engine)
     first, second = links["first"], links["second"]
     engine.data_to_send()
     engine.receive_data(breach)
     session = first.session
-    assert engine.events == [amqp.LinkDetached(first, False, engine.events[0].error, by_peer=False),
-                             amqp.SessionEnded(session, engine.events[0].error, by_peer=False)]
+    assert engine.events == [
+        amqp.LinkDetached(first, False, engine.events[0].error, by_peer=False),
+        amqp.SessionEnded(session, engine.events[0].error, by_peer=False),
+    ]
     assert engine.events[0].error.condition == condition and session.state is amqp.SessionState.DISCARDING
     assert first.state is amqp.LinkState.DETACHED
     [(channel, code, fields)] = performatives(engine.data_to_send())
@@ -775,9 +834,12 @@ def test_a_client_may_end_a_session_before_the_peer_answered_its_begin():
     session = engine.session()
     session.end()
     assert session.state is amqp.SessionState.END_PIPE
-    engine.receive_data(amqp.AMQP_HEADER + frame(0x10, ["broker"])
-                        + frame(0x11, [UShort(0), UInt(0), UInt(10), UInt(10)])
-                        + frame(0x17, []))
+    engine.receive_data(
+        amqp.AMQP_HEADER
+        + frame(0x10, ["broker"])
+        + frame(0x11, [UShort(0), UInt(0), UInt(10), UInt(10)])
+        + frame(0x17, [])
+    )
     assert session.state is amqp.SessionState.ENDED and engine.opened
     assert [type(event) for event in engine.events] == [amqp.ConnectionOpened, amqp.SessionEnded]
     assert engine.session().channel == 0  # the channel is free again
@@ -821,6 +883,7 @@ def test_what_a_handler_may_do_from_inside_a_call():
 
 # -- the same against a live router, over a socket, from raw frames --------------------------------
 
+
 class RawClient:
     """A client made of raw frames on a trio socket (no engine of ours on this side): it
     writes what the test says and reads the router's frames with the codec."""
@@ -848,8 +911,14 @@ class RawClient:
                     whole, self.buffer = self.buffer[:size], self.buffer[size:]
                     if size > 8 and whole[5] == 0:  # (not an empty frame, nor SASL's)
                         value, after = decode(whole, whole[4] * 4)
-                        self.unclaimed.append((struct.unpack_from(">H", whole, 6)[0], int(value.descriptor),
-                                               value.value + [None] * 12, whole[after:]))
+                        self.unclaimed.append(
+                            (
+                                struct.unpack_from(">H", whole, 6)[0],
+                                int(value.descriptor),
+                                value.value + [None] * 12,
+                                whole[after:],
+                            )
+                        )
                 else:
                     data = await self.stream.receive_some(65536)
                     assert data, "the router closed the connection"
@@ -857,8 +926,7 @@ class RawClient:
 
 
 def flow(handle: int, credit: int, channel: int = 0) -> bytes:
-    return frame(0x13, [UInt(0), UInt(1000), UInt(0), UInt(1000), UInt(handle), UInt(0), UInt(credit)],
-                 channel=channel)
+    return frame(0x13, [UInt(0), UInt(1000), UInt(0), UInt(1000), UInt(handle), UInt(0), UInt(credit)], channel=channel)
 
 
 def named(name: str):
@@ -881,9 +949,16 @@ async def test_a_live_router_detaches_the_breaching_link_and_ends_the_breaching_
     client = RawClient(stream)
     sasl_init = encode(Described(ULong(0x41), [Symbol("ANONYMOUS"), b"raw", None]))
     hello = b"\x00\x53\x77\xa1\x05hello"
-    await client.send(amqp.SASL_HEADER, struct.pack(">IBBH", 8 + len(sasl_init), 2, 1, 0), sasl_init,
-                      amqp.AMQP_HEADER, frame(0x10, ["raw-client"]), begin(),
-                      attach("bad", 0, peer_receives=False), transfer(0, 0))
+    await client.send(
+        amqp.SASL_HEADER,
+        struct.pack(">IBBH", 8 + len(sasl_init), 2, 1, 0),
+        sasl_init,
+        amqp.AMQP_HEADER,
+        frame(0x10, ["raw-client"]),
+        begin(),
+        attach("bad", 0, peer_receives=False),
+        transfer(0, 0),
+    )
     _, refused, _ = await client.receive(amqp.ATTACH, named("bad"))
     assert refused[6] is None  # a null target: the router refuses the link
     _, detach, _ = await client.receive(amqp.DETACH)
@@ -892,9 +967,12 @@ async def test_a_live_router_detaches_the_breaching_link_and_ends_the_breaching_
 
     out_target = amqp.Terminus(kind=amqp.TARGET, address="q2").described()
     in_source = amqp.Terminus(kind=amqp.SOURCE, address="q2").described()
-    await client.send(frame(0x16, [UInt(0), True]),  # our answer: handle 0 is free again
-                      frame(0x12, ["out", UInt(1), False, None, None, None, out_target, None, None, UInt(0)]),
-                      frame(0x12, ["in", UInt(2), True, None, None, in_source, None]), flow(2, 10))
+    await client.send(
+        frame(0x16, [UInt(0), True]),  # our answer: handle 0 is free again
+        frame(0x12, ["out", UInt(1), False, None, None, None, out_target, None, None, UInt(0)]),
+        frame(0x12, ["in", UInt(2), True, None, None, in_source, None]),
+        flow(2, 10),
+    )
     _, out, _ = await client.receive(amqp.ATTACH, named("out"))
     _, inbound, _ = await client.receive(amqp.ATTACH, named("in"))
     await client.receive(amqp.FLOW, lambda fields, _: fields[4] == out[1] and fields[6])
@@ -911,8 +989,9 @@ async def test_a_live_router_detaches_the_breaching_link_and_ends_the_breaching_
     await client.receive(amqp.DISPOSITION, lambda fields, _: fields[1] == 2)
 
     sub_source = amqp.Terminus(kind=amqp.SOURCE, address="q3").described()
-    await client.send(begin(1), frame(0x12, ["sub", UInt(0), True, None, None, sub_source, None], channel=1),
-                      flow(0, 10, channel=1))
+    await client.send(
+        begin(1), frame(0x12, ["sub", UInt(0), True, None, None, sub_source, None], channel=1), flow(0, 10, channel=1)
+    )
     await client.receive(amqp.ATTACH, named("sub"))  # (sent once its consumer exists)
     assert running.usage("q3")["consumers"] == 1
     await client.send(transfer(7, 0, channel=1))  # handle 7: not attached

@@ -36,8 +36,14 @@ def frame(performative: int, fields: list, kind: int = 0) -> bytes:
 # router's reply that answer each unit: SASL header -> SASL header, sasl-mechanisms;
 # sasl-init -> sasl-outcome, AMQP header; AMQP header -> nothing more; open -> open;
 # begin -> begin; attach (a sender without target: the anonymous relay) -> attach, flow.
-UNITS = [(SASL_HEADER, 2), (frame(0x41, [Symbol("ANONYMOUS"), b"x", None], kind=1), 2), (AMQP_HEADER, 0),
-         (frame(0x10, ["fuzzer"]), 1), (frame(0x11, [None, 0, 100, 100]), 1), (frame(0x12, ["l", 0, False]), 2)]
+UNITS = [
+    (SASL_HEADER, 2),
+    (frame(0x41, [Symbol("ANONYMOUS"), b"x", None], kind=1), 2),
+    (AMQP_HEADER, 0),
+    (frame(0x10, ["fuzzer"]), 1),
+    (frame(0x11, [None, 0, 100, 100]), 1),
+    (frame(0x12, ["l", 0, False]), 2),
+]
 VALID = b"".join(unit for unit, _ in UNITS)
 VALID_REPLY = ["SASL", 0x40, 0x44, "AMQP", 0x10, 0x11, 0x12, 0x13]  # what each piece of the reply is
 
@@ -47,16 +53,16 @@ def pieces(reply: bytes) -> list[tuple[object, bytes, list]]:
     name or the frame's performative code, its bytes, its fields); a cut frame fails."""
     got, offset = [], 0
     while offset < len(reply):
-        if reply[offset:offset + 4] == b"AMQP":
-            header = reply[offset:offset + 8]
+        if reply[offset : offset + 4] == b"AMQP":
+            header = reply[offset : offset + 8]
             assert header in (SASL_HEADER, AMQP_HEADER), f"unknown header {header!r}"
             got.append(("SASL" if header == SASL_HEADER else "AMQP", header, []))
             offset += 8
             continue
-        size = int.from_bytes(reply[offset:offset + 4], "big")
+        size = int.from_bytes(reply[offset : offset + 4], "big")
         assert 8 <= size <= len(reply) - offset, f"a cut frame at offset {offset}: {reply[offset:]!r}"
-        raw = reply[offset:offset + size]
-        body = raw[raw[4] * 4:]
+        raw = reply[offset : offset + size]
+        body = raw[raw[4] * 4 :]
         if body:
             performative, _ = decode(body)
             got.append((int(performative.descriptor), raw, performative.value))
@@ -88,8 +94,9 @@ def expected(data: bytes, valid_reply: list) -> tuple[bytes | None, bytes]:
     handling of the events before the break, which the break can pre-empt when it arrives in
     the same read (a connection closed for a framing error does not answer an attach before
     it): only the answers to the lead-in are certain then."""
-    first_difference = next((n for n, (a, b) in enumerate(zip(data, VALID, strict=False)) if a != b),
-                            min(len(data), len(VALID)))
+    first_difference = next(
+        (n for n, (a, b) in enumerate(zip(data, VALID, strict=False)) if a != b), min(len(data), len(VALID))
+    )
     head = data[:8]
     if not SASL_HEADER.startswith(head) and not AMQP_HEADER.startswith(head):
         return SASL_HEADER, SASL_HEADER  # not a protocol header: ours, then the socket closes
@@ -107,7 +114,7 @@ def well_formed(reply: bytes) -> None:
     thing written [2.4.1, 2.4.3]."""
     kinds = [kind for kind, _, _ in pieces(reply)]
     if "AMQP" in kinds:
-        frames = [kind for kind in kinds[kinds.index("AMQP") + 1:] if kind != "empty"]
+        frames = [kind for kind in kinds[kinds.index("AMQP") + 1 :] if kind != "empty"]
         assert frames[:1] in ([], [0x10]), f"the first frame is not an open: {kinds}"
         assert 0x18 not in frames[:-1], f"frames after the close: {kinds}"
 
@@ -160,8 +167,11 @@ def throw(port: int, data: bytes) -> bytes:
 streams = st.one_of(
     st.binary(max_size=300),
     st.builds(lambda cut, junk: VALID[:cut] + junk, st.integers(0, len(VALID)), st.binary(max_size=40)),
-    st.builds(lambda at, byte: VALID[:at] + bytes([byte]) + VALID[at + 1:], st.integers(0, len(VALID) - 1),
-              st.integers(0, 255)),
+    st.builds(
+        lambda at, byte: VALID[:at] + bytes([byte]) + VALID[at + 1 :],
+        st.integers(0, len(VALID) - 1),
+        st.integers(0, 255),
+    ),
 )
 
 

@@ -142,8 +142,14 @@ async def test_an_undecodable_message_is_rejected_alone_and_the_link_goes_on(amq
             for _ in range(2):
                 got.append(receiver.receive(timeout=10))
                 receiver.accept()
-            return (first.remote_state, refused.remote_state, refused.remote.condition, last.remote_state,
-                    [m.body for m in got], got[0].annotations[symbol("x-opt-array")])
+            return (
+                first.remote_state,
+                refused.remote_state,
+                refused.remote.condition,
+                last.remote_state,
+                [m.body for m in got],
+                got[0].annotations[symbol("x-opt-array")],
+            )
         finally:
             connection.close()
 
@@ -288,7 +294,8 @@ async def test_modified_annotations_are_merged_and_survive_a_restart(amqp_broker
         connection = BlockingConnection(url, timeout=10)
         try:
             connection.create_sender("noted").send(
-                Message(body="note", durable=True, annotations={symbol("x-opt-jms-msg-type"): byte(5)}))
+                Message(body="note", durable=True, annotations={symbol("x-opt-jms-msg-type"): byte(5)})
+            )
             receiver = connection.create_receiver("noted")
             receiver.receive(timeout=10)
             modify(connection, receiver, failed=True, annotations={symbol("x-opt-foo"): 1})
@@ -393,4 +400,5 @@ async def test_a_dead_lettered_message_keeps_its_annotation_types(amqp_broker):
     annotations.pop(CLIENT_ID)
     assert annotations == TYPED_ANNOTATIONS
     assert {key: type(value) for key, value in annotations.items()} == {
-        key: type(value) for key, value in TYPED_ANNOTATIONS.items()}
+        key: type(value) for key, value in TYPED_ANNOTATIONS.items()
+    }

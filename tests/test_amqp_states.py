@@ -28,13 +28,21 @@ MACHINES = {
     "session": (amqp.SessionState, amqp.SessionInput, amqp.SESSION_TRANSITIONS),
     "link": (amqp.LinkState, amqp.LinkInput, amqp.LINK_TRANSITIONS),
 }
-INITIAL = {"connection": amqp.ConnectionState.START, "session": amqp.SessionState.UNMAPPED,
-           "link": amqp.LinkState.UNATTACHED}
-FINAL = {"connection": amqp.ConnectionState.END, "session": amqp.SessionState.ENDED,
-         "link": amqp.LinkState.DETACHED}
-PEER_INPUTS = {amqp.ConnectionInput.HEADER, amqp.ConnectionInput.OPEN_IN, amqp.ConnectionInput.CLOSE_IN,
-               amqp.SessionInput.BEGIN_IN, amqp.SessionInput.END_IN, amqp.LinkInput.ATTACH_IN,
-               amqp.LinkInput.DETACH_IN}
+INITIAL = {
+    "connection": amqp.ConnectionState.START,
+    "session": amqp.SessionState.UNMAPPED,
+    "link": amqp.LinkState.UNATTACHED,
+}
+FINAL = {"connection": amqp.ConnectionState.END, "session": amqp.SessionState.ENDED, "link": amqp.LinkState.DETACHED}
+PEER_INPUTS = {
+    amqp.ConnectionInput.HEADER,
+    amqp.ConnectionInput.OPEN_IN,
+    amqp.ConnectionInput.CLOSE_IN,
+    amqp.SessionInput.BEGIN_IN,
+    amqp.SessionInput.END_IN,
+    amqp.LinkInput.ATTACH_IN,
+    amqp.LinkInput.DETACH_IN,
+}
 # What a pair missing from a table must raise: (kind, condition, scope)
 MISSING = {
     amqp.ConnectionInput.HEADER: (amqp.RemoteProtocolError, "amqp:connection:framing-error", "connection"),
@@ -44,12 +52,18 @@ MISSING = {
     amqp.SessionInput.END_IN: (amqp.RemoteProtocolError, "amqp:not-allowed", "connection"),
     amqp.LinkInput.ATTACH_IN: (amqp.RemoteProtocolError, "amqp:session:handle-in-use", "session"),
     amqp.LinkInput.DETACH_IN: (amqp.RemoteProtocolError, "amqp:session:unattached-handle", "session"),
-    **{event: (amqp.LocalProtocolError, "amqp:not-allowed", "connection")
-       for event in (amqp.ConnectionInput.OPEN_OUT, amqp.ConnectionInput.CLOSE_OUT)},
-    **{event: (amqp.LocalProtocolError, "amqp:not-allowed", "session")
-       for event in (amqp.SessionInput.BEGIN_OUT, amqp.SessionInput.END_OUT, amqp.SessionInput.END_ERROR_OUT)},
-    **{event: (amqp.LocalProtocolError, "amqp:not-allowed", "link")
-       for event in (amqp.LinkInput.ATTACH_OUT, amqp.LinkInput.DETACH_OUT, amqp.LinkInput.DETACH_ERROR_OUT)},
+    **{
+        event: (amqp.LocalProtocolError, "amqp:not-allowed", "connection")
+        for event in (amqp.ConnectionInput.OPEN_OUT, amqp.ConnectionInput.CLOSE_OUT)
+    },
+    **{
+        event: (amqp.LocalProtocolError, "amqp:not-allowed", "session")
+        for event in (amqp.SessionInput.BEGIN_OUT, amqp.SessionInput.END_OUT, amqp.SessionInput.END_ERROR_OUT)
+    },
+    **{
+        event: (amqp.LocalProtocolError, "amqp:not-allowed", "link")
+        for event in (amqp.LinkInput.ATTACH_OUT, amqp.LinkInput.DETACH_OUT, amqp.LinkInput.DETACH_ERROR_OUT)
+    },
 }
 
 
@@ -79,8 +93,11 @@ def check_pair(machine: str, state, event) -> None:
         subject._move(event)
     error = raised.value
     assert type(error) is kind and (error.condition, error.scope) == (condition, scope)
-    expected = {"connection": None, "session": subject if machine == "session" else getattr(subject, "session", None),
-                "link": subject}[scope]
+    expected = {
+        "connection": None,
+        "session": subject if machine == "session" else getattr(subject, "session", None),
+        "link": subject,
+    }[scope]
     assert error.endpoint is expected
     assert subject.state is state  # a refused input changes nothing
 
@@ -143,6 +160,7 @@ def test_each_table_is_connected_and_the_peer_always_moves(machine):
 
 # -- the engine through the tables: a random peer, a random owner ---------------------------------
 
+
 def frame(code: int, fields: list, payload: bytes = b"", channel: int = 0) -> bytes:
     body = b"\x00\x53" + bytes([code]) + encode(fields) + payload
     return struct.pack(">IBBH", 8 + len(body), 2, 0, channel) + body
@@ -193,8 +211,9 @@ class OutputValidator:
                 assert fields[0] in handles, f"detach of handle {fields[0]}, not attached"
                 handles.discard(fields[0])
             elif code in (amqp.FLOW, amqp.TRANSFER):
-                handle = fields[4] if code == amqp.FLOW and len(fields) > 4 else fields[0] if code == amqp.TRANSFER \
-                    else None
+                handle = (
+                    fields[4] if code == amqp.FLOW and len(fields) > 4 else fields[0] if code == amqp.TRANSFER else None
+                )
                 assert handle is None or handle in handles, f"0x{code:02x} names handle {handle}, not attached"
         return written
 
@@ -303,27 +322,58 @@ class EngineUnderAnyPeer(RuleBasedStateMachine):
         in_use = handle in session._links
         expect_end = in_use and session.state is amqp.SessionState.MAPPED
         source, target = (SOURCE, None) if peer_receives else (None, TARGET)
-        events = self.peer(amqp.ATTACH, [name, UInt(handle), peer_receives, None, None, source, target, None, None,
-                                         None if peer_receives else UInt(0)], channel)
+        events = self.peer(
+            amqp.ATTACH,
+            [
+                name,
+                UInt(handle),
+                peer_receives,
+                None,
+                None,
+                source,
+                target,
+                None,
+                None,
+                None if peer_receives else UInt(0),
+            ],
+            channel,
+        )
         if expect_end:
             assert session.state is amqp.SessionState.DISCARDING
-            assert [e.error.condition for e in events if isinstance(e, amqp.SessionEnded)] == \
-                ["amqp:session:handle-in-use"]
+            assert [e.error.condition for e in events if isinstance(e, amqp.SessionEnded)] == [
+                "amqp:session:handle-in-use"
+            ]
 
     @rule(data=st.data())
     def peer_answers_our_attach(self, data):
-        waiting = [link for link in self.links if link.state in (amqp.LinkState.ATTACH_SENT,
-                                                                  amqp.LinkState.DETACH_PIPE)
-                   and link.session.remote_channel is not None]
+        waiting = [
+            link
+            for link in self.links
+            if link.state in (amqp.LinkState.ATTACH_SENT, amqp.LinkState.DETACH_PIPE)
+            and link.session.remote_channel is not None
+        ]
         if waiting:
             link = data.draw(st.sampled_from(waiting))
             handle = data.draw(HANDLES)
             session = link.session
             in_use = handle in session._links
             before = link.state
-            self.peer(amqp.ATTACH, [link.name, UInt(handle), link.is_sender, None, None, SOURCE, TARGET, None, None,
-                                    None if link.is_sender else UInt(0)],
-                      session.remote_channel)
+            self.peer(
+                amqp.ATTACH,
+                [
+                    link.name,
+                    UInt(handle),
+                    link.is_sender,
+                    None,
+                    None,
+                    SOURCE,
+                    TARGET,
+                    None,
+                    None,
+                    None if link.is_sender else UInt(0),
+                ],
+                session.remote_channel,
+            )
             if not in_use and session.state in (amqp.SessionState.MAPPED, amqp.SessionState.END_SENT):
                 assert link.state is amqp.LINK_TRANSITIONS[(before, amqp.LinkInput.ATTACH_IN)]
 
@@ -344,11 +394,15 @@ class EngineUnderAnyPeer(RuleBasedStateMachine):
         if state is amqp.SessionState.DISCARDING:
             assert not events  # dropped until the peer's end
         elif link is None and state is amqp.SessionState.MAPPED:
-            assert [e.error.condition for e in events if isinstance(e, amqp.SessionEnded)] == \
-                ["amqp:session:unattached-handle"]
+            assert [e.error.condition for e in events if isinstance(e, amqp.SessionEnded)] == [
+                "amqp:session:unattached-handle"
+            ]
         elif link is not None:
-            assert link.state in (amqp.LinkState.DETACH_RCVD, amqp.LinkState.ATTACH_DETACH_RCVD,
-                                  amqp.LinkState.DETACHED)
+            assert link.state in (
+                amqp.LinkState.DETACH_RCVD,
+                amqp.LinkState.ATTACH_DETACH_RCVD,
+                amqp.LinkState.DETACHED,
+            )
             assert any(isinstance(e, amqp.LinkDetached) and e.link is link and e.by_peer for e in events)
 
     @rule(channel=CHANNELS, data=st.data(), more=st.booleans(), with_id=st.booleans())
@@ -368,12 +422,15 @@ class EngineUnderAnyPeer(RuleBasedStateMachine):
             assert not events
             assert link is None or link.handler is None or len(link.handler.transfers) == handed
         elif link is None and state is amqp.SessionState.MAPPED:
-            assert [e.error.condition for e in events if isinstance(e, amqp.SessionEnded)] == \
-                ["amqp:session:unattached-handle"]
-        elif link_state is amqp.LinkState.ATTACHED and not link.is_sender and credit <= 0 and partial is None \
-                and with_id:
-            assert [(e.error.condition, e.by_peer) for e in events if isinstance(e, amqp.LinkDetached)] == \
-                [("amqp:link:transfer-limit-exceeded", False)]
+            assert [e.error.condition for e in events if isinstance(e, amqp.SessionEnded)] == [
+                "amqp:session:unattached-handle"
+            ]
+        elif (
+            link_state is amqp.LinkState.ATTACHED and not link.is_sender and credit <= 0 and partial is None and with_id
+        ):
+            assert [(e.error.condition, e.by_peer) for e in events if isinstance(e, amqp.LinkDetached)] == [
+                ("amqp:link:transfer-limit-exceeded", False)
+            ]
             assert link.state is amqp.LinkState.DISCARDING
 
     @rule(channel=CHANNELS, data=st.data(), of_link=st.booleans(), credit=st.integers(0, 3))
@@ -421,8 +478,9 @@ class EngineUnderAnyPeer(RuleBasedStateMachine):
     @precondition(lambda self: self.links)
     @rule(data=st.data(), error=st.booleans(), closed=st.booleans())
     def owner_detaches(self, data, error, closed):
-        link = self.pick(data, self.links, amqp.LinkState.ATTACHED, amqp.LinkState.DETACH_RCVD,
-                         amqp.LinkState.ATTACH_SENT)
+        link = self.pick(
+            data, self.links, amqp.LinkState.ATTACHED, amqp.LinkState.DETACH_RCVD, amqp.LinkState.ATTACH_SENT
+        )
         reason = amqp.Error("amqp:not-found", "no") if error else None
         event = amqp.LinkInput.DETACH_ERROR_OUT if error else amqp.LinkInput.DETACH_OUT
         self.owner(lambda: link.detach(closed=closed, error=reason), event, link, amqp.LINK_TRANSITIONS)
@@ -490,8 +548,7 @@ class EngineUnderAnyPeer(RuleBasedStateMachine):
         assert not engine_.finished and engine_.state is amqp.ConnectionState.OPENED
         for channel, session in engine_._sessions.items():
             assert session.remote_channel == channel
-            assert session.state in (amqp.SessionState.MAPPED, amqp.SessionState.END_SENT,
-                                     amqp.SessionState.DISCARDING)
+            assert session.state in (amqp.SessionState.MAPPED, amqp.SessionState.END_SENT, amqp.SessionState.DISCARDING)
         for channel, session in engine_._channels.items():
             assert session.channel == channel and session.state is not amqp.SessionState.ENDED
             if session.state is amqp.SessionState.DISCARDING:
@@ -508,6 +565,4 @@ class EngineUnderAnyPeer(RuleBasedStateMachine):
 
 
 test_the_engine_under_any_peer_and_owner = EngineUnderAnyPeer.TestCase
-test_the_engine_under_any_peer_and_owner.settings = settings(max_examples=400, stateful_step_count=50,
-                                                             deadline=None)
-
+test_the_engine_under_any_peer_and_owner.settings = settings(max_examples=400, stateful_step_count=50, deadline=None)

@@ -89,8 +89,11 @@ async def test_every_interface_matches_its_implementation(running):
         (authentication, authentication_api.Authentication),
         (await authentication.login(None, None, "127.0.0.1"), authentication_api.Principal),
     ]
-    found = {f"{type(obj).__name__} as {protocol.__module__}.{protocol.__name__}": problems
-             for obj, protocol in cases if (problems := mismatches(obj, protocol))}
+    found = {
+        f"{type(obj).__name__} as {protocol.__module__}.{protocol.__name__}": problems
+        for obj, protocol in cases
+        if (problems := mismatches(obj, protocol))
+    }
     assert found == {}
     for obj, protocol in cases:
         if getattr(protocol, "_is_runtime_protocol", False):

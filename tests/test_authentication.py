@@ -43,8 +43,9 @@ CONFIG = """
 @pytest.fixture
 def start(nursery, write_config):
     async def start(enabled=True, anonymous=False):
-        router = Router.from_file(write_config(CONFIG.format(enabled=str(enabled).lower(),
-                                                             anonymous=str(anonymous).lower())))
+        router = Router.from_file(
+            write_config(CONFIG.format(enabled=str(enabled).lower(), anonymous=str(anonymous).lower()))
+        )
         await nursery.start(router.run)
         return router, router.swiftlet("sys$authentication")
 
@@ -64,7 +65,10 @@ async def test_logins(start, caplog):
     with pytest.raises(AuthenticationFailed, match="anonymous logins are not allowed"):
         await auth.login(None, None, "h4")
     assert router.management.resolve("/sys$authentication/usage").properties() == {
-        "logins": 1, "refused-logins": 4, "access-denials": 0}
+        "logins": 1,
+        "refused-logins": 4,
+        "access-denials": 0,
+    }
     router.request_stop()
 
 
@@ -81,8 +85,13 @@ async def test_host_access_lists(start):
 async def test_queue_grants_exact_name_first_then_predicates(start):
     router, auth = await start()
     alice = await auth.login("alice", "secret", "h")
-    for queue, action in [("orders", "send"), ("orders", "browse"), ("orders-eu", "receive"),
-                          ("orders-audit", "browse"), ("orders@r1", "receive")]:
+    for queue, action in [
+        ("orders", "send"),
+        ("orders", "browse"),
+        ("orders-eu", "receive"),
+        ("orders-audit", "browse"),
+        ("orders@r1", "receive"),
+    ]:
         alice.check_queue(queue, action)  # granted
     for queue, action, message in [
         ("orders-eu", "browse", "user alice may not browse on queue 'orders-eu'"),

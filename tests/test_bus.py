@@ -26,7 +26,6 @@ class Other(Event):
     pass
 
 
-
 async def test_subscribers_get_their_type_and_its_subclasses():
     bus = EventBus()
     pings = bus.subscribe(Ping)

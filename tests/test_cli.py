@@ -41,8 +41,9 @@ def test_default_router_starts_and_stops_cleanly_on_signal(run_router, signum):
 
 def test_log_level_option(run_router, tmp_path):
     config = tmp_path / "r.xml"
-    config.write_text('<router name="edge" startorder="sys$log">'
-                      '<swiftlet name="sys$log" logfile="no/such/dir/edge.log"/></router>')
+    config.write_text(
+        '<router name="edge" startorder="sys$log"><swiftlet name="sys$log" logfile="no/such/dir/edge.log"/></router>'
+    )
     router = run_router(str(config), "--log-level", "warning")
     assert router.proc.wait(30) == 1
     text = router.text()
@@ -52,8 +53,9 @@ def test_log_level_option(run_router, tmp_path):
 
 def test_a_swiftlet_failing_to_start_exits_1(run_router, tmp_path):
     config = tmp_path / "r.xml"
-    config.write_text('<router name="edge" startorder="sys$log">'
-                      '<swiftlet name="sys$log" logfile="no/such/dir/edge.log"/></router>')
+    config.write_text(
+        '<router name="edge" startorder="sys$log"><swiftlet name="sys$log" logfile="no/such/dir/edge.log"/></router>'
+    )
     router = run_router(str(config))
     assert router.proc.wait(30) == 1
     text = router.text()
@@ -67,11 +69,14 @@ def test_an_invalid_config_exits_2_before_starting(run_router, tmp_path):
     router = run_router(str(config))
     assert router.proc.wait(30) == 2
     [line] = router.text().strip().splitlines()
-    assert line.startswith(f"{config}:1: /router[@name='edge']: attribute 'startorder': "
-                           "unknown swiftlet 'sys$warp'; installed: ")
+    assert line.startswith(
+        f"{config}:1: /router[@name='edge']: attribute 'startorder': unknown swiftlet 'sys$warp'; installed: "
+    )
     # the installed ones, sorted
-    assert "sys$log, sys$mgmt, sys$queuemanager, sys$routing, sys$scheduler, sys$spark, sys$store, " \
-           "sys$topicmanager, sys$web, sys$xa" in line
+    assert (
+        "sys$log, sys$mgmt, sys$queuemanager, sys$routing, sys$scheduler, sys$spark, sys$store, "
+        "sys$topicmanager, sys$web, sys$xa" in line
+    )
 
 
 def test_example_plugin_in_a_real_process(run_router, echo_site):
@@ -83,8 +88,7 @@ def test_example_plugin_in_a_real_process(run_router, echo_site):
 
 def test_log_file_holds_this_routers_records(run_router, tmp_path):
     config = tmp_path / "r.xml"
-    config.write_text('<router name="edge" startorder="sys$log">'
-                      '<swiftlet name="sys$log" logfile="edge.log"/></router>')
+    config.write_text('<router name="edge" startorder="sys$log"><swiftlet name="sys$log" logfile="edge.log"/></router>')
     router = run_router(str(config))
     router.wait_for("router edge started")
     assert router.stop(signal.SIGTERM) == 0
@@ -105,8 +109,9 @@ def test_sighup_reboots_on_the_new_config_only_if_it_is_valid(run_router, tmp_pa
     assert "unknown swiftlet 'sys$nope'" in router.text()
 
     # A reboot-required change (the log file) takes effect through the reboot.
-    config.write_text('<router name="edge" startorder="sys$log">'
-                      '<swiftlet name="sys$log" logfile="after-reboot.log"/></router>')
+    config.write_text(
+        '<router name="edge" startorder="sys$log"><swiftlet name="sys$log" logfile="after-reboot.log"/></router>'
+    )
     router.proc.send_signal(signal.SIGHUP)
     router.wait_for("router edge rebooting")
     deadline = time.monotonic() + 30
@@ -121,8 +126,13 @@ def test_ctrl_c_to_the_process_group_stops_cleanly(tmp_path):
     """A terminal's Ctrl-C reaches the router and its store engine; the stop stays orderly."""
     log = tmp_path / "stderr.log"
     with log.open("wb") as stderr:
-        router = subprocess.Popen([sys.executable, "-m", "martinet.kernel", "run"], cwd=tmp_path,
-                                  stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+        router = subprocess.Popen(
+            [sys.executable, "-m", "martinet.kernel", "run"],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 30
         while "router router1 started" not in log.read_text():

@@ -40,9 +40,13 @@ async def test_send_and_receive_every_message_type(amqp_broker):
     broker = await amqp_broker()
     async with connect(broker.url, client_id="types") as connection, connection.session() as session:
         producer = await session.producer(Queue("q"))
-        sent = [TextMessage("héllo", properties={"n": 1, "ok": True, "f": 1.5, "s": "x", "i": Int(7)}),
-                BytesMessage(b"\x00\x01binary"), MapMessage({"a": 1, "b": "two", "c": None}),
-                StreamMessage([1, "two", 3.0, b"4"]), Message(type="ping", correlation_id="c-1")]
+        sent = [
+            TextMessage("héllo", properties={"n": 1, "ok": True, "f": 1.5, "s": "x", "i": Int(7)}),
+            BytesMessage(b"\x00\x01binary"),
+            MapMessage({"a": 1, "b": "two", "c": None}),
+            StreamMessage([1, "two", 3.0, b"4"]),
+            Message(type="ping", correlation_id="c-1"),
+        ]
         for message in sent:
             await producer.send(message)
         consumer = await session.consumer(Queue("q"))
@@ -283,8 +287,9 @@ async def test_browser_temporary_queue_and_request_reply(amqp_broker):
                 replies = await server_session.producer()
                 task_status.started()
                 async for request in requests:
-                    await replies.send(TextMessage(request.text.upper(), correlation_id=request.message_id),
-                                       request.reply_to)
+                    await replies.send(
+                        TextMessage(request.text.upper(), correlation_id=request.message_id), request.reply_to
+                    )
 
         async with trio.open_nursery() as nursery:
             await nursery.start(serve)
@@ -311,8 +316,9 @@ async def test_interop_with_proton_clients_both_ways(amqp_broker):
     def proton_side():
         connection = BlockingConnection(broker.url, timeout=10)
         try:
-            connection.create_sender("to-client").send(ProtonMessage(body="from proton", properties={"k": "v"},
-                                                                     durable=True))
+            connection.create_sender("to-client").send(
+                ProtonMessage(body="from proton", properties={"k": "v"}, durable=True)
+            )
             receiver = connection.create_receiver("to-proton")
             message = receiver.receive(timeout=10)
             receiver.accept()
@@ -323,7 +329,8 @@ async def test_interop_with_proton_clients_both_ways(amqp_broker):
     async with connect(broker.url) as connection:
         session = await connection.session()
         await (await session.producer(Queue("to-proton"))).send(
-            MapMessage({"answer": 42}, properties={"from": "client"}))
+            MapMessage({"answer": 42}, properties={"from": "client"})
+        )
         async with trio.open_nursery() as nursery:
             result = {}
 
@@ -384,11 +391,15 @@ async def test_the_readme_example_runs(amqp_broker):
 
     broker = await amqp_broker()
     example = Path(__file__).parent.parent / "examples" / "client" / "hello.py"
-    result = await trio.run_process([sys.executable, str(example), broker.url], capture_stdout=True,
-                                    capture_stderr=True, check=False)
+    result = await trio.run_process(
+        [sys.executable, str(example), broker.url], capture_stdout=True, capture_stderr=True, check=False
+    )
     assert result.returncode == 0, result.stderr.decode()
     assert result.stdout.decode().splitlines() == [
-        "received: Hello, Martinet! from client hello-example", "subscriber got: goal!", "reply: PING"]
+        "received: Hello, Martinet! from client hello-example",
+        "subscriber got: goal!",
+        "reply: PING",
+    ]
 
 
 async def test_host_access_list_refuses_other_addresses(amqp_broker):
@@ -460,8 +471,10 @@ async def test_flow_control_holds_a_producer_back_until_the_queue_drains(amqp_br
     consumer does not keep up gives its producer ever longer delays, and the listener
     withholds the producer's credit (a window of 10) for them; once the consumer drains the
     queue, the producer gets its credit back and every message arrives."""
-    broker = await amqp_broker(queues='<queues><queue name="slow" flowcontrol-start-queuesize="5" '
-                                      'max-flowcontrol-delay="10000"/></queues>', listener='incoming-credit="10"')
+    broker = await amqp_broker(
+        queues='<queues><queue name="slow" flowcontrol-start-queuesize="5" max-flowcontrol-delay="10000"/></queues>',
+        listener='incoming-credit="10"',
+    )
     total, sent = 200, 0
     async with connect(broker.url) as connection:
         session = await connection.session()
@@ -497,9 +510,12 @@ async def test_a_queue_nobody_reads_holds_its_producer_back_and_refuses_past_its
     is not refused); a consumer that arrives later drains it and gets every message once, in
     order. A queue at its max-messages refuses the next message with
     amqp:resource-limit-exceeded and keeps what it had."""
-    broker = await amqp_broker(queues='<queues><queue name="unread" flowcontrol-start-queuesize="5" '
-                                      'max-flowcontrol-delay="60000"/><queue name="capped" max-messages="3" '
-                                      'flowcontrol-start-queuesize="-1"/></queues>', listener='incoming-credit="10"')
+    broker = await amqp_broker(
+        queues='<queues><queue name="unread" flowcontrol-start-queuesize="5" '
+        'max-flowcontrol-delay="60000"/><queue name="capped" max-messages="3" '
+        'flowcontrol-start-queuesize="-1"/></queues>',
+        listener='incoming-credit="10"',
+    )
     total, sent = 2000, 0
     usage = broker.router.management.resolve("/sys$jms/usage/connections").children
 
@@ -541,11 +557,18 @@ async def test_a_queue_nobody_reads_holds_its_producer_back_and_refuses_past_its
 def test_importing_the_client_imports_nothing_of_the_router():
     """An application that only sends and receives gets the client, the AMQP stack and trio:
     not the kernel, not the config machinery (lxml, cattrs), not pluggy, not a swiftlet."""
-    script = ("import sys, martinet.messaging.client, martinet.messaging.client.blocking\n"
-              "print('\\n'.join(sorted(sys.modules)))")
-    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                            timeout=60).stdout.split()
+    script = (
+        "import sys, martinet.messaging.client, martinet.messaging.client.blocking\n"
+        "print('\\n'.join(sorted(sys.modules)))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
     assert "martinet.messaging.client" in loaded and "trio" in loaded  # the check itself works
-    forbidden = [name for name in loaded if name.split(".")[0] in ("lxml", "cattrs", "pluggy", "msgpack", "sqlite3")
-                 or name.startswith(("martinet.kernel", "martinet.swiftlets"))]
+    forbidden = [
+        name
+        for name in loaded
+        if name.split(".")[0] in ("lxml", "cattrs", "pluggy", "msgpack", "sqlite3")
+        or name.startswith(("martinet.kernel", "martinet.swiftlets"))
+    ]
     assert forbidden == []

@@ -33,8 +33,14 @@ def nested(depth: int) -> bytes:
 def list32(code: int, fields: list[bytes]) -> bytes:
     """A described list32 of already encoded fields (the codec cannot encode the hostile ones)."""
     inner = b"".join(fields)
-    return b"\x00\x53" + bytes([code]) + b"\xd0" + (len(inner) + 4).to_bytes(4, "big") \
-        + len(fields).to_bytes(4, "big") + inner
+    return (
+        b"\x00\x53"
+        + bytes([code])
+        + b"\xd0"
+        + (len(inner) + 4).to_bytes(4, "big")
+        + len(fields).to_bytes(4, "big")
+        + inner
+    )
 
 
 def map32(code: int, key: bytes, value: bytes) -> bytes:
@@ -90,12 +96,26 @@ class HostileServer:
         elif code == ATTACH:
             name, handle, _role, _snd, _rcv, source, target = fields[:7]
             if self.plan == "attach":  # the source the client must read is the deep value
-                await stream.send_all(raw_frame(list32(ATTACH, [encode(name), encode(handle), encode(False),
-                                                                 encode(None), encode(None), nested(DEEP),
-                                                                 encode(target)])))
+                await stream.send_all(
+                    raw_frame(
+                        list32(
+                            ATTACH,
+                            [
+                                encode(name),
+                                encode(handle),
+                                encode(False),
+                                encode(None),
+                                encode(None),
+                                nested(DEEP),
+                                encode(target),
+                            ],
+                        )
+                    )
+                )
             else:
-                await stream.send_all(frame(ATTACH, [name, handle, False, None, None, source, target,
-                                                     None, None, UInt(0)]))
+                await stream.send_all(
+                    frame(ATTACH, [name, handle, False, None, None, source, target, None, None, UInt(0)])
+                )
         elif code in (DETACH, END, CLOSE):  # the client's goodbyes, answered in kind
             await stream.send_all(frame(code, fields[:2] if code == DETACH else []))
         elif code == FLOW and self.payloads:
@@ -151,11 +171,15 @@ async def test_deep_nesting_in_a_performative_closes_with_decode_error(plan):
 GOOD = section(AMQP_VALUE, encode("good"))
 
 
-@pytest.mark.parametrize("hostile", [
-    section(AMQP_VALUE, nested(DEEP)),
-    map32(MESSAGE_ANNOTATIONS, encode(Symbol("k")), nested(DEEP)) + GOOD,
-    map32(APPLICATION_PROPERTIES, encode("k"), nested(DEEP)) + GOOD,
-], ids=["body", "message-annotations", "application-properties"])
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        section(AMQP_VALUE, nested(DEEP)),
+        map32(MESSAGE_ANNOTATIONS, encode(Symbol("k")), nested(DEEP)) + GOOD,
+        map32(APPLICATION_PROPERTIES, encode("k"), nested(DEEP)) + GOOD,
+    ],
+    ids=["body", "message-annotations", "application-properties"],
+)
 async def test_a_message_nested_too_deep_is_rejected_and_the_consumer_goes_on(hostile):
     server = HostileServer("transfer", [hostile, GOOD])
     received = []

@@ -105,12 +105,16 @@ def test_malformed_input_is_a_decode_error(encoded, message):
 
 
 amqp_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1)
-    | st.floats(allow_nan=False) | st.text(max_size=20) | st.binary(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+    | st.binary(max_size=20)
     | st.builds(Symbol, st.text(st.characters(max_codepoint=127), max_size=10))
-    | st.builds(Timestamp, st.integers(-(2**63), 2**63 - 1)) | st.uuids(),
-    lambda children: st.lists(children, max_size=5)
-    | st.dictionaries(st.text(max_size=5), children, max_size=5),
+    | st.builds(Timestamp, st.integers(-(2**63), 2**63 - 1))
+    | st.uuids(),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=5), children, max_size=5),
     max_leaves=20,
 )
 
@@ -136,10 +140,23 @@ def test_random_bytes_decode_or_fail_cleanly(data):
 
 
 def test_built_message_exposes_its_metadata():
-    message = build(b"payload", durable=True, priority=7, ttl=5000, message_id="m-1", to="q@r",
-                    subject="type", reply_to="tmp$1", correlation_id="c", content_type="text/plain",
-                    creation_time=1000, group_id="g", user_id=b"alice",
-                    properties={"colour": "red", "n": 5}, annotations={"x-opt-jms-msg-type": Byte(3)})
+    message = build(
+        b"payload",
+        durable=True,
+        priority=7,
+        ttl=5000,
+        message_id="m-1",
+        to="q@r",
+        subject="type",
+        reply_to="tmp$1",
+        correlation_id="c",
+        content_type="text/plain",
+        creation_time=1000,
+        group_id="g",
+        user_id=b"alice",
+        properties={"colour": "red", "n": 5},
+        annotations={"x-opt-jms-msg-type": Byte(3)},
+    )
     assert (message.durable, message.priority, message.header.ttl) == (True, 7, 5000)
     assert message.message_id == "m-1" and message.properties.to == "q@r"
     assert message.properties.creation_time == 1000 and message.properties.user_id == b"alice"
@@ -172,7 +189,7 @@ def test_changed_copies_splice_sections_and_keep_the_rest():
     original = build(b"body", durable=True, message_id="m", properties={"a": 1})
     annotated = original.with_annotations({Symbol("x-opt-martinet-cid"): "client-1"})
     assert annotated.message_annotations == {"x-opt-martinet-cid": "client-1"}
-    unchanged = original.raw[original.sections()[0x73][0]:]  # properties onwards
+    unchanged = original.raw[original.sections()[0x73][0] :]  # properties onwards
     assert annotated.raw.endswith(unchanged) and annotated.body() == b"body"
     assert annotated.durable and annotated.message_id == "m"
     redelivered = annotated.with_delivery_count(3)
@@ -188,8 +205,12 @@ def test_changed_copies_splice_sections_and_keep_the_rest():
         build("value", durable=True, priority=7, ttl=5000, message_id="m-1"),
         build(b"", ttl=10, absolute_expiry_time=99, creation_time=1, message_id=7, properties={"a": 1}),
         build(b"x", annotations={"x-opt-jms-msg-type": Byte(3)}),  # has message-annotations: merged
-        Message(encode(Described(ULong(0x70), [])) + encode(Described(ULong(0x71), {Symbol("d"): 1}))
-                + encode(Described(ULong(0x73), ["id"])) + encode(Described(ULong(0x75), b"x"))),
+        Message(
+            encode(Described(ULong(0x70), []))
+            + encode(Described(ULong(0x71), {Symbol("d"): 1}))
+            + encode(Described(ULong(0x73), ["id"]))
+            + encode(Described(ULong(0x75), b"x"))
+        ),
         Message(encode(Described(Symbol("amqp:header:list"), [True])) + encode(Described(ULong(0x75), b"x"))),
     ],
 )
@@ -245,8 +266,15 @@ def test_check_sections_refuses_what_consumers_could_not_read(raw, message):
         Message(raw).check_sections()
 
 
-SIMPLE_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1), st.floats(allow_nan=False),
-                          st.text(max_size=20), st.binary(max_size=20), st.uuids())
+SIMPLE_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+    st.uuids(),
+)
 
 
 @settings(max_examples=300)
@@ -258,9 +286,12 @@ def test_check_sections_passes_valid_messages_and_fails_only_cleanly_on_mutated_
     patch.apply(message).check_sections()
     assert patch.apply(message).queue_info(0, check=True) == message.queue_info(0)
     raw = message.raw
-    mutated = raw[:at % (len(raw) + 1)] + junk + raw[at % (len(raw) + 1) + len(junk):]
-    for check in (lambda: Message(mutated).check_sections(), lambda: Message(mutated).queue_info(0, check=True),
-                  lambda: patch.apply(Message(mutated)).queue_info(0, check=True)):
+    mutated = raw[: at % (len(raw) + 1)] + junk + raw[at % (len(raw) + 1) + len(junk) :]
+    for check in (
+        lambda: Message(mutated).check_sections(),
+        lambda: Message(mutated).queue_info(0, check=True),
+        lambda: patch.apply(Message(mutated)).queue_info(0, check=True),
+    ):
         try:
             check()
         except MessageError:
@@ -276,6 +307,7 @@ def test_header_fields_of_the_wrong_type_are_refused():
 
 def test_symbolic_descriptors_are_understood():
     raw = encode(Described(Symbol("amqp:header:list"), [True, UByte(9)])) + encode(
-        Described(Symbol("amqp:data:binary"), b"x"))
+        Described(Symbol("amqp:data:binary"), b"x")
+    )
     message = Message(raw)
     assert message.queue_info(0) == (True, 9, None, None) and message.body() == b"x"

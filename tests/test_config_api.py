@@ -36,12 +36,14 @@ from conftest import drain
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class RouteConfig:
     name: str = prop(description="Route name.")
     max_hops: int = prop(3, min=1, max=64, description="Hops before a message is dropped.")
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class LiveConfig:
     greeting: str = prop("hello", description="Changes apply at once.")
     listen_port: int = prop(5000, min=1, max=65535, reboot_required=True, description="At the next start.")
@@ -139,6 +141,7 @@ async def test_reboot_required_values_take_effect_at_the_next_start(live_router)
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class LimitsConfig:
     max_connections: int = prop(-1, min=-1, description="-1: unlimited.")
 
@@ -151,7 +154,11 @@ def test_a_change_carries_the_field_name_and_the_xml_name():
     change = tree.set("/", "max-connections", "10")
     assert offered == [change]
     assert (change.path, change.field, change.xml_name, change.old, change.new) == (
-        "/", "max_connections", "max-connections", -1, 10,
+        "/",
+        "max_connections",
+        "max-connections",
+        -1,
+        10,
     )
     assert attrs.evolve(LimitsConfig(), **{change.field: change.new}) == tree.root.config
     # Operators' names stay XML names: paths, get/set, bus events.
@@ -175,11 +182,13 @@ class Other(StrEnum):
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class Named:
     name: str = prop(description="n")
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class AlsoNamed:
     name: str = prop(description="n")
 
@@ -199,30 +208,58 @@ def declare(kind: Any, field: Any, cls_name: str = "QueueSettings") -> type:
         (float, lambda: prop(1, description="d"), TypeError, "default 1 has type int, expected float; write 1.0"),
         (bool, lambda: prop(1, description="d"), TypeError, "default 1 has type int, expected bool"),
         (str, lambda: prop(5, description="d"), TypeError, "default 5 has type int, expected str"),
-        (Colour, lambda: prop("red", choices=Colour, description="d"), TypeError,
-         "default 'red' is not a Colour member; write Colour.RED"),
+        (
+            Colour,
+            lambda: prop("red", choices=Colour, description="d"),
+            TypeError,
+            "default 'red' is not a Colour member; write Colour.RED",
+        ),
         # bounds
         (int, lambda: prop(-5, min=0, description="d"), ValueError, "default -5 is below the minimum 0"),
-        (int, lambda: prop(70_000, min=1, max=65_535, description="d"), ValueError,
-         "default 70000 is above the maximum 65535"),
+        (
+            int,
+            lambda: prop(70_000, min=1, max=65_535, description="d"),
+            ValueError,
+            "default 70000 is above the maximum 65535",
+        ),
         (float, lambda: prop(0.5, min=1.5, description="d"), ValueError, "default 0.5 is below the minimum 1.5"),
         # choices
-        (str, lambda: prop("loud", choices=("quiet", "normal"), description="d"), ValueError,
-         "default 'loud' is not one of 'quiet', 'normal'"),
+        (
+            str,
+            lambda: prop("loud", choices=("quiet", "normal"), description="d"),
+            ValueError,
+            "default 'loud' is not one of 'quiet', 'normal'",
+        ),
         # the declaration itself
         (int, lambda: prop(1, min=0.5, description="d"), TypeError, "min=0.5 must be an int: the field is int"),
         (int, lambda: prop(1, max=10.0, description="d"), TypeError, "max=10.0 must be an int: the field is int"),
         (int, lambda: prop(1, min=5, max=2, description="d"), ValueError, "min 5 is above max 2"),
         (str, lambda: prop("a", min=1, description="d"), TypeError, "min is for int or float properties, not str"),
-        (int, lambda: prop(1, choices=("1", "2"), description="d"), TypeError,
-         "choices are for str or Enum properties, not int"),
-        (str, lambda: prop("red", choices=Colour, description="d"), TypeError,
-         "choices=Colour needs the field typed Colour, not str"),
+        (
+            int,
+            lambda: prop(1, choices=("1", "2"), description="d"),
+            TypeError,
+            "choices are for str or Enum properties, not int",
+        ),
+        (
+            str,
+            lambda: prop("red", choices=Colour, description="d"),
+            TypeError,
+            "choices=Colour needs the field typed Colour, not str",
+        ),
         (Colour, lambda: prop(Colour.RED, description="d"), TypeError, "a property typed Colour needs choices=Colour"),
-        (Colour, lambda: prop(Colour.RED, choices=Other, description="d"), TypeError,
-         "a property typed Colour needs choices=Colour"),
-        (Numbered, lambda: prop(Numbered.ONE, choices=Numbered, description="d"), TypeError,
-         "the values of Numbered must be strings"),
+        (
+            Colour,
+            lambda: prop(Colour.RED, choices=Other, description="d"),
+            TypeError,
+            "a property typed Colour needs choices=Colour",
+        ),
+        (
+            Numbered,
+            lambda: prop(Numbered.ONE, choices=Numbered, description="d"),
+            TypeError,
+            "the values of Numbered must be strings",
+        ),
     ],
 )
 def test_declarations_are_checked_when_the_class_is_declared(kind, field, error, message):
@@ -267,8 +304,10 @@ def test_enum_properties_read_write_and_manage_as_members():
     assert write_element(queue, "queue").attrib == {"name": "q", "persistence-mode": "persistent"}
     assert format_value(PersistenceMode.NON_PERSISTENT) == "non_persistent"
 
-    with pytest.raises(ValueError, match="persistence-mode: expected one of 'as_message', 'persistent', "
-                       "'non_persistent', found 'PERSISTENT'"):
+    with pytest.raises(
+        ValueError,
+        match="persistence-mode: expected one of 'as_message', 'persistent', 'non_persistent', found 'PERSISTENT'",
+    ):
         reader.structure({"name": "q", "persistence-mode": "PERSISTENT"}, QueueConfig)
 
     # Constructing with the value string converts to the member; anything else is refused.
@@ -283,8 +322,7 @@ def test_enum_properties_read_write_and_manage_as_members():
     tree.set("/", "persistence-mode", PersistenceMode.NON_PERSISTENT)
     assert tree.root.config.persistence_mode is PersistenceMode.NON_PERSISTENT
     assert tree.root.describe("consumer-mode").choices == ("shared", "exclusive", "activestandby")
-    with pytest.raises(ManagementError, match="expected one of 'shared', 'exclusive', 'activestandby', "
-                       "found 'both'"):
+    with pytest.raises(ManagementError, match="expected one of 'shared', 'exclusive', 'activestandby', found 'both'"):
         tree.set("/", "consumer-mode", "both")
 
 

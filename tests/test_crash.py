@@ -59,8 +59,10 @@ async def test_kill_9_at_random_points_loses_nothing_acknowledged(tmp_path):
         async with trio.open_nursery() as nursery:
             await nursery.start(router.run)
             queue_manager = router.swiftlet("sys$queuemanager")
-            counts = {name: Counter(e.message.application_properties["txn"] for e in queue_manager.queue(name).browse())
-                      for name in ("a", "b")}
+            counts = {
+                name: Counter(e.message.application_properties["txn"] for e in queue_manager.queue(name).browse())
+                for name in ("a", "b")
+            }
             for txn in set(counts["a"]) | set(counts["b"]):
                 assert (counts["a"][txn], counts["b"][txn]) == (3, 2), f"transaction {txn} is there in part"
             missing = acknowledged_txns - set(counts["a"])

@@ -59,14 +59,21 @@ async def test_the_example_swiftlet_runs_from_xml(echo_site, monkeypatch):
         pool = "/xt$echo/usage/pools/echo.worker"
         await wait_until(lambda: tree.get(pool, "completed") == 7)
         assert tree.resolve(pool).properties() == {
-            "max-concurrency": 1, "running": 0, "queued": 0, "completed": 7, "failed": 0, "rejected": 0}
+            "max-concurrency": 1,
+            "running": 0,
+            "queued": 0,
+            "completed": 7,
+            "failed": 0,
+            "rejected": 0,
+        }
         assert (tree.get("/xt$echo/usage", "received"), tree.get("/xt$echo/usage", "dropped")) == (7, 0)
         assert tree.get("/xt$echo/usage/counters/changes", "count") == 4
         router.request_stop()
 
 
-async def test_the_example_plugin_offers_a_job_that_a_schedule_runs(echo_site, monkeypatch, write_config,
-                                                                    autojump_clock):
+async def test_the_example_plugin_offers_a_job_that_a_schedule_runs(
+    echo_site, monkeypatch, write_config, autojump_clock
+):
     """A third-party job, registered through the hook, run on a mocked clock at 09:00."""
     monkeypatch.syspath_prepend(str(echo_site))
     path = write_config("""
@@ -87,7 +94,11 @@ async def test_the_example_plugin_offers_a_job_that_a_schedule_runs(echo_site, m
         assert tree.get("/sys$scheduler/usage/job-groups/Echo/jobs/Greet", "parameters") == "Text=hello (mandatory)"
         ended = await finished.receive()
         assert (ended.job_group, ended.job_name, ended.outcome, ended.message) == (
-            "Echo", "Greet", "success", "echo: good morning")
+            "Echo",
+            "Greet",
+            "success",
+            "echo: good morning",
+        )
         assert tree.get("/xt$echo/usage", "greetings") == 1
         assert tree.get("/sys$scheduler/usage/history/00000001", "start") == "2026-03-06T09:00:00"
         router.request_stop()

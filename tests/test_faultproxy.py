@@ -280,12 +280,16 @@ def routing_stream(*frames: tuple[int, dict]) -> tuple[bytes, list[int]]:
 
 @pytest.mark.parametrize("chunk", [1, 2, 5, 7, 64])
 def test_the_frame_scanner_passes_everything_or_holds_from_the_chosen_frame(chunk):
-    stream, offsets = routing_stream((42, {}), (50, {"xid": "x1", "messages": [b"m" * 300]}), (51, {"xid": "x1"}),
-                                     (50, {"xid": "x2", "messages": []}))
+    stream, offsets = routing_stream(
+        (42, {}),
+        (50, {"xid": "x1", "messages": [b"m" * 300]}),
+        (51, {"xid": "x1"}),
+        (50, {"xid": "x2", "messages": []}),
+    )
     for code, held_at in ((None, None), (51, offsets[2]), (50, offsets[1]), (99, None)):
         scanner, passed, held = FrameScanner(), bytearray(), None
         for start in range(0, len(stream), chunk):
-            data = stream[start:start + chunk]
+            data = stream[start : start + chunk]
             if held is not None:
                 held += data
                 continue
@@ -301,8 +305,9 @@ def test_the_frame_scanner_passes_everything_or_holds_from_the_chosen_frame(chun
 
 async def test_hold_keeps_the_chosen_frame_and_what_follows_and_reads_its_fields(nursery):
     server = EchoServer()
-    port = (await nursery.start(functools.partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1")))[0] \
-        .socket.getsockname()[1]
+    port = (await nursery.start(functools.partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1")))[
+        0
+    ].socket.getsockname()[1]
     proxy = FaultProxy("127.0.0.1", port)
     await nursery.start(proxy.run)
     held = proxy.hold("to_target", 52)
@@ -314,7 +319,7 @@ async def test_hold_keeps_the_chosen_frame_and_what_follows_and_reads_its_fields
         echoed = b""
         while len(echoed) < offsets[1]:
             echoed += await client.receive_some()
-    assert echoed == stream[:offsets[1]] and held.fields == {"xid": "routing:a:b:1-1"}
-    assert bytes(held.data) == stream[offsets[1]:]
+    assert echoed == stream[: offsets[1]] and held.fields == {"xid": "routing:a:b:1-1"}
+    assert bytes(held.data) == stream[offsets[1] :]
     proxy.cut()
     await client.aclose()

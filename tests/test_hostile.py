@@ -285,10 +285,12 @@ async def test_a_durable_subscription_whose_queue_cannot_exist_is_refused_and_no
 async def test_a_stored_durable_record_that_cannot_be_restored_is_set_aside(amqp_broker, caplog):
     running = await amqp_broker()
     record = {"client_id": "order service", "name": "audit", "topic": "audit", "selector": "", "no_local": False}
-    await running.router.swiftlet("sys$store").commit([  # as an older version stored them
-        PutRecord("durable", "order service$audit", json.dumps(record).encode()),
-        PutRecord("durable", "broken$json", b"{not json"),
-    ])
+    await running.router.swiftlet("sys$store").commit(
+        [  # as an older version stored them
+            PutRecord("durable", "order service$audit", json.dumps(record).encode()),
+            PutRecord("durable", "broken$json", b"{not json"),
+        ]
+    )
     await in_thread(lambda: durable(running.url, "good", "audit"))
     await running.stop()
     with caplog.at_level(logging.ERROR, logger="martinet.swiftlets.topicmanager"):
@@ -302,7 +304,10 @@ async def test_a_stored_durable_record_that_cannot_be_restored_is_set_aside(amqp
     assert "JSONDecodeError" in tree.get("/sys$topicmanager/usage/unrestorable/broken$json", "reason")
     # the store keeps them; the good subscription is back and works
     assert set(running.router.swiftlet("sys$store").recovered.records["durable"]) == {
-        "order service$audit", "broken$json", "good$audit"}
+        "order service$audit",
+        "broken$json",
+        "good$audit",
+    }
     await in_thread(lambda: publish(running.url, "topic://audit", ["a"]))
     assert await in_thread(lambda: durable(running.url, "good", "audit", take=1)) == ["a"]
     # unsubscribing deletes a set-aside record; the next start no longer sees it
@@ -323,30 +328,51 @@ def section(code: int, value) -> bytes:
 HEADER, PROPERTIES, APPLICATION_PROPERTIES, BODY = 0x70, 0x73, 0x74, section(0x77, "body")
 
 MALFORMED = [  # (what, bytes, what the rejection must say)
-    ("application-properties as a list", section(HEADER, [True]) + section(APPLICATION_PROPERTIES, ["k", 1]) + BODY,
-     "must be a map .*found a list"),
+    (
+        "application-properties as a list",
+        section(HEADER, [True]) + section(APPLICATION_PROPERTIES, ["k", 1]) + BODY,
+        "must be a map .*found a list",
+    ),
     ("an integer key", section(APPLICATION_PROPERTIES, {Int(1): "x"}) + BODY, "key at offset .* must be a string"),
     ("a symbol key", section(APPLICATION_PROPERTIES, {Symbol("k"): 1}) + BODY, "found a symbol"),
     ("a map value", section(APPLICATION_PROPERTIES, {"k": {"a": 1}}) + BODY, "value of 'k' .* is a map"),
     ("a list value", section(APPLICATION_PROPERTIES, {"k": [1, 2]}) + BODY, "value of 'k' .* is a list"),
-    ("a described list value", section(APPLICATION_PROPERTIES, {"k": Described(Symbol("x"), [1])}) + BODY,
-     "described list"),
+    (
+        "a described list value",
+        section(APPLICATION_PROPERTIES, {"k": Described(Symbol("x"), [1])}) + BODY,
+        "described list",
+    ),
     ("invalid UTF-8 in a key", b"\x00\x53\x74\xc1\x06\x02\xa1\x02\xff\xfe\x40" + BODY, "invalid UTF-8"),
     ("an odd count", b"\x00\x53\x74\xc1\x03\x01\xa1\x00" + BODY, "even count"),
     ("a map past the end", section(HEADER, [True]) + b"\x00\x53\x74\xc1\x20\x02\xa1\x01k", "size says"),
-    ("properties whose count lies", section(HEADER, [True]) + b"\x00\x53\x73\xd0\x00\x00\x00\x05\xff\xff\xff\xff\x40"
-     + BODY, "properties at offset .*: its fields run past the end of the message"),
-    ("sections out of order", section(APPLICATION_PROPERTIES, {"k": 1}) + section(PROPERTIES, ["id"]) + BODY,
-     "out of order"),
+    (
+        "properties whose count lies",
+        section(HEADER, [True]) + b"\x00\x53\x73\xd0\x00\x00\x00\x05\xff\xff\xff\xff\x40" + BODY,
+        "properties at offset .*: its fields run past the end of the message",
+    ),
+    (
+        "sections out of order",
+        section(APPLICATION_PROPERTIES, {"k": 1}) + section(PROPERTIES, ["id"]) + BODY,
+        "out of order",
+    ),
     ("garbage after the header", section(HEADER, [True]) + b"\xff\xff\xff", "expected a described section"),
     ("a priority that is a string", section(HEADER, [True, "high"]) + BODY, "priority\\) must be a number"),
     ("a ttl that is a string", section(HEADER, [True, None, "soon"]) + BODY, "ttl\\) must be a number"),
-    ("a first-acquirer that is a string", section(HEADER, [True, None, None, "yes"]) + BODY,
-     "first-acquirer\\) must be a boolean"),
-    ("a header whose count lies (a redelivery decodes it)", b"\x00\x53\x70\xc0\x09\x6d\x41\x50\x03\x70\x00\x00"
-     b"\x13\x88" + BODY, "bad header section: .*at offset"),
-    ("an expiry time that is a string", section(PROPERTIES, ["id", None, None, None, None, None, None, None, "soon"])
-     + BODY, "absolute-expiry-time\\) must be a timestamp"),
+    (
+        "a first-acquirer that is a string",
+        section(HEADER, [True, None, None, "yes"]) + BODY,
+        "first-acquirer\\) must be a boolean",
+    ),
+    (
+        "a header whose count lies (a redelivery decodes it)",
+        b"\x00\x53\x70\xc0\x09\x6d\x41\x50\x03\x70\x00\x00\x13\x88" + BODY,
+        "bad header section: .*at offset",
+    ),
+    (
+        "an expiry time that is a string",
+        section(PROPERTIES, ["id", None, None, None, None, None, None, None, "soon"]) + BODY,
+        "absolute-expiry-time\\) must be a timestamp",
+    ),
 ]
 
 
@@ -400,8 +426,12 @@ async def test_malformed_messages_are_rejected_before_anything_is_queued(amqp_br
         results = await in_thread(wedge_attempt, running.url, MALFORMED)
         for (what, state, name, description, got), (_, _, expected) in zip(results, MALFORMED, strict=True):
             # amqp:decode-error for what does not decode, amqp:invalid-field for a wrong type
-            assert state == Delivery.REJECTED and name in ("amqp:decode-error", "amqp:invalid-field"), \
-                (attempt, what, state, name)
+            assert state == Delivery.REJECTED and name in ("amqp:decode-error", "amqp:invalid-field"), (
+                attempt,
+                what,
+                state,
+                name,
+            )
             assert re.search(expected, description), (attempt, what, description)  # what is wrong
             assert re.search("at offset [0-9]+|field [0-9]", description), (attempt, what, description)  # where
             assert got == f"after {what}", (attempt, what, got)  # the selector consumer goes on
@@ -473,13 +503,31 @@ async def test_a_selector_skips_a_stored_message_it_cannot_read_and_logs_once(am
 async def test_every_simple_property_type_still_passes(amqp_broker):
     running = await amqp_broker()
     properties = {
-        "text": "héllo", "empty": "", "int": 7, "negative": -3, "long": 2**40, "float": 1.5,
-        "true": True, "false": False, "null": None, "binary": b"\x00\xff", "uuid": uuid.UUID(int=5),
-        "timestamp": proton.timestamp(1_700_000_000_000), "char": proton.char("x"), "symbol": proton.symbol("s"),
-        "ubyte": proton.ubyte(200), "ushort": proton.ushort(60000), "uint": proton.uint(2**31),
-        "ulong": proton.ulong(2**63), "byte": proton.byte(-1), "short": proton.short(-300),
-        "int32": proton.int32(-70000), "float32": proton.float32(0.5), "long text": "x" * 300,
-        "decimal32": proton.decimal32(7), "decimal64": proton.decimal64(8),
+        "text": "héllo",
+        "empty": "",
+        "int": 7,
+        "negative": -3,
+        "long": 2**40,
+        "float": 1.5,
+        "true": True,
+        "false": False,
+        "null": None,
+        "binary": b"\x00\xff",
+        "uuid": uuid.UUID(int=5),
+        "timestamp": proton.timestamp(1_700_000_000_000),
+        "char": proton.char("x"),
+        "symbol": proton.symbol("s"),
+        "ubyte": proton.ubyte(200),
+        "ushort": proton.ushort(60000),
+        "uint": proton.uint(2**31),
+        "ulong": proton.ulong(2**63),
+        "byte": proton.byte(-1),
+        "short": proton.short(-300),
+        "int32": proton.int32(-70000),
+        "float32": proton.float32(0.5),
+        "long text": "x" * 300,
+        "decimal32": proton.decimal32(7),
+        "decimal64": proton.decimal64(8),
         "decimal128": proton.decimal128(b"\x01" * 16),
     }
 
@@ -560,8 +608,11 @@ async def test_refused_transfers_and_attaches_are_logged_limited_per_host(amqp_b
             eve.close()
 
     def refusal_lines():
-        return [r.getMessage() for r in caplog.records if r.name == "martinet.swiftlets.jms.listener"
-                and " refused: " in r.getMessage()]
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.name == "martinet.swiftlets.jms.listener" and " refused: " in r.getMessage()
+        ]
 
     with caplog.at_level(logging.INFO, logger="martinet.swiftlets.jms.listener"):
         assert await in_thread(attempts) == {Delivery.REJECTED}
@@ -574,4 +625,6 @@ async def test_refused_transfers_and_attaches_are_logged_limited_per_host(amqp_b
     summaries = [r.getMessage() for r in caplog.records if "not logged one by one" in r.getMessage()]
     assert len(summaries) == 1 and re.fullmatch(
         rf"{60 + 30 - BrokenInputLog.LIMIT} more refusals of transfers or attaches from 127\.0\.0\.1 in \d+ s "
-        r"\(not logged one by one\)", summaries[0]), summaries
+        r"\(not logged one by one\)",
+        summaries[0],
+    ), summaries

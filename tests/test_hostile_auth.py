@@ -63,7 +63,7 @@ async def amqp_answer(port: int) -> list[tuple[int, list]]:
     frames, rest = [], received[8:]
     while rest:
         size, doff, _kind, _channel = FRAME_HEADER.unpack_from(rest)
-        performative, _ = decode(rest[doff * 4:size])
+        performative, _ = decode(rest[doff * 4 : size])
         frames.append((descriptor_code(performative.descriptor), performative.value))
         rest = rest[size:]
     return frames
@@ -104,8 +104,13 @@ async def test_hashed_passwords_log_in_and_are_never_shown(amqp_broker, tmp_path
 
 
 def test_hash_password_cli_makes_a_hash_that_verifies():
-    result = subprocess.run([sys.executable, "-m", "martinet.kernel", "hash-password", "--iterations", "2000"],
-                            input="correct horse\n", capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "martinet.kernel", "hash-password", "--iterations", "2000"],
+        input="correct horse\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     hashed = result.stdout.strip()
     assert hashed.startswith("pbkdf2-sha256$2000$")
@@ -184,9 +189,12 @@ async def test_failed_logins_are_throttled_per_address_and_reset_by_a_success(am
 async def test_the_throttle_forgets_an_address_after_a_quiet_period(nursery, write_config, autojump_clock):
     from martinet.kernel import Router
 
-    router = Router.from_file(write_config(
-        '<router name="r1" startorder="sys$authentication"><swiftlet name="sys$authentication" '
-        'authentication-enabled="true"><users><user name="u" password="p"/></users></swiftlet></router>'))
+    router = Router.from_file(
+        write_config(
+            '<router name="r1" startorder="sys$authentication"><swiftlet name="sys$authentication" '
+            'authentication-enabled="true"><users><user name="u" password="p"/></users></swiftlet></router>'
+        )
+    )
     await nursery.start(router.run)
     auth = router.swiftlet("sys$authentication")
     for _ in range(4):
@@ -201,9 +209,12 @@ async def test_the_throttle_forgets_an_address_after_a_quiet_period(nursery, wri
 async def test_refusals_are_logged_once_per_address_and_interval(nursery, write_config, autojump_clock, caplog):
     from martinet.kernel import Router
 
-    router = Router.from_file(write_config(
-        '<router name="r1" startorder="sys$authentication"><swiftlet name="sys$authentication" '
-        'authentication-enabled="true"><users><user name="u" password="p"/></users></swiftlet></router>'))
+    router = Router.from_file(
+        write_config(
+            '<router name="r1" startorder="sys$authentication"><swiftlet name="sys$authentication" '
+            'authentication-enabled="true"><users><user name="u" password="p"/></users></swiftlet></router>'
+        )
+    )
     await nursery.start(router.run)
     auth = router.swiftlet("sys$authentication")
     with caplog.at_level(logging.WARNING, logger="martinet.swiftlets.authentication"):
@@ -214,7 +225,8 @@ async def test_refusals_are_logged_once_per_address_and_interval(nursery, write_
         await trio.sleep(service.LOG_INTERVAL + 1)  # the swiftlet's periodic summary (MockClock)
     assert [r.getMessage() for r in caplog.records] == [
         "login refused from 10.3.3.3: wrong password for user 'u'",
-        "49 more login(s) refused from 10.3.3.3 in the last 60 s (last: wrong password for user 'u')"]
+        "49 more login(s) refused from 10.3.3.3 in the last 60 s (last: wrong password for user 'u')",
+    ]
     # Access denials too: a client attaching in a loop to what it may not use (200 refused
     # attaches wrote 200 WARNING lines) gets its first logged, the rest counted, per address.
     caplog.clear()
@@ -230,7 +242,8 @@ async def test_refusals_are_logged_once_per_address_and_interval(nursery, write_
     assert [r.getMessage() for r in caplog.records] == [
         "access denied from 10.3.3.3: user u (group public) may not send on queue 'junk-0'",
         "200 more access denial(s) from 10.3.3.3 in the last 60 s (last: user u (group public) may not subscribe "
-        "on topic 'news')"]
+        "on topic 'news')",
+    ]
     assert router.management.get("/sys$authentication/usage", "access-denials") == 201
     router.request_stop()
 
@@ -238,19 +251,25 @@ async def test_refusals_are_logged_once_per_address_and_interval(nursery, write_
 async def test_a_client_skipping_sasl_gets_an_amqp_close_when_authentication_is_required(amqp_broker):
     broker = await amqp_broker(auth="true")
     assert close_condition(await amqp_answer(broker.port)) == (
-        "amqp:unauthorized-access", "anonymous login not allowed")
+        "amqp:unauthorized-access",
+        "anonymous login not allowed",
+    )
 
 
 async def test_host_access_list_refusal_is_an_amqp_close(amqp_broker):
     broker = await amqp_broker(hosts='<host-access-list><host-access-entry name="10.%"/></host-access-list>')
     assert close_condition(await amqp_answer(broker.port)) == (
-        "amqp:unauthorized-access", "not in the host access list")
+        "amqp:unauthorized-access",
+        "not in the host access list",
+    )
 
 
 async def test_max_connections_refusal_is_an_amqp_close(amqp_broker):
     broker = await amqp_broker(maxconn="0")
     assert close_condition(await amqp_answer(broker.port)) == (
-        "amqp:resource-limit-exceeded", "max-connections 0 reached")
+        "amqp:resource-limit-exceeded",
+        "max-connections 0 reached",
+    )
 
 
 def iterations_for(seconds: float) -> int:
@@ -301,13 +320,20 @@ async def test_no_password_leaves_the_router_through_sys_mgmt_its_log_or_sys_web
     caplog.set_level(logging.DEBUG)
     secrets = ["root-pw", "watcher-pw", "guest-pw", "link-secret", "new-guest-pw", "added-pw", HASHED]
     auth = users_config()
-    auth = type(auth)(authentication_enabled=True, groups=list(auth.groups.values()),
-                      users=[*auth.users.values(), UserConfig(name="hashed", password=HASHED, group="admin")])
-    swiftlets = {"sys$authentication": auth, "sys$routing": routing_config(listener={"password": "link-secret"}),
-                 "sys$mgmt": MgmtConfig(groups=[AdminGroup(name="admin", role=Role.READ_WRITE)]),
-                 "sys$web": WebConfig(enabled=True, port=0)}
-    router = await network.start(network.config("a", startorder=(*ROUTING_STACK, "sys$mgmt", "sys$web"),
-                                                 swiftlets=swiftlets))
+    auth = type(auth)(
+        authentication_enabled=True,
+        groups=list(auth.groups.values()),
+        users=[*auth.users.values(), UserConfig(name="hashed", password=HASHED, group="admin")],
+    )
+    swiftlets = {
+        "sys$authentication": auth,
+        "sys$routing": routing_config(listener={"password": "link-secret"}),
+        "sys$mgmt": MgmtConfig(groups=[AdminGroup(name="admin", role=Role.READ_WRITE)]),
+        "sys$web": WebConfig(enabled=True, port=0),
+    }
+    router = await network.start(
+        network.config("a", startorder=(*ROUTING_STACK, "sys$mgmt", "sys$web"), swiftlets=swiftlets)
+    )
     answers = []
     async with AdminClient.open(network.url("a"), user="root", password="root-pw") as admin:
         async with admin.watch("a", "/sys$authentication") as notices:
@@ -315,10 +341,20 @@ async def test_no_password_leaves_the_router_through_sys_mgmt_its_log_or_sys_web
             answers.append(await admin.call("a", "get", path="/sys$authentication/users/hashed"))
             answers.append(await admin.call("a", "get", path="/sys$routing/listeners"))
             answers.append(await admin.call("a", "describe", path="/sys$authentication/users"))
-            answers.append(await admin.call("a", "set", path="/sys$authentication/users/guest", name="password",
-                                            value="new-guest-pw"))
-            answers.append(await admin.call("a", "add", path="/sys$authentication/users", name="added",
-                                            values={"password": "added-pw", "group": "public"}))
+            answers.append(
+                await admin.call(
+                    "a", "set", path="/sys$authentication/users/guest", name="password", value="new-guest-pw"
+                )
+            )
+            answers.append(
+                await admin.call(
+                    "a",
+                    "add",
+                    path="/sys$authentication/users",
+                    name="added",
+                    values={"password": "added-pw", "group": "public"},
+                )
+            )
             with trio.fail_after(10):
                 answers.extend([await notices.receive() for _ in range(2)])
     web = router.swiftlet("sys$web").url

@@ -43,14 +43,14 @@ def split(reply: bytes) -> list[tuple[object, list]]:
     short ends the list."""
     got, offset = [], 0
     while offset < len(reply):
-        if reply[offset:offset + 4] == b"AMQP":
-            got.append(("SASL" if reply[offset:offset + 8] == SASL_HEADER else "AMQP", []))
+        if reply[offset : offset + 4] == b"AMQP":
+            got.append(("SASL" if reply[offset : offset + 8] == SASL_HEADER else "AMQP", []))
             offset += 8
             continue
-        size = int.from_bytes(reply[offset:offset + 4], "big")
+        size = int.from_bytes(reply[offset : offset + 4], "big")
         if size < 8 or offset + size > len(reply):
             break
-        body = reply[offset + reply[offset + 4] * 4:offset + size]
+        body = reply[offset + reply[offset + 4] * 4 : offset + size]
         if body:
             performative, _ = decode(body)
             got.append((int(performative.descriptor), performative.value))
@@ -100,8 +100,11 @@ def clean_log(caplog, *, warned: str | None = None) -> None:
     errors = [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
     assert not errors, errors
     if warned is not None:
-        lines = [record.getMessage() for record in caplog.records
-                 if record.levelno == logging.WARNING and warned in record.getMessage()]
+        lines = [
+            record.getMessage()
+            for record in caplog.records
+            if record.levelno == logging.WARNING and warned in record.getMessage()
+        ]
         assert lines, [record.getMessage() for record in caplog.records]
         assert all("\n" not in line and "127.0.0.1" in line and len(line) < 600 for line in lines), lines
 
@@ -138,12 +141,15 @@ def test_an_array_count_the_bytes_cannot_hold_is_refused_at_once(live, caplog, w
     clean_log(caplog, warned="array")
 
 
-@pytest.mark.parametrize("encoded", [
-    b"\xf0\x00\x00\x00\x05\x00\x00\x10\x00\x45",  # 4096 list0s in 5 bytes
-    b"\xf0\x00\x00\x00\x09\x00\x01\x00\x00\x70\x00\x00\x00\x00",  # 65536 uints in 4 bytes
-    b"\xd0\x00\x00\x00\x05\xff\xff\xff\xff\x40",  # a list of 2**32-1 elements in 1 byte
-    b"\xd1\x00\x00\x00\x05\x00\x10\x00\x00\x40",  # a map of a million in 1 byte
-])
+@pytest.mark.parametrize(
+    "encoded",
+    [
+        b"\xf0\x00\x00\x00\x05\x00\x00\x10\x00\x45",  # 4096 list0s in 5 bytes
+        b"\xf0\x00\x00\x00\x09\x00\x01\x00\x00\x70\x00\x00\x00\x00",  # 65536 uints in 4 bytes
+        b"\xd0\x00\x00\x00\x05\xff\xff\xff\xff\x40",  # a list of 2**32-1 elements in 1 byte
+        b"\xd1\x00\x00\x00\x05\x00\x10\x00\x00\x40",  # a map of a million in 1 byte
+    ],
+)
 async def test_compound_counts_beyond_their_size_close_with_decode_error(amqp_broker, caplog, encoded):
     """[1.6.22-1.6.24] Each element takes at least one of the bytes its list, map or array
     declares (a zero-width element included); more elements than that is a decode error."""
@@ -287,23 +293,28 @@ async def send_transfer(port: int, payload: bytes, target: Described = HOSTILE) 
                 reply += chunk
 
 
-@pytest.mark.parametrize(("header", "properties"), [
-    ([True, "high"], None),  # priority: a string
-    ([True, None, "soon"], None),  # ttl: a string
-    ([True, None, -5], None),  # ttl: negative (a long, not a uint)
-    ([True, 3.5], None),  # priority: a double
-    (None, ["id", None, None, None, None, None, None, None, "tomorrow"]),  # absolute-expiry-time: a string
-    (None, ["id", None, None, None, None, None, None, None, b"\x01"]),  # absolute-expiry-time: binary
-    (None, ["id", None, None, None, None, None, None, None, [1]]),  # absolute-expiry-time: a list
-])
+@pytest.mark.parametrize(
+    ("header", "properties"),
+    [
+        ([True, "high"], None),  # priority: a string
+        ([True, None, "soon"], None),  # ttl: a string
+        ([True, None, -5], None),  # ttl: negative (a long, not a uint)
+        ([True, 3.5], None),  # priority: a double
+        (None, ["id", None, None, None, None, None, None, None, "tomorrow"]),  # absolute-expiry-time: a string
+        (None, ["id", None, None, None, None, None, None, None, b"\x01"]),  # absolute-expiry-time: binary
+        (None, ["id", None, None, None, None, None, None, None, [1]]),  # absolute-expiry-time: a list
+    ],
+)
 async def test_message_metadata_of_the_wrong_type_is_rejected(amqp_broker, caplog, header, properties):
     """[3.2.1, 3.2.4] priority is a ubyte, ttl a uint, absolute-expiry-time a timestamp; other
     types used to raise TypeError/ValueError in the queue's metadata read (Message.queue_info)."""
     caplog.set_level(logging.INFO)
     running = await amqp_broker()
     if header is not None:
-        header = [value if not isinstance(value, int) or isinstance(value, bool) or value < 0 else UInt(value)
-                  for value in header]
+        header = [
+            value if not isinstance(value, int) or isinstance(value, bool) or value < 0 else UInt(value)
+            for value in header
+        ]
     answer = await send_transfer(running.port, message(header, properties))
     assert rejected_with(answer) == "amqp:invalid-field"
     assert await trio.to_thread.run_sync(normal_client, running.url, "after-metadata") == "still serving"
@@ -318,8 +329,11 @@ async def test_application_properties_that_do_not_decode_are_rejected_and_select
     with amqp:decode-error, nothing is queued, and a selector consumer gets the next one."""
     caplog.set_level(logging.INFO)
     running = await amqp_broker()
-    bad = encode(Described(ULong(0x70), [True])) + b"\x00\x53\x74\xc1\x03\x02\x6f\x40" + \
-        encode(Described(ULong(0x77), "bad"))
+    bad = (
+        encode(Described(ULong(0x70), [True]))
+        + b"\x00\x53\x74\xc1\x03\x02\x6f\x40"
+        + encode(Described(ULong(0x77), "bad"))
+    )
     assert rejected_with(await send_transfer(running.port, bad)) == "amqp:decode-error"
 
     def select() -> str:
@@ -354,9 +368,11 @@ async def test_a_coordinator_control_of_the_wrong_shape_is_rejected(amqp_broker,
     caplog.set_level(logging.INFO)
     running = await amqp_broker()
     coordinator = Described(ULong(0x30), [None])
-    for control, condition in ((Described(ULong(0x32), 5), "amqp:invalid-field"),
-                               (Described(ULong(0x32), [UInt(2**31)]), "amqp:invalid-field"),
-                               (nested_value(100), "amqp:decode-error")):  # beyond the nesting bound
+    for control, condition in (
+        (Described(ULong(0x32), 5), "amqp:invalid-field"),
+        (Described(ULong(0x32), [UInt(2**31)]), "amqp:invalid-field"),
+        (nested_value(100), "amqp:decode-error"),
+    ):  # beyond the nesting bound
         payload = encode(Described(ULong(0x77), control))
         assert rejected_with(await send_transfer(running.port, payload, coordinator)) == condition
     assert await trio.to_thread.run_sync(normal_client, running.url, "after-coordinator") == "still serving"
@@ -388,8 +404,7 @@ async def test_a_selector_nested_too_deeply_refuses_the_attach(amqp_broker, capl
     caplog.set_level(logging.INFO)
     running = await amqp_broker()
     selector = Described(Symbol("apache.org:selector-filter:string"), "(" * 3000 + "a = 1" + ")" * 3000)
-    source = Described(ULong(0x28), ["hostile", None, None, None, None, None, None,
-                                     {Symbol("jms-selector"): selector}])
+    source = Described(ULong(0x28), ["hostile", None, None, None, None, None, None, {Symbol("jms-selector"): selector}])
     attach = frame(0x12, ["c", 0, True, None, None, source, Described(ULong(0x29), [])])
     reply = await trio.to_thread.run_sync(exchange, running.port, LOGIN + OPEN + BEGIN + attach)
     detaches = [fields for kind, fields in split(reply) if kind == 0x16]
@@ -398,11 +413,14 @@ async def test_a_selector_nested_too_deeply_refuses_the_attach(amqp_broker, capl
     clean_log(caplog)
 
 
-@pytest.mark.parametrize("source_fields", [
-    ["hostile", None, None, None, None, None, None, {Symbol("big"): ULong(2**64 - 1)}],  # a ulong beyond long
-    ["hostile", None, "s\u00e9ssion-end"],  # expiry-policy (a symbol) sent as a non-ASCII string
-    ["hostile", None, None, None, None, None, None, None, None, None, ["t\u00f6pic"]],  # capability
-])
+@pytest.mark.parametrize(
+    "source_fields",
+    [
+        ["hostile", None, None, None, None, None, None, {Symbol("big"): ULong(2**64 - 1)}],  # a ulong beyond long
+        ["hostile", None, "s\u00e9ssion-end"],  # expiry-policy (a symbol) sent as a non-ASCII string
+        ["hostile", None, None, None, None, None, None, None, None, None, ["t\u00f6pic"]],  # capability
+    ],
+)
 async def test_a_source_the_router_must_echo_encodes_or_is_refused(amqp_broker, caplog, source_fields):
     """The attach answer echoes the source [2.6.3]: decoded values that could not be encoded
     again (an unsigned long above 2**63, a symbol field given as a non-ASCII string) used to
@@ -431,7 +449,8 @@ async def test_arrays_of_strings_and_lists_in_a_filter_are_echoed(amqp_broker, c
     running = await amqp_broker()
     source = bytes.fromhex(  # (hand-written: encode() could not make these before the fix)
         "005328c05508a107686f7374696c65404040404040c14306a307737472696e6773e00701b10000000161a3056c69737473"
-        "e01402d0000000060000000155010000000400000000a30b736d616c6c2d6c69737473e00401c00100")
+        "e01402d0000000060000000155010000000400000000a30b736d616c6c2d6c69737473e00401c00100"
+    )
     fields = b"\xa1\x01c\x43\x41\x40\x40" + source + b"\x00\x53\x29\x45"  # name, handle, role, modes, source, target
     attach = raw_frame(b"\x00\x53\x12\xc0" + bytes([len(fields) + 1, 7]) + fields)
     reply = await trio.to_thread.run_sync(exchange, running.port, LOGIN + OPEN + BEGIN + attach)

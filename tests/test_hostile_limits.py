@@ -40,6 +40,7 @@ OPEN, BEGIN, ATTACH, FLOW, TRANSFER, DETACH, END, CLOSE = 0x10, 0x11, 0x12, 0x13
 
 # -- a raw AMQP client ------------------------------------------------------------------------
 
+
 def frame(code: int, fields: list, payload: bytes = b"", channel: int = 0) -> bytes:
     body = b"\x00\x53" + bytes([code]) + encode(fields) + payload
     return struct.pack(">IBBH", 8 + len(body), 2, 0, channel) + body
@@ -49,19 +50,27 @@ def begin(channel: int = 0) -> bytes:
     return frame(BEGIN, [None, UInt(0), UInt(1000), UInt(1000)], channel=channel)
 
 
-def attach(name: str, handle: int, *, address: str = "q", peer_receives: bool = False, channel: int = 0,
-           dynamic: bool = False) -> bytes:
+def attach(
+    name: str, handle: int, *, address: str = "q", peer_receives: bool = False, channel: int = 0, dynamic: bool = False
+) -> bytes:
     """An attach from the client: a sender (to ``address``) unless ``peer_receives``."""
     fields = [None, None, None, None, dynamic] if dynamic else [address]
     terminus = Described(ULong(0x28 if peer_receives else 0x29), fields)
     source, target = (terminus, None) if peer_receives else (None, terminus)
-    return frame(ATTACH, [name, UInt(handle), peer_receives, None, None, source, target, None, None,
-                          None if peer_receives else UInt(0)], channel=channel)
+    return frame(
+        ATTACH,
+        [name, UInt(handle), peer_receives, None, None, source, target, None, None, None if peer_receives else UInt(0)],
+        channel=channel,
+    )
 
 
 def transfer(handle: int, delivery_id: int | None, payload: bytes, *, more: bool, channel: int = 0) -> bytes:
-    return frame(TRANSFER, [UInt(handle), None if delivery_id is None else UInt(delivery_id), b"t", UInt(0), False,
-                            more], payload, channel=channel)
+    return frame(
+        TRANSFER,
+        [UInt(handle), None if delivery_id is None else UInt(delivery_id), b"t", UInt(0), False, more],
+        payload,
+        channel=channel,
+    )
 
 
 class RawClient:
@@ -134,6 +143,7 @@ def closed_with(condition: str):
 
 
 # -- item 6: sessions and links ---------------------------------------------------------------
+
 
 async def test_a_client_beginning_300_sessions_is_refused_at_max_sessions(amqp_broker):
     """[2.7.1] channel-max "is the highest channel number that can be used on the
@@ -225,7 +235,7 @@ def test_taking_channels_and_handles_costs_the_same_for_the_thousandth_as_for_th
 
     def attach_all():
         for start in range(0, len(attaches), 65536):
-            engine.receive_data(attaches[start:start + 65536])
+            engine.receive_data(attaches[start : start + 65536])
             handle_events()
 
     per_link = operations_in_engine(attach_all, budget=400 * links) / links
@@ -236,6 +246,7 @@ def test_taking_channels_and_handles_costs_the_same_for_the_thousandth_as_for_th
 
 
 # -- item 7a: incomplete multi-frame messages -------------------------------------------------
+
 
 def send_one(url: str, address: str, body: bytes) -> None:
     connection = BlockingConnection(url, timeout=30)
@@ -250,8 +261,7 @@ async def test_a_multi_frame_message_above_max_message_size_detaches_its_link(am
     in a message-size-exceeded link-error". The listener gives the engine the queue
     manager's max-message-size, so a message in 16 KiB frames is refused once its frames
     pass it — not collected whole first (the engine's own default was 256 MiB)."""
-    broker = await amqp_broker(autocreate='true" max-message-size="100000',
-                               listener='max-frame-size="16384"')
+    broker = await amqp_broker(autocreate='true" max-message-size="100000', listener='max-frame-size="16384"')
     with pytest.raises(LinkDetached, match="amqp:link:message-size-exceeded"):
         await trio.to_thread.run_sync(send_one, broker.url, "big", b"x" * 200_000)
     await trio.to_thread.run_sync(send_one, broker.url, "big", b"x" * 90_000)  # below it: taken
@@ -269,9 +279,13 @@ async def test_incomplete_messages_of_all_links_beyond_max_incoming_buffer_close
     await client.send(begin(0) + b"".join(attach(f"l{handle}", handle) for handle in range(3)))
     await client.until(lambda got: sum(code == FLOW for _, code, _ in got) == 3)  # credit on each
     chunk = b"x" * 16_000
-    await client.send(transfer(0, 0, chunk, more=True) + transfer(1, 1, chunk, more=True)
-                      + transfer(2, 2, chunk, more=True) + transfer(0, None, chunk, more=True)  # 64,000 bytes
-                      + attach("l3", 3))
+    await client.send(
+        transfer(0, 0, chunk, more=True)
+        + transfer(1, 1, chunk, more=True)
+        + transfer(2, 2, chunk, more=True)
+        + transfer(0, None, chunk, more=True)  # 64,000 bytes
+        + attach("l3", 3)
+    )
     await client.until(lambda got: sum(code == ATTACH for _, code, _ in got) == 4)  # all read, still open
     assert CLOSE not in client.codes() and DETACH not in client.codes()
     await client.send(transfer(1, None, chunk, more=True))  # 80,000 bytes
@@ -292,8 +306,9 @@ def router_side_objects() -> dict[str, int]:
     counts: dict[str, int] = {}
     for obj in gc.get_objects():
         kind = type(obj)
-        if kind.__name__ in ROUTER_SIDE and kind.__module__.startswith(("martinet.swiftlets.jms",
-                                                                         "martinet.messaging")):
+        if kind.__name__ in ROUTER_SIDE and kind.__module__.startswith(
+            ("martinet.swiftlets.jms", "martinet.messaging")
+        ):
             counts[kind.__name__] = counts.get(kind.__name__, 0) + 1
     return counts
 
@@ -350,16 +365,19 @@ def test_a_martinet_run_router_returns_near_its_start_rss_after_5000_connections
 
 # -- item 7d: queues a client makes ------------------------------------------------------------
 
+
 async def test_auto_created_queues_are_limited_per_connection_and_in_all(amqp_broker):
     """A client attaching to ever new queue names: refused with amqp:resource-limit-exceeded
     past max-auto-created-queues-per-connection (temporary queues alive count too), and,
     over all connections, past the queue manager's max-queues — each naming its limit."""
-    broker = await amqp_broker(autocreate='true" max-queues="9',
-                               listener='max-auto-created-queues-per-connection="4"')
+    broker = await amqp_broker(autocreate='true" max-queues="9', listener='max-auto-created-queues-per-connection="4"')
     assert len(broker.router.swiftlet("sys$queuemanager").queues) == 2  # unroutable, routerdlq
     client = await RawClient.connect(broker.port, "first")
-    await client.send(begin(0) + attach("t", 0, dynamic=True, peer_receives=True)  # a temporary queue
-                      + b"".join(attach(f"l{n}", n, address=f"auto{n}") for n in range(1, 5)))
+    await client.send(
+        begin(0)
+        + attach("t", 0, dynamic=True, peer_receives=True)  # a temporary queue
+        + b"".join(attach(f"l{n}", n, address=f"auto{n}") for n in range(1, 5))
+    )
     await client.until(lambda got: sum(code == ATTACH for _, code, _ in got) == 5)
     await client.until(lambda got: DETACH in [code for _, code, _ in got])
     detached = [fields for _, code, fields in client.received if code == DETACH]
@@ -420,8 +438,7 @@ async def test_durable_subscriptions_count_towards_the_queue_limits(amqp_broker)
     is stored. Resuming an existing subscription is not a new queue."""
     from martinet.swiftlets.queuemanager.api import TooManyQueues
 
-    broker = await amqp_broker(autocreate='true" max-queues="5',
-                               listener='max-auto-created-queues-per-connection="2"')
+    broker = await amqp_broker(autocreate='true" max-queues="5', listener='max-auto-created-queues-per-connection="2"')
     queue_manager = broker.router.swiftlet("sys$queuemanager")
     topic_manager = broker.router.swiftlet("sys$topicmanager")
     assert len(queue_manager.queues) == 2  # unroutable, routerdlq
@@ -437,5 +454,4 @@ async def test_durable_subscriptions_count_towards_the_queue_limits(amqp_broker)
         await topic_manager.durable_subscribe("admin", "x", "audit")
     await broker.stop()
     await broker.start()  # nothing of the refused ones was stored
-    assert sorted(broker.router.swiftlet("sys$topicmanager").durable_subscriptions()) == [
-        "c1$s1", "c1$s2", "c2$t1"]
+    assert sorted(broker.router.swiftlet("sys$topicmanager").durable_subscriptions()) == ["c1$s1", "c1$s2", "c2$t1"]

@@ -22,14 +22,22 @@ INTEROP = Path(__file__).parent / "interop"
 if shutil.which("node") is None or shutil.which("npm") is None:
     if os.environ.get("CI"):
         raise RuntimeError("node and npm are missing: .ci/run installs Debian's nodejs and npm")
-    pytest.skip("node or npm is missing: `sudo apt-get install nodejs npm` to run the rhea interop test "
-                "(it installs rhea from npm on first use)", allow_module_level=True)
+    pytest.skip(
+        "node or npm is missing: `sudo apt-get install nodejs npm` to run the rhea interop test "
+        "(it installs rhea from npm on first use)",
+        allow_module_level=True,
+    )
 
 
 def install_rhea() -> None:
     if not (INTEROP / "node_modules" / "rhea").exists():
-        subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent"], cwd=INTEROP, check=True,
-                       timeout=600, capture_output=True)
+        subprocess.run(
+            ["npm", "install", "--no-audit", "--no-fund", "--silent"],
+            cwd=INTEROP,
+            check=True,
+            timeout=600,
+            capture_output=True,
+        )
 
 
 async def test_rhea_and_our_client_through_the_router(amqp_broker):
@@ -48,15 +56,21 @@ async def test_rhea_and_our_client_through_the_router(amqp_broker):
 
         async def serve_one_request():
             request = await service.receive(60)
-            await replies.send(TextMessage(request.text.upper(), correlation_id=request.message_id),
-                               request.reply_to)
+            await replies.send(TextMessage(request.text.upper(), correlation_id=request.message_id), request.reply_to)
 
         with trio.fail_after(120):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(serve_one_request)
-                process = await nursery.start(functools.partial(
-                    trio.run_process, ["node", "rhea_client.js", str(broker.port)], cwd=INTEROP,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False))
+                process = await nursery.start(
+                    functools.partial(
+                        trio.run_process,
+                        ["node", "rhea_client.js", str(broker.port)],
+                        cwd=INTEROP,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        check=False,
+                    )
+                )
                 pending = b""
                 async for chunk in process.stdout:
                     pending += chunk
@@ -89,8 +103,13 @@ async def rhea_case(port: int, case: str, *args: str, timeout: float = 120) -> d
     event's last line; ``round`` events are collected in a list under ``rounds``)."""
     await trio.to_thread.run_sync(install_rhea)
     with trio.fail_after(timeout):
-        done = await trio.run_process(["node", "rhea_cases.js", case, str(port), *args], cwd=INTEROP,
-                                      capture_stdout=True, capture_stderr=True, check=False)
+        done = await trio.run_process(
+            ["node", "rhea_cases.js", case, str(port), *args],
+            cwd=INTEROP,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
     events: dict = {"rounds": []}
     for line in done.stdout.decode().splitlines():
         if line.startswith("{"):
@@ -113,7 +132,8 @@ async def test_durable_subscribers_attached_in_the_first_write(amqp_broker, capl
     events = await rhea_case(broker.port, "durable-pipelined", "30")
     assert events["rounds"] == [{"n": n, "bodies": [f"round {n}"]} for n in range(30)]
     assert sorted(broker.router.swiftlet("sys$topicmanager").durable_subscriptions()) == sorted(
-        f"pipelined-{n}$subscription" for n in range(30))
+        f"pipelined-{n}$subscription" for n in range(30)
+    )
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
@@ -140,11 +160,14 @@ async def test_topic_wildcards_from_rheas_durable_subscription_example(amqp_brok
     broker = await amqp_broker(listener=f'topic-wildcards="{str(wildcards).lower()}"')
     events = await rhea_case(broker.port, "wildcards")
     if wildcards:
-        assert events["received"] == {"star": ["RHT", "IBM", "literal-star", "end"],
-                                      "hash": ["RHT", "MSFT", "IBM", "literal-star", "end"],
-                                      "middle": "amqp:invalid-field"}
-        assert broker.router.swiftlet("sys$topicmanager").durable_subscriptions()[
-            "my-client$my-subscription"].topic.text == "PRICE.STOCK.NYSE.%"
+        assert events["received"] == {
+            "star": ["RHT", "IBM", "literal-star", "end"],
+            "hash": ["RHT", "MSFT", "IBM", "literal-star", "end"],
+            "middle": "amqp:invalid-field",
+        }
+        assert (
+            broker.router.swiftlet("sys$topicmanager").durable_subscriptions()["my-client$my-subscription"].topic.text
+            == "PRICE.STOCK.NYSE.%"
+        )
     else:
         assert events["received"] == {"star": ["literal-star", "end"], "hash": ["end"], "middle": "opened"}
-

@@ -27,7 +27,7 @@ class Answering:
         if data == b"":
             self.closed = True
         else:
-            self.out += (data * (self.size // len(data) + 1))[:self.size]
+            self.out += (data * (self.size // len(data) + 1))[: self.size]
 
     def data_to_send(self) -> bytes | None:
         if self.closed and not self.out:
@@ -72,8 +72,9 @@ def socket_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
 
 
 @asynccontextmanager
-async def running(ours: trio.abc.Stream, peer: trio.abc.Stream, answer_size: int,
-                  timeout: float = 10) -> AsyncIterator[Counting]:
+async def running(
+    ours: trio.abc.Stream, peer: trio.abc.Stream, answer_size: int, timeout: float = 10
+) -> AsyncIterator[Counting]:
     """A Driver of :class:`Answering` on ``ours``, started and settled; the owner's counts
     from then on (the writer's first look, at the start, is not counted)."""
     owner = Counting()

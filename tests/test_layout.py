@@ -103,16 +103,21 @@ def violation(imp: Import) -> str | None:
                 return f"messaging imports {imp.module}: messaging imports nothing of ours but itself"
         return None
     # a swiftlet (or the swiftlets namespace package itself)
-    if not within(imp.module, "martinet") or within(imp.module, "martinet.kernel") \
-            or within(imp.module, "martinet.messaging"):
+    if (
+        not within(imp.module, "martinet")
+        or within(imp.module, "martinet.kernel")
+        or within(imp.module, "martinet.messaging")
+    ):
         return None
     parts = imp.path.relative_to(ROOT).parts
     own = f"martinet.swiftlets.{parts[1]}" if len(parts) > 2 else None
     if own is not None and within(imp.module, own):
         return None
     if not within(imp.module, "martinet.swiftlets") or imp.module == "martinet.swiftlets":
-        return f"imports {imp.module or 'martinet'}: a swiftlet imports martinet.kernel, martinet.messaging, " \
-               "its own package and other swiftlets' api modules"
+        return (
+            f"imports {imp.module or 'martinet'}: a swiftlet imports martinet.kernel, martinet.messaging, "
+            "its own package and other swiftlets' api modules"
+        )
     other = ".".join(imp.module.split(".")[:3])
     if imp.module == f"{other}.api":
         return None
@@ -122,8 +127,9 @@ def violation(imp: Import) -> str | None:
 
 
 def test_every_layer_keeps_to_its_imports():
-    problems = [f"{imp.where()}  -- {why}" for path in sources() for imp in imports(path)
-                if (why := violation(imp)) is not None]
+    problems = [
+        f"{imp.where()}  -- {why}" for path in sources() for imp in imports(path) if (why := violation(imp)) is not None
+    ]
     assert not problems, "import boundaries broken (DESIGN.md §2):\n" + "\n".join(problems)
 
 
@@ -147,8 +153,9 @@ def test_the_checker_catches_what_it_should(tmp_path, monkeypatch):
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    found = [f"{imp.where()}  -- {why}" for path in sources() for imp in imports(path)
-             if (why := violation(imp)) is not None]
+    found = [
+        f"{imp.where()}  -- {why}" for path in sources() for imp in imports(path) if (why := violation(imp)) is not None
+    ]
     assert found == [
         "kernel/boot.py:1: from martinet.messaging import codec  -- the kernel imports martinet.messaging: "
         "the kernel knows nothing about messaging or swiftlets",
@@ -163,8 +170,7 @@ def test_the_checker_catches_what_it_should(tmp_path, monkeypatch):
         "swiftlets/jms/listener.py:6: from ..store.sqlite import SqliteStore  -- imports "
         "martinet.swiftlets.store.sqlite, the inside of swiftlet store: import martinet.swiftlets.store.api "
         "instead",
-        "swiftlets/jms/listener.py:7: import kernel  -- imports the bare top-level name 'kernel': use "
-        "martinet.kernel",
+        "swiftlets/jms/listener.py:7: import kernel  -- imports the bare top-level name 'kernel': use martinet.kernel",
         "swiftlets/jms/listener.py:9: from swiftlets.log import handler  -- imports the bare top-level name "
         "'swiftlets': use martinet.swiftlets.log",
     ]
@@ -178,8 +184,11 @@ def swiftlet_folders() -> list[Path]:
 
 
 def is_config_class(node: ast.ClassDef) -> bool:
-    return any((isinstance(d, ast.Name) and d.id == "config_class")
-               or (isinstance(d, ast.Attribute) and d.attr == "config_class") for d in node.decorator_list)
+    return any(
+        (isinstance(d, ast.Name) and d.id == "config_class")
+        or (isinstance(d, ast.Attribute) and d.attr == "config_class")
+        for d in node.decorator_list
+    )
 
 
 @pytest.mark.parametrize("folder", swiftlet_folders(), ids=lambda p: p.name)
@@ -199,8 +208,9 @@ def test_a_swiftlet_init_holds_only_its_spec_and_hook(folder):
             continue
         extra.append(f"{init.relative_to(ROOT)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
     assert hooks.count("martinet_swiftlets") == 1, f"{init.relative_to(ROOT)}: one martinet_swiftlets hook expected"
-    assert not extra, "a swiftlet's __init__.py holds its spec and hook only; move these to a module:\n" + \
-        "\n".join(extra)
+    assert not extra, "a swiftlet's __init__.py holds its spec and hook only; move these to a module:\n" + "\n".join(
+        extra
+    )
 
 
 def test_config_classes_live_in_config_modules():

@@ -73,10 +73,14 @@ SCALARS: list[tuple[int, st.SearchStrategy[bytes]]] = [
 ]
 
 scalars = st.one_of([payload.map(lambda p, c=code: bytes((c,)) + p) for code, payload in SCALARS])
-symbols = st.one_of(text(ASCII, "ascii", True).map(lambda p: b"\xa3" + p),
-                    text(ASCII, "ascii", False).map(lambda p: b"\xb3" + p))
-ulongs = st.one_of(st.just(b"\x44"), packed(">B", st.integers(0, 255)).map(lambda p: b"\x53" + p),
-                   packed(">Q", st.integers(0, 2**64 - 1)).map(lambda p: b"\x80" + p))
+symbols = st.one_of(
+    text(ASCII, "ascii", True).map(lambda p: b"\xa3" + p), text(ASCII, "ascii", False).map(lambda p: b"\xb3" + p)
+)
+ulongs = st.one_of(
+    st.just(b"\x44"),
+    packed(">B", st.integers(0, 255)).map(lambda p: b"\x53" + p),
+    packed(">Q", st.integers(0, 2**64 - 1)).map(lambda p: b"\x80" + p),
+)
 
 
 def compound(code8: int, code32: int, items: list[bytes], wide: bool) -> bytes:
@@ -102,8 +106,11 @@ def extend(children: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
     return st.one_of(
         st.just(b"\x45"),  # list0
         st.builds(lambda items, wide: compound(0xC0, 0xD0, items, wide), st.lists(children, max_size=4), st.booleans()),
-        st.builds(lambda pairs, wide: compound(0xC1, 0xD1, [part for pair in pairs for part in pair], wide),
-                  st.lists(st.tuples(children, children), max_size=3), st.booleans()),
+        st.builds(
+            lambda pairs, wide: compound(0xC1, 0xD1, [part for pair in pairs for part in pair], wide),
+            st.lists(st.tuples(children, children), max_size=3),
+            st.booleans(),
+        ),
         st.builds(lambda descriptor, value: b"\x00" + descriptor + value, st.one_of(symbols, ulongs), children),
     )
 
@@ -111,11 +118,14 @@ def extend(children: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
 values = st.recursive(st.one_of(scalars, arrays()), extend, max_leaves=8)
 
 # Annotation keys [3.2.10]: symbols or ulongs, in any of their encodings; unique by value.
-key_specs = st.lists(st.one_of(
-    st.tuples(st.just("symbol"), st.text(ASCII, min_size=1, max_size=10).filter(lambda k: k != CID),
-              st.booleans()),
-    st.tuples(st.just("ulong"), st.integers(0, 2**64 - 1).filter(lambda k: k != 77), st.booleans()),
-), max_size=6, unique_by=lambda spec: spec[:2])
+key_specs = st.lists(
+    st.one_of(
+        st.tuples(st.just("symbol"), st.text(ASCII, min_size=1, max_size=10).filter(lambda k: k != CID), st.booleans()),
+        st.tuples(st.just("ulong"), st.integers(0, 2**64 - 1).filter(lambda k: k != 77), st.booleans()),
+    ),
+    max_size=6,
+    unique_by=lambda spec: spec[:2],
+)
 
 
 def encode_key(kind: str, value, wide: bool) -> bytes:
@@ -157,12 +167,14 @@ TAIL = encode(Described(ULong(0x73), ["id-1", None, "q"])) + encode(Described(UL
     present=st.sampled_from([None, "sym8", "sym32"]),
     second=st.booleans(),
 )
-def test_merging_annotations_keeps_every_other_entry_byte_for_byte(keys, data, wide, header, delivery_annotations,
-                                                                   present, second):
+def test_merging_annotations_keeps_every_other_entry_byte_for_byte(
+    keys, data, wide, header, delivery_annotations, present, second
+):
     entries = [(encode_key(*spec), data.draw(values)) for spec in keys]
     if present is not None:  # the patched key is there already, in either symbol encoding
-        entries.insert(data.draw(st.integers(0, len(entries))),
-                       (encode_key("symbol", CID, present == "sym32"), data.draw(values)))
+        entries.insert(
+            data.draw(st.integers(0, len(entries))), (encode_key("symbol", CID, present == "sym32"), data.draw(values))
+        )
     front = header + (encode(Described(ULong(0x71), {Symbol("x-opt-d"): 1})) if delivery_annotations else b"")
     annotations = compound(0xC1, 0xD1, [part for entry in entries for part in entry], wide)
     raw = front + b"\x00\x53\x72" + annotations + TAIL
@@ -186,7 +198,8 @@ def test_merging_annotations_keeps_every_other_entry_byte_for_byte(keys, data, w
     assert sorted(new) == sorted(patched[encode(key)] for key in changes)  # each change once
     if present is not None:  # replaced where it was
         assert got.index((encode(CID), encode("client-1"))) == [e[0] for e in entries].index(
-            encode_key("symbol", CID, present == "sym32"))
+            encode_key("symbol", CID, present == "sym32")
+        )
     try:
         before = Message(raw).message_annotations
     except MessageError:  # a nested map with a list as key: legal AMQP, but no Python dict
@@ -205,8 +218,9 @@ def test_merging_annotations_keeps_every_other_entry_byte_for_byte(keys, data, w
     peek=st.booleans(),
     second=st.dictionaries(st.sampled_from([CID, Symbol("x-opt-b"), ULong(5)]), st.text(max_size=300), min_size=1),
 )
-def test_a_patch_on_a_patched_message_uses_the_spans_it_knows(header, delivery_annotations, annotated, absent, peek,
-                                                               second):
+def test_a_patch_on_a_patched_message_uses_the_spans_it_knows(
+    header, delivery_annotations, annotated, absent, peek, second
+):
     """A message patched on the way in (the listener's client id) and patched again (the
     routing rewrite) comes out byte for byte as if the second patch read it afresh; and
     ``queue_info(peek=True)`` leaves what the patch read for the queue manager's call."""
@@ -237,8 +251,11 @@ def test_a_map8_that_outgrows_one_byte_becomes_a_map32():
 
 def test_a_decoded_array_encodes_again_exactly():
     """Elements decode to plain ints and floats; the array's constructor says how to write them."""
-    for raw in (b"\xf0\x00\x00\x00\x11\x00\x00\x00\x03\x71\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00\x03",
-                b"\xe0\x0a\x02\x72\x3f\xc0\x00\x00\x40\x20\x00\x00", b"\xe0\x07\x02\x00\x53\x07\x50\x01\x02"):
+    for raw in (
+        b"\xf0\x00\x00\x00\x11\x00\x00\x00\x03\x71\x00\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00\x03",
+        b"\xe0\x0a\x02\x72\x3f\xc0\x00\x00\x40\x20\x00\x00",
+        b"\xe0\x07\x02\x00\x53\x07\x50\x01\x02",
+    ):
         value = decode(raw)[0]
         assert isinstance(value, Array) and decode(encode(value))[0] == value
         after_count = raw[3:] if raw[0] == 0xE0 else raw[9:]  # (a small array32 comes back as an array8)
@@ -272,14 +289,23 @@ def test_a_change_without_an_amqp_encoding_is_a_message_error():
     ("header", "failures", "expected"),
     [
         # [durable, priority, ttl, first-acquirer, delivery-count]: only the last two change
-        (b"\xc0\x0c\x05\x41\x50\x07\x70\x00\x00\x03\xe8\x41\x52\x03", 1,
-         b"\xc0\x0c\x05\x41\x50\x07\x70\x00\x00\x03\xe8\x42\x52\x04"),
-        (b"\xc0\x0c\x05\x41\x50\x07\x70\x00\x00\x03\xe8\x41\x52\x03", 0,
-         b"\xc0\x0c\x05\x41\x50\x07\x70\x00\x00\x03\xe8\x42\x52\x03"),
+        (
+            b"\xc0\x0c\x05\x41\x50\x07\x70\x00\x00\x03\xe8\x41\x52\x03",
+            1,
+            b"\xc0\x0c\x05\x41\x50\x07\x70\x00\x00\x03\xe8\x42\x52\x04",
+        ),
+        (
+            b"\xc0\x0c\x05\x41\x50\x07\x70\x00\x00\x03\xe8\x41\x52\x03",
+            0,
+            b"\xc0\x0c\x05\x41\x50\x07\x70\x00\x00\x03\xe8\x42\x52\x03",
+        ),
         (b"\xc0\x02\x01\x41", 2, b"\xc0\x07\x05\x41\x40\x40\x42\x52\x02"),  # short list: padded with nulls
         (b"\x45", 1, b"\xc0\x07\x05\x40\x40\x40\x42\x52\x01"),
-        (b"\xd0\x00\x00\x00\x06\x00\x00\x00\x02\x41\x40", 1,  # a list32 stays a list32
-         b"\xd0\x00\x00\x00\x0a\x00\x00\x00\x05\x41\x40\x40\x42\x52\x01"),
+        (
+            b"\xd0\x00\x00\x00\x06\x00\x00\x00\x02\x41\x40",
+            1,  # a list32 stays a list32
+            b"\xd0\x00\x00\x00\x0a\x00\x00\x00\x05\x41\x40\x40\x42\x52\x01",
+        ),
         (b"\xc0\x0a\x05\x40\x40\x40\x40\x70\xff\xff\xff\xff", 3, b"\xc0\x0a\x05\x40\x40\x40\x42\x70\xff\xff\xff\xff"),
     ],
 )
@@ -290,16 +316,20 @@ def test_a_redelivery_rewrites_only_first_acquirer_and_delivery_count(header, fa
 
 
 def test_a_redelivery_without_a_change_is_the_message_itself():
-    for message in (build(b"x"), Message(b"\x00\x53\x70\xc0\x03\x02\x41\x40" + encode(Described(ULong(0x77), 1))),
-                    Message(b"\x00\x53\x70\xc0\x05\x04\x40\x40\x40\x42" + encode(Described(ULong(0x77), 1)))):
+    for message in (
+        build(b"x"),
+        Message(b"\x00\x53\x70\xc0\x03\x02\x41\x40" + encode(Described(ULong(0x77), 1))),
+        Message(b"\x00\x53\x70\xc0\x05\x04\x40\x40\x40\x42" + encode(Described(ULong(0x77), 1))),
+    ):
         assert message.redelivered(0) is message
     headerless = build(b"x")
     assert headerless.redelivered(2).raw == b"\x00\x53\x70\xc0\x07\x05\x40\x40\x40\x42\x52\x02" + headerless.raw
 
 
 def test_an_unusual_header_is_decoded_on_the_way_in_and_refused_when_broken():
-    good = Message(b"\x00\x53\x70\xc0\x0e\x05\x40\x40\x40\x41\x80" + b"\x00" * 7 + b"\x05" + encode(
-        Described(ULong(0x77), 1)))  # delivery-count as a ulong: read, counted on
+    good = Message(
+        b"\x00\x53\x70\xc0\x0e\x05\x40\x40\x40\x41\x80" + b"\x00" * 7 + b"\x05" + encode(Described(ULong(0x77), 1))
+    )  # delivery-count as a ulong: read, counted on
     assert good.queue_info(0) == (False, 4, None, None) and good.redelivered(1).header.delivery_count == 6
     broken = Message(b"\x00\x53\x70\xc0\x06\x05\x40\x40\x40\x41\x02" + encode(Described(ULong(0x77), 1)))
     with pytest.raises(MessageError):

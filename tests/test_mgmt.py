@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import attrs
 import pytest
 import trio
 
@@ -28,6 +29,7 @@ from conftest import drain
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class ListenerConfig:
     name: str = prop(description="Listener name.")
     port: int = prop(4001, min=1, max=65535, description="TCP port.")
@@ -35,20 +37,23 @@ class ListenerConfig:
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class LimitsConfig:
     max_connections: int = prop(-1, min=-1, description="-1: unlimited.")
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class ServerConfig:
     enabled: bool = prop(True, description="On or off.")
     version: str = prop("1", read_only=True, description="Read only.")
     limits: LimitsConfig = entity(LimitsConfig, description="Limits.")
     listeners: Mapping[str, ListenerConfig] = entity_list(
-        ListenerConfig, item="listener", description="Listeners.",
+        ListenerConfig,
+        item="listener",
+        description="Listeners.",
         default=[ListenerConfig(name="plain")],
     )
-
 
 
 @pytest.fixture
@@ -76,8 +81,10 @@ async def test_veto_keeps_the_old_value_and_notifies_nobody(tree):
 
     tree.entity("/limits").on_change(refuse)
     watcher = tree.bus.subscribe(PropertyChanged)
-    with pytest.raises(ManagementError, match="/limits: property 'max-connections': change refused: "
-                       "at most 100 connections on this box"):
+    with pytest.raises(
+        ManagementError,
+        match="/limits: property 'max-connections': change refused: at most 100 connections on this box",
+    ):
         tree.set("/limits", "max-connections", "500")
     assert tree.get("/limits", "max-connections") == -1
     assert drain(watcher) == []
@@ -246,8 +253,7 @@ def test_save_keeps_rotated_backups(make_router, tmp_path):
 def test_saved_text_is_sparse_and_readable(probe_specs, write_config):
     config = load_config(write_config('<router name="r1" startorder="test$a sys$log"/>'), probe_specs)
     assert to_xml(config, probe_specs).decode() == (
-        "<?xml version='1.0' encoding='UTF-8'?>\n"
-        '<router name="r1" startorder="test$a sys$log"/>\n'
+        "<?xml version='1.0' encoding='UTF-8'?>\n<router name=\"r1\" startorder=\"test$a sys$log\"/>\n"
     )
 
 
@@ -294,11 +300,16 @@ def with_operations(tree):
             jobs.remove(name)
 
         entry.add_operation("reset", reset, "Set the counters to zero.")
-        entry.add_operation("stop", stop, "Stop the job.", [
-            Parameter(name="reason", description="Why, for the log."),
-            Parameter(name="force", description="Do not wait.", type=bool, required=False, default=False),
-            Parameter(name="grace", description="Seconds to wait.", type=int, required=False, default=1),
-        ])
+        entry.add_operation(
+            "stop",
+            stop,
+            "Stop the job.",
+            [
+                Parameter(name="reason", description="Why, for the log."),
+                Parameter(name="force", description="Do not wait.", type=bool, required=False, default=False),
+                Parameter(name="grace", description="Seconds to wait.", type=int, required=False, default=1),
+            ],
+        )
 
     add("j1")
     add("j2")
@@ -329,20 +340,31 @@ async def test_operations_are_data_invoked_through_the_tree(tree, with_operation
     assert calls[-1] == ("stop", "j2", "done", False, 1)
 
 
-@pytest.mark.parametrize(("path", "operation", "args", "message"), [
-    ("/usage/jobs/j1", "restart", {}, "/usage/jobs/j1: no operation 'restart'; operations: reset, stop"),
-    ("/usage", "reset", {}, "/usage: no operation 'reset'; operations: none"),
-    ("/usage/jobs/j1", "stop", {}, "/usage/jobs/j1: operation 'stop': argument 'reason' missing "
-     "\\(Why, for the log.\\)"),
-    ("/usage/jobs/j1", "stop", {"reason": "x", "speed": 3}, "operation 'stop': unknown argument\\(s\\) speed; "
-     "parameters: reason, force, grace"),
-    ("/usage/jobs/j1", "stop", {"reason": "x", "grace": "soon"}, "argument 'grace': expected int, found 'soon'"),
-    ("/usage/jobs/j1", "stop", {"reason": "x", "force": "yes"}, "argument 'force': expected 'true' or 'false'"),
-    ("/usage/jobs/j1", "stop", {"reason": "no"}, "/usage/jobs/j1: operation 'stop' refused: not now"),
-    ("/usage/jobs", "reset", {}, "/usage/jobs is a usage list; operations are on usage entities"),
-    ("/listeners/plain", "reset", {}, "/listeners/plain is a config entity; operations are on usage entities"),
-    ("/usage/nope", "reset", {}, "no 'nope' under /usage; there is: jobs"),
-])
+@pytest.mark.parametrize(
+    ("path", "operation", "args", "message"),
+    [
+        ("/usage/jobs/j1", "restart", {}, "/usage/jobs/j1: no operation 'restart'; operations: reset, stop"),
+        ("/usage", "reset", {}, "/usage: no operation 'reset'; operations: none"),
+        (
+            "/usage/jobs/j1",
+            "stop",
+            {},
+            "/usage/jobs/j1: operation 'stop': argument 'reason' missing \\(Why, for the log.\\)",
+        ),
+        (
+            "/usage/jobs/j1",
+            "stop",
+            {"reason": "x", "speed": 3},
+            "operation 'stop': unknown argument\\(s\\) speed; parameters: reason, force, grace",
+        ),
+        ("/usage/jobs/j1", "stop", {"reason": "x", "grace": "soon"}, "argument 'grace': expected int, found 'soon'"),
+        ("/usage/jobs/j1", "stop", {"reason": "x", "force": "yes"}, "argument 'force': expected 'true' or 'false'"),
+        ("/usage/jobs/j1", "stop", {"reason": "no"}, "/usage/jobs/j1: operation 'stop' refused: not now"),
+        ("/usage/jobs", "reset", {}, "/usage/jobs is a usage list; operations are on usage entities"),
+        ("/listeners/plain", "reset", {}, "/listeners/plain is a config entity; operations are on usage entities"),
+        ("/usage/nope", "reset", {}, "no 'nope' under /usage; there is: jobs"),
+    ],
+)
 async def test_bad_invocations_are_refused_clearly(tree, with_operations, path, operation, args, message):
     with pytest.raises(ManagementError, match=message):
         await tree.invoke(path, operation, **args)

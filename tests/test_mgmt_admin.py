@@ -46,7 +46,8 @@ async def test_map_of_a_ring_of_five_before_and_right_after_a_link_is_cut(networ
         assert ring.routers == {"r1": 0, "r2": 1, "r3": 2, "r4": 2, "r5": 1}
         assert [(link.source, link.target, link.state, link.listener_state) for link in ring.links] == [
             (source, target, "operational", "operational")
-            for source, target in [("r1", "r2"), ("r2", "r3"), ("r3", "r4"), ("r4", "r5"), ("r5", "r1")]]
+            for source, target in [("r1", "r2"), ("r2", "r3"), ("r3", "r4"), ("r4", "r5"), ("r5", "r1")]
+        ]
         dot = to_dot(ring)
         assert dot.count(" -> ") == 5 and dot.count("color=darkgreen,") == 5
         assert all(f'"{name}" [label=' in dot for name in RING)
@@ -67,8 +68,9 @@ async def test_map_of_a_ring_of_five_before_and_right_after_a_link_is_cut(networ
         await network.settle({"r1": {"r2": 4, "r3": 3, "r4": 2, "r5": 1}})
         after = await crawl(admin)
         assert after.routers == {"r1": 0, "r2": 4, "r3": 3, "r4": 2, "r5": 1}
-        assert 'color=darkgreen' in to_dot(after) and re.search(r'"r1" -> "r2" \[label="(waiting|connecting|failed)"',
-                                                                to_dot(after))
+        assert "color=darkgreen" in to_dot(after) and re.search(
+            r'"r1" -> "r2" \[label="(waiting|connecting|failed)"', to_dot(after)
+        )
 
 
 async def test_commands_in_context(network):
@@ -106,7 +108,9 @@ async def test_commands_in_context(network):
             b.set("/sys$queuemanager", "max-message-size", "123456")
             b.add("/sys$queuemanager/queues", "seen")
         assert [(n["event"]["type"], n["event"]["path"]) for n in watched["output"].data] == [
-            ("property-changed", "/sys$queuemanager"), ("entity-added", "/sys$queuemanager/queues")]
+            ("property-changed", "/sys$queuemanager"),
+            ("entity-added", "/sys$queuemanager/queues"),
+        ]
         await wait_until(lambda: b.get("/sys$mgmt/usage", "watches") == 0, what="unwatched")
         shown = await commands.run(["queues"])
         assert "sys$mgmt" in shown.data["entries"] and shown.views  # a table
@@ -122,8 +126,13 @@ def test_table_values_are_shown_as_they_are():
     from rich.console import Console
 
     console = Console(width=200, record=True, file=io.StringIO())
-    console.print(_table("/sys$scheduler/schedules", ["property", "description"], [
-        ["time-expression", "'start HH:mm[:ss] stop HH:mm[:ss] delay <n>h|m|s [repeat <n>]' [bold]x[/bold]"]]))
+    console.print(
+        _table(
+            "/sys$scheduler/schedules",
+            ["property", "description"],
+            [["time-expression", "'start HH:mm[:ss] stop HH:mm[:ss] delay <n>h|m|s [repeat <n>]' [bold]x[/bold]"]],
+        )
+    )
     assert "delay <n>h|m|s [repeat <n>]' [bold]x[/bold]" in console.export_text()
 
 
@@ -144,8 +153,13 @@ def sample_network(folder: Path) -> dict[str, str]:
 
 
 def admin(url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "martinet.kernel", "admin", "-u", url, *args],
-                          capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [sys.executable, "-m", "martinet.kernel", "admin", "-u", url, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 @pytest.mark.slow
@@ -167,34 +181,44 @@ def test_one_shot_commands_and_json_against_the_sample_network(tmp_path):
         # waits its retry-time (5 s) before the next attempt, while the routes already exist
         while True:
             result = admin(urls["tokyo"], "--json", "map")
-            if result.returncode == 0 and [link["state"] for link in json.loads(result.stdout)["links"]] == \
-                    ["operational"] * 3:
+            if (
+                result.returncode == 0
+                and [link["state"] for link in json.loads(result.stdout)["links"]] == ["operational"] * 3
+            ):
                 break
             assert time.monotonic() < deadline, result.stdout + result.stderr
             time.sleep(0.5)
 
         # a change on paris through tokyo, as the issue's example
-        result = admin(urls["tokyo"], "-r", "paris", "--json", "set", "/sys$queuemanager/queues/orders",
-                       "max-messages", "10000")
+        result = admin(
+            urls["tokyo"], "-r", "paris", "--json", "set", "/sys$queuemanager/queues/orders", "max-messages", "10000"
+        )
         assert result.returncode == 1 and "no entry" not in result.stderr  # no such queue configured yet
         assert "no 'orders' under /sys$queuemanager/queues" in result.stderr
         assert admin(urls["tokyo"], "-r", "paris", "new", "/sys$queuemanager/queues", "orders").returncode == 0
-        result = admin(urls["tokyo"], "-r", "paris", "--json", "set", "/sys$queuemanager/queues/orders",
-                       "max-messages", "10000")
+        result = admin(
+            urls["tokyo"], "-r", "paris", "--json", "set", "/sys$queuemanager/queues/orders", "max-messages", "10000"
+        )
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["new"] == 10000
-        shown = json.loads(admin(urls["lyon"], "-r", "paris", "--json", "show", "/sys$queuemanager/queues/orders")
-                           .stdout)
+        shown = json.loads(
+            admin(urls["lyon"], "-r", "paris", "--json", "show", "/sys$queuemanager/queues/orders").stdout
+        )
         assert shown["properties"]["max-messages"] == 10000
 
         result = admin(urls["tokyo"], "-r", "paris", "set", "/sys$queuemanager/queues/orders", "max-messages", "x")
-        assert result.returncode == 1 and "paris: /sys$queuemanager/queues/orders: property 'max-messages'" \
-            in result.stderr
+        assert (
+            result.returncode == 1
+            and "paris: /sys$queuemanager/queues/orders: property 'max-messages'" in result.stderr
+        )
 
         network = json.loads(admin(urls["tokyo"], "--json", "map").stdout)
         assert network["routers"] == {"lyon": 1, "paris": 1, "tokyo": 0}
         assert sorted((link["source"], link["target"], link["state"]) for link in network["links"]) == [
-            ("lyon", "tokyo", "operational"), ("paris", "lyon", "operational"), ("tokyo", "paris", "operational")]
+            ("lyon", "tokyo", "operational"),
+            ("paris", "lyon", "operational"),
+            ("tokyo", "paris", "operational"),
+        ]
         dot = admin(urls["tokyo"], "map", "--dot").stdout
         assert dot.startswith("digraph martinet {") and dot.count(" -> ") == 3
         table = admin(urls["tokyo"], "links").stdout  # a rich table
@@ -244,9 +268,14 @@ def test_the_shell_reads_commands_from_stdin(tmp_path):
     router = RouterProcess(["router.xml"], tmp_path / "paris", name="paris")
     try:
         router.wait_started()
-        result = subprocess.run([sys.executable, "-m", "martinet.kernel", "admin", "-u", urls["paris"]],
-                                input="lc\ncc /sys$mgmt/groups\nshow\nhelp sr\nnonsense\nexit\n",
-                                capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+        result = subprocess.run(
+            [sys.executable, "-m", "martinet.kernel", "admin", "-u", urls["paris"]],
+            input="lc\ncc /sys$mgmt/groups\nshow\nhelp sr\nnonsense\nexit\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "200"},
+        )
         assert result.returncode == 0, result.stderr
         assert "sys$mgmt" in result.stdout and "read-write" in result.stdout  # lc, then the groups table
         assert "sr ROUTER: the router the next commands go to." in result.stdout

@@ -39,8 +39,9 @@ MGMT_STACK = (*ROUTING_STACK, "sys$mgmt")
 async def start_line(network, *names: str, **configs) -> None:
     """Routers ``names`` with management, each dialing the next: a line."""
     for name in names:
-        await network.start(network.config(name, startorder=MGMT_STACK,
-                                           swiftlets={"sys$routing": routing_config(), **configs}))
+        await network.start(
+            network.config(name, startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config(), **configs})
+        )
     for source, target in zip(names, names[1:], strict=False):
         network.connect(source, target)
 
@@ -113,8 +114,9 @@ async def test_operations_of_swiftlets_through_management(network):
             assert set((await admin.call("b", "get", path=queue))["operations"]) == {"purge", "move", "view"}
             view = await admin.call("b", "invoke", path=queue, operation="view", args={"start": 1, "count": 2})
             assert [(m["body"], m["properties"]) for m in view] == [("order 1", {"n": 1}), ("order 2", {"n": 2})]
-            moved = await admin.call("b", "invoke", path=queue, operation="move",
-                                     args={"target": "kept", "selector": "n >= 3"})
+            moved = await admin.call(
+                "b", "invoke", path=queue, operation="move", args={"target": "kept", "selector": "n >= 3"}
+            )
             assert moved == "2 messages moved from orders to kept"
             assert await admin.call("b", "invoke", path=queue, operation="purge") == "3 messages purged from orders"
             usage = network.routers["b"].management
@@ -137,15 +139,18 @@ async def test_operations_of_swiftlets_through_management(network):
 
 def users_config() -> AuthenticationConfig:
     groups = [GroupConfig(name=name) for name in ("public", "admin", "viewers")]
-    users = [UserConfig(name="root", password="root-pw", group="admin"),
-             UserConfig(name="watcher", password="watcher-pw", group="viewers"),
-             UserConfig(name="guest", password="guest-pw", group="public")]
+    users = [
+        UserConfig(name="root", password="root-pw", group="admin"),
+        UserConfig(name="watcher", password="watcher-pw", group="viewers"),
+        UserConfig(name="guest", password="guest-pw", group="public"),
+    ]
     return AuthenticationConfig(authentication_enabled=True, groups=groups, users=users)
 
 
 async def test_roles_with_authentication(network):
-    mgmt = MgmtConfig(groups=[AdminGroup(name="admin", role=Role.READ_WRITE),
-                              AdminGroup(name="viewers", role=Role.READ_ONLY)])
+    mgmt = MgmtConfig(
+        groups=[AdminGroup(name="admin", role=Role.READ_WRITE), AdminGroup(name="viewers", role=Role.READ_ONLY)]
+    )
     await start_line(network, "a", "b", **{"sys$authentication": users_config(), "sys$mgmt": mgmt})
     await network.settle({"a": {"b": 1}})
     url = network.url("a")
@@ -186,8 +191,12 @@ async def test_without_authentication_only_loopback_clients_are_answered(network
     address = non_loopback_address()
     if address is None:
         pytest.skip("this machine has no non-loopback IPv4 address")
-    jms = JmsConfig(listeners=[AmqpListenerConfig(name="amqp", port=0, bind_address="127.0.0.1"),
-                               AmqpListenerConfig(name="outside", port=0, bind_address=address)])
+    jms = JmsConfig(
+        listeners=[
+            AmqpListenerConfig(name="amqp", port=0, bind_address="127.0.0.1"),
+            AmqpListenerConfig(name="outside", port=0, bind_address=address),
+        ]
+    )
     await start_line(network, "a", "b", **{"sys$jms": jms})
     await network.settle({"a": {"b": 1}})
     port = network.routers["a"].management.get("/sys$jms/usage/listeners/outside", "port")
@@ -195,8 +204,10 @@ async def test_without_authentication_only_loopback_clients_are_answered(network
         for router in ("a", "b"):  # refused here and two hops on: b trusts the identity a stamped
             reply = await admin.request(router, "get", path="/")
             assert reply["status"] == 403
-            assert reply["error"] == f"router {router} has authentication disabled and answers management " \
+            assert (
+                reply["error"] == f"router {router} has authentication disabled and answers management "
                 f"requests only from loopback clients; anonymous@{address} via a is not one"
+            )
     # a forged identity in the request (proton puts it in) is replaced by the one the listener stamps
     reply = await trio.to_thread.run_sync(forged_request, f"amqp://{address}:{port}")
     assert reply["status"] == 403 and f"anonymous@{address} via a is not one" in reply["error"]
@@ -211,8 +222,11 @@ def forged_request(url: str) -> dict:
     connection = BlockingConnection(url, timeout=10)
     try:
         receiver = connection.create_receiver(None, dynamic=True)
-        request = ProtonMessage(body=json.dumps({"verb": "get", "path": "/"}), reply_to=receiver.remote_source.address,
-                                correlation_id="forged")
+        request = ProtonMessage(
+            body=json.dumps({"verb": "get", "path": "/"}),
+            reply_to=receiver.remote_source.address,
+            correlation_id="forged",
+        )
         request.annotations = {IDENTITY_ANNOTATION: Identity(host="127.0.0.1", router="a", internal=True).annotation()}
         connection.create_sender("sys$mgmt").send(request)
         reply = receiver.receive(timeout=10)
@@ -257,8 +271,13 @@ async def test_watch_notifications_until_unwatched_the_lease_ends_or_the_reply_q
             with trio.fail_after(10):
                 seen = [(await notices.receive())["event"] for _ in range(3)]
             assert seen == [
-                {"type": "property-changed", "path": "/sys$queuemanager", "name": "max-message-size",
-                 "old": before, "new": 30000},
+                {
+                    "type": "property-changed",
+                    "path": "/sys$queuemanager",
+                    "name": "max-message-size",
+                    "old": before,
+                    "new": 30000,
+                },
                 {"type": "entity-added", "path": "/sys$queuemanager/queues", "name": "watched"},
                 {"type": "entity-removed", "path": "/sys$queuemanager/queues", "name": "watched"},
             ]

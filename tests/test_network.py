@@ -12,12 +12,26 @@ from martinet.swiftlets.queuemanager.config import QueueConfig, QueueManagerConf
 
 async def test_three_routers_from_config_objects_serve_their_own_clients(network):
     await network.start(network.config("paris"))
-    await network.start(network.config("tokyo", swiftlets={"sys$authentication": AuthenticationConfig(
-        authentication_enabled=True,
-        groups=[GroupConfig(name="apps", queue_grants=[QueueGrant(name="orders")])],
-        users=[UserConfig(name="app", password="s3cret", group="apps")])}))
-    await network.start(network.config("oslo", swiftlets={"sys$queuemanager": QueueManagerConfig(
-        auto_create_queues=False, queues=[QueueConfig(name="orders")])}))
+    await network.start(
+        network.config(
+            "tokyo",
+            swiftlets={
+                "sys$authentication": AuthenticationConfig(
+                    authentication_enabled=True,
+                    groups=[GroupConfig(name="apps", queue_grants=[QueueGrant(name="orders")])],
+                    users=[UserConfig(name="app", password="s3cret", group="apps")],
+                )
+            },
+        )
+    )
+    await network.start(
+        network.config(
+            "oslo",
+            swiftlets={
+                "sys$queuemanager": QueueManagerConfig(auto_create_queues=False, queues=[QueueConfig(name="orders")])
+            },
+        )
+    )
     assert len({network.url(name) for name in ("paris", "tokyo", "oslo")}) == 3
 
     for name, user in (("paris", None), ("tokyo", "app:s3cret@"), ("oslo", None)):

@@ -6,6 +6,7 @@ import logging
 import tomllib
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
@@ -17,11 +18,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class Empty:
     pass
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class Clashing:
     pools: str = prop("", description="reserved by the kernel")
 
@@ -91,9 +94,11 @@ async def test_each_router_logs_to_its_own_file(write_config, tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)  # relative log file paths resolve against the start directory
     routers = [
         Router.from_file(
-            write_config(f'<router name="{name}" startorder="sys$log test$a">'
-                         f'<swiftlet name="sys$log" logfile="{name}.log" level="DEBUG"/></router>',
-                         f"{name}.xml"),
+            write_config(
+                f'<router name="{name}" startorder="sys$log test$a">'
+                f'<swiftlet name="sys$log" logfile="{name}.log" level="DEBUG"/></router>',
+                f"{name}.xml",
+            ),
             plugins=[probe_plugin],
         )
         for name in ("paris", "tokyo")

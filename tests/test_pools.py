@@ -46,7 +46,12 @@ async def test_max_one_runs_jobs_strictly_in_order(start_pool, autojump_clock):
     assert tracker.peak == 1
     assert tracker.log == [(what, n) for n in range(5) for what in ("start", "end")]
     assert pool.usage() == {
-        "max-concurrency": 1, "running": 0, "queued": 0, "completed": 5, "failed": 0, "rejected": 0,
+        "max-concurrency": 1,
+        "running": 0,
+        "queued": 0,
+        "completed": 5,
+        "failed": 0,
+        "rejected": 0,
     }
 
 
@@ -61,7 +66,7 @@ async def test_concurrency_is_limited_and_used(start_pool, autojump_clock):
     assert tracker.peak == 3
     starts = [n for what, n in tracker.log if what == "start"]
     # FIFO: jobs start in submission order, up to the order among those starting together.
-    assert [sorted(starts[i:i + 3]) for i in range(0, 10, 3)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert [sorted(starts[i : i + 3]) for i in range(0, 10, 3)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
     assert pool.completed == 10
 
 

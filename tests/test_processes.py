@@ -40,8 +40,10 @@ def test_two_routers_serve_and_one_comes_back_from_sigkill_with_its_messages(rou
     ports = {"alpha": free_port(), "beta": free_port()}
     while ports["beta"] == ports["alpha"]:
         ports["beta"] = free_port()
-    alpha, beta = (router_processes.start(router_xml(name, amqp_port=port, store=tmp_path / "stores" / name))
-                   for name, port in ports.items())
+    alpha, beta = (
+        router_processes.start(router_xml(name, amqp_port=port, store=tmp_path / "stores" / name))
+        for name, port in ports.items()
+    )
     for name, port in ports.items():
         send(port, "orders", f"for {name}")
     assert (tmp_path / "stores" / "alpha" / "alpha.sqlite").exists(), router_processes.logs()
@@ -62,7 +64,7 @@ def test_two_routers_serve_and_one_comes_back_from_sigkill_with_its_messages(rou
 
 
 def test_a_router_that_does_not_start_fails_the_wait_with_its_log(router_processes):
-    xml = router_xml("gamma", amqp_port=free_port()).replace("sys$jms\"", "sys$nope\"", 1)
+    xml = router_xml("gamma", amqp_port=free_port()).replace('sys$jms"', 'sys$nope"', 1)
     with pytest.raises(AssertionError, match=r"(?s)'router gamma started' not logged; exit 2; .*unknown swiftlet"):
         router_processes.start(xml)
 

@@ -24,8 +24,10 @@ EXAMPLES = Path("/usr/share/proton/examples/python")
 if not (EXAMPLES / "helloworld.py").exists():
     if os.environ.get("CI"):
         raise RuntimeError(f"{EXAMPLES} is missing: .ci/run installs libqpid-proton11-dev-examples")
-    pytest.skip(f"{EXAMPLES} is missing: `sudo apt-get install libqpid-proton11-dev-examples` "
-                "to run Debian's proton examples", allow_module_level=True)
+    pytest.skip(
+        f"{EXAMPLES} is missing: `sudo apt-get install libqpid-proton11-dev-examples` to run Debian's proton examples",
+        allow_module_level=True,
+    )
 
 CONFIG = """<router name="examples" startorder="sys$store sys$queuemanager sys$topicmanager sys$jms">
   <swiftlet name="sys$store" path="{store}" sync="normal"/>
@@ -36,8 +38,9 @@ CONFIG = """<router name="examples" startorder="sys$store sys$queuemanager sys$t
 
 async def example(*args: str, timeout: float = 60) -> list[str]:
     with trio.fail_after(timeout):
-        done = await trio.run_process([sys.executable, *args], cwd=EXAMPLES, capture_stdout=True,
-                                      capture_stderr=True, check=False)
+        done = await trio.run_process(
+            [sys.executable, *args], cwd=EXAMPLES, capture_stdout=True, capture_stderr=True, check=False
+        )
     assert done.returncode == 0, f"{args}: exit {done.returncode}\n{done.stderr.decode()[-2000:]}"
     return done.stdout.decode().splitlines()
 
@@ -72,8 +75,12 @@ async def test_simple_send_and_recv(router):
 
 
 async def test_client_server_and_sync_client(router):
-    inputs = ["Twas brillig, and the slithy toves", "Did gire and gymble in the wabe.",
-              "All mimsy were the borogroves,", "And the mome raths outgrabe."]
+    inputs = [
+        "Twas brillig, and the slithy toves",
+        "Did gire and gymble in the wabe.",
+        "All mimsy were the borogroves,",
+        "And the mome raths outgrabe.",
+    ]
     expected = [f"{line} => {line.upper()}" for line in inputs]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(example, "server.py")  # runs until cancelled
@@ -94,11 +101,15 @@ async def test_selectors_and_browsing(router):
     # tests/test_amqp.py::test_a_browser_gets_the_whole_queue_and_drained_credit_only_at_its_end.
     browsed = await example("queue_browser.py")
     colours = ["green" if n % 2 else "red" for n in range(1, 11)]
-    assert len(browsed) == 10 and all(re.fullmatch(
-        rf"Message\(priority=4, id={n}, "
-        rf"annotations=AnnotationDict\(\{{symbol\('x-opt-martinet-cid'\): '[0-9a-f-]+'\}}\), "
-        rf"properties=\{{'colour': '{colour}'\}}, body='{colour} {n}'\)", line)
-        for n, colour, line in zip(range(1, 11), colours, browsed, strict=True)), browsed
+    assert len(browsed) == 10 and all(
+        re.fullmatch(
+            rf"Message\(priority=4, id={n}, "
+            rf"annotations=AnnotationDict\(\{{symbol\('x-opt-martinet-cid'\): '[0-9a-f-]+'\}}\), "
+            rf"properties=\{{'colour': '{colour}'\}}, body='{colour} {n}'\)",
+            line,
+        )
+        for n, colour, line in zip(range(1, 11), colours, browsed, strict=True)
+    ), browsed
     # browsing consumed nothing: the selective receivers below still get all 100
     assert await example("selected_recv.py", "-m", "50") == [f"green {i + 1}" for i in range(0, 100, 2)]
     assert await example("simple_recv.py", "-m", "50") == [f"red {i + 1}" for i in range(1, 100, 2)]
@@ -108,8 +119,12 @@ async def test_selectors_and_browsing(router):
 async def test_transactions(router):
     assert await example("tx_send.py") == ["all messages committed"]
     assert await example("tx_recv.py") == [f"{{'sequence': {i + 1}}}" for i in range(100)]
-    inputs = ["Twas brillig, and the slithy toves", "Did gire and gymble in the wabe.",
-              "All mimsy were the borogroves,", "And the mome raths outgrabe."]
+    inputs = [
+        "Twas brillig, and the slithy toves",
+        "Did gire and gymble in the wabe.",
+        "All mimsy were the borogroves,",
+        "And the mome raths outgrabe.",
+    ]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(example, "server_tx.py")  # replies and accepts in one transaction each
         await wait_until(lambda: consumers(router, "examples"), 30)

@@ -63,8 +63,10 @@ async def test_names_resolve_against_the_local_router(broker):
         await queue_manager.send("orders@paris", msg(2))
     queue_manager.add_redirection("%@paris", "rt$paris")
     await queue_manager.send("orders@paris", msg(3))
-    assert (queue_manager.queue("rt$paris").size == 1
-            and queue_manager.queue("rt$paris").settings.persistence_mode == "as_message")
+    assert (
+        queue_manager.queue("rt$paris").size == 1
+        and queue_manager.queue("rt$paris").settings.persistence_mode == "as_message"
+    )
     queue_manager.add_redirection("orders@paris", "rt$special")  # (remembered redirections are forgotten)
     assert queue_manager.resolve("orders@paris") == "rt$paris"  # the first added still covers it
     queue_manager.remove_redirection("%@paris")
@@ -142,8 +144,10 @@ async def test_outcomes(broker):
     dlq = queue_manager.queue("routerdlq")
     [dead] = list(dlq.browse())
     assert dead.message.body() == b"m0"
-    assert dead.message.message_annotations == {"x-opt-martinet-dlq-reason": "cannot parse it",
-                                                "x-opt-martinet-dlq-queue": "work"}
+    assert dead.message.message_annotations == {
+        "x-opt-martinet-dlq-reason": "cannot parse it",
+        "x-opt-martinet-dlq-queue": "work",
+    }
     consumer.flow(1)
     fourth = consumer.receive_nowait()
     consumer.accept(fourth)
@@ -262,8 +266,9 @@ async def test_expired_messages_are_never_delivered(make_broker):
     assert queue_manager.queue("drop").remove_expired() == 1
     usage = queue_manager.queue("ttl").usage()
     assert (usage["expired"], usage["messages"]) == (2, 1)
-    reasons = [e.message.message_annotations["x-opt-martinet-dlq-reason"]
-               for e in queue_manager.queue("routerdlq").browse()]
+    reasons = [
+        e.message.message_annotations["x-opt-martinet-dlq-reason"] for e in queue_manager.queue("routerdlq").browse()
+    ]
     assert reasons == ["expired before it arrived", "expired"]
     await running.stop()
 
@@ -282,8 +287,7 @@ async def test_duplicates_are_dropped_when_in_doubt(broker):
 
 
 async def test_duplicate_check_always(make_broker):
-    running = make_broker(queues='<queue name="strict" duplicate-check="always" '
-                                 'duplicate-detection-backlog-size="2"/>')
+    running = make_broker(queues='<queue name="strict" duplicate-check="always" duplicate-detection-backlog-size="2"/>')
     await running.start()
     queue_manager = running.queue_manager
     results = [(await queue_manager.send("strict", msg(n))).duplicate for n in (1, 1, 2, 3, 1)]
@@ -296,6 +300,7 @@ async def test_persistent_messages_survive_a_restart(broker):
     await queue_manager.send("keep", msg(1, durable=True))
     await queue_manager.send("keep", msg(2))  # non-persistent
     await queue_manager.send("keep", msg(3, durable=True, priority=8))
+
     def store_operations():
         return broker.router.management.get("/sys$store/usage", "operations")
 
@@ -313,8 +318,10 @@ async def test_persistent_messages_survive_a_restart(broker):
 
 
 async def test_forced_persistence_modes(make_broker):
-    running = make_broker(queues='<queue name="always" persistence-mode="persistent"/>'
-                                 '<queue name="never" persistence-mode="non_persistent"/>')
+    running = make_broker(
+        queues='<queue name="always" persistence-mode="persistent"/>'
+        '<queue name="never" persistence-mode="non_persistent"/>'
+    )
     await running.start()
     await running.queue_manager.send("always", msg(1))
     await running.queue_manager.send("never", msg(2, durable=True))
@@ -335,8 +342,11 @@ async def test_transaction_spanning_queues_commits_together(broker):
     transaction.send("out-b", msg(2))
     assert queue_manager.queue("out-a").size == 0  # invisible until commit
     await transaction.commit()
-    assert (queue_manager.queue("in").size, queue_manager.queue("out-a").size,
-            queue_manager.queue("out-b").size) == (0, 1, 1)
+    assert (queue_manager.queue("in").size, queue_manager.queue("out-a").size, queue_manager.queue("out-b").size) == (
+        0,
+        1,
+        1,
+    )
     with pytest.raises(TransactionError, match="transaction is committed, not active"):
         transaction.send("out-a", msg(3))
     await broker.restart()
@@ -412,8 +422,9 @@ async def test_prepared_transactions_survive_a_restart(broker):
     await broker.restart()
     queue_manager = broker.queue_manager
     assert queue_manager.prepared_transactions() == {}
-    assert (bodies(queue_manager.queue("out").browse()) == ["m10"]
-            and bodies(queue_manager.queue("in").browse()) == ["m1"])
+    assert bodies(queue_manager.queue("out").browse()) == ["m10"] and bodies(queue_manager.queue("in").browse()) == [
+        "m1"
+    ]
 
 
 async def test_a_transient_transaction_is_prepared_in_memory_only_when_asked(broker):
@@ -459,8 +470,9 @@ async def test_temporary_queues_go_with_their_owner(broker):
 
 
 async def test_bad_input_is_refused_clearly(make_broker):
-    running = make_broker(manager='auto-create-queues="false" max-message-size="1000"',
-                          queues='<queue name="small" max-messages="2"/>')
+    running = make_broker(
+        manager='auto-create-queues="false" max-message-size="1000"', queues='<queue name="small" max-messages="2"/>'
+    )
     await running.start()
     queue_manager = running.queue_manager
     with pytest.raises(QueueNotFound, match="queue 'nope' does not exist on router r1"):
@@ -472,6 +484,7 @@ async def test_bad_input_is_refused_clearly(make_broker):
     with pytest.raises(QueueFull, match="queue small is full \\(2 messages\\)"):
         await queue_manager.send("small", msg(3))
     from martinet.messaging.message import Message
+
     with pytest.raises(QueueError, match="malformed message for queue unroutable"):
         await queue_manager.send("unroutable", Message(b"\x00\x53\x70\xc0\x09"))
     with pytest.raises(QueueError, match="routerdlq is predefined"):
@@ -629,8 +642,9 @@ async def test_controllers_give_settings_to_unlisted_queues(make_broker):
     assert queue_manager.queue("plain").settings.consumer_mode == "shared"
     assert queue_manager.settings_for("routerdlq").name == "06"
     assert queue_manager.settings_for("rt$paris").cache_size == 5000  # a transit queue: read back costs most
-    running.router.management.add("/sys$queuemanager/queue-controllers", "00", {
-        "predicate": "audit%", "max-messages": "7"})
+    running.router.management.add(
+        "/sys$queuemanager/queue-controllers", "00", {"predicate": "audit%", "max-messages": "7"}
+    )
     assert queue_manager.queue("audit-log").settings.max_messages == 7
     await running.stop()
 
@@ -682,7 +696,7 @@ async def test_modified_annotations_are_spliced_into_the_entry_only(broker):
     consumer.flow(1)
     again = consumer.receive_nowait()
     assert again.message.message_annotations == {"x-opt-a": 1, "x-opt-b": "two"}
-    assert again.message.raw.startswith(original.raw[:original.sections()[0x72][1]])  # the section before
+    assert again.message.raw.startswith(original.raw[: original.sections()[0x72][1]])  # the section before
     consumer.modify(again, annotations={Symbol("x-opt-c"): object()})  # no AMQP encoding: left out
     consumer.flow(1)
     assert consumer.receive_nowait().message.message_annotations == {"x-opt-a": 1, "x-opt-b": "two"}

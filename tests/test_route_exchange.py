@@ -81,8 +81,9 @@ RULES = [
 ]
 
 
-@pytest.mark.parametrize(("limit", "route_filter", "path", "expected"), [case[1:] for case in RULES],
-                         ids=[case[0] for case in RULES])
+@pytest.mark.parametrize(
+    ("limit", "route_filter", "path", "expected"), [case[1:] for case in RULES], ids=[case[0] for case in RULES]
+)
 def test_output_rule(limit, route_filter, path, expected):
     r = RouteExchanger("r", hop_limit=limit, filters={"n": route_filter} if route_filter else {})
     r.link_up("a")
@@ -108,8 +109,9 @@ DIRECT = [
 ]
 
 
-@pytest.mark.parametrize(("limit", "route_filter", "expected"), [case[1:] for case in DIRECT],
-                         ids=[case[0] for case in DIRECT])
+@pytest.mark.parametrize(
+    ("limit", "route_filter", "expected"), [case[1:] for case in DIRECT], ids=[case[0] for case in DIRECT]
+)
 def test_direct_routes(limit, route_filter, expected):
     r = RouteExchanger("r", hop_limit=limit, filters={"n": route_filter} if route_filter else {})
     assert r.link_up("a").sends == []  # nothing to tell a: its own direct route is not sent back
@@ -160,8 +162,9 @@ def test_routes_are_ordered_shortest_first_newest_first_among_equals():
     r.receive("a", add("x"))  # (a, x)
     r.receive("b", add("x"))  # (b, x), newer than (a, x)
     row = r.destination("x")
-    assert row == Destination(name="x", routes=(("b", "x"), ("a", "x"), ("c", "b", "x")), static=False,
-                              next_hop="b", rotation=("b",))
+    assert row == Destination(
+        name="x", routes=(("b", "x"), ("a", "x"), ("c", "b", "x")), static=False, next_hop="b", rotation=("b",)
+    )
     r.link_down("b")
     assert r.destination("x").routes == (("a", "x"), ("c", "b", "x"))  # (c, b, x) was learned over c
     assert r.destination("x").next_hop == "a"
@@ -198,16 +201,26 @@ def test_destinations_sorted_and_rows_follow_changes():
 
 def test_event_order_for_a_first_and_a_last_route():
     r = RouteExchanger("r")
-    assert r.link_up("a").events == [DestinationAdded(router="a"), RouteAdded(router="a", path=("a",)),
-                                     DestinationActivated(router="a")]
-    assert r.receive("a", add("x")).events == [DestinationAdded(router="x"), RouteAdded(router="x", path=("a", "x")),
-                                               DestinationActivated(router="x")]
+    assert r.link_up("a").events == [
+        DestinationAdded(router="a"),
+        RouteAdded(router="a", path=("a",)),
+        DestinationActivated(router="a"),
+    ]
+    assert r.receive("a", add("x")).events == [
+        DestinationAdded(router="x"),
+        RouteAdded(router="x", path=("a", "x")),
+        DestinationActivated(router="x"),
+    ]
     r.link_up("b")
     assert r.receive("b", add("x")).events == [RouteAdded(router="x", path=("b", "x"))]
     assert r.receive("a", remove("x")).events == [RouteRemoved(router="x", path=("a", "x"))]
     assert r.link_down("b").events == [
-        RouteRemoved(router="x", path=("b", "x")), DestinationDeactivated(router="x"), DestinationRemoved(router="x"),
-        RouteRemoved(router="b", path=("b",)), DestinationDeactivated(router="b"), DestinationRemoved(router="b"),
+        RouteRemoved(router="x", path=("b", "x")),
+        DestinationDeactivated(router="x"),
+        DestinationRemoved(router="x"),
+        RouteRemoved(router="b", path=("b",)),
+        DestinationDeactivated(router="b"),
+        DestinationRemoved(router="b"),
     ]
 
 
@@ -221,9 +234,14 @@ def test_link_down_withdraws_what_was_learned_over_it_where_it_was_announced():
     r.receive("b", add("x"))
     out = r.link_down("a")
     # longest first, the direct route last; not to a (gone); each only where it was announced
-    assert out.sends == [("b", remove("a", "y", "z")), ("c", remove("a", "y", "z")),
-                         ("b", remove("a", "x")), ("c", remove("a", "x")),
-                         ("b", remove("a")), ("c", remove("a"))]
+    assert out.sends == [
+        ("b", remove("a", "y", "z")),
+        ("c", remove("a", "y", "z")),
+        ("b", remove("a", "x")),
+        ("c", remove("a", "x")),
+        ("b", remove("a")),
+        ("c", remove("a")),
+    ]
     assert r.destination("x").routes == (("b", "x"),)
     assert r.destination("z") is None and r.neighbours == ("b", "c")
 
@@ -239,12 +257,17 @@ def test_static_route_is_known_inactive_and_never_announced():
     assert r.destination("far") == Destination(name="far", routes=(), static=True, next_hop=None, rotation=())
     assert r.link_up("b").sends == [("a", add("b")), ("b", add("a"))]  # "far" is not announced
     # a route arrives and goes: activation only, the destination stays known
-    assert r.receive("a", add("far")).events == [RouteAdded(router="far", path=("a", "far")),
-                                                 DestinationActivated(router="far")]
+    assert r.receive("a", add("far")).events == [
+        RouteAdded(router="far", path=("a", "far")),
+        DestinationActivated(router="far"),
+    ]
     assert r.destination("far").next_hop == "a" and r.destination("far").static
     assert r.link_down("a").events == [
-        RouteRemoved(router="far", path=("a", "far")), DestinationDeactivated(router="far"),  # far stays known
-        RouteRemoved(router="a", path=("a",)), DestinationDeactivated(router="a"), DestinationRemoved(router="a"),
+        RouteRemoved(router="far", path=("a", "far")),
+        DestinationDeactivated(router="far"),  # far stays known
+        RouteRemoved(router="a", path=("a",)),
+        DestinationDeactivated(router="a"),
+        DestinationRemoved(router="a"),
     ]
     assert r.destination("far").static and not r.destination("far").active
     assert r.remove_static("far").events == [DestinationRemoved(router="far")]
@@ -404,7 +427,9 @@ def test_logging_one_info_line_per_route_change_decisions_at_debug(caplog):
     caplog.clear()
     r.link_down("lyon")
     assert [rec.getMessage() for rec in caplog.records if rec.levelname == "INFO"] == [
-        "route to paris via lyon (2 hops: lyon paris) removed", "route to lyon via lyon (1 hop: lyon) removed"]
+        "route to paris via lyon (2 hops: lyon paris) removed",
+        "route to lyon via lyon (1 hop: lyon) removed",
+    ]
 
 
 # -- whole networks ---------------------------------------------------------------------------
@@ -431,13 +456,11 @@ def check_settled(net: Network, limits: dict[str, int], filters: dict) -> None:
 
 def phase_cost(net: Network, limits: dict[str, int], filters: dict, event) -> None:
     """From a quiet network, one link event costs exactly the changes of the announced sets."""
-    before = reference_announced(reference_routes(net.routers, net.links, limits, filters), net.links, limits,
-                                 filters)
+    before = reference_announced(reference_routes(net.routers, net.links, limits, filters), net.links, limits, filters)
     sent = net.sent
     event()
     net.settle()
-    after = reference_announced(reference_routes(net.routers, net.links, limits, filters), net.links, limits,
-                                filters)
+    after = reference_announced(reference_routes(net.routers, net.links, limits, filters), net.links, limits, filters)
     expected = sum(len(paths ^ before.get(pair, frozenset())) for pair, paths in after.items())
     assert net.sent - sent == expected
     check_settled(net, limits, filters)
@@ -476,7 +499,7 @@ def networks(draw):
     # unlimited hop limits only in small networks: dense graphs have factorially many simple paths
     choices = [-1, 1, 2, 3, 4] if count <= 5 else [1, 2, 3, 4]
     limits = {name: draw(st.sampled_from(choices)) for name in names}
-    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
 
     def filters_of(name: str):
         others = [n for n in names if n != name]
@@ -484,15 +507,24 @@ def networks(draw):
 
     filters = {name: draw(filters_of(name)) for name in names}
     links = draw(st.lists(st.sampled_from(pairs), unique=True, min_size=1))
-    steps = draw(st.lists(st.one_of(
-        st.tuples(st.just("toggle"), st.sampled_from(pairs), st.sampled_from(["both", "first", "second"])),
-        st.tuples(st.just("deliver"), st.integers(1, 12)),
-        # failures and recoveries of the first links, both ends learning at once or one first
-        st.tuples(st.just("toggle"), st.sampled_from(links), st.sampled_from(["both", "first", "second"])),
-        st.tuples(st.just("limit"), st.sampled_from(names), st.sampled_from(choices)),
-        st.tuples(st.just("static"), st.permutations(names).map(lambda order: order[:2])),  # toggled at order[0]
-        st.sampled_from(names).flatmap(lambda name: st.tuples(st.just("filters"), st.just(name), filters_of(name))),
-    ), max_size=25))
+    steps = draw(
+        st.lists(
+            st.one_of(
+                st.tuples(st.just("toggle"), st.sampled_from(pairs), st.sampled_from(["both", "first", "second"])),
+                st.tuples(st.just("deliver"), st.integers(1, 12)),
+                # failures and recoveries of the first links, both ends learning at once or one first
+                st.tuples(st.just("toggle"), st.sampled_from(links), st.sampled_from(["both", "first", "second"])),
+                st.tuples(st.just("limit"), st.sampled_from(names), st.sampled_from(choices)),
+                st.tuples(
+                    st.just("static"), st.permutations(names).map(lambda order: order[:2])
+                ),  # toggled at order[0]
+                st.sampled_from(names).flatmap(
+                    lambda name: st.tuples(st.just("filters"), st.just(name), filters_of(name))
+                ),
+            ),
+            max_size=25,
+        )
+    )
     return names, limits, filters, links, steps
 
 

@@ -24,18 +24,24 @@ def lifecycle(events) -> list[tuple[str, str]]:
     return out
 
 
-
 async def test_start_in_order_and_stop_in_reverse(make_router):
     router = make_router('<router name="r1" startorder="test$c test$a sys$log test$b"/>')
     events = router.bus.subscribe(max_buffer=100)
     async with trio.open_nursery() as nursery:
         await nursery.start(router.run)
-        assert [router.management.get(f"/usage/swiftlets/{n}", "state")
-                for n in ("test$c", "test$a", "sys$log", "test$b")] == ["running"] * 4
+        assert [
+            router.management.get(f"/usage/swiftlets/{n}", "state") for n in ("test$c", "test$a", "sys$log", "test$b")
+        ] == ["running"] * 4
         router.request_stop("test is done")
     assert lifecycle(drain(events)) == [
-        ("started", "test$c"), ("started", "test$a"), ("started", "sys$log"), ("started", "test$b"),
-        ("stopped", "test$b"), ("stopped", "sys$log"), ("stopped", "test$a"), ("stopped", "test$c"),
+        ("started", "test$c"),
+        ("started", "test$a"),
+        ("started", "sys$log"),
+        ("started", "test$b"),
+        ("stopped", "test$b"),
+        ("stopped", "sys$log"),
+        ("stopped", "test$a"),
+        ("stopped", "test$c"),
     ]
     assert router.management.get("/usage/swiftlets/test$a", "state") == "stopped"
 
@@ -51,10 +57,14 @@ async def test_a_swiftlet_failing_to_start_stops_the_started_ones_in_reverse(mak
     assert str(caught.value) == "swiftlet test$c failed to start: OSError: test$c cannot bind its port"
     assert caught.value.swiftlet == "test$c" and isinstance(caught.value.cause, OSError)
     assert lifecycle(drain(events)) == [
-        ("started", "test$a"), ("started", "test$b"), ("stopped", "test$b"), ("stopped", "test$a"),
+        ("started", "test$a"),
+        ("started", "test$b"),
+        ("stopped", "test$b"),
+        ("stopped", "test$a"),
     ]
-    states = {n: router.management.get(f"/usage/swiftlets/{n}", "state") for n in
-              ("test$a", "test$b", "test$c", "test$d")}
+    states = {
+        n: router.management.get(f"/usage/swiftlets/{n}", "state") for n in ("test$a", "test$b", "test$c", "test$d")
+    }
     assert states == {"test$a": "stopped", "test$b": "stopped", "test$c": "failed", "test$d": "stopped"}
     assert "swiftlet test$c failed to start" in caplog.text
 
@@ -68,22 +78,26 @@ async def test_a_swiftlet_failing_while_running_stops_the_router(make_router, au
     with pytest.raises(SwiftletFailed, match="swiftlet test\\$b failed: ValueError: test\\$b lost its mind"):
         await router.run()
     assert lifecycle(drain(events)) == [
-        ("started", "test$a"), ("started", "test$b"), ("started", "test$c"),
-        ("stopped", "test$b"), ("stopped", "test$c"), ("stopped", "test$a"),
+        ("started", "test$a"),
+        ("started", "test$b"),
+        ("started", "test$c"),
+        ("stopped", "test$b"),
+        ("stopped", "test$c"),
+        ("stopped", "test$a"),
     ]
     assert router.management.get("/usage/swiftlets/test$b", "error") == "ValueError: test$b lost its mind"
 
 
 async def test_a_swiftlet_returning_from_run_stops_the_router(make_router):
-    router = make_router('<router name="r1" startorder="test$a test$b">'
-                         '<swiftlet name="test$b" fail="return"/></router>')
+    router = make_router(
+        '<router name="r1" startorder="test$a test$b"><swiftlet name="test$b" fail="return"/></router>'
+    )
     with pytest.raises(SwiftletFailed, match="run\\(\\) returned while the router was running"):
         await router.run()
 
 
 async def test_failure_inside_a_nursery_is_an_exception_group(make_router):
-    router = make_router('<router name="r1" startorder="test$a">'
-                         '<swiftlet name="test$a" fail="start"/></router>')
+    router = make_router('<router name="r1" startorder="test$a"><swiftlet name="test$a" fail="start"/></router>')
     with pytest.RaisesGroup(pytest.RaisesExc(SwiftletFailed, match="test\\$a failed to start")):
         async with trio.open_nursery() as nursery:
             await nursery.start(router.run)
@@ -155,7 +169,8 @@ async def test_lookup_returns_the_interface_asked_for_or_says_what_is_missing(ma
             context.lookup("test$a", Publishing)
         assert str(caught.value) == (
             "swiftlet test$a on router r1 (probe_plugin.ProbeSwiftlet) does not provide the interface "
-            "test_router.Publishing: it lacks interest, publish")
+            "test_router.Publishing: it lacks interest, publish"
+        )
         with pytest.raises(TypeError, match="test_router.Unchecked must be a class or a @runtime_checkable"):
             context.lookup("test$a", Unchecked)
         with pytest.raises(LookupError, match="swiftlet test\\$c is not running on router r1"):
@@ -166,10 +181,12 @@ async def test_lookup_returns_the_interface_asked_for_or_says_what_is_missing(ma
 async def test_two_routers_in_one_process_are_independent(make_router, write_config, caplog):
     import probe_plugin
 
-    paris = Router.from_file(write_config('<router name="paris" startorder="test$a sys$log"/>', "p.xml"),
-                             plugins=[probe_plugin])
-    tokyo = Router.from_file(write_config('<router name="tokyo" startorder="test$a"/>', "t.xml"),
-                             plugins=[probe_plugin])
+    paris = Router.from_file(
+        write_config('<router name="paris" startorder="test$a sys$log"/>', "p.xml"), plugins=[probe_plugin]
+    )
+    tokyo = Router.from_file(
+        write_config('<router name="tokyo" startorder="test$a"/>', "t.xml"), plugins=[probe_plugin]
+    )
     with caplog.at_level(logging.INFO):
         async with trio.open_nursery() as nursery:
             await nursery.start(paris.run)

@@ -83,8 +83,13 @@ async def test_a_static_route_makes_a_router_addressable_and_its_removal_keeps_t
     await send(url, "orders@z", "three", anonymous=True)
     await in_thread(proton_send, url, "orders@z", "four")
     await in_thread(proton_send, url, "invoices@z", "five", anonymous=True)
-    assert waiting(network, "a", "z") == [("orders@z", "one"), ("orders@z", "two"), ("orders@z", "three"),
-                                          ("orders@z", "four"), ("invoices@z", "five")]  # unchanged, in order
+    assert waiting(network, "a", "z") == [
+        ("orders@z", "one"),
+        ("orders@z", "two"),
+        ("orders@z", "three"),
+        ("orders@z", "four"),
+        ("invoices@z", "five"),
+    ]  # unchanged, in order
     usage = table_usage(network, "a", "z")
     assert usage["queue"] == "rt$z" and usage["backlog"] == 5 and usage["static"] is True
     assert management.get("/sys$queuemanager/usage/queues/rt$z", "messages") == 5
@@ -231,8 +236,9 @@ async def test_temporary_queues_carry_their_router(network):
 
 async def test_a_routing_only_router_has_no_queues_to_manage(nursery, tmp_path):
     network = Network(nursery, tmp_path)
-    await network.start(network.config("solo", startorder=("sys$routing",),
-                                       swiftlets={"sys$routing": routing_config()}))
+    await network.start(
+        network.config("solo", startorder=("sys$routing",), swiftlets={"sys$routing": routing_config()})
+    )
     network.routers["solo"].management.add("/sys$routing/static-routes", "z")
     usage = table_usage(network, "solo", "z")
     assert usage["static"] is True and "queue" not in usage and "backlog" not in usage

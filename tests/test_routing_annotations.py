@@ -14,18 +14,33 @@ from martinet.swiftlets.routing.routing_annotations import DESTINATION, DOUBT, H
 from martinet.swiftlets.routing.transfer import routing_rewrite
 
 names = st.text(st.characters(codec="utf-8", categories=("L", "N")), min_size=1, max_size=300)
-others = st.dictionaries(st.sampled_from(["x-opt-jms-msg-type", "x-opt-a", "x-opt-martinet-cid", "x-opt-long"]),
-                         st.one_of(st.integers(0, 2**31), names, st.booleans()), max_size=4)
+others = st.dictionaries(
+    st.sampled_from(["x-opt-jms-msg-type", "x-opt-a", "x-opt-martinet-cid", "x-opt-long"]),
+    st.one_of(st.integers(0, 2**31), names, st.booleans()),
+    max_size=4,
+)
 
 
 def general(raw: bytes) -> tuple:
     annotations = Message(raw).message_annotations
-    return (annotations.get(SOURCE), annotations.get(DESTINATION), annotations.get(QUEUE), annotations.get(HOPS),
-            annotations.get(DOUBT))
+    return (
+        annotations.get(SOURCE),
+        annotations.get(DESTINATION),
+        annotations.get(QUEUE),
+        annotations.get(HOPS),
+        annotations.get(DOUBT),
+    )
 
 
-@given(others=others, queue=names, router=names, durable=st.booleans(), hops=st.integers(0, 70),
-       doubt=st.booleans(), body=st.binary(max_size=300))
+@given(
+    others=others,
+    queue=names,
+    router=names,
+    durable=st.booleans(),
+    hops=st.integers(0, 70),
+    doubt=st.booleans(),
+    body=st.binary(max_size=300),
+)
 def test_the_short_path_reads_and_counts_as_the_general_one(others, queue, router, durable, hops, doubt, body):
     message = build(body, durable=durable, message_id="id-1")
     if others:
@@ -48,8 +63,13 @@ def test_the_short_path_reads_and_counts_as_the_general_one(others, queue, route
     for _ in range(2):  # read, then remembered
         remembered, again = counter.count(raw)
         assert remembered is not None and again == counted
-        assert (remembered.source, remembered.destination, remembered.queue, remembered.hops,
-                remembered.doubt) == general(raw)
+        assert (
+            remembered.source,
+            remembered.destination,
+            remembered.queue,
+            remembered.hops,
+            remembered.doubt,
+        ) == general(raw)
         assert counter.fields(raw) == remembered
     other = AnnotationPatch({HOPS: UInt(hops + 1)}).apply(Message(raw)).raw  # another section: the one kept goes
     assert counter.count(other)[0].hops == hops + 1 and counter.count(raw)[1] == counted
@@ -63,7 +83,7 @@ def test_it_declines_what_it_does_not_know_and_refuses_what_is_broken():
     fields = read(no_hops.raw)
     assert fields is not None and fields.hops is None and fields.next_hop() is None
     assert read(bytearray(no_hops.raw)) is None  # bytes only
-    cut = no_hops.raw[:len(no_hops.raw) - len(b"body") - 12]  # inside the map
+    cut = no_hops.raw[: len(no_hops.raw) - len(b"body") - 12]  # inside the map
     with pytest.raises(MessageError, match="malformed message-annotations"):
         read(cut)
     with pytest.raises(MessageError, match="malformed message-annotations: their map ends at"):

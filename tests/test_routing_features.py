@@ -25,8 +25,9 @@ from network import ROUTING_STACK, routing_config
 
 async def start(network, *names, **routing):
     for name in names:
-        await network.start(network.config(name, startorder=ROUTING_STACK,
-                                           swiftlets={"sys$routing": routing_config(**routing)}))
+        await network.start(
+            network.config(name, startorder=ROUTING_STACK, swiftlets={"sys$routing": routing_config(**routing)})
+        )
 
 
 def queues(network, router):
@@ -41,8 +42,13 @@ def bridge_usage(network, router, bridge):
 
 
 async def test_a_bridge_moves_every_message_exactly_once_and_in_order(network):
-    await start(network, "a", queue_bridges=[QueueBridgeConfig(name="out", source_queue="outbox",
-                                                               destination="inbox@b", transaction_size=50)])
+    await start(
+        network,
+        "a",
+        queue_bridges=[
+            QueueBridgeConfig(name="out", source_queue="outbox", destination="inbox@b", transaction_size=50)
+        ],
+    )
     await start(network, "b")
     network.connect("a", "b")
     await network.settle({"a": {"b": 1}, "b": {"a": 1}})
@@ -50,15 +56,21 @@ async def test_a_bridge_moves_every_message_exactly_once_and_in_order(network):
     verify(await consume(network.url("b"), "inbox", 500), 500)
     assert queues(network, "a")["outbox"].size == 0
     usage = bridge_usage(network, "a", "out")
-    assert usage == {"source-queue": "outbox", "destination": "inbox@b", "state": "moving",
-                     "messages-moved": 500, "waiting-for": ""}
+    assert usage == {
+        "source-queue": "outbox",
+        "destination": "inbox@b",
+        "state": "moving",
+        "messages-moved": 500,
+        "waiting-for": "",
+    }
 
 
 async def test_a_bridge_added_at_runtime_waits_in_its_source_until_the_destination_is_known(network):
     await start(network, "a", "b")
     await produce(network.url("a"), "outbox", 100)
-    network.routers["a"].management.add("/sys$routing/queue-bridges", "out",
-                                        {"source-queue": "outbox", "destination": "inbox@b"})
+    network.routers["a"].management.add(
+        "/sys$routing/queue-bridges", "out", {"source-queue": "outbox", "destination": "inbox@b"}
+    )
     await wait_until(lambda: bridge_usage(network, "a", "out")["state"] == "waiting", what="bridge waiting")
     assert "router 'b' is not known" in bridge_usage(network, "a", "out")["waiting-for"]
     assert queues(network, "a")["outbox"].size == 100  # nothing taken while b is unknown
@@ -68,8 +80,9 @@ async def test_a_bridge_added_at_runtime_waits_in_its_source_until_the_destinati
 
 
 async def test_a_bridge_removed_at_runtime_stops_moving_and_its_messages_stay(network):
-    await start(network, "a", "b", queue_bridges=[QueueBridgeConfig(name="out", source_queue="outbox",
-                                                                    destination="inbox@b")])
+    await start(
+        network, "a", "b", queue_bridges=[QueueBridgeConfig(name="out", source_queue="outbox", destination="inbox@b")]
+    )
     network.connect("a", "b")
     await network.settle({"a": {"b": 1}})
     await produce(network.url("a"), "outbox", 50, prefix="first")
@@ -84,8 +97,12 @@ async def test_a_bridge_removed_at_runtime_stops_moving_and_its_messages_stay(ne
 
 
 async def test_a_disabled_bridge_keeps_its_messages_and_moves_them_when_enabled(network):
-    await start(network, "a", "b", queue_bridges=[QueueBridgeConfig(name="out", source_queue="outbox",
-                                                                    destination="inbox@b", enabled=False)])
+    await start(
+        network,
+        "a",
+        "b",
+        queue_bridges=[QueueBridgeConfig(name="out", source_queue="outbox", destination="inbox@b", enabled=False)],
+    )
     network.connect("a", "b")
     await network.settle({"a": {"b": 1}})
     await produce(network.url("a"), "outbox", 40)
@@ -96,13 +113,15 @@ async def test_a_disabled_bridge_keeps_its_messages_and_moves_them_when_enabled(
 
 
 async def test_a_link_cut_while_bridging_loses_and_duplicates_nothing(network, nursery):
-    await start(network, "a", queue_bridges=[QueueBridgeConfig(name="out", source_queue="outbox",
-                                                               destination="inbox@b")])
+    await start(
+        network, "a", queue_bridges=[QueueBridgeConfig(name="out", source_queue="outbox", destination="inbox@b")]
+    )
     await start(network, "b")
     proxy = FaultProxy("127.0.0.1", network.routing_port("b"))
     await nursery.start(proxy.run)
-    network.routers["a"].management.add("/sys$routing/connectors", "b", {
-        "hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000"})
+    network.routers["a"].management.add(
+        "/sys$routing/connectors", "b", {"hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000"}
+    )
     await network.settle({"a": {"b": 1}})
     count = 2000
     inbox = None
@@ -126,8 +145,7 @@ async def test_a_link_cut_while_bridging_loses_and_duplicates_nothing(network, n
 
 async def test_a_bridge_sends_messages_that_arrived_by_routing_on_a_new_journey(network):
     await start(network, "a", "c")
-    await start(network, "b", queue_bridges=[QueueBridgeConfig(name="on", source_queue="relay",
-                                                               destination="inbox@c")])
+    await start(network, "b", queue_bridges=[QueueBridgeConfig(name="on", source_queue="relay", destination="inbox@c")])
     network.connect("a", "b")
     network.connect("b", "c")
     await network.settle({"a": {"b": 1, "c": 2}, "b": {"a": 1, "c": 1}})
@@ -135,21 +153,29 @@ async def test_a_bridge_sends_messages_that_arrived_by_routing_on_a_new_journey(
     received = await consume_texts(network.url("c"), "inbox", 100)
     verify([m.text for m in received], 100)
     annotations = received[0].annotations
-    assert (annotations["x-opt-martinet-src"], annotations["x-opt-martinet-dest"],
-            annotations["x-opt-martinet-queue"], annotations["x-opt-martinet-hops"]) == ("b", "c", "inbox", 1)
+    assert (
+        annotations["x-opt-martinet-src"],
+        annotations["x-opt-martinet-dest"],
+        annotations["x-opt-martinet-queue"],
+        annotations["x-opt-martinet-hops"],
+    ) == ("b", "c", "inbox", 1)
 
 
-@pytest.mark.parametrize(("attributes", "attribute", "message"), [
-    ('source-queue="outbox" destination="inbox"', "destination", "expected queue@router, found 'inbox'"),
-    ('source-queue="outbox" destination="inbox@9b"', "destination", "invalid router name '9b'"),
-    ('source-queue="rt$b" destination="inbox@b"', "source-queue", "'rt$b' is a system queue"),
-    ('source-queue="out box" destination="inbox@b"', "source-queue", "invalid queue name 'out box'"),
-])
-def test_a_bad_bridge_in_the_config_file_is_reported_with_file_and_line(write_config, attributes, attribute,
-                                                                        message):
-    path = write_config(f'<router name="a" startorder="sys$routing">\n<swiftlet name="sys$routing">\n'
-                        f'<queue-bridges>\n<queue-bridge name="out" {attributes}/>\n</queue-bridges>\n'
-                        '</swiftlet></router>')
+@pytest.mark.parametrize(
+    ("attributes", "attribute", "message"),
+    [
+        ('source-queue="outbox" destination="inbox"', "destination", "expected queue@router, found 'inbox'"),
+        ('source-queue="outbox" destination="inbox@9b"', "destination", "invalid router name '9b'"),
+        ('source-queue="rt$b" destination="inbox@b"', "source-queue", "'rt$b' is a system queue"),
+        ('source-queue="out box" destination="inbox@b"', "source-queue", "invalid queue name 'out box'"),
+    ],
+)
+def test_a_bad_bridge_in_the_config_file_is_reported_with_file_and_line(write_config, attributes, attribute, message):
+    path = write_config(
+        f'<router name="a" startorder="sys$routing">\n<swiftlet name="sys$routing">\n'
+        f'<queue-bridges>\n<queue-bridge name="out" {attributes}/>\n</queue-bridges>\n'
+        "</swiftlet></router>"
+    )
     with pytest.raises(ConfigErrors) as caught:
         load_config(path, load_swiftlet_specs())
     [error] = caught.value.errors
@@ -159,8 +185,9 @@ def test_a_bad_bridge_in_the_config_file_is_reported_with_file_and_line(write_co
 async def test_a_bad_bridge_added_at_runtime_is_refused_with_the_reason(network):
     await start(network, "a")
     with pytest.raises(Exception, match="expected queue@router"):
-        network.routers["a"].management.add("/sys$routing/queue-bridges", "out",
-                                            {"source-queue": "outbox", "destination": "nowhere"})
+        network.routers["a"].management.add(
+            "/sys$routing/queue-bridges", "out", {"source-queue": "outbox", "destination": "nowhere"}
+        )
     assert not network.routers["a"].management.resolve("/sys$routing/queue-bridges").entities
     async with connect(network.url("a")) as connection, connection.session() as session:
         async with session.producer(Queue("outbox")):
@@ -179,11 +206,17 @@ async def test_usage_shows_messages_rates_transactions_and_backlog_after_a_trans
     network.connect("a", "b")
     verify(await consume(network.url("b"), "orders", 300), 300)
     out_link = "/sys$routing/usage/connections/connector:b"
-    [in_link] = [f"/sys$routing/usage/connections/{name}"
-                 for name in management["b"].resolve("/sys$routing/usage/connections").children]
+    [in_link] = [
+        f"/sys$routing/usage/connections/{name}"
+        for name in management["b"].resolve("/sys$routing/usage/connections").children
+    ]
     sent, received = management["a"].resolve(out_link).properties(), management["b"].resolve(in_link).properties()
-    assert (sent["messages-out"], sent["messages-in"], received["messages-in"], received["messages-out"]) == \
-        (300, 0, 300, 0)
+    assert (sent["messages-out"], sent["messages-in"], received["messages-in"], received["messages-out"]) == (
+        300,
+        0,
+        300,
+        0,
+    )
     assert management["a"].get("/sys$routing/usage/routing-table/b", "backlog") == 0
     await wait_until(lambda: management["a"].get(out_link, "open-transactions") == 0, what="a's transactions done")
     assert management["a"].get(out_link, "in-doubt") == management["b"].get(in_link, "in-doubt") == 0
@@ -202,10 +235,19 @@ async def slow_flow_network(network, *, enabled: bool):
     of 10 messages at once, and b's routing has inbound flow control ``enabled``."""
     await start(network, "a")
     slow = QueueConfig(name="slow", flowcontrol_start_queuesize=20, max_flowcontrol_delay=1000)
-    await network.start(network.config("b", startorder=ROUTING_STACK, swiftlets={
-        "sys$routing": routing_config(inbound_flow_control_enabled=enabled,
-                                      listener={"inbound_transaction_size": 10, "inbound_window_size": 2}),
-        "sys$queuemanager": QueueManagerConfig(queues=[slow])}))
+    await network.start(
+        network.config(
+            "b",
+            startorder=ROUTING_STACK,
+            swiftlets={
+                "sys$routing": routing_config(
+                    inbound_flow_control_enabled=enabled,
+                    listener={"inbound_transaction_size": 10, "inbound_window_size": 2},
+                ),
+                "sys$queuemanager": QueueManagerConfig(queues=[slow]),
+            },
+        )
+    )
     network.connect("a", "b")
     await network.settle({"a": {"b": 1}, "b": {"a": 1}})
 
@@ -317,17 +359,20 @@ async def test_a_message_that_expires_on_a_slow_link_is_dead_lettered_where_it_a
     await start(network, "a", "b")
     proxy = FaultProxy("127.0.0.1", network.routing_port("b"))
     await nursery.start(proxy.run)
-    network.routers["a"].management.add("/sys$routing/connectors", "b", {
-        "hostname": "127.0.0.1", "port": str(proxy.port)})
+    network.routers["a"].management.add(
+        "/sys$routing/connectors", "b", {"hostname": "127.0.0.1", "port": str(proxy.port)}
+    )
     await network.settle({"a": {"b": 1}, "b": {"a": 1}})
     proxy.delay(3.0)
     # one through our client (ttl and absolute-expiry-time), one with a header ttl alone (as proton sends)
     await send_with_ttl(network.url("a"), "orders@b", [("short", 1500)])
-    await network.routers["a"].swiftlet("sys$queuemanager").send(
-        "orders@b", build("long", durable=True, ttl=60_000))
+    await network.routers["a"].swiftlet("sys$queuemanager").send("orders@b", build("long", durable=True, ttl=60_000))
     with trio.fail_after(30):
-        while len(dead_letters(network, "b")) < 1 or "orders" not in queues(network, "b") \
-                or queues(network, "b")["orders"].size < 1:
+        while (
+            len(dead_letters(network, "b")) < 1
+            or "orders" not in queues(network, "b")
+            or queues(network, "b")["orders"].size < 1
+        ):
             await trio.sleep(0.02)
     [dead] = dead_letters(network, "b")
     assert dead.body() == "short" and dead.message_annotations[HOPS] == 1
@@ -343,11 +388,14 @@ async def test_a_message_that_expires_on_a_slow_link_is_dead_lettered_where_it_a
     proxy.delay(0)
 
 
-@pytest.mark.parametrize("message", [
-    build("x", durable=True, priority=7, ttl=60_000),  # a header with ttl
-    build("x", durable=True),  # a header without
-    build("x"),  # no header
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        build("x", durable=True, priority=7, ttl=60_000),  # a header with ttl
+        build("x", durable=True),  # a header without
+        build("x"),  # no header
+    ],
+)
 def test_with_ttl_sets_the_reduced_ttl_and_keeps_the_rest(message):
     reduced = message.with_ttl(1234)
     assert reduced.header.ttl == 1234

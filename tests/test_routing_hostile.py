@@ -63,8 +63,13 @@ PASSWORD = "hub-secret"
 BASELINE = {"hub": {"friend": 1, "far": 2}, "friend": {"hub": 1, "far": 1}}
 EXAMPLES = 20  # per strategy and password setting (the announcements: 3 per kind): about 30 s in all
 # no shrinking: a failing example costs seconds of timeouts, and the first one found is readable
-HYPOTHESIS = settings(max_examples=EXAMPLES, deadline=None, database=None, phases=(Phase.explicit, Phase.generate),
-                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+HYPOTHESIS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    phases=(Phase.explicit, Phase.generate),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 # -- the network -------------------------------------------------------------------------------
@@ -81,8 +86,9 @@ class Hub:
 
     async def start(self) -> Hub:
         self.caplog.set_level(logging.INFO)
-        await self.network.start_routers("hub", listener={"password": self.password}, stage_valid_timeout=2000,
-                                         reject_disconnect_delay=1000)
+        await self.network.start_routers(
+            "hub", listener={"password": self.password}, stage_valid_timeout=2000, reject_disconnect_delay=1000
+        )
         await self.network.start_routers("friend", "far")
         self.network.connect("friend", "hub", password=self.password)
         self.network.connect("far", "friend")
@@ -166,8 +172,13 @@ class Mallory:
 
     def __init__(self, hub: Hub, stream: trio.SocketStream, name: str):
         self.hub, self.stream, self.name = hub, stream, name
-        self.machine = LinkMachine(Role.CONNECTOR, name, hub.password or None,
-                                   LinkSettings(keepalive_interval=0, stage_valid_timeout=5), now=trio.current_time())
+        self.machine = LinkMachine(
+            Role.CONNECTOR,
+            name,
+            hub.password or None,
+            LinkSettings(keepalive_interval=0, stage_valid_timeout=5),
+            now=trio.current_time(),
+        )
         self.closed: Closed | None = None
 
     @classmethod
@@ -244,21 +255,49 @@ def route(add: object, destination: object, path: object) -> bytes:
 
 
 names = st.from_regex(r"[A-Za-z][A-Za-z0-9_-]{0,8}", fullmatch=True).filter(lambda n: n not in ("hub", "friend", "far"))
-bad_names = st.one_of(st.just(""), st.just("x" * 65), st.just("9lives"), st.just("a b"), st.just("ünï"),
-                      st.just("new\nline"), st.text(max_size=12).filter(lambda t: not t.isascii()))
-ints = st.integers(min_value=-(2 ** 63), max_value=2 ** 64 - 1)  # what msgpack can carry
+bad_names = st.one_of(
+    st.just(""),
+    st.just("x" * 65),
+    st.just("9lives"),
+    st.just("a b"),
+    st.just("ünï"),
+    st.just("new\nline"),
+    st.text(max_size=12).filter(lambda t: not t.isascii()),
+)
+ints = st.integers(min_value=-(2**63), max_value=2**64 - 1)  # what msgpack can carry
 not_strings = st.one_of(
-    ints, st.none(), st.binary(max_size=4), st.booleans(),
-    st.floats(), st.lists(st.integers(min_value=0, max_value=9), max_size=2),
-    st.dictionaries(st.text(max_size=2), st.integers(min_value=0, max_value=9), max_size=1))
-unknown_codes = st.integers(min_value=-(2 ** 40), max_value=2 ** 40).filter(
-    lambda c: c not in FrameType._value2member_map_)
+    ints,
+    st.none(),
+    st.binary(max_size=4),
+    st.booleans(),
+    st.floats(),
+    st.lists(st.integers(min_value=0, max_value=9), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(min_value=0, max_value=9), max_size=1),
+)
+unknown_codes = st.integers(min_value=-(2**40), max_value=2**40).filter(lambda c: c not in FrameType._value2member_map_)
 
 
-HOSTILE = ("loop", "through the receiver", "too long", "wrong first hop", "bad name", "non-string name",
-           "destination not last", "empty path", "own direct route", "non-bool add", "missing field", "extra field",
-           "huge frame", "huge length", "unknown type", "unknown transaction", "handshake frame", "not a map",
-           "garbage")
+HOSTILE = (
+    "loop",
+    "through the receiver",
+    "too long",
+    "wrong first hop",
+    "bad name",
+    "non-string name",
+    "destination not last",
+    "empty path",
+    "own direct route",
+    "non-bool add",
+    "missing field",
+    "extra field",
+    "huge frame",
+    "huge length",
+    "unknown type",
+    "unknown transaction",
+    "handshake frame",
+    "not a map",
+    "garbage",
+)
 
 
 @st.composite
@@ -279,8 +318,13 @@ def hostile_route(draw, sender: str, kind: str) -> bytes:
     elif kind == "bad name":
         name = draw(bad_names)
         at = draw(st.sampled_from(["destination", "middle", "both"]))
-        frame = route(True, name, [sender, name]) if at == "both" else \
-            route(True, name, [sender, a]) if at == "destination" else route(True, a, [sender, name, a])
+        frame = (
+            route(True, name, [sender, name])
+            if at == "both"
+            else route(True, name, [sender, a])
+            if at == "destination"
+            else route(True, a, [sender, name, a])
+        )
     elif kind == "non-string name":
         value = draw(not_strings)
         frame = route(True, value, [sender, value]) if draw(st.booleans()) else route(True, a, [sender, value, a])
@@ -301,16 +345,26 @@ def hostile_route(draw, sender: str, kind: str) -> bytes:
     elif kind == "huge frame":  # a ROUTE body just over the 1 MiB maximum
         frame = route(True, a, [sender, a + "x" * (1 << 20)])
     elif kind == "huge length":  # announces a body it never sends
-        frame = struct.pack(">I", draw(st.integers(min_value=(1 << 20) + 1, max_value=2 ** 32 - 1))) + b"\x93"
+        frame = struct.pack(">I", draw(st.integers(min_value=(1 << 20) + 1, max_value=2**32 - 1))) + b"\x93"
     elif kind == "unknown type":
         frame = raw(draw(unknown_codes), {})
     elif kind == "unknown transaction":  # an answer for a transaction never sent
         code = draw(st.sampled_from([FrameType.PREPARE_REPLY, FrameType.COMMIT, FrameType.COMMIT_REPLY]))
         frame = raw(int(code), {"xid": "routing:nobody:hub:1"})
     elif kind == "handshake frame":
-        frame = encode(draw(st.sampled_from([
-            Protocol(versions=("1.0",)), Connect(name=a, nonce=b"n" * 32, use_xa=True), Auth(proof=b"p" * 32),
-            Adjust(transaction_size=1, window_size=1), StartDelivery()])))
+        frame = encode(
+            draw(
+                st.sampled_from(
+                    [
+                        Protocol(versions=("1.0",)),
+                        Connect(name=a, nonce=b"n" * 32, use_xa=True),
+                        Auth(proof=b"p" * 32),
+                        Adjust(transaction_size=1, window_size=1),
+                        StartDelivery(),
+                    ]
+                )
+            )
+        )
     elif kind == "not a map":
         frame = raw(int(FrameType.ROUTE), draw(st.one_of(not_strings, st.lists(st.text(max_size=3), max_size=3))))
     else:
@@ -324,8 +378,9 @@ def valid_route(draw, sender: str) -> tuple[str, bytes]:
     a = "v" + draw(names)  # never a sender's name (m<n>)
     length = draw(st.integers(min_value=1, max_value=MAX_PATH - 2))
     path = [sender, *(f"{a}{i}" for i in range(1, length)), a]
-    return "valid", draw(st.sampled_from([encode(Route(add=draw(st.booleans()), destination=a, path=tuple(path))),
-                                          encode(Keepalive())]))
+    return "valid", draw(
+        st.sampled_from([encode(Route(add=draw(st.booleans()), destination=a, path=tuple(path))), encode(Keepalive())])
+    )
 
 
 # -- the tests ---------------------------------------------------------------------------------
@@ -333,10 +388,23 @@ def valid_route(draw, sender: str) -> tuple[str, bytes]:
 
 async def test_random_bytes_at_the_listener(hub):
     @HYPOTHESIS
-    @given(data=st.one_of(st.binary(max_size=3000), st.binary(max_size=40).map(lambda b: MAGIC[:5] + b),
-                          st.sampled_from([b"AMQP\x00\x01\x00\x00", b"GET / HTTP/1.1\r\n\r\n", b"\x16\x03\x01\x02\x00",
-                                           MAGIC + b"\xff\xff\xff\xff", MAGIC + b"\x00\x00\x00\x00", MAGIC])),
-           linger=st.booleans())
+    @given(
+        data=st.one_of(
+            st.binary(max_size=3000),
+            st.binary(max_size=40).map(lambda b: MAGIC[:5] + b),
+            st.sampled_from(
+                [
+                    b"AMQP\x00\x01\x00\x00",
+                    b"GET / HTTP/1.1\r\n\r\n",
+                    b"\x16\x03\x01\x02\x00",
+                    MAGIC + b"\xff\xff\xff\xff",
+                    MAGIC + b"\x00\x00\x00\x00",
+                    MAGIC,
+                ]
+            ),
+        ),
+        linger=st.booleans(),
+    )
     def example(data: bytes, linger: bool) -> None:
         in_trio(attack, data, linger)
 
@@ -355,8 +423,11 @@ def after_connect(draw) -> tuple[str, list[bytes]]:
     """A valid lead-in up to CONNECT (with some name) and then frames of any sort."""
     name = draw(st.one_of(names, st.sampled_from(["friend", "hub", "far"]), bad_names))
     nonce = draw(st.one_of(st.just(b"n" * 32), st.binary(max_size=40)))
-    frames = [MAGIC + encode(Protocol(versions=draw(st.sampled_from([("1.0",), ("2.0", "1.0"), ("0.9",)]))))
-              + encode(Connect(name=name, nonce=nonce, use_xa=draw(st.booleans())))]
+    frames = [
+        MAGIC
+        + encode(Protocol(versions=draw(st.sampled_from([("1.0",), ("2.0", "1.0"), ("0.9",)]))))
+        + encode(Connect(name=name, nonce=nonce, use_xa=draw(st.booleans())))
+    ]
     anything = st.one_of(
         st.binary(min_size=1, max_size=64),
         st.builds(lambda p: encode(Auth(proof=p)), st.binary(max_size=40)),
@@ -364,16 +435,30 @@ def after_connect(draw) -> tuple[str, list[bytes]]:
         st.just(raw(int(FrameType.ADJUST), {"transaction_size": 0, "window_size": 0})),
         st.just(encode(StartDelivery())),
         st.just(encode(Keepalive())),
-        st.builds(lambda a: encode(Route(add=True, destination=a, path=(name or "x", a)))
-                  if name and isinstance(name, str) else b"", names),
+        st.builds(
+            lambda a: (
+                encode(Route(add=True, destination=a, path=(name or "x", a))) if name and isinstance(name, str) else b""
+            ),
+            names,
+        ),
         st.builds(lambda r: encode(Close(reason=r)), st.text(max_size=30)),
-        st.builds(raw, st.one_of(unknown_codes, st.sampled_from(sorted(int(c) for c in FrameType))),
-                  st.dictionaries(st.text(max_size=8), st.one_of(st.text(max_size=8), ints, st.booleans()),
-                                  max_size=3)),
-        st.builds(lambda f, i, x: f[:i] + bytes([f[i] ^ x]) + f[i + 1:] if i < len(f) else f,
-                  st.sampled_from([encode(Adjust(transaction_size=5, window_size=5)), encode(StartDelivery()),
-                                   encode(Auth(proof=b"q" * 32))]),
-                  st.integers(min_value=0, max_value=40), st.integers(min_value=1, max_value=255)),
+        st.builds(
+            raw,
+            st.one_of(unknown_codes, st.sampled_from(sorted(int(c) for c in FrameType))),
+            st.dictionaries(st.text(max_size=8), st.one_of(st.text(max_size=8), ints, st.booleans()), max_size=3),
+        ),
+        st.builds(
+            lambda f, i, x: f[:i] + bytes([f[i] ^ x]) + f[i + 1 :] if i < len(f) else f,
+            st.sampled_from(
+                [
+                    encode(Adjust(transaction_size=5, window_size=5)),
+                    encode(StartDelivery()),
+                    encode(Auth(proof=b"q" * 32)),
+                ]
+            ),
+            st.integers(min_value=0, max_value=40),
+            st.integers(min_value=1, max_value=255),
+        ),
     )
     return str(name), frames + draw(st.lists(anything, max_size=6))
 
@@ -439,8 +524,12 @@ async def test_a_route_through_the_receiver_is_refused_by_the_exchanger_and_logg
 async def test_valid_announcements_keep_the_link(hub):
     name = next(hub.names)
     async with await Mallory.connect(hub, name) as mallory:
-        await send(mallory.stream, encode(Route(add=True, destination="x1", path=(name, "x1")))
-                   + encode(Route(add=True, destination="x2", path=(name, "x1", "x2"))) + encode(Keepalive()))
+        await send(
+            mallory.stream,
+            encode(Route(add=True, destination="x1", path=(name, "x1")))
+            + encode(Route(add=True, destination="x2", path=(name, "x1", "x2")))
+            + encode(Keepalive()),
+        )
         await hub.wait_table(lambda table: table.get("x1") == 2 and table.get("x2") == 3, "valid routes learned")
         await send(mallory.stream, encode(Route(add=False, destination="x2", path=(name, "x1", "x2"))))
         await hub.wait_table(lambda table: "x2" not in table and table.get("x1") == 2, "a withdrawal applied")
@@ -457,8 +546,10 @@ async def test_a_peer_announcing_more_routes_than_allowed_loses_its_link(hub):
     hub.network.routers["hub"].management.set("/sys$routing", "max-routes-per-link", "1000")
     name = next(hub.names)
     async with await Mallory.connect(hub, name) as mallory:
-        await send(mallory.stream, b"".join(encode(Route(add=True, destination=f"d{i}", path=(name, f"d{i}")))
-                                            for i in range(5000)))
+        await send(
+            mallory.stream,
+            b"".join(encode(Route(add=True, destination=f"d{i}", path=(name, f"d{i}"))) for i in range(5000)),
+        )
         closed = await mallory.ended_by_hub(timeout=30)
         assert closed is not None and closed.by_peer, closed
         assert f"{name} announced more than max-routes-per-link 1000 routes" in closed.reason, closed
@@ -470,16 +561,37 @@ async def test_a_connector_whose_tls_handshake_fails_closes_its_socket(network, 
     """Bug found here: the TCP stream under a failed TLS handshake was left to the garbage
     collector (a ResourceWarning per retry)."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    await trio.run_process(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                            "-keyout", str(key), "-out", str(cert)], capture_stdout=True, capture_stderr=True)
+    await trio.run_process(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        capture_stdout=True,
+        capture_stderr=True,
+    )
     await network.start_routers("a", listener={"tls_certificate": str(cert), "tls_key": str(key)})
     await network.start_routers("b")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
         network.connect("b", "a", name="untrusted", **{"use-tls": "true", "retry-time": "1000"})
-        usage = lambda: network.routers["b"].management.resolve(  # noqa: E731
-            "/sys$routing/usage/connectors/untrusted").properties()
+
+        def usage() -> dict:
+            return network.routers["b"].management.resolve("/sys$routing/usage/connectors/untrusted").properties()
+
         with trio.fail_after(10):
             while usage()["attempts"] < 3:
                 await trio.sleep(0.05)
@@ -494,8 +606,11 @@ async def test_announcements_after_a_bad_one_on_the_same_read_are_not_applied(hu
     announcements that arrived with it (learned, passed on to friend, then withdrawn)."""
     name = next(hub.names)
     async with await Mallory.connect(hub, name) as mallory:
-        await send(mallory.stream, encode(Route(add=True, destination="x1", path=(name, "hub", "x1")))
-                   + encode(Route(add=True, destination="vafter", path=(name, "vafter"))))
+        await send(
+            mallory.stream,
+            encode(Route(add=True, destination="x1", path=(name, "hub", "x1")))
+            + encode(Route(add=True, destination="vafter", path=(name, "vafter"))),
+        )
         closed = await mallory.ended_by_hub()
         assert closed is not None and "bad route announcement" in closed.reason, closed
     await hub.check("a bad announcement and a good one")

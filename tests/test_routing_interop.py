@@ -36,17 +36,30 @@ def proton_address(network: Network, router: str) -> str:
     return network.url(router).removeprefix("amqp://")
 
 
-async def run_rhea(network: Network, mode: str, router: str, queue: str, count: int,
-                   nursery: trio.Nursery, on_ready: Callable[[], object]) -> list[dict]:
+async def run_rhea(
+    network: Network,
+    mode: str,
+    router: str,
+    queue: str,
+    count: int,
+    nursery: trio.Nursery,
+    on_ready: Callable[[], object],
+) -> list[dict]:
     """Run ``rhea_routed.js`` against ``router``; ``on_ready`` runs in a thread once rhea's
     receiver is attached. Returns rhea's events once both rhea and ``on_ready`` are done (a
     requester gets its last reply after the server has sent it and left)."""
     events, pending = [], b""
     async with trio.open_nursery() as clients:
-        process = await nursery.start(functools.partial(
-            trio.run_process, ["node", "rhea_routed.js", mode, network.url(router).rsplit(":", 1)[1], queue,
-                               str(count)],
-            cwd=INTEROP, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False))
+        process = await nursery.start(
+            functools.partial(
+                trio.run_process,
+                ["node", "rhea_routed.js", mode, network.url(router).rsplit(":", 1)[1], queue, str(count)],
+                cwd=INTEROP,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
+        )
         async for chunk in process.stdout:
             pending += chunk
             *lines, pending = pending.split(b"\n")
@@ -63,10 +76,19 @@ async def test_proton_sends_through_a_middle_router_and_rhea_receives_it_unchang
     await trio.to_thread.run_sync(install_rhea)
     network = Network(nursery, tmp_path)
     await start_chain(network, "a", "b", "c")
-    sent = [Message(body=f"order {n}", subject="orders", id=f"id-{n}", correlation_id=f"corr-{n}",
-                    content_type="text/plain", durable=True, priority=7,
-                    properties={"n": n, "customer": "ACME", "rate": 1.5, "urgent": n % 2 == 0})
-            for n in range(5)]
+    sent = [
+        Message(
+            body=f"order {n}",
+            subject="orders",
+            id=f"id-{n}",
+            correlation_id=f"corr-{n}",
+            content_type="text/plain",
+            durable=True,
+            priority=7,
+            properties={"n": n, "customer": "ACME", "rate": 1.5, "urgent": n % 2 == 0},
+        )
+        for n in range(5)
+    ]
 
     def proton_sends() -> None:
         connection = BlockingConnection(proton_address(network, "a"), timeout=30)
@@ -80,12 +102,26 @@ async def test_proton_sends_through_a_middle_router_and_rhea_receives_it_unchang
     with trio.fail_after(120):
         events = await run_rhea(network, "receive", "c", "orders", len(sent), nursery, proton_sends)
     received = [event for event in events if event["event"] == "message"]
-    assert [(m["body"], m["subject"], m["message_id"], m["correlation_id"], m["content_type"], m["durable"],
-             m["priority"], m["properties"]) for m in received] == [
-        (m.body, m.subject, m.id, m.correlation_id, m.content_type, True, 7, m.properties) for m in sent]
+    assert [
+        (
+            m["body"],
+            m["subject"],
+            m["message_id"],
+            m["correlation_id"],
+            m["content_type"],
+            m["durable"],
+            m["priority"],
+            m["properties"],
+        )
+        for m in received
+    ] == [(m.body, m.subject, m.id, m.correlation_id, m.content_type, True, 7, m.properties) for m in sent]
     annotations = received[0]["annotations"]
-    assert (annotations["x-opt-martinet-src"], annotations["x-opt-martinet-dest"],
-            annotations["x-opt-martinet-queue"], annotations["x-opt-martinet-hops"]) == ("a", "c", "orders", 2)
+    assert (
+        annotations["x-opt-martinet-src"],
+        annotations["x-opt-martinet-dest"],
+        annotations["x-opt-martinet-queue"],
+        annotations["x-opt-martinet-hops"],
+    ) == ("a", "c", "orders", 2)
 
 
 async def test_request_reply_across_two_routers_through_a_temporary_queue(nursery, tmp_path):

@@ -48,13 +48,15 @@ async def test_a_chain_of_five_learns_up_to_the_default_hop_limit(network):
     await network.start_routers(*names)
     chain(network, names)
     # hop limit 3: a route of 3 hops is not passed on, so the ends never learn each other
-    await network.settle({
-        "r1": {"r2": 1, "r3": 2, "r4": 3},
-        "r2": {"r1": 1, "r3": 1, "r4": 2, "r5": 3},
-        "r3": {"r1": 2, "r2": 1, "r4": 1, "r5": 2},
-        "r4": {"r1": 3, "r2": 2, "r3": 1, "r5": 1},
-        "r5": {"r2": 3, "r3": 2, "r4": 1},
-    })
+    await network.settle(
+        {
+            "r1": {"r2": 1, "r3": 2, "r4": 3},
+            "r2": {"r1": 1, "r3": 1, "r4": 2, "r5": 3},
+            "r3": {"r1": 2, "r2": 1, "r4": 1, "r5": 2},
+            "r4": {"r1": 3, "r2": 2, "r3": 1, "r5": 1},
+            "r5": {"r2": 3, "r3": 2, "r4": 1},
+        }
+    )
     row = network.routers["r1"].swiftlet("sys$routing").destination("r4")
     assert row.routes == (("r2", "r3", "r4"),) and row.next_hop == "r2"
     usage = network.routers["r1"].management.resolve("/sys$routing/usage/routing-table/r4").properties()
@@ -75,8 +77,10 @@ async def test_a_ring_of_six_takes_the_shortest_way_round(network):
     await network.start_routers(*names)
     for i, name in enumerate(names):
         network.connect(name, names[(i + 1) % 6])
-    expected = {name: {other: min((j - i) % 6, (i - j) % 6) for j, other in enumerate(names) if other != name}
-                for i, name in enumerate(names)}
+    expected = {
+        name: {other: min((j - i) % 6, (i - j) % 6) for j, other in enumerate(names) if other != name}
+        for i, name in enumerate(names)
+    }
     await network.settle(expected)
     routing = network.routers["r0"].swiftlet("sys$routing")
     assert routing.destination("r1").next_hop == "r1"
@@ -93,7 +97,7 @@ async def test_a_full_mesh_and_a_star(network):
     mesh = [f"m{i}" for i in range(5)]
     await network.start_routers(*mesh)
     for i, a in enumerate(mesh):
-        for b in mesh[i + 1:]:
+        for b in mesh[i + 1 :]:
             network.connect(a, b)
     await network.settle({a: {b: 1 for b in mesh if b != a} for a in mesh})
     m0 = network.routers["m0"].swiftlet("sys$routing")
@@ -106,16 +110,23 @@ async def test_a_full_mesh_and_a_star(network):
     await network.start_routers("hub", *leaves)
     for leaf in leaves:
         network.connect(leaf, "hub")
-    await network.settle({"hub": {leaf: 1 for leaf in leaves},
-                          **{leaf: {"hub": 1, **{o: 2 for o in leaves if o != leaf}} for leaf in leaves}})
+    await network.settle(
+        {
+            "hub": {leaf: 1 for leaf in leaves},
+            **{leaf: {"hub": 1, **{o: 2 for o in leaves if o != leaf}} for leaf in leaves},
+        }
+    )
 
 
-@pytest.mark.parametrize(("kind", "routers", "leaf0_learns"), [
-    ("include_by_destination", "leaf1", {"hub": 1, "leaf1": 2}),
-    ("exclude_by_destination", "leaf1", {"hub": 1, "leaf2": 2, "far": 3}),
-    ("include_by_hop", "leaf2", {"hub": 1, "leaf2": 2, "far": 3}),
-    ("exclude_by_hop", "leaf2", {"hub": 1, "leaf1": 2}),
-])
+@pytest.mark.parametrize(
+    ("kind", "routers", "leaf0_learns"),
+    [
+        ("include_by_destination", "leaf1", {"hub": 1, "leaf1": 2}),
+        ("exclude_by_destination", "leaf1", {"hub": 1, "leaf2": 2, "far": 3}),
+        ("include_by_hop", "leaf2", {"hub": 1, "leaf2": 2, "far": 3}),
+        ("exclude_by_hop", "leaf2", {"hub": 1, "leaf1": 2}),
+    ],
+)
 async def test_route_filters_at_the_hub(network, kind, routers, leaf0_learns):
     await network.start_routers("hub", "leaf0", "leaf1", "leaf2", "far")
     hub = network.routers["hub"].management
@@ -147,8 +158,9 @@ async def test_a_link_drop_withdraws_routes_and_recovery_brings_them_back(networ
     await network.start_routers("a", "b", "c")
     proxy = FaultProxy("127.0.0.1", network.routing_port("b"))
     await nursery.start(proxy.run)
-    network.routers["a"].management.add("/sys$routing/connectors", "b", {
-        "hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000"})
+    network.routers["a"].management.add(
+        "/sys$routing/connectors", "b", {"hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000"}
+    )
     network.connect("b", "c")
     await network.settle({"a": {"b": 1, "c": 2}, "c": {"a": 2, "b": 1}})
     events = network.routers["c"].bus.subscribe(DestinationDeactivated)
@@ -179,8 +191,7 @@ async def test_events_come_in_causal_order(network):
     with trio.move_on_after(1):
         while len(seen) < 4:
             event = await every.receive()
-            if isinstance(event, (DestinationAdded, DestinationActivated, DestinationDeactivated,
-                                  DestinationRemoved)):
+            if isinstance(event, (DestinationAdded, DestinationActivated, DestinationDeactivated, DestinationRemoved)):
                 seen.append(type(event))
     assert seen == [DestinationAdded, DestinationActivated, DestinationDeactivated, DestinationRemoved]
 
@@ -215,9 +226,12 @@ async def test_two_routers_dialling_each_other_keep_one_link(network):
                 b_dialled = connector_usage(network, b, a)["state"] == "operational"
                 links_a = list(network.routers[a].management.resolve("/sys$routing/usage/connections").children)
                 links_b = list(network.routers[b].management.resolve("/sys$routing/usage/connections").children)
-                if a_dialled != b_dialled and len(links_a) == len(links_b) == 1 \
-                        and a_dialled == links_b[0].startswith("listener") \
-                        and b_dialled == links_a[0].startswith("listener"):
+                if (
+                    a_dialled != b_dialled
+                    and len(links_a) == len(links_b) == 1
+                    and a_dialled == links_b[0].startswith("listener")
+                    and b_dialled == links_a[0].startswith("listener")
+                ):
                     break
                 await trio.sleep(0.05)
 
@@ -276,11 +290,31 @@ async def test_connectors_and_routes_added_at_runtime_are_saved(network, tmp_pat
 
 async def test_tls_links(network, tmp_path):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    await trio.run_process(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                            "-keyout", str(key), "-out", str(cert)], capture_stdout=True, capture_stderr=True)
-    await network.start_routers("a", "b", listener={"tls_certificate": str(cert), "tls_key": str(key),
-                                                    "password": "over-tls"})
+    await trio.run_process(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        capture_stdout=True,
+        capture_stderr=True,
+    )
+    await network.start_routers(
+        "a", "b", listener={"tls_certificate": str(cert), "tls_key": str(key), "password": "over-tls"}
+    )
     network.connect("a", "b", password="over-tls", **{"use-tls": "true", "tls-ca": str(cert)})
     await network.settle({"a": {"b": 1}, "b": {"a": 1}})
     network.connect("b", "a", name="plain", password="over-tls")  # plain bytes to a TLS listener fail
@@ -292,12 +326,12 @@ async def test_tls_links(network, tmp_path):
 
 
 async def test_keepalive_closes_a_half_open_link_and_the_connector_comes_back(network, nursery):
-    await network.start_routers("a", "b", stage_valid_timeout=1000,
-                                listener={"keepalive_interval": 200})
+    await network.start_routers("a", "b", stage_valid_timeout=1000, listener={"keepalive_interval": 200})
     proxy = FaultProxy("127.0.0.1", network.routing_port("b"))
     await nursery.start(proxy.run)
-    network.routers["a"].management.add("/sys$routing/connectors", "b", {
-        "hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000"})
+    network.routers["a"].management.add(
+        "/sys$routing/connectors", "b", {"hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000"}
+    )
     await network.settle({"a": {"b": 1}, "b": {"a": 1}})
     listener_side = network.routers["b"].bus.subscribe(LinkStateChanged)
 
@@ -307,8 +341,9 @@ async def test_keepalive_closes_a_half_open_link_and_the_connector_comes_back(ne
     detected = trio.current_time() - start
     assert 0.8 <= detected <= 5, detected  # 5 intervals of 0.2 s, give or take the scheduling
     usage = await wait_for_state(network, "a", "b", LinkState.FAILED)
-    assert "no keepalive from b for 5 intervals" in usage["last-error"] or "stage-valid-timeout" in \
-        usage["last-error"], usage
+    assert (
+        "no keepalive from b for 5 intervals" in usage["last-error"] or "stage-valid-timeout" in usage["last-error"]
+    ), usage
     with trio.fail_after(5):
         while (event := await listener_side.receive()).error is None:
             pass
@@ -340,12 +375,18 @@ async def test_listeners_can_be_added_and_removed_at_runtime(network):
         await trio.open_tcp_stream("127.0.0.1", port)
 
 
-async def test_an_exponential_retry_policy_backs_off_and_a_wrong_password_never_hammers(nursery, tmp_path,
-                                                                                      autojump_clock):
+async def test_an_exponential_retry_policy_backs_off_and_a_wrong_password_never_hammers(
+    nursery, tmp_path, autojump_clock
+):
     network = Network(nursery, tmp_path)
     for name in ("a", "b"):  # routing alone: no store process, so the clock can jump
-        await network.start(network.config(name, startorder=("sys$routing",), swiftlets={
-            "sys$routing": routing_config(listener={"password": "right"})}))
+        await network.start(
+            network.config(
+                name,
+                startorder=("sys$routing",),
+                swiftlets={"sys$routing": routing_config(listener={"password": "right"})},
+            )
+        )
     failures = network.routers["a"].bus.subscribe(LinkStateChanged)
     network.connect("a", "b", password="wrong", **{"retry-policy": "exponential", "retry-time": "16000"})
     times = []

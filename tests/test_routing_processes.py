@@ -46,8 +46,16 @@ FULL_TRIANGLE = {  # every router reaches the other two directly and over the th
 
 def test_a_triangle_of_processes_survives_a_sigkilled_router_and_takes_it_back(router_processes):
     routing = {name: free_port() for name in NAMES}
-    xml = {name: router_config(name, amqp=free_port(), routing=routing[name], password=PASSWORD,
-                               connectors=[(TRIANGLE[name], routing[TRIANGLE[name]], PASSWORD)]) for name in NAMES}
+    xml = {
+        name: router_config(
+            name,
+            amqp=free_port(),
+            routing=routing[name],
+            password=PASSWORD,
+            connectors=[(TRIANGLE[name], routing[TRIANGLE[name]], PASSWORD)],
+        )
+        for name in NAMES
+    }
     routers = {name: router_processes.start(xml[name]) for name in NAMES}
     logs = router_processes.logs
 
@@ -63,15 +71,21 @@ def test_a_triangle_of_processes_survives_a_sigkilled_router_and_takes_it_back(r
     survivors = {"paris": {"tokyo": {("tokyo",)}}, "tokyo": {"paris": {("paris",)}}}
     # SIGKILL leaves the kernel to close lyon's sockets: the peers read the end of the stream
     # (or, had the host gone, would miss 5 keepalives of 1 s); either way within a few seconds
-    wait_until("paris and tokyo drop every route via or to lyon and keep their own link",
-               lambda: {name: table(routers[name].current()) for name in survivors} == survivors, logs, timeout=15)
+    wait_until(
+        "paris and tokyo drop every route via or to lyon and keep their own link",
+        lambda: {name: table(routers[name].current()) for name in survivors} == survivors,
+        logs,
+        timeout=15,
+    )
     for name in survivors:
-        assert re.search(r"routing link \S+ \(127\.0\.0\.1:\d+, router lyon\) closed: ", routers[name].current()), \
+        assert re.search(r"routing link \S+ \(127\.0\.0\.1:\d+, router lyon\) closed: ", routers[name].current()), (
             logs()
+        )
 
     lyon.restart()
-    wait_until("after lyon's restart every router has routes to every other again",
-               lambda: tables() == FULL_TRIANGLE, logs)
+    wait_until(
+        "after lyon's restart every router has routes to every other again", lambda: tables() == FULL_TRIANGLE, logs
+    )
     for name in NAMES:  # nothing failed loudly on the way
         assert "Traceback" not in routers[name].text(), logs()
 
@@ -80,8 +94,9 @@ def test_every_sample_network_config_passes_martinet_check():
     files = sorted(CONF.glob("*.xml"))
     assert [f.stem for f in files] == ["lyon", "paris", "tokyo"]
     for file in files:
-        result = subprocess.run([sys.executable, "-m", "martinet.kernel", "check", str(file)],
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "martinet.kernel", "check", str(file)], capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 0, f"{file}: exit {result.returncode}\n{result.stdout}{result.stderr}"
 
 
@@ -118,9 +133,12 @@ def test_the_sample_network_runs_as_is_and_forms_routes(tmp_path):
         for router in routers.values():
             router.wait_started()
         # connectors retry every 5 s there: a router dialled before its peer listened waits once
-        wait_until("the sample network learns every route",
-                   lambda: {name: table(router.current()) for name, router in routers.items()} == FULL_TRIANGLE,
-                   logs, timeout=45)
+        wait_until(
+            "the sample network learns every route",
+            lambda: {name: table(router.current()) for name, router in routers.items()} == FULL_TRIANGLE,
+            logs,
+            timeout=45,
+        )
         for name, router in routers.items():
             assert router.stop() == 0, logs()
             assert (tmp_path / name / "store" / f"{name}.sqlite").exists()

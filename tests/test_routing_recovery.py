@@ -34,8 +34,12 @@ from netharness import Consumer, Producer, Topology, drain, open_network, verdic
 
 PAIR = Topology(("a", "b"), (("a", "b"),), sources=("a",), destination="b", queue="recovered")
 CASES = {  # case: (frame held, its direction, what a logs, what b logs, about the held xid)
-    "both prepared": (FrameType.PREPARE_REPLY, "to_client", "to b committed in recovery",
-                      "from a committed in recovery"),
+    "both prepared": (
+        FrameType.PREPARE_REPLY,
+        "to_client",
+        "to b committed in recovery",
+        "from a committed in recovery",
+    ),
     "only the sender prepared": (FrameType.TRANSACTION, "to_target", "to b rolled back (its messages go again)", None),
     "only the receiver prepared": (FrameType.COMMIT, "to_target", None, "from a committed in recovery"),
     "receiver answered its commit": (FrameType.COMMIT_REPLY, "to_client", None, ...),  # ...: either
@@ -132,11 +136,27 @@ async def test_the_operator_resolves_a_routing_xid_whose_peer_never_comes_back(n
 
     a, b = network.routers["a"], network.routers["b"]
     assert await in_doubt(a, xid) | {"age": 0, "prepared-at": ""} == {
-        "xid": xid, "state": "prepared", "owner": "routing", "peer": "b", "queues": "rt$b", "messages": 0,
-        "acknowledgements": 1, "age": 0, "prepared-at": ""}
+        "xid": xid,
+        "state": "prepared",
+        "owner": "routing",
+        "peer": "b",
+        "queues": "rt$b",
+        "messages": 0,
+        "acknowledgements": 1,
+        "age": 0,
+        "prepared-at": "",
+    }
     assert await in_doubt(b, xid) | {"age": 0, "prepared-at": ""} == {
-        "xid": xid, "state": "prepared", "owner": "routing", "peer": "a", "queues": "orders", "messages": 1,
-        "acknowledgements": 0, "age": 0, "prepared-at": ""}
+        "xid": xid,
+        "state": "prepared",
+        "owner": "routing",
+        "peer": "a",
+        "queues": "orders",
+        "messages": 1,
+        "acknowledgements": 0,
+        "age": 0,
+        "prepared-at": "",
+    }
     assert available(a, "rt$b") == [] and a.swiftlet("sys$queuemanager").queues["rt$b"].size == 1  # held
 
     for router in (a, b):

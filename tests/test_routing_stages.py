@@ -72,7 +72,7 @@ def split(data: bytes) -> list[bytes]:
     chunks = []
     if data.startswith(MAGIC):
         chunks.append(MAGIC)
-        data = data[len(MAGIC):]
+        data = data[len(MAGIC) :]
     while data:
         size = 4 + struct.unpack(">I", data[:4])[0]
         chunks.append(data[:size])
@@ -100,8 +100,15 @@ class Pair:
     recovery COMMITs at once) for the sides in ``recover``; ``drop`` holds the sides whose
     output is lost (a half-open connection)."""
 
-    def __init__(self, c: LinkMachine | None = None, lis: LinkMachine | None = None, *, admit=(CONNECTOR, LISTENER),
-                 recover=(CONNECTOR, LISTENER), auto=()):
+    def __init__(
+        self,
+        c: LinkMachine | None = None,
+        lis: LinkMachine | None = None,
+        *,
+        admit=(CONNECTOR, LISTENER),
+        recover=(CONNECTOR, LISTENER),
+        auto=(),
+    ):
         self.c, self.l = c or connector(), lis or listener()
         self.machines = (self.c, self.l)
         self.admit = {m for m in self.machines if m.role in admit}
@@ -224,23 +231,51 @@ def test_success_both_ends_operational(password):
     c_events, l_events = pair.events[pair.c], pair.events[pair.l]
     assert c_events == [
         PeerIdentified(peer="r2", version="1.0", authentication=password is not None),
-        RecoveryRequested(peer="r2"), RecoveryReceived(peer="r2", xids=()),
-        Operational(peer="r2", version="1.0", peer_transaction_size=20, peer_window_size=10,
-                    keepalive_interval=60.0, use_xa=True)]
+        RecoveryRequested(peer="r2"),
+        RecoveryReceived(peer="r2", xids=()),
+        Operational(
+            peer="r2",
+            version="1.0",
+            peer_transaction_size=20,
+            peer_window_size=10,
+            keepalive_interval=60.0,
+            use_xa=True,
+        ),
+    ]
     assert l_events == [
         PeerIdentified(peer="r1", version="1.0", authentication=password is not None),
-        RecoveryRequested(peer="r1"), RecoveryReceived(peer="r1", xids=()),
-        Operational(peer="r1", version="1.0", peer_transaction_size=20, peer_window_size=10,
-                    keepalive_interval=60.0, use_xa=True)]
+        RecoveryRequested(peer="r1"),
+        RecoveryReceived(peer="r1", xids=()),
+        Operational(
+            peer="r1",
+            version="1.0",
+            peer_transaction_size=20,
+            peer_window_size=10,
+            keepalive_interval=60.0,
+            use_xa=True,
+        ),
+    ]
     c_types = [f.TYPE for f in pair.frames(pair.c)]
     l_types = [f.TYPE for f in pair.frames(pair.l)]
     auth_c = [FrameType.AUTH] if password else []
     auth_l = [FrameType.AUTH_REPLY] if password else []
     recovery = [FrameType.RECOVERY, FrameType.RECOVERY_DONE]  # the link uses XA
-    assert c_types == [FrameType.PROTOCOL, FrameType.CONNECT, *auth_c, *recovery, FrameType.ADJUST,
-                       FrameType.START_DELIVERY]
-    assert l_types == [FrameType.PROTOCOL_REPLY, FrameType.CONNECT_REPLY, *auth_l, *recovery, FrameType.ADJUST,
-                       FrameType.START_DELIVERY]
+    assert c_types == [
+        FrameType.PROTOCOL,
+        FrameType.CONNECT,
+        *auth_c,
+        *recovery,
+        FrameType.ADJUST,
+        FrameType.START_DELIVERY,
+    ]
+    assert l_types == [
+        FrameType.PROTOCOL_REPLY,
+        FrameType.CONNECT_REPLY,
+        *auth_l,
+        *recovery,
+        FrameType.ADJUST,
+        FrameType.START_DELIVERY,
+    ]
     assert pair.sent[pair.c][0] == MAGIC and pair.sent[pair.l][0] == MAGIC
     assert pair.c.stage is Stage.DELIVERY and pair.l.stage is Stage.DELIVERY
     wire = b"".join(pair.sent[pair.c] + pair.sent[pair.l])
@@ -249,8 +284,10 @@ def test_success_both_ends_operational(password):
 
 
 def test_the_received_adjust_is_the_peers_limits_and_the_listeners_keepalive_applies():
-    pair = Pair(connector(inbound_transaction_size=7, inbound_window_size=3, keepalive_interval=999, use_xa=False),
-                listener(inbound_transaction_size=50, inbound_window_size=4, keepalive_interval=12.5, use_xa=False))
+    pair = Pair(
+        connector(inbound_transaction_size=7, inbound_window_size=3, keepalive_interval=999, use_xa=False),
+        listener(inbound_transaction_size=50, inbound_window_size=4, keepalive_interval=12.5, use_xa=False),
+    )
     pair.run()
     [c_op] = [e for e in pair.events[pair.c] if isinstance(e, Operational)]
     [l_op] = [e for e in pair.events[pair.l] if isinstance(e, Operational)]
@@ -296,10 +333,17 @@ def test_wrong_password_is_refused_at_both_ends():
     assert not any(isinstance(e, Operational) for m in pair.machines for e in pair.events[m])
 
 
-@pytest.mark.parametrize("c_password, l_password, c_reason", [
-    (None, "pw", "authentication failed: the listener requires authentication and this connector has no password"),
-    ("pw", None, "authentication failed: the listener does not authenticate itself and this connector has a password"),
-])
+@pytest.mark.parametrize(
+    "c_password, l_password, c_reason",
+    [
+        (None, "pw", "authentication failed: the listener requires authentication and this connector has no password"),
+        (
+            "pw",
+            None,
+            "authentication failed: the listener does not authenticate itself and this connector has a password",
+        ),
+    ],
+)
 def test_password_matrix_refusals(c_password, l_password, c_reason):
     pair = Pair(connector(c_password), listener(l_password))
     pair.run()
@@ -332,17 +376,23 @@ def script_listener(c: LinkMachine, *replies) -> list:
     return decoded(split(b"".join(o for o in out if o)))
 
 
-@pytest.mark.parametrize("name, reason", [
-    ("r1", "both routers are named 'r1'"),
-    ("", "invalid router name ''"),
-    ("9lives", "invalid router name '9lives'"),
-    ("r" * 65, "at most 64 characters"),
-    ("bad\nname", r"invalid router name 'bad\\nname'"),
-])
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("r1", "both routers are named 'r1'"),
+        ("", "invalid router name ''"),
+        ("9lives", "invalid router name '9lives'"),
+        ("r" * 65, "at most 64 characters"),
+        ("bad\nname", r"invalid router name 'bad\\nname'"),
+    ],
+)
 def test_the_connector_refuses_bad_listener_names(name, reason):
     c = connector()
-    frames = script_listener(c, ProtocolReply(accepted=True, version="1.0"),
-                             ConnectReply(accepted=True, name=name, nonce=NONCE_L, keepalive_ms=1000))
+    frames = script_listener(
+        c,
+        ProtocolReply(accepted=True, version="1.0"),
+        ConnectReply(accepted=True, name=name, nonce=NONCE_L, keepalive_ms=1000),
+    )
     [closed] = c.events()
     assert reason in closed.reason and not closed.by_peer and c.state is State.REJECTING
     assert frames[-1] == Close(reason=closed.reason)
@@ -369,12 +419,16 @@ def test_admission_refused_by_the_owner_reaches_the_peer_and_the_socket_ends_aft
     assert m.tick(2.0) == 7.0  # reject-disconnect-delay 5 s from now
     pair._pump()
     pair.run()
-    assert pair.closed(m) == Closed(reason="router r9 is already connected", by_peer=False, peer=peer.name,
-                                    stage=Stage.CONNECT)
+    assert pair.closed(m) == Closed(
+        reason="router r9 is already connected", by_peer=False, peer=peer.name, stage=Stage.CONNECT
+    )
     assert pair.closed(peer).reason == "router r9 is already connected" and pair.closed(peer).by_peer
     assert pair.ended[peer] and peer.finished  # a refusal received ends at once
-    refusal = ConnectReply(accepted=False, reason="router r9 is already connected") if refusing is LISTENER \
+    refusal = (
+        ConnectReply(accepted=False, reason="router r9 is already connected")
+        if refusing is LISTENER
         else Close(reason="router r9 is already connected")
+    )
     assert pair.frames(m)[-1] == refusal
     assert m.state is State.REJECTING and not pair.ended[m] and not m.finished
     assert m.tick(6.99) == 7.0 and m.data_to_send() == b""
@@ -444,8 +498,7 @@ def test_version_mismatch_is_refused_with_the_listeners_versions():
     assert c.data_to_send() is None
 
 
-def test_the_listener_picks_the_highest_shared_version_and_the_connector_offers_only_what_it_implements(
-        monkeypatch):
+def test_the_listener_picks_the_highest_shared_version_and_the_connector_offers_only_what_it_implements(monkeypatch):
     assert decoded(split(connector().data_to_send())) == [Protocol(versions=("1.0",))]
     monkeypatch.setattr(stages, "VERSIONS", ("1.0", "1.10", "1.2"))
     lis = listener()
@@ -467,9 +520,11 @@ def test_a_version_not_offered_is_a_breach():
 def test_a_reflected_proof_is_refused_by_the_connector():
     """A fake listener echoes the connector's own proof back as its proof (reflection)."""
     c = connector("pw")
-    frames = script_listener(c, ProtocolReply(accepted=True, version="1.0"),
-                             ConnectReply(accepted=True, name="r2", nonce=NONCE_L, keepalive_ms=60000,
-                                          auth_required=True))
+    frames = script_listener(
+        c,
+        ProtocolReply(accepted=True, version="1.0"),
+        ConnectReply(accepted=True, name="r2", nonce=NONCE_L, keepalive_ms=60000, auth_required=True),
+    )
     [auth] = [f for f in frames if isinstance(f, Auth)]
     c.events()
     c.receive_data(encode(AuthReply(accepted=True, proof=auth.proof)))
@@ -500,8 +555,10 @@ def test_the_proof_is_the_documented_computation():
     message = LABEL_CONNECTOR
     for part in (NONCE_C, NONCE_L, b"r1", b"r2", b"1.0"):
         message += len(part).to_bytes(2, "big") + part
-    assert proof(b"pw", LABEL_CONNECTOR, NONCE_C, NONCE_L, "r1", "r2", "1.0") == \
-        hmac.new(b"pw", message, hashlib.sha256).digest()
+    assert (
+        proof(b"pw", LABEL_CONNECTOR, NONCE_C, NONCE_L, "r1", "r2", "1.0")
+        == hmac.new(b"pw", message, hashlib.sha256).digest()
+    )
 
 
 def test_nonces_must_have_32_bytes():
@@ -514,20 +571,28 @@ def test_nonces_must_have_32_bytes():
 # -- timers -------------------------------------------------------------------------------------
 
 WAITING_CASES = [
-    (CONNECTOR, State.PROTOCOL_WAIT, None), (LISTENER, State.PROTOCOL_WAIT, None),
-    (CONNECTOR, State.CONNECT_WAIT, None), (LISTENER, State.CONNECT_WAIT, None),
-    (CONNECTOR, State.ADMISSION, None), (LISTENER, State.ADMISSION, None),
-    (CONNECTOR, State.AUTH_WAIT, "pw"), (LISTENER, State.AUTH_WAIT, "pw"),
-    (CONNECTOR, State.RECOVERY_WAIT, None), (LISTENER, State.RECOVERY_WAIT, "pw"),
-    (CONNECTOR, State.ADJUST_WAIT, None), (LISTENER, State.ADJUST_WAIT, "pw"),
-    (CONNECTOR, State.START_WAIT, None), (LISTENER, State.START_WAIT, None),
+    (CONNECTOR, State.PROTOCOL_WAIT, None),
+    (LISTENER, State.PROTOCOL_WAIT, None),
+    (CONNECTOR, State.CONNECT_WAIT, None),
+    (LISTENER, State.CONNECT_WAIT, None),
+    (CONNECTOR, State.ADMISSION, None),
+    (LISTENER, State.ADMISSION, None),
+    (CONNECTOR, State.AUTH_WAIT, "pw"),
+    (LISTENER, State.AUTH_WAIT, "pw"),
+    (CONNECTOR, State.RECOVERY_WAIT, None),
+    (LISTENER, State.RECOVERY_WAIT, "pw"),
+    (CONNECTOR, State.ADJUST_WAIT, None),
+    (LISTENER, State.ADJUST_WAIT, "pw"),
+    (CONNECTOR, State.START_WAIT, None),
+    (LISTENER, State.START_WAIT, None),
 ]
 
 
 def test_every_waiting_state_is_covered():
     assert {state for _, state, _ in WAITING_CASES} == stages.WAITING
     assert {(role, state) for role, state, _ in WAITING_CASES} == {
-        (role, state) for role, state, _ in TRANSITIONS if state in stages.WAITING}
+        (role, state) for role, state, _ in TRANSITIONS if state in stages.WAITING
+    }
 
 
 @pytest.mark.parametrize("role, state, password", WAITING_CASES)
@@ -579,8 +644,11 @@ def test_a_silent_peer_is_closed_after_5_intervals(silent):
     pair.tick(1300)
     assert watcher.state is State.CLOSED
     assert pair.closed(watcher) == Closed(
-        reason=f"no keepalive from {quiet.name} for 5 intervals (5 × 60 s)", by_peer=False, peer=quiet.name,
-        stage=Stage.DELIVERY)
+        reason=f"no keepalive from {quiet.name} for 5 intervals (5 × 60 s)",
+        by_peer=False,
+        peer=quiet.name,
+        stage=Stage.DELIVERY,
+    )
     # the quiet side read the watcher's CLOSE (its own output is lost, not its input)
     assert pair.closed(quiet).by_peer
 
@@ -605,7 +673,8 @@ def test_route_traffic_neither_suppresses_nor_replaces_keepalives():
     assert [f.TYPE for f in pair.frames(pair.c)].count(FrameType.KEEPALIVE) == 5  # at 10, 20, 30, 40, 50 s
     assert pair.l.state is State.CLOSED and second == 50
     assert [e.reason for e in pair.l.events() if isinstance(e, Closed)] == [
-        "no keepalive from r1 for 5 intervals (5 × 10 s)"]
+        "no keepalive from r1 for 5 intervals (5 × 10 s)"
+    ]
 
 
 def test_keepalive_interval_zero_is_off():
@@ -639,25 +708,42 @@ def at_connect_wait() -> LinkMachine:
     return lis
 
 
-@pytest.mark.parametrize("make, data, reason", [
-    (at_connect_wait, encode(Keepalive()), "unexpected KEEPALIVE frame while awaiting the connect"),
-    (at_connect_wait, encode(Protocol(versions=("1.0",))), "unexpected PROTOCOL frame while awaiting the connect"),
-    (at_operational, encode(StartDelivery()), "unexpected START_DELIVERY frame while operational"),
-    (at_operational, encode(Adjust(transaction_size=1, window_size=1)), "unexpected ADJUST frame while operational"),
-    (at_operational, b"\x00\x00\x00\x03\x92\x32\x80", "TRANSACTION frame lacks the field"),
-    (at_operational, encode(PrepareReply(xid="x9")), "PREPARE_REPLY frame for xid 'x9', which is not open (outbound)"),
-    (at_operational, encode(Route(add=True, destination="r9", path=("r7", "r9"))),
-     "a route's path must run from r2 to its destination 'r9', got 'r7/r9'"),
-    (at_operational, encode(Route(add=True, destination="r9", path=("r2", "r9", "r2", "r9"))), "has a loop"),
-    (at_operational, encode(Route(add=True, destination="9", path=("r2", "9"))), "invalid router name '9'"),
-    (at_operational, encode(Route(add=True, destination="r9", path=())), "1 to 64 routers, got 0"),
-    (at_operational, struct.pack(">I", (1 << 20) + 1), "exceeds the maximum frame size of 1048576 bytes"),
-    (at_connect_wait, struct.pack(">I", 4097), "exceeds the maximum frame size of 4096 bytes"),
-    (listener, b"GET / HTTP/1.1\r\n\r\n",
-     "not a Martinet router: the stream starts with b'GET / HT' (an HTTP request?)"),
-    (listener, b"AMQP\x00\x01\x00\x00", "(an AMQP client?)"),
-    (connector, b"AMQP\x03\x01\x00\x00", "(an AMQP client?)"),
-])
+@pytest.mark.parametrize(
+    "make, data, reason",
+    [
+        (at_connect_wait, encode(Keepalive()), "unexpected KEEPALIVE frame while awaiting the connect"),
+        (at_connect_wait, encode(Protocol(versions=("1.0",))), "unexpected PROTOCOL frame while awaiting the connect"),
+        (at_operational, encode(StartDelivery()), "unexpected START_DELIVERY frame while operational"),
+        (
+            at_operational,
+            encode(Adjust(transaction_size=1, window_size=1)),
+            "unexpected ADJUST frame while operational",
+        ),
+        (at_operational, b"\x00\x00\x00\x03\x92\x32\x80", "TRANSACTION frame lacks the field"),
+        (
+            at_operational,
+            encode(PrepareReply(xid="x9")),
+            "PREPARE_REPLY frame for xid 'x9', which is not open (outbound)",
+        ),
+        (
+            at_operational,
+            encode(Route(add=True, destination="r9", path=("r7", "r9"))),
+            "a route's path must run from r2 to its destination 'r9', got 'r7/r9'",
+        ),
+        (at_operational, encode(Route(add=True, destination="r9", path=("r2", "r9", "r2", "r9"))), "has a loop"),
+        (at_operational, encode(Route(add=True, destination="9", path=("r2", "9"))), "invalid router name '9'"),
+        (at_operational, encode(Route(add=True, destination="r9", path=())), "1 to 64 routers, got 0"),
+        (at_operational, struct.pack(">I", (1 << 20) + 1), "exceeds the maximum frame size of 1048576 bytes"),
+        (at_connect_wait, struct.pack(">I", 4097), "exceeds the maximum frame size of 4096 bytes"),
+        (
+            listener,
+            b"GET / HTTP/1.1\r\n\r\n",
+            "not a Martinet router: the stream starts with b'GET / HT' (an HTTP request?)",
+        ),
+        (listener, b"AMQP\x00\x01\x00\x00", "(an AMQP client?)"),
+        (connector, b"AMQP\x03\x01\x00\x00", "(an AMQP client?)"),
+    ],
+)
 def test_a_breach_is_answered_with_close_and_never_raised(make, data, reason):
     m = make()
     m.data_to_send()
@@ -681,8 +767,9 @@ def test_a_peers_close_and_a_peers_hangup_end_the_link():
     assert c.data_to_send() is None
     c = at_operational()
     c.receive_data(b"")
-    assert c.events() == [Closed(reason="the peer closed the connection (operational)", by_peer=True, peer="r2",
-                                 stage=Stage.DELIVERY)]
+    assert c.events() == [
+        Closed(reason="the peer closed the connection (operational)", by_peer=True, peer="r2", stage=Stage.DELIVERY)
+    ]
 
 
 def test_the_owner_closes():
@@ -691,8 +778,9 @@ def test_the_owner_closes():
     pair.c.close("twice does nothing")
     pair._pump()
     pair.run()
-    assert pair.closed(pair.c) == Closed(reason="the routing swiftlet stops", by_peer=False, peer="r2",
-                                         stage=Stage.DELIVERY)
+    assert pair.closed(pair.c) == Closed(
+        reason="the routing swiftlet stops", by_peer=False, peer="r2", stage=Stage.DELIVERY
+    )
     assert pair.closed(pair.l).reason == "the routing swiftlet stops" and pair.closed(pair.l).by_peer
     assert pair.ended[pair.c] and pair.ended[pair.l]
 
@@ -733,8 +821,11 @@ def recorded_session(password):
     transactions both ways (compressed and not), keepalives, a close."""
     xa = password != "nonxa"
     password = None if password == "nonxa" else password
-    pair = Pair(connector(password, **SESSION_SETTINGS[xa]), listener(password, **SESSION_SETTINGS[xa]),
-                auto=(CONNECTOR, LISTENER))
+    pair = Pair(
+        connector(password, **SESSION_SETTINGS[xa]),
+        listener(password, **SESSION_SETTINGS[xa]),
+        auto=(CONNECTOR, LISTENER),
+    )
     pair.run()
     assert pair.c.state is State.OPERATIONAL and pair.l.state is State.OPERATIONAL
     for i in range(3):
@@ -755,8 +846,10 @@ def recorded_session(password):
     return list(pair.sent[pair.c]), list(pair.sent[pair.l])
 
 
-SESSION_SETTINGS = {True: {"keepalive_interval": 10, "use_compression": True}, False: {"keepalive_interval": 10,
-                                                                                      "use_xa": False}}
+SESSION_SETTINGS = {
+    True: {"keepalive_interval": 10, "use_compression": True},
+    False: {"keepalive_interval": 10, "use_xa": False},
+}
 SESSIONS = {password: recorded_session(password) for password in (None, "pw", "nonxa")}
 
 
@@ -818,7 +911,7 @@ def mutated_session(draw):
             chunk[k] ^= draw(st.integers(1, 255))
             chunks[i] = bytes(chunk)
         elif op == "truncate":
-            chunks[i] = chunks[i][:draw(st.integers(1, max(1, len(chunks[i]) - 1)))]
+            chunks[i] = chunks[i][: draw(st.integers(1, max(1, len(chunks[i]) - 1)))]
         elif op == "insert":
             chunks.insert(i, encode(draw(ANY_FRAME)))
         elif op == "bytes":
@@ -838,8 +931,12 @@ def test_mutated_sessions_never_raise_and_end_cleanly(case):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from([CONNECTOR, LISTENER]), st.sampled_from([None, "pw", "nonxa"]), st.integers(0, 24),
-       st.lists(st.binary(min_size=1, max_size=64), min_size=1, max_size=4))
+@given(
+    st.sampled_from([CONNECTOR, LISTENER]),
+    st.sampled_from([None, "pw", "nonxa"]),
+    st.integers(0, 24),
+    st.lists(st.binary(min_size=1, max_size=64), min_size=1, max_size=4),
+)
 def test_random_bytes_after_a_valid_prefix(role, password, prefix, noise):
     """Random bytes in any stage, before and after authentication (the prefix of a valid session)."""
     c_chunks, l_chunks = SESSIONS[password]
@@ -860,8 +957,11 @@ def test_frames_above_the_maximum_are_refused_from_their_length(role, prefix, le
     c_chunks, l_chunks = SESSIONS[None]
     # the peer's frames but its close and its answers to transactions of the recorded side
     answers = (Close, PrepareReply, CommitReply)
-    chunks = [ch for ch in (c_chunks if role is LISTENER else l_chunks)
-              if ch == MAGIC or not isinstance(decode_body(ch[4:]), answers)][:prefix]
+    chunks = [
+        ch
+        for ch in (c_chunks if role is LISTENER else l_chunks)
+        if ch == MAGIC or not isinstance(decode_body(ch[4:]), answers)
+    ][:prefix]
     m = fresh(role, None)
     for chunk in chunks:
         m.receive_data(chunk)
@@ -872,8 +972,9 @@ def test_frames_above_the_maximum_are_refused_from_their_length(role, prefix, le
     m.events()
     if not chunks:
         m.receive_data(MAGIC)
-    limit = 1 << 20 if m.state in (State.OPERATIONAL, State.ADJUST_WAIT, State.START_WAIT, State.RECOVERY_WAIT) \
-        else 4096
+    limit = (
+        1 << 20 if m.state in (State.OPERATIONAL, State.ADJUST_WAIT, State.START_WAIT, State.RECOVERY_WAIT) else 4096
+    )
     m.receive_data(struct.pack(">I", length))  # only the length: the body is not waited for
     if length > limit:
         [closed] = m.events()
@@ -923,8 +1024,13 @@ async def test_a_link_under_the_trio_driver(autojump_clock):
         l_owner.machine.close("the router stops")
         nursery.cancel_scope.deadline = trio.current_time() + 60  # both ends must finish by themselves
     assert not nursery.cancel_scope.cancelled_caught
-    assert [type(e) for e in c_owner.events] == [PeerIdentified, RecoveryRequested, RecoveryReceived, Operational,
-                                                 Closed]
+    assert [type(e) for e in c_owner.events] == [
+        PeerIdentified,
+        RecoveryRequested,
+        RecoveryReceived,
+        Operational,
+        Closed,
+    ]
     assert c_owner.events[-1].reason == "the router stops" and c_owner.events[-1].by_peer
 
 
@@ -943,8 +1049,9 @@ async def test_a_refused_connection_is_kept_for_the_reject_delay_under_the_drive
         async with trio.open_nursery() as nursery:
             nursery.start_soon(timed, c_owner, c_stream)
             nursery.start_soon(timed, l_owner, l_stream)
-    assert c_owner.events[-1] == Closed(reason="router r1 is already connected", by_peer=True, peer=None,
-                                        stage=Stage.CONNECT)
+    assert c_owner.events[-1] == Closed(
+        reason="router r1 is already connected", by_peer=True, peer=None, stage=Stage.CONNECT
+    )
     # the connector ends at once; it closes its socket, which ends the listener's wait early
     assert ended[CONNECTOR] < 1 and ended[LISTENER] < 1
 
@@ -966,8 +1073,9 @@ async def test_the_reject_delay_under_the_driver_when_the_peer_stays(autojump_cl
     with trio.fail_after(60):  # virtual time: a bug fails the test instead of hanging it
         await reject_delay_exchange(c_stream, l_stream, l_owner, start)
     assert trio.current_time() - start == pytest.approx(5)  # ...after the reject-disconnect-delay
-    assert l_owner.events == [Closed(reason="both routers are named 'r2'", by_peer=False, peer=None,
-                                     stage=Stage.CONNECT)]
+    assert l_owner.events == [
+        Closed(reason="both routers are named 'r2'", by_peer=False, peer=None, stage=Stage.CONNECT)
+    ]
 
 
 async def reject_delay_exchange(c_stream, l_stream, l_owner, start):

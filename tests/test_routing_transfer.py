@@ -157,25 +157,28 @@ def test_the_window_pipelines_and_the_open_bound_holds():
     assert c.window_available == 1 and c.open_transactions == 5
 
 
-@pytest.mark.parametrize("call, reason", [
-    (lambda m: m.send_transaction("x", [b"a"] * 4), "a transaction carries 1 to 3 messages"),
-    (lambda m: m.send_transaction("x", []), "a transaction carries 1 to 3 messages"),
-    (lambda m: m.send_transaction("x", ["text"]), "a transaction carries 1 to 3 messages"),
-    (lambda m: m.send_transaction("", [b"a"]), "an xid is a string of 1 to 200 characters"),
-    (lambda m: m.send_transaction("x" * 201, [b"a"]), "an xid is a string of 1 to 200 characters"),
-    (lambda m: m.send_transaction(7, [b"a"]), "an xid is a string"),
-    (lambda m: m.send_transaction("open", [b"a"]), "send_transaction for xid 'open', which is sent, not prepared"),
-    (lambda m: m.send_transaction("x", [b"a" * 5000]), "exceeds the maximum frame size of 4096 bytes"),
-    (lambda m: m.commit("open"), "commit for xid 'open', which is sent, not prepared"),
-    (lambda m: m.commit("nope"), "commit for xid 'nope', which is not open"),
-    (lambda m: m.prepared("nope"), "prepared for xid 'nope', which is not open (inbound)"),
-    (lambda m: m.committed("nope"), "committed for xid 'nope', which is not open"),
-    (lambda m: m.refuse_transaction("nope", "no"), "refuse_transaction for xid 'nope', which is not open"),
-    (lambda m: m.send_nonxa(1, [b"a"]), "this call on an XA link"),
-    (lambda m: m.nonxa_committed(1), "this call on an XA link"),
-    (lambda m: m.recovery_list(()), "recovery_list while operational"),
-    (lambda m: m.recovery_done(), "recovery_done while operational"),
-])
+@pytest.mark.parametrize(
+    "call, reason",
+    [
+        (lambda m: m.send_transaction("x", [b"a"] * 4), "a transaction carries 1 to 3 messages"),
+        (lambda m: m.send_transaction("x", []), "a transaction carries 1 to 3 messages"),
+        (lambda m: m.send_transaction("x", ["text"]), "a transaction carries 1 to 3 messages"),
+        (lambda m: m.send_transaction("", [b"a"]), "an xid is a string of 1 to 200 characters"),
+        (lambda m: m.send_transaction("x" * 201, [b"a"]), "an xid is a string of 1 to 200 characters"),
+        (lambda m: m.send_transaction(7, [b"a"]), "an xid is a string"),
+        (lambda m: m.send_transaction("open", [b"a"]), "send_transaction for xid 'open', which is sent, not prepared"),
+        (lambda m: m.send_transaction("x", [b"a" * 5000]), "exceeds the maximum frame size of 4096 bytes"),
+        (lambda m: m.commit("open"), "commit for xid 'open', which is sent, not prepared"),
+        (lambda m: m.commit("nope"), "commit for xid 'nope', which is not open"),
+        (lambda m: m.prepared("nope"), "prepared for xid 'nope', which is not open (inbound)"),
+        (lambda m: m.committed("nope"), "committed for xid 'nope', which is not open"),
+        (lambda m: m.refuse_transaction("nope", "no"), "refuse_transaction for xid 'nope', which is not open"),
+        (lambda m: m.send_nonxa(1, [b"a"]), "this call on an XA link"),
+        (lambda m: m.nonxa_committed(1), "this call on an XA link"),
+        (lambda m: m.recovery_list(()), "recovery_list while operational"),
+        (lambda m: m.recovery_done(), "recovery_done while operational"),
+    ],
+)
 def test_the_owners_misuse_raises_and_changes_nothing(call, reason):
     pair = pair_of(inbound_transaction_size=3, max_frame_size=4096)
     pair.c.send_transaction("open", [b"a"])
@@ -220,36 +223,64 @@ def own(xid):
     return lambda m: m.send_transaction(xid, [b"m"])
 
 
-@pytest.mark.parametrize("steps, reason", [
-    ([T(xid="a", messages=(b"m",)), T(xid="a", messages=(b"m",))],
-     "TRANSACTION 'a': duplicate, it is open already (received, not prepared)"),
-    ([T(xid=f"t{i}", messages=(b"m",)) for i in range(3)], "TRANSACTION 't2' overruns our inbound-window-size of 2"),
-    ([T(xid="a", messages=(b"m",) * 4)], "TRANSACTION 'a' carries 4 messages (1 to our inbound-transaction-size of 3)"),
-    ([T(xid="a", messages=())], "TRANSACTION 'a' carries 0 messages"),
-    ([T(xid="", messages=(b"m",))], "TRANSACTION: an xid is a string of 1 to 200 characters"),
-    ([T(xid="x" * 201, messages=(b"m",))], "TRANSACTION: an xid is a string of 1 to 200 characters"),
-    ([T(xid="a", messages=(b"m",), compressed=True)], "TRANSACTION 'a' is compressed; compression was not agreed"),
-    ([PrepareReply(xid="zz")], "PREPARE_REPLY frame for xid 'zz', which is not open (outbound)"),
-    ([own("a"), PrepareReply(xid="a"), PrepareReply(xid="a")],
-     "PREPARE_REPLY frame for xid 'a', which is prepared, not committed (outbound)"),
-    ([Commit(xid="zz")], "COMMIT frame for xid 'zz', which is not open (inbound)"),
-    ([T(xid="a", messages=(b"m",)), Commit(xid="a")], "COMMIT frame for xid 'a', which is received, not prepared"),
-    ([CommitReply(xid="zz")], "COMMIT_REPLY frame for xid 'zz', which is not open (outbound)"),
-    ([own("a"), CommitReply(xid="a")], "COMMIT_REPLY frame for xid 'a', which is sent, not prepared"),
-    ([own("a"), PrepareReply(xid="a"), CommitReply(xid="a")],
-     "COMMIT_REPLY frame for xid 'a', which is prepared, not committed"),
-    ([Refuse(xid="zz", reason="no")], "REFUSE frame for xid 'zz', which is not open (outbound)"),
-    ([own("a"), PrepareReply(xid="a"), Refuse(xid="a", reason="no")], "REFUSE frame for xid 'a', which is prepared"),
-    ([NonXaTransaction(seq=1, messages=(b"m",))], "NONXA_TRANSACTION frame on an XA link"),
-    ([NonXaCommit(seq=1)], "NONXA_COMMIT frame on an XA link"),
-    ([Recovery(xids=())], "unexpected RECOVERY frame while operational"),
-    ([RecoveryDone()], "unexpected RECOVERY_DONE frame while operational"),
-    # the open bound: 2 × window open in all, even when each was prepared
-    ([T(xid="a", messages=(b"m",)), lambda m: m.prepared("a"), T(xid="b", messages=(b"m",)),
-      lambda m: m.prepared("b"), T(xid="c", messages=(b"m",)), lambda m: m.prepared("c"),
-      T(xid="d", messages=(b"m",)), lambda m: m.prepared("d"), T(xid="e", messages=(b"m",))],
-     "TRANSACTION 'e': more than 2 × our inbound-window-size of 2 transactions open"),
-])
+@pytest.mark.parametrize(
+    "steps, reason",
+    [
+        (
+            [T(xid="a", messages=(b"m",)), T(xid="a", messages=(b"m",))],
+            "TRANSACTION 'a': duplicate, it is open already (received, not prepared)",
+        ),
+        (
+            [T(xid=f"t{i}", messages=(b"m",)) for i in range(3)],
+            "TRANSACTION 't2' overruns our inbound-window-size of 2",
+        ),
+        (
+            [T(xid="a", messages=(b"m",) * 4)],
+            "TRANSACTION 'a' carries 4 messages (1 to our inbound-transaction-size of 3)",
+        ),
+        ([T(xid="a", messages=())], "TRANSACTION 'a' carries 0 messages"),
+        ([T(xid="", messages=(b"m",))], "TRANSACTION: an xid is a string of 1 to 200 characters"),
+        ([T(xid="x" * 201, messages=(b"m",))], "TRANSACTION: an xid is a string of 1 to 200 characters"),
+        ([T(xid="a", messages=(b"m",), compressed=True)], "TRANSACTION 'a' is compressed; compression was not agreed"),
+        ([PrepareReply(xid="zz")], "PREPARE_REPLY frame for xid 'zz', which is not open (outbound)"),
+        (
+            [own("a"), PrepareReply(xid="a"), PrepareReply(xid="a")],
+            "PREPARE_REPLY frame for xid 'a', which is prepared, not committed (outbound)",
+        ),
+        ([Commit(xid="zz")], "COMMIT frame for xid 'zz', which is not open (inbound)"),
+        ([T(xid="a", messages=(b"m",)), Commit(xid="a")], "COMMIT frame for xid 'a', which is received, not prepared"),
+        ([CommitReply(xid="zz")], "COMMIT_REPLY frame for xid 'zz', which is not open (outbound)"),
+        ([own("a"), CommitReply(xid="a")], "COMMIT_REPLY frame for xid 'a', which is sent, not prepared"),
+        (
+            [own("a"), PrepareReply(xid="a"), CommitReply(xid="a")],
+            "COMMIT_REPLY frame for xid 'a', which is prepared, not committed",
+        ),
+        ([Refuse(xid="zz", reason="no")], "REFUSE frame for xid 'zz', which is not open (outbound)"),
+        (
+            [own("a"), PrepareReply(xid="a"), Refuse(xid="a", reason="no")],
+            "REFUSE frame for xid 'a', which is prepared",
+        ),
+        ([NonXaTransaction(seq=1, messages=(b"m",))], "NONXA_TRANSACTION frame on an XA link"),
+        ([NonXaCommit(seq=1)], "NONXA_COMMIT frame on an XA link"),
+        ([Recovery(xids=())], "unexpected RECOVERY frame while operational"),
+        ([RecoveryDone()], "unexpected RECOVERY_DONE frame while operational"),
+        # the open bound: 2 × window open in all, even when each was prepared
+        (
+            [
+                T(xid="a", messages=(b"m",)),
+                lambda m: m.prepared("a"),
+                T(xid="b", messages=(b"m",)),
+                lambda m: m.prepared("b"),
+                T(xid="c", messages=(b"m",)),
+                lambda m: m.prepared("c"),
+                T(xid="d", messages=(b"m",)),
+                lambda m: m.prepared("d"),
+                T(xid="e", messages=(b"m",)),
+            ],
+            "TRANSACTION 'e': more than 2 × our inbound-window-size of 2 transactions open",
+        ),
+    ],
+)
 def test_a_peers_transfer_breach_closes_the_link(steps, reason):
     m = operational(inbound_window_size=2, inbound_transaction_size=3)
     for step in steps:
@@ -294,19 +325,41 @@ def test_closed_reports_the_open_transactions_and_their_phases():
     flow(pair)
     [closed] = took(pair, c, Closed)
     assert closed.outbound == (("sent", Phase.SENT), ("prepared", Phase.PREPARED), ("committing", Phase.COMMITTING))
-    assert closed.inbound == (("in-sent", Phase.RECEIVED), ("in-prepared", Phase.PREPARED),
-                              ("in-committing", Phase.PREPARED))
+    assert closed.inbound == (
+        ("in-sent", Phase.RECEIVED),
+        ("in-prepared", Phase.PREPARED),
+        ("in-committing", Phase.PREPARED),
+    )
     [peer_closed] = took(pair, lis, Closed)
-    assert peer_closed.by_peer and dict(peer_closed.inbound) == {"sent": Phase.RECEIVED, "prepared": Phase.PREPARED,
-                                                                 "committing": Phase.COMMITTING}
+    assert peer_closed.by_peer and dict(peer_closed.inbound) == {
+        "sent": Phase.RECEIVED,
+        "prepared": Phase.PREPARED,
+        "committing": Phase.COMMITTING,
+    }
 
 
 def test_the_phase_tables_cover_each_frame_and_decision_of_the_transfer():
     inputs = {step for _, step in OUTBOUND_PHASES} | {step for _, step in INBOUND_PHASES}
-    assert {FrameType.PREPARE_REPLY, FrameType.REFUSE, FrameType.COMMIT_REPLY, FrameType.NONXA_COMMIT,
-            FrameType.TRANSACTION, FrameType.COMMIT, FrameType.NONXA_TRANSACTION} <= inputs
-    assert {Decision.SEND, Decision.COMMIT, Decision.PREPARED, Decision.REFUSE_TRANSACTION, Decision.COMMITTED,
-            Decision.SEND_NONXA, Decision.NONXA_COMMITTED, Decision.RECOVERY_LIST, Decision.RECOVERY_DONE} <= inputs
+    assert {
+        FrameType.PREPARE_REPLY,
+        FrameType.REFUSE,
+        FrameType.COMMIT_REPLY,
+        FrameType.NONXA_COMMIT,
+        FrameType.TRANSACTION,
+        FrameType.COMMIT,
+        FrameType.NONXA_TRANSACTION,
+    } <= inputs
+    assert {
+        Decision.SEND,
+        Decision.COMMIT,
+        Decision.PREPARED,
+        Decision.REFUSE_TRANSACTION,
+        Decision.COMMITTED,
+        Decision.SEND_NONXA,
+        Decision.NONXA_COMMITTED,
+        Decision.RECOVERY_LIST,
+        Decision.RECOVERY_DONE,
+    } <= inputs
     # every phase is reachable and every open phase can end
     for table in (OUTBOUND_PHASES, INBOUND_PHASES):
         reached = {phase for phase in table.values() if phase}
@@ -325,8 +378,10 @@ def test_the_non_xa_flow_window_and_sequence():
     with pytest.raises(LocalProtocolError, match="no window available: 2 transactions await their commit"):
         c.send_nonxa(10, [b"d"])
     flow(pair)
-    assert took(pair, lis, NonXaTransactionReceived) == [NonXaTransactionReceived(seq=5, messages=(b"a",)),
-                                                         NonXaTransactionReceived(seq=9, messages=(b"b", b"c"))]
+    assert took(pair, lis, NonXaTransactionReceived) == [
+        NonXaTransactionReceived(seq=5, messages=(b"a",)),
+        NonXaTransactionReceived(seq=9, messages=(b"b", b"c")),
+    ]
     lis.nonxa_committed(9)  # any order
     flow(pair)
     assert took(pair, c, NonXaCommitted) == [NonXaCommitted(seq=9)] and c.outbound == {5: Phase.SENT}
@@ -343,17 +398,26 @@ def test_the_non_xa_flow_window_and_sequence():
     assert FrameType.RECOVERY not in [f.TYPE for f in pair.frames(c)]  # no recovery stage without XA
 
 
-@pytest.mark.parametrize("steps, reason", [
-    ([NonXaTransaction(seq=3, messages=(b"m",)), NonXaTransaction(seq=3, messages=(b"m",))],
-     "NONXA_TRANSACTION 3 after 3: the sequence number must grow"),
-    ([NonXaTransaction(seq=3, messages=(b"m",)), NonXaTransaction(seq=2, messages=(b"m",))],
-     "NONXA_TRANSACTION 2 after 3"),
-    ([NonXaTransaction(seq=i, messages=(b"m",)) for i in range(3)], "NONXA_TRANSACTION 2 overruns our "
-                                                                     "inbound-window-size of 2"),
-    ([NonXaCommit(seq=4)], "NONXA_COMMIT frame for seq 4, which is not open (outbound)"),
-    ([T(xid="a", messages=(b"m",))], "TRANSACTION frame on a non-XA link"),
-    ([Commit(xid="a")], "COMMIT frame on a non-XA link"),
-])
+@pytest.mark.parametrize(
+    "steps, reason",
+    [
+        (
+            [NonXaTransaction(seq=3, messages=(b"m",)), NonXaTransaction(seq=3, messages=(b"m",))],
+            "NONXA_TRANSACTION 3 after 3: the sequence number must grow",
+        ),
+        (
+            [NonXaTransaction(seq=3, messages=(b"m",)), NonXaTransaction(seq=2, messages=(b"m",))],
+            "NONXA_TRANSACTION 2 after 3",
+        ),
+        (
+            [NonXaTransaction(seq=i, messages=(b"m",)) for i in range(3)],
+            "NONXA_TRANSACTION 2 overruns our inbound-window-size of 2",
+        ),
+        ([NonXaCommit(seq=4)], "NONXA_COMMIT frame for seq 4, which is not open (outbound)"),
+        ([T(xid="a", messages=(b"m",))], "TRANSACTION frame on a non-XA link"),
+        ([Commit(xid="a")], "COMMIT frame on a non-XA link"),
+    ],
+)
 def test_a_peers_non_xa_breach_closes_the_link(steps, reason):
     m = operational(use_xa=False, inbound_window_size=2)
     for step in steps:
@@ -382,16 +446,19 @@ def test_compression_is_used_when_both_ask_and_round_trips(c_wants, l_wants):
     assert took(pair, pair.l, TransactionReceived)[0].messages == tuple(batch)
 
 
-@pytest.mark.parametrize("payload, reason", [
-    ((BOMB,), "a compressed batch inflates beyond 1048576 bytes"),
-    ((b"junk",), "corrupt compressed batch"),
-    ((zlib.compress(msgpack.packb([b"a"]))[:-3],), "truncated"),
-    ((zlib.compress(msgpack.packb([b"a"])) + b"tail",), "data after its zlib stream"),
-    ((zlib.compress(b"\x93\x01\x02\x03"),), "must inflate to an array of bin"),
-    ((zlib.compress(msgpack.packb(["text"])),), "malformed compressed batch"),
-    ((zlib.compress(b"\xc1"),), "malformed compressed batch"),
-    ((b"a", b"b"), "must hold one zlib stream, got 2 items"),
-])
+@pytest.mark.parametrize(
+    "payload, reason",
+    [
+        ((BOMB,), "a compressed batch inflates beyond 1048576 bytes"),
+        ((b"junk",), "corrupt compressed batch"),
+        ((zlib.compress(msgpack.packb([b"a"]))[:-3],), "truncated"),
+        ((zlib.compress(msgpack.packb([b"a"])) + b"tail",), "data after its zlib stream"),
+        ((zlib.compress(b"\x93\x01\x02\x03"),), "must inflate to an array of bin"),
+        ((zlib.compress(msgpack.packb(["text"])),), "malformed compressed batch"),
+        ((zlib.compress(b"\xc1"),), "malformed compressed batch"),
+        ((b"a", b"b"), "must hold one zlib stream, got 2 items"),
+    ],
+)
 def test_a_bad_compressed_batch_is_a_breach_never_an_allocation(payload, reason):
     m = operational(use_compression=True)
     assert m.compression
@@ -462,7 +529,7 @@ def run_recovery(c_owner: RecoveringOwner, l_owner: RecoveringOwner, **settings)
     while True:
         acted = False
         for m in pair.machines:
-            new = pair.events[m][seen[m]:]
+            new = pair.events[m][seen[m] :]
             seen[m] = len(pair.events[m])
             acted |= owners[m].act(m, new)
         flow(pair)
@@ -470,16 +537,20 @@ def run_recovery(c_owner: RecoveringOwner, l_owner: RecoveringOwner, **settings)
             return pair
 
 
-@pytest.mark.parametrize("case, sender_holds, receiver_lists, committed_locally, rolled_back, peer_commits", [
-    ("both prepared: commit on both sides", ["x1"], ["x1"], ["x1"], [], ["x1"]),
-    ("only the sender prepared: roll back, send again", ["x2"], [], [], ["x2"], []),
-    ("only the receiver prepared: the sender committed already", [], ["x3"], [], [], ["x3"]),
-    ("all three at once", ["x1", "x2"], ["x1", "x3"], ["x1"], ["x2"], ["x1", "x3"]),
-    ("nothing to recover", [], [], [], [], []),
-])
+@pytest.mark.parametrize(
+    "case, sender_holds, receiver_lists, committed_locally, rolled_back, peer_commits",
+    [
+        ("both prepared: commit on both sides", ["x1"], ["x1"], ["x1"], [], ["x1"]),
+        ("only the sender prepared: roll back, send again", ["x2"], [], [], ["x2"], []),
+        ("only the receiver prepared: the sender committed already", [], ["x3"], [], [], ["x3"]),
+        ("all three at once", ["x1", "x2"], ["x1", "x3"], ["x1"], ["x2"], ["x1", "x3"]),
+        ("nothing to recover", [], [], [], [], []),
+    ],
+)
 @pytest.mark.parametrize("sender_role", [CONNECTOR, LISTENER])
-def test_recovery_resolves_the_three_cases(case, sender_holds, receiver_lists, committed_locally, rolled_back,
-                                           peer_commits, sender_role):
+def test_recovery_resolves_the_three_cases(
+    case, sender_holds, receiver_lists, committed_locally, rolled_back, peer_commits, sender_role
+):
     sender = RecoveringOwner(held_out=sender_holds)
     receiver = RecoveringOwner(held_in=receiver_lists)
     c_owner, l_owner = (sender, receiver) if sender_role is CONNECTOR else (receiver, sender)
@@ -559,17 +630,20 @@ def at_recovery(role=LISTENER, listed=("x1",)) -> LinkMachine:
     return m
 
 
-@pytest.mark.parametrize("frames, reason", [
-    ([Recovery(xids=()), Recovery(xids=())], "RECOVERY received twice"),
-    ([Recovery(xids=("a", "a"))], "RECOVERY: an xid is listed twice"),
-    ([Recovery(xids=("",))], "RECOVERY: an xid is a string of 1 to 200 characters"),
-    ([Commit(xid="zz")], "COMMIT frame for xid 'zz', which is not open (inbound)"),
-    ([CommitReply(xid="zz")], "COMMIT_REPLY frame for xid 'zz', which is not open (outbound)"),
-    ([Commit(xid="x1"), RecoveryDone()], "RECOVERY_DONE while its COMMITs await our COMMIT_REPLY"),
-    ([RecoveryDone(), RecoveryDone()], "RECOVERY_DONE received twice"),
-    ([T(xid="a", messages=(b"m",))], "unexpected TRANSACTION frame while awaiting the XA recovery"),
-    ([Keepalive()], "unexpected KEEPALIVE frame while awaiting the XA recovery"),
-])
+@pytest.mark.parametrize(
+    "frames, reason",
+    [
+        ([Recovery(xids=()), Recovery(xids=())], "RECOVERY received twice"),
+        ([Recovery(xids=("a", "a"))], "RECOVERY: an xid is listed twice"),
+        ([Recovery(xids=("",))], "RECOVERY: an xid is a string of 1 to 200 characters"),
+        ([Commit(xid="zz")], "COMMIT frame for xid 'zz', which is not open (inbound)"),
+        ([CommitReply(xid="zz")], "COMMIT_REPLY frame for xid 'zz', which is not open (outbound)"),
+        ([Commit(xid="x1"), RecoveryDone()], "RECOVERY_DONE while its COMMITs await our COMMIT_REPLY"),
+        ([RecoveryDone(), RecoveryDone()], "RECOVERY_DONE received twice"),
+        ([T(xid="a", messages=(b"m",))], "unexpected TRANSACTION frame while awaiting the XA recovery"),
+        ([Keepalive()], "unexpected KEEPALIVE frame while awaiting the XA recovery"),
+    ],
+)
 def test_a_peers_recovery_breach_closes_the_link(frames, reason):
     m = at_recovery()
     for frame in frames:
@@ -685,8 +759,11 @@ def test_random_interleavings_keep_the_invariants(data, xa, window, size):
 
     for _ in range(data.draw(st.integers(1, 60))):
         collect()
-        choices = ["deliver"] + [f"send{i}" for i, m in enumerate(pair.machines) if m.window_available] \
+        choices = (
+            ["deliver"]
+            + [f"send{i}" for i, m in enumerate(pair.machines) if m.window_available]
             + [f"answer{i}" for i, m in enumerate(pair.machines) if pending[m]]
+        )
         choice = data.draw(st.sampled_from(choices))
         if choice == "deliver":
             senders = [m for m in pair.machines if pair.queue[m]]
@@ -699,7 +776,7 @@ def test_random_interleavings_keep_the_invariants(data, xa, window, size):
             counter[m] += 1
             messages = [b"%s-%d-%d" % (m.name.encode(), counter[m], k) for k in range(data.draw(st.integers(1, size)))]
             key = f"{m.name}-{counter[m]}" if xa else counter[m]
-            assert (m.send_transaction(key, messages) if xa else m.send_nonxa(key, messages))
+            assert m.send_transaction(key, messages) if xa else m.send_nonxa(key, messages)
             sent[m][key] = tuple(messages)
             pair._pump()
         else:
@@ -721,8 +798,10 @@ def test_random_interleavings_keep_the_invariants(data, xa, window, size):
         assert m.outbound == {} and m.inbound == {}
         assert sorted(received[pair.other(m)], key=str) == sorted(sent[m].items(), key=str)
         assert done[m] == set(sent[m])  # each over exactly once at its sender (committed or refused)
-    event(f"transactions: {'0' if not sent[pair.c] else '1-4' if len(sent[pair.c]) < 5 else '5+'}; "
-          f"refused: {bool(refused[pair.c] or refused[pair.l])}")
+    event(
+        f"transactions: {'0' if not sent[pair.c] else '1-4' if len(sent[pair.c]) < 5 else '5+'}; "
+        f"refused: {bool(refused[pair.c] or refused[pair.l])}"
+    )
 
 
 def test_a_zip_bomb_is_refused_without_inflating_it():
@@ -764,8 +843,12 @@ def test_a_link_cut_at_any_point_then_recovery_gives_exactly_once(data, sender_r
         for m in (s, r):
             pending[m] += pair.events[m]
             pair.events[m] = []
-        choices = ["deliver"] + (["send"] if s.window_available and sent < 8 else []) \
-            + ["sender"] * bool(pending[s]) + ["receiver"] * bool(pending[r])
+        choices = (
+            ["deliver"]
+            + (["send"] if s.window_available and sent < 8 else [])
+            + ["sender"] * bool(pending[s])
+            + ["receiver"] * bool(pending[r])
+        )
         choice = data.draw(st.sampled_from(choices))
         if choice == "send":
             sent += 1
@@ -795,8 +878,9 @@ def test_a_link_cut_at_any_point_then_recovery_gives_exactly_once(data, sender_r
     # the cut: what is in flight is lost; a RECEIVED transaction was never prepared (nothing held)
     sender_owner = RecoveringOwner(held_out=sorted(out_prepared))
     receiver_owner = RecoveringOwner(held_in=sorted(in_prepared))
-    again = run_recovery(*((sender_owner, receiver_owner) if sender_role is CONNECTOR
-                           else (receiver_owner, sender_owner)))
+    again = run_recovery(
+        *((sender_owner, receiver_owner) if sender_role is CONNECTOR else (receiver_owner, sender_owner))
+    )
     assert again.c.state is State.OPERATIONAL and again.l.state is State.OPERATIONAL
     out_committed |= set(sender_owner.committed_locally)
     in_committed += receiver_owner.committed_in

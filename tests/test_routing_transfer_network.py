@@ -49,8 +49,9 @@ def verify(received: list[str], count: int, prefix: str = "m") -> None:
 
 async def start(network, *names, **routing):
     for name in names:
-        await network.start(network.config(name, startorder=ROUTING_STACK,
-                                           swiftlets={"sys$routing": routing_config(**routing)}))
+        await network.start(
+            network.config(name, startorder=ROUTING_STACK, swiftlets={"sys$routing": routing_config(**routing)})
+        )
 
 
 async def test_one_hop_xa(network):
@@ -97,16 +98,18 @@ def verify_set(received: list[str], count: int, prefix: str = "m") -> None:
     expected = {f"{prefix}{n}" for n in range(count)}
     lost = sorted(expected - set(received))
     duplicated = sorted({m for m in received if received.count(m) > 1})
-    assert not lost and not duplicated and len(received) == count, \
+    assert not lost and not duplicated and len(received) == count, (
         f"lost {len(lost)} {lost[:10]}, duplicated {len(duplicated)} {duplicated[:10]}"
+    )
 
 
 async def test_failover_in_a_triangle_when_the_shortest_link_is_cut_mid_transfer(network, nursery):
     await start(network, "a", "b", "c", roundrobin_enabled=False)
     proxy = FaultProxy("127.0.0.1", network.routing_port("c"))
     await nursery.start(proxy.run)
-    network.routers["a"].management.add("/sys$routing/connectors", "c", {
-        "hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000"})
+    network.routers["a"].management.add(
+        "/sys$routing/connectors", "c", {"hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000"}
+    )
     network.connect("a", "b")
     network.connect("b", "c")
     await network.settle({"a": {"b": 1, "c": 1}, "c": {"a": 1, "b": 1}})
@@ -126,8 +129,10 @@ async def test_failover_in_a_triangle_when_the_shortest_link_is_cut_mid_transfer
         inner.start_soon(produce, network.url("a"), "orders@c", count)
     await network.settle({"a": {"b": 1, "c": 2}})
     with trio.fail_after(30):  # the rest travels a-b-c
-        while "rt$c" not in queue_b.queues or network.routers["b"].management.get(
-                "/sys$routing/usage/connections/connector:c", "messages-out") == 0:
+        while (
+            "rt$c" not in queue_b.queues
+            or network.routers["b"].management.get("/sys$routing/usage/connections/connector:c", "messages-out") == 0
+        ):
             await trio.sleep(0.02)
     proxy.heal()  # recovery resolves what was in flight over a-c
     await network.settle({"a": {"b": 1, "c": 1}})
@@ -144,8 +149,11 @@ async def test_a_cut_while_several_transactions_are_in_flight_loses_and_duplicat
     await start(network, "a", "b", listener={"use_xa": xa})
     proxy = FaultProxy("127.0.0.1", network.routing_port("b"))
     await nursery.start(proxy.run)
-    network.routers["a"].management.add("/sys$routing/connectors", "b", {
-        "hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000", "use-xa": str(xa).lower()})
+    network.routers["a"].management.add(
+        "/sys$routing/connectors",
+        "b",
+        {"hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000", "use-xa": str(xa).lower()},
+    )
     network.routers["a"].management.add("/sys$routing/static-routes", "b")  # (sending goes on while cut)
     await network.settle({"a": {"b": 1}, "b": {"a": 1}})
     proxy.delay(0.02)  # answers come late: transactions pile up open
@@ -154,8 +162,11 @@ async def test_a_cut_while_several_transactions_are_in_flight_loses_and_duplicat
 
     async def cut_with_several_open() -> None:
         with trio.fail_after(30):
-            while (found := network.routers["a"].management.get("/sys$routing/usage/connections/connector:b",
-                                                                "open-transactions")) < 3:
+            while (
+                found := network.routers["a"].management.get(
+                    "/sys$routing/usage/connections/connector:b", "open-transactions"
+                )
+            ) < 3:
                 await trio.sleep(0.001)
         open_at_cut.append(found)
         proxy.refuse(True)
@@ -189,8 +200,16 @@ async def test_round_robin_over_two_equal_links(network):
 
 async def test_a_message_for_a_missing_queue_goes_to_unroutable_with_the_reason(network):
     await start(network, "a")
-    await network.start(network.config("b", startorder=ROUTING_STACK, swiftlets={
-        "sys$routing": routing_config(), "sys$queuemanager": QueueManagerConfig(auto_create_queues=False)}))
+    await network.start(
+        network.config(
+            "b",
+            startorder=ROUTING_STACK,
+            swiftlets={
+                "sys$routing": routing_config(),
+                "sys$queuemanager": QueueManagerConfig(auto_create_queues=False),
+            },
+        )
+    )
     network.connect("a", "b")
     await network.settle({"a": {"b": 1}})
     await produce(network.url("a"), "missing@b", 3)

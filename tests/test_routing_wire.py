@@ -39,7 +39,8 @@ KIND_VALUES = {
 
 def frame_strategy(cls):
     return st.fixed_dictionaries({f.name: KIND_VALUES[f.metadata["kind"]] for f in attrs.fields(cls)}).map(
-        lambda fields: cls(**fields))
+        lambda fields: cls(**fields)
+    )
 
 
 ANY_FRAME = st.one_of(*(frame_strategy(cls) for cls in FRAMES.values()))
@@ -73,40 +74,43 @@ def test_frames_arrive_in_pieces():
     stream = MAGIC + b"".join(encode(f) for f in frames)
     reader, got = FrameReader(), []
     for i in range(len(stream)):
-        reader.feed(stream[i:i + 1])
+        reader.feed(stream[i : i + 1])
         while (frame := reader.next_frame()) is not None:
             got.append(frame)
     assert got == frames
 
 
-@pytest.mark.parametrize("raw, reason", [
-    (body(7, {}), "unknown frame type 7"),
-    (body(int(FrameType.TRANSACTION), {}), "TRANSACTION frame lacks the field"),
-    (body(50, {"xid": "x", "messages": [b"a", "b"], "compressed": False}), "'messages' must be array of bin"),
-    (body(50, {"xid": "x", "messages": b"ab", "compressed": False}), "'messages' must be array of bin"),
-    (body(61, {"seq": -1}), "NONXA_COMMIT field 'seq' must be uint32"),
-    (body(99, {}), "CLOSE frame lacks the field 'reason'"),
-    (body(99, {"reason": "x", "extra": 1}), "CLOSE frame has an unexpected field 'extra'"),
-    (body(99, {"reason": 5}), "CLOSE field 'reason' must be str, got int"),
-    (body(99, {"reason": b"bytes"}), "CLOSE field 'reason' must be str, got bytes"),
-    (body(10, {"name": "r", "nonce": "text", "use_xa": True}), "CONNECT field 'nonce' must be bin, got str"),
-    (body(10, {"name": "r", "nonce": b"", "use_xa": 1}), "CONNECT field 'use_xa' must be bool, got int"),
-    (body(40, {"transaction_size": True, "window_size": 1}), "'transaction_size' must be uint32, got bool"),
-    (body(40, {"transaction_size": -1, "window_size": 1}), "'transaction_size' must be uint32, got int"),
-    (body(40, {"transaction_size": 2**32, "window_size": 1}), "'transaction_size' must be uint32"),
-    (body(43, {"add": True, "destination": "r", "path": ["a", 1]}), "'path' must be array of str"),
-    (body(43, {"add": True, "destination": "r", "path": "ab"}), "'path' must be array of str"),
-    (msgpack.packb({"type": 99}), "must be [type code, {fields}]"),
-    (msgpack.packb([99, {"reason": "x"}, 3]), "must be [type code, {fields}]"),
-    (msgpack.packb([True, {"reason": "x"}]), "must be [type code, {fields}]"),
-    (msgpack.packb([99, {1: "x"}]), "malformed frame body"),  # strict_map_key
-    (b"\x92\x63\x81\xa6reason\xa2\xff\xfe", "malformed frame body"),  # not UTF-8
-    (msgpack.packb([99, {"reason": msgpack.ExtType(1, b"x")}]), "malformed frame body"),
-    (msgpack.packb([99, {"reason": msgpack.Timestamp(1)}]), "malformed frame body"),
-    (body(99, {"reason": "x"}) + b"\x00", "malformed frame body (ExtraData"),
-    (b"\xc1", "malformed frame body"),
-    (b"\x91" * 3000, "malformed frame body"),  # nesting beyond msgpack's stack
-])
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (body(7, {}), "unknown frame type 7"),
+        (body(int(FrameType.TRANSACTION), {}), "TRANSACTION frame lacks the field"),
+        (body(50, {"xid": "x", "messages": [b"a", "b"], "compressed": False}), "'messages' must be array of bin"),
+        (body(50, {"xid": "x", "messages": b"ab", "compressed": False}), "'messages' must be array of bin"),
+        (body(61, {"seq": -1}), "NONXA_COMMIT field 'seq' must be uint32"),
+        (body(99, {}), "CLOSE frame lacks the field 'reason'"),
+        (body(99, {"reason": "x", "extra": 1}), "CLOSE frame has an unexpected field 'extra'"),
+        (body(99, {"reason": 5}), "CLOSE field 'reason' must be str, got int"),
+        (body(99, {"reason": b"bytes"}), "CLOSE field 'reason' must be str, got bytes"),
+        (body(10, {"name": "r", "nonce": "text", "use_xa": True}), "CONNECT field 'nonce' must be bin, got str"),
+        (body(10, {"name": "r", "nonce": b"", "use_xa": 1}), "CONNECT field 'use_xa' must be bool, got int"),
+        (body(40, {"transaction_size": True, "window_size": 1}), "'transaction_size' must be uint32, got bool"),
+        (body(40, {"transaction_size": -1, "window_size": 1}), "'transaction_size' must be uint32, got int"),
+        (body(40, {"transaction_size": 2**32, "window_size": 1}), "'transaction_size' must be uint32"),
+        (body(43, {"add": True, "destination": "r", "path": ["a", 1]}), "'path' must be array of str"),
+        (body(43, {"add": True, "destination": "r", "path": "ab"}), "'path' must be array of str"),
+        (msgpack.packb({"type": 99}), "must be [type code, {fields}]"),
+        (msgpack.packb([99, {"reason": "x"}, 3]), "must be [type code, {fields}]"),
+        (msgpack.packb([True, {"reason": "x"}]), "must be [type code, {fields}]"),
+        (msgpack.packb([99, {1: "x"}]), "malformed frame body"),  # strict_map_key
+        (b"\x92\x63\x81\xa6reason\xa2\xff\xfe", "malformed frame body"),  # not UTF-8
+        (msgpack.packb([99, {"reason": msgpack.ExtType(1, b"x")}]), "malformed frame body"),
+        (msgpack.packb([99, {"reason": msgpack.Timestamp(1)}]), "malformed frame body"),
+        (body(99, {"reason": "x"}) + b"\x00", "malformed frame body (ExtraData"),
+        (b"\xc1", "malformed frame body"),
+        (b"\x91" * 3000, "malformed frame body"),  # nesting beyond msgpack's stack
+    ],
+)
 def test_bad_bodies_are_refused_with_a_precise_reason(raw, reason):
     with pytest.raises(RemoteProtocolError) as info:
         decode_body(raw)
@@ -118,14 +122,17 @@ def test_bad_bodies_are_refused_with_a_precise_reason(raw, reason):
     assert str(again.value) == str(info.value)
 
 
-@pytest.mark.parametrize("stream, hint", [
-    (b"AMQP\x00\x01\x00\x00", "(an AMQP client?)"),
-    (b"AMQP\x03\x01\x00\x00", "(an AMQP client?)"),
-    (b"GET / HTTP/1.1\r\n", "(an HTTP request?)"),
-    (b"\x16\x03\x01\x02\x00", "(a TLS handshake?"),
-    (b"MARTINEZ", "b'MARTINEZ'"),
-    (b"X", "b'X'"),
-])
+@pytest.mark.parametrize(
+    "stream, hint",
+    [
+        (b"AMQP\x00\x01\x00\x00", "(an AMQP client?)"),
+        (b"AMQP\x03\x01\x00\x00", "(an AMQP client?)"),
+        (b"GET / HTTP/1.1\r\n", "(an HTTP request?)"),
+        (b"\x16\x03\x01\x02\x00", "(a TLS handshake?"),
+        (b"MARTINEZ", "b'MARTINEZ'"),
+        (b"X", "b'X'"),
+    ],
+)
 def test_a_stranger_is_refused_at_its_first_differing_byte(stream, hint):
     reader = FrameReader()
     reader.feed(stream)

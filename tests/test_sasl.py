@@ -50,7 +50,7 @@ def test_plain_in_pieces_then_the_amqp_bytes_pass_through():
     stream = SASL_HEADER + init_frame("PLAIN", b"\x00alice\x00secret", "broker.example") + AMQP_HEADER + b"rest"
     result = None
     for i in range(len(stream)):  # one byte at a time
-        result = sasl.receive_data(stream[i:i + 1]) or result
+        result = sasl.receive_data(stream[i : i + 1]) or result
         if i == 7:
             [mechanisms] = frames(sasl.data_to_send)
             assert mechanisms.descriptor == 0x40 and mechanisms.value[0].items == ("PLAIN", "ANONYMOUS")
@@ -126,6 +126,7 @@ def test_random_input_only_ever_raises_sasl_errors(prefix, data):
 
 # -- the client side, against our server side --------------------------------------------------------
 
+
 def exchange(client: SaslClient, server: SaslServer, *, accept: bool = True, trailing: bytes = b"") -> Credentials:
     """Run the exchange a byte at a time each way; the credentials the server saw."""
     credentials = None
@@ -137,8 +138,8 @@ def exchange(client: SaslClient, server: SaslServer, *, accept: bool = True, tra
         out = server.data_to_send + (trailing if server.state is State.DONE else b"")
         trailing = b"" if server.state is State.DONE else trailing
         for at in range(len(out)):
-            if client.receive_data(out[at:at + 1]):
-                client.receive_data(out[at + 1:])  # the rest arrives after the outcome
+            if client.receive_data(out[at : at + 1]):
+                client.receive_data(out[at + 1 :])  # the rest arrives after the outcome
                 break
         if client.state is ClientState.DONE:
             return credentials

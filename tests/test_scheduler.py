@@ -64,15 +64,30 @@ class JobsPlugin(ClockPlugin):
 
     @hookimpl
     def martinet_scheduler_jobs(self) -> list[JobGroup]:
-        return [JobGroup(name="Test", jobs=[
-            Job(name="Record", description="Remembers its run.", run=self.record, parameters=[
-                JobParameter(name="Times", description="A positive number.", default="1", check=_positive),
-                JobParameter(name="Note", description="Optional text.", mandatory=False)]),
-            Job(name="Forever", description="Runs until stopped.", run=self.forever),
-            Job(name="Give Up", description="Fails and forbids further runs.", run=self.give_up),
-            Job(name="Needs", description="Has a mandatory parameter without default.", run=self.needs,
-                parameters=[JobParameter(name="Target", description="Where to.")]),
-        ])]
+        return [
+            JobGroup(
+                name="Test",
+                jobs=[
+                    Job(
+                        name="Record",
+                        description="Remembers its run.",
+                        run=self.record,
+                        parameters=[
+                            JobParameter(name="Times", description="A positive number.", default="1", check=_positive),
+                            JobParameter(name="Note", description="Optional text.", mandatory=False),
+                        ],
+                    ),
+                    Job(name="Forever", description="Runs until stopped.", run=self.forever),
+                    Job(name="Give Up", description="Fails and forbids further runs.", run=self.give_up),
+                    Job(
+                        name="Needs",
+                        description="Has a mandatory parameter without default.",
+                        run=self.needs,
+                        parameters=[JobParameter(name="Target", description="Where to.")],
+                    ),
+                ],
+            )
+        ]
 
 
 def _router_xml(schedules: str = "", calendars: str = "", *, store: str = "", scheduler: str = "") -> str:
@@ -90,8 +105,10 @@ def _router_xml(schedules: str = "", calendars: str = "", *, store: str = "", sc
 
 def _schedule(name: str, expression: str, job: str = "Record", **attributes: str) -> str:
     extra = " ".join(f'{key.replace("_", "-")}="{value}"' for key, value in attributes.items())
-    return (f'<schedule name="{name}" enabled="true" job-group="Test" job-name="{job}" '
-            f'time-expression="{expression}" {extra}/>')
+    return (
+        f'<schedule name="{name}" enabled="true" job-group="Test" job-name="{job}" '
+        f'time-expression="{expression}" {extra}/>'
+    )
 
 
 @pytest.fixture
@@ -126,8 +143,11 @@ def schedule_usage(router: Router, name: str) -> dict:
 
 
 async def test_an_at_schedule_fires_on_time_with_its_parameters(start_router, autojump_clock):
-    xml = _router_xml(_schedule("nightly", "at 22:00, 06:00", logging_enabled="true").replace(
-        "/>", '><parameters><parameter name="Times" value="3"/></parameters></schedule>'))
+    xml = _router_xml(
+        _schedule("nightly", "at 22:00, 06:00", logging_enabled="true").replace(
+            "/>", '><parameters><parameter name="Times" value="3"/></parameters></schedule>'
+        )
+    )
     router, jobs, (started, finished) = await start_router(xml, datetime(2026, 3, 6, 21, 0, tzinfo=PARIS))
     assert schedule_usage(router, "nightly")["next-start"] == "2026-03-06T22:00:00"
     assert schedule_usage(router, "nightly")["state"] == "scheduled"
@@ -139,14 +159,17 @@ async def test_an_at_schedule_fires_on_time_with_its_parameters(start_router, au
     ]
     assert [e.planned for e in drain(started)] == ["2026-03-06T22:00:00", "2026-03-07T06:00:00"]
     assert [(e.schedule, e.job_group, e.job_name, e.outcome) for e in drain(finished)] == [
-        ("nightly", "Test", "Record", "success")] * 2
+        ("nightly", "Test", "Record", "success")
+    ] * 2
     usage = schedule_usage(router, "nightly")
     assert (usage["runs"], usage["next-start"], usage["last-outcome"]) == (2, "2026-03-07T22:00:00", "success")
     scheduler = router.swiftlet("sys$scheduler")
     assert isinstance(scheduler, Scheduler)
     assert scheduler.next_starts("nightly", 3) == [
-        datetime(2026, 3, 7, 22, 0, tzinfo=PARIS), datetime(2026, 3, 8, 6, 0, tzinfo=PARIS),
-        datetime(2026, 3, 8, 22, 0, tzinfo=PARIS)]
+        datetime(2026, 3, 7, 22, 0, tzinfo=PARIS),
+        datetime(2026, 3, 8, 6, 0, tzinfo=PARIS),
+        datetime(2026, 3, 8, 22, 0, tzinfo=PARIS),
+    ]
     router.request_stop()
 
 
@@ -155,8 +178,7 @@ async def test_a_window_over_midnight_repeats_until_it_closes(start_router, auto
     router, jobs, (started, _) = await start_router(xml, datetime(2026, 3, 6, 23, 0, tzinfo=PARIS))
     await wait_until(lambda: len(jobs.runs) == 3, timeout=7200)
     await trio.sleep(3 * 3600)  # the window has closed: nothing more until tomorrow night
-    assert [e.planned for e in drain(started)] == [
-        "2026-03-06T23:30:00", "2026-03-06T23:50:00", "2026-03-07T00:10:00"]
+    assert [e.planned for e in drain(started)] == ["2026-03-06T23:30:00", "2026-03-06T23:50:00", "2026-03-07T00:10:00"]
     assert [e["planned"] for e in history(router)] == ["2026-03-06T23:50:00", "2026-03-07T00:10:00"]  # bounded
     assert schedule_usage(router, "late")["next-start"] == "2026-03-07T23:30:00"
     router.request_stop()
@@ -198,8 +220,9 @@ async def test_max_runtime_stops_a_job(start_router, autojump_clock):
 
 
 async def test_a_job_running_when_the_router_stops_is_recorded_stopped(start_router, autojump_clock):
-    router, jobs, (started, _) = await start_router(_router_xml(_schedule("long", "at 22:00", job="Forever")),
-                                                    datetime(2026, 3, 6, 21, 59, tzinfo=PARIS))
+    router, jobs, (started, _) = await start_router(
+        _router_xml(_schedule("long", "at 22:00", job="Forever")), datetime(2026, 3, 6, 21, 59, tzinfo=PARIS)
+    )
     await started.receive()
     router.request_stop()
     await wait_until(lambda: history(router), timeout=60)
@@ -242,12 +265,22 @@ async def test_a_job_may_forbid_further_runs(start_router, autojump_clock):
 
 async def test_runtime_changes_apply_at_once_and_bad_ones_are_refused(start_router, autojump_clock):
     calendars = '<calendar name="weekdays" weekdays="mon tue wed thu fri"/>'
-    router, jobs, (started, _) = await start_router(_router_xml(calendars=calendars),
-                                                    datetime(2026, 3, 6, 12, 0, tzinfo=PARIS))  # a Friday
+    router, jobs, (started, _) = await start_router(
+        _router_xml(calendars=calendars), datetime(2026, 3, 6, 12, 0, tzinfo=PARIS)
+    )  # a Friday
     tree = router.management
     schedules = "/sys$scheduler/schedules"
-    tree.add(schedules, "soon", {"enabled": "true", "job-group": "Test", "job-name": "Record",
-                                 "time-expression": "at 12:30", "calendar": "weekdays"})
+    tree.add(
+        schedules,
+        "soon",
+        {
+            "enabled": "true",
+            "job-group": "Test",
+            "job-name": "Record",
+            "time-expression": "at 12:30",
+            "calendar": "weekdays",
+        },
+    )
     await wait_until(lambda: "soon" in tree.resolve("/sys$scheduler/usage/schedules").children)
     assert schedule_usage(router, "soon")["next-start"] == "2026-03-06T12:30:00"
     tree.set(f"{schedules}/soon", "time-expression", "at 12:10")
@@ -290,8 +323,7 @@ async def test_calendar_and_time_zone_changes_apply_at_once(start_router, autoju
     assert schedule_usage(router, "noon")["next-start"] == "2026-03-09T12:30:00"
     tree.set("/sys$scheduler/calendars/days", "weekdays", "mon fri")
     await wait_until(lambda: schedule_usage(router, "noon")["next-start"] == "2026-03-06T12:30:00")
-    tree.add("/sys$scheduler/calendars/days/date-ranges", "today", {"date-from": "2026-03-06",
-                                                                    "date-to": "2026-03-06"})
+    tree.add("/sys$scheduler/calendars/days/date-ranges", "today", {"date-from": "2026-03-06", "date-to": "2026-03-06"})
     tree.set("/sys$scheduler/calendars/days", "type", "exclude")  # every day but Mondays, Fridays and today
     await wait_until(lambda: schedule_usage(router, "noon")["next-start"] == "2026-03-07T12:30:00")
     tree.set("/sys$scheduler", "time-zone", "America/New_York")  # 06:00 there, still Friday
@@ -306,8 +338,9 @@ async def test_calendar_and_time_zone_changes_apply_at_once(start_router, autoju
 
 
 async def test_a_start_after_a_time_zone_change_is_the_next_one_of_the_new_zone(start_router, autojump_clock):
-    router, jobs, _ = await start_router(_router_xml(_schedule("noon", "at 12:30")),
-                                         datetime(2026, 3, 6, 12, 0, tzinfo=PARIS))
+    router, jobs, _ = await start_router(
+        _router_xml(_schedule("noon", "at 12:30")), datetime(2026, 3, 6, 12, 0, tzinfo=PARIS)
+    )
     await wait_until(lambda: len(jobs.runs) == 1, timeout=3600)  # 12:30 in Paris
     router.management.set("/sys$scheduler", "time-zone", "America/New_York")  # 06:30 there
     await wait_until(lambda: schedule_usage(router, "noon")["next-start"] == "2026-03-06T12:30:00")
@@ -321,19 +354,28 @@ def test_schedules_that_cannot_run_are_config_errors_with_file_and_line(write_co
     ``martinet check``, ``martinet run`` and a reboot alike."""
     with_times = '><parameters><parameter name="Times" value="0"/></parameters></schedule>'
     xml = _router_xml(
-        "\n" + _schedule("lost", "at 01:00", calendar="nope")
-        + "\n" + _schedule("nojob", "at 01:00", job="Dance")
-        + "\n" + _schedule("noparam", "at 01:00").replace("/>", with_times)
-        + "\n" + _schedule("empty", "at 01:00", date_from="2026-03-06", date_to="2026-03-05")
-        + "\n" + _schedule("incomplete", "at 01:00", job="Needs")
-        + "\n" + _schedule("draft", "at 01:00", job="Needs").replace('enabled="true"', 'enabled="false"'),
+        "\n"
+        + _schedule("lost", "at 01:00", calendar="nope")
+        + "\n"
+        + _schedule("nojob", "at 01:00", job="Dance")
+        + "\n"
+        + _schedule("noparam", "at 01:00").replace("/>", with_times)
+        + "\n"
+        + _schedule("empty", "at 01:00", date_from="2026-03-06", date_to="2026-03-05")
+        + "\n"
+        + _schedule("incomplete", "at 01:00", job="Needs")
+        + "\n"
+        + _schedule("draft", "at 01:00", job="Needs").replace('enabled="true"', 'enabled="false"'),
         '\n<calendar name="a" base-calendar="b"/>\n<calendar name="b" base-calendar="a"/>'
-        '\n<calendar name="c" base-calendar="gone"/>')
+        '\n<calendar name="c" base-calendar="gone"/>',
+    )
     path = write_config(xml)
     with pytest.raises(ConfigErrors) as caught:
         Router.from_file(path, plugins=[JobsPlugin(TrioClock(datetime(2026, 3, 6, tzinfo=PARIS)))])
-    schedule, calendar = "/router[@name='r1']/swiftlet[@name='sys$scheduler']/schedules/schedule", \
-        "/router[@name='r1']/swiftlet[@name='sys$scheduler']/calendars/calendar"
+    schedule, calendar = (
+        "/router[@name='r1']/swiftlet[@name='sys$scheduler']/schedules/schedule",
+        "/router[@name='r1']/swiftlet[@name='sys$scheduler']/calendars/calendar",
+    )
     assert str(caught.value).splitlines() == [
         f"{path}:5: {calendar}[@name='a']: attribute 'base-calendar': calendars form a cycle through "
         "base-calendar: a -> b -> a",
@@ -345,8 +387,7 @@ def test_schedules_that_cannot_run_are_config_errors_with_file_and_line(write_co
         f"{path}:10: {schedule}[@name='nojob']: attribute 'job-name': job group 'Test' has no job 'Dance' (jobs: "
         "Record, Forever, Give Up, Needs)",
         f"{path}:11: {schedule}[@name='noparam']: parameter 'Times': expected a positive whole number, found '0'",
-        f"{path}:12: {schedule}[@name='empty']: attribute 'date-to': date-to 2026-03-05 is before date-from "
-        "2026-03-06",
+        f"{path}:12: {schedule}[@name='empty']: attribute 'date-to': date-to 2026-03-05 is before date-from 2026-03-06",
         f"{path}:13: {schedule}[@name='incomplete']: parameter 'Target' missing (Where to.)",
     ]  # "draft" is disabled: its mandatory parameter may be missing until it is enabled
 
@@ -359,8 +400,11 @@ async def test_an_operator_builds_a_schedule_up_at_runtime(start_router, autojum
     with pytest.raises(ManagementError, match="job group 'Test' has no job 'Need' \\(jobs: Record, Forever"):
         tree.add(schedules, "typo", {"job-group": "Test", "job-name": "Need", "time-expression": "at 12:30"})
     with pytest.raises(ManagementError, match="parameter 'Target' missing \\(Where to.\\)"):
-        tree.add(schedules, "at-once", {"enabled": "true", "job-group": "Test", "job-name": "Needs",
-                                        "time-expression": "at 12:30"})
+        tree.add(
+            schedules,
+            "at-once",
+            {"enabled": "true", "job-group": "Test", "job-name": "Needs", "time-expression": "at 12:30"},
+        )
     tree.add(schedules, "link", {"job-group": "Test", "job-name": "Needs", "time-expression": "at 12:30"})
     await wait_until(lambda: "link" in tree.resolve("/sys$scheduler/usage/schedules").children)
     assert schedule_usage(router, "link")["state"] == "disabled"
@@ -386,7 +430,8 @@ async def test_a_schedule_of_a_group_nobody_offers_waits_invalid(start_router, a
     assert usage["state"] == "invalid"
     assert usage["error"].startswith("no job group 'Tset' registered (groups: Queue Manager, Routing, Scheduler, ")
     assert [r.getMessage() for r in caplog.records if "will not run" in r.getMessage()] == [  # once
-        f"schedule /sys$scheduler/schedules/typo is invalid and will not run: {usage['error']}"]
+        f"schedule /sys$scheduler/schedules/typo is invalid and will not run: {usage['error']}"
+    ]
     router.request_stop()
 
 
@@ -415,8 +460,10 @@ async def test_a_group_registered_at_runtime_is_planned_and_withdrawn(start_rout
 
 async def test_at_starts_missed_while_the_router_was_down_are_reported_not_run(write_config, tmp_path):
     """Real time (the store is a process): the first router is only started and stopped."""
-    xml = _router_xml(_schedule("daily", "at 22:00, 23:00") + _schedule("window", "start 22:00 stop 23:00 delay 1h"),
-                      store=str(tmp_path / "store"))
+    xml = _router_xml(
+        _schedule("daily", "at 22:00, 23:00") + _schedule("window", "start 22:00 stop 23:00 delay 1h"),
+        store=str(tmp_path / "store"),
+    )
     path = write_config(xml)
     first = JobsPlugin(TrioClock(datetime(2026, 3, 6, 21, 0, tzinfo=PARIS)))
     router = Router.from_file(path, plugins=[first])
@@ -430,10 +477,11 @@ async def test_at_starts_missed_while_the_router_was_down_are_reported_not_run(w
     async with trio.open_nursery() as nursery:
         await nursery.start(router.run)
         assert [(e.schedule, e.count, e.first, e.last) for e in drain(missed)] == [
-            ("daily", 5, "2026-03-06T22:00:00", "2026-03-08T22:00:00")]
+            ("daily", 5, "2026-03-06T22:00:00", "2026-03-08T22:00:00")
+        ]
         assert [(e["planned"], e["outcome"]) for e in history(router)] == [
-            (f"2026-03-0{day}T{hour}:00:00", "missed") for day, hour in
-            [(6, 22), (6, 23), (7, 22), (7, 23), (8, 22)]]
+            (f"2026-03-0{day}T{hour}:00:00", "missed") for day, hour in [(6, 22), (6, 23), (7, 22), (7, 23), (8, 22)]
+        ]
         assert second.runs == []  # nothing run in a burst
         assert schedule_usage(router, "daily")["next-start"] == "2026-03-08T23:00:00"
         router.request_stop()

@@ -31,8 +31,12 @@ CONFIG = """
 
 
 def schedule_next(path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "martinet.kernel", "schedule", "next", str(path), *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "martinet.kernel", "schedule", "next", str(path), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_next_starts_of_every_schedule_are_printed(write_config):
@@ -53,19 +57,25 @@ def test_the_next_starts_of_every_schedule_are_printed(write_config):
     ]
 
 
-@pytest.mark.parametrize(("group", "job", "problem"), [
-    ("Routing", "Routing Conector", "attribute 'job-name': job group 'Routing' has no job 'Routing Conector' "
-     "(jobs: Routing Connector)"),  # a config error, as martinet check and martinet run report it
-    ("Routng", "Routing Connector", "no job group 'Routng' registered (groups: "),  # the router would start
-])
+@pytest.mark.parametrize(
+    ("group", "job", "problem"),
+    [
+        (
+            "Routing",
+            "Routing Conector",
+            "attribute 'job-name': job group 'Routing' has no job 'Routing Conector' (jobs: Routing Connector)",
+        ),  # a config error, as martinet check and martinet run report it
+        ("Routng", "Routing Connector", "no job group 'Routng' registered (groups: "),  # the router would start
+    ],
+)
 def test_a_schedule_that_cannot_run_is_reported_with_its_line(write_config, group, job, problem):
     extra = f'<schedule name="typo" job-group="{group}" job-name="{job}" time-expression="at 01:00"/>'
     path = write_config(CONFIG.format(extra=extra))
     done = schedule_next(path, "--from", "2026-12-24T12:00")
     assert done.returncode == 2
     assert done.stderr.startswith(
-        f"{path}:16: /router[@name='r1']/swiftlet[@name='sys$scheduler']/schedules/schedule[@name='typo']: "
-        + problem)
+        f"{path}:16: /router[@name='r1']/swiftlet[@name='sys$scheduler']/schedules/schedule[@name='typo']: " + problem
+    )
 
 
 def test_a_bad_expression_is_reported_with_file_and_line(write_config):
@@ -75,7 +85,8 @@ def test_a_bad_expression_is_reported_with_file_and_line(write_config):
     assert done.returncode == 2
     assert done.stderr.strip() == (
         f"{path}:16: /router[@name='r1']/swiftlet[@name='sys$scheduler']/schedules/schedule[@name='bad']: "
-        "attribute 'time-expression': at: expected HH:mm or HH:mm:ss, found '7pm'")
+        "attribute 'time-expression': at: expected HH:mm or HH:mm:ss, found '7pm'"
+    )
 
 
 def test_a_bad_count_is_refused(write_config):

@@ -29,14 +29,26 @@ async def network(nursery, tmp_path):
 
 async def test_the_routing_connector_job_brings_a_link_up_for_its_window(network, nursery):
     await network.start_routers("paris")
-    connector = ConnectorConfig(name="paris", hostname="127.0.0.1", port=network.routing_port("paris"),
-                                enabled=False, retry_time=1000)
-    window = ScheduleConfig(name="night-link", enabled=True, job_group="Routing", job_name="Routing Connector",
-                            time_expression="at 22:00", max_runtime="10s",
-                            parameters=[ParameterConfig(name="Connector Name", value="paris")])
-    config = network.config("tokyo", startorder=(*ROUTING_STACK, "sys$scheduler"), swiftlets={
-        "sys$routing": routing_config(connectors=[connector]),
-        "sys$scheduler": SchedulerConfig(time_zone="Europe/Paris", schedules=[window])})
+    connector = ConnectorConfig(
+        name="paris", hostname="127.0.0.1", port=network.routing_port("paris"), enabled=False, retry_time=1000
+    )
+    window = ScheduleConfig(
+        name="night-link",
+        enabled=True,
+        job_group="Routing",
+        job_name="Routing Connector",
+        time_expression="at 22:00",
+        max_runtime="10s",
+        parameters=[ParameterConfig(name="Connector Name", value="paris")],
+    )
+    config = network.config(
+        "tokyo",
+        startorder=(*ROUTING_STACK, "sys$scheduler"),
+        swiftlets={
+            "sys$routing": routing_config(connectors=[connector]),
+            "sys$scheduler": SchedulerConfig(time_zone="Europe/Paris", schedules=[window]),
+        },
+    )
     # Real time (real sockets): the clock says 21:59:59 at the start, so the window opens in a second.
     plugins = load_plugins([ClockPlugin(TrioClock(datetime(2026, 3, 6, 21, 59, 59, tzinfo=PARIS)))])
     tokyo = Router(config, plugins.specs, hook=plugins.hook)
@@ -57,7 +69,11 @@ async def test_the_routing_connector_job_brings_a_link_up_for_its_window(network
     with trio.fail_after(20):
         ended = await finished.receive()
     assert (ended.job_group, ended.job_name, ended.outcome, ended.message) == (
-        "Routing", "Routing Connector", "stopped", "max-runtime 10s reached")
+        "Routing",
+        "Routing Connector",
+        "stopped",
+        "max-runtime 10s reached",
+    )
     await network.settle({"tokyo": {}, "paris": {}}, timeout=10)
     assert tree.get("/sys$routing/connectors/paris", "enabled") is False
     assert tree.get("/sys$routing/usage/connectors/paris", "state") == "disabled"
@@ -72,10 +88,24 @@ async def test_the_routing_connector_job_ends_the_retries_at_its_stop(network, n
         placeholder.bind(("127.0.0.1", 0))
         port = placeholder.getsockname()[1]
     connector = ConnectorConfig(name="gone", hostname="127.0.0.1", port=port, enabled=False, retry_time=1000)
-    window = ScheduleConfig(name="try", job_group="Routing", job_name="Routing Connector", time_expression="at 22:00",
-                            max_runtime="3s", parameters=[ParameterConfig(name="Connector Name", value="gone")])
-    tokyo = await network.start(network.config("tokyo", startorder=(*ROUTING_STACK, "sys$scheduler"), swiftlets={
-        "sys$routing": routing_config(connectors=[connector]), "sys$scheduler": SchedulerConfig(schedules=[window])}))
+    window = ScheduleConfig(
+        name="try",
+        job_group="Routing",
+        job_name="Routing Connector",
+        time_expression="at 22:00",
+        max_runtime="3s",
+        parameters=[ParameterConfig(name="Connector Name", value="gone")],
+    )
+    tokyo = await network.start(
+        network.config(
+            "tokyo",
+            startorder=(*ROUTING_STACK, "sys$scheduler"),
+            swiftlets={
+                "sys$routing": routing_config(connectors=[connector]),
+                "sys$scheduler": SchedulerConfig(schedules=[window]),
+            },
+        )
+    )
     usage, tree = "/sys$routing/usage/connectors/gone", tokyo.management
     finished = tokyo.bus.subscribe(JobFinished, max_buffer=10)
     await tree.invoke("/sys$scheduler/usage/schedules/try", "start")
@@ -94,11 +124,19 @@ async def test_the_routing_connector_job_ends_the_retries_at_its_stop(network, n
 
 
 async def test_the_routing_connector_job_fails_for_an_unknown_connector(network, nursery):
-    window = ScheduleConfig(name="typo", enabled=True, job_group="Routing", job_name="Routing Connector",
-                            time_expression="at 22:00", parameters=[ParameterConfig(name="Connector Name",
-                                                                                    value="pariss")])
-    config = network.config("tokyo", startorder=(*ROUTING_STACK, "sys$scheduler"), swiftlets={
-        "sys$routing": routing_config(), "sys$scheduler": SchedulerConfig(schedules=[window])})
+    window = ScheduleConfig(
+        name="typo",
+        enabled=True,
+        job_group="Routing",
+        job_name="Routing Connector",
+        time_expression="at 22:00",
+        parameters=[ParameterConfig(name="Connector Name", value="pariss")],
+    )
+    config = network.config(
+        "tokyo",
+        startorder=(*ROUTING_STACK, "sys$scheduler"),
+        swiftlets={"sys$routing": routing_config(), "sys$scheduler": SchedulerConfig(schedules=[window])},
+    )
     tokyo = await network.start(config)
     finished = tokyo.bus.subscribe(JobFinished, max_buffer=10)
     await tokyo.management.invoke("/sys$scheduler/usage/schedules/typo", "start")
@@ -213,13 +251,24 @@ async def test_bad_job_parameters_are_refused_at_once(queue_router):
 
 async def test_the_queue_mover_moves_to_a_queue_of_another_router(network):
     await network.start_routers("paris")
-    mover = ScheduleConfig(name="offload", job_group="Queue Manager", job_name="Queue Mover",
-                           time_expression="at 03:00", parameters=[
-                               ParameterConfig(name="Source Queue", value="in"),
-                               ParameterConfig(name="Target Queue", value="out@paris"),
-                               ParameterConfig(name="Selector", value="n >= 2")])
-    tokyo = await network.start(network.config("tokyo", startorder=(*ROUTING_STACK, "sys$scheduler"), swiftlets={
-        "sys$routing": routing_config(), "sys$scheduler": SchedulerConfig(schedules=[mover])}))
+    mover = ScheduleConfig(
+        name="offload",
+        job_group="Queue Manager",
+        job_name="Queue Mover",
+        time_expression="at 03:00",
+        parameters=[
+            ParameterConfig(name="Source Queue", value="in"),
+            ParameterConfig(name="Target Queue", value="out@paris"),
+            ParameterConfig(name="Selector", value="n >= 2"),
+        ],
+    )
+    tokyo = await network.start(
+        network.config(
+            "tokyo",
+            startorder=(*ROUTING_STACK, "sys$scheduler"),
+            swiftlets={"sys$routing": routing_config(), "sys$scheduler": SchedulerConfig(schedules=[mover])},
+        )
+    )
     network.connect("tokyo", "paris")
     await network.settle({"tokyo": {"paris": 1}, "paris": {"tokyo": 1}})
     for n in range(5):
@@ -277,8 +326,10 @@ async def test_delete_durable_removes_the_matching_durable_subscriptions(topic_r
     busy = topics.durable_subscriptions()["shop-3$audit"].consumer()
     ended = await run_job(topic_router, "sunday-cleanup")
     assert (ended.outcome, ended.message) == (
-        "success", "deleted: shop-1/orders, shop-2/orders; left: shop-3/audit (durable subscription "
-        "shop-3$audit has 1 active consumer(s): close them first)")
+        "success",
+        "deleted: shop-1/orders, shop-2/orders; left: shop-3/audit (durable subscription "
+        "shop-3$audit has 1 active consumer(s): close them first)",
+    )
     assert sorted(topics.durable_subscriptions()) == ["bank$orders", "shop-3$audit"]
     assert "shop-1$orders" not in topic_router.swiftlet("sys$queuemanager").queues
     busy.close()
@@ -331,8 +382,7 @@ async def test_backups_are_consistent_copies_and_only_the_newest_are_kept(write_
         for _ in range(3):
             ended = await run_job(router, "backup")
             assert ended.outcome == "success", ended.message
-        assert sorted(p.name for p in backups.iterdir()) == [
-            "r1-20260307-030000.sqlite", "r1-20260308-030000.sqlite"]
+        assert sorted(p.name for p in backups.iterdir()) == ["r1-20260307-030000.sqlite", "r1-20260308-030000.sqlite"]
         assert ended.message.startswith(f"{backups}/r1-20260308-030000.sqlite (") and ended.message.endswith("2 kept")
 
         consumer = queue_manager.queue("orders").consumer()

@@ -81,10 +81,12 @@ def test_durations_days_and_dates_parse():
     assert parse_weekdays("sun Monday, fri") == {6, 0, 4}
     assert parse_month_days("1 15 last") == ({1, 15}, True)
     assert parse_annual_days("02-29 12-25") == {(2, 29), (12, 25)}
-    for call, text, message in [(parse_weekdays, "mon funday", "unknown weekday 'funday'"),
-                                (parse_month_days, "0", "1 to 31 or 'last'"),
-                                (parse_annual_days, "02-30", "no day of any year"),
-                                (parse_annual_days, "2-3", "MM-dd")]:
+    for call, text, message in [
+        (parse_weekdays, "mon funday", "unknown weekday 'funday'"),
+        (parse_month_days, "0", "1 to 31 or 'last'"),
+        (parse_annual_days, "02-30", "no day of any year"),
+        (parse_annual_days, "2-3", "MM-dd"),
+    ]:
         with pytest.raises(ValueError, match=message):
             call(text)
 
@@ -102,39 +104,57 @@ NEXT_CASES = [
     ("window-first-start", "start 22:00 stop 02:00 delay 1h", D(2026, 3, 2, 12, 0), {}, D(2026, 3, 2, 22, 0)),
     ("window-after-midnight", "start 22:00 stop 02:00 delay 1h", D(2026, 3, 3, 0, 30), {}, D(2026, 3, 3, 1, 0)),
     ("window-stop-excluded", "start 22:00 stop 02:00 delay 1h", D(2026, 3, 3, 1, 0), {}, D(2026, 3, 3, 22, 0)),
-    ("window-repeat-caps", "start 09:00 stop 17:00 delay 1h repeat 2", D(2026, 3, 2, 10, 0), {},
-     D(2026, 3, 3, 9, 0)),
+    ("window-repeat-caps", "start 09:00 stop 17:00 delay 1h repeat 2", D(2026, 3, 2, 10, 0), {}, D(2026, 3, 3, 9, 0)),
     ("window-whole-day", "start 00:00 stop 00:00 delay 8h", D(2026, 3, 2, 16, 0), {}, D(2026, 3, 3, 0, 0)),
     # A window belongs to the day it opens: Friday's window runs into Saturday, Saturday's never opens.
-    ("window-calendar-judges-opening-day", "start 23:00 stop 01:00 delay 30m", D(2026, 3, 7, 0, 10),
-     {"allows": WEEKDAYS_ONLY.allows}, D(2026, 3, 7, 0, 30)),
-    ("window-calendar-skips-weekend", "start 23:00 stop 01:00 delay 30m", D(2026, 3, 7, 0, 40),
-     {"allows": WEEKDAYS_ONLY.allows}, D(2026, 3, 9, 23, 0)),
+    (
+        "window-calendar-judges-opening-day",
+        "start 23:00 stop 01:00 delay 30m",
+        D(2026, 3, 7, 0, 10),
+        {"allows": WEEKDAYS_ONLY.allows},
+        D(2026, 3, 7, 0, 30),
+    ),
+    (
+        "window-calendar-skips-weekend",
+        "start 23:00 stop 01:00 delay 30m",
+        D(2026, 3, 7, 0, 40),
+        {"allows": WEEKDAYS_ONLY.allows},
+        D(2026, 3, 9, 23, 0),
+    ),
     ("last-day-of-february", "at 08:00", D(2026, 2, 1), {"allows": LAST_DAY.allows}, D(2026, 2, 28, 8, 0)),
     ("last-day-leap-year", "at 08:00", D(2028, 2, 1), {"allows": LAST_DAY.allows}, D(2028, 2, 29, 8, 0)),
-    ("last-day-of-a-31-day-month", "at 08:00", D(2026, 2, 28, 9), {"allows": LAST_DAY.allows},
-     D(2026, 3, 31, 8, 0)),
-    ("leap-day-only", "at 08:00", D(2026, 3, 1), {"allows": Calendar(annual_days=frozenset({(2, 29)})).allows},
-     D(2028, 2, 29, 8, 0)),
+    ("last-day-of-a-31-day-month", "at 08:00", D(2026, 2, 28, 9), {"allows": LAST_DAY.allows}, D(2026, 3, 31, 8, 0)),
+    (
+        "leap-day-only",
+        "at 08:00",
+        D(2026, 3, 1),
+        {"allows": Calendar(annual_days=frozenset({(2, 29)})).allows},
+        D(2028, 2, 29, 8, 0),
+    ),
     ("base-calendar-chain", "at 08:00", D(2026, 12, 24, 9), {"allows": HOLIDAYS_OFF.allows}, D(2026, 12, 28, 8, 0)),
     ("date-from-in-future", "at 08:00", D(2026, 3, 2), {"first_day": date(2026, 4, 1)}, D(2026, 4, 1, 8, 0)),
     ("date-to-passed", "at 08:00", D(2026, 3, 2, 9), {"last_day": date(2026, 3, 2)}, None),
-    ("date-to-keeps-its-window", "start 23:00 stop 01:00 delay 1h", D(2026, 3, 2, 23, 30),
-     {"last_day": date(2026, 3, 2)}, D(2026, 3, 3, 0, 0)),
+    (
+        "date-to-keeps-its-window",
+        "start 23:00 stop 01:00 delay 1h",
+        D(2026, 3, 2, 23, 30),
+        {"last_day": date(2026, 3, 2)},
+        D(2026, 3, 3, 0, 0),
+    ),
     ("calendar-allows-nothing", "at 08:00", D(2026, 3, 2), {"allows": Calendar().allows}, None),
 ]
 
 
-@pytest.mark.parametrize(("expression", "after", "bounds", "expected"), [c[1:] for c in NEXT_CASES],
-                         ids=[c[0] for c in NEXT_CASES])
+@pytest.mark.parametrize(
+    ("expression", "after", "bounds", "expected"), [c[1:] for c in NEXT_CASES], ids=[c[0] for c in NEXT_CASES]
+)
 def test_next_start(expression, after, bounds, expected):
     assert next_start(parse_time_expression(expression), after, **bounds) == expected
 
 
 def test_next_starts_and_missed_starts():
     expression = parse_time_expression("at 06:00, 18:00")
-    assert next_starts(expression, D(2026, 1, 31, 12), 3) == [
-        D(2026, 1, 31, 18), D(2026, 2, 1, 6), D(2026, 2, 1, 18)]
+    assert next_starts(expression, D(2026, 1, 31, 12), 3) == [D(2026, 1, 31, 18), D(2026, 2, 1, 6), D(2026, 2, 1, 18)]
     kept, total = missed_starts(expression, D(2026, 1, 1, 7), D(2026, 1, 3, 6), limit=2)
     assert (kept, total) == ([D(2026, 1, 2, 18), D(2026, 1, 3, 6)], 4)
 
@@ -143,8 +163,9 @@ def test_calendar_chains_refuse_unknown_bases_and_cycles():
     def plain(base):
         return Calendar(weekdays=frozenset({0}), base=base)
 
-    built = resolve_calendars({"a": plain, "b": plain, "c": plain, "d": plain},
-                              {"a": "b", "b": "a", "c": "nope", "d": ""})
+    built = resolve_calendars(
+        {"a": plain, "b": plain, "c": plain, "d": plain}, {"a": "b", "b": "a", "c": "nope", "d": ""}
+    )
     assert built["a"] == "calendars form a cycle through base-calendar: a -> b -> a"
     assert built["b"] == "calendars form a cycle through base-calendar: a -> b -> a"
     assert built["c"] == "calendar 'c': base-calendar 'nope' does not exist"
@@ -166,8 +187,11 @@ def _is_start(expression, moment: datetime, day_ok) -> bool:
             continue
         since_open = offset - expression.start
         length = (expression.stop - expression.start) % 86400 or 86400
-        if 0 <= since_open < length and since_open % expression.delay == 0 and \
-                (expression.repeat is None or since_open // expression.delay < expression.repeat):
+        if (
+            0 <= since_open < length
+            and since_open % expression.delay == 0
+            and (expression.repeat is None or since_open // expression.delay < expression.repeat)
+        ):
             return True
     return False
 
@@ -184,8 +208,13 @@ def _brute_force(expression, after: datetime, day_ok, minutes: int) -> datetime 
 minutes_of_day = st.integers(0, 1439).map(lambda m: m * 60)
 expressions = st.one_of(
     st.builds(lambda times: AtTimes(tuple(sorted(set(times)))), st.lists(minutes_of_day, min_size=1, max_size=4)),
-    st.builds(Window, minutes_of_day, minutes_of_day, st.sampled_from([1, 5, 7, 45, 60, 90, 300, 1440]).map(
-        lambda m: m * 60), st.one_of(st.none(), st.integers(1, 12))),
+    st.builds(
+        Window,
+        minutes_of_day,
+        minutes_of_day,
+        st.sampled_from([1, 5, 7, 45, 60, 90, 300, 1440]).map(lambda m: m * 60),
+        st.one_of(st.none(), st.integers(1, 12)),
+    ),
 )
 
 
@@ -209,8 +238,14 @@ def calendars(draw, around: date, depth: int = 1):
         weekdays=frozenset(draw(st.sets(st.integers(0, 6), max_size=4))),
         month_days=frozenset(draw(st.sets(st.sampled_from([1, 2, 15, 28, 29, 30, 31]), max_size=3))),
         last_day=draw(st.booleans()),
-        annual_days=frozenset(draw(st.sets(st.sampled_from([(1, 1), (2, 28), (2, 29), (3, 1), (12, 31),
-                                                            (around.month, around.day)]), max_size=2))),
+        annual_days=frozenset(
+            draw(
+                st.sets(
+                    st.sampled_from([(1, 1), (2, 28), (2, 29), (3, 1), (12, 31), (around.month, around.day)]),
+                    max_size=2,
+                )
+            )
+        ),
         date_ranges=tuple(ranges),
         base=draw(st.one_of(st.none(), calendars(around, depth - 1))) if depth > 0 else None,
     )
@@ -223,15 +258,20 @@ def cases(draw):
     mode = draw(st.sampled_from(["anywhere", "near-a-start", "past-midnight"]))
     if mode == "past-midnight":  # inside the part of yesterday's window after midnight
         opens = draw(st.integers(720, 1439)) * 60
-        expression = Window(opens, draw(st.integers(1, 720)) * 60, draw(st.sampled_from([5, 30, 60, 120])) * 60,
-                            draw(st.one_of(st.none(), st.integers(2, 40))))
+        expression = Window(
+            opens,
+            draw(st.integers(1, 720)) * 60,
+            draw(st.sampled_from([5, 30, 60, 120])) * 60,
+            draw(st.one_of(st.none(), st.integers(2, 40))),
+        )
         second = draw(st.integers(0, expression.stop - 1))
     elif mode == "near-a-start":
         if isinstance(expression, AtTimes):
             near = draw(st.sampled_from(expression.seconds))
         else:
-            near = expression.start + draw(st.one_of(st.integers(0, 6).map(lambda k: k * expression.delay),
-                                                     st.integers(0, expression.length)))
+            near = expression.start + draw(
+                st.one_of(st.integers(0, 6).map(lambda k: k * expression.delay), st.integers(0, expression.length))
+            )
         second = (near + draw(st.integers(-90, 90))) % 86400
     if mode != "anywhere":
         after = datetime.combine(after.date(), time(second // 3600, second // 60 % 60, second % 60))
@@ -251,12 +291,14 @@ def test_next_start_matches_a_minute_by_minute_reference(case):
 
     @functools.cache
     def day_ok(day: date) -> bool:
-        return (calendar is None or calendar.allows(day)) and (first is None or day >= first) and \
-            (last is None or day <= last)
+        return (
+            (calendar is None or calendar.allows(day))
+            and (first is None or day >= first)
+            and (last is None or day <= last)
+        )
 
     expected = _brute_force(expression, after, day_ok, SEARCH_DAYS * 1440)
-    found = next_start(expression, after, allows=calendar.allows if calendar else None,
-                       first_day=first, last_day=last)
+    found = next_start(expression, after, allows=calendar.allows if calendar else None, first_day=first, last_day=last)
     if expected is not None:
         assert found == expected
     else:  # nothing within the reference's reach: none at all, or later
@@ -269,25 +311,59 @@ def test_next_start_matches_a_minute_by_minute_reference(case):
 SCHEDULER = '<router name="r1" startorder="sys$scheduler">\n<swiftlet name="sys$scheduler"{}>\n'
 
 CONFIG_CASES = [
-    ("bad-expression", '<schedules>\n<schedule name="s" job-group="g" job-name="j" time-expression="at 25:00"/>'
-     '\n</schedules>', 4, "time-expression", "at: '25:00' is not a time of day"),
-    ("bad-max-runtime", '<schedules>\n\n<schedule name="s" job-group="g" job-name="j" time-expression="at 01:00" '
-     'max-runtime="2d"/></schedules>', 5, "max-runtime", "expected <n>h, <n>m or <n>s, found '2d'"),
-    ("bad-date-from", '<schedules>\n<schedule name="s" job-group="g" job-name="j" time-expression="at 01:00" '
-     'date-from="tomorrow"/></schedules>', 4, "date-from", "expected a date yyyy-MM-dd, found 'tomorrow' "
-     "(or 'now')"),
-    ("impossible-date-to", '<schedules><schedule name="s" job-group="g" job-name="j" time-expression="at 01:00" '
-     'date-to="2026-02-30"/></schedules>', 3, "date-to", "'2026-02-30' is not a date"),
-    ("bad-weekday", '<calendars>\n<calendar name="c" weekdays="mon fry"/></calendars>', 4, "weekdays",
-     "unknown weekday 'fry'"),
-    ("bad-date-range", '<calendars><calendar name="c"><date-ranges>\n<date-range name="x" date-from="2026-1-1" '
-     'date-to="2026-01-02"/></date-ranges></calendar></calendars>', 4, "date-from", "expected a date yyyy-MM-dd"),
-    ("unknown-zone", '', 2, "time-zone", "unknown time zone 'Mars/Olympus'"),
+    (
+        "bad-expression",
+        '<schedules>\n<schedule name="s" job-group="g" job-name="j" time-expression="at 25:00"/>\n</schedules>',
+        4,
+        "time-expression",
+        "at: '25:00' is not a time of day",
+    ),
+    (
+        "bad-max-runtime",
+        '<schedules>\n\n<schedule name="s" job-group="g" job-name="j" time-expression="at 01:00" '
+        'max-runtime="2d"/></schedules>',
+        5,
+        "max-runtime",
+        "expected <n>h, <n>m or <n>s, found '2d'",
+    ),
+    (
+        "bad-date-from",
+        '<schedules>\n<schedule name="s" job-group="g" job-name="j" time-expression="at 01:00" '
+        'date-from="tomorrow"/></schedules>',
+        4,
+        "date-from",
+        "expected a date yyyy-MM-dd, found 'tomorrow' (or 'now')",
+    ),
+    (
+        "impossible-date-to",
+        '<schedules><schedule name="s" job-group="g" job-name="j" time-expression="at 01:00" '
+        'date-to="2026-02-30"/></schedules>',
+        3,
+        "date-to",
+        "'2026-02-30' is not a date",
+    ),
+    (
+        "bad-weekday",
+        '<calendars>\n<calendar name="c" weekdays="mon fry"/></calendars>',
+        4,
+        "weekdays",
+        "unknown weekday 'fry'",
+    ),
+    (
+        "bad-date-range",
+        '<calendars><calendar name="c"><date-ranges>\n<date-range name="x" date-from="2026-1-1" '
+        'date-to="2026-01-02"/></date-ranges></calendar></calendars>',
+        4,
+        "date-from",
+        "expected a date yyyy-MM-dd",
+    ),
+    ("unknown-zone", "", 2, "time-zone", "unknown time zone 'Mars/Olympus'"),
 ]
 
 
-@pytest.mark.parametrize(("body", "line", "attribute", "message"), [c[1:] for c in CONFIG_CASES],
-                         ids=[c[0] for c in CONFIG_CASES])
+@pytest.mark.parametrize(
+    ("body", "line", "attribute", "message"), [c[1:] for c in CONFIG_CASES], ids=[c[0] for c in CONFIG_CASES]
+)
 def test_config_mistakes_are_reported_with_file_and_line(write_config, body, line, attribute, message):
     head = SCHEDULER.format(' time-zone="Mars/Olympus"' if attribute == "time-zone" else "")
     path = write_config(f"{head}{body}</swiftlet></router>")

@@ -19,9 +19,16 @@ INT = Prop(description="", min=-1, max=100)
 @pytest.mark.parametrize(
     ("kind", "raw", "expected"),
     [
-        (int, "42", 42), (int, " -1 ", -1), (int, "+7", 7), (int, 100, 100),
-        (float, "2.5", 2.5), (float, "1e3", 1000.0), (float, 3, 3.0),
-        (bool, "true", True), (bool, "false", False), (bool, False, False),
+        (int, "42", 42),
+        (int, " -1 ", -1),
+        (int, "+7", 7),
+        (int, 100, 100),
+        (float, "2.5", 2.5),
+        (float, "1e3", 1000.0),
+        (float, 3, 3.0),
+        (bool, "true", True),
+        (bool, "false", False),
+        (bool, False, False),
         (str, " spaced ", " spaced "),
     ],
 )
@@ -54,6 +61,7 @@ def test_bad_values_are_refused(kind, raw, message):
 
 def test_config_objects_validate_on_construction():
     @config_class
+    @attrs.frozen(kw_only=True)
     class C:
         port: int = prop(1, min=1, max=10, description="p")
 
@@ -64,30 +72,39 @@ def test_config_objects_validate_on_construction():
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class Nameless:
     port: int = prop(1, description="p")
 
 
 def test_declarations_are_checked_at_import():
     with pytest.raises(TypeError, match="declare config fields with prop"):
+
         @config_class
+        @attrs.frozen(kw_only=True)
         class Bare:
             x: int = 1
 
     with pytest.raises(TypeError, match="must be bool, int, float or str"):
+
         @config_class
+        @attrs.frozen(kw_only=True)
         class Listy:
             x: list = prop(description="no")
 
     with pytest.raises(TypeError, match="need a mandatory 'name' property"):
+
         @config_class
+        @attrs.frozen(kw_only=True)
         class Holder:
             items: Mapping[str, Nameless] = entity_list(Nameless, item="i", description="d")
 
 
 # -- round trip: any valid config survives write → read unchanged ---------------------------
 
+
 @config_class
+@attrs.frozen(kw_only=True)
 class Item:
     name: str = prop(description="n")
     weight: float = prop(1.0, min=0, max=1e9, description="w")
@@ -95,29 +112,32 @@ class Item:
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class Inner:
     depth: int = prop(3, min=0, max=9, description="d")
     on: bool = prop(False, description="o")
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class Outer:
     count: int = prop(10, min=-1, max=2**40, description="c")
     mode: str = prop("a", choices=("a", "b", "c"), description="m")
     text: str = prop("", description="t")
     inner: Inner = entity(Inner, description="i")
-    items: Mapping[str, Item] = entity_list(Item, item="item", description="i",
-                                            default=[Item(name="x")])
+    items: Mapping[str, Item] = entity_list(Item, item="item", description="i", default=[Item(name="x")])
 
 
 from martinet.kernel import SwiftletSpec  # noqa: E402
 
 SPECS = {"t$outer": SwiftletSpec(name="t$outer", description="", config=Outer, factory=lambda c: None)}
 # Characters XML 1.0 can carry (no controls but tab/newline, no surrogates).
-xml_text = st.text(st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="\ufffe\uffff")
-                   | st.sampled_from("\t\n&<>\"'"), max_size=20)
-names = st.text(st.characters(whitelist_categories=("L", "N"), whitelist_characters="$._-"),
-                min_size=1, max_size=10)
+xml_text = st.text(
+    st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="\ufffe\uffff")
+    | st.sampled_from("\t\n&<>\"'"),
+    max_size=20,
+)
+names = st.text(st.characters(whitelist_categories=("L", "N"), whitelist_characters="$._-"), min_size=1, max_size=10)
 items = st.builds(Item, name=names, weight=st.floats(0, 1e9, allow_nan=False), label=xml_text)
 outers = st.builds(
     Outer,
@@ -132,7 +152,6 @@ outers = st.builds(
 @settings(max_examples=200, deadline=None)
 @given(outers)
 def test_any_valid_config_round_trips_through_xml(outer):
-    config = RouterConfig(RouterSettings(name="r1", startorder="t$outer"),
-                          {"t$outer": SwiftletSection(outer, {})})
+    config = RouterConfig(RouterSettings(name="r1", startorder="t$outer"), {"t$outer": SwiftletSection(outer, {})})
     text = to_xml(config, SPECS)
     assert load_config("<memory>", SPECS, text=text) == config

@@ -33,8 +33,9 @@ def test_standard_message(selector, expected):
     assert evaluate(selector, STANDARD_MESSAGE) == expected
 
 
-@pytest.mark.parametrize(("selector", "fields", "expected"), CUSTOM_CASES,
-                         ids=[f"{i}:{c[0][:50]}" for i, c in enumerate(CUSTOM_CASES)])
+@pytest.mark.parametrize(
+    ("selector", "fields", "expected"), CUSTOM_CASES, ids=[f"{i}:{c[0][:50]}" for i, c in enumerate(CUSTOM_CASES)]
+)
 def test_custom_message(selector, fields, expected):
     assert evaluate(selector, {**STANDARD_MESSAGE, **fields}) == expected
 

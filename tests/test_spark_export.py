@@ -29,8 +29,9 @@ async def start(network, name: str, folder: Path, *, routing: bool = False, **sp
     swiftlets = {"sys$spark": SparkConfig(**settings)}
     if routing:
         swiftlets["sys$routing"] = routing_config()
-    return await network.start(network.config(name, startorder=(*ROUTING_STACK, "sys$spark") if routing
-                                              else SPARK_STACK, swiftlets=swiftlets))
+    return await network.start(
+        network.config(name, startorder=(*ROUTING_STACK, "sys$spark") if routing else SPARK_STACK, swiftlets=swiftlets)
+    )
 
 
 def usage(router) -> dict:
@@ -53,8 +54,7 @@ async def test_a_sample_holds_the_changed_numbers_and_every_full_sample_interval
     queues = router.swiftlet("sys$queuemanager")
     for name in ("busy", "idle"):
         queues.queue(name, create=True)
-    sampler = Sampler(router.management, Filter("sys$queuemanager router", ""), Filter("%", ""),
-                      full_every=3)
+    sampler = Sampler(router.management, Filter("sys$queuemanager router", ""), Filter("%", ""), full_every=3)
 
     def numbers(rows: list[tuple]) -> dict[tuple[str, str], float]:
         return {(entity, metric): value for _, entity, metric, value, _ in rows if value is not None}
@@ -145,8 +145,9 @@ async def test_the_schema_is_the_documented_one_in_every_file(network, tmp_path)
 
 async def test_include_and_exclude_predicates_choose_swiftlets_and_entities(network, tmp_path):
     folder = tmp_path / "metrics"
-    router = await start(network, "r1", folder, format="jsonl", include_swiftlets="sys$queuemanager",
-                         exclude_entities="queues/tmp%")
+    router = await start(
+        network, "r1", folder, format="jsonl", include_swiftlets="sys$queuemanager", exclude_entities="queues/tmp%"
+    )
     for name in ("orders", "tmp1", "tmp2"):
         router.swiftlet("sys$queuemanager").queue(name, create=True)
     await wait_until(lambda: usage(router)["samples"] >= 3, timeout=20)
@@ -159,8 +160,9 @@ async def test_include_and_exclude_predicates_choose_swiftlets_and_entities(netw
 
 async def test_retention_by_size_deletes_the_oldest_files(network, tmp_path):
     folder = tmp_path / "metrics"
-    router = await start(network, "r1", folder, format="jsonl", collect_interval=20, roll_interval=50,
-                         retention_size=60_000)
+    router = await start(
+        network, "r1", folder, format="jsonl", collect_interval=20, roll_interval=50, retention_size=60_000
+    )
     await wait_until(lambda: usage(router)["files-deleted"] >= 5, timeout=30)
     files = data_files(folder) + data_files(folder, "events")
     assert sum(p.stat().st_size for p in files) <= 60_000
@@ -177,8 +179,9 @@ async def test_retention_by_age_deletes_old_files(network, tmp_path):
 
 def test_parquet_without_pyarrow_is_a_config_error_with_its_line(tmp_path, monkeypatch):
     path = tmp_path / "router.xml"
-    path.write_text('<router name="r1" startorder="sys$spark">\n'
-                    '  <swiftlet name="sys$spark" format="parquet"/>\n</router>\n')
+    path.write_text(
+        '<router name="r1" startorder="sys$spark">\n  <swiftlet name="sys$spark" format="parquet"/>\n</router>\n'
+    )
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if the spark extra were not installed
     with pytest.raises(ConfigErrors, match=r"router.xml:2.*pyarrow"):
         load_config(path, load_swiftlet_specs())
@@ -202,8 +205,13 @@ def test_a_batch_round_trips_and_garbage_is_refused():
     rows, events = decode_batch(body)
     assert rows == [("r1", 1000, "sys$x", "e", "m", 1.5, None, 7, 3)]
     assert events == [("r1", 1001, "sys$y", "K", "e", "{}", 7, 4)]
-    for garbage in (b"", b"[]", b'{"router":"r"}', b'{"router":"r","epoch":1,"rows":[[1]],"events":[]}',
-                    b'{"router":"r","epoch":1,"rows":[[1,"s","e","m","not a number",null,3]],"events":[]}'):
+    for garbage in (
+        b"",
+        b"[]",
+        b'{"router":"r"}',
+        b'{"router":"r","epoch":1,"rows":[[1]],"events":[]}',
+        b'{"router":"r","epoch":1,"rows":[[1,"s","e","m","not a number",null,3]],"events":[]}',
+    ):
         with pytest.raises(ValueError, match="not a metrics batch"):
             decode_batch(garbage)
 
@@ -211,8 +219,15 @@ def test_a_batch_round_trips_and_garbage_is_refused():
 async def test_three_routers_publish_and_one_collector_writes_the_whole_network(network, tmp_path, caplog):
     folder = tmp_path / "collected"
     for name in ("a", "b", "c"):
-        await start(network, name, folder if name == "a" else tmp_path / "unused", routing=True, output="topic",
-                    collector_enabled=name == "a", format="jsonl")
+        await start(
+            network,
+            name,
+            folder if name == "a" else tmp_path / "unused",
+            routing=True,
+            output="topic",
+            collector_enabled=name == "a",
+            format="jsonl",
+        )
     network.connect("b", "a")
     network.connect("c", "a")
     await network.settle({"a": {"b": 1, "c": 1}, "b": {"a": 1, "c": 2}, "c": {"a": 1, "b": 2}})
@@ -223,16 +238,23 @@ async def test_three_routers_publish_and_one_collector_writes_the_whole_network(
     def routers_seen() -> set[str]:
         return {p.parent.name for p in data_files(folder)}
 
-    await wait_until(lambda: routers_seen() == {"router=a", "router=b", "router=c"}, timeout=30,
-                     what="rows of a, b and c in the collector's folder")
+    await wait_until(
+        lambda: routers_seen() == {"router=a", "router=b", "router=c"},
+        timeout=30,
+        what="rows of a, b and c in the collector's folder",
+    )
     assert usage(collector)["rejected"] == 1
     assert "not a metrics batch" in caplog.text and "Traceback" not in caplog.text
     for name in ("b", "c"):  # events of every router arrive too
         network.routers[name].swiftlet("sys$queuemanager").queue(f"new-on-{name}", create=True)
 
     def events_seen() -> set[str]:
-        return {(e["router"], e["entity"]) for path in data_files(folder, "events") for e in read_rows(path)
-                if e["kind"] == "UsageAdded"}
+        return {
+            (e["router"], e["entity"])
+            for path in data_files(folder, "events")
+            for e in read_rows(path)
+            if e["kind"] == "UsageAdded"
+        }
 
     await wait_until(lambda: events_seen() >= {("b", "queues/new-on-b"), ("c", "queues/new-on-c")}, timeout=30)
     assert not (tmp_path / "unused").exists()  # output topic: no files of their own

@@ -36,8 +36,9 @@ async def run_pipeline(*args: str) -> None:
     """Run the pipeline to its end; its output is shown when it fails."""
     env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
     with trio.fail_after(PIPELINE_TIMEOUT):
-        result = await trio.run_process(pipeline_command(*args), capture_stdout=True, capture_stderr=True,
-                                        check=False, env=env)
+        result = await trio.run_process(
+            pipeline_command(*args), capture_stdout=True, capture_stderr=True, check=False, env=env
+        )
     assert result.returncode == 0, failure(result.stderr.decode())
     assert b"report: " in result.stdout
 
@@ -45,8 +46,11 @@ async def run_pipeline(*args: str) -> None:
 def failure(stderr: str) -> str:
     """What a failed pipeline printed: its error lines (a JVM stack trace would push the
     cause out of a plain tail), then the tail."""
-    causes = [line for line in stderr.splitlines()
-              if ("Error" in line or "Exception" in line) and not line.lstrip().startswith("at ")]
+    causes = [
+        line
+        for line in stderr.splitlines()
+        if ("Error" in line or "Exception" in line) and not line.lstrip().startswith("at ")
+    ]
     return "\n".join(causes[:30]) + "\n...\n" + stderr[-3000:]
 
 
@@ -99,8 +103,13 @@ async def test_known_load_gives_its_windows_across_a_restart_and_flaps_lower_ava
     did not see (a restarted job)."""
     export = tmp_path / "metrics"
     spark = SparkConfig(collect_interval=200, roll_interval=1000, folder=str(export))
-    a = await network.start(network.config("a", startorder=(*ROUTING_STACK, "sys$spark"), swiftlets={
-        "sys$spark": spark, "sys$routing": routing_config()}))
+    a = await network.start(
+        network.config(
+            "a",
+            startorder=(*ROUTING_STACK, "sys$spark"),
+            swiftlets={"sys$spark": spark, "sys$routing": routing_config()},
+        )
+    )
     await network.start_routers("b")
     network.connect("a", "b", **{"retry-time": "1000"})
     await network.settle({"a": {"b": 1}})
@@ -130,8 +139,21 @@ async def test_known_load_gives_its_windows_across_a_restart_and_flaps_lower_ava
         if int(path.name.split("-")[1]) >= halfway:
             (later / path.relative_to(export)).parent.mkdir(parents=True, exist_ok=True)
             path.rename(later / path.relative_to(export))
-    arguments = ["--source", "files", "--input", str(export), "--output", str(output), "--once",
-                 "--window", "2 seconds", "--delay", "2 seconds", "--alert-windows", "3"]
+    arguments = [
+        "--source",
+        "files",
+        "--input",
+        str(export),
+        "--output",
+        str(output),
+        "--once",
+        "--window",
+        "2 seconds",
+        "--delay",
+        "2 seconds",
+        "--alert-windows",
+        "3",
+    ]
     await run_pipeline(*arguments)
     assert table(output, "rates"), "the first run closed no window"
     for path in list(later.rglob("part-*")):
@@ -142,12 +164,14 @@ async def test_known_load_gives_its_windows_across_a_restart_and_flaps_lower_ava
     rates = table(output, "rates")
     keys = [(r["router"], r["queue"], r["window_start"]) for r in rates]
     assert len(keys) == len(set(keys)), "a window was written twice"
-    by_queue = {name: sorted((r for r in rates if r["queue"] == name), key=lambda r: r["window_start"])
-                for name in ("flow", "load", "idle", "burst")}
+    by_queue = {
+        name: sorted((r for r in rates if r["queue"] == name), key=lambda r: r["window_start"])
+        for name in ("flow", "load", "idle", "burst")
+    }
     every = sorted({r["window_start"] for r in rates})
     assert at(every[-1]) >= started + 14
     for name in ("load", "idle", "burst"):  # every window has a row, moving or not
-        assert [r["window_start"] for r in by_queue[name]] == every[every.index(by_queue[name][0]["window_start"]):]
+        assert [r["window_start"] for r in by_queue[name]] == every[every.index(by_queue[name][0]["window_start"]) :]
     inner = [r for r in by_queue["load"] if started <= at(r["window_start"]) <= started + 10]
     assert len(inner) >= 3
     for row in inner:
@@ -187,16 +211,23 @@ async def test_known_load_gives_its_windows_across_a_restart_and_flaps_lower_ava
 
 async def test_the_live_source_delivers_every_row_once_across_a_killed_query(network, tmp_path):
     spark = SparkConfig(collect_interval=100, output="topic", events_enabled=False, include_swiftlets="sys$store")
-    router = await network.start(network.config("r1", startorder=(*STACK, "sys$spark"),
-                                                swiftlets={"sys$spark": spark}))
+    router = await network.start(network.config("r1", startorder=(*STACK, "sys$spark"), swiftlets={"sys$spark": spark}))
     output = tmp_path / "analysis"
     arguments = ["--source", "live", "--url", network.url("r1"), "--output", str(output)]
     env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
-    process = subprocess.Popen(pipeline_command(*arguments, "--interval", "1"), env=env, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        pipeline_command(*arguments, "--interval", "1"),
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        await wait_until(lambda: len(list((output / "rows").glob("*.parquet"))) >= 4, timeout=PIPELINE_TIMEOUT,
-                         what="four batches of the first query")
+        await wait_until(
+            lambda: len(list((output / "rows").glob("*.parquet"))) >= 4,
+            timeout=PIPELINE_TIMEOUT,
+            what="four batches of the first query",
+        )
     finally:
         os.killpg(process.pid, signal.SIGKILL)  # the driver and its JVM: a crash, mid-batch or not
         await trio.to_thread.run_sync(process.wait)
@@ -213,15 +244,24 @@ async def test_the_live_source_delivers_every_row_once_across_a_killed_query(net
 async def test_three_routers_collected_into_one_folder_are_one_spark_table(network, tmp_path):
     folder = tmp_path / "collected"
     for name in ("a", "b", "c"):
-        spark = SparkConfig(collect_interval=200, roll_interval=500, output="topic", collector_enabled=name == "a",
-                            folder=str(folder))
-        await network.start(network.config(name, startorder=(*ROUTING_STACK, "sys$spark"), swiftlets={
-            "sys$spark": spark, "sys$routing": routing_config()}))
+        spark = SparkConfig(
+            collect_interval=200, roll_interval=500, output="topic", collector_enabled=name == "a", folder=str(folder)
+        )
+        await network.start(
+            network.config(
+                name,
+                startorder=(*ROUTING_STACK, "sys$spark"),
+                swiftlets={"sys$spark": spark, "sys$routing": routing_config()},
+            )
+        )
     network.connect("b", "a")
     network.connect("c", "b")
     await network.settle({"a": {"b": 1, "c": 2}, "c": {"a": 2, "b": 1}})
-    await wait_until(lambda: {p.name for p in (folder / "rows").glob("*/router=*")} == {
-        "router=a", "router=b", "router=c"}, timeout=30, what="rows of a, b and c collected")
+    await wait_until(
+        lambda: {p.name for p in (folder / "rows").glob("*/router=*")} == {"router=a", "router=b", "router=c"},
+        timeout=30,
+        what="rows of a, b and c collected",
+    )
     await trio.sleep(1)
     await network.stop_all()
 
@@ -268,9 +308,25 @@ async def test_the_continuous_job_reports_windows_of_files_that_arrive_while_it_
     log = tmp_path / "pipeline.log"
     with log.open("wb") as output_file:
         process = subprocess.Popen(
-            pipeline_command("--source", "files", "--input", str(export), "--output", str(output), "--interval", "1",
-                             "--window", "2 seconds", "--delay", "2 seconds"),
-            env=env, start_new_session=True, stdout=output_file, stderr=subprocess.STDOUT)
+            pipeline_command(
+                "--source",
+                "files",
+                "--input",
+                str(export),
+                "--output",
+                str(output),
+                "--interval",
+                "1",
+                "--window",
+                "2 seconds",
+                "--delay",
+                "2 seconds",
+            ),
+            env=env,
+            start_new_session=True,
+            stdout=output_file,
+            stderr=subprocess.STDOUT,
+        )
     try:
         await poll(report.exists, "the continuous job's first report")
         started = time.time()  # the job runs: this load comes while it does

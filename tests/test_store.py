@@ -49,11 +49,18 @@ def stored_messages(tmp_path) -> list[tuple]:
 
 async def test_everything_committed_is_recovered(broker, tmp_path):
     store = broker.store
-    await store.commit([PutMessage(1, "a", b"one"), PutMessage(2, "b", b"two", 0, "xid-1"),
-                        PutMessage(3, "a", b"three"), PutRecord("durable", "c1$s", b"record"),
-                        PutRecord("xa", "xid-1", b"{}"), RememberId("a", "m-1", 10), RememberId("a", "m-2", 10)])
-    await store.commit([DeleteMessage(3), SetDeliveryCount(1, 4), SetTransaction(2, None),
-                        DeleteRecord("xa", "xid-1")])
+    await store.commit(
+        [
+            PutMessage(1, "a", b"one"),
+            PutMessage(2, "b", b"two", 0, "xid-1"),
+            PutMessage(3, "a", b"three"),
+            PutRecord("durable", "c1$s", b"record"),
+            PutRecord("xa", "xid-1", b"{}"),
+            RememberId("a", "m-1", 10),
+            RememberId("a", "m-2", 10),
+        ]
+    )
+    await store.commit([DeleteMessage(3), SetDeliveryCount(1, 4), SetTransaction(2, None), DeleteRecord("xa", "xid-1")])
     await broker.stop()
     assert stored_messages(tmp_path) == [(1, "a", b"one", 4, None), (2, "b", b"two", 0, None)]
     await broker.start()
@@ -149,8 +156,11 @@ async def test_a_file_that_is_not_a_store_is_refused(make_broker, tmp_path):
     store_dir.mkdir()
     (store_dir / "r1.sqlite").write_bytes(b"this is not a database" * 100)
     running = make_broker()
-    with pytest.raises(SwiftletFailed, match="swiftlet sys\\$store failed to start: StoreError: .*r1.sqlite: "
-                       "not a usable Martinet store: file is not a database"):
+    with pytest.raises(
+        SwiftletFailed,
+        match="swiftlet sys\\$store failed to start: StoreError: .*r1.sqlite: "
+        "not a usable Martinet store: file is not a database",
+    ):
         await Router.from_file(running.path).run()
 
 
@@ -175,10 +185,14 @@ async def test_commit_after_stop_is_refused(broker):
 
 
 async def test_a_relative_path_is_under_the_start_directory_and_logged_absolute(
-        nursery, write_config, tmp_path, monkeypatch, caplog):
+    nursery, write_config, tmp_path, monkeypatch, caplog
+):
     monkeypatch.chdir(tmp_path)
-    router = Router.from_file(write_config('<router name="r1" startorder="sys$store">'
-                                           '<swiftlet name="sys$store" path="data" sync="off"/></router>'))
+    router = Router.from_file(
+        write_config(
+            '<router name="r1" startorder="sys$store"><swiftlet name="sys$store" path="data" sync="off"/></router>'
+        )
+    )
     with caplog.at_level("INFO", logger="martinet.swiftlets.store"):
         await nursery.start(router.run)
     database = tmp_path / "data" / "r1.sqlite"
@@ -195,19 +209,31 @@ async def test_updates_of_one_batch_go_by_value_and_the_last_one_wins(broker, tm
     counts = [SetDeliveryCount(1, 1), SetDeliveryCount(2, 2), SetDeliveryCount(1, 7), SetDeliveryCount(3, 2)]
     await store.commit([SetTransaction(n, None) for n in (1, 2, 3)] + counts + [SetTransaction(3, "xid-2")])
     await broker.stop()
-    assert stored_messages(tmp_path) == [(1, "a", b"m", 7, None), (2, "a", b"m", 2, None), (3, "a", b"m", 2, "xid-2"),
-                                         (4, "a", b"m", 0, "xid-1")]
+    assert stored_messages(tmp_path) == [
+        (1, "a", b"m", 7, None),
+        (2, "a", b"m", 2, None),
+        (3, "a", b"m", 2, "xid-2"),
+        (4, "a", b"m", 0, "xid-1"),
+    ]
 
 
 async def test_a_message_body_is_replaced_stored_or_in_the_same_batch(broker, tmp_path):
     await broker.store.commit([PutMessage(1, "a", raw(b"one"))])
-    await broker.store.commit([SetMessageBody(1, raw(b"one, annotated")), PutMessage(2, "a", raw(b"two")),
-                               SetMessageBody(2, raw(b"two, annotated")), SetDeliveryCount(2, 3)])
+    await broker.store.commit(
+        [
+            SetMessageBody(1, raw(b"one, annotated")),
+            PutMessage(2, "a", raw(b"two")),
+            SetMessageBody(2, raw(b"two, annotated")),
+            SetDeliveryCount(2, 3),
+        ]
+    )
     await broker.restart()  # recovered (by the queue manager, which takes them) and kept
     assert broker.store.recovered.message_count == 2
     await broker.stop()
-    assert stored_messages(tmp_path) == [(1, "a", raw(b"one, annotated"), 0, None),
-                                         (2, "a", raw(b"two, annotated"), 3, None)]
+    assert stored_messages(tmp_path) == [
+        (1, "a", raw(b"one, annotated"), 0, None),
+        (2, "a", raw(b"two, annotated"), 3, None),
+    ]
 
 
 async def test_checkpoints_keep_the_wal_short_and_lose_nothing(broker, tmp_path):
@@ -277,8 +303,11 @@ def test_the_store_process_applies_nothing_after_a_failed_commit(tmp_path):
     from martinet.swiftlets.store.dbprocess import LENGTH, encode_ops, pack_frame, unpack_frame
 
     path = tmp_path / "s.sqlite"
-    process = subprocess.Popen([sys.executable, "-m", "martinet.swiftlets.store", str(path), "full", "refuse-empty"],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "martinet.swiftlets.store", str(path), "full", "refuse-empty"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
 
     def reply() -> list:
         size = LENGTH.unpack(process.stdout.read(4))[0]
@@ -287,9 +316,11 @@ def test_the_store_process_applies_nothing_after_a_failed_commit(tmp_path):
     try:
         while reply()[0] != "ready":  # the (empty) recovery
             pass
-        process.stdin.write(pack_frame(["commit", encode_ops([PutMessage(1, "q", b"first")])])
-                            + pack_frame(["commit", encode_ops([PutMessage(1, "q", b"same id")])])
-                            + pack_frame(["commit", encode_ops([PutMessage(2, "q", b"behind it")])]))
+        process.stdin.write(
+            pack_frame(["commit", encode_ops([PutMessage(1, "q", b"first")])])
+            + pack_frame(["commit", encode_ops([PutMessage(1, "q", b"same id")])])
+            + pack_frame(["commit", encode_ops([PutMessage(2, "q", b"behind it")])])
+        )
         process.stdin.flush()
         answers = [reply() for _ in range(3)]
     finally:

@@ -38,8 +38,11 @@ async def test_a_store_truncated_to_zero_bytes_is_refused_unless_accepted(make_b
     database = tmp_path / "store" / "r1.sqlite"
     assert (tmp_path / "store" / "r1.sqlite.store-id").exists()
     database.write_bytes(b"")  # someone truncated it
-    with pytest.raises(SwiftletFailed, match=r"r1.sqlite: the store existed \(its marker r1.sqlite.store-id says "
-                       r"so\) but the database is empty or missing — refusing to start"):
+    with pytest.raises(
+        SwiftletFailed,
+        match=r"r1.sqlite: the store existed \(its marker r1.sqlite.store-id says "
+        r"so\) but the database is empty or missing — refusing to start",
+    ):
         await refused_run(running.path)
     # one ERROR line that says it all, no traceback (StoreError is a kernel ExplainedError)
     refusals = [r for r in caplog.records if r.levelname == "ERROR" and "refusing to start" in r.getMessage()]
@@ -108,13 +111,16 @@ async def test_a_damaged_wal_is_refused_with_counts_unless_accepted(make_broker,
     assert total >= 20
     damaged = total // 2
     offset = 32 + damaged * (page_size + 24) + 24 + 1000
-    wal[offset:offset + 8] = bytes(8) if wal[offset:offset + 8] != bytes(8) else b"\xff" * 8
+    wal[offset : offset + 8] = bytes(8) if wal[offset : offset + 8] != bytes(8) else b"\xff" * 8
     (copy / "store" / "r1.sqlite-wal").write_bytes(bytes(wal))
     saved = {name: (copy / "store" / name).read_bytes() for name in ("r1.sqlite", "r1.sqlite-wal")}
     crashed = RunningRouter(nursery, copy)
-    with pytest.raises(SwiftletFailed, match=rf"the WAL is damaged: frame {damaged + 1} of {total} fails its "
-                       rf"checksum; recovery drops {total - damaged} frame\(s\) from there, with [1-9]\d* committed "
-                       r"transaction\(s\) — refusing to start"):
+    with pytest.raises(
+        SwiftletFailed,
+        match=rf"the WAL is damaged: frame {damaged + 1} of {total} fails its "
+        rf"checksum; recovery drops {total - damaged} frame\(s\) from there, with [1-9]\d* committed "
+        r"transaction\(s\) — refusing to start",
+    ):
         await refused_run(crashed.path)
     for name, data in saved.items():  # a refused start changed nothing: it can be retried as it was
         (copy / "store" / name).write_bytes(data)
@@ -137,7 +143,7 @@ async def test_a_wal_with_an_interrupted_transaction_only_is_accepted(make_broke
     await running.stop()
     wal = (copy / "store" / "r1.sqlite-wal").read_bytes()
     page_size = int.from_bytes(wal[8:12], "big")
-    frame = wal[32:32 + 24 + page_size]
+    frame = wal[32 : 32 + 24 + page_size]
     # A torn last frame of a transaction that never committed (commit size 0, bad checksum).
     torn = frame[:4] + bytes(4) + frame[8:24] + bytes(page_size)
     (copy / "store" / "r1.sqlite-wal").write_bytes(wal + torn)

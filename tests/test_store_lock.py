@@ -40,7 +40,10 @@ class StoreProcess:
     async def start(cls, path: Path, env: dict[str, str] | None = None) -> StoreProcess:
         process = await trio.lowlevel.open_process(
             [sys.executable, "-m", "martinet.swiftlets.store", str(path), "normal", "refuse-empty"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, **(env or {})})
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, **(env or {})},
+        )
         return cls(process)
 
     async def read(self) -> list:
@@ -49,7 +52,7 @@ class StoreProcess:
             if len(self._buffer) >= 4:
                 size = LENGTH.unpack(self._buffer[:4])[0]
                 if len(self._buffer) >= 4 + size:
-                    frame, self._buffer = self._buffer[4:4 + size], self._buffer[4 + size:]
+                    frame, self._buffer = self._buffer[4 : 4 + size], self._buffer[4 + size :]
                     return unpack_frame(frame)
             data = await self.process.stdout.receive_some()
             assert data, "the store process closed its output"
@@ -93,8 +96,10 @@ async def test_a_new_store_process_waits_for_the_previous_one_and_recovers_all_i
 
         new = await StoreProcess.start(path)
         notice = await new.read()  # before the lock: "ready" at once, with message 1 only
-        assert notice == ["notice", f"waiting for the previous store process of {path} (pid {old.process.pid}) "
-                                    "to finish"]
+        assert notice == [
+            "notice",
+            f"waiting for the previous store process of {path} (pid {old.process.pid}) to finish",
+        ]
         gate.unlink()
         assert await new.recover() == list(range(1, COMMITS + 1))  # everything the old one applied
         assert await old.process.wait() == 0  # it applied what it was given, then left
@@ -113,8 +118,10 @@ async def test_waiting_for_the_store_lock_in_vain_names_the_holder(tmp_path):
         notices: list[str] = []
         with pytest.raises(DatabaseError) as raised:
             await trio.to_thread.run_sync(lock_store, str(path), notices.append, 0.2)
-        assert str(raised.value) == (f"{path}: the previous store process (pid {holder.process.pid}) still holds "
-                                     f"the store lock {path}.lock after 0.2 s — refusing to open the store beside it")
+        assert str(raised.value) == (
+            f"{path}: the previous store process (pid {holder.process.pid}) still holds "
+            f"the store lock {path}.lock after 0.2 s — refusing to open the store beside it"
+        )
         assert notices == [f"waiting for the previous store process of {path} (pid {holder.process.pid}) to finish"]
         gate.unlink()
         assert await holder.read() == ["done", 0]
@@ -123,4 +130,3 @@ async def test_waiting_for_the_store_lock_in_vain_names_the_holder(tmp_path):
         fd = await trio.to_thread.run_sync(lock_store, str(path), notices.append, 0.2)  # free now
         os.close(fd)
     assert len(notices) == 1
-

@@ -26,8 +26,14 @@ from conftest import wait_until
 def msg(n: int, *, priority: int | None = None, size: int = 1024, **kwargs):
     """A persistent message whose body says which it is (and is ``size`` bytes long)."""
     body = f"m{n}:".encode().ljust(size, b"x")
-    return build(body, durable=True, message_id=f"id-{n}", priority=priority,
-                 properties={"n": n, "kind": "b" if n % 5 == 0 else "a"}, **kwargs)
+    return build(
+        body,
+        durable=True,
+        message_id=f"id-{n}",
+        priority=priority,
+        properties={"n": n, "kind": "b" if n % 5 == 0 else "a"},
+        **kwargs,
+    )
 
 
 def usage(running, queue: str) -> dict:
@@ -175,10 +181,12 @@ async def test_a_restarted_big_queue_reads_back_only_its_cache(make_broker):
 
 
 async def test_expiry_dead_letters_transactions_and_limits_with_swapped_bodies(make_broker):
-    running = make_broker(queues='<queue name="ttl" cache-size="5" expired-to-dlq="true"/>'
-                                 '<queue name="routerdlq" cache-size="10"/>'
-                                 '<queue name="tx" cache-size="5"/>'
-                                 '<queue name="full" cache-size="5" max-messages="30"/>')
+    running = make_broker(
+        queues='<queue name="ttl" cache-size="5" expired-to-dlq="true"/>'
+        '<queue name="routerdlq" cache-size="10"/>'
+        '<queue name="tx" cache-size="5"/>'
+        '<queue name="full" cache-size="5" max-messages="30"/>'
+    )
     await running.start()
     queue_manager = running.queue_manager
     expiring = [msg(n, ttl=300) for n in range(30)]
@@ -258,8 +266,7 @@ def send_all(url: str, address: str, messages: list[ProtonMessage]) -> None:
 def receive_all(url: str, address: str, count: int, selector: str | None = None) -> list[ProtonMessage]:
     connection = BlockingConnection(url, timeout=30)
     try:
-        receiver = connection.create_receiver(address, credit=100,
-                                              options=Selector(selector) if selector else None)
+        receiver = connection.create_receiver(address, credit=100, options=Selector(selector) if selector else None)
         got = []
         for _ in range(count):
             got.append(receiver.receive(timeout=10))
@@ -286,9 +293,16 @@ def browse_all(url: str, address: str) -> list[ProtonMessage]:
 async def test_amqp_clients_get_swapped_out_messages_in_order_intact(amqp_broker):
     running = await amqp_broker(queues='<queues><queue name="big" cache-size="50"/></queues>')
     count = 1000
-    messages = [ProtonMessage(id=f"id-{n}", body=f"m{n}:".encode().ljust(1024, b"y"), durable=True,
-                              priority=9 if n % 10 == 0 else 4, properties={"n": n, "pick": n % 3 == 0})
-                for n in range(count)]
+    messages = [
+        ProtonMessage(
+            id=f"id-{n}",
+            body=f"m{n}:".encode().ljust(1024, b"y"),
+            durable=True,
+            priority=9 if n % 10 == 0 else 4,
+            properties={"n": n, "pick": n % 3 == 0},
+        )
+        for n in range(count)
+    ]
     await trio.to_thread.run_sync(send_all, running.url, "big", messages)
     figures = running.usage("big")
     assert (figures["messages"], figures["cached"], figures["swapped"]) == (count, 50, count - 50)
@@ -303,8 +317,10 @@ async def test_amqp_clients_get_swapped_out_messages_in_order_intact(amqp_broker
     assert [m.properties["n"] for m in picked] == [n for n in order if n % 3 == 0]
     rest = await trio.to_thread.run_sync(receive_all, running.url, "big", count - 334)
     assert [m.properties["n"] for m in rest] == [n for n in order if n % 3]
-    assert all(m.body == messages[m.properties["n"]].body and m.priority == messages[m.properties["n"]].priority
-               for m in picked + rest)
+    assert all(
+        m.body == messages[m.properties["n"]].body and m.priority == messages[m.properties["n"]].priority
+        for m in picked + rest
+    )
     await wait_until(lambda: running.connections() == 0)
     figures = running.usage("big")
     assert (figures["messages"], figures["cached"], figures["swapped"]) == (0, 0, 0)

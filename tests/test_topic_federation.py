@@ -17,8 +17,10 @@ def record(router: str, epoch: int, seq: int, *roots: str) -> InterestRecord:
 
 
 def state(subscriptions: RemoteSubscriptions) -> dict[str, dict[str, tuple[bool, bool, bool]]]:
-    return {router: {root: (s.static, s.keep, s.announced) for root, s in subs.items()}
-            for router, subs in subscriptions.routers.items()}
+    return {
+        router: {root: (s.static, s.keep, s.announced) for root, s in subs.items()}
+        for router, subs in subscriptions.routers.items()
+    }
 
 
 def test_a_record_survives_encoding_and_says_its_version():
@@ -30,14 +32,17 @@ def test_a_record_survives_encoding_and_says_its_version():
     assert InterestRecord.decode(asking.encode()) == asking
 
 
-@pytest.mark.parametrize(("body", "error"), [
-    (b'{"version": 2, "router": "a", "epoch": 1, "seq": 1, "roots": []}', "version 2, this router reads 1"),
-    (b'{"version": 1, "router": "a", "epoch": 1, "seq": 1, "roots": "iit"}', "roots must be a list of strings"),
-    (b'{"version": 1, "router": "a", "epoch": "1", "seq": 1, "roots": []}', "epoch and seq integers"),
-    (b'{"version": 1, "router": "a", "roots": []}', "KeyError"),
-    (b'{"version": 1, "router": "a", "epoch": 1, "seq": 1, "roots": [], "reply": 1}', "reply must be a boolean"),
-    (b"not json", "JSONDecodeError"),
-])
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (b'{"version": 2, "router": "a", "epoch": 1, "seq": 1, "roots": []}', "version 2, this router reads 1"),
+        (b'{"version": 1, "router": "a", "epoch": 1, "seq": 1, "roots": "iit"}', "roots must be a list of strings"),
+        (b'{"version": 1, "router": "a", "epoch": "1", "seq": 1, "roots": []}', "epoch and seq integers"),
+        (b'{"version": 1, "router": "a", "roots": []}', "KeyError"),
+        (b'{"version": 1, "router": "a", "epoch": 1, "seq": 1, "roots": [], "reply": 1}', "reply must be a boolean"),
+        (b"not json", "JSONDecodeError"),
+    ],
+)
 def test_a_record_this_version_cannot_read_is_refused_with_the_reason(body, error):
     with pytest.raises(ValueError, match=error):
         InterestRecord.decode(build(body))

@@ -46,8 +46,17 @@ async def wait_interest(network, expected: Mapping[str, Interest], timeout: floa
 class Subscriber:
     """A subscriber on ``router`` that collects message texts; ``ready`` once attached."""
 
-    def __init__(self, network, router: str, topic: str, *, selector: str | None = None, no_local: bool = False,
-                 client_id: str | None = None, durable: str | None = None):
+    def __init__(
+        self,
+        network,
+        router: str,
+        topic: str,
+        *,
+        selector: str | None = None,
+        no_local: bool = False,
+        client_id: str | None = None,
+        durable: str | None = None,
+    ):
         self.network, self.router, self.topic = network, router, topic
         self.selector, self.no_local, self.client_id, self.durable = selector, no_local, client_id, durable
         self.received: list[str] = []
@@ -55,11 +64,14 @@ class Subscriber:
 
     async def run(self, count: int, *, timeout: float = 40) -> None:
         """Receive ``count`` messages (bounded), then check that no further one comes."""
-        async with connect(self.network.url(self.router), client_id=self.client_id) as connection, \
-                connection.session() as session:
+        async with (
+            connect(self.network.url(self.router), client_id=self.client_id) as connection,
+            connection.session() as session,
+        ):
             if self.durable:
-                consumer = await session.durable_subscriber(Topic(self.topic), self.durable, selector=self.selector,
-                                                            no_local=self.no_local)
+                consumer = await session.durable_subscriber(
+                    Topic(self.topic), self.durable, selector=self.selector, no_local=self.no_local
+                )
             else:
                 consumer = await session.consumer(Topic(self.topic), selector=self.selector, no_local=self.no_local)
             self.ready.set()
@@ -76,8 +88,16 @@ class Subscriber:
         return f"<subscriber on {self.router} to {self.topic} selector={self.selector!r}>"
 
 
-async def publish(network, router: str, topic: str, texts: Iterable[str], *, client_id: str | None = None,
-                  persistent: bool = False, properties: Mapping[str, object] | None = None) -> None:
+async def publish(
+    network,
+    router: str,
+    topic: str,
+    texts: Iterable[str],
+    *,
+    client_id: str | None = None,
+    persistent: bool = False,
+    properties: Mapping[str, object] | None = None,
+) -> None:
     mode = DeliveryMode.PERSISTENT if persistent else DeliveryMode.NON_PERSISTENT
     async with connect(network.url(router), client_id=client_id) as connection, connection.session() as session:
         producer = await session.producer(Topic(topic), delivery_mode=mode)
@@ -89,8 +109,9 @@ def assert_exactly(subscriber: Subscriber, expected: Iterable[str]) -> None:
     expected = sorted(expected)
     received = sorted(subscriber.received)
     wrong = [m for m in received if received.count(m) > 1 or m not in expected]
-    assert received == expected, \
+    assert received == expected, (
         f"{subscriber}: missing {sorted(set(expected) - set(received))[:10]}, unexpected or twice {wrong[:10]}"
+    )
 
 
 RING = ("a", "b", "c", "d")
@@ -117,8 +138,9 @@ async def fan_out_everywhere(network, routers: tuple[str, ...]) -> None:
     for router in routers:
         subscribers[Subscriber(network, router, "iit")] = eu + us
         subscribers[Subscriber(network, router, "iit.%.eu")] = eu
-    subscribers[Subscriber(network, routers[2], "iit.sales", selector="n < 10")] = \
-        [m for m in eu + us if int(m.rsplit("-", 1)[1]) < 10]
+    subscribers[Subscriber(network, routers[2], "iit.sales", selector="n < 10")] = [
+        m for m in eu + us if int(m.rsplit("-", 1)[1]) < 10
+    ]
     subscribers[Subscriber(network, routers[1], "news")] = []
     async with trio.open_nursery() as nursery:
         for subscriber, expected in subscribers.items():
@@ -126,13 +148,15 @@ async def fan_out_everywhere(network, routers: tuple[str, ...]) -> None:
         for subscriber in subscribers:
             await subscriber.ready.wait()
         others = {r: [x for x in routers if x != r] for r in routers}
-        await wait_interest(network, {r: {o: ["iit"] + (["news"] if o == routers[1] else []) for o in others[r]}
-                                      for r in routers})
+        await wait_interest(
+            network, {r: {o: ["iit"] + (["news"] if o == routers[1] else []) for o in others[r]} for r in routers}
+        )
         async with trio.open_nursery() as publishers:
             for router in routers[:2]:
                 publishers.start_soon(publish_numbered, network, router, "iit.sales.eu", f"{router}-eu-", count, True)
-            publishers.start_soon(publish_numbered, network, routers[-1], "iit.sales.us", f"{routers[-1]}-us-", count,
-                                  False)
+            publishers.start_soon(
+                publish_numbered, network, routers[-1], "iit.sales.us", f"{routers[-1]}-us-", count, False
+            )
     for subscriber, expected in subscribers.items():
         assert_exactly(subscriber, expected)
 
@@ -166,8 +190,10 @@ async def start(network, name: str, *, static_routes: Iterable[str] = (), **topi
 
 
 def static(router: str, *roots: str, keep: bool = False) -> StaticRemoteRouterSubscription:
-    return StaticRemoteRouterSubscription(name=router, static_topic_subscriptions=[
-        StaticTopicSubscription(name=root, keep_on_unsubscribe=keep) for root in roots])
+    return StaticRemoteRouterSubscription(
+        name=router,
+        static_topic_subscriptions=[StaticTopicSubscription(name=root, keep_on_unsubscribe=keep) for root in roots],
+    )
 
 
 async def durable_subscription(network, router: str, client_id: str, name: str, topic: str) -> None:
@@ -264,18 +290,25 @@ async def test_static_remote_subscriptions_forward_before_the_first_connect(netw
 
 
 async def test_a_router_without_interest_ends_static_subscriptions_when_it_first_connects(network):
-    await start(network, "a", static_routes=["b"],
-                static_remote_router_subscriptions=[static("b", "iit"), static("b", "news", keep=True)])
+    await start(
+        network,
+        "a",
+        static_routes=["b"],
+        static_remote_router_subscriptions=[static("b", "iit"), static("b", "news", keep=True)],
+    )
     await start(network, "b")  # no subscriptions: it has never announced anything
     network.connect("b", "a")
     await wait_interest(network, {"a": {"b": ["news"]}})  # a asked, b answered: none
-    assert network.routers["a"].management.get(
-        "/sys$topicmanager/usage/remote-router-subscriptions/b/topics/news", "announced") is False
+    assert (
+        network.routers["a"].management.get(
+            "/sys$topicmanager/usage/remote-router-subscriptions/b/topics/news", "announced"
+        )
+        is False
+    )
 
 
 async def test_keep_on_unsubscribe_delivers_to_a_durable_subscriber_across_an_orderly_shutdown(network):
-    await start(network, "a", static_routes=["b"],
-                static_remote_router_subscriptions=[static("b", "iit", keep=True)])
+    await start(network, "a", static_routes=["b"], static_remote_router_subscriptions=[static("b", "iit", keep=True)])
     await start(network, "b")
     await durable_subscription(network, "b", "d", "w", "iit")
     network.connect("b", "a")
@@ -290,8 +323,12 @@ async def test_keep_on_unsubscribe_delivers_to_a_durable_subscriber_across_an_or
     received = Subscriber(network, "b", "iit", client_id="d", durable="w")
     await received.run(50)
     assert_exactly(received, [f"m{n}" for n in range(50)])
-    assert network.routers["a"].management.get(
-        "/sys$topicmanager/usage/remote-router-subscriptions/b/topics/iit", "forwarded") == 50
+    assert (
+        network.routers["a"].management.get(
+            "/sys$topicmanager/usage/remote-router-subscriptions/b/topics/iit", "forwarded"
+        )
+        == 50
+    )
 
 
 async def test_an_orderly_stop_keeps_durable_interest_without_keep_on_unsubscribe(network):
@@ -365,15 +402,21 @@ async def test_a_restarted_router_forwards_to_the_interest_it_knew_before_it_hea
 
 
 async def test_a_static_remote_subscription_needs_a_static_route(network):
-    with pytest.raises(SwiftletFailed, match=r"static-remote-router-subscriptions/b: a static remote subscription "
-                       r"needs a static route to b"):
+    with pytest.raises(
+        SwiftletFailed,
+        match=r"static-remote-router-subscriptions/b: a static remote subscription "
+        r"needs a static route to b",
+    ):
         await start(network, "a", static_remote_router_subscriptions=[static("b", "iit")])
     await start(network, "c", static_routes=["b"])
     with pytest.raises(ManagementError, match="needs a static route to x"):
         network.routers["c"].management.add("/sys$topicmanager/static-remote-router-subscriptions", "x")
     network.routers["c"].management.add("/sys$topicmanager/static-remote-router-subscriptions", "b")
-    network.routers["c"].management.add("/sys$topicmanager/static-remote-router-subscriptions/b/"
-                                        "static-topic-subscriptions", "iit", {"keep-on-unsubscribe": "true"})
+    network.routers["c"].management.add(
+        "/sys$topicmanager/static-remote-router-subscriptions/b/static-topic-subscriptions",
+        "iit",
+        {"keep-on-unsubscribe": "true"},
+    )
     assert remote_subscriptions(network, "c") == {"b": {"iit"}}
 
 

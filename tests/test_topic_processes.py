@@ -56,9 +56,14 @@ async def test_durable_subscribers_on_every_router_lose_nothing_when_one_is_kill
     urls = {name: f"amqp://127.0.0.1:{amqp[name]}" for name in NAMES}
     routers = {}
     for name in NAMES:
-        xml = router_config(name, amqp=amqp[name], routing=routing[name], password=PASSWORD,
-                            connectors=[(TRIANGLE[name], routing[TRIANGLE[name]], PASSWORD)],
-                            static_routes=[other for other in NAMES if other != name])
+        xml = router_config(
+            name,
+            amqp=amqp[name],
+            routing=routing[name],
+            password=PASSWORD,
+            connectors=[(TRIANGLE[name], routing[TRIANGLE[name]], PASSWORD)],
+            static_routes=[other for other in NAMES if other != name],
+        )
         routers[name] = await trio.to_thread.run_sync(router_processes.start, xml)
     for name in NAMES:  # a durable subscription on every router, no subscriber connected
         async with connect(urls[name], client_id=f"sub-{name}") as connection, connection.session() as session:
@@ -84,7 +89,8 @@ async def test_durable_subscribers_on_every_router_lose_nothing_when_one_is_kill
     for name in NAMES:
         received = await receive_all(urls[name], f"sub-{name}", expected)
         duplicates = sorted({m for m in received if received.count(m) > 1})
-        assert set(received) == expected and not duplicates, \
+        assert set(received) == expected and not duplicates, (
             f"{name}: lost {sorted(expected - set(received))[:10]}, duplicated {duplicates[:10]}\n{logs()}"
+        )
     for name in NAMES:
         assert "Traceback" not in routers[name].text(), logs()

@@ -109,38 +109,47 @@ def test_hierarchy_rules(published, subscribed, expected):
     assert matches(parse_topic(subscribed), parse_topic(published)) is expected
 
 
-@pytest.mark.parametrize(("name", "message"), [
-    ("", "cannot be empty"),
-    ("iit..sales", "has an empty level"),
-    ("iit.", "has an empty level"),
-    ("%.sales", "the root level '%' may not be a predicate"),
-    ("ii_t.sales", "may not be a predicate"),
-    ("iit.sales\\", "ends with a lone escape"),
-])
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("", "cannot be empty"),
+        ("iit..sales", "has an empty level"),
+        ("iit.", "has an empty level"),
+        ("%.sales", "the root level '%' may not be a predicate"),
+        ("ii_t.sales", "may not be a predicate"),
+        ("iit.sales\\", "ends with a lone escape"),
+    ],
+)
 def test_bad_topic_names(name, message):
     with pytest.raises(TopicNameError, match=message.replace("(", "\\(")):
         parse_topic(name)
 
 
-@pytest.mark.parametrize(("written", "native"), [
-    ("PRICE.STOCK.NYSE.*", "PRICE.STOCK.NYSE.%"),  # one level
-    ("PRICE.*.NYSE.*", "PRICE.%.NYSE.%"),
-    ("PRICE.#", "PRICE"),  # zero or more levels: a node reaches everything below it
-    ("PRICE.STOCK.*.#", "PRICE.STOCK.%"),
-    ("PRICE.STOCK", "PRICE.STOCK"),
-    ("PRICE.ST*.N#", "PRICE.ST*.N#"),  # wildcards are whole levels; these are plain characters
-    ("PRICE.st_ck", "PRICE.st_ck"),  # native predicates keep their meaning
-])
+@pytest.mark.parametrize(
+    ("written", "native"),
+    [
+        ("PRICE.STOCK.NYSE.*", "PRICE.STOCK.NYSE.%"),  # one level
+        ("PRICE.*.NYSE.*", "PRICE.%.NYSE.%"),
+        ("PRICE.#", "PRICE"),  # zero or more levels: a node reaches everything below it
+        ("PRICE.STOCK.*.#", "PRICE.STOCK.%"),
+        ("PRICE.STOCK", "PRICE.STOCK"),
+        ("PRICE.ST*.N#", "PRICE.ST*.N#"),  # wildcards are whole levels; these are plain characters
+        ("PRICE.st_ck", "PRICE.st_ck"),  # native predicates keep their meaning
+    ],
+)
 def test_wildcards_translate_to_native_names(written, native):
     assert from_wildcards(written) == native
 
 
-@pytest.mark.parametrize(("written", "message"), [
-    ("*.STOCK", "the root level may not be a wildcard"),
-    ("#", "the root level may not be a wildcard"),
-    ("PRICE.#.IBM", "'#' is supported as the last level only"),
-    ("PRICE.#.#", "'#' is supported as the last level only"),
-])
+@pytest.mark.parametrize(
+    ("written", "message"),
+    [
+        ("*.STOCK", "the root level may not be a wildcard"),
+        ("#", "the root level may not be a wildcard"),
+        ("PRICE.#.IBM", "'#' is supported as the last level only"),
+        ("PRICE.#.#", "'#' is supported as the last level only"),
+    ],
+)
 def test_wildcards_the_hierarchy_cannot_express(written, message):
     with pytest.raises(TopicNameError, match=message):
         from_wildcards(written)
@@ -248,16 +257,22 @@ async def test_interest_events(topics):
     await topic_manager.unsubscribe("c", "d")
     assert topic_manager.interest() == frozenset()
     assert [(e.root, e.interested) for e in drain(events)] == [
-        ("iit", True), ("other", True), ("iit", False), ("other", False)]
+        ("iit", True),
+        ("other", True),
+        ("iit", False),
+        ("other", False),
+    ]
     assert durable.closed
 
 
 async def test_slow_subscribers(make_topics):
-    running = make_topics(children="""<slow-subscriber-conditions>
+    running = make_topics(
+        children="""<slow-subscriber-conditions>
         <slow-subscriber-condition name="drops" max-messages="2" action="drop"/>
         <slow-subscriber-condition name="cuts" max-messages="2" action="disconnect"/>
         <slow-subscriber-condition name="waits" max-messages="2"/>
-      </slow-subscriber-conditions>""")
+      </slow-subscriber-conditions>"""
+    )
     await running.start()
     topic_manager = running.topic_manager
     dropping = topic_manager.subscribe("drops")

@@ -57,14 +57,18 @@ async def fetch(url: str, authorization: str | None = None) -> tuple[int, Messag
 
 def samples(text: str) -> dict[tuple[str, frozenset], float]:
     """Every sample of a Prometheus text exposition, by name and labels (parsed by prometheus-client)."""
-    return {(sample.name, frozenset(sample.labels.items())): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def value(parsed: dict, name: str, **labels: str) -> float:
     key = (name, frozenset(labels.items()))
-    assert key in parsed, f"no sample {name}{labels}; samples of that name: " + \
-        str([dict(k[1]) for k in parsed if k[0] == name])
+    assert key in parsed, f"no sample {name}{labels}; samples of that name: " + str(
+        [dict(k[1]) for k in parsed if k[0] == name]
+    )
     return parsed[key]
 
 
@@ -105,16 +109,20 @@ async def test_metrics_carry_the_usage_with_router_and_entity_labels(network, tm
     assert value(parsed, "martinet_queuemanager_queues_enqueued_total", **queue) == 7
     assert value(parsed, "martinet_queuemanager_queues_dequeued_total", **queue) == 2
     assert value(parsed, "martinet_routing_connectors_state", router="a", connector="b", state="operational") == 1
-    assert value(parsed, "martinet_routing_connections_state", router="a", connection="connector:b",
-                 state="operational") == 1
+    assert (
+        value(parsed, "martinet_routing_connections_state", router="a", connection="connector:b", state="operational")
+        == 1
+    )
     assert value(parsed, "martinet_routing_routing_table_routes", router="a", destination="b") == 1
     assert value(parsed, "martinet_routing_routing_table_active", router="a", destination="b") == 1
     assert value(parsed, "martinet_routing_destinations", router="a") == 1
     assert value(parsed, "martinet_xa_in_doubt", router="a") == 0
     transactions = value(parsed, "martinet_store_transactions_total", router="a")
     assert transactions >= 7 and value(parsed, "martinet_store_fsyncs_total", router="a") == transactions
-    assert value(parsed, "martinet_pool_max_concurrency", router="a", swiftlet="sys$routing",
-                 pool="routing.scheduler") == 3
+    assert (
+        value(parsed, "martinet_pool_max_concurrency", router="a", swiftlet="sys$routing", pool="routing.scheduler")
+        == 3
+    )
     assert value(parsed, "martinet_router_swiftlets_state", router="a", swiftlet="sys$web", state="running") == 1
     families = {family.name: family.type for family in text_string_to_metric_families(text)}
     assert families["martinet_queuemanager_queues_enqueued"] == "counter"
@@ -152,7 +160,7 @@ class EventStream:
             size = int(await self._until(b"\r\n"), 16)
             while len(self.buffer) < size + 2:
                 self.buffer += await self.stream.receive_some()
-            chunk, self.buffer = self.buffer[:size], self.buffer[size + 2:]
+            chunk, self.buffer = self.buffer[:size], self.buffer[size + 2 :]
             if chunk.startswith(b"event: map\n"):
                 return json.loads(chunk.split(b"data: ", 1)[1])
 
@@ -168,8 +176,10 @@ async def test_the_event_stream_sends_the_map_and_each_change_and_a_stop_ends_it
         while len((first := await events.next_map())["edges"]) < 2:  # the map may lag the table by a rebuild
             pass
         assert {r["name"]: r["state"] for r in first["routers"]} == {"a": "local", "b": "reachable", "c": "reachable"}
-        assert {(e["a"], e["b"]): e["state"] for e in first["edges"]} == {("a", "b"): "operational",
-                                                                          ("b", "c"): "operational"}
+        assert {(e["a"], e["b"]): e["state"] for e in first["edges"]} == {
+            ("a", "b"): "operational",
+            ("b", "c"): "operational",
+        }
         network.routers["b"].management.remove("/sys$routing/connectors", "c")
         while (latest := await events.next_map())["edges"][-1]["state"] != "down":
             pass
@@ -180,8 +190,9 @@ async def test_the_event_stream_sends_the_map_and_each_change_and_a_stop_ends_it
 
 
 async def test_a_non_loopback_bind_needs_authentication(network):
-    with pytest.raises(SwiftletFailed, match="bind-address '0.0.0.0' is not a loopback address.*"
-                                             "needs authentication-enabled"):
+    with pytest.raises(
+        SwiftletFailed, match="bind-address '0.0.0.0' is not a loopback address.*needs authentication-enabled"
+    ):
         await start_web(network, "a", WebConfig(enabled=True, bind_address="0.0.0.0", port=0))
 
 
@@ -190,8 +201,9 @@ async def test_a_taken_port_fails_the_start_with_the_address(network):
     with trio.socket.socket() as taken:
         await taken.bind(("127.0.0.1", port))
         taken.listen()
-        with pytest.raises(SwiftletFailed, match=f"cannot listen on 127.0.0.1:{port} \\(bind-address, port\\): "
-                                                 "Address already in use"):
+        with pytest.raises(
+            SwiftletFailed, match=f"cannot listen on 127.0.0.1:{port} \\(bind-address, port\\): Address already in use"
+        ):
             await start_web(network, "a", WebConfig(enabled=True, port=port))
 
 
@@ -199,10 +211,14 @@ async def test_with_authentication_only_the_admin_group_gets_in(network):
     authentication = AuthenticationConfig(
         authentication_enabled=True,
         groups=[GroupConfig(name="admin"), GroupConfig(name="apps")],
-        users=[UserConfig(name="root", password="top", group="admin"), UserConfig(name="app", password="pw",
-                                                                                 group="apps")])
-    router, web = await start_web(network, "a", WebConfig(enabled=True, bind_address="0.0.0.0", port=0),
-                                  **{"sys$authentication": authentication})
+        users=[
+            UserConfig(name="root", password="top", group="admin"),
+            UserConfig(name="app", password="pw", group="apps"),
+        ],
+    )
+    router, web = await start_web(
+        network, "a", WebConfig(enabled=True, bind_address="0.0.0.0", port=0), **{"sys$authentication": authentication}
+    )
     url = "http://127.0.0.1:" + web.url.rsplit(":", 1)[1]
     status, headers, _ = await fetch(url + "/metrics")
     assert status == 401 and headers["WWW-Authenticate"].startswith("Basic")
@@ -224,8 +240,9 @@ async def test_with_authentication_only_the_admin_group_gets_in(network):
 
 
 async def test_on_loopback_authentication_switched_on_at_runtime_applies_at_once(network):
-    authentication = AuthenticationConfig(groups=[GroupConfig(name="admin")],
-                                          users=[UserConfig(name="root", password="top", group="admin")])
+    authentication = AuthenticationConfig(
+        groups=[GroupConfig(name="admin")], users=[UserConfig(name="root", password="top", group="admin")]
+    )
     router, web = await start_web(network, "a", **{"sys$authentication": authentication})
     assert (await fetch(web.url + "/metrics"))[0] == 200
     router.management.set("/sys$authentication", "authentication-enabled", "true")
@@ -236,8 +253,11 @@ async def test_on_loopback_authentication_switched_on_at_runtime_applies_at_once
 async def test_bad_http_input_gets_400_without_a_traceback_and_the_router_serves_on(network, caplog):
     router, web = await start_web(network, "a")
     host, port = web.url.removeprefix("http://").rsplit(":", 1)
-    for garbage in (b"GARBAGE\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64),
-                    b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: x\r\n\r\n"):
+    for garbage in (
+        b"GARBAGE\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(64),
+        b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: x\r\n\r\n",
+    ):
         stream = await trio.open_tcp_stream(host, int(port))
         await stream.send_all(garbage)
         with trio.fail_after(10):
@@ -264,8 +284,9 @@ async def test_a_local_link_shows_its_connector_failing_and_coming_back(network,
     await network.start_routers("b")
     proxy = FaultProxy("127.0.0.1", network.routing_port("b"))
     await nursery.start(proxy.run)
-    router.management.add("/sys$routing/connectors", "b", {"hostname": "127.0.0.1", "port": str(proxy.port),
-                                                           "retry-time": "1000"})
+    router.management.add(
+        "/sys$routing/connectors", "b", {"hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000"}
+    )
     await network.settle({"a": {"b": 1}})
     with trio.fail_after(20):  # the map follows the table's events (rebuilt once per burst)
         while (edge := web.network_map().edge("a", "b")) is None or edge.state != "operational":

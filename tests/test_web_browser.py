@@ -25,10 +25,14 @@ from network import ROUTING_STACK, routing_config
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 if CHROMIUM is None or DRIVER is None:
     if os.environ.get("CI"):
-        raise RuntimeError("chromium or chromedriver is missing: .ci/run installs Debian's chromium and "
-                           "chromium-driver")
-    pytest.skip("chromium or chromedriver is missing: `apt-get install chromium chromium-driver` to run the "
-                "web view in a real browser", allow_module_level=True)
+        raise RuntimeError(
+            "chromium or chromedriver is missing: .ci/run installs Debian's chromium and chromium-driver"
+        )
+    pytest.skip(
+        "chromium or chromedriver is missing: `apt-get install chromium chromium-driver` to run the "
+        "web view in a real browser",
+        allow_module_level=True,
+    )
 
 from selenium import webdriver  # noqa: E402 - only with a browser to drive
 from selenium.webdriver.chrome.service import Service  # noqa: E402
@@ -98,8 +102,9 @@ async def test_the_map_shows_every_router_and_a_cut_link_turns_red(network, nurs
     proxy = FaultProxy("127.0.0.1", network.routing_port("c"))
     await nursery.start(proxy.run)
     network.connect("a", "b")
-    network.routers["b"].management.add("/sys$routing/connectors", "c", {
-        "hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000"})
+    network.routers["b"].management.add(
+        "/sys$routing/connectors", "c", {"hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000"}
+    )
     await network.settle({"a": {"b": 1, "c": 2}})
     url = router.swiftlet("sys$web").url
 
@@ -135,7 +140,8 @@ async def test_the_router_page_lists_a_queue_with_its_backlog(network, browser):
     def queues() -> dict[str, dict[str, str]]:  # one script: the page reloads itself every 5 s
         header, *rows = browser.execute_script(
             'return Array.from(document.querySelectorAll("#queues tr"), '
-            "row => Array.from(row.cells, cell => cell.innerText))")
+            "row => Array.from(row.cells, cell => cell.innerText))"
+        )
         return {row[0]: dict(zip(header, row, strict=True)) for row in rows}
 
     orders = await eventually(lambda: queues().get("orders"), "the queue orders on the router page")

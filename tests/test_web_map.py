@@ -10,18 +10,31 @@ def states(network_map) -> dict[tuple[str, str], str]:
 
 
 def test_local_links_keep_their_exact_state_and_remote_links_come_from_the_paths():
-    links = {"b": LinkView(peer="b", state="operational", since=10.0),
-             "x": LinkView(peer="x", state="failed", since=12.0, error="connection refused")}
+    links = {
+        "b": LinkView(peer="b", state="operational", since=10.0),
+        "x": LinkView(peer="x", state="failed", since=12.0, error="connection refused"),
+    }
     routes = {"b": [("b",)], "c": [("b", "c")], "d": [("b", "c", "d"), ("e", "d")], "e": [("e",)]}
     built = build_map("a", links, routes, None, now=20.0)
-    assert states(built) == {("a", "b"): "operational", ("a", "x"): "failed", ("b", "c"): OPERATIONAL,
-                             ("c", "d"): OPERATIONAL, ("a", "e"): OPERATIONAL, ("d", "e"): OPERATIONAL}
+    assert states(built) == {
+        ("a", "b"): "operational",
+        ("a", "x"): "failed",
+        ("b", "c"): OPERATIONAL,
+        ("c", "d"): OPERATIONAL,
+        ("a", "e"): OPERATIONAL,
+        ("d", "e"): OPERATIONAL,
+    }
     assert built.edge("x", "a").error == "connection refused" and built.edge("a", "x").since == 12.0
     assert built.edge("a", "b").local and not built.edge("c", "b").local
     assert built.edge("a", "e").local  # a route's first hop is a local link even before its event came
     assert {(r.name, r.state, r.hops) for r in built.routers} == {
-        ("a", "local", 0), ("b", "reachable", 1), ("c", "reachable", 2), ("d", "reachable", 2),
-        ("e", "reachable", 1), ("x", "unreachable", None)}
+        ("a", "local", 0),
+        ("b", "reachable", 1),
+        ("c", "reachable", 2),
+        ("d", "reachable", 2),
+        ("e", "reachable", 1),
+        ("x", "unreachable", None),
+    }
 
 
 def test_a_link_gone_from_every_path_is_down_since_it_went_and_stays_so():
@@ -30,8 +43,12 @@ def test_a_link_gone_from_every_path_is_down_since_it_went_and_stays_so():
     second = build_map("a", links, {"b": [("b",)]}, first, now=9.0)
     assert states(second) == {("a", "b"): "operational", ("b", "c"): DOWN, ("c", "d"): DOWN}
     assert second.edge("b", "c").since == 9.0 and "in no route of a" in second.edge("b", "c").error
-    assert {r.name: r.state for r in second.routers} == {"a": "local", "b": "reachable", "c": "unreachable",
-                                                        "d": "unreachable"}
+    assert {r.name: r.state for r in second.routers} == {
+        "a": "local",
+        "b": "reachable",
+        "c": "unreachable",
+        "d": "unreachable",
+    }
     third = build_map("a", links, {"b": [("b",)]}, second, now=30.0)
     assert third == second  # down since 9.0, not since each rebuild
     back = build_map("a", links, {"b": [("b",)], "c": [("b", "c")]}, third, now=40.0)
@@ -54,8 +71,9 @@ def test_a_static_destination_without_routes_is_an_unreachable_router_without_li
 
 def test_a_failed_local_link_replaces_its_operational_state_and_the_json_has_everything():
     up = build_map("a", {"b": LinkView(peer="b", state="operational", since=1.0)}, {"b": [("b",)]}, None, now=1.0)
-    failed = build_map("a", {"b": LinkView(peer="b", state="failed", since=3.0, error="the peer closed")}, {}, up,
-                       now=3.0)
+    failed = build_map(
+        "a", {"b": LinkView(peer="b", state="failed", since=3.0, error="the peer closed")}, {}, up, now=3.0
+    )
     assert failed.edge("a", "b").state == "failed" and failed.router("b").state == "unreachable"
     assert failed.to_json() == {
         "local": "a",
@@ -72,16 +90,32 @@ def test_the_router_alone():
 def test_links_other_routers_report_replace_the_inferred_state_but_not_the_local_ones():
     links = {"b": LinkView(peer="b", state="operational", since=1.0)}
     routes = {"b": [("b",)], "c": [("b", "c")], "d": [("b", "c", "d")]}
-    remote = {"b": [LinkView(peer="c", state="operational", since=2.0),
-                    LinkView(peer="a", state="failed", since=3.0, error="no")],  # a's own link: a knows better
-              "c": [LinkView(peer="d", state="failed", since=4.0, error="refused"),
-                    LinkView(peer="b", state="connecting", since=5.0)],  # c dials b too: the operational one counts
-              "d": [LinkView(peer="c", state="connecting", since=6.0)]}  # d's report of c–d comes after c's
+    remote = {
+        "b": [
+            LinkView(peer="c", state="operational", since=2.0),
+            LinkView(peer="a", state="failed", since=3.0, error="no"),
+        ],  # a's own link: a knows better
+        "c": [
+            LinkView(peer="d", state="failed", since=4.0, error="refused"),
+            LinkView(peer="b", state="connecting", since=5.0),
+        ],  # c dials b too: the operational one counts
+        "d": [LinkView(peer="c", state="connecting", since=6.0)],
+    }  # d's report of c–d comes after c's
     built = build_map("a", links, routes, None, now=9.0, remote=remote)
     assert states(built) == {("a", "b"): "operational", ("b", "c"): "operational", ("c", "d"): "connecting"}
     assert built.edge("b", "c").since == 2.0 and not built.edge("c", "d").local
-    assert build_map("a", links, routes, None, now=9.0, remote={"c": [LinkView(peer="d", state="failed", since=4.0,
-                                                                             error="refused")]}
-                     ).edge("c", "d").error == "refused"
+    assert (
+        build_map(
+            "a",
+            links,
+            routes,
+            None,
+            now=9.0,
+            remote={"c": [LinkView(peer="d", state="failed", since=4.0, error="refused")]},
+        )
+        .edge("c", "d")
+        .error
+        == "refused"
+    )
     gone = build_map("a", links, {"b": [("b",)]}, built, now=10.0, remote=remote)
     assert gone.edge("c", "d").state == "connecting" and gone.router("d").state == "unreachable"

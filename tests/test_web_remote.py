@@ -27,8 +27,9 @@ async def edge_of(url: str, a: str, b: str) -> dict:
 async def test_a_cut_link_between_two_remote_routers_shows_its_real_state(network, nursery):
     # a ring: a dials b, b dials c through the proxy, c dials a; the map is a's
     web_config = WebConfig(enabled=True, port=0, map_refresh_interval=0.5, map_request_timeout=2.0)
-    a = await network.start(network.config("a", startorder=WEB_STACK, swiftlets={
-        "sys$routing": routing_config(), "sys$web": web_config}))
+    a = await network.start(
+        network.config("a", startorder=WEB_STACK, swiftlets={"sys$routing": routing_config(), "sys$web": web_config})
+    )
     for name in ("b", "c"):
         await network.start(network.config(name, startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
     proxy = FaultProxy("127.0.0.1", network.routing_port("c"))
@@ -67,8 +68,9 @@ async def test_a_cut_link_between_two_remote_routers_shows_its_real_state(networ
 
 async def test_a_remote_routers_page_shows_its_queues_through_sys_mgmt(network):
     web_config = WebConfig(enabled=True, port=0, map_refresh_interval=0.5)
-    a = await network.start(network.config("a", startorder=WEB_STACK, swiftlets={
-        "sys$routing": routing_config(), "sys$web": web_config}))
+    a = await network.start(
+        network.config("a", startorder=WEB_STACK, swiftlets={"sys$routing": routing_config(), "sys$web": web_config})
+    )
     b = await network.start(network.config("b", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
     c = await network.start(network.config("c", startorder=ROUTING_STACK, swiftlets={"sys$routing": routing_config()}))
     b.management.add("/sys$queuemanager/queues", "orders-at-b")

@@ -50,8 +50,9 @@ def parts(router) -> tuple[QueueManager, XAResourceManager]:
     return queue_manager, xa
 
 
-async def prepare(queue_manager: QueueManager, xid: str, *, sends: dict[str, list[int]], ack_from: str | None = None,
-                  acks: int = 0) -> None:
+async def prepare(
+    queue_manager: QueueManager, xid: str, *, sends: dict[str, list[int]], ack_from: str | None = None, acks: int = 0
+) -> None:
     """Prepare ``xid`` as routing will: sends to queues, acknowledgements of ``acks`` messages
     of ``ack_from`` (received by a consumer that is closed afterwards)."""
     transaction = queue_manager.transaction()
@@ -109,19 +110,36 @@ async def test_restart_warns_lists_and_the_operator_commits_and_rolls_back(netwo
         "tree (a routing one only if its peer is not coming back).",
     ]
     tree = router.management
-    assert sorted(tree.resolve(IN_DOUBT).children) == ["client-1", "client-2", "routing:paris:r1:1-1",
-                                                       "routing:r1:tokyo:9-4"]
+    assert sorted(tree.resolve(IN_DOUBT).children) == [
+        "client-1",
+        "client-2",
+        "routing:paris:r1:1-1",
+        "routing:r1:tokyo:9-4",
+    ]
     entry = tree.resolve(f"{IN_DOUBT}/client-1").properties()
     prepared_at = time.strptime(entry.pop("prepared-at"), "%Y-%m-%dT%H:%M:%S")
     assert abs(time.mktime(prepared_at) - time.time()) < 30
     assert 0 <= entry.pop("age") < 30
-    assert entry == {"xid": "client-1", "state": "prepared", "owner": "client", "peer": "", "queues": "audit, in, out",
-                     "messages": 3, "acknowledgements": 1}
+    assert entry == {
+        "xid": "client-1",
+        "state": "prepared",
+        "owner": "client",
+        "peer": "",
+        "queues": "audit, in, out",
+        "messages": 3,
+        "acknowledgements": 1,
+    }
     assert tree.get(f"{IN_DOUBT}/routing:paris:r1:1-1", "owner") == "routing"
     assert tree.get(f"{IN_DOUBT}/routing:paris:r1:1-1", "peer") == "paris"
     assert tree.get(f"{IN_DOUBT}/routing:r1:tokyo:9-4", "peer") == "tokyo"
-    assert tree.resolve("/sys$xa/usage").properties() == {"prepared": 4, "in-doubt": 4, "in-doubt-routing": 2,
-                                                          "claims": 0, "committed": 0, "rolled-back": 0}
+    assert tree.resolve("/sys$xa/usage").properties() == {
+        "prepared": 4,
+        "in-doubt": 4,
+        "in-doubt-routing": 2,
+        "claims": 0,
+        "committed": 0,
+        "rolled-back": 0,
+    }
     assert sorted(tree.operations(f"{IN_DOUBT}/client-1")) == ["commit", "rollback"]
     # what is prepared is invisible, what is acknowledged is held
     assert bodies(queue_manager.queue("out")) == [] and bodies(queue_manager.queue("in")) == []
@@ -176,8 +194,10 @@ async def test_claims_hide_an_owners_xids_and_refuse_the_operator(network):
     assert tree.get("/sys$xa/usage", "claims") == 1 and tree.get("/sys$xa/usage", "in-doubt") == 1
     with pytest.raises(Veto, match="transaction 'routing:r1:paris:1-1' is being resolved by sys\\$routing"):
         await entry.operations["commit"].call()  # on a stale view of the list: refused, not resolved
-    with pytest.raises(XAError, match="sys\\$other cannot claim the xids routing:paris:r1:7…: sys\\$routing claims "
-                                      "routing:paris:r1:… already"):
+    with pytest.raises(
+        XAError,
+        match="sys\\$other cannot claim the xids routing:paris:r1:7…: sys\\$routing claims routing:paris:r1:… already",
+    ):
         xa.claim("sys$other", "routing:paris:r1:7")
     await xa.commit("routing:r1:paris:1-1")  # the owner resolves; claims do not stop it
     assert bodies(queue_manager.queue("q")) == ["m1"]
@@ -215,8 +235,9 @@ async def test_a_second_resolution_while_the_first_waits_is_refused(network):
             while transaction.state == "prepared":  # until the commit has begun (it waits for the store then)
                 await trio.sleep(0)
         assert tree.get(f"{IN_DOUBT}/x1", "state") == "committing"
-        with pytest.raises(ManagementError, match="operation 'rollback' refused: transaction 'x1' is committing "
-                                                  "already"):
+        with pytest.raises(
+            ManagementError, match="operation 'rollback' refused: transaction 'x1' is committing already"
+        ):
             await tree.invoke(f"{IN_DOUBT}/x1", "rollback")
     assert "x1" not in tree.resolve(IN_DOUBT).children
     assert bodies(queue_manager.queue("q")) == ["m1"]

@@ -27,6 +27,7 @@ async def main(url: str) -> None:
 
             # request/reply through a temporary queue
             async with trio.open_nursery() as nursery:
+
                 async def echo_service() -> None:
                     requests, replies = await session.consumer(Queue("echo")), await session.producer()
                     request = await requests.receive()

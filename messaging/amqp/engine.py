@@ -102,9 +102,25 @@ from .wire import (
 from .wire import FRAME_HEADER as _FRAME
 
 __all__ = [
-    "Connection", "Session", "Link", "LinkHandler", "ConnectionOpened", "ConnectionClosed", "SessionBegun",
-    "SessionEnded", "LinkAttached", "LinkDetached", "LinkFlow", "ConnectionState", "ConnectionInput",
-    "SessionState", "SessionInput", "LinkState", "LinkInput", "CONNECTION_TRANSITIONS", "SESSION_TRANSITIONS",
+    "Connection",
+    "Session",
+    "Link",
+    "LinkHandler",
+    "ConnectionOpened",
+    "ConnectionClosed",
+    "SessionBegun",
+    "SessionEnded",
+    "LinkAttached",
+    "LinkDetached",
+    "LinkFlow",
+    "ConnectionState",
+    "ConnectionInput",
+    "SessionState",
+    "SessionInput",
+    "LinkState",
+    "LinkInput",
+    "CONNECTION_TRANSITIONS",
+    "SESSION_TRANSITIONS",
     "LINK_TRANSITIONS",
 ]
 
@@ -114,8 +130,10 @@ INCOMING_WINDOW = 0x7FFFFFFF  # transfer frames we take before a session flow re
 def _check_frame_header(size: int, doff: int, kind: int, limit: int) -> None:
     """Raises unless a frame header that is not the usual one is still valid."""
     if size > limit or size < 8 or doff < 2 or doff * 4 > size:
-        raise RemoteProtocolError("amqp:connection:framing-error",
-                                  f"bad frame header (size {size}, data offset {doff}; max frame size {limit})")
+        raise RemoteProtocolError(
+            "amqp:connection:framing-error",
+            f"bad frame header (size {size}, data offset {doff}; max frame size {limit})",
+        )
     if kind != 0:
         raise RemoteProtocolError("amqp:connection:framing-error", f"frame type {kind} is not AMQP")
 
@@ -152,12 +170,26 @@ _UINT, _USHORT, _UBYTE = (int, MASK), (int, 0xFFFF), (int, 0xFF)
 _FIELDS = {
     OPEN: ("open", {0: (str, 0), 1: (str, 0), 2: _UINT, 3: _USHORT, 4: _UINT}),
     BEGIN: ("begin", {0: _USHORT, 1: _UINT, 2: _UINT, 3: _UINT, 4: _UINT}),
-    ATTACH: ("attach", {0: (str, 0), 1: _UINT, 2: (bool, 0), 3: _UBYTE, 4: _UBYTE, 9: _UINT,
-                        10: (int, 2**64 - 1)}),
-    FLOW: ("flow", {0: _UINT, 1: _UINT, 2: _UINT, 3: _UINT, 4: _UINT, 5: _UINT, 6: _UINT, 7: _UINT,
-                    8: (bool, 0), 9: (bool, 0)}),
-    TRANSFER: ("transfer", {0: _UINT, 1: _UINT, 2: (bytes, 0), 3: _UINT, 4: (bool, 0), 5: (bool, 0), 6: _UBYTE,
-                            8: (bool, 0), 9: (bool, 0), 10: (bool, 0)}),
+    ATTACH: ("attach", {0: (str, 0), 1: _UINT, 2: (bool, 0), 3: _UBYTE, 4: _UBYTE, 9: _UINT, 10: (int, 2**64 - 1)}),
+    FLOW: (
+        "flow",
+        {0: _UINT, 1: _UINT, 2: _UINT, 3: _UINT, 4: _UINT, 5: _UINT, 6: _UINT, 7: _UINT, 8: (bool, 0), 9: (bool, 0)},
+    ),
+    TRANSFER: (
+        "transfer",
+        {
+            0: _UINT,
+            1: _UINT,
+            2: (bytes, 0),
+            3: _UINT,
+            4: (bool, 0),
+            5: (bool, 0),
+            6: _UBYTE,
+            8: (bool, 0),
+            9: (bool, 0),
+            10: (bool, 0),
+        },
+    ),
     DISPOSITION: ("disposition", {0: (bool, 0), 1: _UINT, 2: _UINT, 3: (bool, 0), 5: (bool, 0)}),
     DETACH: ("detach", {0: _UINT, 1: (bool, 0)}),
     END: ("end", {}),
@@ -170,12 +202,17 @@ def _check_fields(code: int, fields: list) -> None:
     name, kinds = _FIELDS[code]
     for index, (kind, largest) in kinds.items():
         if index < len(fields) and (value := fields[index]) is not None:
-            if type(value) is not kind and not (kind is str and isinstance(value, str)) or \
-                    kind is int and not 0 <= value <= largest:
+            if (
+                type(value) is not kind
+                and not (kind is str and isinstance(value, str))
+                or kind is int
+                and not 0 <= value <= largest
+            ):
                 raise RemoteProtocolError("amqp:decode-error", f"{name} field {index} is {value!r}"[:200])
 
 
 # -- the per-message callbacks ----------------------------------------------------------------
+
 
 class LinkHandler(Protocol):
     """What the owner puts in :attr:`Link.handler`: the engine's per-message calls for one link.
@@ -225,6 +262,7 @@ class LinkHandler(Protocol):
 
 
 # -- events (the rare ones; per-message work goes to the link handlers) ---------------------
+
 
 @attrs.frozen
 class ConnectionOpened:
@@ -296,6 +334,7 @@ class LinkFlow:
 # Each is a table (state, input) -> next state. Inputs named *_IN are frames from the peer,
 # *_OUT frames we send. A missing pair raises what _MISSED says for its input; a pair
 # mapping a state to itself is an owner's call that does nothing (see the module docstring).
+
 
 class ConnectionState(enum.Enum):
     """The connection's states [2.4.6]. We send our header at once, so there is no separate
@@ -382,8 +421,11 @@ SESSION_TRANSITIONS = {
     (_S.END_RCVD, _SI.END_OUT): _S.ENDED,
     (_S.END_RCVD, _SI.END_ERROR_OUT): _S.ENDED,
     # ending again does nothing (the session is ended already, or its end is on its way)
-    **{(state, end): state for state in (_S.END_PIPE, _S.END_SENT, _S.DISCARDING, _S.ENDED)
-       for end in (_SI.END_OUT, _SI.END_ERROR_OUT)},
+    **{
+        (state, end): state
+        for state in (_S.END_PIPE, _S.END_SENT, _S.DISCARDING, _S.ENDED)
+        for end in (_SI.END_OUT, _SI.END_ERROR_OUT)
+    },
 }
 
 
@@ -435,10 +477,23 @@ LINK_TRANSITIONS = {
     (_L.DETACH_RCVD, _LI.DETACH_ERROR_OUT): _L.DETACHED,
     # attaching once ours is sent does nothing, and so does detaching once ours is sent
     # (the owner answering a detach that answered its own, for one)
-    **{(state, _LI.ATTACH_OUT): state for state in (_L.ATTACH_SENT, _L.ATTACHED, _L.DETACH_RCVD, _L.DETACH_PIPE,
-                                                     _L.DETACH_SENT, _L.DISCARDING, _L.DETACHED)},
-    **{(state, detach): state for state in (_L.DETACH_PIPE, _L.DETACH_SENT, _L.DISCARDING, _L.DETACHED)
-       for detach in (_LI.DETACH_OUT, _LI.DETACH_ERROR_OUT)},
+    **{
+        (state, _LI.ATTACH_OUT): state
+        for state in (
+            _L.ATTACH_SENT,
+            _L.ATTACHED,
+            _L.DETACH_RCVD,
+            _L.DETACH_PIPE,
+            _L.DETACH_SENT,
+            _L.DISCARDING,
+            _L.DETACHED,
+        )
+    },
+    **{
+        (state, detach): state
+        for state in (_L.DETACH_PIPE, _L.DETACH_SENT, _L.DISCARDING, _L.DETACHED)
+        for detach in (_LI.DETACH_OUT, _LI.DETACH_ERROR_OUT)
+    },
     **{(state, _LI.SESSION_END): _L.DETACHED for state in _L},
 }
 del _S, _SI, _L, _LI
@@ -494,8 +549,7 @@ def _move(endpoint: Session | Link, table: Mapping[tuple[Any, Any], Any], event:
 
 # A link's states by who is attached: ours sent and not detached; the peer's received and not detached
 _OURS_ATTACHED = frozenset({LinkState.ATTACH_SENT, LinkState.ATTACHED, LinkState.DETACH_RCVD})
-_PEERS_ATTACHED = frozenset({LinkState.ATTACH_RCVD, LinkState.ATTACHED, LinkState.DETACH_SENT,
-                             LinkState.DISCARDING})
+_PEERS_ATTACHED = frozenset({LinkState.ATTACH_RCVD, LinkState.ATTACHED, LinkState.DETACH_SENT, LinkState.DISCARDING})
 _NEVER_ATTACHED_BY_US = frozenset({LinkState.UNATTACHED, LinkState.ATTACH_RCVD, LinkState.ATTACH_DETACH_RCVD})
 # Links whose owner hears of their session's end: the peer had attached them (its end
 # detaches them), or ours awaits an answer that will not come now.
@@ -574,8 +628,9 @@ class Link:
         # what every single-frame transfer on this link starts with after the frame size:
         # doff 2, type 0, channel; transfer descriptor; list8 of 19 bytes, 5 fields; the
         # handle as uint; the delivery-id's constructor (see send)
-        self._head = struct.pack(">BBH3sBBBBIB", 2, 0, session.channel, b"\x00\x53\x14", 0xC0, 19, 5, 0x70,
-                                 handle, 0x70)
+        self._head = struct.pack(
+            ">BBH3sBBBBIB", 2, 0, session.channel, b"\x00\x53\x14", 0xC0, 19, 5, 0x70, handle, 0x70
+        )
         self._partial: list[bytes] | None = None  # an incoming multi-frame transfer
         self._partial_id = self._partial_size = 0
         self._partial_settled = False
@@ -634,11 +689,19 @@ class Link:
             return
         if self._state is LinkState.ATTACH_SENT:  # ours first: the peer's attach answers it
             self.session._awaiting.setdefault((self.name, self.is_sender), self)
-        fields = [self.name, UInt(self.handle), not self.is_sender, UByte(self.snd_settle_mode),
-                  UByte(self.rcv_settle_mode), self.source.described() if self.source else None,
-                  self.target.described() if self.target else None, None, None,
-                  UInt(self.delivery_count) if self.is_sender else None,
-                  ULong(self.max_message_size) if self.max_message_size else None]
+        fields = [
+            self.name,
+            UInt(self.handle),
+            not self.is_sender,
+            UByte(self.snd_settle_mode),
+            UByte(self.rcv_settle_mode),
+            self.source.described() if self.source else None,
+            self.target.described() if self.target else None,
+            None,
+            None,
+            UInt(self.delivery_count) if self.is_sender else None,
+            ULong(self.max_message_size) if self.max_message_size else None,
+        ]
         if self.max_message_size:
             self._fast_limit = self.max_message_size
         self.session._write(ATTACH, fields)
@@ -689,13 +752,24 @@ class Link:
         connection = session.connection
         if session._disposition is not None:
             session._flush_disposition()  # frames go out in the order they were made
-        if state is None and len(payload) + 64 <= connection.remote_max_frame_size \
-                and session.remote_incoming_window > 0:
+        if (
+            state is None
+            and len(payload) + 64 <= connection.remote_max_frame_size
+            and session.remote_incoming_window > 0
+        ):
             session.remote_incoming_window -= 1
             session._next_outgoing_id = (session._next_outgoing_id + 1) & MASK
             out = connection._out
-            out.append(_TRANSFER.pack(len(payload) + 32, self._head, delivery_id, b"\xa0\x04", delivery_id,
-                                      b"\x43\x41" if settled else b"\x43\x42"))
+            out.append(
+                _TRANSFER.pack(
+                    len(payload) + 32,
+                    self._head,
+                    delivery_id,
+                    b"\xa0\x04",
+                    delivery_id,
+                    b"\x43\x41" if settled else b"\x43\x42",
+                )
+            )
             out.append(payload)
         else:
             session._send_frames(self, delivery_id, payload, settled, state)
@@ -846,9 +920,17 @@ class Session:
     def _begin(self) -> None:
         self._move(SessionInput.BEGIN_OUT)
         handle_max = self.connection.handle_max
-        self.connection._write(self.channel, BEGIN, [
-            UShort(self.remote_channel) if self.remote_channel is not None else None, UInt(self._next_outgoing_id),
-            UInt(self._incoming_window), UInt(MASK), UInt(handle_max) if handle_max != MASK else None])
+        self.connection._write(
+            self.channel,
+            BEGIN,
+            [
+                UShort(self.remote_channel) if self.remote_channel is not None else None,
+                UInt(self._next_outgoing_id),
+                UInt(self._incoming_window),
+                UInt(MASK),
+                UInt(handle_max) if handle_max != MASK else None,
+            ],
+        )
 
     def _end_links(self, error: Error | None, *, by_peer: bool) -> None:
         """The session ended (the peer's end, or ours with an error): every link with it,
@@ -886,8 +968,7 @@ class Session:
             self.connection._write(self.channel, code, fields, payload)
 
     def _write_flow(self, link: Link | None = None) -> None:
-        fields = [UInt(self._next_incoming_id), UInt(self._incoming_window), UInt(self._next_outgoing_id),
-                  UInt(MASK)]
+        fields = [UInt(self._next_incoming_id), UInt(self._incoming_window), UInt(self._next_outgoing_id), UInt(MASK)]
         if link is not None:
             fields += [UInt(link.handle), UInt(link.delivery_count), UInt(link.credit), None, link.drain]
         self._write(FLOW, fields)
@@ -914,18 +995,33 @@ class Session:
             receiver, first, last, state = pending
             self.connection._write(self.channel, DISPOSITION, [receiver, UInt(first), UInt(last), True, state])
 
-    def _send_frames(self, link: Link, delivery_id: int, payload: bytes, settled: bool,
-                     state: Described | None = None) -> None:
+    def _send_frames(
+        self, link: Link, delivery_id: int, payload: bytes, settled: bool, state: Described | None = None
+    ) -> None:
         """A transfer in as many frames as the peer's max frame size needs; frames beyond
         the peer's incoming window wait for it to open."""
 
         def first(more: bool) -> bytes:
             if state is None:
-                return _TRANSFER_FIRST.pack(b"\x00\x53\x14", 0xC0, 20, 6, 0x70, link.handle, 0x70, delivery_id,
-                                            0xA0, 4, delivery_id, 0x43, 0x41 if settled else 0x42,
-                                            0x41 if more else 0x42)
-            return b"\x00\x53\x14" + encode([UInt(link.handle), UInt(delivery_id), _U32.pack(delivery_id), UInt(0),
-                                              settled, more, None, state])
+                return _TRANSFER_FIRST.pack(
+                    b"\x00\x53\x14",
+                    0xC0,
+                    20,
+                    6,
+                    0x70,
+                    link.handle,
+                    0x70,
+                    delivery_id,
+                    0xA0,
+                    4,
+                    delivery_id,
+                    0x43,
+                    0x41 if settled else 0x42,
+                    0x41 if more else 0x42,
+                )
+            return b"\x00\x53\x14" + encode(
+                [UInt(link.handle), UInt(delivery_id), _U32.pack(delivery_id), UInt(0), settled, more, None, state]
+            )
 
         limit = self.connection.remote_max_frame_size - 8  # the frame header
         body = first(False)
@@ -938,9 +1034,10 @@ class Session:
             room = limit - _TRANSFER_NEXT.size
             for start in range(head, len(payload), room):
                 more = start + room < len(payload)
-                body = _TRANSFER_NEXT.pack(b"\x00\x53\x14", 0xC0, 11, 6, 0x70, handle, 0x40, 0x40, 0x40, 0x40,
-                                           0x41 if more else 0x42)
-                blocked.append((handle, body + payload[start:start + room]))
+                body = _TRANSFER_NEXT.pack(
+                    b"\x00\x53\x14", 0xC0, 11, 6, 0x70, handle, 0x40, 0x40, 0x40, 0x40, 0x41 if more else 0x42
+                )
+                blocked.append((handle, body + payload[start : start + room]))
         self._release_blocked()
 
     def _release_blocked(self) -> None:
@@ -991,10 +1088,19 @@ class Connection:
     # so a server's connections keep 29 instance attributes (see the end of __init__).
     desired_capabilities: Sequence[str] = ()
 
-    def __init__(self, *, container_id: str, server: bool = True, idle_timeout: float = 0.0,
-                 max_frame_size: int = 65536, channel_max: int = 65535, handle_max: int = MASK,
-                 hostname: str | None = None, max_message_size: int = 256 * 1024 * 1024,
-                 max_incoming_buffer: int = 256 * 1024 * 1024):
+    def __init__(
+        self,
+        *,
+        container_id: str,
+        server: bool = True,
+        idle_timeout: float = 0.0,
+        max_frame_size: int = 65536,
+        channel_max: int = 65535,
+        handle_max: int = MASK,
+        hostname: str | None = None,
+        max_message_size: int = 256 * 1024 * 1024,
+        max_incoming_buffer: int = 256 * 1024 * 1024,
+    ):
         self.container_id = container_id
         self.server = server
         self.idle_timeout = idle_timeout
@@ -1072,9 +1178,22 @@ class Connection:
     def _open(self) -> None:
         self._move(ConnectionInput.OPEN_OUT)
         idle = UInt(int(self.idle_timeout * 1000)) if self.idle_timeout else None
-        self._write(0, OPEN, [self.container_id, self.hostname, UInt(self.max_frame_size),
-                              UShort(self.channel_max), idle, None, None, symbol_array(self.offered_capabilities),
-                              symbol_array(self.desired_capabilities), self.properties])
+        self._write(
+            0,
+            OPEN,
+            [
+                self.container_id,
+                self.hostname,
+                UInt(self.max_frame_size),
+                UShort(self.channel_max),
+                idle,
+                None,
+                None,
+                symbol_array(self.offered_capabilities),
+                symbol_array(self.desired_capabilities),
+                self.properties,
+            ],
+        )
 
     def close(self, error: Error | None = None) -> None:
         """Send our ``close`` (an ``open`` first if we had not); nothing of the peer's
@@ -1230,8 +1349,9 @@ class Connection:
             return
         if not data:
             if self._state is not ConnectionState.CLOSE_RCVD:
-                self.events.append(ConnectionClosed(Error("amqp:connection:framing-error",
-                                                          "the peer closed the socket"), by_peer=True))
+                self.events.append(
+                    ConnectionClosed(Error("amqp:connection:framing-error", "the peer closed the socket"), by_peer=True)
+                )
             self._state, self._finished = ConnectionState.END, True
             return
         if type(data) is not bytes:
@@ -1349,8 +1469,14 @@ class Connection:
                     pass
                 if flags is not None:
                     link = session._links.get(handle)
-                    if link is not None and not flags[1] and link._partial is None \
-                            and link.credit > 0 and not link.is_sender and frame_end - after <= link._fast_limit:
+                    if (
+                        link is not None
+                        and not flags[1]
+                        and link._partial is None
+                        and link.credit > 0
+                        and not link.is_sender
+                        and frame_end - after <= link._fast_limit
+                    ):
                         session._next_incoming_id = (session._next_incoming_id + 1) & MASK
                         session._incoming_window -= 1
                         if session._incoming_window < INCOMING_WINDOW // 2:
@@ -1435,8 +1561,9 @@ class Connection:
         if fields[0] is not None:  # the answer to our begin
             session = self._channels.get(fields[0])
             if session is None or session.remote_channel is not None:
-                raise RemoteProtocolError("amqp:not-allowed",
-                                          f"begin answers channel {fields[0]}, which awaits no answer")
+                raise RemoteProtocolError(
+                    "amqp:not-allowed", f"begin answers channel {fields[0]}, which awaits no answer"
+                )
         else:
             session = self._new_session()
         session._move(SessionInput.BEGIN_IN)
@@ -1493,8 +1620,9 @@ class Connection:
         """
         link = session._links.get(handle)
         if link is None:
-            raise RemoteProtocolError("amqp:session:unattached-handle", f"handle {handle!r} is not attached",
-                                      "session", session)
+            raise RemoteProtocolError(
+                "amqp:session:unattached-handle", f"handle {handle!r} is not attached", "session", session
+            )
         return link
 
     def _on_detach(self, session: Session, fields: list) -> None:
@@ -1551,8 +1679,9 @@ class Connection:
         if span < len(unsettled):
             named: Any = ((first + index) & MASK for index in range(span + 1))
         else:  # a range wider than what is unsettled (up to 2**32 ids): walk what is unsettled
-            named = sorted((key for key in unsettled if (key - first) & MASK <= span),
-                           key=lambda key: (key - first) & MASK)
+            named = sorted(
+                (key for key in unsettled if (key - first) & MASK <= span), key=lambda key: (key - first) & MASK
+            )
         for delivery_id in named:
             link = unsettled.pop(delivery_id, None) if settled else unsettled.get(delivery_id)
             if link is not None and link.handler is not None:
@@ -1563,11 +1692,19 @@ class Connection:
         more to come, or a link not taking messages)."""
         fields = fields + [None] * 11
         link = self._link(session, fields[0])
-        self._delivery(session, link, fields[1], payload, bool(fields[4]), bool(fields[5]), fields[7],
-                       bool(fields[9]))
+        self._delivery(session, link, fields[1], payload, bool(fields[4]), bool(fields[5]), fields[7], bool(fields[9]))
 
-    def _delivery(self, session: Session, link: Link, delivery_id: int | None, payload: bytes, settled: bool,
-                  more: bool, state: Any, aborted: bool) -> None:
+    def _delivery(
+        self,
+        session: Session,
+        link: Link,
+        delivery_id: int | None,
+        payload: bytes,
+        settled: bool,
+        more: bool,
+        state: Any,
+        aborted: bool,
+    ) -> None:
         """One transfer frame on ``link``: counted by the session in any case (its ids and
         window do not depend on the link), then checked against the link and handed over
         once the message is complete.
@@ -1583,38 +1720,52 @@ class Connection:
         if link._state is LinkState.DISCARDING:
             return  # sent before the peer saw our detach [2.6.5]
         if link.is_sender:
-            raise RemoteProtocolError("amqp:not-allowed", f"transfer on {link.name!r}, on which the peer receives",
-                                      "link", link)
+            raise RemoteProtocolError(
+                "amqp:not-allowed", f"transfer on {link.name!r}, on which the peer receives", "link", link
+            )
         if link._partial is None:
             if delivery_id is None:
-                raise RemoteProtocolError("amqp:decode-error", "the first transfer of a delivery needs a delivery-id",
-                                          "link", link)
+                raise RemoteProtocolError(
+                    "amqp:decode-error", "the first transfer of a delivery needs a delivery-id", "link", link
+                )
             if link.credit <= 0:
-                raise RemoteProtocolError("amqp:link:transfer-limit-exceeded",
-                                          f"transfer on {link.name!r} beyond credit", "link", link)
+                raise RemoteProtocolError(
+                    "amqp:link:transfer-limit-exceeded", f"transfer on {link.name!r} beyond credit", "link", link
+                )
             link.credit -= 1
             link.delivery_count = (link.delivery_count + 1) & MASK
             if link.max_message_size and len(payload) > link.max_message_size:
                 raise _message_too_large(link)
             if more:
                 link._partial, link._partial_id, link._partial_settled, link._partial_state = (
-                    [payload], delivery_id, settled, state)
+                    [payload],
+                    delivery_id,
+                    settled,
+                    state,
+                )
                 link._partial_size = len(payload)
                 self._buffer(len(payload))
                 return
         else:
             if delivery_id is not None and delivery_id != link._partial_id:  # [2.7.5 delivery-id]
-                raise RemoteProtocolError("amqp:not-allowed", f"transfer on {link.name!r} names delivery "
-                                          f"{delivery_id} amid delivery {link._partial_id}", "link", link)
+                raise RemoteProtocolError(
+                    "amqp:not-allowed",
+                    f"transfer on {link.name!r} names delivery {delivery_id} amid delivery {link._partial_id}",
+                    "link",
+                    link,
+                )
             link._partial.append(payload)
             link._partial_size += len(payload)
             self._buffered += len(payload)  # (counted before the checks: Link._stop takes it back)
             if link.max_message_size and link._partial_size > link.max_message_size:
                 raise _message_too_large(link)  # at once: the rest of the message is not collected
             if link._partial_size > self.max_message_size:
-                raise RemoteProtocolError("amqp:link:message-size-exceeded",
-                                          f"a message on {link.name!r} above {self.max_message_size} bytes",
-                                          "link", link)
+                raise RemoteProtocolError(
+                    "amqp:link:message-size-exceeded",
+                    f"a message on {link.name!r} above {self.max_message_size} bytes",
+                    "link",
+                    link,
+                )
             self._buffer(0)
             settled = settled or link._partial_settled
             state = state if state is not None else link._partial_state
@@ -1636,20 +1787,28 @@ class Connection:
         """
         self._buffered += size
         if self._buffered > self.max_incoming_buffer:
-            raise RemoteProtocolError("amqp:resource-limit-exceeded",
-                                      f"incomplete incoming messages above {self.max_incoming_buffer} bytes "
-                                      "on one connection (max-incoming-buffer)")
+            raise RemoteProtocolError(
+                "amqp:resource-limit-exceeded",
+                f"incomplete incoming messages above {self.max_incoming_buffer} bytes "
+                "on one connection (max-incoming-buffer)",
+            )
 
 
 def _message_too_large(link: Link) -> RemoteProtocolError:
-    """"Any attempt to deliver a message larger than this results in a message-size-exceeded
+    """ "Any attempt to deliver a message larger than this results in a message-size-exceeded
     link-error" [2.7.3]: the link ends, the rest of the connection goes on."""
-    return RemoteProtocolError("amqp:link:message-size-exceeded",
-                               f"a message on link {link.name!r} exceeds its max-message-size of "
-                               f"{link.max_message_size} bytes", "link", link)
+    return RemoteProtocolError(
+        "amqp:link:message-size-exceeded",
+        f"a message on link {link.name!r} exceeds its max-message-size of {link.max_message_size} bytes",
+        "link",
+        link,
+    )
 
 
 _SESSION_HANDLERS = {
-    END: Connection._on_end, ATTACH: Connection._on_attach, DETACH: Connection._on_detach,
-    FLOW: Connection._on_flow, DISPOSITION: Connection._on_disposition,
+    END: Connection._on_end,
+    ATTACH: Connection._on_attach,
+    DETACH: Connection._on_detach,
+    FLOW: Connection._on_flow,
+    DISPOSITION: Connection._on_disposition,
 }

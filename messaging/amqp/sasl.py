@@ -112,7 +112,7 @@ def _take_frame(buffer: bytearray) -> tuple[int, list] | None:
         raise SaslError(f"bad SASL frame header (size {size}, doff {doff}, type {kind})")
     if len(buffer) < size:
         return None
-    body = bytes(buffer[doff * 4:size])
+    body = bytes(buffer[doff * 4 : size])
     del buffer[:size]
     try:
         performative, _ = decode(body)
@@ -176,8 +176,9 @@ class SaslServer(_Exchange):
         self._buffer += data
         if self.state is State.HEADER:
             if len(self._buffer) < 8:
-                if not AMQP_HEADER.startswith(bytes(self._buffer[:8])) and \
-                        not SASL_HEADER.startswith(bytes(self._buffer[:8])):
+                if not AMQP_HEADER.startswith(bytes(self._buffer[:8])) and not SASL_HEADER.startswith(
+                    bytes(self._buffer[:8])
+                ):
                     self._bad_header()
                 return None
             header = bytes(self._buffer[:8])
@@ -185,7 +186,8 @@ class SaslServer(_Exchange):
                 del self._buffer[:8]
                 self._move(Input.SASL_HEADER)
                 self._out += SASL_HEADER + sasl_frame(
-                    MECHANISMS, [Array(0xA3, tuple(Symbol(m) for m in self.mechanisms))])
+                    MECHANISMS, [Array(0xA3, tuple(Symbol(m) for m in self.mechanisms))]
+                )
             elif header == AMQP_HEADER:
                 self._move(Input.AMQP_HEADER)  # no SASL: an anonymous client; keep the header
                 self._skipped_sasl = True
@@ -213,12 +215,18 @@ class SaslServer(_Exchange):
         if frame is None:
             return None
         mechanism, response, hostname = frame[1][:3]
-        if response is not None and type(response) is not bytes \
-                or hostname is not None and not isinstance(hostname, str):
+        if (
+            response is not None
+            and type(response) is not bytes
+            or hostname is not None
+            and not isinstance(hostname, str)
+        ):
             self.state = State.FAILED  # [5.3.3.2] initial-response is binary, hostname a string
             self._out += sasl_frame(OUTCOME, [UByte(1)])
-            raise SaslError(f"sasl-init with an initial-response or hostname of the wrong type: "
-                            f"{type(response).__name__}, {type(hostname).__name__}")
+            raise SaslError(
+                f"sasl-init with an initial-response or hostname of the wrong type: "
+                f"{type(response).__name__}, {type(hostname).__name__}"
+            )
         if mechanism not in self.mechanisms:
             self.state = State.FAILED
             self._out += sasl_frame(OUTCOME, [UByte(1)])

@@ -17,15 +17,66 @@ import attrs
 from ..codec import Array, Described, Symbol, UInt, ULong
 
 __all__ = [
-    "AMQP_HEADER", "TLS_HEADER", "SASL_HEADER", "FRAME_HEADER", "AMQP_FRAME", "SASL_FRAME", "MIN_MAX_FRAME_SIZE",
-    "MASK", "OPEN", "BEGIN", "ATTACH", "FLOW", "TRANSFER", "DISPOSITION", "DETACH", "END", "CLOSE", "ERROR",
-    "RECEIVED", "ACCEPTED_CODE", "REJECTED", "RELEASED_CODE", "MODIFIED", "SOURCE", "TARGET", "COORDINATOR",
-    "DECLARE", "DISCHARGE", "DECLARED", "TRANSACTIONAL_STATE", "SASL_MECHANISMS", "SASL_INIT", "SASL_OUTCOME",
-    "SELECTOR_FILTER", "SELECTOR_FILTER_CODE", "NO_LOCAL_FILTER", "NO_LOCAL_FILTER_CODE", "JMS_DEST",
-    "JMS_REPLY_TO", "JMS_MSG_TYPE", "JMS_QUEUE", "JMS_TOPIC", "JMS_TEMPORARY_QUEUE", "JMS_TEMPORARY_TOPIC",
-    "TOPIC_PREFIX", "QUEUE_PREFIX", "SOLE_CONNECTION_FOR_CONTAINER", "descriptor_code", "Scope", "ProtocolError",
-    "RemoteProtocolError", "LocalProtocolError", "Error", "Terminus", "outcome", "state_code", "ACCEPTED", "RELEASED",
-    "symbols", "symbol_array",
+    "AMQP_HEADER",
+    "TLS_HEADER",
+    "SASL_HEADER",
+    "FRAME_HEADER",
+    "AMQP_FRAME",
+    "SASL_FRAME",
+    "MIN_MAX_FRAME_SIZE",
+    "MASK",
+    "OPEN",
+    "BEGIN",
+    "ATTACH",
+    "FLOW",
+    "TRANSFER",
+    "DISPOSITION",
+    "DETACH",
+    "END",
+    "CLOSE",
+    "ERROR",
+    "RECEIVED",
+    "ACCEPTED_CODE",
+    "REJECTED",
+    "RELEASED_CODE",
+    "MODIFIED",
+    "SOURCE",
+    "TARGET",
+    "COORDINATOR",
+    "DECLARE",
+    "DISCHARGE",
+    "DECLARED",
+    "TRANSACTIONAL_STATE",
+    "SASL_MECHANISMS",
+    "SASL_INIT",
+    "SASL_OUTCOME",
+    "SELECTOR_FILTER",
+    "SELECTOR_FILTER_CODE",
+    "NO_LOCAL_FILTER",
+    "NO_LOCAL_FILTER_CODE",
+    "JMS_DEST",
+    "JMS_REPLY_TO",
+    "JMS_MSG_TYPE",
+    "JMS_QUEUE",
+    "JMS_TOPIC",
+    "JMS_TEMPORARY_QUEUE",
+    "JMS_TEMPORARY_TOPIC",
+    "TOPIC_PREFIX",
+    "QUEUE_PREFIX",
+    "SOLE_CONNECTION_FOR_CONTAINER",
+    "descriptor_code",
+    "Scope",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "LocalProtocolError",
+    "Error",
+    "Terminus",
+    "outcome",
+    "state_code",
+    "ACCEPTED",
+    "RELEASED",
+    "symbols",
+    "symbol_array",
 ]
 
 # -- protocol headers and frames [2.2, 2.3, 5.1, 5.3.1] ----------------------------------------
@@ -46,14 +97,36 @@ RECEIVED, ACCEPTED_CODE, REJECTED, RELEASED_CODE, MODIFIED = 0x23, 0x24, 0x25, 0
 SOURCE, TARGET = 0x28, 0x29  # [3.5.3, 3.5.4]
 COORDINATOR, DECLARE, DISCHARGE, DECLARED, TRANSACTIONAL_STATE = 0x30, 0x31, 0x32, 0x33, 0x34  # [4.5]
 SASL_MECHANISMS, SASL_INIT, SASL_OUTCOME = 0x40, 0x41, 0x44  # [5.3.3]
-_SYMBOLIC = {f"amqp:{name}:list": code for name, code in (
-    ("open", OPEN), ("begin", BEGIN), ("attach", ATTACH), ("flow", FLOW), ("transfer", TRANSFER),
-    ("disposition", DISPOSITION), ("detach", DETACH), ("end", END), ("close", CLOSE), ("error", ERROR),
-    ("source", SOURCE), ("target", TARGET), ("received", RECEIVED), ("accepted", ACCEPTED_CODE),
-    ("rejected", REJECTED), ("released", RELEASED_CODE), ("modified", MODIFIED), ("coordinator", COORDINATOR),
-    ("declare", DECLARE), ("discharge", DISCHARGE), ("declared", DECLARED),
-    ("transactional-state", TRANSACTIONAL_STATE), ("sasl-mechanisms", SASL_MECHANISMS),
-    ("sasl-init", SASL_INIT), ("sasl-outcome", SASL_OUTCOME))}
+_SYMBOLIC = {
+    f"amqp:{name}:list": code
+    for name, code in (
+        ("open", OPEN),
+        ("begin", BEGIN),
+        ("attach", ATTACH),
+        ("flow", FLOW),
+        ("transfer", TRANSFER),
+        ("disposition", DISPOSITION),
+        ("detach", DETACH),
+        ("end", END),
+        ("close", CLOSE),
+        ("error", ERROR),
+        ("source", SOURCE),
+        ("target", TARGET),
+        ("received", RECEIVED),
+        ("accepted", ACCEPTED_CODE),
+        ("rejected", REJECTED),
+        ("released", RELEASED_CODE),
+        ("modified", MODIFIED),
+        ("coordinator", COORDINATOR),
+        ("declare", DECLARE),
+        ("discharge", DISCHARGE),
+        ("declared", DECLARED),
+        ("transactional-state", TRANSACTIONAL_STATE),
+        ("sasl-mechanisms", SASL_MECHANISMS),
+        ("sasl-init", SASL_INIT),
+        ("sasl-outcome", SASL_OUTCOME),
+    )
+}
 
 # -- the JMS mapping (Qpid JMS's names, which other clients follow) --------------------------
 
@@ -142,8 +215,11 @@ class Error:
         if not isinstance(value, Described) or not isinstance(value.value, list) or not value.value:
             return None
         fields = value.value + [None, None]
-        return cls(str(fields[0]), fields[1] if isinstance(fields[1], str) else None,
-                   fields[2] if isinstance(fields[2], dict) else None)
+        return cls(
+            str(fields[0]),
+            fields[1] if isinstance(fields[1], str) else None,
+            fields[2] if isinstance(fields[2], dict) else None,
+        )
 
     def __str__(self) -> str:
         return f"{self.condition}: {self.description}" if self.description else self.condition
@@ -216,9 +292,15 @@ class Terminus:
             if fields[index] is not None and (type(fields[index]) is not int or not 0 <= fields[index] <= MASK):
                 raise RemoteProtocolError("amqp:decode-error", f"terminus field {index} is {fields[index]!r}"[:200])
         address = fields[0]
-        terminus = cls(kind=kind, address=str(address) if address is not None else None, durable=fields[1] or 0,
-                       expiry_policy=str(fields[2] or "session-end"), timeout=fields[3] or 0,
-                       dynamic=bool(fields[4]), dynamic_node_properties=fields[5])
+        terminus = cls(
+            kind=kind,
+            address=str(address) if address is not None else None,
+            durable=fields[1] or 0,
+            expiry_policy=str(fields[2] or "session-end"),
+            timeout=fields[3] or 0,
+            dynamic=bool(fields[4]),
+            dynamic_node_properties=fields[5],
+        )
         if kind == SOURCE:
             terminus.distribution_mode = str(fields[6]) if fields[6] is not None else None
             terminus.filter = fields[7] if isinstance(fields[7], dict) else None
@@ -227,8 +309,10 @@ class Terminus:
         else:
             terminus.capabilities = symbols(fields[6])
         # Symbols are ASCII [1.6.21]; these go back out as symbols when the attach is answered.
-        if not all(name.isascii() for name in (terminus.expiry_policy, terminus.distribution_mode or "",
-                                                *terminus.capabilities)):
+        if not all(
+            name.isascii()
+            for name in (terminus.expiry_policy, terminus.distribution_mode or "", *terminus.capabilities)
+        ):
             raise RemoteProtocolError("amqp:decode-error", "a terminus symbol field is not ASCII")
         return terminus
 
@@ -236,12 +320,21 @@ class Terminus:
         capabilities = symbol_array(self.capabilities)
         if self.kind == COORDINATOR:
             return Described(ULong(COORDINATOR), [capabilities])
-        fields = [self.address, UInt(self.durable), Symbol(self.expiry_policy), UInt(self.timeout), self.dynamic,
-                  _ulong_descriptors(self.dynamic_node_properties)]
+        fields = [
+            self.address,
+            UInt(self.durable),
+            Symbol(self.expiry_policy),
+            UInt(self.timeout),
+            self.dynamic,
+            _ulong_descriptors(self.dynamic_node_properties),
+        ]
         if self.kind == SOURCE:
-            fields += [Symbol(self.distribution_mode) if self.distribution_mode else None,
-                       _ulong_descriptors(self.filter), _ulong_descriptors(self.default_outcome),
-                       _ulong_descriptors(self.outcomes)]
+            fields += [
+                Symbol(self.distribution_mode) if self.distribution_mode else None,
+                _ulong_descriptors(self.filter),
+                _ulong_descriptors(self.default_outcome),
+                _ulong_descriptors(self.outcomes),
+            ]
         fields.append(capabilities)
         return Described(ULong(self.kind), fields)
 

@@ -144,8 +144,9 @@ class Connection:
 
     # -- tasks ------------------------------------------------------------------------------------
 
-    async def run(self, remaining: bytes = b"", *,
-                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, remaining: bytes = b"", *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Read and write until the connection ends; started once the router's open arrived.
         ``remaining``: what the router sent after SASL.
 
@@ -250,8 +251,11 @@ class Connection:
         raise JMSError(f"the router did not answer the attach of link {state.link.name} in {ATTACH_TIMEOUT} s")
 
     async def create_temporary(self, session: amqp.Session, topic: bool) -> Destination:
-        link = sender_link(session, self.name("temporary"), Terminus(
-            kind=amqp.TARGET, dynamic=True, capabilities=["temporary-topic" if topic else "temporary-queue"]))
+        link = sender_link(
+            session,
+            self.name("temporary"),
+            Terminus(kind=amqp.TARGET, dynamic=True, capabilities=["temporary-topic" if topic else "temporary-queue"]),
+        )
         state = SenderLink(self, link)
         await self.attach(state)
         address = link.remote_target.address if link.remote_target is not None else None
@@ -279,8 +283,9 @@ async def _authenticate(stream: trio.abc.Stream, user: str | None, password: str
     try:
         return await lead_in(stream, SaslClient(user, password, host))
     except SaslRefused:
-        raise SecurityError("login refused (wrong user or password, or host not allowed)",
-                            "amqp:unauthorized-access") from None
+        raise SecurityError(
+            "login refused (wrong user or password, or host not allowed)", "amqp:unauthorized-access"
+        ) from None
     except SaslError as exc:
         raise ConnectionLost(f"SASL with the router failed: {exc}") from None
     except PeerClosed:
@@ -290,10 +295,17 @@ async def _authenticate(stream: trio.abc.Stream, user: str | None, password: str
 
 
 @contextlib.asynccontextmanager
-async def connect(url: str = "amqp://localhost:5672", *, client_id: str | None = None, user: str | None = None,
-                  password: str | None = None, ssl_context: ssl.SSLContext | None = None,
-                  consumer_cache_size: int | None = None, idle_timeout: float = 60.0,
-                  connect_timeout: float = 30.0) -> AsyncIterator[Connection]:
+async def connect(
+    url: str = "amqp://localhost:5672",
+    *,
+    client_id: str | None = None,
+    user: str | None = None,
+    password: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    consumer_cache_size: int | None = None,
+    idle_timeout: float = 60.0,
+    connect_timeout: float = 30.0,
+) -> AsyncIterator[Connection]:
     """Connect to a router: ``amqp://[user:password@]host[:port]`` or ``amqps://`` for TLS.
 
     ``client_id`` is the JMS client id (the AMQP container id; durable subscriptions need
@@ -328,8 +340,7 @@ async def connect(url: str = "amqp://localhost:5672", *, client_id: str | None =
                 try:
                     await stream.do_handshake()
                 except trio.BrokenResourceError as exc:
-                    raise ConnectionLost(f"TLS handshake with {host}:{port} failed: {exc.__cause__ or exc}") \
-                        from None
+                    raise ConnectionLost(f"TLS handshake with {host}:{port} failed: {exc.__cause__ or exc}") from None
             remaining = await _authenticate(stream, user, password, host)
     except trio.TooSlowError:
         await trio.aclose_forcefully(stream)
@@ -337,8 +348,12 @@ async def connect(url: str = "amqp://localhost:5672", *, client_id: str | None =
     except JMSError:
         await trio.aclose_forcefully(stream)
         raise
-    engine = amqp.Connection(server=False, container_id=client_id or f"martinet-client:{uuid.uuid4()}",
-                             idle_timeout=idle_timeout, hostname=host)
+    engine = amqp.Connection(
+        server=False,
+        container_id=client_id or f"martinet-client:{uuid.uuid4()}",
+        idle_timeout=idle_timeout,
+        hostname=host,
+    )
     if client_id:  # a JMS client id is the connection's alone, as Qpid JMS asks for it
         engine.desired_capabilities = [amqp.SOLE_CONNECTION_FOR_CONTAINER]
     engine.open()
@@ -349,8 +364,7 @@ async def connect(url: str = "amqp://localhost:5672", *, client_id: str | None =
                 with trio.fail_after(connect_timeout):
                     await nursery.start(connection.run, remaining)
             except trio.TooSlowError:
-                raise ConnectionLost(f"{host}:{port} did not answer the AMQP open within {connect_timeout} s") \
-                    from None
+                raise ConnectionLost(f"{host}:{port} did not answer the AMQP open within {connect_timeout} s") from None
             try:
                 yield connection
             finally:

@@ -73,8 +73,6 @@ class Attaching:
         await self._made.close()
 
 
-
-
 class LinkState:
     """Shared link bookkeeping: the attach outcome and the peer's detach."""
 
@@ -129,8 +127,9 @@ class SenderLink(LinkState):
         super().__init__(connection, link)
         self.unsettled: dict[int, tuple[Outcome, Callable[[Outcome], None] | None]] = {}
 
-    async def send(self, payload: bytes, *, state: Described | None = None,
-                   on_outcome: Callable[[Outcome], None] | None = None) -> Outcome:
+    async def send(
+        self, payload: bytes, *, state: Described | None = None, on_outcome: Callable[[Outcome], None] | None = None
+    ) -> Outcome:
         """Send one message when there is credit (with a delivery ``state``: a transactional
         one); its outcome (accepted, or a :class:`JMSError`)."""
         while self.link.credit <= 0:

@@ -33,8 +33,18 @@ from ..message import (
 from ..message import Message as AmqpMessage
 
 __all__ = [
-    "DeliveryMode", "Destination", "Queue", "Topic", "TemporaryQueue", "TemporaryTopic",
-    "Message", "TextMessage", "BytesMessage", "MapMessage", "StreamMessage", "MessageFormatError",
+    "DeliveryMode",
+    "Destination",
+    "Queue",
+    "Topic",
+    "TemporaryQueue",
+    "TemporaryTopic",
+    "Message",
+    "TextMessage",
+    "BytesMessage",
+    "MapMessage",
+    "StreamMessage",
+    "MessageFormatError",
 ]
 
 MSG_TYPE, DEST, REPLY_TO = JMS_MSG_TYPE, JMS_DEST, JMS_REPLY_TO
@@ -95,7 +105,7 @@ def destination_from(address: str | None, kind: Any) -> Destination | None:
     if not address:
         return None
     if address.startswith(TOPIC_PREFIX):
-        return Topic(address[len(TOPIC_PREFIX):])
+        return Topic(address[len(TOPIC_PREFIX) :])
     return _KINDS.get(kind if isinstance(kind, int) else 0, Queue)(address)
 
 
@@ -111,8 +121,15 @@ class Message:
 
     type_code = 0
 
-    def __init__(self, body: Any = None, *, properties: Mapping[str, Any] | None = None,
-                 correlation_id: str | None = None, reply_to: Destination | None = None, type: str | None = None):
+    def __init__(
+        self,
+        body: Any = None,
+        *,
+        properties: Mapping[str, Any] | None = None,
+        correlation_id: str | None = None,
+        reply_to: Destination | None = None,
+        type: str | None = None,
+    ):
         self.body = body
         self.properties: dict[str, Any] = dict(properties or {})
         self.correlation_id = correlation_id
@@ -151,8 +168,16 @@ class Message:
     def _body_section(self) -> bytes:
         return b""
 
-    def encode(self, *, message_id: str, destination: Destination | None, delivery_mode: DeliveryMode,
-               priority: int, ttl: int, now_ms: int) -> bytes:
+    def encode(
+        self,
+        *,
+        message_id: str,
+        destination: Destination | None,
+        delivery_mode: DeliveryMode,
+        priority: int,
+        ttl: int,
+        now_ms: int,
+    ) -> bytes:
         """The AMQP bytes of this message as sent (sets the JMS headers on ``self``)."""
         for key, value in self.properties.items():
             if not isinstance(key, str) or not isinstance(value, PROPERTY_TYPES):
@@ -168,9 +193,18 @@ class Message:
         if self.reply_to is not None:
             annotations[REPLY_TO] = Byte(self.reply_to.kind)
         parts.append(encode(Described(ULong(MESSAGE_ANNOTATIONS), annotations)))
-        fields = [message_id, None, destination.name if destination else None, self.type,
-                  self.reply_to.name if self.reply_to else None, self.correlation_id, None, None,
-                  Timestamp(self.expiration) if ttl else None, Timestamp(now_ms)]
+        fields = [
+            message_id,
+            None,
+            destination.name if destination else None,
+            self.type,
+            self.reply_to.name if self.reply_to else None,
+            self.correlation_id,
+            None,
+            None,
+            Timestamp(self.expiration) if ttl else None,
+            Timestamp(now_ms),
+        ]
         parts.append(encode(Described(ULong(PROPERTIES), fields)))
         if self.properties:
             parts.append(encode(Described(ULong(APPLICATION_PROPERTIES), self.properties)))
@@ -252,8 +286,17 @@ def decode_message(raw: bytes) -> Message:
     body = amqp.body() if any(code in amqp.sections() for code in (DATA, AMQP_VALUE, AMQP_SEQUENCE)) else None
     kind = annotations.get(str(MSG_TYPE))
     if kind not in _TYPES:
-        kind = (5 if isinstance(body, str) else 3 if isinstance(body, bytes) else 2 if isinstance(body, dict)
-                else 4 if isinstance(body, list) else 0)
+        kind = (
+            5
+            if isinstance(body, str)
+            else 3
+            if isinstance(body, bytes)
+            else 2
+            if isinstance(body, dict)
+            else 4
+            if isinstance(body, list)
+            else 0
+        )
     message = Message.__new__(_TYPES[kind])
     Message.__init__(message, body if kind else None)
     header, properties = amqp.header, amqp.properties

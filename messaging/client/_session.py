@@ -72,8 +72,11 @@ class Session:
         connection.wake()
 
     async def _attach_coordinator(self) -> None:
-        link = sender_link(self._session, self.connection.name("txn"),
-                       Terminus(kind=amqp.COORDINATOR, capabilities=["amqp:local-transactions"]))
+        link = sender_link(
+            self._session,
+            self.connection.name("txn"),
+            Terminus(kind=amqp.COORDINATOR, capabilities=["amqp:local-transactions"]),
+        )
         self._coordinator = SenderLink(self.connection, link)
         await self.connection.attach(self._coordinator)
 
@@ -104,8 +107,14 @@ class Session:
 
     # -- factories ----------------------------------------------------------------------------
 
-    def producer(self, destination: Destination | None = None, *, delivery_mode: DeliveryMode | None = None,
-                 priority: int | None = None, ttl: int | None = None) -> Attaching:
+    def producer(
+        self,
+        destination: Destination | None = None,
+        *,
+        delivery_mode: DeliveryMode | None = None,
+        priority: int | None = None,
+        ttl: int | None = None,
+    ) -> Attaching:
         """A producer for ``destination``, or an anonymous one (destination per send).
 
         Defaults not given come from the listener's connection-factory settings.
@@ -120,24 +129,26 @@ class Session:
 
         return Attaching(make)
 
-    def consumer(self, destination: Destination, *, selector: str | None = None,
-                 no_local: bool = False) -> Attaching:
+    def consumer(self, destination: Destination, *, selector: str | None = None, no_local: bool = False) -> Attaching:
         """A consumer of a queue or a (non-durable) topic subscriber.
 
         Raises (when awaited): InvalidDestination, InvalidSelector, SecurityError, JMSError.
         """
-        return Attaching(lambda: self._consumer(self.connection.name("receiver"), destination, selector,
-                                                 no_local, durable=False))
+        return Attaching(
+            lambda: self._consumer(self.connection.name("receiver"), destination, selector, no_local, durable=False)
+        )
 
-    def durable_subscriber(self, topic: Topic, name: str, *, selector: str | None = None,
-                           no_local: bool = False) -> Attaching:
+    def durable_subscriber(
+        self, topic: Topic, name: str, *, selector: str | None = None, no_local: bool = False
+    ) -> Attaching:
         """A durable subscriber: the subscription ``name`` of this client id keeps messages
         while no subscriber is connected. Closing it keeps the subscription; see
         :meth:`unsubscribe`. Same parameters resume it; others replace it."""
         return Attaching(lambda: self._consumer(name, topic, selector, no_local, durable=True))
 
-    async def _consumer(self, name: str, destination: Destination, selector: str | None, no_local: bool,
-                        *, durable: bool) -> Consumer:
+    async def _consumer(
+        self, name: str, destination: Destination, selector: str | None, no_local: bool, *, durable: bool
+    ) -> Consumer:
         self._check()
         source = _terminus(amqp.SOURCE, destination, selector, no_local)
         if durable:
@@ -225,7 +236,7 @@ class Session:
         done = self._unacknowledged[:count]
         for link, delivery_id in done:
             link.settle(delivery_id, amqp.ACCEPTED)
-        del self._unacknowledged[:len(done)]
+        del self._unacknowledged[: len(done)]
 
     async def recover(self) -> None:
         """Redeliver every unacknowledged message, marked redelivered, from the oldest one."""
@@ -290,8 +301,9 @@ class Session:
             self.connection.wake()
 
 
-def _terminus(kind: int, destination: Destination | None, selector: str | None = None,
-              no_local: bool = False) -> Terminus:
+def _terminus(
+    kind: int, destination: Destination | None, selector: str | None = None, no_local: bool = False
+) -> Terminus:
     """A source or target for ``destination`` (None: an anonymous target, routed by ``to``),
     with its kind as a capability and the JMS filters, as Qpid JMS sends them."""
     if destination is None:
@@ -313,21 +325,33 @@ def _terminus(kind: int, destination: Destination | None, selector: str | None =
 class Producer:
     """Sends messages; persistent sends wait until the router has the message stored."""
 
-    def __init__(self, session: Session, link: SenderLink, destination: Destination | None,
-                 delivery_mode: DeliveryMode | None, priority: int | None, ttl: int | None):
+    def __init__(
+        self,
+        session: Session,
+        link: SenderLink,
+        destination: Destination | None,
+        delivery_mode: DeliveryMode | None,
+        priority: int | None,
+        ttl: int | None,
+    ):
         self.session = session
         self._link = link
         self.destination = destination
         defaults = session.connection.defaults
-        self.delivery_mode = delivery_mode or DeliveryMode(defaults.get("martinet:default-delivery-mode",
-                                                                        "persistent"))
+        self.delivery_mode = delivery_mode or DeliveryMode(defaults.get("martinet:default-delivery-mode", "persistent"))
         self.priority = int(defaults.get("martinet:default-priority", 4)) if priority is None else priority
         self.ttl = int(defaults.get("martinet:default-ttl", 0)) if ttl is None else ttl
         self._failure: JMSError | None = None
 
-    async def send(self, message: Message, destination: Destination | None = None, *,
-                   delivery_mode: DeliveryMode | None = None, priority: int | None = None,
-                   ttl: int | None = None) -> None:
+    async def send(
+        self,
+        message: Message,
+        destination: Destination | None = None,
+        *,
+        delivery_mode: DeliveryMode | None = None,
+        priority: int | None = None,
+        ttl: int | None = None,
+    ) -> None:
         """Send ``message`` (its JMS headers are set on it).
 
         A persistent message outside a transaction is awaited until the router accepted it;
@@ -350,8 +374,14 @@ class Producer:
         priority = self.priority if priority is None else priority
         if not 0 <= priority <= 9:
             raise ValueError(f"priority must be 0..9, not {priority}")
-        payload = message.encode(message_id=new_message_id(), destination=destination, delivery_mode=mode,
-                                 priority=priority, ttl=self.ttl if ttl is None else ttl, now_ms=now_ms())
+        payload = message.encode(
+            message_id=new_message_id(),
+            destination=destination,
+            delivery_mode=mode,
+            priority=priority,
+            ttl=self.ttl if ttl is None else ttl,
+            now_ms=now_ms(),
+        )
         txn_id = await session._transaction() if session.transacted else None
         wait = mode is DeliveryMode.PERSISTENT and txn_id is None
         state = amqp.outcome(TRANSACTIONAL_STATE, txn_id) if txn_id is not None else None
@@ -486,8 +516,9 @@ class Requestor:
         await self._producer.send(message)
         deadline = math.inf if timeout is None else trio.current_time() + timeout
         while True:
-            reply = await self._consumer.receive(max(0.0, deadline - trio.current_time())
-                                                 if timeout is not None else None)
+            reply = await self._consumer.receive(
+                max(0.0, deadline - trio.current_time()) if timeout is not None else None
+            )
             if reply is None or reply.correlation_id == message.message_id:
                 return reply
             log.info("reply %s to an earlier request dropped", reply.message_id)

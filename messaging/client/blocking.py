@@ -81,8 +81,9 @@ class BlockingConnection(_Blocking):
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._stop: trio.Event | None = None
-        self._thread = threading.Thread(target=trio.run, args=(self._main, url, options), daemon=True,
-                                        name=f"martinet-client {url}")
+        self._thread = threading.Thread(
+            target=trio.run, args=(self._main, url, options), daemon=True, name=f"martinet-client {url}"
+        )
         self._thread.start()
         self._ready.wait()
         if self._error is not None:

@@ -123,9 +123,15 @@ class Principal:
             return
         grant = _grant(self._auth._group(self.group).queue_grants, name, explicit=system)
         if grant is None or not getattr(grant, f"{action}_grant"):
-            self._auth._denied(self, f"{action} on queue {queue!r}" + (
-                " (a system name: only a grant naming it, or a predicate grant with '$' in it, allows that)"
-                if system and grant is None else ""))
+            self._auth._denied(
+                self,
+                f"{action} on queue {queue!r}"
+                + (
+                    " (a system name: only a grant naming it, or a predicate grant with '$' in it, allows that)"
+                    if system and grant is None
+                    else ""
+                ),
+            )
 
     def check_topic(self, topic: str, action: str) -> None:
         """Raises: AccessDenied unless ``action`` (publish, subscribe, durable) on ``topic`` is granted."""
@@ -169,8 +175,14 @@ class Authentication:
         unlogged, self._unlogged = self._unlogged, {}
         for (what, host), (count, detail) in unlogged.items():
             if count:
-                log.warning("%d more %s from %s in the last %.0f s (last: %s)", count, _COUNTED[what], host,
-                            LOG_INTERVAL, detail)
+                log.warning(
+                    "%d more %s from %s in the last %.0f s (last: %s)",
+                    count,
+                    _COUNTED[what],
+                    host,
+                    LOG_INTERVAL,
+                    detail,
+                )
         now = trio.current_time()
         for host, (_count, last) in list(self._failures.items()):
             if now - last >= QUIET_PERIOD:
@@ -196,8 +208,11 @@ class Authentication:
         users = self.context.entity.entity_list("users").entities
         entity = users.get(user) if user is not None else None
         config: UserConfig | None = entity.config if entity is not None else None
-        if config is not None and config.host_access_list and not any(
-                like_pattern(pattern).fullmatch(host) for pattern in config.host_access_list):
+        if (
+            config is not None
+            and config.host_access_list
+            and not any(like_pattern(pattern).fullmatch(host) for pattern in config.host_access_list)
+        ):
             self._refuse(f"host {host} is not allowed for user {user}", user, host, "host not allowed")
         if not self.enabled:
             self.logins += 1
@@ -240,9 +255,11 @@ class Authentication:
     def _dummy(users: Mapping[str, Any]) -> str:
         """Plain text unless some user's password is a hash; then a hash of as many
         iterations as the largest count configured (it never matches)."""
-        iterations = [int(parts[1]) for entity in users.values()
-                      if len(parts := entity.config.password.split("$")) == 4 and parts[0] == SCHEME
-                      and parts[1].isdigit()]
+        iterations = [
+            int(parts[1])
+            for entity in users.values()
+            if len(parts := entity.config.password.split("$")) == 4 and parts[0] == SCHEME and parts[1].isdigit()
+        ]
         return f"{SCHEME}${max(iterations)}${_DUMMY_SALT_DIGEST}" if iterations else _DUMMY_PLAIN
 
     def _refuse(self, detail: str, user: str | None, host: str, reason: str) -> None:
@@ -268,8 +285,9 @@ class Authentication:
             pending[1] = detail
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self.context.usage.provide(lambda: {"logins": self.logins, "refused-logins": self.refused_logins,
-                                            "access-denials": self.denials})
+        self.context.usage.provide(
+            lambda: {"logins": self.logins, "refused-logins": self.refused_logins, "access-denials": self.denials}
+        )
         task_status.started()
         try:
             while True:

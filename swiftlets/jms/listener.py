@@ -152,8 +152,12 @@ class BrokenInputLog:
     PERIOD = 60.0
     HOSTS = 1024  # hosts remembered; the oldest periods are forgotten beyond that
 
-    def __init__(self, line: str = "%s from %s closed: %s", counted: str = "connections from %s closed for broken "
-                 "input", level: int = logging.WARNING) -> None:
+    def __init__(
+        self,
+        line: str = "%s from %s closed: %s",
+        counted: str = "connections from %s closed for broken input",
+        level: int = logging.WARNING,
+    ) -> None:
         self._periods: dict[str, list] = {}  # host -> [period start, lines logged, lines suppressed]
         self._line, self._counted, self._level = line, counted, level
 
@@ -162,10 +166,15 @@ class BrokenInputLog:
         period = self._periods.get(host)
         if period is None or now - period[0] >= self.PERIOD:
             if period is not None and period[2]:
-                log.log(self._level, "%d more %s in %.0f s (not logged one by one)", period[2], self._counted % host,
-                        now - period[0])
+                log.log(
+                    self._level,
+                    "%d more %s in %.0f s (not logged one by one)",
+                    period[2],
+                    self._counted % host,
+                    now - period[0],
+                )
             if period is None and len(self._periods) >= self.HOSTS:
-                for old in sorted(self._periods, key=lambda key: self._periods[key][0])[:self.HOSTS // 4]:
+                for old in sorted(self._periods, key=lambda key: self._periods[key][0])[: self.HOSTS // 4]:
                     del self._periods[old]
             period = self._periods[host] = [now, 0, 0]
         if period[1] < self.LIMIT:
@@ -202,9 +211,9 @@ def _destination(terminus: amqp.Terminus) -> tuple[str, bool]:
     """(name, is_topic) of a source or target: ``topic://`` or capability ``topic`` make a topic."""
     address = terminus.address or ""
     if address.startswith(TOPIC_PREFIX):
-        return address[len(TOPIC_PREFIX):], True
+        return address[len(TOPIC_PREFIX) :], True
     if address.startswith(QUEUE_PREFIX):
-        return address[len(QUEUE_PREFIX):], False
+        return address[len(QUEUE_PREFIX) :], False
     return address, bool({"topic", "temporary-topic"} & set(terminus.capabilities))
 
 
@@ -226,8 +235,9 @@ class IncomingLink:
     """A link the client sends on: transfers go into a queue, to a topic, or — on an
     anonymous-relay link (no target) — wherever each message's ``to`` says."""
 
-    def __init__(self, connection: AmqpConnection, link: amqp.Link, address: str | None, topic: bool,
-                 on_close: Any = None):
+    def __init__(
+        self, connection: AmqpConnection, link: amqp.Link, address: str | None, topic: bool, on_close: Any = None
+    ):
         self.connection = connection
         self.on_close = on_close  # deletes a temporary queue
         self.link = link
@@ -264,13 +274,15 @@ class IncomingLink:
                 if topic:
                     result = connection.publish(address, message, None if remotely_settled else durable)
                 else:
-                    result = connection.queue_manager.send_nowait(address, message,
-                                                                  on_durable=None if remotely_settled else durable)
+                    result = connection.queue_manager.send_nowait(
+                        address, message, on_durable=None if remotely_settled else durable
+                    )
                 if result.delay_ms > self.delay_ms:
                     self.delay_ms, self.delayed_queue = result.delay_ms, None if topic else address
         except (QueueError, TopicError, MessageError, DecodeError, _Refused) as exc:
-            connection.swiftlet.refusals.warn(connection.host, f"transfer to {self.address or '(anonymous relay)'}",
-                                              exc)
+            connection.swiftlet.refusals.warn(
+                connection.host, f"transfer to {self.address or '(anonymous relay)'}", exc
+            )
             if not remotely_settled:
                 link.settle(delivery_id, _rejected(_condition(exc), str(exc)))
         self.unreplenished += 1
@@ -287,8 +299,9 @@ class IncomingLink:
         self.delay_ms, self.delayed_queue, self.throttled, self.unreplenished = 0, None, False, 0
         self.link.flow(self.window)
 
-    def _stage(self, delivery_id: int, address: str, topic: bool, message: Message, state: Any,
-               remotely_settled: bool) -> None:
+    def _stage(
+        self, delivery_id: int, address: str, topic: bool, message: Message, state: Any, remotely_settled: bool
+    ) -> None:
         """A transactional transfer: staged in its transaction, accepted within it [4.4.1]."""
         if topic:
             raise _Refused("amqp:not-implemented", "transactional publishing to topics is not supported")
@@ -330,8 +343,14 @@ def _outgoing(entry: Any) -> Message:
 class OutgoingLink:
     """A link the client receives on: a queue consumer whose credit follows the link's."""
 
-    def __init__(self, connection: AmqpConnection, link: amqp.Link, consumer: Any, on_close: Any = None,
-                 durable: tuple[str, str] | None = None):
+    def __init__(
+        self,
+        connection: AmqpConnection,
+        link: amqp.Link,
+        consumer: Any,
+        on_close: Any = None,
+        durable: tuple[str, str] | None = None,
+    ):
         self.connection = connection
         self.on_close = on_close  # ends a subscription or deletes a dynamic queue
         self.durable = durable  # (client id, subscription name) of a durable subscription
@@ -361,8 +380,12 @@ class OutgoingLink:
                 try:
                     raw = entry.message.raw if not entry.acquired else _outgoing(entry).raw
                 except MessageError as exc:  # (no delivery was made: the link's credit stays)
-                    log.error("message %d of queue %s cannot be delivered, moved to routerdlq: %s",
-                              entry.id, consumer.queue.name, exc)
+                    log.error(
+                        "message %d of queue %s cannot be delivered, moved to routerdlq: %s",
+                        entry.id,
+                        consumer.queue.name,
+                        exc,
+                    )
                     consumer.reject(entry, f"cannot be delivered: {exc}")
                     sent -= 1
                     continue
@@ -402,8 +425,9 @@ class OutgoingLink:
         elif code == MODIFIED:  # [3.4.5] delivery-failed, undeliverable-here, message-annotations
             fields = (state.value if isinstance(state.value, list) else []) + [None, None, None]
             annotations = fields[2] if isinstance(fields[2], dict) else None
-            consumer.modify(entry, delivery_failed=bool(fields[0]), undeliverable_here=bool(fields[1]),
-                            annotations=annotations)
+            consumer.modify(
+                entry, delivery_failed=bool(fields[0]), undeliverable_here=bool(fields[1]), annotations=annotations
+            )
         else:  # settled by the client without an outcome (or a transactional state without an id)
             consumer.accept(entry)
 
@@ -505,7 +529,7 @@ class BrowsingLink:
         if self._fetching:
             return
         self._fetching = True
-        batch = self._entries[self._next:self._next + self.FETCH]
+        batch = self._entries[self._next : self._next + self.FETCH]
 
         def fetched(messages: Any) -> None:
             self._fetching = False
@@ -532,8 +556,10 @@ def refusal(container_id: str, condition: str, description: str) -> bytes:
     an ``open`` and a ``close`` with the error. "a peer that wishes to close the connection
     with an error … MUST first send an open frame" [2.4.1]; the close carries the condition
     [2.7.9], e.g. ``amqp:unauthorized-access`` or ``amqp:resource-limit-exceeded`` [2.8.15]."""
-    frames = [Described(ULong(0x10), [container_id]),
-              Described(ULong(0x18), [Described(ULong(0x1D), [Symbol(condition), description, None])])]
+    frames = [
+        Described(ULong(0x10), [container_id]),
+        Described(ULong(0x18), [Described(ULong(0x1D), [Symbol(condition), description, None])]),
+    ]
     out = bytearray(AMQP_HEADER)
     for performative in frames:
         body = encode(performative)
@@ -632,13 +658,20 @@ class AmqpConnection:
         self._rate_mark = (now, self.received, self.sent)
 
     def usage(self, listener: str) -> dict[str, Any]:
-        return {"listener": listener, "host": self.host, "client-id": self.client_id or "",
-                "user": getattr(self.principal, "user", "") or "",
-                "connected-since": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.since)),
-                "links": len(self.links), "transactions": len(self.transactions),
-                "flow-control-waits": self.flow_control_waits,
-                "messages-received": self.received, "messages-sent": self.sent,
-                "receive-rate": round(self.receive_rate, 1), "send-rate": round(self.send_rate, 1)}
+        return {
+            "listener": listener,
+            "host": self.host,
+            "client-id": self.client_id or "",
+            "user": getattr(self.principal, "user", "") or "",
+            "connected-since": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.since)),
+            "links": len(self.links),
+            "transactions": len(self.transactions),
+            "flow-control-waits": self.flow_control_waits,
+            "messages-received": self.received,
+            "messages-sent": self.sent,
+            "receive-rate": round(self.receive_rate, 1),
+            "send-rate": round(self.send_rate, 1),
+        }
 
     async def run(self) -> None:
         try:
@@ -648,8 +681,7 @@ class AmqpConnection:
                 try:
                     self.principal = await self.swiftlet.login(login.credentials, self.host)
                     # a user and password checked now (what a management request may rely on)
-                    self.authenticated = self.swiftlet.authentication_enabled and \
-                        login.credentials.mechanism == "PLAIN"
+                    self.authenticated = self.swiftlet.authentication_enabled and login.credentials.mechanism == "PLAIN"
                 except AuthenticationFailed:
                     login.refuse()
                     raise
@@ -660,15 +692,22 @@ class AmqpConnection:
                 log.info("connection from %s closed: no SASL exchange within %.0f s", self.host, SASL_TIMEOUT)
                 return
             config = self.config
-            self.engine = amqp.Connection(container_id=f"martinet:{self.swiftlet.router_name}",
-                                          idle_timeout=config.keepalive_interval / 1000,
-                                          max_frame_size=config.max_frame_size,
-                                          channel_max=config.max_sessions - 1,
-                                          handle_max=config.max_links_per_session - 1,
-                                          max_message_size=self.queue_manager.max_message_size,
-                                          max_incoming_buffer=config.max_incoming_buffer)
-            self._driver = Driver(self.stream, self.engine, on_input=self._handle_events,
-                                  before_write=self._before_write, read_size=CLIENT_READ_SIZE)
+            self.engine = amqp.Connection(
+                container_id=f"martinet:{self.swiftlet.router_name}",
+                idle_timeout=config.keepalive_interval / 1000,
+                max_frame_size=config.max_frame_size,
+                channel_max=config.max_sessions - 1,
+                handle_max=config.max_links_per_session - 1,
+                max_message_size=self.queue_manager.max_message_size,
+                max_incoming_buffer=config.max_incoming_buffer,
+            )
+            self._driver = Driver(
+                self.stream,
+                self.engine,
+                on_input=self._handle_events,
+                before_write=self._before_write,
+                read_size=CLIENT_READ_SIZE,
+            )
             self.wake = self._driver.wake  # type: ignore[method-assign]
             await self._driver.run(remaining)
         except* SaslError as group:
@@ -750,10 +789,19 @@ class AmqpConnection:
         }
         others = self.swiftlet.client_ids.get(client_id, []) if client_id else []
         if others and not self.config.allow_same_clientid and (sole or any(other.sole for other in others)):
-            log.info("connection from %s refused: client id %r is in use%s", self.host, client_id,
-                     "" if sole else " by a connection that asked to be its only one")
-            engine.close(Error("amqp:invalid-field", f"client id {client_id!r} is in use",
-                               {Symbol("invalid-field"): Symbol("container-id")}))
+            log.info(
+                "connection from %s refused: client id %r is in use%s",
+                self.host,
+                client_id,
+                "" if sole else " by a connection that asked to be its only one",
+            )
+            engine.close(
+                Error(
+                    "amqp:invalid-field",
+                    f"client id {client_id!r} is in use",
+                    {Symbol("invalid-field"): Symbol("container-id")},
+                )
+            )
             return
         self.client_id, self.sole = client_id, sole
         self._client_id_patch = AnnotationPatch({CLIENT_ID_ANNOTATION: client_id})
@@ -879,8 +927,11 @@ class AmqpConnection:
         ``max-auto-created-queues-per-connection`` queues (its live temporary ones included)."""
         limit = self.config.max_auto_created_queues_per_connection
         if 0 <= limit <= self.auto_created + self.temporary:
-            raise _Refused("amqp:resource-limit-exceeded", f"queue {name!r} not created: this connection "
-                           f"created max-auto-created-queues-per-connection {limit} queues already")
+            raise _Refused(
+                "amqp:resource-limit-exceeded",
+                f"queue {name!r} not created: this connection "
+                f"created max-auto-created-queues-per-connection {limit} queues already",
+            )
 
     def _create_temporary_queue(self) -> Any:
         """A temporary queue of this connection, counted until :meth:`_delete_temporary`.
@@ -930,8 +981,11 @@ class AmqpConnection:
             name = address
         remote = bool(at) and router != self.swiftlet.router_name
         if remote and action != "send":
-            raise _Refused("amqp:not-found", f"cannot {action} queue {address!r}: it is on router {router}, "
-                           f"and only queues of this router ({self.swiftlet.router_name}) can be read here")
+            raise _Refused(
+                "amqp:not-found",
+                f"cannot {action} queue {address!r}: it is on router {router}, "
+                f"and only queues of this router ({self.swiftlet.router_name}) can be read here",
+            )
         if "$" not in name:
             if self.principal is not None:
                 self.principal.check_queue(address, action)
@@ -948,15 +1002,20 @@ class AmqpConnection:
             if queue is None:
                 raise QueueNotFound(f"temporary queue {name!r} does not exist on router {self.swiftlet.router_name}")
             if action != "send" and queue.owner is not self:
-                raise AccessDenied(f"cannot {action} temporary queue {name!r}: only the connection that created "
-                                   "it may receive from it")
+                raise AccessDenied(
+                    f"cannot {action} temporary queue {name!r}: only the connection that created it may receive from it"
+                )
             return
         if not remote and self.topic_manager is not None and self.topic_manager.is_durable_queue(name):
-            raise AccessDenied(f"cannot {action} queue {name!r} as a queue: it is a durable subscription's; attach "
-                               "to its topic as a durable subscriber, with the client id that created it")
+            raise AccessDenied(
+                f"cannot {action} queue {name!r} as a queue: it is a durable subscription's; attach "
+                "to its topic as a durable subscriber, with the client id that created it"
+            )
         if self.principal is None:
-            raise AccessDenied(f"cannot {action} queue {address!r}: a name with '$' is the router's, and without "
-                               "sys$authentication no grant can name it")
+            raise AccessDenied(
+                f"cannot {action} queue {address!r}: a name with '$' is the router's, and without "
+                "sys$authentication no grant can name it"
+            )
         self.principal.check_queue(address, action)
         self.queue_manager.queue(address, create=False)  # a client never creates a '$' queue
 
@@ -1005,8 +1064,9 @@ class AmqpConnection:
         if source.dynamic:  # a temporary queue, gone with the link
             queue = self._create_temporary_queue()
             link.source.address = self._temporary_address(queue.name)
-            return OutgoingLink(self, link, queue.consumer(selector, owner=self),
-                                lambda: self._delete_temporary(queue.name))
+            return OutgoingLink(
+                self, link, queue.consumer(selector, owner=self), lambda: self._delete_temporary(queue.name)
+            )
         if source.address is None:  # Qpid JMS looks a durable subscription up by link name
             return self._existing_durable(link)
         name, topic = _destination(source)
@@ -1015,12 +1075,14 @@ class AmqpConnection:
             raise _Deferred(lambda: self._attach_durable(link, name, text, no_local))
         if not topic and source.distribution_mode == "copy":
             address = self._check(name, "browse")
-            return BrowsingLink(self, link, list(self.queue_manager.queue(address).browse(selector)),
-                                self.queue_manager)
+            return BrowsingLink(
+                self, link, list(self.queue_manager.queue(address).browse(selector)), self.queue_manager
+            )
         if topic:
             name = self._check(name, "subscribe", topic=True)
-            subscription = self.topic_manager.subscribe(name, selector=text, no_local=no_local,
-                                                        client_id=self.client_id, owner=self)
+            subscription = self.topic_manager.subscribe(
+                name, selector=text, no_local=no_local, client_id=self.client_id, owner=self
+            )
             return OutgoingLink(self, link, subscription.consumer(), subscription.close)
         address = self._check(name, "receive")
         try:
@@ -1041,8 +1103,9 @@ class AmqpConnection:
         if new:  # its queue counts towards max-auto-created-queues-per-connection (and max-queues)
             self._may_create(durable_queue_name(self.client_id, link.name))
         try:
-            subscription = await self.topic_manager.durable_subscribe(self.client_id, link.name, topic,
-                                                                      selector=selector, no_local=no_local)
+            subscription = await self.topic_manager.durable_subscribe(
+                self.client_id, link.name, topic, selector=selector, no_local=no_local
+            )
         except TopicError as exc:
             raise _Refused("amqp:invalid-field", str(exc)) from None
         except TooManyQueues as exc:
@@ -1057,19 +1120,25 @@ class AmqpConnection:
         durable subscription ``name``."""
         subscription = self.topic_manager.durable_subscriptions().get(durable_queue_name(self.client_id or "", name))
         if subscription is not None and subscription.queue.consumers:
-            raise _Refused("amqp:resource-locked", f"durable subscription {name!r} of client {self.client_id!r} "
-                           "is in use by another link")
+            raise _Refused(
+                "amqp:resource-locked",
+                f"durable subscription {name!r} of client {self.client_id!r} is in use by another link",
+            )
 
     def _existing_durable(self, link: amqp.Link) -> OutgoingLink:
-        subscription = self.topic_manager.durable_subscriptions().get(
-            durable_queue_name(self.client_id or "", link.name)) if self.topic_manager else None
+        subscription = (
+            self.topic_manager.durable_subscriptions().get(durable_queue_name(self.client_id or "", link.name))
+            if self.topic_manager
+            else None
+        )
         if subscription is None:
             raise _Refused("amqp:not-found", f"no durable subscription {link.name!r} for client {self.client_id!r}")
         self._check_not_in_use(link.name)
 
         self._check(subscription.topic.text, "durable", topic=True)  # the grant, as for the attach that made it
-        link.source = amqp.Terminus(kind=amqp.SOURCE, address=f"{TOPIC_PREFIX}{subscription.topic.text}",
-                                    durable=2, expiry_policy="never")  # the request's source was null
+        link.source = amqp.Terminus(
+            kind=amqp.SOURCE, address=f"{TOPIC_PREFIX}{subscription.topic.text}", durable=2, expiry_policy="never"
+        )  # the request's source was null
         return OutgoingLink(self, link, subscription.consumer(), durable=(self.client_id or "", link.name))
 
     def route(self, message: Message) -> tuple[str, bool]:
@@ -1078,18 +1147,22 @@ class AmqpConnection:
         if not to or not isinstance(to, str):
             raise _Refused("amqp:invalid-field", "a message on an anonymous relay link needs a 'to' address")
         if to.startswith(TOPIC_PREFIX):
-            return self._check(to[len(TOPIC_PREFIX):], "publish", topic=True), True
+            return self._check(to[len(TOPIC_PREFIX) :], "publish", topic=True), True
         if message.message_annotations.get(JMS_DEST) in JMS_TOPIC_TYPES:
             return self._check(to, "publish", topic=True), True
-        return self._check(to[len(QUEUE_PREFIX):] if to.startswith(QUEUE_PREFIX) else to, "send"), False
+        return self._check(to[len(QUEUE_PREFIX) :] if to.startswith(QUEUE_PREFIX) else to, "send"), False
 
     def with_identity(self, message: Message) -> Message:
         """A management request with the sender's identity stamped, replacing whatever the client
         put there (:mod:`swiftlets.mgmt.api`: the router serving it trusts this stamp)."""
         principal = self.principal
-        identity = Identity(user=getattr(principal, "user", "") or "", group=getattr(principal, "group", "") or "",
-                            authenticated=self.authenticated, host=self.host,
-                            router=self.swiftlet.router_name)
+        identity = Identity(
+            user=getattr(principal, "user", "") or "",
+            group=getattr(principal, "group", "") or "",
+            authenticated=self.authenticated,
+            host=self.host,
+            router=self.swiftlet.router_name,
+        )
         return message.with_annotations({IDENTITY_ANNOTATION: identity.annotation()})
 
     def with_client_id(self, message: Message) -> Message:
@@ -1164,8 +1237,13 @@ class AmqpConnection:
         state = self.links.pop(link, None)
         if state is not None:
             state.close()
-            if closed and event.by_peer and isinstance(state, OutgoingLink) and state.durable \
-                    and self._driver is not None:
+            if (
+                closed
+                and event.by_peer
+                and isinstance(state, OutgoingLink)
+                and state.durable
+                and self._driver is not None
+            ):
                 self._driver.start_soon(self._unsubscribe, link, *state.durable)
                 return  # answered once the subscription is gone
         elif link in self._pending:  # answered with the attach, which waits (_finish_attach)

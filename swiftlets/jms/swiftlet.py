@@ -58,8 +58,9 @@ class JmsSwiftlet:
         self._temporary_topics = 0
         self.broken_input = BrokenInputLog()  # one WARNING line per broken connection, rate-limited per host
         # one INFO line per refused transfer or attach, rate-limited per host likewise
-        self.refusals = BrokenInputLog("%s from %s refused: %s", "refusals of transfers or attaches from %s",
-                                       logging.INFO)
+        self.refusals = BrokenInputLog(
+            "%s from %s refused: %s", "refusals of transfers or attaches from %s", logging.INFO
+        )
 
     def temporary_topic_name(self) -> str:
         """``tmp$topic$<router>$<n>``: unique in the network, since a reply-to temporary topic
@@ -152,14 +153,21 @@ class JmsSwiftlet:
             except (OSError, ssl.SSLError) as exc:
                 for listener in tcp:
                     await listener.aclose()
-                raise RuntimeError(f"listener {config.name}: cannot load the TLS certificate "
-                                   f"{config.tls_certificate!r} / key {config.tls_key!r}: {exc}") from None
+                raise RuntimeError(
+                    f"listener {config.name}: cannot load the TLS certificate "
+                    f"{config.tls_certificate!r} / key {config.tls_key!r}: {exc}"
+                ) from None
             listeners = [trio.SSLListener(listener, tls) for listener in tcp]
         state = self._listeners[config.name] = {"port": port, "connections": 0, "accepted": 0, "refused": 0}
         assert self._usage is not None
         self._usage.add(config.name, lambda: dict(state))
-        log.info("AMQP listener %s on %s:%d%s", config.name, config.bind_address, port,
-                 " (TLS)" if config.tls_certificate else "")
+        log.info(
+            "AMQP listener %s on %s:%d%s",
+            config.name,
+            config.bind_address,
+            port,
+            " (TLS)" if config.tls_certificate else "",
+        )
 
         async def handle(stream: trio.abc.Stream) -> None:
             live = entity.config
@@ -192,7 +200,8 @@ class JmsSwiftlet:
                 return f"connection {name} from {host} closed"
 
             self._connections.add(name, lambda: connection.usage(config.name)).add_operation(
-                "delete", delete, "Close this connection (its temporary queues go, its unsettled messages go back).")
+                "delete", delete, "Close this connection (its temporary queues go, its unsettled messages go back)."
+            )
             try:
                 with scope:
                     await connection.run()

@@ -54,14 +54,35 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 #: Columns shown for well-known usage lists (others show every property).
 COLUMNS = {
-    "/sys$queuemanager/usage/queues": ("messages", "available", "consumers", "enqueued", "dequeued",
-                                       "send-rate", "receive-rate", "bytes"),
-    "/sys$jms/usage/connections": ("listener", "host", "user", "client-id", "connected-since", "links",
-                                   "messages-received", "messages-sent", "receive-rate", "send-rate"),
+    "/sys$queuemanager/usage/queues": (
+        "messages",
+        "available",
+        "consumers",
+        "enqueued",
+        "dequeued",
+        "send-rate",
+        "receive-rate",
+        "bytes",
+    ),
+    "/sys$jms/usage/connections": (
+        "listener",
+        "host",
+        "user",
+        "client-id",
+        "connected-since",
+        "links",
+        "messages-received",
+        "messages-sent",
+        "receive-rate",
+        "send-rate",
+    ),
     "/sys$routing/usage/routing-table": ("active", "next-hop", "static", "backlog"),
 }
-SHORTCUTS = {"queues": "/sys$queuemanager/usage/queues", "connections": "/sys$jms/usage/connections",
-             "xa": "/sys$xa/usage/in-doubt"}
+SHORTCUTS = {
+    "queues": "/sys$queuemanager/usage/queues",
+    "connections": "/sys$jms/usage/connections",
+    "xa": "/sys$xa/usage/in-doubt",
+}
 
 
 class UsageError(Exception):
@@ -122,8 +143,14 @@ async def crawl(admin: AdminClient, start: str | None = None) -> NetworkMap:
     return await api_crawl(admin.call, start or admin.router)
 
 
-_DOT_COLOURS = {"operational": "darkgreen", "connecting": "orange", "waiting": "orange", "failed": "red",
-                "closed": "grey", "disabled": "grey"}
+_DOT_COLOURS = {
+    "operational": "darkgreen",
+    "connecting": "orange",
+    "waiting": "orange",
+    "failed": "red",
+    "closed": "grey",
+    "disabled": "grey",
+}
 
 
 def _quote(text: str) -> str:
@@ -142,8 +169,10 @@ def to_dot(network: NetworkMap) -> str:
         lines.append(f'  {_quote(router)} [label="{_quote(router)[1:-1]}\\n{where}"{style}];')
     for link in network.links:
         colour = _DOT_COLOURS.get(link.state, "black")
-        lines.append(f"  {_quote(link.source)} -> {_quote(link.target)} "
-                     f"[label={_quote(link.state)}, color={colour}, fontcolor={colour}];")
+        lines.append(
+            f"  {_quote(link.source)} -> {_quote(link.target)} "
+            f"[label={_quote(link.state)}, color={colour}, fontcolor={colour}];"
+        )
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -193,8 +222,16 @@ class Commands:
     async def cmd_ar(self, args: list[str]) -> Output:
         """ar: the available routers (this one and every router in its routing table)."""
         rows = await self._call("routers")
-        return Output(rows, (_table(f"routers available from {self.router}", ["router", "hops", "next hop", "active"],
-                                    [[r["name"], r["hops"], r["next-hop"], r["active"]] for r in rows]),))
+        return Output(
+            rows,
+            (
+                _table(
+                    f"routers available from {self.router}",
+                    ["router", "hops", "next hop", "active"],
+                    [[r["name"], r["hops"], r["next-hop"], r["active"]] for r in rows],
+                ),
+            ),
+        )
 
     async def cmd_sr(self, args: list[str]) -> Output:
         """sr ROUTER: the router the next commands go to."""
@@ -232,9 +269,13 @@ class Commands:
         views: list[Any] = []
         declared = node.get("properties") or node.get("item")
         if declared:
-            views.append(_table(node["path"], ["property", "type", "default", "bounds", "description"],
-                                [[name, d["type"], d.get("default"), _bounds(d), d["description"]]
-                                 for name, d in declared.items()]))
+            views.append(
+                _table(
+                    node["path"],
+                    ["property", "type", "default", "bounds", "description"],
+                    [[name, d["type"], d.get("default"), _bounds(d), d["description"]] for name, d in declared.items()],
+                )
+            )
         for op in node.get("operations", ()):
             params = ", ".join(f"{p['name']}:{p['type']}" + ("" if p["required"] else "?") for p in op["parameters"])
             views.append(f"{op['name']}({params}): {op['description']}")
@@ -277,8 +318,10 @@ class Commands:
                 await self._call("remove", path=path, name=name)
             else:
                 await self._call("invoke", path=f"{path.rstrip('/')}/{name}", operation="delete")
-        return Output({"path": path, "deleted": names},
-                      (f"{path}: {len(names)} deleted" + (f": {', '.join(names)}" if names else ""),))
+        return Output(
+            {"path": path, "deleted": names},
+            (f"{path}: {len(names)} deleted" + (f": {', '.join(names)}" if names else ""),),
+        )
 
     async def cmd_invoke(self, args: list[str]) -> Output:
         """invoke PATH OPERATION [argument=value ...]: run an operation of a usage entity
@@ -330,21 +373,33 @@ class Commands:
                 table = {"error": exc.reason}
                 rows.append([router, "", "", "", exc.reason])
             else:
-                rows.extend([router, dest, row.get("next-hop"), row.get("active"), row.get("backlog", "")]
-                            for dest, row in sorted(table.items()))
+                rows.extend(
+                    [router, dest, row.get("next-hop"), row.get("active"), row.get("backlog", "")]
+                    for dest, row in sorted(table.items())
+                )
             tables[router] = table
-        return Output(tables, (_table("routing tables", ["router", "destination", "next hop", "active", "backlog"],
-                                      rows),))
+        return Output(
+            tables, (_table("routing tables", ["router", "destination", "next hop", "active", "backlog"], rows),)
+        )
 
     async def cmd_links(self, args: list[str]) -> Output:
         """links: every link of every reachable router, with its state, since when, last error."""
         network = await crawl(self.admin, self.router)
-        rows = [[link.source, link.target, link.connector, link.state, link.listener_state, link.since, link.error]
-                for link in network.links]
+        rows = [
+            [link.source, link.target, link.connector, link.state, link.listener_state, link.since, link.error]
+            for link in network.links
+        ]
         rows += [[router, "", "", "no answer", "", "", reason] for router, reason in network.unreachable.items()]
-        return Output([attrs.asdict(link) for link in network.links],
-                      (_table("links (from the dialing router)", ["router", "to", "connector", "state",
-                                                                  "listener side", "since", "last error"], rows),))
+        return Output(
+            [attrs.asdict(link) for link in network.links],
+            (
+                _table(
+                    "links (from the dialing router)",
+                    ["router", "to", "connector", "state", "listener side", "since", "last error"],
+                    rows,
+                ),
+            ),
+        )
 
     async def cmd_map(self, args: list[str]) -> Output:
         """map [--dot]: the network from this router: routers with hop counts, links with state;
@@ -355,11 +410,22 @@ class Commands:
         if args:
             dot = to_dot(network)
             return Output({**network.data(), "dot": dot}, (dot,))
-        routers = _table(f"network seen from {network.start}", ["router", "hops", "links"], [
-            [router, "start" if router == network.start else hops,
-             ", ".join(f"{link.target if link.source == router else link.source} ({link.state})"
-                       for link in network.links if router in (link.source, link.target))]
-            for router, hops in network.routers.items()])
+        routers = _table(
+            f"network seen from {network.start}",
+            ["router", "hops", "links"],
+            [
+                [
+                    router,
+                    "start" if router == network.start else hops,
+                    ", ".join(
+                        f"{link.target if link.source == router else link.source} ({link.state})"
+                        for link in network.links
+                        if router in (link.source, link.target)
+                    ),
+                ]
+                for router, hops in network.routers.items()
+            ],
+        )
         views: list[Any] = [routers]
         views += [f"{router}: no answer: {reason}" for router, reason in network.unreachable.items()]
         return Output(network.data(), tuple(views))
@@ -408,8 +474,13 @@ def _views(node: dict[str, Any]) -> tuple[Any, ...]:
     if "entries" in node:
         entries = node["entries"]
         columns = COLUMNS.get(node["path"].rstrip("/")) or sorted({key for entry in entries.values() for key in entry})
-        return (_table(node["path"], ["name", *columns],
-                       [[name, *(entry.get(column) for column in columns)] for name, entry in entries.items()]),)
+        return (
+            _table(
+                node["path"],
+                ["name", *columns],
+                [[name, *(entry.get(column) for column in columns)] for name, entry in entries.items()],
+            ),
+        )
     views: list[Any] = [_table(node["path"], ["property", "value"], list(node["properties"].items()))]
     if node.get("children"):
         views.append("children: " + ", ".join(node["children"]))
@@ -508,8 +579,7 @@ def _setup_readline() -> Any:
 
 async def _main(args: argparse.Namespace) -> int:
     try:
-        async with AdminClient.open(args.url, user=args.user, password=args.password,
-                                    timeout=args.timeout) as admin:
+        async with AdminClient.open(args.url, user=args.user, password=args.password, timeout=args.timeout) as admin:
             commands = Commands(admin, args.router)
             commands.json = args.json
             commands.watch_limit = args.count
@@ -527,8 +597,9 @@ async def _main(args: argparse.Namespace) -> int:
             readline = _setup_readline()
             shell = Shell(commands, args.json)
             try:
-                await trio.to_thread.run_sync(shell.cmdloop, "martinet admin: 'help' lists the commands",
-                                              abandon_on_cancel=True)
+                await trio.to_thread.run_sync(
+                    shell.cmdloop, "martinet admin: 'help' lists the commands", abandon_on_cancel=True
+                )
             finally:
                 if readline is not None:
                     try:
@@ -542,19 +613,28 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-u", "--url", default=os.environ.get("MARTINET_URL", "amqp://127.0.0.1:5672"),
-                        help="the router to connect to (default: $MARTINET_URL or amqp://127.0.0.1:5672)")
+    parser.add_argument(
+        "-u",
+        "--url",
+        default=os.environ.get("MARTINET_URL", "amqp://127.0.0.1:5672"),
+        help="the router to connect to (default: $MARTINET_URL or amqp://127.0.0.1:5672)",
+    )
     parser.add_argument("--user", default=os.environ.get("MARTINET_USER"), help="user name (default: $MARTINET_USER)")
-    parser.add_argument("--password", default=os.environ.get("MARTINET_PASSWORD"),
-                        help="password (default: $MARTINET_PASSWORD)")
+    parser.add_argument(
+        "--password", default=os.environ.get("MARTINET_PASSWORD"), help="password (default: $MARTINET_PASSWORD)"
+    )
     parser.add_argument("-r", "--router", help="the router to manage (default: the one connected to)")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds to wait for each reply")
     parser.add_argument("--count", type=int, default=None, help="watch: stop after this many notifications")
-    parser.add_argument("words", nargs=argparse.REMAINDER, metavar="COMMAND",
-                        help="a command and its arguments (none: the interactive shell); 'help' in the shell "
-                        "lists them: ar sr lc cc show describe set new delete invoke save reboot halt queues "
-                        "connections xa routes links map watch")
+    parser.add_argument(
+        "words",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND",
+        help="a command and its arguments (none: the interactive shell); 'help' in the shell "
+        "lists them: ar sr lc cc show describe set new delete invoke save reboot halt queues "
+        "connections xa routes links map watch",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -564,5 +644,9 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
-ADMIN_COMMAND = Command(name="admin", help="manage the routers of a network over one connection (shell or "
-                        "one-shot commands)", configure=_configure, run=_run)
+ADMIN_COMMAND = Command(
+    name="admin",
+    help="manage the routers of a network over one connection (shell or one-shot commands)",
+    configure=_configure,
+    run=_run,
+)

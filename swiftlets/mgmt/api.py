@@ -129,8 +129,14 @@ class Identity:
             return None
         fields = {field.name: field.type for field in attrs.fields(cls)}
         try:
-            return cls(**{name: value[name] for name in fields if name in value
-                          if isinstance(value[name], bool if fields[name] == "bool" else str)})
+            return cls(
+                **{
+                    name: value[name]
+                    for name in fields
+                    if name in value
+                    if isinstance(value[name], bool if fields[name] == "bool" else str)
+                }
+            )
         except TypeError:
             return None
 
@@ -155,8 +161,9 @@ class Management(Protocol):
     """What ``context.lookup("sys$mgmt", Management)`` returns: management requests to this
     router or any router it can route to, for front ends inside a router (a web view)."""
 
-    async def request(self, router: str, request: Mapping[str, Any], identity: Identity,
-                      timeout: float = 10.0) -> dict[str, Any]:
+    async def request(
+        self, router: str, request: Mapping[str, Any], identity: Identity, timeout: float = 10.0
+    ) -> dict[str, Any]:
         """Serve ``request`` (``{"verb": …, …}``, the ``version`` may be left out) on router
         ``router`` as ``identity`` and return the reply (``{"status", "router", "result" |
         "error"}``); on this router it is served at once, on another it travels as a message
@@ -202,8 +209,12 @@ class NetworkMap:
     unreachable: dict[str, str]
 
     def data(self) -> dict[str, Any]:
-        return {"start": self.start, "routers": self.routers, "links": [attrs.asdict(link) for link in self.links],
-                "unreachable": self.unreachable}
+        return {
+            "start": self.start,
+            "routers": self.routers,
+            "links": [attrs.asdict(link) for link in self.links],
+            "unreachable": self.unreachable,
+        }
 
 
 async def _routing_view(call: Call, router: str) -> dict[str, Any]:
@@ -250,12 +261,31 @@ async def crawl(call: Call, start: str, *, concurrency: int = 1000) -> NetworkMa
         live = view["connections"]
         for name, connector in sorted(view["connectors"].items()):
             link = live.get(f"connector:{name}", {})
-            target = (connector["routername"] or link.get("routername") or connector.get("last-routername")
-                      or f"{connector['hostname']}:{connector['port']}")
+            target = (
+                connector["routername"]
+                or link.get("routername")
+                or connector.get("last-routername")
+                or f"{connector['hostname']}:{connector['port']}"
+            )
             since = link.get("connecttime") or connector.get("last-error-time") or ""
             other = views.get(target, {}).get("connections", {})
-            listener_state = next((entry["state"] for entry_name, entry in other.items()
-                                   if entry_name.startswith("listener:") and entry["routername"] == router), "")
-            links.append(Link(source=router, target=target, connector=name, state=connector["state"], since=since,
-                              error=connector.get("last-error", ""), listener_state=listener_state))
+            listener_state = next(
+                (
+                    entry["state"]
+                    for entry_name, entry in other.items()
+                    if entry_name.startswith("listener:") and entry["routername"] == router
+                ),
+                "",
+            )
+            links.append(
+                Link(
+                    source=router,
+                    target=target,
+                    connector=name,
+                    state=connector["state"],
+                    since=since,
+                    error=connector.get("last-error", ""),
+                    listener_state=listener_state,
+                )
+            )
     return NetworkMap(start=start, routers=dict(sorted(known.items())), links=tuple(links), unreachable=unreachable)

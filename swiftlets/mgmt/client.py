@@ -48,8 +48,9 @@ class AdminClient:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, url: str, *, user: str | None = None, password: str | None = None,
-                   timeout: float = DEFAULT_TIMEOUT) -> AsyncIterator[AdminClient]:
+    async def open(
+        cls, url: str, *, user: str | None = None, password: str | None = None, timeout: float = DEFAULT_TIMEOUT
+    ) -> AsyncIterator[AdminClient]:
         """Connect to the router at ``url``; ``timeout``: seconds to wait for each reply.
 
         Raises:
@@ -120,8 +121,11 @@ class AdminClient:
         """
         reply = await self.request(router, verb, **args)
         if reply.get("status") != Status.OK:
-            raise AdminError(reply.get("status", int(Status.ERROR)), reply.get("error", "no reason given"),
-                             reply.get("router", router or self.router))
+            raise AdminError(
+                reply.get("status", int(Status.ERROR)),
+                reply.get("error", "no reason given"),
+                reply.get("router", router or self.router),
+            )
         return reply.get("result")
 
     @contextlib.asynccontextmanager

@@ -4,29 +4,56 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import attrs
+
 from martinet.kernel import config_class, entity_list, prop
 
 from .api import Role
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class AdminGroup:
-    name: str = prop(description="A group of sys$authentication (as the router where a request entered the "
-                     "network authenticated its user).")
-    role: Role = prop(Role.READ_ONLY, choices=Role, description="read-only: get, describe, routers and watch; "
-                      "read-write: also set, add, remove, invoke, save, reboot and halt.")
+    name: str = prop(
+        description="A group of sys$authentication (as the router where a request entered the "
+        "network authenticated its user)."
+    )
+    role: Role = prop(
+        Role.READ_ONLY,
+        choices=Role,
+        description="read-only: get, describe, routers and watch; "
+        "read-write: also set, add, remove, invoke, save, reboot and halt.",
+    )
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class MgmtConfig:
     groups: Mapping[str, AdminGroup] = entity_list(
-        AdminGroup, item="group", default=[AdminGroup(name="admin", role=Role.READ_WRITE)],
+        AdminGroup,
+        item="group",
+        default=[AdminGroup(name="admin", role=Role.READ_WRITE)],
         description="With authentication enabled, the groups whose users may manage this router; with it "
-        "disabled, requests are answered only for clients connected from a loopback address.")
-    max_watches: int = prop(100, min=0, max=10_000, description="Watches (change subscriptions) served at once; "
-                            "beyond it a watch request is refused.")
-    watch_lease: int = prop(60, min=1, max=86_400, description="Seconds a watch lives unless renewed (a watch "
-                            "request naming it): a watcher that went away without unwatching is forgotten.")
-    max_watch_backlog: int = prop(1000, min=1, max=100_000, description="Changes a watch may fall behind "
-                                  "by; beyond it the watch ends with a notice (the watcher must read the tree "
-                                  "again).")
+        "disabled, requests are answered only for clients connected from a loopback address.",
+    )
+    max_watches: int = prop(
+        100,
+        min=0,
+        max=10_000,
+        description="Watches (change subscriptions) served at once; beyond it a watch request is refused.",
+    )
+    watch_lease: int = prop(
+        60,
+        min=1,
+        max=86_400,
+        description="Seconds a watch lives unless renewed (a watch "
+        "request naming it): a watcher that went away without unwatching is forgotten.",
+    )
+    max_watch_backlog: int = prop(
+        1000,
+        min=1,
+        max=100_000,
+        description="Changes a watch may fall behind "
+        "by; beyond it the watch ends with a notice (the watcher must read the tree "
+        "again).",
+    )

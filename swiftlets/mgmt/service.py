@@ -84,8 +84,9 @@ class Refused(Exception):
         self.status = status
 
 
-def authorize(identity: Identity | None, verb: str, *, router: str, authentication: bool,
-              groups: Mapping[str, Role]) -> Role:
+def authorize(
+    identity: Identity | None, verb: str, *, router: str, authentication: bool, groups: Mapping[str, Role]
+) -> Role:
     """The role ``identity`` has on this router for ``verb``.
 
     A router's own request (:meth:`.api.Identity.of_router`) is read-only. Otherwise, with
@@ -97,26 +98,36 @@ def authorize(identity: Identity | None, verb: str, *, router: str, authenticati
         Refused: FORBIDDEN, with why.
     """
     if identity is None:
-        raise Refused(Status.FORBIDDEN, "the request carries no identity (it did not come through an AMQP "
-                      "listener)")
+        raise Refused(Status.FORBIDDEN, "the request carries no identity (it did not come through an AMQP listener)")
     if identity.internal:  # a router's own request: routers are trusted (see .api), for reading only
         role = Role.READ_ONLY
     elif authentication:
         if not identity.authenticated:
-            raise Refused(Status.FORBIDDEN, f"router {router} requires an authenticated user, and {identity} was "
-                          "not authenticated where the request entered")
+            raise Refused(
+                Status.FORBIDDEN,
+                f"router {router} requires an authenticated user, and {identity} was "
+                "not authenticated where the request entered",
+            )
         role = groups.get(identity.group)
         if role is None:
-            raise Refused(Status.FORBIDDEN, f"user {identity.user} (group {identity.group}) may not manage router "
-                          f"{router}: its group is not one of sys$mgmt's groups")
+            raise Refused(
+                Status.FORBIDDEN,
+                f"user {identity.user} (group {identity.group}) may not manage router "
+                f"{router}: its group is not one of sys$mgmt's groups",
+            )
     elif identity.loopback:
         role = Role.READ_WRITE
     else:
-        raise Refused(Status.FORBIDDEN, f"router {router} has authentication disabled and answers management "
-                      f"requests only from loopback clients; {identity} is not one")
+        raise Refused(
+            Status.FORBIDDEN,
+            f"router {router} has authentication disabled and answers management "
+            f"requests only from loopback clients; {identity} is not one",
+        )
     if verb in WRITE_VERBS and role is not Role.READ_WRITE:
-        raise Refused(Status.FORBIDDEN, f"{verb!r} changes router {router}, and the role of group "
-                      f"{identity.group} is {role.value}")
+        raise Refused(
+            Status.FORBIDDEN,
+            f"{verb!r} changes router {router}, and the role of group {identity.group} is {role.value}",
+        )
     return role
 
 
@@ -161,8 +172,12 @@ def declarations(config_type: type) -> dict[str, Any]:
         if not isinstance(meta, Prop):  # a child entity or list
             continue
         kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
-        entry: dict[str, Any] = {"description": meta.description, "type": kind,
-                                 "read-only": meta.read_only, "reboot-required": meta.reboot_required}
+        entry: dict[str, Any] = {
+            "description": meta.description,
+            "type": kind,
+            "read-only": meta.read_only,
+            "reboot-required": meta.reboot_required,
+        }
         if field.default is not attrs.NOTHING and not isinstance(field.default, attrs.Factory):
             entry["default"] = plain(field.default) if not meta.secret else "***"
         for bound in ("min", "max", "choices"):
@@ -251,8 +266,13 @@ class _Watch:
 
 def _event(event: Event) -> dict[str, Any]:
     if isinstance(event, PropertyChanged):
-        return {"type": "property-changed", "path": event.path, "name": event.name,
-                "old": plain(event.old), "new": plain(event.new)}
+        return {
+            "type": "property-changed",
+            "path": event.path,
+            "name": event.name,
+            "old": plain(event.old),
+            "new": plain(event.new),
+        }
     kind = "entity-added" if isinstance(event, EntityAdded) else "entity-removed"
     return {"type": kind, "path": event.path, "name": event.name}  # type: ignore[attr-defined]
 
@@ -273,14 +293,29 @@ class MgmtSwiftlet:
         self._reply_queue: Any = None
         self.served = self.refused = self.failed = 0
         self._verbs: dict[str, Callable[..., Awaitable[Any]]] = {
-            "get": self._get, "describe": self._describe, "routers": self._available, "set": self._set,
-            "add": self._add, "remove": self._remove, "invoke": self._invoke, "save": self._save,
-            "reboot": self._reboot, "halt": self._halt, "watch": self._watch, "unwatch": self._unwatch,
+            "get": self._get,
+            "describe": self._describe,
+            "routers": self._available,
+            "set": self._set,
+            "add": self._add,
+            "remove": self._remove,
+            "invoke": self._invoke,
+            "save": self._save,
+            "reboot": self._reboot,
+            "halt": self._halt,
+            "watch": self._watch,
+            "unwatch": self._unwatch,
         }
         watches = context.usage.add_list("watches")
         self._watch_usage = watches
-        context.usage.provide(lambda: {"requests-served": self.served, "requests-refused": self.refused,
-                                       "requests-failed": self.failed, "watches": len(self._watches)})
+        context.usage.provide(
+            lambda: {
+                "requests-served": self.served,
+                "requests-refused": self.refused,
+                "requests-failed": self.failed,
+                "watches": len(self._watches),
+            }
+        )
 
     @property
     def config(self) -> MgmtConfig:
@@ -338,8 +373,9 @@ class MgmtSwiftlet:
                     try:
                         self._send(reply_to, reply, correlation)
                     except MessageTooLarge as exc:  # say so, in a reply that fits
-                        self._send(reply_to, self._answer(Status.ERROR, error=f"the reply is too large: {exc}"),
-                                   correlation)
+                        self._send(
+                            reply_to, self._answer(Status.ERROR, error=f"the reply is too large: {exc}"), correlation
+                        )
                 except QueueError as exc:  # e.g. no route (now) to the router of the reply-to
                     log.info("management reply to %s (%s) not sent: %s", reply_to, identity, exc)
             else:
@@ -354,8 +390,12 @@ class MgmtSwiftlet:
             QueueError: it cannot go there (a reply-to gone, no route to its router).
         """
         assert self._queue_manager is not None
-        message = build(json.dumps(reply), correlation_id=correlation, content_type="application/json",
-                        properties={STATUS_PROPERTY: reply["status"]})
+        message = build(
+            json.dumps(reply),
+            correlation_id=correlation,
+            content_type="application/json",
+            properties={STATUS_PROPERTY: reply["status"]},
+        )
         self._queue_manager.send_nowait(address, message)
 
     def _answer(self, status: Status, *, result: Any = None, error: str | None = None) -> dict[str, Any]:
@@ -368,21 +408,34 @@ class MgmtSwiftlet:
 
     # -- serving -----------------------------------------------------------------------------------
 
-    async def serve(self, request: Mapping[str, Any], identity: Identity | None, *, reply_to: str | None = None,
-                    correlation: Any = None) -> dict[str, Any]:
+    async def serve(
+        self,
+        request: Mapping[str, Any],
+        identity: Identity | None,
+        *,
+        reply_to: str | None = None,
+        correlation: Any = None,
+    ) -> dict[str, Any]:
         """Authorize and run one request on this router; the reply (never raises)."""
         verb = request.get("verb")
         try:
             version = request.get("version", VERSION)
             if version != VERSION:
-                raise Refused(Status.BAD_REQUEST, f"format version {version!r} is not served here; this router "
-                              f"speaks version {VERSION}")
+                raise Refused(
+                    Status.BAD_REQUEST,
+                    f"format version {version!r} is not served here; this router speaks version {VERSION}",
+                )
             handler = self._verbs.get(verb) if isinstance(verb, str) else None
             if handler is None:
                 known = ", ".join(sorted(READ_VERBS | WRITE_VERBS))
                 raise Refused(Status.BAD_REQUEST, f"unknown verb {verb!r}; verbs: {known}")
-            authorize(identity, verb, router=self.router, authentication=self._authentication(),
-                      groups={name: group.role for name, group in self.config.groups.items()})
+            authorize(
+                identity,
+                verb,
+                router=self.router,
+                authentication=self._authentication(),
+                groups={name: group.role for name, group in self.config.groups.items()},
+            )
             assert identity is not None
             result = await handler(request, identity, reply_to, correlation)
         except Refused as refused:
@@ -416,9 +469,15 @@ class MgmtSwiftlet:
         rows = [{"name": self.router, "local": True, "active": True, "hops": 0, "next-hop": ""}]
         for name in sorted(self._routers):
             row = self._routing.destination(name) if self._routing is not None else None
-            rows.append({"name": name, "local": False, "active": bool(row and row.active),
-                         "hops": len(row.routes[0]) if row and row.routes else None,
-                         "next-hop": (row.next_hop or "") if row else ""})
+            rows.append(
+                {
+                    "name": name,
+                    "local": False,
+                    "active": bool(row and row.active),
+                    "hops": len(row.routes[0]) if row and row.routes else None,
+                    "next-hop": (row.next_hop or "") if row else "",
+                }
+            )
         return rows
 
     async def _set(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
@@ -428,8 +487,15 @@ class MgmtSwiftlet:
         old = entity.get(name)
         change = entity.set(name, value)
         new = entity.get(name)
-        log.info("management: %s set %s %s: %r -> %r%s", identity, path, name, old, new,
-                 " (takes effect at the next start)" if change.reboot_required else "")
+        log.info(
+            "management: %s set %s %s: %r -> %r%s",
+            identity,
+            path,
+            name,
+            old,
+            new,
+            " (takes effect at the next start)" if change.reboot_required else "",
+        )
         return {"path": path, "name": name, "old": old, "new": new, "reboot-required": change.reboot_required}
 
     async def _add(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
@@ -444,8 +510,13 @@ class MgmtSwiftlet:
         tree = self.context.management
         old = tree.entity_list(path).entities.get(name)
         tree.remove(path, name)
-        log.info("management: %s removed %s/%s (was %s)", identity, path.rstrip("/"), name,
-                 plain(old.properties()) if old is not None else {})
+        log.info(
+            "management: %s removed %s/%s (was %s)",
+            identity,
+            path.rstrip("/"),
+            name,
+            plain(old.properties()) if old is not None else {},
+        )
         return {"path": path, "name": name}
 
     async def _invoke(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
@@ -478,8 +549,9 @@ class MgmtSwiftlet:
 
     # -- watches -----------------------------------------------------------------------------------
 
-    async def _watch(self, request: Mapping[str, Any], identity: Identity, reply_to: str | None,
-                     correlation: Any) -> Any:
+    async def _watch(
+        self, request: Mapping[str, Any], identity: Identity, reply_to: str | None, correlation: Any
+    ) -> Any:
         config = self.config
         number = request.get("watch")
         if number is not None:  # a renewal
@@ -491,15 +563,16 @@ class MgmtSwiftlet:
         if not reply_to:
             raise Refused(Status.BAD_REQUEST, "a watch needs a reply-to for its notifications")
         if len(self._watches) >= config.max_watches:
-            raise Refused(Status.UNAVAILABLE, f"router {self.router} serves max-watches {config.max_watches} "
-                          "watches already")
+            raise Refused(
+                Status.UNAVAILABLE, f"router {self.router} serves max-watches {config.max_watches} watches already"
+            )
         watch = _Watch(next(self._numbers), path, reply_to, correlation, identity, config.watch_lease)
         self._watches[watch.id] = watch
-        self._watch_usage.add(str(watch.id), lambda: {"path": watch.path, "reply-to": watch.reply_to,
-                                                      "user": str(watch.identity)})
+        self._watch_usage.add(
+            str(watch.id), lambda: {"path": watch.path, "reply-to": watch.reply_to, "user": str(watch.identity)}
+        )
         assert self._nursery is not None
-        subscription = self.context.bus.subscribe(Event, max_buffer=config.max_watch_backlog,
-                                                  overflow=Overflow.FAIL)
+        subscription = self.context.bus.subscribe(Event, max_buffer=config.max_watch_backlog, overflow=Overflow.FAIL)
         self._nursery.start_soon(self._run_watch, watch, subscription)
         log.info("management: %s watches %s (watch %d)", identity, watch.path, watch.id)
         return {"watch": watch.id, "path": watch.path, "lease": config.watch_lease}
@@ -529,8 +602,9 @@ class MgmtSwiftlet:
                 while True:
                     with trio.move_on_at(watch.expires):
                         event = await subscription.receive()
-                        if isinstance(event, (PropertyChanged, EntityAdded, EntityRemoved)) and \
-                                watch.covers(event.path):
+                        if isinstance(event, (PropertyChanged, EntityAdded, EntityRemoved)) and watch.covers(
+                            event.path
+                        ):
                             self._send(watch.reply_to, self._notice(watch, event=_event(event)), watch.correlation)
                         continue
                     if trio.current_time() >= watch.expires:
@@ -549,8 +623,13 @@ class MgmtSwiftlet:
         finally:
             self._watches.pop(watch.id, None)
             self._watch_usage.remove(str(watch.id))
-            log.info("management: watch %d of %s on %s ended: %s", watch.id, watch.identity, watch.path,
-                     ending or "unwatched")
+            log.info(
+                "management: watch %d of %s on %s ended: %s",
+                watch.id,
+                watch.identity,
+                watch.path,
+                ending or "unwatched",
+            )
 
     def _notice(self, watch: _Watch, **fields: Any) -> dict[str, Any]:
         return self._answer(Status.OK, result={"watch": watch.id, **fields})
@@ -570,8 +649,9 @@ class MgmtSwiftlet:
 
     # -- Management (front ends inside the router) -------------------------------------------------
 
-    async def request(self, router: str, request: Mapping[str, Any], identity: Identity,
-                      timeout: float = 10.0) -> dict[str, Any]:
+    async def request(
+        self, router: str, request: Mapping[str, Any], identity: Identity, timeout: float = 10.0
+    ) -> dict[str, Any]:
         """See :meth:`.api.Management.request`."""
         if router == self.router:
             return await self.serve(request, identity)
@@ -580,9 +660,12 @@ class MgmtSwiftlet:
         send, receive = trio.open_memory_channel[dict](1)
         self._pending[correlation] = send
         try:
-            message = build(json.dumps({"version": VERSION, **request}), correlation_id=correlation,
-                            reply_to=f"{self._reply_queue.name}@{self.router}",
-                            annotations={IDENTITY_ANNOTATION: identity.annotation()})
+            message = build(
+                json.dumps({"version": VERSION, **request}),
+                correlation_id=correlation,
+                reply_to=f"{self._reply_queue.name}@{self.router}",
+                annotations={IDENTITY_ANNOTATION: identity.annotation()},
+            )
             try:
                 self._queue_manager.send_nowait(f"{MANAGEMENT_QUEUE}@{router}", message)
             except QueueError as exc:

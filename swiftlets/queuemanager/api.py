@@ -278,8 +278,14 @@ class Consumer(Protocol):
     def release(self, entry: Entry) -> None:
         """Not processed: back to the queue, delivery count unchanged."""
 
-    def modify(self, entry: Entry, *, delivery_failed: bool = True, undeliverable_here: bool = False,
-               annotations: Mapping[Any, Any] | None = None) -> None:
+    def modify(
+        self,
+        entry: Entry,
+        *,
+        delivery_failed: bool = True,
+        undeliverable_here: bool = False,
+        annotations: Mapping[Any, Any] | None = None,
+    ) -> None:
         """Back to the queue, as AMQP's modified outcome says [3.4.5]. ``delivery_failed``
         counts a failed delivery (and may send the entry to routerdlq past
         ``max-delivery-count``); ``undeliverable_here``: this consumer never gets the entry
@@ -419,8 +425,9 @@ class Transaction(Protocol):
             StoreError: the store failed (nothing took effect).
         """
 
-    def prepare_nowait(self, xid: str, on_done: Callable[[BaseException | None], None], *,
-                       transient_in_memory: bool = False) -> None:
+    def prepare_nowait(
+        self, xid: str, on_done: Callable[[BaseException | None], None], *, transient_in_memory: bool = False
+    ) -> None:
         """:meth:`prepare` without waiting: the write is queued to the store now, after every
         write queued before it (the store makes them durable in that order), and
         ``on_done(None)`` is called once it is durable and the transaction prepared,

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 
+import attrs
+
 from martinet.kernel import config_class, entity_list, prop
 
 
@@ -39,52 +41,79 @@ class ConsumerMode(StrEnum):
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class QueueSettings:
     """What a queue, or a controller for the queues it matches, configures."""
 
     persistence_mode: PersistenceMode = prop(
-        PersistenceMode.AS_MESSAGE, choices=PersistenceMode,
+        PersistenceMode.AS_MESSAGE,
+        choices=PersistenceMode,
         description="as_message: as the message's durable flag says; or force persistent / non_persistent.",
     )
-    max_messages: int = prop(100_000, min=-1, description="Most messages the queue holds; -1: unlimited "
-                             "(SwiftMQ's default, which lets one queue take all memory). A send to a full "
-                             "queue is refused (AMQP: amqp:resource-limit-exceeded).")
-    max_bytes: int = prop(256 * 1024 * 1024, min=-1, description="Most bytes (encoded messages) the queue "
-                          "holds; -1: unlimited. A send that would pass it is refused like one to a full queue.")
-    cache_size: int = prop(500, min=-1, description="Persistent messages whose bytes the queue keeps in memory "
-                           "(SwiftMQ's cache-size); beyond it a persistent message's body stays only in the store, "
-                           "and is read back, in batches ahead of the consumers, when they get to it. -1: every "
-                           "message stays in memory.")
-    cache_size_bytes_kb: int = prop(16384, min=-1, description="The same in KiB of encoded messages (SwiftMQ's "
-                                    "cache-size-bytes-kb; theirs defaults to -1, unlimited); -1: no byte bound.")
+    max_messages: int = prop(
+        100_000,
+        min=-1,
+        description="Most messages the queue holds; -1: unlimited "
+        "(SwiftMQ's default, which lets one queue take all memory). A send to a full "
+        "queue is refused (AMQP: amqp:resource-limit-exceeded).",
+    )
+    max_bytes: int = prop(
+        256 * 1024 * 1024,
+        min=-1,
+        description="Most bytes (encoded messages) the queue "
+        "holds; -1: unlimited. A send that would pass it is refused like one to a full queue.",
+    )
+    cache_size: int = prop(
+        500,
+        min=-1,
+        description="Persistent messages whose bytes the queue keeps in memory "
+        "(SwiftMQ's cache-size); beyond it a persistent message's body stays only in the store, "
+        "and is read back, in batches ahead of the consumers, when they get to it. -1: every "
+        "message stays in memory.",
+    )
+    cache_size_bytes_kb: int = prop(
+        16384,
+        min=-1,
+        description="The same in KiB of encoded messages (SwiftMQ's "
+        "cache-size-bytes-kb; theirs defaults to -1, unlimited); -1: no byte bound.",
+    )
     cleanup_interval: int = prop(120_000, min=1000, description="Milliseconds between removals of expired messages.")
     expired_to_dlq: bool = prop(False, description="Move expired messages to routerdlq instead of dropping them.")
     duplicate_detection_enabled: bool = prop(True, description="Remember message ids to drop duplicates.")
-    duplicate_detection_backlog_size: int = prop(2000, min=1, max=10_000_000,
-                                                 description="Message ids remembered (persisted) per queue.")
+    duplicate_detection_backlog_size: int = prop(
+        2000, min=1, max=10_000_000, description="Message ids remembered (persisted) per queue."
+    )
     duplicate_check: str = prop(
-        "doubt", choices=("doubt", "always"),
+        "doubt",
+        choices=("doubt", "always"),
         description="doubt: check only messages marked as possible duplicates (resends after a failure, "
         "as SwiftMQ does); always: check every message that has a message-id.",
     )
-    flowcontrol_start_queuesize: int = prop(400, min=-1, description="Queue size from which producers are "
-                                            "told to slow down; -1: no flow control.")
+    flowcontrol_start_queuesize: int = prop(
+        400, min=-1, description="Queue size from which producers are told to slow down; -1: no flow control."
+    )
     max_flowcontrol_delay: int = prop(5000, min=0, description="Largest flow-control delay in milliseconds.")
     consumer_mode: ConsumerMode = prop(
-        ConsumerMode.SHARED, choices=ConsumerMode,
+        ConsumerMode.SHARED,
+        choices=ConsumerMode,
         description="shared: competing consumers; exclusive: one consumer only; "
         "activestandby: one consumer receives, the others wait to take over.",
     )
-    max_delivery_count: int = prop(-1, min=-1, description="Deliveries after which a message goes to "
-                                   "routerdlq instead of back to the queue; -1: unlimited.")
+    max_delivery_count: int = prop(
+        -1,
+        min=-1,
+        description="Deliveries after which a message goes to routerdlq instead of back to the queue; -1: unlimited.",
+    )
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class QueueConfig(QueueSettings):
     name: str = prop(description="Queue name (local, without @router).")
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class ControllerConfig(QueueSettings):
     name: str = prop(description="Controller name; controllers are tried in name order.")
     predicate: str = prop(description="SQL-LIKE pattern on queue names (% any run, _ one character, \\ escape).")
@@ -103,17 +132,25 @@ DEFAULT_CONTROLLERS = [
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class QueueManagerConfig:
     auto_create_queues: bool = prop(
-        True, description="Create a queue on first use (with its controller's settings); "
+        True,
+        description="Create a queue on first use (with its controller's settings); "
         "false: using an unknown queue is an error.",
     )
     max_message_size: int = prop(10 * 1024 * 1024, min=1, description="Largest message accepted, in bytes.")
-    max_queues: int = prop(10_000, min=-1, description="Most queues the router holds; -1: unlimited. Beyond it "
-                           "no queue is auto-created and no temporary queue made (clients get "
-                           "amqp:resource-limit-exceeded); queues defined in the config are always created.")
+    max_queues: int = prop(
+        10_000,
+        min=-1,
+        description="Most queues the router holds; -1: unlimited. Beyond it "
+        "no queue is auto-created and no temporary queue made (clients get "
+        "amqp:resource-limit-exceeded); queues defined in the config are always created.",
+    )
     queues: Mapping[str, QueueConfig] = entity_list(QueueConfig, item="queue", description="Defined queues.")
     queue_controllers: Mapping[str, ControllerConfig] = entity_list(
-        ControllerConfig, item="queue-controller", default=DEFAULT_CONTROLLERS,
+        ControllerConfig,
+        item="queue-controller",
+        default=DEFAULT_CONTROLLERS,
         description="Settings for queues not defined above; the first match in name order wins.",
     )

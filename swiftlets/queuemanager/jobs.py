@@ -52,6 +52,7 @@ def _cleanup(to_dlq: bool | None) -> Callable[[JobRun], Awaitable[str]]:
         queues = _matching(run.swiftlet, run.parameters["Queue Name"])
         counts = [f"{queue.name}: {queue.remove_expired(to_dlq)}" for queue in queues]
         return f"expired messages removed: {', '.join(counts)}" if counts else "no queue matches"
+
     return cleanup
 
 
@@ -79,21 +80,50 @@ def _target(address: str) -> None:
     _queue_name(address.partition("@")[0])
 
 
-QUEUE_NAME = JobParameter(name="Queue Name", description="A queue name or a SQL-LIKE predicate on queue names "
-                          "(% any run, _ one character).", check=like_pattern)
+QUEUE_NAME = JobParameter(
+    name="Queue Name",
+    description="A queue name or a SQL-LIKE predicate on queue names (% any run, _ one character).",
+    check=like_pattern,
+)
 
-QUEUE_JOBS = JobGroup(name="Queue Manager", swiftlet="sys$queuemanager", jobs=[
-    Job(name="Queue Purger", run=purge, parameters=[QUEUE_NAME],
-        description="Removes every available message of the matching queues."),
-    Job(name="Queue Cleanup", run=_cleanup(None), parameters=[QUEUE_NAME],
-        description="Removes the expired messages of the matching queues now (to routerdlq where the queue's "
-        "expired-to-dlq says so)."),
-    Job(name="Queue Cleanup DLQ", run=_cleanup(True), parameters=[QUEUE_NAME],
-        description="Moves the expired messages of the matching queues to routerdlq now."),
-    Job(name="Queue Mover", run=move, description="Moves the messages of a queue (optionally those a selector "
-        "matches) to another queue, local or q@router, in local transactions.", parameters=[
-            JobParameter(name="Source Queue", description="The local queue to empty.", check=_queue_name),
-            JobParameter(name="Target Queue", description="Where the messages go: q or q@router.", check=_target),
-            JobParameter(name="Selector", description="A JMS selector; only matching messages move.",
-                         mandatory=False, check=compile_selector)]),
-])
+QUEUE_JOBS = JobGroup(
+    name="Queue Manager",
+    swiftlet="sys$queuemanager",
+    jobs=[
+        Job(
+            name="Queue Purger",
+            run=purge,
+            parameters=[QUEUE_NAME],
+            description="Removes every available message of the matching queues.",
+        ),
+        Job(
+            name="Queue Cleanup",
+            run=_cleanup(None),
+            parameters=[QUEUE_NAME],
+            description="Removes the expired messages of the matching queues now (to routerdlq where the queue's "
+            "expired-to-dlq says so).",
+        ),
+        Job(
+            name="Queue Cleanup DLQ",
+            run=_cleanup(True),
+            parameters=[QUEUE_NAME],
+            description="Moves the expired messages of the matching queues to routerdlq now.",
+        ),
+        Job(
+            name="Queue Mover",
+            run=move,
+            description="Moves the messages of a queue (optionally those a selector "
+            "matches) to another queue, local or q@router, in local transactions.",
+            parameters=[
+                JobParameter(name="Source Queue", description="The local queue to empty.", check=_queue_name),
+                JobParameter(name="Target Queue", description="Where the messages go: q or q@router.", check=_target),
+                JobParameter(
+                    name="Selector",
+                    description="A JMS selector; only matching messages move.",
+                    mandatory=False,
+                    check=compile_selector,
+                ),
+            ],
+        ),
+    ],
+)

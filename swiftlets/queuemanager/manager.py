@@ -119,8 +119,9 @@ def _ignore(error: BaseException | None) -> None:
         log.error("a message could not be stored: %s", error)
 
 
-def _swapping(entries: Sequence[tuple[Queue, Entry]],
-              then: Callable[[BaseException | None], None]) -> Callable[[BaseException | None], None]:
+def _swapping(
+    entries: Sequence[tuple[Queue, Entry]], then: Callable[[BaseException | None], None]
+) -> Callable[[BaseException | None], None]:
     """A durability callback that first swaps ``entries`` out (each queue decides whether it
     is still over its cache), then calls ``then``."""
 
@@ -323,8 +324,9 @@ class QueueManager:
             # Acquired, for all we know: a delivery unsettled at a crash was never counted, and
             # first-acquirer false is always true [3.2.1: "MAY have previously been acquired"].
             # Swapped out unless the store gave the whole message (Entry: size).
-            entry = Entry(stored.id, message, priority, expires, True, stored.delivery_count, acquired=True,
-                          size=stored.size)
+            entry = Entry(
+                stored.id, message, priority, expires, True, stored.delivery_count, acquired=True, size=stored.size
+            )
             if stored.txid is not None:
                 transaction = prepared.get(stored.txid)
                 if transaction is None:  # prepared sends without a prepare record: never prepared
@@ -345,8 +347,12 @@ class QueueManager:
         self._prepared.update(prepared)
         if orphans:
             self._defer(*orphans)
-        log.info("queue manager recovered %d messages in %d queues, %d prepared transaction(s)",
-                 len(messages) - len(orphans), len(self.queues), len(prepared))
+        log.info(
+            "queue manager recovered %d messages in %d queues, %d prepared transaction(s)",
+            len(messages) - len(orphans),
+            len(self.queues),
+            len(prepared),
+        )
         return prepared
 
     async def _read_back_recovered(self, prepared: Mapping[str, Transaction]) -> None:
@@ -362,7 +368,7 @@ class QueueManager:
             wanted.extend((queue, entry) for entry in queue.cache_front())
         begin, read = time.monotonic(), 0
         for start in range(0, len(wanted), 1000):
-            chunk = wanted[start:start + 1000]
+            chunk = wanted[start : start + 1000]
             bodies = await self._store.read_messages([entry.id for _, entry in chunk])
             for queue, entry in chunk:
                 body = bodies.get(entry.id)
@@ -374,8 +380,12 @@ class QueueManager:
                     queue.swapped -= 1
                     queue.swapped_bytes -= entry.bytes
         if wanted:
-            log.info("queue manager read back %d recovered message(s) in %.2f s; %d stay in the store only",
-                     read, time.monotonic() - begin, sum(queue.swapped for queue in self.queues.values()))
+            log.info(
+                "queue manager read back %d recovered message(s) in %.2f s; %d stay in the store only",
+                read,
+                time.monotonic() - begin,
+                sum(queue.swapped for queue in self.queues.values()),
+            )
 
     # -- names and queues -----------------------------------------------------------------------
 
@@ -405,8 +415,10 @@ class QueueManager:
                 found = self._redirected[address] = target, rewrite
                 return found
         router = address.rpartition("@")[2]
-        raise QueueNotFound(f"router {router!r} is not known to router {self.router_name!r} (no route and no "
-                            f"static route), so {address!r} cannot be reached")
+        raise QueueNotFound(
+            f"router {router!r} is not known to router {self.router_name!r} (no route and no "
+            f"static route), so {address!r} cannot be reached"
+        )
 
     def add_redirection(self, predicate: str, target: str, rewrite: Rewrite | None = None) -> None:
         """Send everything addressed to names matching ``predicate`` (SQL-LIKE on the full
@@ -464,8 +476,10 @@ class QueueManager:
         if queue is not None:
             return queue
         if create is None and name.startswith(TEMPORARY_PREFIX):  # deleted with its owner: not made anew
-            raise QueueNotFound(f"temporary queue {name!r} does not exist on router {self.router_name} "
-                                "(it was deleted with the connection or link that created it)")
+            raise QueueNotFound(
+                f"temporary queue {name!r} does not exist on router {self.router_name} "
+                "(it was deleted with the connection or link that created it)"
+            )
         if not (self.auto_create_queues if create is None else create):
             raise QueueNotFound(f"queue {name!r} does not exist on router {self.router_name}")
         check_queue_name(name)
@@ -499,8 +513,10 @@ class QueueManager:
         durable subscription's) fits in ``max-queues``. (Queues defined in the config, and
         those recovered at start, are created regardless.)"""
         if 0 <= self.max_queues <= len(self.queues):
-            raise TooManyQueues(f"queue {name!r} not created: router {self.router_name} holds "
-                                f"max-queues {self.max_queues} queues already")
+            raise TooManyQueues(
+                f"queue {name!r} not created: router {self.router_name} holds "
+                f"max-queues {self.max_queues} queues already"
+            )
 
     def _create(self, name: str, settings: QueueSettings, owner: Any = None) -> Queue:
         queue = self.queues[name] = Queue(self, name, settings, owner=owner)
@@ -570,8 +586,9 @@ class QueueManager:
 
     # -- sending ------------------------------------------------------------------------------
 
-    def _entry(self, queue: Queue, message: Message, possible_duplicate: bool,
-               now: int) -> tuple[Entry | None, str | None, bool]:
+    def _entry(
+        self, queue: Queue, message: Message, possible_duplicate: bool, now: int
+    ) -> tuple[Entry | None, str | None, bool]:
         """``(entry, duplicate key, is duplicate)`` for ``message`` in ``queue``; no entry
         for a duplicate, or a message that expired before it arrived.
 
@@ -580,8 +597,9 @@ class QueueManager:
         """
         size = len(message.raw)
         if size > self.max_message_size:
-            raise MessageTooLarge(f"message of {size} bytes exceeds max-message-size "
-                                  f"{self.max_message_size} (queue {queue.name})")
+            raise MessageTooLarge(
+                f"message of {size} bytes exceeds max-message-size {self.max_message_size} (queue {queue.name})"
+            )
         queue.check_room(1, size)
         try:
             # with check: what consumers and selectors will read must be readable (check_sections)
@@ -690,8 +708,9 @@ class QueueManager:
             MessageTooLarge, QueueError (malformed message): no queue got a copy.
         """
         if len(message.raw) > self.max_message_size:
-            raise MessageTooLarge(f"message of {len(message.raw)} bytes exceeds max-message-size "
-                                  f"{self.max_message_size}")
+            raise MessageTooLarge(
+                f"message of {len(message.raw)} bytes exceeds max-message-size {self.max_message_size}"
+            )
         now = now_ms()
         try:
             durable, priority, expires, _ = message.queue_info(now, check=True)
@@ -772,8 +791,12 @@ class QueueManager:
         entry.state = GONE
         if entry.swapped:  # its bytes first (it left the queue's counts already)
             if self._nursery is None:
-                log.error("message %d of queue %s not dead-lettered (%s): the queue manager is stopping",
-                          entry.id, source.name, reason)
+                log.error(
+                    "message %d of queue %s not dead-lettered (%s): the queue manager is stopping",
+                    entry.id,
+                    source.name,
+                    reason,
+                )
                 return
             self._nursery.start_soon(self._dead_letter_swapped, source, entry, reason, acquired)
             return
@@ -787,8 +810,9 @@ class QueueManager:
             log.error("message %d of queue %s not dead-lettered (%s): %s", entry.id, source.name, reason, exc)
             return
         if body is None:
-            log.error("message %d of queue %s not dead-lettered (%s): no longer in the store",
-                      entry.id, source.name, reason)
+            log.error(
+                "message %d of queue %s not dead-lettered (%s): no longer in the store", entry.id, source.name, reason
+            )
             return
         entry.message, entry.swapped = Message(body), False
         self._move_to_dlq(source, entry, reason, acquired)
@@ -802,12 +826,14 @@ class QueueManager:
             message = entry.message.with_annotations({DLQ_REASON: reason, DLQ_QUEUE: source.name})
             dlq.check_room(1, len(message.raw))
         except (QueueError, MessageError) as exc:
-            log.error("message %d of queue %s dropped instead of dead-lettered (%s): %s",
-                      entry.id, source.name, reason, exc)
+            log.error(
+                "message %d of queue %s dropped instead of dead-lettered (%s): %s", entry.id, source.name, reason, exc
+            )
             self._defer(*ops)
             return
-        moved = Entry(next(self._ids), message, entry.priority, None, entry.persistent, entry.delivery_count,
-                      acquired=acquired)
+        moved = Entry(
+            next(self._ids), message, entry.priority, None, entry.persistent, entry.delivery_count, acquired=acquired
+        )
         if moved.persistent:
             ops.append(PutMessage(moved.id, dlq.name, message.raw, moved.delivery_count))
         dlq.add(moved)
@@ -957,8 +983,9 @@ class Transaction:
         """
         await _outcome(self.prepare_nowait, xid)
 
-    def prepare_nowait(self, xid: str, on_done: Callable[[BaseException | None], None], *,
-                       transient_in_memory: bool = False) -> None:
+    def prepare_nowait(
+        self, xid: str, on_done: Callable[[BaseException | None], None], *, transient_in_memory: bool = False
+    ) -> None:
         """:meth:`prepare` without waiting: the write is queued to the store now (after every
         write queued before it), and ``on_done(None)`` is called once it is durable and the
         transaction is prepared, ``on_done(error)`` if the store failed (it is active again).
@@ -974,8 +1001,11 @@ class Transaction:
         manager = self._manager
         if xid in manager._prepared or xid in manager._preparing:
             raise TransactionError(f"a transaction {xid!r} is prepared already")
-        if transient_in_memory and not any(entry.persistent for _, entry in self._sends) \
-                and not any(entry.persistent for _, entry in self._acks):
+        if (
+            transient_in_memory
+            and not any(entry.persistent for _, entry in self._sends)
+            and not any(entry.persistent for _, entry in self._acks)
+        ):
             self.xid, self.state, self.prepared_at, self._logged = xid, "prepared", time.time(), False
             manager._prepared[xid] = self
             on_done(None)
@@ -1116,4 +1146,3 @@ class Transaction:
             if entry.state == HELD:
                 queue.release(entry, count_delivery=True)
         self._sends.clear()
-

@@ -106,7 +106,7 @@ async def move(manager: QueueManager, queue: Queue, target: str, selector: str =
 
 def _shown(body: Any) -> Any:
     if isinstance(body, (bytes, bytearray)):
-        return {"bytes": len(body), "hex": bytes(body[:TEXT_MAX // 2]).hex()}
+        return {"bytes": len(body), "hex": bytes(body[: TEXT_MAX // 2]).hex()}
     if isinstance(body, str):
         return body[:TEXT_MAX]
     if body is None or isinstance(body, (bool, int, float)):
@@ -132,8 +132,15 @@ async def view(manager: QueueManager, queue: Queue, start: int = 0, count: int =
         message = messages.get(entry.id)
         if message is None:  # consumed meanwhile
             continue
-        shown.append({"id": entry.id, "priority": entry.priority, "delivery-count": entry.delivery_count,
-                      "size": len(message), **_sections(message)})
+        shown.append(
+            {
+                "id": entry.id,
+                "priority": entry.priority,
+                "delivery-count": entry.delivery_count,
+                "size": len(message),
+                **_sections(message),
+            }
+        )
     return shown
 
 
@@ -142,10 +149,12 @@ def _sections(message: Message) -> dict[str, Any]:
     body through unread, so it may not decode (nested deeper than the codec's bound, say), and
     a message stored by an older version may have sections that do not: such a section is
     shown as ``{"unreadable": reason}`` and the rest of the view goes on."""
-    readers = {"message-id": lambda: _shown(message.properties.message_id),
-               "correlation-id": lambda: _shown(message.properties.correlation_id),
-               "properties": lambda: {k: _shown(v) for k, v in message.application_properties.items()},
-               "body": lambda: _shown(message.body())}
+    readers = {
+        "message-id": lambda: _shown(message.properties.message_id),
+        "correlation-id": lambda: _shown(message.properties.correlation_id),
+        "properties": lambda: {k: _shown(v) for k, v in message.application_properties.items()},
+        "body": lambda: _shown(message.body()),
+    }
     sections = {}
     for name, read in readers.items():
         try:
@@ -172,17 +181,30 @@ def offer_operations(manager: QueueManager, queue: Queue, usage: Usage) -> None:
         return await view(manager, queue, start, count)
 
     usage.add_operation("purge", _refusing(do_purge), "Remove every available message of this queue.")
-    usage.add_operation("move", _refusing(do_move), "Move the messages (those a selector matches) to another "
-                        "queue, local or q@router, in local transactions.",
-                        [Parameter(name="target", description="Where they go: q or q@router."),
-                         Parameter(name="selector", description="A JMS selector; only matching messages move.",
-                                   required=False, default="")])
-    usage.add_operation("view", _refusing(do_view), f"Show available messages in delivery order (at most {VIEW_MAX}); "
-                        "nothing is consumed.",
-                        [Parameter(name="start", description="Index of the first message shown.", type=int,
-                                   required=False, default=0),
-                         Parameter(name="count", description=f"How many to show (1 to {VIEW_MAX}).", type=int,
-                                   required=False, default=10)])
+    usage.add_operation(
+        "move",
+        _refusing(do_move),
+        "Move the messages (those a selector matches) to another queue, local or q@router, in local transactions.",
+        [
+            Parameter(name="target", description="Where they go: q or q@router."),
+            Parameter(
+                name="selector", description="A JMS selector; only matching messages move.", required=False, default=""
+            ),
+        ],
+    )
+    usage.add_operation(
+        "view",
+        _refusing(do_view),
+        f"Show available messages in delivery order (at most {VIEW_MAX}); nothing is consumed.",
+        [
+            Parameter(
+                name="start", description="Index of the first message shown.", type=int, required=False, default=0
+            ),
+            Parameter(
+                name="count", description=f"How many to show (1 to {VIEW_MAX}).", type=int, required=False, default=10
+            ),
+        ],
+    )
 
 
 def _refusing(call: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:

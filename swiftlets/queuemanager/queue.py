@@ -132,11 +132,32 @@ class Entry:
     a delivered one has its bytes. ``size`` gives ``bytes`` when ``message`` is such a
     head."""
 
-    __slots__ = ("id", "message", "priority", "expires", "delivery_count", "state", "persistent", "acquired",
-                 "excluded", "bytes", "swapped")
+    __slots__ = (
+        "id",
+        "message",
+        "priority",
+        "expires",
+        "delivery_count",
+        "state",
+        "persistent",
+        "acquired",
+        "excluded",
+        "bytes",
+        "swapped",
+    )
 
-    def __init__(self, id: int, message: Message, priority: int, expires: int | None,
-                 persistent: bool, delivery_count: int = 0, *, acquired: bool = False, size: int | None = None):
+    def __init__(
+        self,
+        id: int,
+        message: Message,
+        priority: int,
+        expires: int | None,
+        persistent: bool,
+        delivery_count: int = 0,
+        *,
+        acquired: bool = False,
+        size: int | None = None,
+    ):
         self.id = id
         self.message = message
         self.priority = priority
@@ -330,8 +351,9 @@ class Queue:
         ``cache-size-bytes-kb`` allow (counting every entry not swapped out)."""
         settings = self.settings
         limit, limit_kb = settings.cache_size, settings.cache_size_bytes_kb
-        return (0 <= limit < self.size - self.swapped
-                or 0 <= limit_kb and limit_kb * 1024 < self.bytes - self.swapped_bytes)
+        return (
+            0 <= limit < self.size - self.swapped or 0 <= limit_kb and limit_kb * 1024 < self.bytes - self.swapped_bytes
+        )
 
     def swap_out(self, entry: Entry) -> None:
         """``entry`` is durable in the store: if it is still available and the queue is over
@@ -443,8 +465,11 @@ class Queue:
         besides what is in memory already (a restarted queue reads these back)."""
         settings = self.settings
         room = None if settings.cache_size < 0 else settings.cache_size - (self.size - self.swapped)
-        room_bytes = None if settings.cache_size_bytes_kb < 0 else (
-            settings.cache_size_bytes_kb * 1024 - (self.bytes - self.swapped_bytes))
+        room_bytes = (
+            None
+            if settings.cache_size_bytes_kb < 0
+            else (settings.cache_size_bytes_kb * 1024 - (self.bytes - self.swapped_bytes))
+        )
         front: list[Entry] = []
         for level in self._highest_first:
             for entry in level:
@@ -517,7 +542,8 @@ class Queue:
                     continue
                 try:
                     selected = selector is None or selector.matches(
-                        message_identifiers(entry.message, entry.delivery_count))
+                        message_identifiers(entry.message, entry.delivery_count)
+                    )
                 except (ValueError, TypeError) as exc:  # a section no one could read: not selected
                     selected = self._unselectable_entry(selector, entry, exc)
                 if selected:
@@ -534,9 +560,14 @@ class Queue:
         first time for this selector on this queue, that is logged."""
         if selector.text not in self._unselectable:
             self._unselectable.add(selector.text)
-            log.warning("queue %s: selector %r cannot be evaluated on message %d (%s); such messages are not "
-                        "selected by it and stay for other consumers (logged once per queue and selector)",
-                        self.name, selector.text, entry.id, error)
+            log.warning(
+                "queue %s: selector %r cannot be evaluated on message %d (%s); such messages are not "
+                "selected by it and stay for other consumers (logged once per queue and selector)",
+                self.name,
+                selector.text,
+                entry.id,
+                error,
+            )
         return False
 
     def _ready_up(self, consumer: Consumer) -> None:
@@ -566,8 +597,9 @@ class Queue:
             for callback in callbacks:
                 callback()
 
-    def release(self, entry: Entry, *, count_delivery: bool, acquired: bool = True,
-                exclude: Consumer | None = None) -> None:
+    def release(
+        self, entry: Entry, *, count_delivery: bool, acquired: bool = True, exclude: Consumer | None = None
+    ) -> None:
         """Give an entry back to the queue, counting a failed delivery if asked to; past
         ``max-delivery-count`` it goes to routerdlq instead. ``acquired``: a client had it
         (first-acquirer is false from now on); ``exclude``: a consumer that must not get it
@@ -581,8 +613,9 @@ class Queue:
             limit = self.settings.max_delivery_count
             if limit >= 0 and entry.delivery_count >= limit:
                 self.uncount(entry)
-                self.manager.dead_letter(self, entry, f"delivered {entry.delivery_count} times "
-                                         f"(max-delivery-count {limit})")
+                self.manager.dead_letter(
+                    self, entry, f"delivered {entry.delivery_count} times (max-delivery-count {limit})"
+                )
                 return
             if entry.persistent:
                 self.manager.persist_delivery_count(entry)
@@ -813,8 +846,14 @@ class Consumer:
         """Not processed: back to the queue, delivery count unchanged."""
         self.queue.release(self._settle(entry), count_delivery=False)
 
-    def modify(self, entry: Entry, *, delivery_failed: bool = True, undeliverable_here: bool = False,
-               annotations: Mapping[Any, Any] | None = None) -> None:
+    def modify(
+        self,
+        entry: Entry,
+        *,
+        delivery_failed: bool = True,
+        undeliverable_here: bool = False,
+        annotations: Mapping[Any, Any] | None = None,
+    ) -> None:
         """Back to the queue, as AMQP's modified outcome says [3.4.5]: ``delivery_failed``
         counts a failed delivery (and max-delivery-count); ``undeliverable_here``: never
         again to this consumer (another one gets it; with none, it waits for one);
@@ -827,8 +866,12 @@ class Consumer:
             try:
                 entry.message = entry.message.with_annotations(annotations)
             except MessageError as exc:
-                log.warning("queue %s: annotations of a modified outcome not merged into message %d: %s",
-                            self.queue.name, entry.id, exc)
+                log.warning(
+                    "queue %s: annotations of a modified outcome not merged into message %d: %s",
+                    self.queue.name,
+                    entry.id,
+                    exc,
+                )
             else:
                 if entry.persistent:
                     self.queue.manager.persist_message(entry)

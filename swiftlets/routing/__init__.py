@@ -34,18 +34,36 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
             config=RoutingConfig,
             factory=RoutingSwiftlet,
             pools=(  # seed 000's pools; see the README for which run what
-                PoolSpec("routing.connection.mgr", "SwiftMQ's connection manager pool (max 1). Admission and "
-                         "connect/disconnect work run serially in the router's event loop, so it holds no jobs.",
-                         max_concurrency=1),
-                PoolSpec("routing.exchanger", "SwiftMQ's route exchanger pool (max 1). Route exchange runs "
-                         "serially in the router's event loop, so it holds no jobs.", max_concurrency=1),
-                PoolSpec("routing.scheduler", "Routing schedulers: one per destination router, packing messages "
-                         "from rt$<router> into transactions (routing part 2).", max_concurrency=3),
-                PoolSpec("routing.service", "Connection service stages, the delivery stage above all "
-                         "(routing part 2).", max_concurrency=3),
-                PoolSpec("routing.throttle", "SwiftMQ's commit throttle pool. Inbound flow control "
-                         "waits in each link's worker instead (answers must keep their order), so it holds "
-                         "no jobs.", max_concurrency=3),
+                PoolSpec(
+                    "routing.connection.mgr",
+                    "SwiftMQ's connection manager pool (max 1). Admission and "
+                    "connect/disconnect work run serially in the router's event loop, so it holds no jobs.",
+                    max_concurrency=1,
+                ),
+                PoolSpec(
+                    "routing.exchanger",
+                    "SwiftMQ's route exchanger pool (max 1). Route exchange runs "
+                    "serially in the router's event loop, so it holds no jobs.",
+                    max_concurrency=1,
+                ),
+                PoolSpec(
+                    "routing.scheduler",
+                    "Routing schedulers: one per destination router, packing messages "
+                    "from rt$<router> into transactions (routing part 2).",
+                    max_concurrency=3,
+                ),
+                PoolSpec(
+                    "routing.service",
+                    "Connection service stages, the delivery stage above all (routing part 2).",
+                    max_concurrency=3,
+                ),
+                PoolSpec(
+                    "routing.throttle",
+                    "SwiftMQ's commit throttle pool. Inbound flow control "
+                    "waits in each link's worker instead (answers must keep their order), so it holds "
+                    "no jobs.",
+                    max_concurrency=3,
+                ),
             ),
         )
     ]

@@ -68,8 +68,13 @@ class QueueBridge:
 
     def usage(self) -> dict[str, Any]:
         config: QueueBridgeConfig = self.entity.config
-        return {"source-queue": config.source_queue, "destination": config.destination, "state": self.state,
-                "messages-moved": self.moved, "waiting-for": self.waiting_reason}
+        return {
+            "source-queue": config.source_queue,
+            "destination": config.destination,
+            "state": self.state,
+            "messages-moved": self.moved,
+            "waiting-for": self.waiting_reason,
+        }
 
     def _changed(self, change: Change) -> None:
         self._work.cancel()
@@ -86,8 +91,11 @@ class QueueBridge:
                         await self._move_forever(self.entity.config)
             except Exception as exc:
                 self.state, self.waiting_reason = "failed", str(exc)
-                log.exception("queue bridge %s stopped; its messages stay in %s", self.entity.name,
-                              self.entity.config.source_queue)
+                log.exception(
+                    "queue bridge %s stopped; its messages stay in %s",
+                    self.entity.name,
+                    self.entity.config.source_queue,
+                )
 
     async def _move_forever(self, config: QueueBridgeConfig) -> None:
         if not config.enabled:
@@ -133,8 +141,14 @@ class QueueBridge:
             for entry in entries:
                 consumer.release(entry)
             self.state, self.waiting_reason = "waiting", f"{destination} refused the messages: {exc}"
-            log.warning("queue bridge %s: %s refused %d message(s), they stay in %s: %s", self.entity.name,
-                        destination, len(entries), consumer.queue.name, exc)
+            log.warning(
+                "queue bridge %s: %s refused %d message(s), they stay in %s: %s",
+                self.entity.name,
+                destination,
+                len(entries),
+                consumer.queue.name,
+                exc,
+            )
             await trio.sleep(REFUSED_BACKOFF)
             return 0
         for entry in entries:

@@ -223,8 +223,16 @@ class RouteExchanger:
     (:meth:`destination`, :meth:`destinations`) are what ``api.Routing`` offers.
     """
 
-    def __init__(self, local: str, *, hop_limit: int = 3, filters: Mapping[str, RouteFilter] | None = None,
-                 round_robin: bool = False, max_routes_per_link: int = 10_000, log: logging.Logger | None = None):
+    def __init__(
+        self,
+        local: str,
+        *,
+        hop_limit: int = 3,
+        filters: Mapping[str, RouteFilter] | None = None,
+        round_robin: bool = False,
+        max_routes_per_link: int = 10_000,
+        log: logging.Logger | None = None,
+    ):
         """
         Args:
             local: this router's name.
@@ -362,8 +370,9 @@ class RouteExchanger:
         if announcement.add:
             if path not in learned:
                 if len(learned) >= self.max_routes_per_link:
-                    raise BadAnnouncement(f"{neighbour} announced more than max-routes-per-link "
-                                          f"{self.max_routes_per_link} routes")
+                    raise BadAnnouncement(
+                        f"{neighbour} announced more than max-routes-per-link {self.max_routes_per_link} routes"
+                    )
                 self._add_route(path)
         elif path in learned:
             self._remove_route(path)
@@ -449,8 +458,9 @@ class RouteExchanger:
             raise BadAnnouncement(f"a route with a bad router name from {neighbour}: {announcement!r}"[:200])
         path = (neighbour, *raw)
         if announcement.destination != path[-1]:
-            raise BadAnnouncement(f"a route from {neighbour} to {announcement.destination!r} "
-                                  f"that ends at {path[-1]!r}"[:200])
+            raise BadAnnouncement(
+                f"a route from {neighbour} to {announcement.destination!r} that ends at {path[-1]!r}"[:200]
+            )
         if len(set(path)) != len(path) or self.local in path:
             raise BadAnnouncement(f"a looping route from {neighbour}: {path!r}"[:200])
         return path
@@ -528,8 +538,12 @@ class RouteExchanger:
         then additions, each shortest first."""
         announced = self._announced[neighbour]
         route_filter = self._filters.get(neighbour)
-        wanted = {path for routes in self._table.values() for path in routes
-                  if refusal(neighbour, path, self._hop_limit, route_filter) is None}
+        wanted = {
+            path
+            for routes in self._table.values()
+            for path in routes
+            if refusal(neighbour, path, self._hop_limit, route_filter) is None
+        }
         for path in _order(announced - wanted):
             self._withdraw(neighbour, path)
         for path in _order(wanted - announced):

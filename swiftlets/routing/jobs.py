@@ -39,9 +39,16 @@ async def run_connector(run: JobRun) -> None:
             run.management.set(path, "enabled", False)
 
 
-ROUTING_JOBS = JobGroup(name="Routing", swiftlet="sys$routing", jobs=[
-    Job(name="Routing Connector", run=run_connector,
-        description="Enables a routing connector at the job's start and disables it at its stop (give the "
-        "schedule a max-runtime: the job runs until stopped).",
-        parameters=[JobParameter(name="Connector Name", description="Name of the routing connector.")]),
-])
+ROUTING_JOBS = JobGroup(
+    name="Routing",
+    swiftlet="sys$routing",
+    jobs=[
+        Job(
+            name="Routing Connector",
+            run=run_connector,
+            description="Enables a routing connector at the job's start and disables it at its stop (give the "
+            "schedule a max-runtime: the job runs until stopped).",
+            parameters=[JobParameter(name="Connector Name", description="Name of the routing connector.")],
+        ),
+    ],
+)

@@ -99,8 +99,18 @@ class Link:
         operational: the machine's Operational event once in the delivery stage.
     """
 
-    def __init__(self, owner: LinkOwner, stream: trio.abc.Stream, *, role: Role, name: str, address: str,
-                 local: str, password: str, settings: LinkSettings):
+    def __init__(
+        self,
+        owner: LinkOwner,
+        stream: trio.abc.Stream,
+        *,
+        role: Role,
+        name: str,
+        address: str,
+        local: str,
+        password: str,
+        settings: LinkSettings,
+    ):
         self.owner = owner
         self.stream = stream
         self.name = name
@@ -124,8 +134,9 @@ class Link:
 
     def send_route(self, announcement: Announcement) -> bool:
         """Queue an announcement to the peer; False when the link is ending (it is dropped)."""
-        if not self.machine.send_route(add=announcement.add, destination=announcement.destination,
-                                       path=(self.machine.name, *announcement.path)):
+        if not self.machine.send_route(
+            add=announcement.add, destination=announcement.destination, path=(self.machine.name, *announcement.path)
+        ):
             return False
         self.routes_sent += 1
         self._driver.wake()

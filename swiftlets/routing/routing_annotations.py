@@ -73,9 +73,9 @@ class Routing:
             head = bytes((0xC1, raw[at + 1] + grows))
             size_end = at + 2
         else:
-            head = b"\xd1" + (int.from_bytes(raw[at + 1:at + 5], "big") + grows).to_bytes(4, "big")
+            head = b"\xd1" + (int.from_bytes(raw[at + 1 : at + 5], "big") + grows).to_bytes(4, "big")
             size_end = at + 5
-        return raw[:at] + head + raw[size_end:self.hops_at] + value + raw[self.hops_end:]
+        return raw[:at] + head + raw[size_end : self.hops_at] + value + raw[self.hops_end :]
 
 
 def _section_start(raw: bytes) -> int | None:
@@ -104,7 +104,7 @@ def _map_header(raw: bytes, at: int) -> tuple[int, int, int] | None:
     if raw[at] == 0xC1:
         return raw[at + 2], at + 3, at + 2 + raw[at + 1]
     if raw[at] == 0xD1:
-        return int.from_bytes(raw[at + 5:at + 9], "big"), at + 9, at + 5 + int.from_bytes(raw[at + 1:at + 5], "big")
+        return int.from_bytes(raw[at + 5 : at + 9], "big"), at + 9, at + 5 + int.from_bytes(raw[at + 1 : at + 5], "big")
     return None
 
 
@@ -146,7 +146,7 @@ class HopCounter:
             MessageError: as :func:`read`.
         """
         where = span(raw)
-        return None if where is None else self._section(raw[where[0]:where[1]])[0]
+        return None if where is None else self._section(raw[where[0] : where[1]])[0]
 
     def _section(self, section: bytes) -> tuple[Routing | None, bytes | None]:
         known = self._known.get(section)
@@ -202,5 +202,15 @@ def read(raw: bytes) -> Routing | None:
             position = value_end
     except (DecodeError, IndexError) as exc:
         raise MessageError(f"malformed message-annotations: {exc}") from None
-    return Routing(raw, found.get(SOURCE), found.get(DESTINATION), found.get(QUEUE), found.get(HOPS), found.get(DOUBT),
-                   found.get(EXPIRES), at, hops_at, hops_end)
+    return Routing(
+        raw,
+        found.get(SOURCE),
+        found.get(DESTINATION),
+        found.get(QUEUE),
+        found.get(HOPS),
+        found.get(DOUBT),
+        found.get(EXPIRES),
+        at,
+        hops_at,
+        hops_end,
+    )

@@ -172,8 +172,15 @@ def _printable(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def proof(password: bytes, label: bytes, connector_nonce: bytes, listener_nonce: bytes,
-          connector_name: str, listener_name: str, version: str) -> bytes:
+def proof(
+    password: bytes,
+    label: bytes,
+    connector_nonce: bytes,
+    listener_nonce: bytes,
+    connector_name: str,
+    listener_name: str,
+    version: str,
+) -> bytes:
     """HMAC-SHA256 keyed with ``password`` over the label and the handshake's values.
 
     The message is ``label``, then each of connector nonce, listener nonce, connector
@@ -301,9 +308,20 @@ _RECOVERY: dict[FrameType | Decision, tuple[State, ...]] = {
 }
 # Transfer in the delivery stage, both roles alike (the mode, XA or not, is checked by the handlers).
 _TRANSFER: tuple[FrameType | Decision, ...] = (
-    Decision.SEND, FrameType.TRANSACTION, Decision.PREPARED, Decision.REFUSE_TRANSACTION, FrameType.PREPARE_REPLY,
-    FrameType.REFUSE, Decision.COMMIT, FrameType.COMMIT, Decision.COMMITTED, FrameType.COMMIT_REPLY,
-    Decision.SEND_NONXA, FrameType.NONXA_TRANSACTION, Decision.NONXA_COMMITTED, FrameType.NONXA_COMMIT,
+    Decision.SEND,
+    FrameType.TRANSACTION,
+    Decision.PREPARED,
+    Decision.REFUSE_TRANSACTION,
+    FrameType.PREPARE_REPLY,
+    FrameType.REFUSE,
+    Decision.COMMIT,
+    FrameType.COMMIT,
+    Decision.COMMITTED,
+    FrameType.COMMIT_REPLY,
+    Decision.SEND_NONXA,
+    FrameType.NONXA_TRANSACTION,
+    Decision.NONXA_COMMITTED,
+    FrameType.NONXA_COMMIT,
 )
 for _role in Role:
     for _input, _states in _RECOVERY.items():
@@ -517,9 +535,21 @@ class Closed:
     inbound: tuple[tuple[str | int, Phase], ...] = ()
 
 
-Event = (PeerIdentified | RecoveryRequested | RecoveryReceived | Operational | RouteReceived | TransactionReceived
-         | PrepareReceived | CommitReceived | CommitDone | TransactionRefused | NonXaTransactionReceived
-         | NonXaCommitted | Closed)
+Event = (
+    PeerIdentified
+    | RecoveryRequested
+    | RecoveryReceived
+    | Operational
+    | RouteReceived
+    | TransactionReceived
+    | PrepareReceived
+    | CommitReceived
+    | CommitDone
+    | TransactionRefused
+    | NonXaTransactionReceived
+    | NonXaCommitted
+    | Closed
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -551,9 +581,15 @@ class LinkSettings:
     max_frame_size: int = 1 << 20
 
     def __attrs_post_init__(self) -> None:
-        if not 0 <= self.keepalive_interval < (1 << 32) / 1000 or self.max_frame_size < HANDSHAKE_MAX_FRAME_SIZE \
-                or not 1 <= self.inbound_transaction_size < 1 << 32 or not 1 <= self.inbound_window_size < 1 << 32 \
-                or self.stage_valid_timeout <= 0 or self.reject_disconnect_delay < 0 or self.recovery_timeout <= 0:
+        if (
+            not 0 <= self.keepalive_interval < (1 << 32) / 1000
+            or self.max_frame_size < HANDSHAKE_MAX_FRAME_SIZE
+            or not 1 <= self.inbound_transaction_size < 1 << 32
+            or not 1 <= self.inbound_window_size < 1 << 32
+            or self.stage_valid_timeout <= 0
+            or self.reject_disconnect_delay < 0
+            or self.recovery_timeout <= 0
+        ):
             raise ValueError(f"invalid link settings: {self!r}")
 
 
@@ -572,8 +608,16 @@ class LinkMachine:
         nonce_source: ``n -> n random bytes`` (tests inject a fixed one).
     """
 
-    def __init__(self, role: Role, name: str, password: str | None = None, settings: LinkSettings | None = None,
-                 *, now: float, nonce_source: Callable[[int], bytes] = secrets.token_bytes):
+    def __init__(
+        self,
+        role: Role,
+        name: str,
+        password: str | None = None,
+        settings: LinkSettings | None = None,
+        *,
+        now: float,
+        nonce_source: Callable[[int], bytes] = secrets.token_bytes,
+    ):
         if not valid_router_name(name):
             raise ValueError(f"invalid router name {name!r}")
         self.role = role
@@ -609,8 +653,10 @@ class LinkMachine:
         # transfer: open transactions per direction, oldest first, and how many per phase
         self._outbound: dict[str | int, Phase] = {}
         self._inbound: dict[str | int, Phase] = {}
-        self._counts: dict[bool, collections.Counter[Phase]] = {True: collections.Counter(),
-                                                                 False: collections.Counter()}
+        self._counts: dict[bool, collections.Counter[Phase]] = {
+            True: collections.Counter(),
+            False: collections.Counter(),
+        }
         self._last_seq_out = -1
         self._last_seq_in = -1
         # delivery
@@ -717,8 +763,9 @@ class LinkMachine:
         if self._state is State.ADMISSION and self._reader.buffered > MAX_UNREAD:
             # the owner has not decided yet and the peer keeps sending: a well-behaved peer
             # has sent at most a few small frames (ADJUST, START_DELIVERY) by now
-            self._fail(f"{self._reader.buffered} bytes received while awaiting the owner's admission "
-                       f"(at most {MAX_UNREAD})")
+            self._fail(
+                f"{self._reader.buffered} bytes received while awaiting the owner's admission (at most {MAX_UNREAD})"
+            )
             return
         self._process()
 
@@ -742,8 +789,10 @@ class LinkMachine:
             if self._deadline is None:
                 self._deadline = now + timeout
             if now >= self._deadline:
-                self._fail(f"{'recovery-timeout' if recovery else 'stage-valid-timeout'} ({timeout:g} s) expired "
-                           f"in the {self._stage.value} stage ({state.value})")
+                self._fail(
+                    f"{'recovery-timeout' if recovery else 'stage-valid-timeout'} ({timeout:g} s) expired "
+                    f"in the {self._stage.value} stage ({state.value})"
+                )
                 return 0.0
             return self._deadline
         # OPERATIONAL
@@ -755,8 +804,10 @@ class LinkMachine:
         elif now >= self._keepalive_next:
             self._keepalive_counter -= 1
             if self._keepalive_counter <= 0:
-                self._fail(f"no keepalive from {self.peer} for {KEEPALIVE_COUNT} intervals "
-                           f"({KEEPALIVE_COUNT} × {interval:g} s)")
+                self._fail(
+                    f"no keepalive from {self.peer} for {KEEPALIVE_COUNT} intervals "
+                    f"({KEEPALIVE_COUNT} × {interval:g} s)"
+                )
                 return 0.0
             self._send(Keepalive())
             self._keepalive_next += interval
@@ -785,8 +836,12 @@ class LinkMachine:
             LocalProtocolError: not awaiting admission.
         """
         reason = reason[:MAX_REASON]
-        self._decide(Decision.REFUSE, lambda: self._refuse(
-            reason, ConnectReply(accepted=False, reason=reason) if self.role is Role.LISTENER else None))
+        self._decide(
+            Decision.REFUSE,
+            lambda: self._refuse(
+                reason, ConnectReply(accepted=False, reason=reason) if self.role is Role.LISTENER else None
+            ),
+        )
 
     def send_route(self, *, add: bool, destination: str, path: Sequence[str]) -> bool:
         """Announce (``add``) or withdraw a route: ``path`` starts with our name and ends
@@ -852,8 +907,10 @@ class LinkMachine:
                 raise LocalProtocolError("recovery_done given twice")
             listed = set(self._peer_recovery)
             if len(set(commit)) != len(commit) or not listed.issuperset(commit):
-                raise LocalProtocolError("recovery_done may commit only xids the peer listed, each once; not "
-                                         f"{[x for x in commit if x not in listed][:3] or 'duplicates'}"[:300])
+                raise LocalProtocolError(
+                    "recovery_done may commit only xids the peer listed, each once; not "
+                    f"{[x for x in commit if x not in listed][:3] or 'duplicates'}"[:300]
+                )
             self._recovery_done_called = True
             for xid in commit:
                 self._step(True, xid, Decision.RECOVERY_DONE, remote=False)
@@ -904,8 +961,7 @@ class LinkMachine:
             LocalProtocolError: not in delivery, or ``xid`` not received and unprepared.
         """
         frame = Refuse(xid=xid, reason=reason[:MAX_REASON])
-        self._transfer(Decision.REFUSE_TRANSACTION, lambda: self._reply(False, xid, Decision.REFUSE_TRANSACTION,
-                                                                        frame))
+        self._transfer(Decision.REFUSE_TRANSACTION, lambda: self._reply(False, xid, Decision.REFUSE_TRANSACTION, frame))
 
     def commit(self, xid: str) -> None:
         """XA, sender: ``xid`` (prepared by the peer) is committed here, durably: COMMIT.
@@ -943,8 +999,9 @@ class LinkMachine:
         def handler() -> State | None:
             self._check_xa(False, local=True)
             if type(seq) is not int or not self._last_seq_out < seq < 1 << 32:
-                raise LocalProtocolError(f"send_nonxa: the sequence number must grow (last {self._last_seq_out}, "
-                                         f"got {seq!r})"[:300])
+                raise LocalProtocolError(
+                    f"send_nonxa: the sequence number must grow (last {self._last_seq_out}, got {seq!r})"[:300]
+                )
             frame = self._batch(NonXaTransaction, "seq", seq, messages)
             self._step(True, seq, Decision.SEND_NONXA, remote=False, frame=frame)
             self._last_seq_out = seq
@@ -959,8 +1016,9 @@ class LinkMachine:
         Raises:
             LocalProtocolError: not in delivery, or ``seq`` not received and uncommitted.
         """
-        self._transfer(Decision.NONXA_COMMITTED,
-                       lambda: self._reply(False, seq, Decision.NONXA_COMMITTED, NonXaCommit(seq=seq)))
+        self._transfer(
+            Decision.NONXA_COMMITTED, lambda: self._reply(False, seq, Decision.NONXA_COMMITTED, NonXaCommit(seq=seq))
+        )
 
     def close(self, reason: str) -> None:
         """End the link now: a CLOSE with ``reason``, :class:`Closed` (``by_peer`` false).
@@ -989,8 +1047,9 @@ class LinkMachine:
         self._decide(decision, handler)
         return True
 
-    def _step(self, outbound: bool, key: str | int, step: FrameType | Decision, *, remote: bool,
-              frame: Frame | None = None) -> Phase | None:
+    def _step(
+        self, outbound: bool, key: str | int, step: FrameType | Decision, *, remote: bool, frame: Frame | None = None
+    ) -> Phase | None:
         """Move transaction ``key`` of one direction by its phase table; ``frame`` is sent
         first (an encoding error then changes nothing). A step the table lacks raises."""
         table, phases = (OUTBOUND_PHASES, self._outbound) if outbound else (INBOUND_PHASES, self._inbound)
@@ -1002,8 +1061,12 @@ class LinkMachine:
             problem = f"{what} for {_key_text(key)}, which {held} ({direction})"
             raise (RemoteProtocolError if remote else LocalProtocolError)(problem)
         if frame is not None:
-            self._send(frame, self.peer_max_frame_size if isinstance(frame, (Transaction, NonXaTransaction))
-                       else self.settings.max_frame_size)
+            self._send(
+                frame,
+                self.peer_max_frame_size
+                if isinstance(frame, (Transaction, NonXaTransaction))
+                else self.settings.max_frame_size,
+            )
         following = table[(current, step)]
         counts = self._counts[outbound]
         if current is not None:
@@ -1026,19 +1089,28 @@ class LinkMachine:
             problem = f"{what} on a{' non-' if self.use_xa is False else 'n '}XA link"
             raise (LocalProtocolError if local else RemoteProtocolError)(problem)
 
-    def _batch(self, cls: type[Transaction] | type[NonXaTransaction], key_name: str, key: str | int,
-               messages: tuple[bytes, ...]) -> Frame:
+    def _batch(
+        self,
+        cls: type[Transaction] | type[NonXaTransaction],
+        key_name: str,
+        key: str | int,
+        messages: tuple[bytes, ...],
+    ) -> Frame:
         """A TRANSACTION or NONXA_TRANSACTION of the owner's ``messages``, checked against
         the peer's limits (the window, the transaction size)."""
         assert self._peer_adjust is not None
         size = self._peer_adjust.transaction_size
         if not 1 <= len(messages) <= size or not all(type(m) is bytes for m in messages):
-            raise LocalProtocolError(f"a transaction carries 1 to {size} messages (bytes; the peer's "
-                                     f"inbound-transaction-size), got {len(messages)}")
+            raise LocalProtocolError(
+                f"a transaction carries 1 to {size} messages (bytes; the peer's "
+                f"inbound-transaction-size), got {len(messages)}"
+            )
         if not self.window_available:
-            raise LocalProtocolError(f"no window available: {self._counts[True][Phase.SENT]} transactions await "
-                                     f"their {'prepare' if self.use_xa else 'commit'} and {len(self._outbound)} "
-                                     f"are open (the peer's inbound-window-size is {self._peer_adjust.window_size})")
+            raise LocalProtocolError(
+                f"no window available: {self._counts[True][Phase.SENT]} transactions await "
+                f"their {'prepare' if self.use_xa else 'commit'} and {len(self._outbound)} "
+                f"are open (the peer's inbound-window-size is {self._peer_adjust.window_size})"
+            )
         packed, compressed = pack_messages(messages, self.compression, self.peer_max_frame_size)
         return cls(**{key_name: key}, messages=packed, compressed=compressed)
 
@@ -1099,8 +1171,16 @@ class LinkMachine:
     def _end(self, reason: str, *, by_peer: bool) -> None:
         """The link is over now (after what is queued is taken)."""
         self._state, self._ended = State.CLOSED, True
-        self._events.append(Closed(reason=reason, by_peer=by_peer, peer=self.peer, stage=self._stage,
-                                   outbound=tuple(self._outbound.items()), inbound=tuple(self._inbound.items())))
+        self._events.append(
+            Closed(
+                reason=reason,
+                by_peer=by_peer,
+                peer=self.peer,
+                stage=self._stage,
+                outbound=tuple(self._outbound.items()),
+                inbound=tuple(self._inbound.items()),
+            )
+        )
 
     def _fail(self, reason: str) -> None:
         """We end the link (a breach, a timeout, the owner): CLOSE with the reason, then over."""
@@ -1121,8 +1201,16 @@ class LinkMachine:
         else:
             self._send(frame)
         self._state, self._deadline = State.REJECTING, None
-        self._events.append(Closed(reason=local_reason or reason, by_peer=False, peer=self.peer, stage=self._stage,
-                                   outbound=tuple(self._outbound.items()), inbound=tuple(self._inbound.items())))
+        self._events.append(
+            Closed(
+                reason=local_reason or reason,
+                by_peer=False,
+                peer=self.peer,
+                stage=self._stage,
+                outbound=tuple(self._outbound.items()),
+                inbound=tuple(self._inbound.items()),
+            )
+        )
 
     # -- internals: handlers (each returns the next state, or None when it ended the link) --
 
@@ -1144,8 +1232,9 @@ class LinkMachine:
             self._end(_printable(frame.reason) or "the listener refused the protocol versions", by_peer=True)
             return None
         if frame.version not in VERSIONS:
-            raise RemoteProtocolError(f"the listener chose the version {_printable(frame.version, 20)!r}, "
-                                      f"which was not offered")
+            raise RemoteProtocolError(
+                f"the listener chose the version {_printable(frame.version, 20)!r}, which was not offered"
+            )
         self.version = frame.version
         self._send(Connect(name=self.name, nonce=self._nonce, use_xa=self.settings.use_xa))
         return State.CONNECT_WAIT
@@ -1156,16 +1245,17 @@ class LinkMachine:
 
     def _name_problem(self, name: str) -> str | None:
         if not valid_router_name(name):
-            return (f"invalid router name {_printable(name, 80)!r}: use letters, digits, '_' and '-', "
-                    f"starting with a letter, at most {MAX_NAME_LENGTH} characters")
+            return (
+                f"invalid router name {_printable(name, 80)!r}: use letters, digits, '_' and '-', "
+                f"starting with a letter, at most {MAX_NAME_LENGTH} characters"
+            )
         if name == self.name:
             return f"both routers are named {name!r}"
         return None
 
     def _identified(self, name: str) -> State:
         self.peer = name
-        self._events.append(PeerIdentified(peer=name, version=self.version or "",
-                                           authentication=self._authenticate))
+        self._events.append(PeerIdentified(peer=name, version=self.version or "", authentication=self._authenticate))
         return State.ADMISSION
 
     def _on_connect(self, frame: Connect) -> State | None:
@@ -1197,9 +1287,16 @@ class LinkMachine:
 
     def _on_admit(self) -> State | None:
         if self.role is Role.LISTENER:
-            self._send(ConnectReply(accepted=True, name=self.name, nonce=self._nonce,
-                                    keepalive_ms=round(self._keepalive_interval * 1000),
-                                    auth_required=self._authenticate, use_xa=self.settings.use_xa))
+            self._send(
+                ConnectReply(
+                    accepted=True,
+                    name=self.name,
+                    nonce=self._nonce,
+                    keepalive_ms=round(self._keepalive_interval * 1000),
+                    auth_required=self._authenticate,
+                    use_xa=self.settings.use_xa,
+                )
+            )
             return State.AUTH_WAIT if self._authenticate else self._after_authentication()
         if self._authenticate:
             self._send(Auth(proof=self._proof(LABEL_CONNECTOR)))
@@ -1239,9 +1336,14 @@ class LinkMachine:
         return State.RECOVERY_WAIT
 
     def _enter_delivery(self) -> State:
-        self._send(Adjust(transaction_size=self.settings.inbound_transaction_size,
-                          window_size=self.settings.inbound_window_size, max_frame_size=self.settings.max_frame_size,
-                          compression=self.settings.use_compression))
+        self._send(
+            Adjust(
+                transaction_size=self.settings.inbound_transaction_size,
+                window_size=self.settings.inbound_window_size,
+                max_frame_size=self.settings.max_frame_size,
+                compression=self.settings.use_compression,
+            )
+        )
         self._send(StartDelivery())
         return State.ADJUST_WAIT
 
@@ -1267,21 +1369,32 @@ class LinkMachine:
 
     def _on_adjust(self, frame: Adjust) -> State | None:
         if frame.transaction_size < 1 or frame.window_size < 1:
-            raise RemoteProtocolError(f"ADJUST with a zero size (transaction size {frame.transaction_size}, "
-                                      f"window size {frame.window_size})")
+            raise RemoteProtocolError(
+                f"ADJUST with a zero size (transaction size {frame.transaction_size}, window size {frame.window_size})"
+            )
         if frame.max_frame_size < HANDSHAKE_MAX_FRAME_SIZE:
-            raise RemoteProtocolError(f"ADJUST with a maximum frame size of {frame.max_frame_size} bytes "
-                                      f"(at least {HANDSHAKE_MAX_FRAME_SIZE})")
+            raise RemoteProtocolError(
+                f"ADJUST with a maximum frame size of {frame.max_frame_size} bytes "
+                f"(at least {HANDSHAKE_MAX_FRAME_SIZE})"
+            )
         self._peer_adjust = frame
         return State.START_WAIT
 
     def _on_start_delivery(self, frame: StartDelivery) -> State | None:
         assert self._peer_adjust is not None and self.peer is not None
         self._keepalive_next, self._keepalive_counter = None, KEEPALIVE_COUNT
-        self._events.append(Operational(
-            peer=self.peer, version=self.version or "", peer_transaction_size=self._peer_adjust.transaction_size,
-            peer_window_size=self._peer_adjust.window_size, keepalive_interval=self._keepalive_interval,
-            use_xa=self.use_xa, compression=self.compression, unresolved=self._unresolved))
+        self._events.append(
+            Operational(
+                peer=self.peer,
+                version=self.version or "",
+                peer_transaction_size=self._peer_adjust.transaction_size,
+                peer_window_size=self._peer_adjust.window_size,
+                keepalive_interval=self._keepalive_interval,
+                use_xa=self.use_xa,
+                compression=self.compression,
+                unresolved=self._unresolved,
+            )
+        )
         return State.OPERATIONAL
 
     def _on_keepalive(self, frame: Keepalive) -> State | None:
@@ -1296,8 +1409,10 @@ class LinkMachine:
         if bad:
             return f"invalid router name {_printable(bad[0], 80)!r} in a route"
         if path[0] != first or path[-1] != route.destination:
-            return (f"a route's path must run from {first} to its destination "
-                    f"{route.destination!r}, got {'/'.join(path)!r}"[:300])
+            return (
+                f"a route's path must run from {first} to its destination "
+                f"{route.destination!r}, got {'/'.join(path)!r}"[:300]
+            )
         if len(set(path)) != len(path):
             return f"a route's path has a loop: {'/'.join(path)!r}"[:300]
         return None
@@ -1318,17 +1433,23 @@ class LinkMachine:
         if key in self._inbound:
             raise RemoteProtocolError(f"{label}: duplicate, it is open already ({self._inbound[key].value})")
         if self._counts[False][Phase.RECEIVED] >= settings.inbound_window_size:
-            raise RemoteProtocolError(f"{label} overruns our inbound-window-size of {settings.inbound_window_size} "
-                                      f"(that many await our {'prepare' if self.use_xa else 'commit'})")
+            raise RemoteProtocolError(
+                f"{label} overruns our inbound-window-size of {settings.inbound_window_size} "
+                f"(that many await our {'prepare' if self.use_xa else 'commit'})"
+            )
         if len(self._inbound) >= OPEN_FACTOR * settings.inbound_window_size:
-            raise RemoteProtocolError(f"{label}: more than {OPEN_FACTOR} × our inbound-window-size of "
-                                      f"{settings.inbound_window_size} transactions open")
+            raise RemoteProtocolError(
+                f"{label}: more than {OPEN_FACTOR} × our inbound-window-size of "
+                f"{settings.inbound_window_size} transactions open"
+            )
         if frame.compressed and not self.compression:
             raise RemoteProtocolError(f"{label} is compressed; compression was not agreed")
         messages = unpack_messages(frame.messages, frame.compressed, settings.max_frame_size)
         if not 1 <= len(messages) <= settings.inbound_transaction_size:
-            raise RemoteProtocolError(f"{label} carries {len(messages)} messages (1 to our inbound-transaction-size "
-                                      f"of {settings.inbound_transaction_size})")
+            raise RemoteProtocolError(
+                f"{label} carries {len(messages)} messages (1 to our inbound-transaction-size "
+                f"of {settings.inbound_transaction_size})"
+            )
         self._step(False, key, frame.TYPE, remote=True)
         return messages
 
@@ -1368,8 +1489,9 @@ class LinkMachine:
     def _on_nonxa_transaction(self, frame: NonXaTransaction) -> State | None:
         self._check_xa(False, local=False, frame=frame.TYPE)
         if frame.seq <= self._last_seq_in:
-            raise RemoteProtocolError(f"NONXA_TRANSACTION {frame.seq} after {self._last_seq_in}: the sequence "
-                                      f"number must grow")
+            raise RemoteProtocolError(
+                f"NONXA_TRANSACTION {frame.seq} after {self._last_seq_in}: the sequence number must grow"
+            )
         messages = self._received_batch(frame, frame.seq)
         self._last_seq_in = frame.seq
         self._events.append(NonXaTransactionReceived(seq=frame.seq, messages=messages))

@@ -100,11 +100,17 @@ class _Connector:
 
     def usage(self) -> dict[str, Any]:
         config = self.entity.config
-        return {"state": self.state.value, "hostname": config.hostname, "port": config.port,
-                "routername": self.link.peer if self.link else "", "last-routername": self.last_peer,
-                "attempts": self.attempts,
-                "last-error": self.error or "", "last-error-time": _stamp(self.error_time),
-                "next-attempt": _stamp(self.next_attempt)}
+        return {
+            "state": self.state.value,
+            "hostname": config.hostname,
+            "port": config.port,
+            "routername": self.link.peer if self.link else "",
+            "last-routername": self.last_peer,
+            "attempts": self.attempts,
+            "last-error": self.error or "",
+            "last-error-time": _stamp(self.error_time),
+            "next-attempt": _stamp(self.next_attempt),
+        }
 
 
 class RoutingSwiftlet:
@@ -114,9 +120,13 @@ class RoutingSwiftlet:
         self.context = context
         self.local = context.router_name
         config: RoutingConfig = context.config
-        self.exchanger = RouteExchanger(self.local, hop_limit=config.route_announce_hop_limit,
-                                        filters=_filters(config), round_robin=config.roundrobin_enabled,
-                                        max_routes_per_link=config.max_routes_per_link)
+        self.exchanger = RouteExchanger(
+            self.local,
+            hop_limit=config.route_announce_hop_limit,
+            filters=_filters(config),
+            round_robin=config.roundrobin_enabled,
+            max_routes_per_link=config.max_routes_per_link,
+        )
         self._nursery: trio.Nursery | None = None
         self._links: dict[str, Link] = {}  # operational links by peer name
         self._connectors: dict[str, _Connector] = {}
@@ -126,11 +136,17 @@ class RoutingSwiftlet:
         self._filters_changed = trio.Event()
         self._sent = self._received = 0
         usage = context.usage
-        usage.provide(lambda: {"links": len(self._links), "destinations": len(self.exchanger.destinations()),
-                               "announcements-sent": self._sent, "announcements-received": self._received,
-                               "unroutable": self._transfer.unroutable if self._transfer else 0,
-                               "dropped": self._transfer.dropped if self._transfer else 0,
-                               "expired-in-transit": self._transfer.expired if self._transfer else 0})
+        usage.provide(
+            lambda: {
+                "links": len(self._links),
+                "destinations": len(self.exchanger.destinations()),
+                "announcements-sent": self._sent,
+                "announcements-received": self._received,
+                "unroutable": self._transfer.unroutable if self._transfer else 0,
+                "dropped": self._transfer.dropped if self._transfer else 0,
+                "expired-in-transit": self._transfer.expired if self._transfer else 0,
+            }
+        )
         self._usage_listeners = usage.add_list("listeners")
         self._usage_connectors = usage.add_list("connectors")
         self._usage_connections = usage.add_list("connections")
@@ -163,9 +179,15 @@ class RoutingSwiftlet:
                         xa: XAResourceManager | None = self.context.lookup("sys$xa", XAResourceManager)
                     except LookupError:
                         xa = None
-                    self._transfer = Transfer(self.local, self._queue_manager, self.exchanger.destination,
-                                              self._links, nursery, xa,
-                                              inbound_flow_control=self.context.config.inbound_flow_control_enabled)
+                    self._transfer = Transfer(
+                        self.local,
+                        self._queue_manager,
+                        self.exchanger.destination,
+                        self._links,
+                        nursery,
+                        xa,
+                        inbound_flow_control=self.context.config.inbound_flow_control_enabled,
+                    )
                 entity.on_change(self._swiftlet_changed)
                 entity.entity_list("static-routes").bind(self._static_added, self._static_removed)
                 self._bind_filters()
@@ -196,8 +218,7 @@ class RoutingSwiftlet:
         """Raises Veto for a name no router can have (its ``rt$`` queue and ``%@`` redirection
         would name something else)."""
         if not valid_router_name(entity.name):
-            raise Veto(f"invalid router name {entity.name!r}: use letters, digits, '_' and '-', starting with a "
-                       "letter")
+            raise Veto(f"invalid router name {entity.name!r}: use letters, digits, '_' and '-', starting with a letter")
         self._apply(self.exchanger.add_static(entity.name))
 
     def _static_removed(self, entity: Entity) -> None:
@@ -271,8 +292,13 @@ class RoutingSwiftlet:
             try:
                 manager.queue(routing_queue(router), create=True)  # (a system queue: not counted in max-queues)
             except QueueError as exc:
-                log.error("router %s: no routing queue %s for destination %s, so it is not addressable: %s",
-                          self.local, routing_queue(router), router, exc)
+                log.error(
+                    "router %s: no routing queue %s for destination %s, so it is not addressable: %s",
+                    self.local,
+                    routing_queue(router),
+                    router,
+                    exc,
+                )
                 return
             manager.add_redirection(redirection_predicate(router), routing_queue(router), routing_rewrite(self.local))
             self._redirected.add(router)
@@ -301,8 +327,13 @@ class RoutingSwiftlet:
         row = self.exchanger.destination(router)
         if row is None:
             return {}
-        usage = {"static": row.static, "active": row.active, "next-hop": row.next_hop or "",
-                 "rotation": " ".join(row.rotation), "routes": len(row.routes)}
+        usage = {
+            "static": row.static,
+            "active": row.active,
+            "next-hop": row.next_hop or "",
+            "rotation": " ".join(row.rotation),
+            "routes": len(row.routes),
+        }
         if self._queue_manager is not None:  # the messages waiting for it
             queue = self._queue_manager.queues.get(routing_queue(router))
             usage.update({"queue": routing_queue(router), "backlog": queue.size if queue is not None else 0})
@@ -330,8 +361,14 @@ class RoutingSwiftlet:
                 return
             self._link_down(other)
         self._links[peer] = link
-        log.info("routing link %s to %s (%s) operational: protocol %s, xa %s", link.name, peer,
-                 link.address, link.operational.version, link.operational.use_xa)
+        log.info(
+            "routing link %s to %s (%s) operational: protocol %s, xa %s",
+            link.name,
+            peer,
+            link.address,
+            link.operational.version,
+            link.operational.use_xa,
+        )
         self._usage_connections.add(link.name, lambda: self._link_usage(link))
         self._apply(self.exchanger.link_up(peer))
 
@@ -351,12 +388,20 @@ class RoutingSwiftlet:
         if link.role is Role.CONNECTOR and connector is not None:
             self._set_state(connector, link.state, link.error)
         else:
-            self.context.bus.publish(LinkStateChanged(link=link.name, peer=link.peer, state=link.state,
-                                                      error=link.error))
+            self.context.bus.publish(
+                LinkStateChanged(link=link.name, peer=link.peer, state=link.state, error=link.error)
+            )
         if link.error is not None:
             level = logging.WARNING if link.state is LinkState.FAILED else logging.INFO
-            log.log(level, "routing link %s (%s%s) %s: %s", link.name, link.address,
-                    f", router {link.peer}" if link.peer else "", link.state.value, link.error)
+            log.log(
+                level,
+                "routing link %s (%s%s) %s: %s",
+                link.name,
+                link.address,
+                f", router {link.peer}" if link.peer else "",
+                link.state.value,
+                link.error,
+            )
 
     def transfer_event(self, link: Link, event: Any) -> None:
         if self._transfer is not None:
@@ -380,11 +425,17 @@ class RoutingSwiftlet:
 
     def _link_usage(self, link: Link) -> dict[str, Any]:
         operational = link.operational
-        return {"routername": link.peer or "", "connecttime": _stamp(link.connect_time), "address": link.address,
-                "protocol-version": operational.version if operational else "",
-                "uses-xa": bool(operational and operational.use_xa), "state": link.state.value,
-                "routes-sent": link.routes_sent, "routes-received": link.routes_received,
-                **(self._transfer.usage(link) if self._transfer is not None else {})}
+        return {
+            "routername": link.peer or "",
+            "connecttime": _stamp(link.connect_time),
+            "address": link.address,
+            "protocol-version": operational.version if operational else "",
+            "uses-xa": bool(operational and operational.use_xa),
+            "state": link.state.value,
+            "routes-sent": link.routes_sent,
+            "routes-received": link.routes_received,
+            **(self._transfer.usage(link) if self._transfer is not None else {}),
+        }
 
     def _settings(self, config: ListenerConfig | ConnectorConfig) -> LinkSettings:
         swiftlet: RoutingConfig = self.context.config
@@ -430,8 +481,9 @@ class RoutingSwiftlet:
                 tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
                 tls.load_cert_chain(config.tls_certificate, config.tls_key or None)
         except (OSError, ssl.SSLError) as exc:
-            raise type(exc)(f"{where}: cannot load the TLS certificate {config.tls_certificate!r} / key "
-                            f"{config.tls_key!r}: {exc}") from None
+            raise type(exc)(
+                f"{where}: cannot load the TLS certificate {config.tls_certificate!r} / key {config.tls_key!r}: {exc}"
+            ) from None
         sock = socket.socket(socket.AF_INET6 if ":" in config.bindaddress else socket.AF_INET)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -439,8 +491,9 @@ class RoutingSwiftlet:
             sock.listen()
         except OSError as exc:
             sock.close()
-            raise OSError(f"{where}: cannot listen on {config.bindaddress}:{config.port}: {exc.strerror or exc}") \
-                from None
+            raise OSError(
+                f"{where}: cannot listen on {config.bindaddress}:{config.port}: {exc.strerror or exc}"
+            ) from None
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
         return [trio.SSLListener(listener, tls) if tls else listener]  # type: ignore[list-item]
 
@@ -452,13 +505,19 @@ class RoutingSwiftlet:
         counts = {"port": port, "links": 0, "accepted": 0, "refused": 0}
         self._usage_listeners.add(config.name, lambda: dict(counts))
         self._listeners[config.name] = scope = trio.CancelScope()
-        log.info("routing listener %s on %s:%d%s", config.name, config.bindaddress, port,
-                 " (TLS)" if config.tls_certificate else "")
+        log.info(
+            "routing listener %s on %s:%d%s",
+            config.name,
+            config.bindaddress,
+            port,
+            " (TLS)" if config.tls_certificate else "",
+        )
         assert self._nursery is not None
         self._nursery.start_soon(self._serve, entity, listeners, counts, scope)
 
-    async def _serve(self, entity: Entity, listeners: list[trio.abc.Listener], counts: dict[str, int],
-                     scope: trio.CancelScope) -> None:
+    async def _serve(
+        self, entity: Entity, listeners: list[trio.abc.Listener], counts: dict[str, int], scope: trio.CancelScope
+    ) -> None:
         """Accept links on ``listeners`` until the listener is removed or the swiftlet stops."""
         name = entity.name
         links = self._listener_links.setdefault(name, set())
@@ -481,13 +540,24 @@ class RoutingSwiftlet:
                         await stream.send_all(refusal.data_to_send() or b"")
                     await stream.aclose()
                 return
-            configure_socket(stream, no_delay=live.use_tcp_no_delay, receive_buffer=live.router_input_buffer_size,
-                             send_buffer=live.router_output_buffer_size)
+            configure_socket(
+                stream,
+                no_delay=live.use_tcp_no_delay,
+                receive_buffer=live.router_input_buffer_size,
+                send_buffer=live.router_output_buffer_size,
+            )
             counts["accepted"] += 1
             counts["links"] += 1
-            link = Link(self, stream, role=Role.LISTENER, name=f"listener:{name}:{next(self._link_numbers)}",
-                        address=f"{host}:{peer_port}", local=self.local, password=live.password,
-                        settings=self._settings(live))
+            link = Link(
+                self,
+                stream,
+                role=Role.LISTENER,
+                name=f"listener:{name}:{next(self._link_numbers)}",
+                address=f"{host}:{peer_port}",
+                local=self.local,
+                password=live.password,
+                settings=self._settings(live),
+            )
             links.add(link)
             try:
                 await link.run()
@@ -532,6 +602,7 @@ class RoutingSwiftlet:
         connector = self._connectors[entity.name] = _Connector(entity)
         usage = self._usage_connectors.add(entity.name, connector.usage)
         for verb, value in (("enable", True), ("disable", False)):
+
             def switch(value: bool = value, verb: str = verb) -> str:
                 entity.set("enabled", value)
                 return f"connector {entity.name} {verb}d"
@@ -563,9 +634,14 @@ class RoutingSwiftlet:
         connector.state = state
         if error is not None:
             connector.error, connector.error_time = error, time.time()
-        self.context.bus.publish(LinkStateChanged(link=f"connector:{connector.entity.name}",
-                                                  peer=connector.link.peer if connector.link else None,
-                                                  state=state, error=error))
+        self.context.bus.publish(
+            LinkStateChanged(
+                link=f"connector:{connector.entity.name}",
+                peer=connector.link.peer if connector.link else None,
+                state=state,
+                error=error,
+            )
+        )
 
     async def _connect_forever(self, connector: _Connector) -> None:
         with connector.scope:
@@ -617,17 +693,29 @@ class RoutingSwiftlet:
             if stream is not None:  # the TLS handshake failed: close the TCP socket under it
                 await trio.aclose_forcefully(stream)
             reason = f"cannot connect to {config.hostname}:{config.port}: " + (
-                "timed out" if isinstance(exc, trio.TooSlowError) else describe(exc))
+                "timed out" if isinstance(exc, trio.TooSlowError) else describe(exc)
+            )
             if connector.error != reason:
                 log.warning("routing connector %s: %s", name, reason)
             self._set_state(connector, LinkState.FAILED, reason)
             return False
         assert stream is not None
-        configure_socket(stream, no_delay=config.use_tcp_no_delay, receive_buffer=config.router_input_buffer_size,
-                         send_buffer=config.router_output_buffer_size)
-        link = Link(self, stream, role=Role.CONNECTOR, name=f"connector:{name}",
-                    address=f"{config.hostname}:{config.port}", local=self.local, password=config.password,
-                    settings=self._settings(config))
+        configure_socket(
+            stream,
+            no_delay=config.use_tcp_no_delay,
+            receive_buffer=config.router_input_buffer_size,
+            send_buffer=config.router_output_buffer_size,
+        )
+        link = Link(
+            self,
+            stream,
+            role=Role.CONNECTOR,
+            name=f"connector:{name}",
+            address=f"{config.hostname}:{config.port}",
+            local=self.local,
+            password=config.password,
+            settings=self._settings(config),
+        )
         connector.link = link
         try:
             await link.run()

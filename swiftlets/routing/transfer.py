@@ -120,8 +120,17 @@ from .stages import (
     TransactionRefused,
 )
 
-__all__ = ["Transfer", "routing_rewrite", "SOURCE", "DESTINATION", "QUEUE", "HOPS", "DOUBT", "EXPIRES",
-           "UNROUTABLE_REASON"]
+__all__ = [
+    "Transfer",
+    "routing_rewrite",
+    "SOURCE",
+    "DESTINATION",
+    "QUEUE",
+    "HOPS",
+    "DOUBT",
+    "EXPIRES",
+    "UNROUTABLE_REASON",
+]
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +171,9 @@ def routing_rewrite(local: str) -> Rewrite:
         if patch is None:
             if len(patches) >= PATCHES_KEPT:
                 patches.clear()
-            patch = patches[address] = AnnotationPatch({SOURCE: local, DESTINATION: router, QUEUE: queue,
-                                                        HOPS: UInt(0)})
+            patch = patches[address] = AnnotationPatch(
+                {SOURCE: local, DESTINATION: router, QUEUE: queue, HOPS: UInt(0)}
+            )
         message = patch.apply(message, absent=absent)
         expires = message.queue_info(_now_ms(), peek=True)[2]  # the time to live counts end to end (§12)
         return message if expires is None else message.with_annotations({EXPIRES: Timestamp(expires)})
@@ -258,9 +268,17 @@ class Transfer:
             queues' flow-control delay (``inbound-flow-control-enabled``).
     """
 
-    def __init__(self, local: str, manager: QueueManager, destination: Callable[[str], Destination | None],
-                 links: dict[str, Link], nursery: trio.Nursery, xa: XAResourceManager | None = None, *,
-                 inbound_flow_control: bool = False):
+    def __init__(
+        self,
+        local: str,
+        manager: QueueManager,
+        destination: Callable[[str], Destination | None],
+        links: dict[str, Link],
+        nursery: trio.Nursery,
+        xa: XAResourceManager | None = None,
+        *,
+        inbound_flow_control: bool = False,
+    ):
         self.local = local
         self.inbound_flow_control = inbound_flow_control
         self.manager = manager
@@ -310,11 +328,16 @@ class Transfer:
         state = self._state.get(link)
         if state is None:
             return {}
-        return {"messages-out": state.messages_out, "messages-in": state.messages_in,
-                "messages-out-rate": round(state.out_rate, 1), "messages-in-rate": round(state.in_rate, 1),
-                "inbound-throttled": state.throttled, "inbound-throttled-ms": state.throttled_ms,
-                "open-transactions": link.machine.open_transactions,
-                "in-doubt": sum(1 for xid in self.manager.prepared_transactions() if link.peer in (parties(xid) or ()))}
+        return {
+            "messages-out": state.messages_out,
+            "messages-in": state.messages_in,
+            "messages-out-rate": round(state.out_rate, 1),
+            "messages-in-rate": round(state.in_rate, 1),
+            "inbound-throttled": state.throttled,
+            "inbound-throttled-ms": state.throttled_ms,
+            "open-transactions": link.machine.open_transactions,
+            "in-doubt": sum(1 for xid in self.manager.prepared_transactions() if link.peer in (parties(xid) or ())),
+        }
 
     async def _sample_rates_forever(self) -> None:
         while True:
@@ -474,8 +497,9 @@ class Transfer:
         try:
             await self._dispatch_forever(router)
         except Exception:
-            log.exception("the dispatcher of %s stopped; messages for router %s wait there",
-                          routing_queue(router), router)
+            log.exception(
+                "the dispatcher of %s stopped; messages for router %s wait there", routing_queue(router), router
+            )
 
     async def _dispatch_forever(self, router: str) -> None:
         queue = self.manager.queue(routing_queue(router), create=True)
@@ -524,8 +548,12 @@ class Transfer:
         for entry in entries:
             size = len(entry.message.raw) + 8
             if size > limit:
-                self._to_unroutable_now(consumer, entry, f"message of {size} bytes is larger than the frames "
-                                        f"router {link.peer} accepts ({link.machine.peer_max_frame_size})")
+                self._to_unroutable_now(
+                    consumer,
+                    entry,
+                    f"message of {size} bytes is larger than the frames "
+                    f"router {link.peer} accepts ({link.machine.peer_max_frame_size})",
+                )
             elif size > room:
                 consumer.release(entry)
             else:
@@ -551,8 +579,12 @@ class Transfer:
         for entry in entries:
             transaction.acknowledge(consumer, entry)
         if not link.machine.use_xa:
-            doubt = [entry.message.with_annotations({DOUBT: True}).raw
-                     if entry.redelivered or entry.id <= recovered else entry.message.raw for entry in entries]
+            doubt = [
+                entry.message.with_annotations({DOUBT: True}).raw
+                if entry.redelivered or entry.id <= recovered
+                else entry.message.raw
+                for entry in entries
+            ]
             seq, state.next_seq = state.next_seq, state.next_seq + 1
             if link.machine.send_nonxa(seq, doubt):
                 state.nonxa_out[seq] = transaction
@@ -576,8 +608,12 @@ class Transfer:
 
         def not_prepared(error: BaseException) -> None:
             state.reserved -= 1
-            log.error("routing transaction to %s not prepared, the messages stay in %s: %s", link.peer,
-                      routing_queue(router), error)
+            log.error(
+                "routing transaction to %s not prepared, the messages stay in %s: %s",
+                link.peer,
+                routing_queue(router),
+                error,
+            )
             transaction.rollback_nowait()
             self._paused_until = trio.current_time() + STORE_BACKOFF
 
@@ -626,8 +662,12 @@ class Transfer:
             self._outbound.pop(xid, None)
             commit = xid in listed_set
             await self.manager.resolve_prepared(xid, commit=commit)
-            log.info("routing transaction %s to %s %s in recovery", xid, peer, "committed" if commit else
-                     "rolled back (its messages go again)")
+            log.info(
+                "routing transaction %s to %s %s in recovery",
+                xid,
+                peer,
+                "committed" if commit else "rolled back (its messages go again)",
+            )
         link.machine.recovery_done(commit=list(listed))
         link.wake()
         self.changed()
@@ -656,10 +696,18 @@ class Transfer:
             remaining = expires - _now_ms()
             if remaining <= 0:
                 self.expired += 1
-                log.info("a routed message for %s@%s expired in transit, %d ms before it reached router %s; "
-                         "to routerdlq", queue, destination, -remaining, self.local)
-                transaction.dead_letter(message, f"expired in transit: found at router {self.local} "
-                                        f"{-remaining} ms after its expiry", f"{queue}@{destination}")
+                log.info(
+                    "a routed message for %s@%s expired in transit, %d ms before it reached router %s; to routerdlq",
+                    queue,
+                    destination,
+                    -remaining,
+                    self.local,
+                )
+                transaction.dead_letter(
+                    message,
+                    f"expired in transit: found at router {self.local} {-remaining} ms after its expiry",
+                    f"{queue}@{destination}",
+                )
                 return 0
             if message.header_fields()[2]:  # a ttl counts from each arrival: what is left of it
                 message = message.with_ttl(remaining)
@@ -674,8 +722,9 @@ class Transfer:
         elif hops + 1 >= MAX_PATH:
             return self._unroutable(transaction, message, f"it passed {hops + 1} routers (a loop?)")
         elif self._destination(destination) is None:
-            return self._unroutable(transaction, message,
-                                    f"router {destination!r} is not known to router {self.local!r}")
+            return self._unroutable(
+                transaction, message, f"router {destination!r} is not known to router {self.local!r}"
+            )
         else:
             # forwarded as it is, in doubt or not: only the target queue drops duplicates. A
             # routing queue may see a message twice without a duplicate (a path that changed
@@ -706,8 +755,9 @@ class Transfer:
         link.machine.refuse_transaction(xid, reason)
         link.wake()
 
-    async def _prepare_inbound(self, link: Link, state: _LinkTransfer, xid: str,
-                               messages: tuple[bytes, ...]) -> _Write | None:
+    async def _prepare_inbound(
+        self, link: Link, state: _LinkTransfer, xid: str, messages: tuple[bytes, ...]
+    ) -> _Write | None:
         transaction = self.manager.transaction()
 
         def prepared(error: BaseException | None) -> None:
@@ -759,8 +809,7 @@ class Transfer:
         write.finish(None)
         return write
 
-    async def _receive_nonxa(self, link: Link, state: _LinkTransfer, seq: int,
-                             messages: tuple[bytes, ...]) -> _Write:
+    async def _receive_nonxa(self, link: Link, state: _LinkTransfer, seq: int, messages: tuple[bytes, ...]) -> _Write:
         def committed(error: BaseException | None) -> None:
             if error is not None:
                 raise StoreError(f"routed messages not stored: {error}")

@@ -387,9 +387,28 @@ class NonXaCommit(Frame):
 
 FRAMES: dict[FrameType, type[Frame]] = {
     cls.TYPE: cls
-    for cls in (Protocol, ProtocolReply, Connect, ConnectReply, Auth, AuthReply, Recovery, RecoveryDone, Adjust,
-                StartDelivery, Keepalive, Route, Transaction, PrepareReply, Commit, CommitReply, Refuse,
-                NonXaTransaction, NonXaCommit, Close)
+    for cls in (
+        Protocol,
+        ProtocolReply,
+        Connect,
+        ConnectReply,
+        Auth,
+        AuthReply,
+        Recovery,
+        RecoveryDone,
+        Adjust,
+        StartDelivery,
+        Keepalive,
+        Route,
+        Transaction,
+        PrepareReply,
+        Commit,
+        CommitReply,
+        Refuse,
+        NonXaTransaction,
+        NonXaCommit,
+        Close,
+    )
 }
 # field name -> kind, per frame class (the schema checked on decode)
 _SCHEMAS: dict[type[Frame], dict[str, Kind]] = {
@@ -411,8 +430,9 @@ def encode(frame: Frame, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
         fields[name] = value
     body = msgpack.packb([int(frame.TYPE), fields], use_bin_type=True)
     if len(body) > max_frame_size:
-        raise LocalProtocolError(f"{frame.TYPE.name} frame of {len(body)} bytes exceeds the maximum "
-                                 f"frame size of {max_frame_size} bytes")
+        raise LocalProtocolError(
+            f"{frame.TYPE.name} frame of {len(body)} bytes exceeds the maximum frame size of {max_frame_size} bytes"
+        )
     return _LENGTH.pack(len(body)) + body
 
 
@@ -429,9 +449,17 @@ def decode_body(body: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> Fr
     """
     try:
         decoded = msgpack.unpackb(
-            body, raw=False, strict_map_key=True, use_list=False, ext_hook=_refuse_ext, max_ext_len=0,
-            max_str_len=max_frame_size, max_bin_len=max_frame_size, max_array_len=max_frame_size,
-            max_map_len=max_frame_size // 2)
+            body,
+            raw=False,
+            strict_map_key=True,
+            use_list=False,
+            ext_hook=_refuse_ext,
+            max_ext_len=0,
+            max_str_len=max_frame_size,
+            max_bin_len=max_frame_size,
+            max_array_len=max_frame_size,
+            max_map_len=max_frame_size // 2,
+        )
     except RemoteProtocolError:
         raise
     except Exception as exc:  # msgpack raises ValueError and its subclasses, and others on odd input
@@ -456,8 +484,9 @@ def decode_body(body: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> Fr
             raise RemoteProtocolError(f"{frame_type.name} frame lacks the field {name!r}")
         value = _check(kind, fields[name])
         if value is None:
-            raise RemoteProtocolError(f"{frame_type.name} field {name!r} must be {kind.value}, "
-                                      f"got {type(fields[name]).__name__}")
+            raise RemoteProtocolError(
+                f"{frame_type.name} field {name!r} must be {kind.value}, got {type(fields[name]).__name__}"
+            )
         values[name] = value
     return cls(**values)
 
@@ -503,34 +532,35 @@ class FrameReader:
         """
         buffer = self._buffer
         if not self._magic_seen:
-            head = bytes(buffer[:len(MAGIC)])
+            head = bytes(buffer[: len(MAGIC)])
             if not MAGIC.startswith(head):
-                raise RemoteProtocolError(f"not a Martinet router: the stream starts with {head!r}"
-                                          f"{_looks_like(head)}")
+                raise RemoteProtocolError(f"not a Martinet router: the stream starts with {head!r}{_looks_like(head)}")
             if len(head) < len(MAGIC):
                 return None
-            del buffer[:len(MAGIC)]
+            del buffer[: len(MAGIC)]
             self._magic_seen = True
         if len(buffer) < 4:
             return None
         (length,) = _LENGTH.unpack_from(buffer)
         if length > self.max_frame_size:
-            raise RemoteProtocolError(f"frame of {length} bytes exceeds the maximum frame size of "
-                                      f"{self.max_frame_size} bytes")
+            raise RemoteProtocolError(
+                f"frame of {length} bytes exceeds the maximum frame size of {self.max_frame_size} bytes"
+            )
         if length == 0:
             raise RemoteProtocolError("empty frame (length 0)")
         if len(buffer) < 4 + length:
             return None
-        body = bytes(buffer[4:4 + length])
-        del buffer[:4 + length]
+        body = bytes(buffer[4 : 4 + length])
+        del buffer[: 4 + length]
         return decode_body(body, self.max_frame_size)
 
 
 # -- message batches ---------------------------------------------------------------------------
 
 
-def pack_messages(messages: tuple[bytes, ...], compress: bool,
-                  max_size: int = DEFAULT_MAX_FRAME_SIZE) -> tuple[tuple[bytes, ...], bool]:
+def pack_messages(
+    messages: tuple[bytes, ...], compress: bool, max_size: int = DEFAULT_MAX_FRAME_SIZE
+) -> tuple[tuple[bytes, ...], bool]:
     """The ``messages`` and ``compressed`` fields of a batch. With ``compress``, the batch is
     sent as one zlib stream of its msgpack array when that is smaller and inflates to at
     most ``max_size`` bytes (the receiver's maximum frame size, its bound in
@@ -566,9 +596,18 @@ def unpack_messages(messages: tuple[bytes, ...], compressed: bool, max_size: int
     if not inflater.eof or inflater.unused_data:
         raise RemoteProtocolError("a compressed batch is truncated or has data after its zlib stream")
     try:
-        decoded = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=False, ext_hook=_refuse_ext,
-                                  max_ext_len=0, max_str_len=0, max_bin_len=max_size, max_array_len=max_size,
-                                  max_map_len=0)
+        decoded = msgpack.unpackb(
+            raw,
+            raw=False,
+            strict_map_key=True,
+            use_list=False,
+            ext_hook=_refuse_ext,
+            max_ext_len=0,
+            max_str_len=0,
+            max_bin_len=max_size,
+            max_array_len=max_size,
+            max_map_len=0,
+        )
     except Exception as exc:
         raise RemoteProtocolError(f"malformed compressed batch ({type(exc).__name__}: {exc})"[:300]) from None
     if type(decoded) is not tuple or not all(type(item) is bytes for item in decoded):

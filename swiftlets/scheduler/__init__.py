@@ -31,8 +31,9 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
             description="Calendars and schedules that start jobs offered by swiftlets.",
             config=SchedulerConfig,
             factory=SchedulerSwiftlet,
-            pools=(PoolSpec(POOL, "Runs the jobs of the schedules, each until it ends or is stopped.",
-                            max_concurrency=10),),
+            pools=(
+                PoolSpec(POOL, "Runs the jobs of the schedules, each until it ends or is stopped.", max_concurrency=10),
+            ),
             hookspecs=SchedulerHooks,
             check=check_config,
         )

@@ -127,8 +127,11 @@ class Job:
                 refuses — every problem, separated by "; ".
         """
         declared = {p.name: p for p in self.parameters}
-        problems = [f"unknown parameter {name!r} (parameters: {', '.join(declared) or 'none'})"
-                    for name in given if name not in declared]
+        problems = [
+            f"unknown parameter {name!r} (parameters: {', '.join(declared) or 'none'})"
+            for name in given
+            if name not in declared
+        ]
         values: dict[str, str] = {}
         for parameter in self.parameters:
             value = given.get(parameter.name, parameter.default)

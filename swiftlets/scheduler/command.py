@@ -40,15 +40,22 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     upcoming = actions.add_parser("next", help="print the next planned starts of every schedule of a config")
     upcoming.add_argument("config", type=Path, help="router config file")
     upcoming.add_argument("--count", type=_count, default=5, help="starts per schedule (default 5)")
-    upcoming.add_argument("--from", dest="start", default=None, metavar="TIME",
-                          help="count from this local time, yyyy-MM-ddTHH:mm[:ss] (default: now)")
+    upcoming.add_argument(
+        "--from",
+        dest="start",
+        default=None,
+        metavar="TIME",
+        help="count from this local time, yyyy-MM-ddTHH:mm[:ss] (default: now)",
+    )
 
 
 def _locations(path: Path) -> dict[str, tuple[int, str]]:
     """Each schedule element's line and path in the file, by schedule name."""
     root = etree.parse(str(path), etree.XMLParser(resolve_entities=False, no_network=True)).getroot()
-    return {el.get("name"): (el.sourceline, element_path(el))
-            for el in root.iterfind("swiftlet[@name='sys$scheduler']/schedules/schedule")}
+    return {
+        el.get("name"): (el.sourceline, element_path(el))
+        for el in root.iterfind("swiftlet[@name='sys$scheduler']/schedules/schedule")
+    }
 
 
 def next_runs(path: Path, count: int, start: str | None, out=sys.stdout, err=sys.stderr) -> int:
@@ -77,8 +84,11 @@ def next_runs(path: Path, count: int, start: str | None, out=sys.stdout, err=sys
     groups = {group.name: group for offered in plugins.hook.martinet_scheduler_jobs() for group in offered}
     calendars = build_calendars(scheduler.calendars)
     locations = _locations(path)
-    print(f"router {config.settings.name}: schedules from {after.isoformat(sep=' ', timespec='seconds')} "
-          f"({zone.name} time)", file=out)
+    print(
+        f"router {config.settings.name}: schedules from {after.isoformat(sep=' ', timespec='seconds')} "
+        f"({zone.name} time)",
+        file=out,
+    )
     invalid = 0
     for name, schedule in scheduler.schedules.items():
         plan = plan_of(schedule, calendars)
@@ -92,8 +102,10 @@ def next_runs(path: Path, count: int, start: str | None, out=sys.stdout, err=sys
         notes = [f"max-runtime {schedule.max_runtime}"] if schedule.max_runtime else []
         if not schedule.enabled:
             notes.append("disabled")
-        print(f"{name}: {schedule.job_group} / {schedule.job_name}" + (f" ({', '.join(notes)})" if notes else ""),
-              file=out)
+        print(
+            f"{name}: {schedule.job_group} / {schedule.job_name}" + (f" ({', '.join(notes)})" if notes else ""),
+            file=out,
+        )
         starts = plan.next_after_many(after, count)
         for moment in starts:
             print(f"  {moment:%a %Y-%m-%d %H:%M:%S}", file=out)
@@ -103,5 +115,8 @@ def next_runs(path: Path, count: int, start: str | None, out=sys.stdout, err=sys
 
 
 SCHEDULE_COMMAND = Command(
-    name="schedule", help="scheduler tools: 'schedule next CONFIG' prints the next planned starts",
-    configure=_configure, run=lambda args: next_runs(args.config, args.count, args.start))
+    name="schedule",
+    help="scheduler tools: 'schedule next CONFIG' prints the next planned starts",
+    configure=_configure,
+    run=lambda args: next_runs(args.config, args.count, args.start),
+)

@@ -22,6 +22,8 @@ import zoneinfo
 from collections.abc import Mapping
 from enum import StrEnum
 
+import attrs
+
 from martinet.kernel import config_class, entity_list, prop
 
 from .timing import (
@@ -59,6 +61,7 @@ class CalendarType(StrEnum):
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class DateRange:
     name: str = prop(description="Name of this date range.")
     date_from: str = prop(check=parse_date, description="First day of the range, yyyy-MM-dd.")
@@ -66,30 +69,46 @@ class DateRange:
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class CalendarConfig:
     name: str = prop(description="Name of this calendar, as schedules and other calendars name it.")
-    type: CalendarType = prop(CalendarType.INCLUDE, choices=CalendarType,
-                              description="include: schedules on this calendar run on the days it selects; "
-                              "exclude: on every other day.")
-    base_calendar: str = prop("", description="A calendar below this one: a day is allowed only if the base "
-                              "allows it too (e.g. holidays excluded from business days). Empty: none.")
-    weekdays: str = prop("", check=parse_weekdays, description="Weekdays selected: sun mon tue wed thu fri "
-                         "sat (or the full names), separated by spaces.")
-    month_days: str = prop("", check=parse_month_days, description="Days of the month selected: 1 to 31 and "
-                           "'last' (each month's last day), separated by spaces.")
-    annual_days: str = prop("", check=parse_annual_days, description="Days of the year selected, MM-dd "
-                            "(e.g. '12-25 01-01').")
-    date_ranges: Mapping[str, DateRange] = entity_list(DateRange, item="date-range",
-                                                       description="Date ranges selected (both ends included).")
+    type: CalendarType = prop(
+        CalendarType.INCLUDE,
+        choices=CalendarType,
+        description="include: schedules on this calendar run on the days it selects; exclude: on every other day.",
+    )
+    base_calendar: str = prop(
+        "",
+        description="A calendar below this one: a day is allowed only if the base "
+        "allows it too (e.g. holidays excluded from business days). Empty: none.",
+    )
+    weekdays: str = prop(
+        "",
+        check=parse_weekdays,
+        description="Weekdays selected: sun mon tue wed thu fri sat (or the full names), separated by spaces.",
+    )
+    month_days: str = prop(
+        "",
+        check=parse_month_days,
+        description="Days of the month selected: 1 to 31 and 'last' (each month's last day), separated by spaces.",
+    )
+    annual_days: str = prop(
+        "", check=parse_annual_days, description="Days of the year selected, MM-dd (e.g. '12-25 01-01')."
+    )
+    date_ranges: Mapping[str, DateRange] = entity_list(
+        DateRange, item="date-range", description="Date ranges selected (both ends included)."
+    )
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class ParameterConfig:
     name: str = prop(description="Name of the job parameter.")
     value: str = prop("", description="Its value (checked against the job's declaration when it runs).")
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class ScheduleConfig:
     name: str = prop(description="Name of this schedule.")
     enabled: bool = prop(False, description="Enables/disables this schedule (SwiftMQ's default: disabled).")
@@ -97,27 +116,48 @@ class ScheduleConfig:
     calendar: str = prop("", description="Calendar deciding on which days it runs; empty: every day.")
     job_group: str = prop(description="Job group of the job to run, e.g. Routing.")
     job_name: str = prop(description="Name of the job to run, e.g. Routing Connector.")
-    date_from: str = prop("now", check=lambda text: parse_date_bound(text, "now"),
-                          description="First day it runs, yyyy-MM-dd; 'now': from today.")
-    date_to: str = prop("forever", check=lambda text: parse_date_bound(text, "forever"),
-                        description="Last day it runs (included), yyyy-MM-dd; 'forever': no end.")
-    max_runtime: str = prop("", check=check_max_runtime, description="Longest run, <n>h, <n>m or <n>s; a "
-                            "job still running then is stopped. Empty: no limit.")
-    time_expression: str = prop(check=parse_time_expression, description="'at HH:mm[:ss][, …]' (start times "
-                                "of each day) or 'start HH:mm[:ss] stop HH:mm[:ss] delay <n>h|m|s [repeat <n>]' "
-                                "(a window, which may wrap past midnight, with a start every delay, at most "
-                                "repeat starts).")
-    parameters: Mapping[str, ParameterConfig] = entity_list(ParameterConfig, item="parameter",
-                                                            description="Parameters passed to the job.")
+    date_from: str = prop(
+        "now",
+        check=lambda text: parse_date_bound(text, "now"),
+        description="First day it runs, yyyy-MM-dd; 'now': from today.",
+    )
+    date_to: str = prop(
+        "forever",
+        check=lambda text: parse_date_bound(text, "forever"),
+        description="Last day it runs (included), yyyy-MM-dd; 'forever': no end.",
+    )
+    max_runtime: str = prop(
+        "",
+        check=check_max_runtime,
+        description="Longest run, <n>h, <n>m or <n>s; a job still running then is stopped. Empty: no limit.",
+    )
+    time_expression: str = prop(
+        check=parse_time_expression,
+        description="'at HH:mm[:ss][, …]' (start times "
+        "of each day) or 'start HH:mm[:ss] stop HH:mm[:ss] delay <n>h|m|s [repeat <n>]' "
+        "(a window, which may wrap past midnight, with a start every delay, at most "
+        "repeat starts).",
+    )
+    parameters: Mapping[str, ParameterConfig] = entity_list(
+        ParameterConfig, item="parameter", description="Parameters passed to the job."
+    )
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class SchedulerConfig:
-    time_zone: str = prop("", check=check_time_zone, description="(Martinet) IANA time zone in which time "
-                          "expressions, dates and calendars are read; empty: the router's local zone.")
-    history_size: int = prop(100, min=1, max=100_000, description="(Martinet) Runs kept in usage/history "
-                             "(the oldest go first).")
-    calendars: Mapping[str, CalendarConfig] = entity_list(CalendarConfig, item="calendar",
-                                                          description="Calendar definitions.")
-    schedules: Mapping[str, ScheduleConfig] = entity_list(ScheduleConfig, item="schedule",
-                                                          description="Schedule definitions.")
+    time_zone: str = prop(
+        "",
+        check=check_time_zone,
+        description="(Martinet) IANA time zone in which time "
+        "expressions, dates and calendars are read; empty: the router's local zone.",
+    )
+    history_size: int = prop(
+        100, min=1, max=100_000, description="(Martinet) Runs kept in usage/history (the oldest go first)."
+    )
+    calendars: Mapping[str, CalendarConfig] = entity_list(
+        CalendarConfig, item="calendar", description="Calendar definitions."
+    )
+    schedules: Mapping[str, ScheduleConfig] = entity_list(
+        ScheduleConfig, item="schedule", description="Schedule definitions."
+    )

@@ -24,8 +24,7 @@ def _boolean(text: str) -> None:
 
 async def send_message(run: JobRun) -> str:
     destination = run.parameters["Destination"]
-    message = build(run.parameters["Body"], durable=run.parameters["Persistent"] == "true",
-                    subject=run.schedule)
+    message = build(run.parameters["Body"], durable=run.parameters["Persistent"] == "true", subject=run.schedule)
     try:
         if destination.startswith(TOPIC_PREFIX):
             topics: TopicManager = run.lookup("sys$topicmanager", TopicManager)
@@ -38,11 +37,20 @@ async def send_message(run: JobRun) -> str:
     return f"sent to {destination}"
 
 
-SCHEDULER_JOBS = JobGroup(name="Scheduler", jobs=[
-    Job(name="Message Sender", run=send_message, description="Sends a text message to a queue or a topic.",
-        parameters=[
-            JobParameter(name="Destination", description="A queue (q or q@router) or topic://name."),
-            JobParameter(name="Body", description="The message's body (text).", default=""),
-            JobParameter(name="Persistent", description="'true': a persistent message.", default="true",
-                         check=_boolean)]),
-])
+SCHEDULER_JOBS = JobGroup(
+    name="Scheduler",
+    jobs=[
+        Job(
+            name="Message Sender",
+            run=send_message,
+            description="Sends a text message to a queue or a topic.",
+            parameters=[
+                JobParameter(name="Destination", description="A queue (q or q@router) or topic://name."),
+                JobParameter(name="Body", description="The message's body (text).", default=""),
+                JobParameter(
+                    name="Persistent", description="'true': a persistent message.", default="true", check=_boolean
+                ),
+            ],
+        ),
+    ],
+)

@@ -80,8 +80,11 @@ class Plan:
 
     def bounds(self) -> dict:
         """The keyword arguments of :func:`.timing.next_start` for this plan."""
-        return {"allows": self.calendar.allows if self.calendar is not None else None,
-                "first_day": self.first_day, "last_day": self.last_day}
+        return {
+            "allows": self.calendar.allows if self.calendar is not None else None,
+            "first_day": self.first_day,
+            "last_day": self.last_day,
+        }
 
     def next_after(self, after: datetime) -> datetime | None:
         return next_start(self.expression, after, **self.bounds())
@@ -102,13 +105,16 @@ def _calendar_builder(config: CalendarConfig):
             date_ranges=tuple((parse_date(r.date_from), parse_date(r.date_to)) for r in config.date_ranges.values()),
             base=base,
         )
+
     return build
 
 
 def build_calendars(calendars: Mapping[str, CalendarConfig]) -> dict[str, Calendar | str]:
     """Every calendar, or the reason it cannot be built (see :func:`.timing.resolve_calendars`)."""
-    return resolve_calendars({name: _calendar_builder(c) for name, c in calendars.items()},
-                             {name: c.base_calendar for name, c in calendars.items()})
+    return resolve_calendars(
+        {name: _calendar_builder(c) for name, c in calendars.items()},
+        {name: c.base_calendar for name, c in calendars.items()},
+    )
 
 
 def plan_of(schedule: ScheduleConfig, calendars: Mapping[str, Calendar | str]) -> Plan | str:
@@ -126,9 +132,13 @@ def plan_of(schedule: ScheduleConfig, calendars: Mapping[str, Calendar | str]) -
     last = parse_date_bound(schedule.date_to, "forever")
     if first is not None and last is not None and last < first:
         return f"date-to {schedule.date_to} is before date-from {schedule.date_from}"
-    return Plan(expression=parse_time_expression(schedule.time_expression), calendar=calendar,
-                first_day=first, last_day=last,
-                max_runtime=parse_duration(schedule.max_runtime) if schedule.max_runtime else None)
+    return Plan(
+        expression=parse_time_expression(schedule.time_expression),
+        calendar=calendar,
+        first_day=first,
+        last_day=last,
+        max_runtime=parse_duration(schedule.max_runtime) if schedule.max_runtime else None,
+    )
 
 
 def build_plans(config: SchedulerConfig) -> dict[str, Plan | str]:
@@ -146,11 +156,15 @@ def job_problem(schedule: ScheduleConfig, groups: Mapping[str, JobGroup], *, com
         return f"no job group {schedule.job_group!r} registered (groups: {', '.join(sorted(groups)) or 'none'})"
     job = group.job(schedule.job_name)
     if job is None:
-        return (f"job group {schedule.job_group!r} has no job {schedule.job_name!r} "
-                f"(jobs: {', '.join(j.name for j in group.jobs)})")
+        return (
+            f"job group {schedule.job_group!r} has no job {schedule.job_name!r} "
+            f"(jobs: {', '.join(j.name for j in group.jobs)})"
+        )
     try:
-        job.resolve({p.name: p.value for p in schedule.parameters.values()},
-                    complete=schedule.enabled if complete is None else complete)
+        job.resolve(
+            {p.name: p.value for p in schedule.parameters.values()},
+            complete=schedule.enabled if complete is None else complete,
+        )
     except ValueError as exc:
         return str(exc)
     return ""
@@ -168,8 +182,11 @@ def check_config(config: Any, hook: Any) -> Iterator[ConfigProblem]:
     for name, calendar in calendars.items():
         if isinstance(calendar, str):
             yield ConfigProblem(("calendars", name), calendar, "base-calendar")
-    groups = {group.name: group for offered in hook.martinet_scheduler_jobs() for group in offered} \
-        if hook is not None else {}
+    groups = (
+        {group.name: group for offered in hook.martinet_scheduler_jobs() for group in offered}
+        if hook is not None
+        else {}
+    )
     for name, schedule in own.schedules.items():
         where = ("schedules", name)
         plan = plan_of(schedule, calendars)
@@ -179,5 +196,6 @@ def check_config(config: Any, hook: Any) -> Iterator[ConfigProblem]:
         if schedule.job_group in groups:
             problem = job_problem(schedule, groups)
             if problem:
-                yield ConfigProblem(where, problem, None if groups[schedule.job_group].job(schedule.job_name)
-                                    else "job-name")
+                yield ConfigProblem(
+                    where, problem, None if groups[schedule.job_group].job(schedule.job_name) else "job-name"
+                )

@@ -138,8 +138,14 @@ class SchedulerSwiftlet:
         self._usage_schedules = usage.add_list("schedules")
         self._usage_history = usage.add_list("history")
         self._usage_groups = usage.add_list("job-groups")
-        usage.provide(lambda: {"time-zone": self.zone.name, "now": _iso(self._local_now()),
-                               "job-groups": len(self._groups), "running": self.running()})
+        usage.provide(
+            lambda: {
+                "time-zone": self.zone.name,
+                "now": _iso(self._local_now()),
+                "job-groups": len(self._groups),
+                "running": self.running(),
+            }
+        )
 
     # -- the published interface (api.Scheduler) -----------------------------------------
 
@@ -147,15 +153,21 @@ class SchedulerSwiftlet:
         if group.name in self._groups:
             raise ValueError(f"job group {group.name!r} is registered already")
         self._groups[group.name] = group
-        entry = self._usage_groups.add(group.name, lambda: {"swiftlet": group.swiftlet or "",
-                                                            "jobs": len(group.jobs)})
+        entry = self._usage_groups.add(group.name, lambda: {"swiftlet": group.swiftlet or "", "jobs": len(group.jobs)})
         jobs = entry.add_list("jobs")
         for job in group.jobs:
-            jobs.add(job.name, lambda job=job: {
-                "description": job.description,
-                "parameters": ", ".join(
-                    p.name + ("" if p.default is None else f"={p.default}") + (" (mandatory)" if p.mandatory else "")
-                    for p in job.parameters)})
+            jobs.add(
+                job.name,
+                lambda job=job: {
+                    "description": job.description,
+                    "parameters": ", ".join(
+                        p.name
+                        + ("" if p.default is None else f"={p.default}")
+                        + (" (mandatory)" if p.mandatory else "")
+                        for p in job.parameters
+                    ),
+                },
+            )
         self._wake()
 
     def unregister(self, name: str) -> None:
@@ -202,8 +214,10 @@ class SchedulerSwiftlet:
         entity.entity_list("calendars").bind(self._calendar_added, self._calendar_removed)
         entity.entity_list("schedules").bind(self._schedule_added)
         self._checking = True
-        subscriptions = [context.bus.subscribe(kind, max_buffer=16, overflow=Overflow.DROP_OLDEST)
-                         for kind in (PropertyChanged, EntityAdded, EntityRemoved)]
+        subscriptions = [
+            context.bus.subscribe(kind, max_buffer=16, overflow=Overflow.DROP_OLDEST)
+            for kind in (PropertyChanged, EntityAdded, EntityRemoved)
+        ]
         try:
             async with trio.open_nursery() as nursery:
                 for subscription in subscriptions:
@@ -218,8 +232,9 @@ class SchedulerSwiftlet:
                 self.unregister(name)
             with context.shutdown_scope():
                 try:
-                    await self._remember({name: self._local_now() for name, s in self._schedules.items()
-                                          if s.state != "disabled"})
+                    await self._remember(
+                        {name: self._local_now() for name, s in self._schedules.items() if s.state != "disabled"}
+                    )
                 except StoreError as exc:
                     context.log.warning("the time of this stop was not kept: %s", exc)
 
@@ -281,8 +296,9 @@ class SchedulerSwiftlet:
             schedule = self._schedules.setdefault(name, _Schedule(name))
             if name not in self._usage_schedules.children:
                 usage = self._usage_schedules.add(name, lambda s=schedule: self._schedule_usage(s))
-                usage.add_operation("start", lambda s=schedule: self._start_now(s),
-                                    "Start the job now, outside the plan.")
+                usage.add_operation(
+                    "start", lambda s=schedule: self._start_now(s), "Start the job now, outside the plan."
+                )
                 usage.add_operation("stop", lambda s=schedule: self._stop_by_operator(s), "Stop the running job.")
             self._replan_one(schedule, schedule_config, plans[name], now)
         self._trim_history()
@@ -298,8 +314,9 @@ class SchedulerSwiftlet:
         problem = plan if isinstance(plan, str) else self._job_problem(config)
         if problem:
             if before != ("invalid", problem):  # said once, not at every replan
-                log.warning("schedule /sys$scheduler/schedules/%s is invalid and will not run: %s",
-                            schedule.name, problem)
+                log.warning(
+                    "schedule /sys$scheduler/schedules/%s is invalid and will not run: %s", schedule.name, problem
+                )
             schedule.state, schedule.error = "invalid", problem
             return
         if schedule.finished_config is not None:
@@ -384,8 +401,9 @@ class SchedulerSwiftlet:
         group, job = run.group, run.job
         outcome, message = "stopped", "the scheduler stopped"  # unless the job gets further
         further_runs = True
-        self.context.bus.publish(JobStarted(schedule=schedule.name, job_group=group.name, job_name=job.name,
-                                            planned=_iso(run.planned)))
+        self.context.bus.publish(
+            JobStarted(schedule=schedule.name, job_group=group.name, job_name=job.name, planned=_iso(run.planned))
+        )
         if config.logging_enabled:
             self.context.log.info("schedule %s: job %s/%s started", schedule.name, group.name, job.name)
         try:
@@ -393,10 +411,16 @@ class SchedulerSwiftlet:
                 await self._remember({schedule.name: run.planned})
                 parameters = job.resolve({p.name: p.value for p in config.parameters.values()})
                 owner = self.context.lookup(group.swiftlet, object) if group.swiftlet else None
-                job_run = JobRun(schedule=schedule.name, parameters=parameters, swiftlet=owner,
-                                 management=self.context.management, router_name=self.context.router_name,
-                                 lookup=self.context.lookup, log=self.context.log,
-                                 cleanup_scope=self.context.shutdown_scope)
+                job_run = JobRun(
+                    schedule=schedule.name,
+                    parameters=parameters,
+                    swiftlet=owner,
+                    management=self.context.management,
+                    router_name=self.context.router_name,
+                    lookup=self.context.lookup,
+                    log=self.context.log,
+                    cleanup_scope=self.context.shutdown_scope,
+                )
                 message = await job.run(job_run) or ""
                 outcome = "success"
             if run.scope.cancelled_caught:
@@ -420,25 +444,53 @@ class SchedulerSwiftlet:
             self._record(schedule, config, run.planned, run.started, outcome, message)
             self._wake()
 
-    def _record(self, schedule: _Schedule, config: ScheduleConfig, planned: datetime, started: datetime | None,
-                outcome: str, message: str) -> None:
+    def _record(
+        self,
+        schedule: _Schedule,
+        config: ScheduleConfig,
+        planned: datetime,
+        started: datetime | None,
+        outcome: str,
+        message: str,
+    ) -> None:
         """Add a run to the history, the schedule's usage, the bus and (optionally) the log."""
         ended = self._local_now()
         if outcome != "missed":
             schedule.runs += 1
         schedule.last_start, schedule.last_end = _iso(started), _iso(ended)
         schedule.last_outcome, schedule.last_message = outcome, message
-        entry = {"schedule": schedule.name, "job-group": config.job_group, "job-name": config.job_name,
-                 "planned": _iso(planned), "start": _iso(started), "end": _iso(ended) if started else "",
-                 "outcome": outcome, "message": message}
+        entry = {
+            "schedule": schedule.name,
+            "job-group": config.job_group,
+            "job-name": config.job_name,
+            "planned": _iso(planned),
+            "start": _iso(started),
+            "end": _iso(ended) if started else "",
+            "outcome": outcome,
+            "message": message,
+        }
         self._add_history(entry)
         if outcome != "missed":
-            self.context.bus.publish(JobFinished(schedule=schedule.name, job_group=config.job_group,
-                                                 job_name=config.job_name, outcome=outcome, message=message))
+            self.context.bus.publish(
+                JobFinished(
+                    schedule=schedule.name,
+                    job_group=config.job_group,
+                    job_name=config.job_name,
+                    outcome=outcome,
+                    message=message,
+                )
+            )
         if config.logging_enabled or outcome in ("failed", "invalid", "rejected"):
             level = logging.INFO if outcome in ("success", "stopped") else logging.WARNING
-            self.context.log.log(level, "schedule %s: job %s/%s %s%s", schedule.name, config.job_group,
-                                 config.job_name, outcome, f": {message}" if message else "")
+            self.context.log.log(
+                level,
+                "schedule %s: job %s/%s %s%s",
+                schedule.name,
+                config.job_group,
+                config.job_name,
+                outcome,
+                f": {message}" if message else "",
+            )
 
     def _add_history(self, entry: dict[str, Any]) -> None:
         self._sequence += 1
@@ -452,9 +504,16 @@ class SchedulerSwiftlet:
             self._usage_history.remove(self._history.popleft()["key"])
 
     def _schedule_usage(self, schedule: _Schedule) -> dict[str, Any]:
-        return {"state": schedule.state, "next-start": _iso(schedule.next), "error": schedule.error,
-                "runs": schedule.runs, "last-start": schedule.last_start, "last-end": schedule.last_end,
-                "last-outcome": schedule.last_outcome, "last-message": schedule.last_message}
+        return {
+            "state": schedule.state,
+            "next-start": _iso(schedule.next),
+            "error": schedule.error,
+            "runs": schedule.runs,
+            "last-start": schedule.last_start,
+            "last-end": schedule.last_end,
+            "last-outcome": schedule.last_outcome,
+            "last-message": schedule.last_message,
+        }
 
     # -- missed starts and their record in the store ---------------------------------------
 
@@ -462,9 +521,12 @@ class SchedulerSwiftlet:
         """Keep each schedule's last planned (or passed) time in the store, as an instant."""
         if self._store is None or not moments:
             return
-        await self._store.commit([
-            PutRecord(RECORD_KIND, name, json.dumps({"until": self.zone.instant(moment).isoformat()}).encode())
-            for name, moment in moments.items()])
+        await self._store.commit(
+            [
+                PutRecord(RECORD_KIND, name, json.dumps({"until": self.zone.instant(moment).isoformat()}).encode())
+                for name, moment in moments.items()
+            ]
+        )
 
     async def _report_missed(self) -> None:
         """Record the starts of ``at`` schedules that fell due while the router was down."""
@@ -477,8 +539,7 @@ class SchedulerSwiftlet:
         for name, value in records.items():
             schedule_config = config.schedules.get(name)
             plan = plans.get(name)
-            if schedule_config is None or not schedule_config.enabled or not isinstance(plan, Plan) \
-                    or not plan.is_at:
+            if schedule_config is None or not schedule_config.enabled or not isinstance(plan, Plan) or not plan.is_at:
                 continue
             try:
                 since = self.zone.local(datetime.fromisoformat(json.loads(value)["until"]))
@@ -490,13 +551,19 @@ class SchedulerSwiftlet:
                 continue
             schedule = self._schedules.setdefault(name, _Schedule(name))
             for planned in missed:
-                self._record(schedule, schedule_config, planned, None, "missed",
-                             "the router was down at the planned start")
+                self._record(
+                    schedule, schedule_config, planned, None, "missed", "the router was down at the planned start"
+                )
             schedule.last_planned = missed[-1]
-            self.context.bus.publish(RunsMissed(schedule=name, count=total, first=_iso(missed[0]),
-                                                last=_iso(missed[-1])))
-            self.context.log.warning("schedule %s: %d start(s) missed while the router was down, not run "
-                                     "(last at %s)", name, total, _iso(missed[-1]))
+            self.context.bus.publish(
+                RunsMissed(schedule=name, count=total, first=_iso(missed[0]), last=_iso(missed[-1]))
+            )
+            self.context.log.warning(
+                "schedule %s: %d start(s) missed while the router was down, not run (last at %s)",
+                name,
+                total,
+                _iso(missed[-1]),
+            )
         await self._remember({name: now for name in records if name in config.schedules})
 
     # -- vetoes: runtime changes the config alone cannot check -------------------------------
@@ -519,14 +586,16 @@ class SchedulerSwiftlet:
         calendars = self.context.config.calendars
         before = build_calendars(calendars)
         after = build_calendars({**calendars, candidate.name: candidate})
-        broken = [problem for name, problem in after.items()
-                  if isinstance(problem, str) and not isinstance(before.get(name), str)]
+        broken = [
+            problem
+            for name, problem in after.items()
+            if isinstance(problem, str) and not isinstance(before.get(name), str)
+        ]
         if broken:
             raise Veto(broken[0])
 
     def _schedule_added(self, entity: Entity) -> None:
-        entity.on_change(lambda change: self._check_schedule(
-            attrs.evolve(entity.config, **{change.field: change.new})))
+        entity.on_change(lambda change: self._check_schedule(attrs.evolve(entity.config, **{change.field: change.new})))
 
         def check_with(name: str, parameter: ParameterConfig | None) -> None:
             parameters = {key: value for key, value in entity.config.parameters.items() if key != name}
@@ -535,8 +604,9 @@ class SchedulerSwiftlet:
             self._check_schedule(attrs.evolve(entity.config, parameters=parameters))
 
         def parameter_added(parameter: Entity) -> None:
-            parameter.on_change(lambda change: check_with(
-                parameter.name, attrs.evolve(parameter.config, **{change.field: change.new})))
+            parameter.on_change(
+                lambda change: check_with(parameter.name, attrs.evolve(parameter.config, **{change.field: change.new}))
+            )
             check_with(parameter.name, parameter.config)
 
         entity.entity_list("parameters").bind(parameter_added, lambda parameter: check_with(parameter.name, None))

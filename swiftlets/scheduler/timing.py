@@ -66,8 +66,16 @@ HORIZON_DAYS = 8 * 366 + 1
 #: Weekday names in the config, Sunday first as in SwiftMQ; the value is Python's weekday().
 WEEKDAYS = {"sun": 6, "mon": 0, "tue": 1, "wed": 2, "thu": 3, "fri": 4, "sat": 5}
 
-_WEEKDAY_NAMES = {**WEEKDAYS, "sunday": 6, "monday": 0, "tuesday": 1, "wednesday": 2, "thursday": 3,
-                  "friday": 4, "saturday": 5}
+_WEEKDAY_NAMES = {
+    **WEEKDAYS,
+    "sunday": 6,
+    "monday": 0,
+    "tuesday": 1,
+    "wednesday": 2,
+    "thursday": 3,
+    "friday": 4,
+    "saturday": 5,
+}
 _TIME = re.compile(r"(\d{1,2}):(\d{2})(?::(\d{2}))?\Z")
 _DURATION = re.compile(r"(\d+)\s*([hms])\Z")
 _DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})\Z")
@@ -148,8 +156,12 @@ def parse_time_expression(text: str) -> TimeExpression:
         return AtTimes(tuple(sorted({_parse_time(part, "at") for part in parts})))
     if words[0] == "start":
         grammar = "start HH:mm[:ss] stop HH:mm[:ss] delay <n>h|m|s [repeat <n>]"
-        if len(words) not in (6, 8) or words[2] != "stop" or words[4] != "delay" or \
-                (len(words) == 8 and words[6] != "repeat"):
+        if (
+            len(words) not in (6, 8)
+            or words[2] != "stop"
+            or words[4] != "delay"
+            or (len(words) == 8 and words[6] != "repeat")
+        ):
             raise ValueError(f"expected {grammar!r}, found {text.strip()!r}")
         start, stop = _parse_time(words[1], "start"), _parse_time(words[3], "stop")
         try:
@@ -268,11 +280,13 @@ class Calendar:
 
     def selects(self, day: date) -> bool:
         """Whether one of this calendar's own parts names ``day``."""
-        return (day.weekday() in self.weekdays
-                or day.day in self.month_days
-                or (self.last_day and day.day == _calendar.monthrange(day.year, day.month)[1])
-                or (day.month, day.day) in self.annual_days
-                or any(first <= day <= last for first, last in self.date_ranges))
+        return (
+            day.weekday() in self.weekdays
+            or day.day in self.month_days
+            or (self.last_day and day.day == _calendar.monthrange(day.year, day.month)[1])
+            or (day.month, day.day) in self.annual_days
+            or any(first <= day <= last for first, last in self.date_ranges)
+        )
 
     def allows(self, day: date) -> bool:
         """Whether a schedule on this calendar may run on ``day``."""
@@ -281,8 +295,9 @@ class Calendar:
         return self.selects(day) == self.include
 
 
-def resolve_calendars(definitions: Mapping[str, Callable[[Calendar | None], Calendar]],
-                      bases: Mapping[str, str]) -> dict[str, Calendar | str]:
+def resolve_calendars(
+    definitions: Mapping[str, Callable[[Calendar | None], Calendar]], bases: Mapping[str, str]
+) -> dict[str, Calendar | str]:
     """Build every calendar with its chain of bases.
 
     ``definitions[name](base)`` builds calendar ``name`` on top of its resolved ``base``;
@@ -323,8 +338,14 @@ def _first_after(expression: TimeExpression, day: date, after: datetime) -> date
     return opens + timedelta(seconds=index * expression.delay) if index < expression.starts else None
 
 
-def next_start(expression: TimeExpression, after: datetime, *, allows: Callable[[date], bool] | None = None,
-               first_day: date | None = None, last_day: date | None = None) -> datetime | None:
+def next_start(
+    expression: TimeExpression,
+    after: datetime,
+    *,
+    allows: Callable[[date], bool] | None = None,
+    first_day: date | None = None,
+    last_day: date | None = None,
+) -> datetime | None:
     """The first start strictly after ``after`` (naive local time), or ``None``.
 
     ``allows`` is the calendar's test (every day when ``None``); ``first_day`` and
@@ -359,8 +380,9 @@ def next_starts(expression: TimeExpression, after: datetime, count: int, **bound
     return found
 
 
-def missed_starts(expression: TimeExpression, since: datetime, until: datetime, limit: int,
-                  **bounds: object) -> tuple[list[datetime], int]:
+def missed_starts(
+    expression: TimeExpression, since: datetime, until: datetime, limit: int, **bounds: object
+) -> tuple[list[datetime], int]:
     """Starts in (``since``, ``until``]: the last ``limit`` of them and how many in all."""
     kept: list[datetime] = []
     total = 0

@@ -27,7 +27,13 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
             description="Exports usage and events as rows for Apache Spark: files, a metrics topic, a collector.",
             config=SparkConfig,
             factory=SparkSwiftlet,
-            pools=(PoolSpec(POOL, "Writes the files (in worker threads), one batch after the other.",
-                            max_concurrency=1, queue_size=16),),
+            pools=(
+                PoolSpec(
+                    POOL,
+                    "Writes the files (in worker threads), one batch after the other.",
+                    max_concurrency=1,
+                    queue_size=16,
+                ),
+            ),
         )
     ]

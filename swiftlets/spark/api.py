@@ -33,11 +33,28 @@ from typing import Any
 __all__ = ["ROW_COLUMNS", "EVENT_COLUMNS", "TABLES", "encode_batch", "decode_batch", "partition", "iso_time"]
 
 #: (name, type) of the rows table; types: string, timestamp (ms, UTC), double, long.
-ROW_COLUMNS = (("router", "string"), ("time", "timestamp"), ("swiftlet", "string"), ("entity", "string"),
-               ("metric", "string"), ("value", "double"), ("text", "string"), ("epoch", "long"), ("seq", "long"))
+ROW_COLUMNS = (
+    ("router", "string"),
+    ("time", "timestamp"),
+    ("swiftlet", "string"),
+    ("entity", "string"),
+    ("metric", "string"),
+    ("value", "double"),
+    ("text", "string"),
+    ("epoch", "long"),
+    ("seq", "long"),
+)
 #: (name, type) of the events table.
-EVENT_COLUMNS = (("router", "string"), ("time", "timestamp"), ("swiftlet", "string"), ("kind", "string"),
-                 ("entity", "string"), ("fields", "string"), ("epoch", "long"), ("seq", "long"))
+EVENT_COLUMNS = (
+    ("router", "string"),
+    ("time", "timestamp"),
+    ("swiftlet", "string"),
+    ("kind", "string"),
+    ("entity", "string"),
+    ("fields", "string"),
+    ("epoch", "long"),
+    ("seq", "long"),
+)
 #: The tables by folder name.
 TABLES = {"rows": ROW_COLUMNS, "events": EVENT_COLUMNS}
 
@@ -45,8 +62,9 @@ TABLES = {"rows": ROW_COLUMNS, "events": EVENT_COLUMNS}
 def encode_batch(router: str, epoch: int, rows: list[tuple], events: list[tuple]) -> bytes:
     """A topic message body. ``rows``/``events``: tuples in table order without router and
     epoch (time in ms)."""
-    return json.dumps({"router": router, "epoch": epoch, "rows": rows, "events": events},
-                      separators=(",", ":")).encode()
+    return json.dumps(
+        {"router": router, "epoch": epoch, "rows": rows, "events": events}, separators=(",", ":")
+    ).encode()
 
 
 def decode_batch(body: bytes) -> tuple[list[tuple], list[tuple]]:
@@ -65,7 +83,8 @@ def decode_batch(body: bytes) -> tuple[list[tuple], list[tuple]]:
     for table, columns in ((rows, ROW_COLUMNS), (events, EVENT_COLUMNS)):
         for row in table:
             if len(row) != len(columns) or not all(
-                    _fits(value, kind) for value, (_, kind) in zip(row, columns, strict=True)):
+                _fits(value, kind) for value, (_, kind) in zip(row, columns, strict=True)
+            ):
                 raise ValueError(f"not a metrics batch: {row!r:.200} does not fit {[kind for _, kind in columns]}")
     return rows, events
 
@@ -86,4 +105,3 @@ def iso_time(time_ms: int) -> str:
     """``2026-11-26T14:39:21.123Z``, the time as the JSON-lines files write it."""
     seconds, millis = divmod(int(time_ms), 1000)
     return _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(seconds)) + f".{millis:03d}Z"
-

@@ -27,8 +27,12 @@ __all__ = ["write_tables", "enforce_retention"]
 def _arrow_schema(columns: tuple[tuple[str, str], ...]):  # pyarrow is optional: imported when used
     import pyarrow as pa
 
-    types = {"string": pa.string(), "timestamp": pa.timestamp("ms", tz="UTC"), "double": pa.float64(),
-             "long": pa.int64()}
+    types = {
+        "string": pa.string(),
+        "timestamp": pa.timestamp("ms", tz="UTC"),
+        "double": pa.float64(),
+        "long": pa.int64(),
+    }
     return pa.schema([(name, types[kind]) for name, kind in columns])
 
 
@@ -119,4 +123,3 @@ def enforce_retention(folder: str, max_age_ms: int, max_bytes: int) -> int:
             except OSError:
                 break
     return deleted
-

@@ -45,7 +45,8 @@ class Filter:
         verdict = self._cache.get(name)
         if verdict is None:
             verdict = any(p.fullmatch(name) for p in self._include) and not any(
-                p.fullmatch(name) for p in self._exclude)
+                p.fullmatch(name) for p in self._exclude
+            )
             if len(self._cache) < 100_000:
                 self._cache[name] = verdict
         return verdict
@@ -149,8 +150,13 @@ def event_row_parts(event: Any) -> tuple[str, str, str, str]:
     """``(swiftlet, kind, entity, fields)`` of a bus event (an attrs class)."""
     module = type(event).__module__
     found = _SWIFTLET_MODULE.match(module)
-    swiftlet = f"sys${found.group(1)}" if found else module.split(".")[1] if module.startswith("martinet.") \
+    swiftlet = (
+        f"sys${found.group(1)}"
+        if found
+        else module.split(".")[1]
+        if module.startswith("martinet.")
         else module.split(".")[0]
+    )
     fields = {field.name: _plain(getattr(event, field.name)) for field in attrs.fields(type(event))}
     entity = next((str(v) for v in fields.values()), "")
     return swiftlet, type(event).__name__, entity, json.dumps(fields, separators=(",", ":"))

@@ -70,9 +70,23 @@ class SparkSwiftlet:
         self._roll_now = trio.Event()
         self._filters: tuple[Any, Filter, Filter] | None = None
         self._sampler: Sampler | None = None
-        self.counters = dict.fromkeys(("samples", "rows", "events", "events-dropped", "files", "bytes",
-                                       "rows-dropped", "write-errors", "published", "collected", "rejected",
-                                       "files-deleted"), 0)
+        self.counters = dict.fromkeys(
+            (
+                "samples",
+                "rows",
+                "events",
+                "events-dropped",
+                "files",
+                "bytes",
+                "rows-dropped",
+                "write-errors",
+                "published",
+                "collected",
+                "rejected",
+                "files-deleted",
+            ),
+            0,
+        )
         self.last_sample_ms = 0.0
 
     @property
@@ -81,8 +95,9 @@ class SparkSwiftlet:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         config = self.config
-        self.context.usage.provide(lambda: {**self.counters, "epoch": self.epoch,
-                                            "last-sample-ms": round(self.last_sample_ms, 2)})
+        self.context.usage.provide(
+            lambda: {**self.counters, "epoch": self.epoch, "last-sample-ms": round(self.last_sample_ms, 2)}
+        )
         with self.context.bus.subscribe(Event, max_buffer=EVENT_BUFFER, overflow=Overflow.DROP_OLDEST) as events:
             try:
                 async with trio.open_nursery() as nursery:
@@ -110,8 +125,13 @@ class SparkSwiftlet:
 
     def _sampler_now(self) -> Sampler:
         config = self.config
-        key = (config.include_swiftlets, config.exclude_swiftlets, config.include_entities, config.exclude_entities,
-               config.full_sample_interval)
+        key = (
+            config.include_swiftlets,
+            config.exclude_swiftlets,
+            config.include_entities,
+            config.exclude_entities,
+            config.full_sample_interval,
+        )
         if self._filters is None or self._filters[0] != key:  # a new sampler: its first sample is full
             swiftlets, entities = Filter(*key[:2]), Filter(*key[2:4])
             self._filters = (key, swiftlets, entities)
@@ -137,7 +157,7 @@ class SparkSwiftlet:
         elif output is Output.TOPIC:
             events, self._outbox = self._outbox, []
             for start in range(0, max(len(rows), 1 if events else 0), CHUNK):
-                self._publish(rows[start:start + CHUNK], events if start == 0 else [])
+                self._publish(rows[start : start + CHUNK], events if start == 0 else [])
         else:
             self.counters["rows-dropped"] += len(rows)
         self.last_sample_ms = (time.perf_counter() - started) * 1000
@@ -153,8 +173,12 @@ class SparkSwiftlet:
             self._outbox.append(event)
 
     def _publish(self, rows: list[tuple], events: list[tuple]) -> None:
-        body = encode_batch(self.context.router_name, self.epoch, [row[1:7] + row[8:] for row in rows],
-                            [event[1:6] + event[7:] for event in events])
+        body = encode_batch(
+            self.context.router_name,
+            self.epoch,
+            [row[1:7] + row[8:] for row in rows],
+            [event[1:6] + event[7:] for event in events],
+        )
         try:
             topics = self.context.lookup("sys$topicmanager", TopicManager)
             topics.publish(self.config.topic, build(body, durable=True, subject="metrics"))
@@ -213,8 +237,7 @@ class SparkSwiftlet:
                 self._queued = [waiting for waiting in self._queued if waiting is not batch]
                 if any(tables.values()):
                     try:
-                        files, size = await trio.to_thread.run_sync(write_tables, config.folder, config.format,
-                                                                    tables)
+                        files, size = await trio.to_thread.run_sync(write_tables, config.folder, config.format, tables)
                     except OSError as exc:
                         self.counters["write-errors"] += 1
                         self._dropped(batch, f"cannot write to {config.folder}: {exc}")
@@ -225,7 +248,8 @@ class SparkSwiftlet:
         if config.retention_age >= 0 or config.retention_size >= 0:
             try:
                 self.counters["files-deleted"] += await trio.to_thread.run_sync(
-                    enforce_retention, config.folder, config.retention_age, config.retention_size)
+                    enforce_retention, config.folder, config.retention_age, config.retention_size
+                )
             except OSError as exc:
                 self.context.log.warning("retention in %s: %s", config.folder, exc)
 
@@ -264,8 +288,9 @@ class SparkSwiftlet:
                 self.counters["rejected"] += 1
                 consumer.reject(entry, f"not a metrics batch: {exc}")
                 consumer.flow(1)
-                self.context.log.warning("message %s on topic %s rejected: %s", entry.message.message_id,
-                                         self.config.topic, exc)
+                self.context.log.warning(
+                    "message %s on topic %s rejected: %s", entry.message.message_id, self.config.topic, exc
+                )
                 continue
             self.counters["collected"] += 1
             self._rows.extend(rows)

@@ -101,8 +101,16 @@ class RememberId(NamedTuple):
     keep: int
 
 
-Op = (PutMessage | DeleteMessage | SetDeliveryCount | SetMessageBody | SetTransaction | PutRecord | DeleteRecord
-      | RememberId)
+Op = (
+    PutMessage
+    | DeleteMessage
+    | SetDeliveryCount
+    | SetMessageBody
+    | SetTransaction
+    | PutRecord
+    | DeleteRecord
+    | RememberId
+)
 
 
 class StoredMessage(NamedTuple):

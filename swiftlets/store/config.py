@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import attrs
+
 from martinet.kernel import config_class, prop
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class StoreConfig:
     path: str = prop(
         "store",
@@ -21,7 +24,9 @@ class StoreConfig:
         "(survives a process crash, not an OS crash); off: leave it to the OS.",
     )
     max_batch: int = prop(
-        20_000, min=1, max=1_000_000,
+        20_000,
+        min=1,
+        max=1_000_000,
         description="Most operations in one group commit; bounds commit latency under load.",
     )
     accept_empty_store: bool = prop(

@@ -115,8 +115,16 @@ from .api import (
 )
 
 SCHEMA_VERSION = 1
-OP_CODES = {PutMessage: 1, DeleteMessage: 2, SetDeliveryCount: 3, SetTransaction: 4, PutRecord: 5,
-            DeleteRecord: 6, RememberId: 7, SetMessageBody: 8}
+OP_CODES = {
+    PutMessage: 1,
+    DeleteMessage: 2,
+    SetDeliveryCount: 3,
+    SetTransaction: 4,
+    PutRecord: 5,
+    DeleteRecord: 6,
+    RememberId: 7,
+    SetMessageBody: 8,
+}
 _SET_COLUMNS = {3: (3, "delivery_count"), 4: (4, "txid"), 8: (2, "body")}  # op code → (put field, column)
 RECOVERY_CHUNK = 2000
 MARKER_SUFFIX = ".store-id"  # the companion file recording that the store was created (see above)
@@ -198,28 +206,34 @@ class Database:
             if expected_id is not None and store_id != expected_id:
                 problems.append(
                     f"the store existed (its marker {marker.name} says so) but the database is "
-                    + ("empty or missing" if store_id is None else f"another store's (id {store_id}, "
-                                                                      f"expected {expected_id})"))
+                    + (
+                        "empty or missing"
+                        if store_id is None
+                        else f"another store's (id {store_id}, expected {expected_id})"
+                    )
+                )
             if damage is not None:
                 problems.append(damage)
             if unclean:  # only after an unclean stop: it reads the whole database
                 checked = [row[0] for row in db.execute("PRAGMA quick_check")]
                 if checked != ["ok"]:
-                    problems.append(f"integrity check failed ({len(checked)} problem(s)): "
-                                    + "; ".join(checked[:5]))
+                    problems.append(f"integrity check failed ({len(checked)} problem(s)): " + "; ".join(checked[:5]))
             if problems:
                 text = f"{path}: " + "; ".join(problems)
                 if not accept_empty:
-                    raise DatabaseError(text + " — refusing to start; start once with accept-empty-store=\"true\" "
-                                        "on sys$store to accept what is left")
+                    raise DatabaseError(
+                        text + ' — refusing to start; start once with accept-empty-store="true" '
+                        "on sys$store to accept what is left"
+                    )
                 self.warnings.append(text + " — accepted (accept-empty-store)")
             db.executescript(_SCHEMA)
             found = _meta(db, "schema-version")
             if found is None:
                 db.execute("INSERT INTO meta VALUES ('schema-version', ?)", (str(SCHEMA_VERSION),))
             elif int(found) > SCHEMA_VERSION:
-                raise DatabaseError(f"{path}: schema version {found} is newer than this release understands "
-                                    f"({SCHEMA_VERSION})")
+                raise DatabaseError(
+                    f"{path}: schema version {found} is newer than this release understands ({SCHEMA_VERSION})"
+                )
             if store_id is None:
                 store_id = uuid.uuid4().hex
                 db.execute("INSERT INTO meta VALUES ('store-id', ?)", (store_id,))
@@ -235,9 +249,10 @@ class Database:
         chunk: list[list[Any]] = []
         last_id = 0
         for id_, queue, body, delivery_count, txid in db.execute(
-                "SELECT id, queue, body, delivery_count, txid FROM messages ORDER BY id"):
+            "SELECT id, queue, body, delivery_count, txid FROM messages ORDER BY id"
+        ):
             try:
-                head = body[:head_length(body)]
+                head = body[: head_length(body)]
             except (ValueError, IndexError):  # MessageError is a ValueError
                 head = body  # the queue manager reports and drops what it cannot read
             chunk.append([id_, queue, head, delivery_count, txid, len(body)])
@@ -248,8 +263,12 @@ class Database:
         if chunk:
             send(["messages", chunk])
         send(["records", [list(row) for row in db.execute("SELECT kind, key, value FROM records")]])
-        send(["remembered", [list(row) for row in db.execute(
-            "SELECT queue, message_id FROM remembered_ids ORDER BY id")]])
+        send(
+            [
+                "remembered",
+                [list(row) for row in db.execute("SELECT queue, message_id FROM remembered_ids ORDER BY id")],
+            ]
+        )
         send(["ready", last_id + 1])
 
     def apply(self, ops: list[list[Any]]) -> int:
@@ -296,7 +315,7 @@ class Database:
         try:
             _insert_rows(db, "messages (id, queue, body, delivery_count, txid)", list(puts.values()))
             for start in range(0, len(deletes), _ROWS_PER_STATEMENT * 4):
-                chunk = deletes[start:start + _ROWS_PER_STATEMENT * 4]
+                chunk = deletes[start : start + _ROWS_PER_STATEMENT * 4]
                 db.execute(f"DELETE FROM messages WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
             for column, values in updates.items():  # one statement per value (a commit clears many txids)
                 by_value: dict[Any, list[int]] = {}
@@ -304,9 +323,11 @@ class Database:
                     by_value.setdefault(value, []).append(id_)
                 for value, ids in by_value.items():
                     for start in range(0, len(ids), _ROWS_PER_STATEMENT * 4):
-                        chunk = ids[start:start + _ROWS_PER_STATEMENT * 4]
-                        db.execute(f"UPDATE messages SET {column} = ? WHERE id IN ({', '.join('?' * len(chunk))})",
-                                   (value, *chunk))
+                        chunk = ids[start : start + _ROWS_PER_STATEMENT * 4]
+                        db.execute(
+                            f"UPDATE messages SET {column} = ? WHERE id IN ({', '.join('?' * len(chunk))})",
+                            (value, *chunk),
+                        )
             _insert_rows(db, "records (kind, key, value)", records, replace=True)
             for kind_key in record_deletes:
                 db.execute("DELETE FROM records WHERE kind = ? AND key = ?", kind_key)
@@ -315,7 +336,9 @@ class Database:
                 for queue_name, size in keep.items():
                     db.execute(
                         "DELETE FROM remembered_ids WHERE queue = ?1 AND id <= (SELECT id FROM remembered_ids "
-                        "WHERE queue = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)", (queue_name, size))
+                        "WHERE queue = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+                        (queue_name, size),
+                    )
             db.execute("COMMIT")
         except BaseException:
             # SQLite has rolled back already after some errors (SQLITE_FULL, SQLITE_IOERR):
@@ -346,9 +369,12 @@ class Database:
 
     def vacuum(self) -> int:
         """Rebuild the database without its free pages; the bytes given back."""
+
         def size() -> int:
-            return self.db.execute("PRAGMA page_count").fetchone()[0] * self.db.execute(
-                "PRAGMA page_size").fetchone()[0]
+            return (
+                self.db.execute("PRAGMA page_count").fetchone()[0] * self.db.execute("PRAGMA page_size").fetchone()[0]
+            )
+
         before = size()
         self.db.execute("VACUUM")
         return before - size()
@@ -361,9 +387,13 @@ def read_bodies(db: sqlite3.Connection, ids: list[int]) -> list[list[Any]]:
     """``[[id, body], …]`` of the stored messages among ``ids``, in id order."""
     rows: list[list[Any]] = []
     for start in range(0, len(ids), _ROWS_PER_STATEMENT * 4):
-        chunk = ids[start:start + _ROWS_PER_STATEMENT * 4]
-        rows.extend([row[0], row[1]] for row in db.execute(
-            f"SELECT id, body FROM messages WHERE id IN ({', '.join('?' * len(chunk))}) ORDER BY id", chunk))
+        chunk = ids[start : start + _ROWS_PER_STATEMENT * 4]
+        rows.extend(
+            [row[0], row[1]]
+            for row in db.execute(
+                f"SELECT id, body FROM messages WHERE id IN ({', '.join('?' * len(chunk))}) ORDER BY id", chunk
+            )
+        )
     return rows
 
 
@@ -374,8 +404,7 @@ class Reader:
     The thread ends at the end of its input (the router closed the pipe or is gone)."""
 
     def __init__(self, path: str, requests: BinaryIO, answers: BinaryIO):
-        self._thread = threading.Thread(target=self._run, args=(path, requests, answers), name="reader",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(path, requests, answers), name="reader", daemon=True)
         self._thread.start()
 
     @staticmethod
@@ -534,8 +563,10 @@ def lock_store(path: str, notice: Any, wait: float = LOCK_WAIT) -> int:
             pass
         if time.monotonic() >= deadline:
             os.close(fd)
-            raise DatabaseError(f"{path}: the previous store process (pid {_lock_holder(lock_path)}) still holds "
-                                f"the store lock {lock_path} after {wait:g} s — refusing to open the store beside it")
+            raise DatabaseError(
+                f"{path}: the previous store process (pid {_lock_holder(lock_path)}) still holds "
+                f"the store lock {lock_path} after {wait:g} s — refusing to open the store beside it"
+            )
         if not waiting:
             waiting = True
             notice(f"waiting for the previous store process of {path} (pid {_lock_holder(lock_path)}) to finish")
@@ -620,8 +651,8 @@ def inspect_wal(wal: bytes) -> str | None:
                 break  # the end of the current generation: stale frames follow
             continue
         if broken_at is None:
-            s0, s1 = _wal_checksum(wal[offset:offset + 8], words, s0, s1)
-            s0, s1 = _wal_checksum(wal[offset + 24:offset + frame_size], words, s0, s1)
+            s0, s1 = _wal_checksum(wal[offset : offset + 8], words, s0, s1)
+            s0, s1 = _wal_checksum(wal[offset + 24 : offset + frame_size], words, s0, s1)
             if (s0, s1) == (check0, check1):
                 continue
             broken_at = index
@@ -629,8 +660,10 @@ def inspect_wal(wal: bytes) -> str | None:
         lost_commits += committed_size != 0
     if broken_at is None or not lost_commits:
         return None  # at most a torn, never acknowledged transaction: what a crash leaves
-    return (f"the WAL is damaged: frame {broken_at + 1} of {frames} fails its checksum; recovery drops "
-            f"{lost_frames} frame(s) from there, with {lost_commits} committed transaction(s)")
+    return (
+        f"the WAL is damaged: frame {broken_at + 1} of {frames} fails its checksum; recovery drops "
+        f"{lost_frames} frame(s) from there, with {lost_commits} committed transaction(s)"
+    )
 
 
 def _insert_rows(db: sqlite3.Connection, table: str, rows: Sequence[Sequence[Any]], *, replace: bool = False) -> None:
@@ -639,9 +672,10 @@ def _insert_rows(db: sqlite3.Connection, table: str, rows: Sequence[Sequence[Any
     verb = "INSERT OR REPLACE" if replace else "INSERT"
     group = "(" + ", ".join("?" * len(rows[0])) + ")"
     for start in range(0, len(rows), _ROWS_PER_STATEMENT):
-        chunk = rows[start:start + _ROWS_PER_STATEMENT]
-        db.execute(f"{verb} INTO {table} VALUES {', '.join([group] * len(chunk))}",
-                   [value for row in chunk for value in row])
+        chunk = rows[start : start + _ROWS_PER_STATEMENT]
+        db.execute(
+            f"{verb} INTO {table} VALUES {', '.join([group] * len(chunk))}", [value for row in chunk for value in row]
+        )
 
 
 def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
@@ -728,4 +762,3 @@ def main(argv: list[str]) -> int:
         checkpointer.stop()
         database.close()
     return 0
-

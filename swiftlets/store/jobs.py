@@ -54,11 +54,25 @@ async def vacuum(run: JobRun) -> str:
         raise JobError(str(exc)) from None
 
 
-STORE_JOBS = JobGroup(name="Store", swiftlet="sys$store", jobs=[
-    Job(name="Backup", run=backup, description="A consistent online copy of the store's database into a folder, "
-        "keeping the newest generations.", parameters=[
-            JobParameter(name="Folder", description="Where the copies go (created if missing)."),
-            JobParameter(name="Generations", description="How many copies of this router to keep.", default="3",
-                         check=_generations)]),
-    Job(name="Vacuum", run=vacuum, description="Gives the space of deleted messages back to the file system."),
-])
+STORE_JOBS = JobGroup(
+    name="Store",
+    swiftlet="sys$store",
+    jobs=[
+        Job(
+            name="Backup",
+            run=backup,
+            description="A consistent online copy of the store's database into a folder, "
+            "keeping the newest generations.",
+            parameters=[
+                JobParameter(name="Folder", description="Where the copies go (created if missing)."),
+                JobParameter(
+                    name="Generations",
+                    description="How many copies of this router to keep.",
+                    default="3",
+                    check=_generations,
+                ),
+            ],
+        ),
+        Job(name="Vacuum", run=vacuum, description="Gives the space of deleted messages back to the file system."),
+    ],
+)

@@ -91,9 +91,9 @@ class _FrameReader:
             if len(buffer) >= 4:
                 size = LENGTH.unpack_from(buffer)[0]
                 if len(buffer) >= 4 + size:
-                    with memoryview(buffer) as whole, whole[4:4 + size] as payload:
+                    with memoryview(buffer) as whole, whole[4 : 4 + size] as payload:
                         frame = unpack_frame(payload)  # (no copy of a batch of bodies before unpacking it)
-                    del buffer[:4 + size]
+                    del buffer[: 4 + size]
                     return frame
             data = await self._stream.receive_some(1 << 20)
             if not data:
@@ -204,8 +204,16 @@ class SqliteStore:
         answers_out, answers_in = os.pipe()  # and writes the answers into answers_in
         try:
             process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "martinet.swiftlets.store", str(self.path), self.sync,
-                 "accept-empty" if self.accept_empty else "refuse-empty", str(requests_out), str(answers_in)],
+                [
+                    sys.executable,
+                    "-m",
+                    "martinet.swiftlets.store",
+                    str(self.path),
+                    self.sync,
+                    "accept-empty" if self.accept_empty else "refuse-empty",
+                    str(requests_out),
+                    str(answers_in),
+                ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 pass_fds=(requests_out, answers_in),
@@ -277,8 +285,12 @@ class SqliteStore:
                 for queue_name, message_id in frame[1]:
                     remembered.setdefault(queue_name, []).append(message_id)
             elif kind == "ready":
-                log.info("store %s opened: %d messages, %d records", self.path, len(messages),
-                         sum(len(v) for v in records.values()))
+                log.info(
+                    "store %s opened: %d messages, %d records",
+                    self.path,
+                    len(messages),
+                    sum(len(v) for v in records.values()),
+                )
                 return Recovered(len(messages), records, remembered, frame[1]), messages
             elif kind == "warning":  # a damaged or emptied store, accepted by accept-empty-store
                 log.error("%s", frame[1])

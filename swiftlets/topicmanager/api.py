@@ -142,8 +142,16 @@ class Subscription(Protocol):
 class TopicManager(Protocol):
     """What ``context.lookup("sys$topicmanager", TopicManager)`` returns."""
 
-    def subscribe(self, topic: str, *, selector: str | None = None, no_local: bool = False,
-                  client_id: str | None = None, owner: Any = None, queue: Queue | None = None) -> Subscription:
+    def subscribe(
+        self,
+        topic: str,
+        *,
+        selector: str | None = None,
+        no_local: bool = False,
+        client_id: str | None = None,
+        owner: Any = None,
+        queue: Queue | None = None,
+    ) -> Subscription:
         """A non-durable subscription with its own temporary queue (owned by ``owner``) — or
         delivering into ``queue``, which a subscriber with several subscriptions shares (it
         then receives each message once, however many of them match; closing leaves the
@@ -156,8 +164,9 @@ class TopicManager(Protocol):
     def close_subscriptions(self, owner: Any) -> None:
         """Close every non-durable subscription created with ``owner`` (a lost connection)."""
 
-    async def durable_subscribe(self, client_id: str, name: str, topic: str, *, selector: str | None = None,
-                                no_local: bool = False) -> Subscription:
+    async def durable_subscribe(
+        self, client_id: str, name: str, topic: str, *, selector: str | None = None, no_local: bool = False
+    ) -> Subscription:
         """Create the durable subscription ``client_id`` / ``name``, or resume it if it exists
         with the same topic, selector and no-local; with other parameters the old one is
         dropped with its messages and a new one created. Everything is checked before the
@@ -192,8 +201,14 @@ class TopicManager(Protocol):
         that could not be restored at start. Such a queue is the subscription's: a listener
         lets clients use it only through the subscription, never as a plain queue."""
 
-    def publish(self, topic: str, message: Message, *, client_id: str | None = None,
-                on_durable: Callable[[BaseException | None], None] | None = None) -> PublishResult:
+    def publish(
+        self,
+        topic: str,
+        message: Message,
+        *,
+        client_id: str | None = None,
+        on_durable: Callable[[BaseException | None], None] | None = None,
+    ) -> PublishResult:
         """Deliver ``message`` to every matching subscription (once per subscriber queue).
 
         ``client_id`` is the publishing connection's (for no-local); ``on_durable`` is

@@ -77,8 +77,17 @@ from .api import TopicError
 from .config import AnnounceFilter
 from .hierarchy import TopicName
 
-__all__ = ["INTEREST_QUEUE", "REMOTE_PREFIX", "SOURCE", "TOPIC", "PUBLISHER", "InterestRecord", "RemoteSubscriptions",
-           "Federation", "AllDurable"]
+__all__ = [
+    "INTEREST_QUEUE",
+    "REMOTE_PREFIX",
+    "SOURCE",
+    "TOPIC",
+    "PUBLISHER",
+    "InterestRecord",
+    "RemoteSubscriptions",
+    "Federation",
+    "AllDurable",
+]
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +126,16 @@ class InterestRecord:
 
     def body(self) -> bytes:
         """The record as JSON (the message body, and the store record of the receiver)."""
-        return json.dumps({"version": RECORD_VERSION, "router": self.router, "epoch": self.epoch, "seq": self.seq,
-                           "roots": sorted(self.roots), "reply": self.reply}).encode()
+        return json.dumps(
+            {
+                "version": RECORD_VERSION,
+                "router": self.router,
+                "epoch": self.epoch,
+                "seq": self.seq,
+                "roots": sorted(self.roots),
+                "reply": self.reply,
+            }
+        ).encode()
 
     def encode(self) -> Message:
         return build(self.body(), subject="topic-interest", content_type="application/json")
@@ -159,8 +176,13 @@ class RemoteSubscription:
     unroutable: int = 0  # the forward was refused (the router is unknown, the routing queue is full)
 
     def usage(self) -> dict[str, Any]:
-        return {"forwarded": self.forwarded, "unroutable": self.unroutable, "static": self.static,
-                "keep-on-unsubscribe": self.keep, "announced": self.announced}
+        return {
+            "forwarded": self.forwarded,
+            "unroutable": self.unroutable,
+            "static": self.static,
+            "keep-on-unsubscribe": self.keep,
+            "announced": self.announced,
+        }
 
 
 class RemoteSubscriptions:
@@ -177,7 +199,8 @@ class RemoteSubscriptions:
         found = self._by_root.get(root)
         if found is None:
             found = self._by_root[root] = tuple(
-                s for subs in self.routers.values() for s in subs.values() if s.root == root)
+                s for subs in self.routers.values() for s in subs.values() if s.root == root
+            )
         return found
 
     def heard_from(self, router: str) -> bool:
@@ -267,8 +290,13 @@ class Federation:
     forwarded message to local subscribers (the manager's): staged in ``transaction``, or
     at once when it is None."""
 
-    def __init__(self, context: SwiftletContext, queue_manager: QueueManager, interest: Callable[..., frozenset[str]],
-                 deliver: Callable[[Message, Any], None]):
+    def __init__(
+        self,
+        context: SwiftletContext,
+        queue_manager: QueueManager,
+        interest: Callable[..., frozenset[str]],
+        deliver: Callable[[Message, Any], None],
+    ):
         self.context = context
         self.local = context.router_name
         self.subscriptions = RemoteSubscriptions(self.local)
@@ -296,8 +324,9 @@ class Federation:
         Raises: TopicError (at start): a static remote subscription without a static route."""
         entity = self.context.entity
         self._usage = self.context.usage.add_list("remote-router-subscriptions")
-        entity.entity_list("static-remote-router-subscriptions").bind(self._static_router_added,
-                                                                      self._static_router_removed)
+        entity.entity_list("static-remote-router-subscriptions").bind(
+            self._static_router_added, self._static_router_removed
+        )
         entity.entity_list("announce-filters").bind(self._filter_added, self._filter_removed)
         try:
             self.context.management.resolve("/sys$routing")
@@ -305,14 +334,16 @@ class Federation:
             task_status.started()
             await trio.sleep_forever()
         await self._new_epoch(store)
-        with self.context.bus.subscribe(DestinationActivated, max_buffer=100_000) as activated, \
-                self.context.bus.subscribe(RouterStopping) as stopping:
+        with (
+            self.context.bus.subscribe(DestinationActivated, max_buffer=100_000) as activated,
+            self.context.bus.subscribe(RouterStopping) as stopping,
+        ):
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._receive_records, self._queue_manager.queue(INTEREST_QUEUE, create=True))
                 for name in list(self._queue_manager.queues):  # forwarded messages recovered from the store
                     if name.startswith(REMOTE_PREFIX):
-                        self.listen(name[len(REMOTE_PREFIX):])
+                        self.listen(name[len(REMOTE_PREFIX) :])
                 for root in self._interest():
                     self.listen(root)
                 if self._lookup_routing() is not None:  # routing started first: its destinations are active already
@@ -360,8 +391,10 @@ class Federation:
         except ManagementError:  # sys$routing is not configured on this router
             routes = {}
         if router not in routes:
-            raise TopicError(f"/{self.context.name}/static-remote-router-subscriptions/{router}: a static remote "
-                             f"subscription needs a static route to {router} (/sys$routing/static-routes/{router})")
+            raise TopicError(
+                f"/{self.context.name}/static-remote-router-subscriptions/{router}: a static remote "
+                f"subscription needs a static route to {router} (/sys$routing/static-routes/{router})"
+            )
 
     async def _when_stopping(self, stopping: Any) -> None:
         await stopping.receive()
@@ -452,8 +485,9 @@ class Federation:
 
     # -- forwarding ------------------------------------------------------------------------------
 
-    def forward(self, topic: TopicName, message: Message, client_id: str | None,
-                durable: AllDurable | None) -> tuple[int, int]:
+    def forward(
+        self, topic: TopicName, message: Message, client_id: str | None, durable: AllDurable | None
+    ) -> tuple[int, int]:
         """Send a local publication to every router subscribed to its root; returns the
         largest flow-control delay and the number of routers it went to. A router the
         queue manager refuses (unknown, its routing queue full) is counted as unroutable."""
@@ -471,15 +505,22 @@ class Federation:
             # travelled before and is published again are replaced.
             changes[DESTINATION] = subscription.router
             try:
-                result = self._queue_manager.send_nowait(f"{queue}@{subscription.router}",
-                                                         message.with_annotations(changes),
-                                                         on_durable=durable.add() if durable else None)
+                result = self._queue_manager.send_nowait(
+                    f"{queue}@{subscription.router}",
+                    message.with_annotations(changes),
+                    on_durable=durable.add() if durable else None,
+                )
             except QueueError as exc:
                 if durable is not None:
                     durable.one()  # the copy counted by add() never comes
                 if not subscription.unroutable:
-                    log.warning("publication under %s not forwarded to router %s: %s (logged once per remote "
-                                "subscription; see its unroutable count)", topic.root, subscription.router, exc)
+                    log.warning(
+                        "publication under %s not forwarded to router %s: %s (logged once per remote "
+                        "subscription; see its unroutable count)",
+                        topic.root,
+                        subscription.router,
+                        exc,
+                    )
                 subscription.unroutable += 1
                 continue
             subscription.forwarded += 1
@@ -494,8 +535,9 @@ class Federation:
         if root in self._listening or not federable(root) or self._nursery is None:
             return
         self._listening[root] = scope = trio.CancelScope()
-        self._nursery.start_soon(self._receive_forwarded, self._queue_manager.queue(REMOTE_PREFIX + root, create=True),
-                                 scope)
+        self._nursery.start_soon(
+            self._receive_forwarded, self._queue_manager.queue(REMOTE_PREFIX + root, create=True), scope
+        )
 
     def interest_lost(self, root: str) -> None:
         """The last local subscription under ``root`` went: announce it; a temporary topic's
@@ -545,8 +587,11 @@ class Federation:
             return
         if router not in self._listed:
             entry: Usage = self._usage.add(router, lambda: {"topics": len(self.subscriptions.routers.get(router, {}))})
-            entry.add_operation("delete", lambda: self.delete(router),
-                                f"Delete every remote subscription of router {router} (until it announces again).")
+            entry.add_operation(
+                "delete",
+                lambda: self.delete(router),
+                f"Delete every remote subscription of router {router} (until it announces again).",
+            )
             self._listed[router] = (entry.add_list("topics"), set())
         topics, listed = self._listed[router]
         for root in listed - subscriptions.keys():
@@ -554,8 +599,10 @@ class Federation:
         for root in subscriptions.keys() - listed:
             subscription = subscriptions[root]
             topics.add(root, subscription.usage).add_operation(
-                "delete", lambda root=root: self.delete(router, root),
-                f"Delete the remote subscription of router {router} to {root} (until it announces again).")
+                "delete",
+                lambda root=root: self.delete(router, root),
+                f"Delete the remote subscription of router {router} to {root} (until it announces again).",
+            )
         listed.clear()
         listed.update(subscriptions)
 
@@ -583,7 +630,8 @@ class Federation:
             raise Veto(str(exc)) from None
         entity.entity_list("static-topic-subscriptions").bind(
             lambda topic: self._static_topic_added(router, topic),
-            lambda topic: self._static_topic_removed(router, topic.name))
+            lambda topic: self._static_topic_removed(router, topic.name),
+        )
 
     def _static_router_removed(self, entity: Entity) -> None:
         for name in list(entity.entity_list("static-topic-subscriptions").entities):

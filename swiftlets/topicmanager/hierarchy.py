@@ -83,8 +83,9 @@ def parse_topic(text: str) -> TopicName:
     if any(not part for part in parts):
         raise TopicNameError(f"topic {text!r} has an empty level")
     if _WILDCARDS.search(parts[0]) or "\\" in parts[0]:
-        raise TopicNameError(f"topic {text!r}: the root level {parts[0]!r} may not be a predicate "
-                             "(it names the topic broker)")
+        raise TopicNameError(
+            f"topic {text!r}: the root level {parts[0]!r} may not be a predicate (it names the topic broker)"
+        )
     levels = []
     for part in parts:
         if _WILDCARDS.search(part) or "\\" in part:

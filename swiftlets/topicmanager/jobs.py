@@ -19,8 +19,11 @@ async def delete_durable(run: JobRun) -> str:
     manager: TopicManager = run.swiftlet
     client_ids = like_pattern(run.parameters["Client Id"])
     names = like_pattern(run.parameters["Durable Name"])
-    matching = sorted((s.client_id or "", s.durable_name or "") for s in manager.durable_subscriptions().values()
-                      if client_ids.fullmatch(s.client_id or "") and names.fullmatch(s.durable_name or ""))
+    matching = sorted(
+        (s.client_id or "", s.durable_name or "")
+        for s in manager.durable_subscriptions().values()
+        if client_ids.fullmatch(s.client_id or "") and names.fullmatch(s.durable_name or "")
+    )
     deleted, busy = [], []
     for client_id, name in matching:
         try:
@@ -34,11 +37,23 @@ async def delete_durable(run: JobRun) -> str:
     return message + (f"; left: {', '.join(busy)}" if busy else "")
 
 
-TOPIC_JOBS = JobGroup(name="Topic Manager", swiftlet="sys$topicmanager", jobs=[
-    Job(name="Delete Durable", run=delete_durable,
-        description="Deletes the durable subscriptions (and their messages) whose client id and name match.",
-        parameters=[
-            JobParameter(name="Client Id", description="SQL-LIKE predicate on client ids.", check=like_pattern),
-            JobParameter(name="Durable Name", description="SQL-LIKE predicate on subscription names.",
-                         default="%", check=like_pattern)]),
-])
+TOPIC_JOBS = JobGroup(
+    name="Topic Manager",
+    swiftlet="sys$topicmanager",
+    jobs=[
+        Job(
+            name="Delete Durable",
+            run=delete_durable,
+            description="Deletes the durable subscriptions (and their messages) whose client id and name match.",
+            parameters=[
+                JobParameter(name="Client Id", description="SQL-LIKE predicate on client ids.", check=like_pattern),
+                JobParameter(
+                    name="Durable Name",
+                    description="SQL-LIKE predicate on subscription names.",
+                    default="%",
+                    check=like_pattern,
+                ),
+            ],
+        ),
+    ],
+)

@@ -72,8 +72,18 @@ class Subscription:
     """A subscription delivering into ``queue`` (provides :class:`.api.Subscription`).
     Read it with :meth:`consumer`."""
 
-    def __init__(self, manager: TopicManager, topic: TopicName, queue: Queue, *, selector: Selector | None,
-                 no_local: bool, client_id: str | None, durable_name: str | None = None, owns_queue: bool = True):
+    def __init__(
+        self,
+        manager: TopicManager,
+        topic: TopicName,
+        queue: Queue,
+        *,
+        selector: Selector | None,
+        no_local: bool,
+        client_id: str | None,
+        durable_name: str | None = None,
+        owns_queue: bool = True,
+    ):
         self._manager = manager
         self.owns_queue = owns_queue
         self.topic = topic
@@ -157,12 +167,16 @@ class TopicManager:
         self._root_usage = usage.add_list("topics")
         self._durable_usage = usage.add_list("durable-subscribers")
         self._unrestorable_usage = usage.add_list("unrestorable")
-        usage.provide(lambda: {"roots": len(self._roots), "durable-subscribers": len(self._durables),
-                               "unrestorable": len(self._unrestorable),
-                               "interest": " ".join(sorted(self.interest())),
-                               "interest-records-sent": self._federation.records_sent if self._federation else 0,
-                               "interest-records-received":
-                                   self._federation.records_received if self._federation else 0})
+        usage.provide(
+            lambda: {
+                "roots": len(self._roots),
+                "durable-subscribers": len(self._durables),
+                "unrestorable": len(self._unrestorable),
+                "interest": " ".join(sorted(self.interest())),
+                "interest-records-sent": self._federation.records_sent if self._federation else 0,
+                "interest-records-received": self._federation.records_received if self._federation else 0,
+            }
+        )
         entity = self.context.entity
         entity.on_change(self._settings_changed)
         entity.entity_list("topics").bind(self._topic_defined)  # a root stays while it has subscriptions
@@ -202,9 +216,15 @@ class TopicManager:
                 topic = parse_topic(data["topic"])
                 selector = compile_selector(data["selector"]) if data["selector"] else None
                 _check_durable_queue_name(key)
-                subscription = Subscription(self, topic, self._queue_manager.queue(key, create=True),
-                                            selector=selector, no_local=bool(data["no_local"]),
-                                            client_id=data["client_id"], durable_name=data["name"])
+                subscription = Subscription(
+                    self,
+                    topic,
+                    self._queue_manager.queue(key, create=True),
+                    selector=selector,
+                    no_local=bool(data["no_local"]),
+                    client_id=data["client_id"],
+                    durable_name=data["name"],
+                )
             except (ValueError, KeyError, TypeError, TopicNameError, QueueError) as exc:  # (JSON, selector: ValueError)
                 self._set_aside(key, record, f"{type(exc).__name__}: {exc}")
                 continue
@@ -216,12 +236,19 @@ class TopicManager:
         """Keep a durable record that cannot be restored in the store, log it once, and list
         it under ``usage/unrestorable/<key>`` (a ``/`` in the key shows as ``%2F``)."""
         self._unrestorable[key] = reason
-        log.error("durable subscription record %r cannot be restored and is set aside (kept in the store, listed "
-                  "under /%s/usage/unrestorable): %s", key, self.context.name, reason)
+        log.error(
+            "durable subscription record %r cannot be restored and is set aside (kept in the store, listed "
+            "under /%s/usage/unrestorable): %s",
+            key,
+            self.context.name,
+            reason,
+        )
         if self._unrestorable_usage is not None:
             text = record.decode("utf-8", "replace")
-            self._unrestorable_usage.add(key.replace("/", "%2F"), lambda: {
-                "key": key, "reason": reason, "record": text if len(text) <= 500 else text[:500] + "…"})
+            self._unrestorable_usage.add(
+                key.replace("/", "%2F"),
+                lambda: {"key": key, "reason": reason, "record": text if len(text) <= 500 else text[:500] + "…"},
+            )
 
     def _forget_unrestorable(self, key: str) -> None:
         if self._unrestorable.pop(key, None) is not None and self._unrestorable_usage is not None:
@@ -248,8 +275,11 @@ class TopicManager:
 
     def interest(self, *, durable_only: bool = False) -> frozenset[str]:
         """The root topics that have local subscriptions now (``durable_only``: durable ones)."""
-        return frozenset(name for name, root in self._roots.items()
-                         if any(s.durable for s in root.subscriptions) or (root.subscriptions and not durable_only))
+        return frozenset(
+            name
+            for name, root in self._roots.items()
+            if any(s.durable for s in root.subscriptions) or (root.subscriptions and not durable_only)
+        )
 
     def _add(self, subscription: Subscription) -> None:
         root = self._root(subscription.topic.root, create=True)
@@ -283,8 +313,16 @@ class TopicManager:
 
     # -- subscribing --------------------------------------------------------------------------
 
-    def subscribe(self, topic: str, *, selector: str | None = None, no_local: bool = False,
-                  client_id: str | None = None, owner: Any = None, queue: Queue | None = None) -> Subscription:
+    def subscribe(
+        self,
+        topic: str,
+        *,
+        selector: str | None = None,
+        no_local: bool = False,
+        client_id: str | None = None,
+        owner: Any = None,
+        queue: Queue | None = None,
+    ) -> Subscription:
         """A non-durable subscription with its own temporary queue — or delivering into
         ``queue``, which a subscriber with several subscriptions shares (it then receives
         each message once, however many of them match; closing leaves the queue).
@@ -297,8 +335,9 @@ class TopicManager:
         owns_queue = queue is None
         if queue is None:
             queue = self._queue_manager.create_temporary_queue(owner)
-        subscription = Subscription(self, name, queue, selector=compiled, no_local=no_local, client_id=client_id,
-                                    owns_queue=owns_queue)
+        subscription = Subscription(
+            self, name, queue, selector=compiled, no_local=no_local, client_id=client_id, owns_queue=owns_queue
+        )
         self._add(subscription)
         return subscription
 
@@ -309,8 +348,9 @@ class TopicManager:
                 if not subscription.durable and subscription.queue.owner is owner:
                     subscription.close()
 
-    async def durable_subscribe(self, client_id: str, name: str, topic: str, *, selector: str | None = None,
-                                no_local: bool = False) -> Subscription:
+    async def durable_subscribe(
+        self, client_id: str, name: str, topic: str, *, selector: str | None = None, no_local: bool = False
+    ) -> Subscription:
         """Create the durable subscription ``client_id`` / ``name``, or resume it if it exists
         with the same topic, selector and no-local; with other parameters the old one is
         dropped with its messages and a new one created. Also the administrative create.
@@ -320,14 +360,17 @@ class TopicManager:
                 has active consumers.
         """
         if not client_id or not name or "$" in name or "/" in name or "/" in client_id:
-            raise TopicError(f"invalid durable subscription {client_id!r} / {name!r}: both non-empty, "
-                             "the name without '$' or '/'")
+            raise TopicError(
+                f"invalid durable subscription {client_id!r} / {name!r}: both non-empty, the name without '$' or '/'"
+            )
         key = durable_queue_name(client_id, name)
         try:  # checked before anything is stored: a record whose queue cannot be made would stop every start
             _check_durable_queue_name(key)
         except QueueError as exc:
-            raise TopicError(f"invalid durable subscription {client_id!r} / {name!r}: its queue {key!r} cannot "
-                             f"exist ({exc}); client id and name must not contain '/', '@' or spaces") from None
+            raise TopicError(
+                f"invalid durable subscription {client_id!r} / {name!r}: its queue {key!r} cannot "
+                f"exist ({exc}); client id and name must not contain '/', '@' or spaces"
+            ) from None
         topic_name, compiled = self._check(topic, selector)
         existing = self._durables.get(key)
         if existing is None and key not in self._queue_manager.queues:
@@ -338,13 +381,19 @@ class TopicManager:
             await self.unsubscribe(client_id, name)
             log.info("durable subscription %s changed: dropped and created anew", key)
         self._root(topic_name.root)
-        record = {"client_id": client_id, "name": name, "topic": topic, "selector": selector or "",
-                  "no_local": no_local}
+        record = {
+            "client_id": client_id,
+            "name": name,
+            "topic": topic,
+            "selector": selector or "",
+            "no_local": no_local,
+        }
         await self._store.commit([PutRecord("durable", key, json.dumps(record).encode())])
         self._forget_unrestorable(key)  # the record set aside at start is replaced
         queue = self._queue_manager.queue(key, create=True)
-        subscription = Subscription(self, topic_name, queue, selector=compiled, no_local=no_local,
-                                    client_id=client_id, durable_name=name)
+        subscription = Subscription(
+            self, topic_name, queue, selector=compiled, no_local=no_local, client_id=client_id, durable_name=name
+        )
         self._add(subscription)
         return subscription
 
@@ -370,8 +419,10 @@ class TopicManager:
         if subscription is None:
             raise TopicError(f"no durable subscription {key!r} on router {self.context.router_name}")
         if subscription.queue.consumers:
-            raise TopicError(f"durable subscription {key} has {len(subscription.queue.consumers)} active "
-                             "consumer(s): close them first")
+            raise TopicError(
+                f"durable subscription {key} has {len(subscription.queue.consumers)} active "
+                "consumer(s): close them first"
+            )
         del self._durables[key]  # gone for everyone from now on, while the store forgets it
         await self._store.commit([DeleteRecord("durable", key)])
         self._remove(subscription)
@@ -389,8 +440,14 @@ class TopicManager:
 
     # -- publishing ---------------------------------------------------------------------------
 
-    def publish(self, topic: str, message: Message, *, client_id: str | None = None,
-                on_durable: Callable[[BaseException | None], None] | None = None) -> PublishResult:
+    def publish(
+        self,
+        topic: str,
+        message: Message,
+        *,
+        client_id: str | None = None,
+        on_durable: Callable[[BaseException | None], None] | None = None,
+    ) -> PublishResult:
         """Deliver ``message`` to every matching subscription (once per subscriber).
 
         ``client_id`` is the publishing connection's (for no-local); ``on_durable`` is
@@ -410,7 +467,8 @@ class TopicManager:
         durable = AllDurable(on_durable) if forwarding and on_durable is not None else None
         try:
             delay, full = self._queue_manager.send_to_queues(
-                queues, message, on_durable=durable.add() if durable is not None else on_durable)
+                queues, message, on_durable=durable.add() if durable is not None else on_durable
+            )
         except QueueError as exc:
             raise TopicError(f"cannot publish to {topic}: {exc}") from None
         delivered = len(queues) - len(full)
@@ -423,8 +481,9 @@ class TopicManager:
                 durable.one()  # everything is sent: the guard copy
         return PublishResult(max(delay, pressure), delivered, dropped + len(full))
 
-    def _targets(self, root: _Root, name: TopicName, message: Message,
-                 client_id: str | None) -> tuple[list[Queue], int, int]:
+    def _targets(
+        self, root: _Root, name: TopicName, message: Message, client_id: str | None
+    ) -> tuple[list[Queue], int, int]:
         """The subscriber queues a publication goes to (one per queue; no-local, selectors and
         the slow-subscriber condition applied), the flow-control delay the condition asks
         for, and how many subscribers it drops.
@@ -447,8 +506,9 @@ class TopicManager:
         dropped = 0
         for subscription in targets:
             queue = subscription.queue
-            if id(queue) in seen or (subscription.no_local and client_id is not None
-                                     and subscription.client_id == client_id):
+            if id(queue) in seen or (
+                subscription.no_local and client_id is not None and subscription.client_id == client_id
+            ):
                 continue
             if subscription.selector is not None:
                 if lookup is None:  # the first selector: check what it reads can be read
@@ -500,8 +560,9 @@ class TopicManager:
             try:
                 _, full = self._queue_manager.send_to_queues(queues, message)
             except QueueError as exc:
-                log.warning("a publication to %s forwarded by router %s is dropped: %s", name.text,
-                            annotations.get(SOURCE), exc)
+                log.warning(
+                    "a publication to %s forwarded by router %s is dropped: %s", name.text, annotations.get(SOURCE), exc
+                )
                 return
             root.deliveries += len(queues) - len(full)
             root.dropped += dropped + len(full)
@@ -519,9 +580,13 @@ class TopicManager:
     def _unselectable(subscription: Subscription, error: Exception) -> None:
         if not subscription.unselectable_logged:
             subscription.unselectable_logged = True
-            log.warning("%r: selector %r cannot be evaluated on a published message (%s); such messages are "
-                        "not delivered to it (logged once per subscription)", subscription,
-                        subscription.selector.text if subscription.selector else "", error)
+            log.warning(
+                "%r: selector %r cannot be evaluated on a published message (%s); such messages are "
+                "not delivered to it (logged once per subscription)",
+                subscription,
+                subscription.selector.text if subscription.selector else "",
+                error,
+            )
 
 
 def _check_durable_queue_name(key: str) -> None:

@@ -75,10 +75,11 @@ def _page(router: str, title: str, body: str, *, refresh: int = 0) -> HTMLRespon
     meta = f'<meta http-equiv="refresh" content="{refresh}">' if refresh else ""
     return HTMLResponse(
         f'<!doctype html><html><head><meta charset="utf-8">{meta}<title>{html.escape(title)}</title>'
-        f"<style>{STYLE}</style></head><body><nav><a href=\"/\">network map</a>"
+        f'<style>{STYLE}</style></head><body><nav><a href="/">network map</a>'
         f'<a href="/routers/{html.escape(quote(router, safe=""))}">router {html.escape(router)}</a>'
         '<a href="/metrics">metrics</a>'
-        f"</nav><h1>{html.escape(title)}</h1>{body}</body></html>")
+        f"</nav><h1>{html.escape(title)}</h1>{body}</body></html>"
+    )
 
 
 def _cell(value: Any) -> str:
@@ -109,8 +110,7 @@ def _usage_rows(context: SwiftletContext, path: str, columns: Sequence[str]) -> 
     return rows
 
 
-def _section(context: SwiftletContext, title: str, table_id: str, path: str, columns: Sequence[str],
-             empty: str) -> str:
+def _section(context: SwiftletContext, title: str, table_id: str, path: str, columns: Sequence[str], empty: str) -> str:
     rows = _usage_rows(context, path, columns)
     if rows is None:
         return f"<h2>{html.escape(title)}</h2><p>not running here ({html.escape(path)})</p>"
@@ -160,9 +160,11 @@ class BasicAuth:
             await self.app(scope, receive, send)
             return
         if not self.web.protected:
-            await PlainTextResponse("authentication-enabled is off in sys$authentication: this listener is not on "
-                                    "loopback, so it serves nothing until authentication is on again",
-                                    status_code=403)(scope, receive, send)
+            await PlainTextResponse(
+                "authentication-enabled is off in sys$authentication: this listener is not on "
+                "loopback, so it serves nothing until authentication is on again",
+                status_code=403,
+            )(scope, receive, send)
             return
         authentication = self.web.authentication
         assert authentication is not None
@@ -194,8 +196,13 @@ class BasicAuth:
         except AuthenticationFailed as exc:
             return 401, exc.reason
         if principal.group != self.admin_group:
-            self.web.context.log.warning("web: user %s from %s refused: group %s is not the admin group %s",
-                                         user, host, principal.group, self.admin_group)
+            self.web.context.log.warning(
+                "web: user %s from %s refused: group %s is not the admin group %s",
+                user,
+                host,
+                principal.group,
+                self.admin_group,
+            )
             return 403, f"user {user} is not in the admin group"
         return None
 
@@ -206,10 +213,12 @@ def build_app(web: WebSwiftlet, context: SwiftletContext, *, admin_group: str) -
     collector = UsageCollector(router, context.management)
 
     async def map_page(request: Request) -> Response:
-        body = (f'<svg id="map" data-router="{html.escape(router)}" width="760" height="560" '
-                'viewBox="0 0 760 560"></svg><p id="status">loading…</p><h2>Links</h2>'
-                '<table id="links"><thead><tr><th>link</th><th>state</th><th>since</th><th>error</th></tr>'
-                f"</thead><tbody></tbody></table><script>{MAP_SCRIPT}</script>")
+        body = (
+            f'<svg id="map" data-router="{html.escape(router)}" width="760" height="560" '
+            'viewBox="0 0 760 560"></svg><p id="status">loading…</p><h2>Links</h2>'
+            '<table id="links"><thead><tr><th>link</th><th>state</th><th>since</th><th>error</th></tr>'
+            f"</thead><tbody></tbody></table><script>{MAP_SCRIPT}</script>"
+        )
         return _page(router, f"Network map seen from {router}", body)
 
     async def map_json(request: Request) -> Response:
@@ -252,11 +261,20 @@ def build_app(web: WebSwiftlet, context: SwiftletContext, *, admin_group: str) -
 
 #: The sections a router page shows of any router: title, table id, usage path, columns, text when empty.
 REMOTE_SECTIONS = (
-    ("Queues", "queues", "/sys$queuemanager/usage/queues",
-     ["messages", "consumers", "enqueued", "dequeued", "send-rate", "receive-rate"], "no queues"),
-    ("Client connections", "connections", "/sys$jms/usage/connections",
-     ["listener", "host", "user", "client-id", "messages-received", "messages-sent", "receive-rate", "send-rate"],
-     "no client connections"),
+    (
+        "Queues",
+        "queues",
+        "/sys$queuemanager/usage/queues",
+        ["messages", "consumers", "enqueued", "dequeued", "send-rate", "receive-rate"],
+        "no queues",
+    ),
+    (
+        "Client connections",
+        "connections",
+        "/sys$jms/usage/connections",
+        ["listener", "host", "user", "client-id", "messages-received", "messages-sent", "receive-rate", "send-rate"],
+        "no client connections",
+    ),
 )
 
 
@@ -266,23 +284,42 @@ async def _ask_section(web: WebSwiftlet, name: str, section: tuple[Any, ...], pa
     try:
         entries = (await web.ask(name, "get", path=path))["entries"]
     except RequestFailed as exc:
-        parts[index] = f"<h2>{html.escape(title)}</h2><p id=\"{table_id}\">not available: {html.escape(exc.reason)}</p>"
+        parts[index] = f'<h2>{html.escape(title)}</h2><p id="{table_id}">not available: {html.escape(exc.reason)}</p>'
         return
     rows = [[entry, *(values.get(column, "") for column in columns)] for entry, values in sorted(entries.items())]
     parts[index] = f"<h2>{html.escape(title)}</h2>" + _table(table_id, ["name", *columns], rows, empty)
 
 
 def _local_sections(context: SwiftletContext, web: WebSwiftlet) -> str:
-    return "".join((
-        *(_section(context, *section) for section in REMOTE_SECTIONS),
-        _section(context, "Routing connectors", "connectors", "/sys$routing/usage/connectors",
-                 ["state", "hostname", "port", "routername", "last-error", "next-attempt"], "no connectors"),
-        _section(context, "Routing links", "links", "/sys$routing/usage/connections",
-                 ["routername", "state", "address", "connecttime", "routes-sent", "routes-received"],
-                 "no routing links"),
-        _section(context, "Routing table", "routing-table", "/sys$routing/usage/routing-table",
-                 ["active", "next-hop", "routes", "static", "backlog"], "no known routers"),
-    ))
+    return "".join(
+        (
+            *(_section(context, *section) for section in REMOTE_SECTIONS),
+            _section(
+                context,
+                "Routing connectors",
+                "connectors",
+                "/sys$routing/usage/connectors",
+                ["state", "hostname", "port", "routername", "last-error", "next-attempt"],
+                "no connectors",
+            ),
+            _section(
+                context,
+                "Routing links",
+                "links",
+                "/sys$routing/usage/connections",
+                ["routername", "state", "address", "connecttime", "routes-sent", "routes-received"],
+                "no routing links",
+            ),
+            _section(
+                context,
+                "Routing table",
+                "routing-table",
+                "/sys$routing/usage/routing-table",
+                ["active", "next-hop", "routes", "static", "backlog"],
+                "no known routers",
+            ),
+        )
+    )
 
 
 def _remote_section(context: SwiftletContext, web: WebSwiftlet, name: str) -> str:
@@ -293,11 +330,20 @@ def _remote_section(context: SwiftletContext, web: WebSwiftlet, name: str) -> st
         row = context.management.resolve(f"/sys$routing/usage/routing-table/{name}").properties()
     except ManagementError:
         pass
-    facts = [["state", known.state], ["hops", known.hops if known.hops is not None else ""],
-             *([key, value] for key, value in row.items())]
+    facts = [
+        ["state", known.state],
+        ["hops", known.hops if known.hops is not None else ""],
+        *([key, value] for key, value in row.items()),
+    ]
     edges = [[f"{e.a} – {e.b}", e.state, e.error] for e in web.network_map().edges if name in e.key]
-    asked = ("Its queues and connections below are asked of it through sys$mgmt." if web.management is not None else
-             "Its queues and connections are shown by its own web view (sys$mgmt does not run here).")
-    return (f"<p>What {html.escape(context.router_name)} knows of {html.escape(name)}. {asked}</p>" +
-            _table("facts", ["property", "value"], facts, "") +
-            "<h2>Links</h2>" + _table("links", ["link", "state", "error"], edges, "no links known"))
+    asked = (
+        "Its queues and connections below are asked of it through sys$mgmt."
+        if web.management is not None
+        else "Its queues and connections are shown by its own web view (sys$mgmt does not run here)."
+    )
+    return (
+        f"<p>What {html.escape(context.router_name)} knows of {html.escape(name)}. {asked}</p>"
+        + _table("facts", ["property", "value"], facts, "")
+        + "<h2>Links</h2>"
+        + _table("links", ["link", "state", "error"], edges, "no links known")
+    )

@@ -44,17 +44,53 @@ from martinet.kernel import Entity, Tree, Usage, UsageList
 __all__ = ["UsageCollector", "Snapshot", "COUNTERS", "LABELS"]
 
 #: Usage properties that only grow while the router runs.
-COUNTERS = frozenset({
-    "enqueued", "dequeued", "expired", "dead-lettered", "duplicates-dropped", "swapped-out", "read-back", "reads",
-    "messages-received", "messages-sent", "transactions", "fsyncs", "operations", "cancelled-pairs",
-    "completed", "failed", "rejected", "accepted", "refused", "attempts", "committed", "rolled-back",
-    "announcements-sent", "announcements-received", "routes-sent", "routes-received", "unroutable", "dropped",
-    "expired-in-transit", "runs", "logins", "refused-logins", "access-denials",
-})
+COUNTERS = frozenset(
+    {
+        "enqueued",
+        "dequeued",
+        "expired",
+        "dead-lettered",
+        "duplicates-dropped",
+        "swapped-out",
+        "read-back",
+        "reads",
+        "messages-received",
+        "messages-sent",
+        "transactions",
+        "fsyncs",
+        "operations",
+        "cancelled-pairs",
+        "completed",
+        "failed",
+        "rejected",
+        "accepted",
+        "refused",
+        "attempts",
+        "committed",
+        "rolled-back",
+        "announcements-sent",
+        "announcements-received",
+        "routes-sent",
+        "routes-received",
+        "unroutable",
+        "dropped",
+        "expired-in-transit",
+        "runs",
+        "logins",
+        "refused-logins",
+        "access-denials",
+    }
+)
 
 #: Label names of usage lists whose plural is not simply the name with an ``s``.
-LABELS = {"routing-table": "destination", "dynamic-routes": "route", "in-doubt": "xid", "swiftlets": "swiftlet",
-          "remote-router-subscriptions": "router_name", "durable-subscribers": "durable_subscriber"}
+LABELS = {
+    "routing-table": "destination",
+    "dynamic-routes": "route",
+    "in-doubt": "xid",
+    "swiftlets": "swiftlet",
+    "remote-router-subscriptions": "router_name",
+    "durable-subscribers": "durable_subscriber",
+}
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -81,8 +117,7 @@ class UsageCollector(Collector):
 
     def snapshot(self) -> Snapshot:
         """Every usage entity's values now, with its metric name prefix and labels."""
-        return Snapshot([(prefix, labels, usage.properties()) for prefix, labels, usage in self._usages()],
-                        self._names)
+        return Snapshot([(prefix, labels, usage.properties()) for prefix, labels, usage in self._usages()], self._names)
 
     def collect(self) -> Iterator[Metric]:
         return self.snapshot().collect()
@@ -102,8 +137,9 @@ class UsageCollector(Collector):
                         yield ("pool",), {"router": self._router, "swiftlet": name, "pool": pool}, entry
             yield from self._walk((swiftlet,), {"router": self._router}, usage, skip="pools")
 
-    def _walk(self, prefix: tuple[str, ...], labels: dict[str, str], usage: Usage,
-              skip: str = "") -> Iterator[tuple[tuple[str, ...], dict[str, str], Usage]]:
+    def _walk(
+        self, prefix: tuple[str, ...], labels: dict[str, str], usage: Usage, skip: str = ""
+    ) -> Iterator[tuple[tuple[str, ...], dict[str, str], Usage]]:
         yield prefix, labels, usage
         for name, node in usage.children.items():
             if name == skip:
@@ -140,8 +176,15 @@ class Snapshot(Collector):
                     self._add(families, prefix, prop, names, values, value)
         yield from families.values()
 
-    def _add(self, families: dict[str, Metric], prefix: tuple[str, ...], prop: str, names: tuple[str, ...],
-             values: list[str], value: float) -> None:
+    def _add(
+        self,
+        families: dict[str, Metric],
+        prefix: tuple[str, ...],
+        prop: str,
+        names: tuple[str, ...],
+        values: list[str],
+        value: float,
+    ) -> None:
         name = self.names.get((prefix, prop))
         if name is None:  # (a concurrent scrape may store the same name: harmless)
             name = self.names[prefix, prop] = _name("martinet", *prefix, prop)

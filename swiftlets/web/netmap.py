@@ -101,18 +101,25 @@ class NetworkMap:
         return next((router for router in self.routers if router.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"local": self.local,
-                "routers": [attrs.asdict(router) for router in self.routers],
-                "edges": [attrs.asdict(edge) for edge in self.edges]}
+        return {
+            "local": self.local,
+            "routers": [attrs.asdict(router) for router in self.routers],
+            "edges": [attrs.asdict(edge) for edge in self.edges],
+        }
 
 
 def _key(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a < b else (b, a)
 
 
-def build_map(local: str, links: Mapping[str, LinkView], routes: Mapping[str, Sequence[Sequence[str]]],
-              previous: NetworkMap | None, now: float,
-              remote: Mapping[str, Sequence[LinkView]] | None = None) -> NetworkMap:
+def build_map(
+    local: str,
+    links: Mapping[str, LinkView],
+    routes: Mapping[str, Sequence[Sequence[str]]],
+    previous: NetworkMap | None,
+    now: float,
+    remote: Mapping[str, Sequence[LinkView]] | None = None,
+) -> NetworkMap:
     """The map of router ``local`` (see the module header).
 
     Args:
@@ -153,8 +160,11 @@ def build_map(local: str, links: Mapping[str, LinkView], routes: Mapping[str, Se
                 a = b
     for key, old in before.items():
         if key not in edges:
-            edges[key] = old if old.state == DOWN else attrs.evolve(
-                old, state=DOWN, since=now, error=f"in no route of {local} since then")
+            edges[key] = (
+                old
+                if old.state == DOWN
+                else attrs.evolve(old, state=DOWN, since=now, error=f"in no route of {local} since then")
+            )
     routers = {local: MapRouter(name=local, state="local", hops=0)}
     for name, count in hops.items():
         if name != local:
@@ -164,5 +174,8 @@ def build_map(local: str, links: Mapping[str, LinkView], routes: Mapping[str, Se
         known.update(router.name for router in previous.routers)
     for name in known - routers.keys():
         routers[name] = MapRouter(name=name, state="unreachable")
-    return NetworkMap(local=local, routers=tuple(sorted(routers.values(), key=lambda r: r.name)),
-                      edges=tuple(edges[key] for key in sorted(edges)))
+    return NetworkMap(
+        local=local,
+        routers=tuple(sorted(routers.values(), key=lambda r: r.name)),
+        edges=tuple(edges[key] for key in sorted(edges)),
+    )

@@ -113,8 +113,14 @@ class WebSwiftlet:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         config = self.context.config
-        self.context.usage.provide(lambda: {"url": self._url, "map-version": self.version,
-                                            "routers": len(self._map.routers), "links": len(self._map.edges)})
+        self.context.usage.provide(
+            lambda: {
+                "url": self._url,
+                "map-version": self.version,
+                "routers": len(self._map.routers),
+                "links": len(self._map.edges),
+            }
+        )
         if not config.enabled:
             task_status.started()
             await trio.sleep_forever()
@@ -124,9 +130,11 @@ class WebSwiftlet:
         except LookupError:
             self.authentication = None
         if not self.loopback and not self.protected:
-            raise RuntimeError(f"bind-address {config.bind_address!r} is not a loopback address: serving the web "
-                               "view and /metrics beyond this host needs authentication-enabled in "
-                               "sys$authentication (or bind to 127.0.0.1)")
+            raise RuntimeError(
+                f"bind-address {config.bind_address!r} is not a loopback address: serving the web "
+                "view and /metrics beyond this host needs authentication-enabled in "
+                "sys$authentication (or bind to 127.0.0.1)"
+            )
         try:
             self._routing = self.context.lookup("sys$routing", Routing)
         except LookupError:
@@ -165,18 +173,23 @@ class WebSwiftlet:
             listener.listen(BACKLOG)
         except OSError as exc:
             listener.close()
-            raise RuntimeError(f"cannot listen on {host}:{config.port} (bind-address, port): "
-                               f"{exc.strerror or exc}") from None
+            raise RuntimeError(
+                f"cannot listen on {host}:{config.port} (bind-address, port): {exc.strerror or exc}"
+            ) from None
         hypercorn = HypercornConfig()
         hypercorn.accesslog = None
         hypercorn.errorlog = self.context.log
         hypercorn.graceful_timeout = GRACEFUL
-        app = wrap_app(build_app(self, self.context, admin_group=config.admin_group), hypercorn.wsgi_max_body_size,
-                       "asgi")
+        app = wrap_app(
+            build_app(self, self.context, admin_group=config.admin_group), hypercorn.wsgi_max_body_size, "asgi"
+        )
         self._url = f"http://{host}:{listener.getsockname()[1]}"
         await nursery.start(partial(worker_serve, app, hypercorn, sockets=Sockets([], [listener], [])))
-        self.context.log.info("web view and /metrics on %s%s", self._url,
-                              " (HTTP basic auth, group " + config.admin_group + ")" if self.protected else "")
+        self.context.log.info(
+            "web view and /metrics on %s%s",
+            self._url,
+            " (HTTP basic auth, group " + config.admin_group + ")" if self.protected else "",
+        )
 
     # -- the map -----------------------------------------------------------------------------
 
@@ -218,9 +231,12 @@ class WebSwiftlet:
         ``map-request-timeout``)."""
         if self.management is None:
             raise RequestFailed(int(Status.UNAVAILABLE), "sys$mgmt does not run on this router", router)
-        reply = await self.management.request(router, {"verb": verb, **args},
-                                              Identity.of_router(self.context.router_name),
-                                              timeout=self.context.config.map_request_timeout)
+        reply = await self.management.request(
+            router,
+            {"verb": verb, **args},
+            Identity.of_router(self.context.router_name),
+            timeout=self.context.config.map_request_timeout,
+        )
         if reply.get("status") != Status.OK:
             raise RequestFailed(reply.get("status", int(Status.ERROR)), reply.get("error", "no reason given"), router)
         return reply.get("result")
@@ -238,8 +254,11 @@ class WebSwiftlet:
                 # a router that did not answer but is still routed to (slow, or sys$mgmt restarting)
                 # keeps its last reports; one gone from the table loses them (its links go down)
                 routed = {row.name for row in self._routing.destinations() if row.routes} if self._routing else set()
-                remote = {router: views for router, views in self._remote.items()
-                          if router in routed and router not in network.routers}
+                remote = {
+                    router: views
+                    for router, views in self._remote.items()
+                    if router in routed and router not in network.routers
+                }
                 before = {(router, view.peer): view for router, views in self._remote.items() for view in views}
                 now = time.time()
                 for link in network.links:
@@ -272,8 +291,11 @@ class WebSwiftlet:
         current = self._links.get(peer)
         if current is not None:
             current_link, view = current
-            if current_link != link and view.state == LinkState.OPERATIONAL.value \
-                    and state != LinkState.OPERATIONAL.value:
+            if (
+                current_link != link
+                and view.state == LinkState.OPERATIONAL.value
+                and state != LinkState.OPERATIONAL.value
+            ):
                 return  # a second link to the same neighbour (refused, closing): the live one counts
             if view.state == state and current_link == link:
                 return

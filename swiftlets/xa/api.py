@@ -117,7 +117,7 @@ def parse_routing_xid(xid: str) -> RoutingXid | None:
     """The parts of a routing xid; None for any other xid."""
     if not xid.startswith(ROUTING_PREFIX):
         return None
-    parts = xid[len(ROUTING_PREFIX):].split(":", 2)
+    parts = xid[len(ROUTING_PREFIX) :].split(":", 2)
     if len(parts) != 3 or not all(parts):
         return None
     return RoutingXid(*parts)

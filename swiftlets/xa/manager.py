@@ -130,11 +130,16 @@ class ResourceManager:
         others = len(found) - routing
         log.warning("+++ WARNING! %d prepared transaction%s found!", len(found), "" if len(found) == 1 else "s")
         if routing:
-            log.warning("+++          %d of them routing's (xids routing:…): recovered automatically when "
-                        "their peer router connects again.", routing)
-        log.warning("+++          %s: commit or rollback on /sys$xa/usage/in-doubt/<xid> in the management "
-                    "tree%s.", f"Resolve the other {others}" if routing and others else "Resolve them",
-                    " (a routing one only if its peer is not coming back)" if routing else "")
+            log.warning(
+                "+++          %d of them routing's (xids routing:…): recovered automatically when "
+                "their peer router connects again.",
+                routing,
+            )
+        log.warning(
+            "+++          %s: commit or rollback on /sys$xa/usage/in-doubt/<xid> in the management tree%s.",
+            f"Resolve the other {others}" if routing and others else "Resolve them",
+            " (a routing one only if its peer is not coming back)" if routing else "",
+        )
 
     # -- the interface ---------------------------------------------------------------------------
 
@@ -154,8 +159,12 @@ class ResourceManager:
         if routing is not None:
             peer = routing.destination if routing.source == self.context.router_name else routing.source
         return PreparedTransaction(
-            xid=xid, owner=owner_of(xid), peer=peer, prepared_at=transaction.prepared_at,
-            sends=dict(transaction.sends), acknowledgements=dict(transaction.acknowledgements),
+            xid=xid,
+            owner=owner_of(xid),
+            peer=peer,
+            prepared_at=transaction.prepared_at,
+            sends=dict(transaction.sends),
+            acknowledgements=dict(transaction.acknowledgements),
             claimed_by=self._claimed_by(xid),
         )
 
@@ -240,8 +249,11 @@ class ResourceManager:
         if self._list is None:
             return
         assert self._queue_manager is not None
-        wanted = {entry_name(xid): (xid, t) for xid, t in self._queue_manager.prepared_transactions().items()
-                  if self._claimed_by(xid) is None}
+        wanted = {
+            entry_name(xid): (xid, t)
+            for xid, t in self._queue_manager.prepared_transactions().items()
+            if self._claimed_by(xid) is None
+        }
         for name in [n for n in self._listed if n not in wanted]:
             self._list.remove(name)
             del self._listed[name]
@@ -274,10 +286,16 @@ class ResourceManager:
             await self._operate(xid, commit=False)
 
         entry: Usage = self._list.add(name, values)
-        entry.add_operation("commit", commit, "Commit: the prepared sends become visible in their queues and "
-                            "the acknowledged messages are removed.")
-        entry.add_operation("rollback", rollback, "Roll back: the prepared sends are discarded and the "
-                            "acknowledged messages are available again.")
+        entry.add_operation(
+            "commit",
+            commit,
+            "Commit: the prepared sends become visible in their queues and the acknowledged messages are removed.",
+        )
+        entry.add_operation(
+            "rollback",
+            rollback,
+            "Roll back: the prepared sends are discarded and the acknowledged messages are available again.",
+        )
         self._listed[name] = xid
 
     def _usage(self) -> dict[str, Any]:

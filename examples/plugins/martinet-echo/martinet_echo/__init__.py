@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import trio
 
 from martinet.kernel import (
@@ -44,21 +45,25 @@ from martinet.swiftlets.scheduler.api import Job, JobGroup, JobParameter, JobRun
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class CounterConfig:
     name: str = prop(description="Name of the counter.")
     event_types: str = prop(
         "Event",
-        description="Event class names counted, separated by spaces (subclasses included); "
-        "'Event' counts every event.",
+        description="Event class names counted, separated by spaces (subclasses included); 'Event' counts every event.",
     )
 
 
 @config_class
+@attrs.frozen(kw_only=True)
 class EchoConfig:
     log_events: bool = prop(False, description="Log every event received, at INFO.")
     greeting: str = prop("echo", description="Prefix of the log line written for each event.")
     max_buffer: int = prop(
-        1000, min=1, max=1_000_000, reboot_required=True,
+        1000,
+        min=1,
+        max=1_000_000,
+        reboot_required=True,
         description="Events buffered between the bus and the pool; older ones are dropped.",
     )
     counters: Mapping[str, CounterConfig] = entity_list(
@@ -153,9 +158,20 @@ async def greet(run: JobRun) -> str:
 
 @hookimpl
 def martinet_scheduler_jobs() -> list[JobGroup]:
-    return [JobGroup(name="Echo", swiftlet="xt$echo", jobs=[
-        Job(name="Greet", description="Logs a greeting and counts it in usage.", run=greet,
-            parameters=[JobParameter(name="Text", description="What to say.", default="hello")])])]
+    return [
+        JobGroup(
+            name="Echo",
+            swiftlet="xt$echo",
+            jobs=[
+                Job(
+                    name="Greet",
+                    description="Logs a greeting and counts it in usage.",
+                    run=greet,
+                    parameters=[JobParameter(name="Text", description="What to say.", default="hello")],
+                )
+            ],
+        )
+    ]
 
 
 @hookimpl
