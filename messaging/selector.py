@@ -104,6 +104,7 @@ def tokenize(text: str) -> list[Token]:
             if text[position] == "'":
                 raise SelectorError("unterminated string literal", position)
             raise SelectorError(f"unexpected character {text[position]!r}", position)
+        assert match.lastgroup is not None  # each alternative of _TOKEN is a named group
         kind = match.lastgroup if match.lastgroup != "suffix" else "exact"
         raw = match.group(kind)
         if kind == "string":
@@ -512,7 +513,7 @@ def _compile(node: Any) -> Evaluator:
 
         return in_list
     if isinstance(node, Like):
-        name, regex, negated = node.operand.name, like_pattern(node.pattern, node.escape), node.negated
+        name, pattern, negated = node.operand.name, like_pattern(node.pattern, node.escape), node.negated
 
         def like(get: Lookup) -> bool | None:
             value = get(name)
@@ -520,7 +521,7 @@ def _compile(node: Any) -> Evaluator:
                 return None
             if not isinstance(value, str):
                 return False
-            return (regex.fullmatch(value) is not None) != negated
+            return pattern.matches(value) != negated
 
         return like
     if isinstance(node, IsNull):

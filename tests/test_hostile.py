@@ -628,3 +628,36 @@ async def test_refused_transfers_and_attaches_are_logged_limited_per_host(amqp_b
         r"\(not logged one by one\)",
         summaries[0],
     ), summaries
+
+
+async def test_a_hostile_like_selector_does_not_stall_the_router(amqp_broker):
+    # A backtracking LIKE took seconds per message for this selector on a 40-character
+    # value, on the router's one event-loop thread: every other client waited.
+    running = await amqp_broker()
+    hostile = "p LIKE '%a%a%a%a%a%a%a%a%a%a%b'"
+    near, match = "a" * 1000, "a" * 999 + "b"
+
+    def clients():
+        selecting, producer, other = connect(running.url), connect(running.url), connect(running.url)
+        try:
+            receiver = selecting.create_receiver("hostile", options=Selector(hostile))
+            sender = producer.create_sender("hostile")
+            sender.send(Message(body="near", properties={"p": near}))
+            sender.send(Message(body="match", properties={"p": match}))
+            # an unrelated client's messages go round while the selector is evaluated
+            other_sender, other_receiver = other.create_sender("other"), other.create_receiver("other")
+            for n in range(20):
+                other_sender.send(Message(body=n))
+            others = []
+            for _ in range(20):
+                others.append(other_receiver.receive(timeout=10).body)
+                other_receiver.accept()
+            got = receiver.receive(timeout=10).body
+            receiver.accept()
+            return others, got
+        finally:
+            for connection in (selecting, producer, other):
+                connection.close()
+
+    assert await in_thread(clients) == (list(range(20)), "match")
+    assert running.usage("hostile")["messages"] == 1  # "near" stays, for a consumer it matches

@@ -4,6 +4,7 @@ against a naive matcher, directly and through a selector."""
 from __future__ import annotations
 
 import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,7 +40,7 @@ from martinet.messaging.selector import SelectorError, compile_selector
     ],
 )
 def test_patterns(pattern, text, expected):
-    assert (like_pattern(pattern).fullmatch(text) is not None) is expected
+    assert like_pattern(pattern).matches(text) is expected
 
 
 @pytest.mark.parametrize(
@@ -52,7 +53,7 @@ def test_patterns(pattern, text, expected):
     ],
 )
 def test_other_escape_characters(pattern, escape, text, expected):
-    assert (like_pattern(pattern, escape).fullmatch(text) is not None) is expected
+    assert like_pattern(pattern, escape).matches(text) is expected
 
 
 @pytest.mark.parametrize("pattern", ["abc\\", "a\\b", "\\"])
@@ -93,4 +94,53 @@ def test_like_agrees_with_a_naive_matcher(value, pattern):
 @settings(max_examples=400, deadline=None)
 @given(value=st.text(st.sampled_from("ab.*\n%_"), max_size=8), pattern=st.text(alphabet, max_size=6))
 def test_like_pattern_agrees_with_a_naive_matcher(value, pattern):
-    assert (like_pattern(pattern, None).fullmatch(value) is not None) == naive_like(value, pattern)
+    assert like_pattern(pattern, None).matches(value) == naive_like(value, pattern)
+
+
+# A text that almost matches: a backtracking matcher tries every way of spreading the a's
+# over the %'s before it gives up (exponential in their number); this one looks for each
+# segment once.
+HOSTILE = "%a%a%a%a%a%a%a%a%a%a%b"
+
+
+@pytest.mark.parametrize("length", [200, 1000])
+async def test_a_hostile_pattern_is_matched_without_backtracking(length):
+    # In a thread, so that a matcher that backtracks fails the bounded wait instead of
+    # hanging the run (the thread is abandoned; it would run until the process ends).
+    def match():
+        pattern = like_pattern(HOSTILE)
+        return [pattern.matches("a" * length), pattern.matches("a" * (length - 1) + "b"), pattern.matches("b")]
+
+    with trio.fail_after(20):
+        assert await trio.to_thread.run_sync(match, abandon_on_cancel=True) == [False, True, False]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=st.text(st.sampled_from("aab"), max_size=30),
+    pattern=st.lists(st.sampled_from(["%", "a", "b", "_", "%a", "a%"]), max_size=12).map("".join),
+)
+def test_many_wildcards_agree_with_a_naive_matcher(value, pattern):
+    # Longer texts and patterns with many %, where a segment can be placed in many ways.
+    assert like_pattern(pattern, None).matches(value) == naive_like(value, pattern)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=st.text(st.sampled_from("a!%_b"), max_size=10),
+    pattern=st.lists(st.sampled_from(["%", "a", "_", "!%", "!_", "!!", "b"]), max_size=8),
+)
+def test_escaped_wildcards_agree_with_a_naive_matcher(value, pattern):
+    # The reference reads an escaped character as a literal: one token per pattern piece.
+    def naive(text: str, tokens: list[str]) -> bool:
+        if not tokens:
+            return not text
+        head, rest = tokens[0], tokens[1:]
+        if head == "%":
+            return any(naive(text[i:], rest) for i in range(len(text) + 1))
+        if not text:
+            return False
+        literal = head[-1] if head.startswith("!") else head
+        return (head == "_" or text[0] == literal) and naive(text[1:], rest)
+
+    assert like_pattern("".join(pattern), "!").matches(value) == naive(value, pattern)

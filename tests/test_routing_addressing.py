@@ -66,7 +66,7 @@ def test_the_redirection_pattern_is_escaped():
     assert redirection_predicate("paris") == "%@paris"
     assert redirection_predicate("a_b") == "%@a\\_b"
     pattern = like_pattern(redirection_predicate("a_b"))
-    assert pattern.fullmatch("q@a_b") and not pattern.fullmatch("q@axb") and not pattern.fullmatch("q@a_bc")
+    assert pattern.matches("q@a_b") and not pattern.matches("q@axb") and not pattern.matches("q@a_bc")
     assert routing_queue("a_b") == "rt$a_b"
 
 

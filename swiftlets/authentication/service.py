@@ -94,7 +94,7 @@ def _grant(grants: Mapping[str, Any], name: str, *, explicit: bool = False) -> A
         if explicit and "$" not in grant_name:
             continue
         try:
-            if like_pattern(grant_name).fullmatch(name):
+            if like_pattern(grant_name).matches(name):
                 return grants[grant_name]
         except LikePatternError:
             continue  # a grant name with a lone escape matches nothing but itself
@@ -211,7 +211,7 @@ class Authentication:
         if (
             config is not None
             and config.host_access_list
-            and not any(like_pattern(pattern).fullmatch(host) for pattern in config.host_access_list)
+            and not any(like_pattern(pattern).matches(host) for pattern in config.host_access_list)
         ):
             self._refuse(f"host {host} is not allowed for user {user}", user, host, "host not allowed")
         if not self.enabled:

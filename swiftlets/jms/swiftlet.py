@@ -177,7 +177,7 @@ class JmsSwiftlet:
             except OSError:
                 return
             refused = None
-            if live.host_access_list and not any(like_pattern(p).fullmatch(host) for p in live.host_access_list):
+            if live.host_access_list and not any(like_pattern(p).matches(host) for p in live.host_access_list):
                 refused = ("amqp:unauthorized-access", "not in the host access list")
             elif 0 <= live.max_connections <= state["connections"]:
                 refused = ("amqp:resource-limit-exceeded", f"max-connections {live.max_connections} reached")

@@ -312,7 +312,7 @@ class Commands:
         node = await self._call("get", path=path)
         if node["kind"] not in ("entity-list", "usage-list"):
             raise UsageError(f"{path} is {node['kind']}; delete works on lists")
-        names = [name for name in node["entries"] if pattern.fullmatch(name)]
+        names = [name for name in node["entries"] if pattern.matches(name)]
         for name in names:
             if node["kind"] == "entity-list":
                 await self._call("remove", path=path, name=name)

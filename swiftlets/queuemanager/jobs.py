@@ -34,7 +34,7 @@ __all__ = ["QUEUE_JOBS"]
 
 def _matching(manager: QueueManager, predicate: str) -> list:
     pattern = like_pattern(predicate)
-    return [queue for name, queue in sorted(manager.queues.items()) if pattern.fullmatch(name)]
+    return [queue for name, queue in sorted(manager.queues.items()) if pattern.matches(name)]
 
 
 async def purge(run: JobRun) -> str:

@@ -49,7 +49,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -59,7 +58,7 @@ import trio
 
 from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
 from martinet.messaging.codec import Symbol
-from martinet.messaging.like import like_pattern
+from martinet.messaging.like import LikePattern, like_pattern
 from martinet.messaging.message import Message, MessageError
 from martinet.swiftlets.store.api import (
     DeleteMessage,
@@ -163,7 +162,7 @@ class QueueManager:
         self._ids = itertools.count(1)  # entry ids; recovery moves the count past the stored ones
         self._temporary = 0
         # (predicate, its pattern, target queue, rewrite of the messages redirected or None)
-        self._redirections: list[tuple[str, re.Pattern[str], str, Rewrite | None]] = []
+        self._redirections: list[tuple[str, LikePattern, str, Rewrite | None]] = []
         self._redirected: dict[str, tuple[str, Rewrite | None]] = {}  # address → its redirection, as found
         self._deferred: list[Op] = []
         self._deferred_wakeup = trio.Event()
@@ -409,7 +408,7 @@ class QueueManager:
         if found is not None:
             return found
         for _, pattern, target, rewrite in self._redirections:
-            if pattern.fullmatch(address):
+            if pattern.matches(address):
                 if len(self._redirected) >= REDIRECTIONS_KEPT:
                     self._redirected.clear()
                 found = self._redirected[address] = target, rewrite
@@ -454,7 +453,7 @@ class QueueManager:
         controllers = entity.entity_list("queue-controllers").entities
         for controller_name in sorted(controllers):
             controller = controllers[controller_name]
-            if like_pattern(controller.get("predicate")).fullmatch(name):
+            if like_pattern(controller.get("predicate")).matches(name):
                 return controller.config
         return QueueSettings()
 

@@ -530,7 +530,7 @@ class RoutingSwiftlet:
             except OSError:  # the peer is gone already
                 await trio.aclose_forcefully(stream)
                 return
-            if live.host_access_list and not any(like_pattern(p).fullmatch(host) for p in live.host_access_list):
+            if live.host_access_list and not any(like_pattern(p).matches(host) for p in live.host_access_list):
                 counts["refused"] += 1
                 log.warning("routing link from %s to listener %s closed: not in the host access list", host, name)
                 refusal = LinkMachine(Role.LISTENER, self.local, None, now=trio.current_time())

@@ -44,8 +44,8 @@ class Filter:
     def __call__(self, name: str) -> bool:
         verdict = self._cache.get(name)
         if verdict is None:
-            verdict = any(p.fullmatch(name) for p in self._include) and not any(
-                p.fullmatch(name) for p in self._exclude
+            verdict = any(p.matches(name) for p in self._include) and not any(
+                p.matches(name) for p in self._exclude
             )
             if len(self._cache) < 100_000:
                 self._cache[name] = verdict

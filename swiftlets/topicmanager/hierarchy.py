@@ -30,7 +30,7 @@ import re
 
 import attrs
 
-from martinet.messaging.like import LikePatternError, like_pattern
+from martinet.messaging.like import LikePattern, LikePatternError, like_pattern
 
 __all__ = ["TopicName", "TopicNameError", "parse_topic", "matches", "from_wildcards"]
 
@@ -44,14 +44,14 @@ class TopicNameError(ValueError):
 @attrs.frozen
 class Level:
     text: str
-    pattern: re.Pattern[str] | None  # None: a plain name
+    pattern: LikePattern | None  # None: a plain name
 
     def agrees(self, other: Level) -> bool:
         if self.pattern is None and other.pattern is None:
             return self.text == other.text
-        if self.pattern is not None and self.pattern.fullmatch(other.text):
+        if self.pattern is not None and self.pattern.matches(other.text):
             return True
-        return other.pattern is not None and other.pattern.fullmatch(self.text) is not None
+        return other.pattern is not None and other.pattern.matches(self.text)
 
 
 @attrs.frozen

@@ -22,7 +22,7 @@ async def delete_durable(run: JobRun) -> str:
     matching = sorted(
         (s.client_id or "", s.durable_name or "")
         for s in manager.durable_subscriptions().values()
-        if client_ids.fullmatch(s.client_id or "") and names.fullmatch(s.durable_name or "")
+        if client_ids.matches(s.client_id or "") and names.matches(s.durable_name or "")
     )
     deleted, busy = [], []
     for client_id, name in matching:
