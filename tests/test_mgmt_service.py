@@ -17,12 +17,19 @@ import attrs
 import pytest
 import trio
 from proton import Message as ProtonMessage
+from proton.reactor import Container, DurableSubscription
 from proton.utils import BlockingConnection
 
 from martinet.kernel import Router, load_swiftlet_specs
 from martinet.kernel.config import save_config
 from martinet.messaging.client import Queue, TextMessage, connect
-from martinet.swiftlets.authentication.config import AuthenticationConfig, GroupConfig, UserConfig
+from martinet.swiftlets.authentication.config import (
+    AuthenticationConfig,
+    GroupConfig,
+    QueueGrant,
+    TopicGrant,
+    UserConfig,
+)
 from martinet.swiftlets.jms.config import JmsConfig
 from martinet.swiftlets.jms.config import ListenerConfig as AmqpListenerConfig
 from martinet.swiftlets.mgmt.api import IDENTITY_ANNOTATION, Identity, Management, Role
@@ -359,3 +366,74 @@ async def test_reboot_runs_the_saved_config(nursery, tmp_path):
         await done.wait()
     successor = router.successor
     assert successor is not None and successor.management.get("/sys$queuemanager", "max-message-size") == 12345
+
+
+def guest_requests(url: str, reply_tos: list[str]) -> list[tuple[str, dict]]:
+    """As guest (no admin role): one ``get`` to ``sys$mgmt`` here and one to ``sys$mgmt@b`` per
+    reply-to, then the same to its own temporary queue, whose replies it returns
+    (correlation-id, reply)."""
+    connection = BlockingConnection(url, timeout=10, user="guest", password="guest-pw")
+    try:
+        receiver = connection.create_receiver(None, dynamic=True)
+        own = receiver.remote_source.address
+        senders = {"a": connection.create_sender("sys$mgmt"), "b": connection.create_sender("sys$mgmt@b")}
+        body = json.dumps({"verb": "get", "path": "/usage"})
+        for reply_to in [*reply_tos, own]:
+            for router, sender in senders.items():
+                sender.send(ProtonMessage(body=body, reply_to=reply_to, correlation_id=f"{router} {reply_to}"))
+        replies = []
+        for _ in senders:
+            reply = receiver.receive(timeout=10)
+            receiver.accept()
+            replies.append((reply.correlation_id, json.loads(reply.body)))
+        return sorted(replies, key=lambda item: item[0])
+    finally:
+        connection.close()
+
+
+async def test_a_reply_goes_only_where_its_requester_may_send_and_never_creates_a_queue(network):
+    # A reply-to used to be trusted: a user without grants had replies put into other users'
+    # queues and the router's own, and created a queue per reply-to until max-queues.
+    groups = [
+        GroupConfig(name="public", queue_grants=[QueueGrant(name="mine", receive_grant=False, browse_grant=False)]),
+        GroupConfig(name="admin", topic_grants=[TopicGrant(name="%")]),
+    ]
+    users = [
+        UserConfig(name="guest", password="guest-pw", group="public"),
+        UserConfig(name="root", password="root-pw", group="admin"),
+    ]
+    auth = AuthenticationConfig(authentication_enabled=True, groups=groups, users=users)
+    await start_line(network, "a", "b", **{"sys$authentication": auth})
+    await network.settle({"a": {"b": 1}})
+    managers = {name: network.routers[name].swiftlet("sys$queuemanager") for name in ("a", "b")}
+    for manager in managers.values():
+        manager.queue("orders", create=True)
+    managers["a"].queue("mine", create=True)
+
+    def durable_subscription() -> None:
+        connection = BlockingConnection(
+            network.url("a"), timeout=10, user="root", password="root-pw", container=Container(container_id="c1")
+        )
+        try:
+            connection.create_receiver("topic://news", name="d1", options=DurableSubscription()).link.detach()
+        finally:
+            connection.close()
+
+    await trio.to_thread.run_sync(durable_subscription)
+    durable = "c1$d1"  # the queue of client c1's durable subscription d1
+    assert durable in managers["a"].queues
+    queues = {name: set(manager.queues) for name, manager in managers.items()}
+    refused = ["orders", "orders@b", durable, "sys$topic", "sys$mgmt", "x@nowhere", *(f"junk-{n}" for n in range(20))]
+    replies = await trio.to_thread.run_sync(guest_requests, network.url("a"), [*refused, "mine", "mine@a"])
+
+    # guest is answered (403: it may not manage) at its own temporary queue, by both routers
+    assert [(correlation.split()[0], reply["status"]) for correlation, reply in replies] == [("a", 403), ("b", 403)]
+    usages = {name: network.routers[name].management.resolve("/sys$mgmt/usage") for name in ("a", "b")}
+    await wait_until(
+        lambda: [usage.properties()["replies-refused"] for usage in usages.values()] == [len(refused)] * 2,
+        what="every refused reply-to counted, on a and on b",
+    )
+    await wait_until(lambda: managers["a"].queue("mine").size == 3, what="a's reply to 'mine', a's and b's to 'mine@a'")
+    assert {name: set(manager.queues) for name, manager in managers.items()} == queues  # no queue created
+    assert [managers[name].queue("orders").size for name in ("a", "b")] == [0, 0]
+    assert managers["a"].queue(durable).size == 0

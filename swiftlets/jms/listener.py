@@ -951,9 +951,10 @@ class AmqpConnection:
         ``name@<this router>`` as ``name``)."""
         return f"{name}@{self.swiftlet.router_name}"
 
-    def _check_queue(self, address: str, action: str) -> None:
+    def _check_queue(self, address: str, action: str, *, create: bool = True) -> None:
         """Whether this connection may ``action`` (send, receive, browse) queue ``address``;
-        if so, the queue exists afterwards (created on first use where that is allowed).
+        if so, the queue exists afterwards (created on first use where that is allowed, and
+        ``create``: a management reply-to is checked without, as it must exist already).
 
         Everything is decided before the queue is looked up or created, so a refusal leaves
         nothing behind. Names containing ``$`` are the router's, with these rules whether
@@ -989,8 +990,13 @@ class AmqpConnection:
         if "$" not in name:
             if self.principal is not None:
                 self.principal.check_queue(address, action)
-            self._queue(address)  # created on first use if auto-create-queues is on (counted)
+            if create:
+                self._queue(address)  # created on first use if auto-create-queues is on (counted)
+            else:
+                self.queue_manager.resolve(address) if remote else self.queue_manager.queue(address, create=False)
             return
+        if name == MANAGEMENT_QUEUE and not create:  # a reply sent there would be served as a request
+            raise AccessDenied(f"{address!r} is a management queue, not a reply-to")
         if name == MANAGEMENT_QUEUE and action == "send":  # sys$mgmt decides whom it answers
             self.queue_manager.resolve(address) if remote else self.queue_manager.queue(address, create=False)
             return
@@ -1154,14 +1160,27 @@ class AmqpConnection:
 
     def with_identity(self, message: Message) -> Message:
         """A management request with the sender's identity stamped, replacing whatever the client
-        put there (:mod:`swiftlets.mgmt.api`: the router serving it trusts this stamp)."""
+        put there (:mod:`swiftlets.mgmt.api`: the router serving it trusts this stamp).
+
+        The stamp names the request's reply-to only if this client may send there itself and
+        it exists (:meth:`_check_queue` without creating): the serving router replies to
+        nothing else, so a reply can neither put messages where its requester could not nor
+        create a queue.
+        """
         principal = self.principal
+        reply_to = message.properties.reply_to
+        if isinstance(reply_to, str) and reply_to:
+            try:
+                self._check_queue(reply_to, "send", create=False)
+            except (_Refused, QueueError, AccessDenied):
+                reply_to = ""
         identity = Identity(
             user=getattr(principal, "user", "") or "",
             group=getattr(principal, "group", "") or "",
             authenticated=self.authenticated,
             host=self.host,
             router=self.swiftlet.router_name,
+            reply_to=reply_to if isinstance(reply_to, str) else "",
         )
         return message.with_annotations({IDENTITY_ANNOTATION: identity.annotation()})
 

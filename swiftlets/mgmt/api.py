@@ -102,6 +102,9 @@ class Identity:
         host: the address the client connected from.
         router: the router where the request entered the network.
         internal: the request comes from router ``router`` itself (see the module header).
+        reply_to: the request's reply-to as that router checked it: the requester may send
+            there and it exists ("" when it may not, or there was none). A reply goes there
+            and nowhere else.
     """
 
     user: str = ""
@@ -110,6 +113,7 @@ class Identity:
     host: str = ""
     router: str = ""
     internal: bool = False
+    reply_to: str = ""
 
     @classmethod
     def of_router(cls, router: str) -> Identity:

@@ -13,7 +13,11 @@ version, authorize (:func:`authorize`), run the verb against the router's manage
 (:mod:`kernel.mgmt`, whose vetoes and validation errors come back as status 400 with their
 reason), and log every change with the user and the old and new value. The reply is a
 non-persistent message to the request's reply-to, which may be a temporary queue on another
-router: the queue manager's redirection sends it there like any message.
+router: the queue manager's redirection sends it there like any message. Only to a reply-to
+that the router where the request entered found the requester may send to, and that exists
+(:attr:`.api.Identity.reply_to`): a reply never creates a queue, and never lets a client
+put messages where it could not itself; a request with any other reply-to is served without
+a reply and counted (``replies-refused``).
 
 Watches. A ``watch`` request starts a task with its own bus subscription that sends each
 :class:`~kernel.bus.PropertyChanged`, ``EntityAdded`` or ``EntityRemoved`` under the watched
@@ -291,7 +295,7 @@ class MgmtSwiftlet:
         self._numbers = itertools.count(1)
         self._pending: dict[Any, trio.MemorySendChannel] = {}  # remote requests of request() awaiting replies
         self._reply_queue: Any = None
-        self.served = self.refused = self.failed = 0
+        self.served = self.refused = self.failed = self.replies_refused = 0
         self._verbs: dict[str, Callable[..., Awaitable[Any]]] = {
             "get": self._get,
             "describe": self._describe,
@@ -313,6 +317,7 @@ class MgmtSwiftlet:
                 "requests-served": self.served,
                 "requests-refused": self.refused,
                 "requests-failed": self.failed,
+                "replies-refused": self.replies_refused,
                 "watches": len(self._watches),
             }
         )
@@ -367,8 +372,21 @@ class MgmtSwiftlet:
                 reply = self._answer(refused.status, error=str(refused))
                 log.info("management request from %s refused: %s", identity, refused)
             else:
-                reply = await self.serve(request, identity, reply_to=reply_to, correlation=correlation)
-            if isinstance(reply_to, str) and reply_to:
+                approved = reply_to if identity is not None and reply_to == identity.reply_to else None
+                reply = await self.serve(request, identity, reply_to=approved or None, correlation=correlation)
+            if reply_to and (identity is None or reply_to != identity.reply_to):
+                # A reply-to the requester may not send to, or one that does not exist: no
+                # reply, so that a reply can neither inject messages nor create a queue.
+                self.replies_refused += 1
+                if self.replies_refused == 1 or self.replies_refused % 1000 == 0:
+                    log.info(
+                        "management reply to %r (%s) not sent: the requester may not send there, or it does not "
+                        "exist (%d such replies so far)",
+                        reply_to,
+                        identity,
+                        self.replies_refused,
+                    )
+            elif isinstance(reply_to, str) and reply_to:
                 try:
                     try:
                         self._send(reply_to, reply, correlation)
@@ -384,12 +402,14 @@ class MgmtSwiftlet:
             consumer.flow(1)
 
     def _send(self, address: str, reply: dict[str, Any], correlation: Any) -> None:
-        """Send ``reply`` to ``address`` (non-persistent).
+        """Send ``reply`` to ``address`` (non-persistent), only if its queue (or the routing
+        queue towards its router) exists: a reply never creates a queue.
 
         Raises:
             QueueError: it cannot go there (a reply-to gone, no route to its router).
         """
         assert self._queue_manager is not None
+        self._queue_manager.queue(address, create=False)
         message = build(
             json.dumps(reply),
             correlation_id=correlation,
@@ -660,11 +680,12 @@ class MgmtSwiftlet:
         send, receive = trio.open_memory_channel[dict](1)
         self._pending[correlation] = send
         try:
+            reply_to = f"{self._reply_queue.name}@{self.router}"  # this swiftlet's own: it may send there
             message = build(
                 json.dumps({"version": VERSION, **request}),
                 correlation_id=correlation,
-                reply_to=f"{self._reply_queue.name}@{self.router}",
-                annotations={IDENTITY_ANNOTATION: identity.annotation()},
+                reply_to=reply_to,
+                annotations={IDENTITY_ANNOTATION: attrs.evolve(identity, reply_to=reply_to).annotation()},
             )
             try:
                 self._queue_manager.send_nowait(f"{MANAGEMENT_QUEUE}@{router}", message)
