@@ -24,7 +24,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import trio
@@ -160,15 +160,16 @@ async def _serve(router: Router, path: Path | None) -> int:
                     return EXIT_FAILED
                 finally:
                     nursery.cancel_scope.cancel()
-            if not reboot and router.successor is None:
+            if reboot:  # SIGHUP
+                router = reboot[0]
+            elif router.successor is not None:  # management's reboot
+                router = router.successor
+            else:
                 return EXIT_OK
-            router = reboot[0] if reboot else router.successor  # SIGHUP, or management's reboot
             log.info("router %s rebooting", router.name)
 
 
-async def _watch_signals(
-    signals: trio.abc.ReceiveChannel[int], router: Router, path: Path | None, reboot: list[Router]
-) -> None:
+async def _watch_signals(signals: AsyncIterator[int], router: Router, path: Path | None, reboot: list[Router]) -> None:
     stopping = False
     async for signum in signals:
         name = signal.Signals(signum).name

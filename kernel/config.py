@@ -79,12 +79,22 @@ class RouterSettings:
     config_backups: int = prop(15, min=0, max=1000, description="Backups of the config file kept by 'save'.")
 
 
+# The converters of the mappings below: read-only views (typed functions, as the attrs
+# plugin cannot bind the type variables of the generic MappingProxyType).
+def _pool_view(pools: Mapping[str, PoolConfig]) -> Mapping[str, PoolConfig]:
+    return MappingProxyType(pools)
+
+
+def _section_view(sections: Mapping[str, SwiftletSection]) -> Mapping[str, SwiftletSection]:
+    return MappingProxyType(sections)
+
+
 @attrs.frozen
 class SwiftletSection:
     """One swiftlet's part of the config: its own config object and its pools."""
 
     config: Any
-    pools: Mapping[str, PoolConfig] = attrs.field(converter=MappingProxyType)
+    pools: Mapping[str, PoolConfig] = attrs.field(converter=_pool_view)
 
 
 @attrs.frozen
@@ -92,7 +102,7 @@ class RouterConfig:
     """A whole router config. ``swiftlets`` holds every started or configured swiftlet."""
 
     settings: RouterSettings
-    swiftlets: Mapping[str, SwiftletSection] = attrs.field(converter=MappingProxyType)
+    swiftlets: Mapping[str, SwiftletSection] = attrs.field(converter=_section_view)
 
     @property
     def startorder(self) -> list[str]:
@@ -176,7 +186,8 @@ def load_config(
         sections.setdefault(name, default_section(specs[name]))
     config = RouterConfig(settings, sections)
     for name in startorder:
-        for problem in specs[name].check(config, hook) if specs[name].check else ():
+        check = specs[name].check
+        for problem in check(config, hook) if check else ():
             el = elements.get(name)
             reader.error(root if el is None else problem.locate(el), problem.message, problem.attribute)
     if reader.errors:

@@ -262,6 +262,7 @@ class Entity:
         where = f"{self.path}: property '{name}'"
         if meta.read_only:
             raise ManagementError(f"{where} is read-only")
+        assert field.type is not None  # config_class resolved every field's type
         try:
             value = parse_value(field.type, meta, raw)
         except ValueError as exc:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import attrs
 import pluggy
@@ -169,7 +169,9 @@ def load_plugins(extra_plugins: Iterable[Any] = ()) -> Plugins:
     owners: dict[str, str] = {}
     for impl in manager.hook.martinet_swiftlets.get_hookimpls():
         owner = _owner_name(manager, impl.plugin)
-        for spec in impl.function():
+        # what the hookspec declares (pluggy types a hook's answer as object); _check
+        # verifies each entry, as a plugin may return anything
+        for spec in cast("Sequence[SwiftletSpec]", impl.function()):
             _check(spec, owner)
             if spec.name in specs:
                 raise PluginError(f"swiftlet {spec.name!r} is provided by both {owners[spec.name]} and {owner}")

@@ -45,7 +45,7 @@ import re
 import types
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import attrs
 
@@ -95,7 +95,7 @@ class Prop:
     read_only: bool = False
     enum: type[Enum] | None = None
     secret: bool = False  # never shown by management (get, list, events); saved as it is
-    check: Callable[[Any], None] | None = None  # a further check of the value; raises ValueError
+    check: Callable[[Any], object] | None = None  # a further check of the value (its result unused); raises ValueError
 
 
 @attrs.frozen
@@ -133,7 +133,7 @@ def _type_name(kind: type) -> str:
     return {bool: "'true' or 'false'", int: "an integer", float: "a number", str: "text"}[kind]
 
 
-def is_enum(kind: Any) -> bool:
+def is_enum(kind: Any) -> TypeGuard[type[Enum]]:
     """Whether ``kind`` is an Enum class (a property type whose values are its members)."""
     return isinstance(kind, type) and issubclass(kind, Enum)
 
@@ -162,7 +162,7 @@ def parse_value(kind: type, meta: Prop, raw: Any) -> Any:
             except ValueError:
                 value = None
             if value is None:
-                values = [member.value for member in kind]  # type: ignore[attr-defined]
+                values = [member.value for member in kind]
                 raise ValueError(f"expected one of {_allowed(values)}, found {raw!r}")
     elif isinstance(raw, str) and kind is not str:
         text = raw.strip()
@@ -209,6 +209,7 @@ def check_value(meta: Prop, value: Any) -> None:
         elif low is not None:
             bound = f">= {_num(low)}"
         else:
+            assert high is not None  # out of bounds, and there is no lower bound
             bound = f"<= {_num(high)}"
         raise ValueError(f"expected a value {bound}, found {value!r}")
     if meta.check is not None:
@@ -238,7 +239,7 @@ def prop(
     reboot_required: bool = False,
     read_only: bool = False,
     secret: bool = False,
-    check: Callable[[Any], None] | None = None,
+    check: Callable[[Any], object] | None = None,
 ) -> Any:
     """Declare a scalar property. Without ``default`` the property is mandatory.
 
@@ -256,9 +257,9 @@ def prop(
     """
     enum_class = choices if is_enum(choices) else None
     if enum_class is not None:
-        allowed: tuple[Any, ...] | None = tuple(m.value for m in enum_class)  # type: ignore[union-attr]
+        allowed: tuple[Any, ...] | None = tuple(m.value for m in enum_class)
     else:
-        allowed = tuple(choices) if choices is not None else None  # type: ignore[arg-type]
+        allowed = tuple(choices) if choices is not None else None
     meta = Prop(
         description=description,
         min=min,
@@ -266,7 +267,7 @@ def prop(
         choices=allowed,
         reboot_required=reboot_required,
         read_only=read_only,
-        enum=enum_class,  # type: ignore[arg-type]
+        enum=enum_class,
         secret=secret,
         check=check,
     )
@@ -328,12 +329,14 @@ def config_class(cls: type[_C]) -> type[_C]:
             an entity-list item has no mandatory ``name`` property.
         ValueError: ``min > max``, or a default outside the bounds or choices.
     """
-    if not attrs.has(cls):  # declared without the attrs decorator that type checkers read
-        cls = attrs.frozen(kw_only=True)(cls)
-    attrs.resolve_types(cls)
-    for f in attrs.fields(cls):
+    # A class declared without the attrs decorator that type checkers read gets it here.
+    # Typed as a plain type: attrs.has() would narrow cls to type[AttrsInstance], which is
+    # no longer the caller's class to return.
+    decorated: type[Any] = cls if attrs.has(cls) else attrs.frozen(kw_only=True)(cls)
+    attrs.resolve_types(decorated)
+    for f in attrs.fields(decorated):
         meta = meta_of(f)
-        where = f"{cls.__qualname__}.{f.name}"
+        where = f"{decorated.__qualname__}.{f.name}"
         if meta is None:
             raise TypeError(f"{where}: declare config fields with prop(), entity() or entity_list()")
         if isinstance(meta, Prop):
@@ -344,10 +347,10 @@ def config_class(cls: type[_C]) -> type[_C]:
             names = {a.name: a for a in attrs.fields(meta.item_type)}
             if "name" not in names or names["name"].default is not attrs.NOTHING:
                 raise TypeError(f"{where}: entity-list items need a mandatory 'name' property")
-            for item in f.default.factory().values():  # type: ignore[union-attr]
+            for item in f.default.factory().values():
                 if not isinstance(item, meta.item_type):
                     raise TypeError(f"{where}: default entry {item!r} is not a {meta.item_type.__qualname__}")
-    return cls
+    return decorated
 
 
 def _check_prop(where: str, kind: Any, meta: Prop) -> None:

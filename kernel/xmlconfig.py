@@ -147,7 +147,7 @@ class ElementReader:
         before = len(self.errors)
         node = self._to_node(el, cls, skip)
         try:
-            value = self._converter.structure(node, cls)
+            value: Any = self._converter.structure(node, cls)
         except ClassValidationError as exc:
             self._report(exc, node, cls)
             return None
@@ -157,7 +157,7 @@ class ElementReader:
         """Structure an entity-list container element into ``{name: item}``; ``None`` if invalid."""
         before = len(self.errors)
         node = self._list_node(container, ListOf(item_type, item_tag, ""))
-        items = {}
+        items: dict[str, Any] = {}
         for name, item_node in node.items():
             try:
                 items[name] = self._converter.structure(item_node, item_type)
@@ -198,7 +198,7 @@ class ElementReader:
             if child.tag in skip:
                 continue
             field, meta = children.get(child.tag, (None, None))
-            if field is None or isinstance(meta, Prop):
+            if field is None or meta is None or isinstance(meta, Prop):  # (no such field: both None)
                 hint = _suggest(child.tag, structural)
                 self.error(child, f"unknown element <{child.tag}>{hint}")
                 continue
@@ -206,6 +206,7 @@ class ElementReader:
                 self.error(child, f"<{child.tag}> may appear only once here")
                 continue
             if isinstance(meta, Child):
+                assert field.type is not None  # config_class resolved every field's type
                 node[child.tag] = self._to_node(child, field.type)
             else:
                 node[child.tag] = self._list_node(child, meta)
@@ -242,10 +243,13 @@ class ElementReader:
     # -- pass 2: cattrs --------------------------------------------------------------
 
     def _make_structure_fn(self, cls: type) -> Callable[[Any, Any], Any]:
-        overrides = {}
+        # (values typed Any: mypy would match the ** against make_dict_structure_fn's own
+        # boolean options as well as against its **kwargs of overrides)
+        overrides: dict[str, Any] = {}
         for field, meta in fields_of(cls):
             hook = None
             if isinstance(meta, Prop):
+                assert field.type is not None  # config_class resolved every field's type
                 hook = _prop_hook(field.type, meta)
             overrides[field.name] = override(rename=xml_name(field.name), struct_hook=hook)
         return make_dict_structure_fn(cls, self._converter, _cattrs_forbid_extra_keys=True, **overrides)
@@ -270,6 +274,7 @@ class ElementReader:
             meta = meta_of(field)
             key = xml_name(field_name)
             if isinstance(meta, Child) and isinstance(sub, ClassValidationError):
+                assert field.type is not None  # config_class resolved every field's type
                 self._report(sub, node[key], field.type)
             elif isinstance(meta, ListOf) and isinstance(sub, IterableValidationError):
                 for item_exc in sub.exceptions:
@@ -314,7 +319,9 @@ def _flatten(exc: BaseException, cls: type, prefix: str = "") -> Iterator[tuple[
         if isinstance(sub, KeyError):
             yield (key, "missing mandatory attribute")
         elif isinstance(sub, ClassValidationError) and name:
-            yield from _flatten(sub, attrs.fields_dict(cls)[name].type, key + "/")
+            child_type = attrs.fields_dict(cls)[name].type
+            assert child_type is not None  # config_class resolved every field's type
+            yield from _flatten(sub, child_type, key + "/")
         elif isinstance(sub, (ClassValidationError, ForbiddenExtraKeysError)):
             yield from _flatten(sub, cls, prefix)
         else:
@@ -340,8 +347,10 @@ def write_element(value: Any, tag: str, *, defaults: Any | None = None) -> etree
             default = getattr(defaults, field.name)
         elif field.default is attrs.NOTHING:
             default = attrs.NOTHING
+        # attrs' stubs declare Factory a function (it is a class): the isinstance needs an
+        # ignore and narrows nothing
         elif isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
-            default = field.default.factory()
+            default = field.default.factory()  # type: ignore[union-attr]
         else:
             default = field.default
         if isinstance(meta, Prop):

@@ -196,6 +196,8 @@ _F32 = struct.Struct(">f").unpack_from
 _F64 = struct.Struct(">d").unpack_from
 
 Decoder = Callable[[bytes, int], tuple[Any, int]]
+# The decoders of values that contain values also take the nesting depth.
+ContainerDecoder = Callable[[bytes, int, int], tuple[Any, int]]
 
 
 def _need(buf: bytes, end: int, what: str) -> None:
@@ -238,7 +240,7 @@ def _variable(size_width: int, kind: str) -> Decoder:
     return decode_variable
 
 
-def _compound(size_width: int, kind: str) -> Decoder:
+def _compound(size_width: int, kind: str) -> ContainerDecoder:
     size_of = _U8 if size_width == 1 else _U32
 
     def decode_compound(buf: bytes, offset: int, depth: int, max_depth: int = MAX_DEPTH) -> tuple[Any, int]:
@@ -273,7 +275,7 @@ def _compound(size_width: int, kind: str) -> Decoder:
     return decode_compound
 
 
-def _array(size_width: int) -> Decoder:
+def _array(size_width: int) -> ContainerDecoder:
     size_of = _U8 if size_width == 1 else _U32
 
     def decode_array(buf: bytes, offset: int, depth: int) -> tuple[Any, int]:
@@ -406,7 +408,7 @@ _DECODERS: dict[int, Decoder] = {
 _DECODERS[0x45] = lambda buf, offset: ([], offset)
 
 # Values that contain values: their decoders take the nesting depth as well.
-_CONTAINERS: dict[int, Callable[[bytes, int, int], tuple[Any, int]]] = {
+_CONTAINERS: dict[int, ContainerDecoder] = {
     0x00: _described,
     0xC0: _compound(1, "list"),
     0xD0: _compound(4, "list"),
@@ -733,7 +735,8 @@ def _compound_element(wide: bool, kind: type) -> Callable[[Any, bytearray], None
         else:
             if not isinstance(value, dict if kind is dict else (list, tuple)):
                 raise TypeError(f"array element {value!r} is not a {kind.__name__}")
-            items = [part for pair in value.items() for part in pair] if kind is dict else list(value)
+            # (the check above let through a dict exactly when kind is dict)
+            items = [part for pair in value.items() for part in pair] if isinstance(value, dict) else list(value)
             body = bytearray()
             for item in items:
                 _encode(item, body)

@@ -59,8 +59,9 @@ class PeerClosed(trio.BrokenResourceError):
 class SansIO(Protocol):
     """A connection protocol without I/O (:class:`messaging.amqp.Connection` is one)."""
 
-    def receive_data(self, data: bytes) -> None:
-        """Feed what the peer sent; ``b""`` means it closed its side."""
+    def receive_data(self, data: bytes | bytearray) -> None:
+        """Feed what the peer sent (what the stream read: bytes or a bytearray); ``b""``
+        means it closed its side."""
 
     def data_to_send(self) -> bytes | None:
         """What to write now (``b""``: nothing yet); None once the connection is over."""
@@ -108,7 +109,7 @@ async def lead_in(stream: trio.abc.Stream, stage: Stage) -> bytes:
         if not data:
             raise PeerClosed("the peer closed the connection during the lead-in")
         try:
-            done = stage.receive_data(data)
+            done = stage.receive_data(bytes(data))  # (a stream may read into a bytearray)
         except Exception:
             if out := stage.data_to_send:
                 await stream.send_all(out)

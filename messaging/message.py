@@ -142,6 +142,21 @@ class Properties:
         "group_sequence",
         "reply_to_group_id",
     )
+    # Set from the decoded list in __init__; only the fields the broker computes with are
+    # checked there, the others hold whatever the peer sent.
+    message_id: Any
+    user_id: Any
+    to: Any
+    subject: Any
+    reply_to: Any
+    correlation_id: Any
+    content_type: Any
+    content_encoding: Any
+    absolute_expiry_time: int | None
+    creation_time: int | None
+    group_id: Any
+    group_sequence: int | None
+    reply_to_group_id: Any
 
     def __init__(self, fields: list[Any] = ()):  # type: ignore[assignment]
         """Raises: MessageError: absolute-expiry-time or creation-time is not a timestamp
@@ -565,6 +580,7 @@ class AnnotationPatch:
         """
         raw = message.raw
         known = message._front
+        header_fields: tuple[bool, int, int | None] | None
         if known is not None and known[2] >= 0 and type(raw) is bytes:  # patched on the way in: spans known
             header_fields, end, start = known
             section = self._append(raw, start, start + 3, end) if absent else self._splice(raw, start, start + 3, end)
@@ -1150,6 +1166,7 @@ def head_length(raw: bytes) -> int:
         MessageError: the leading sections are not well framed.
     """
     position, size = 0, len(raw)
+    code: object  # a descriptor decoded in an unusual encoding may be of any type
     try:
         while position < size:
             if raw[position] == 0x00 and position + 2 < size and raw[position + 1] == 0x53:
@@ -1172,6 +1189,7 @@ def _find_sections(raw: bytes) -> dict[int, tuple[int, int, int]]:
     (``0x00 0x53 code``, a smallulong) is read directly, anything else is decoded."""
     offsets: dict[int, tuple[int, int, int]] = {}
     position, last, size = 0, -1, len(raw)
+    code: object  # a descriptor decoded in an unusual encoding may be of any type
     while position < size:
         start = position
         if raw[position] != 0x00:

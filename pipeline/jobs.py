@@ -185,9 +185,11 @@ def _milliseconds(spark: SparkSession, option: str, interval: str) -> int:
         ValueError: not an interval, or not positive; the message names ``option``.
     """
     try:
-        value = spark.sql(f"SELECT unix_millis(TIMESTAMP'1970-01-01 00:00:00' + INTERVAL {interval})").first()[0]
+        row = spark.sql(f"SELECT unix_millis(TIMESTAMP'1970-01-01 00:00:00' + INTERVAL {interval})").first()
     except Exception:  # Spark's parse error: long and Java-flavoured
         raise ValueError(f"{option} {interval!r} is not an interval (like '30 seconds' or '2 minutes')") from None
+    assert row is not None  # a SELECT without FROM has exactly one row
+    value = row[0]
     if value <= 0:
         raise ValueError(f"{option} {interval!r} must be positive")
     return value

@@ -38,7 +38,8 @@ def _series_plot(title: str, ylabel: str, series: dict[str, list[tuple[Any, Any,
     window (a gap where a window has no row)."""
     figure, axes = plt.subplots(figsize=(10, 3.5))
     for label, windows in sorted(series.items()):
-        times, values = [], []
+        times: list[Any] = []
+        values: list[float] = []
         for start, end, value in sorted(windows):
             if times and times[-1] != start:
                 times.append(times[-1])
@@ -75,7 +76,7 @@ def write_report(results: dict[str, Any], path: Path) -> Path:
     totals: dict[str, float] = defaultdict(float)
     for row in rates:
         totals[f"{row.router}/{row.queue}"] += (row.in_rate or 0) + (row.backlog_max or 0)
-    shown = set(sorted(totals, key=totals.get, reverse=True)[:QUEUES_PLOTTED])
+    shown = set(sorted(totals, key=totals.__getitem__, reverse=True)[:QUEUES_PLOTTED])
     inflow, outflow, backlog = defaultdict(list), defaultdict(list), defaultdict(list)
     for row in rates:
         name = f"{row.router}/{row.queue}"

@@ -38,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -81,7 +81,7 @@ class MartinetSource(DataSource):
 
 
 class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: dict[str, str]):
+    def __init__(self, options: Mapping[str, str]):
         self.table = options.get("table", "rows")
         if self.table not in ("rows", "events"):
             raise ValueError(f"martinet source: option table={self.table!r}: use rows or events")

@@ -167,7 +167,7 @@ _TRANSFER_NEXT = struct.Struct(">3sBBBBIBBBBB")  # the following ones: handle an
 # What the fields of each performative must be when present (a peer's wrong type closes the
 # connection with amqp:decode-error instead of reaching our state): index → (kind, largest).
 _UINT, _USHORT, _UBYTE = (int, MASK), (int, 0xFFFF), (int, 0xFF)
-_FIELDS = {
+_FIELDS: dict[int, tuple[str, dict[int, tuple[type[Any], int]]]] = {
     OPEN: ("open", {0: (str, 0), 1: (str, 0), 2: _UINT, 3: _USHORT, 4: _UINT}),
     BEGIN: ("begin", {0: _USHORT, 1: _UINT, 2: _UINT, 3: _UINT, 4: _UINT}),
     ATTACH: ("attach", {0: (str, 0), 1: _UINT, 2: (bool, 0), 3: _UBYTE, 4: _UBYTE, 9: _UINT, 10: (int, 2**64 - 1)}),
@@ -955,7 +955,7 @@ class Session:
         link._stop()
         if self._handles.get(link.handle) is link:
             self._handles.free(link.handle)
-        if self._links.get(link.remote_handle) is link:
+        if link.remote_handle is not None and self._links.get(link.remote_handle) is link:
             del self._links[link.remote_handle]
 
     # -- output -------------------------------------------------------------------------------
@@ -968,7 +968,12 @@ class Session:
             self.connection._write(self.channel, code, fields, payload)
 
     def _write_flow(self, link: Link | None = None) -> None:
-        fields = [UInt(self._next_incoming_id), UInt(self._incoming_window), UInt(self._next_outgoing_id), UInt(MASK)]
+        fields: list[Any] = [
+            UInt(self._next_incoming_id),
+            UInt(self._incoming_window),
+            UInt(self._next_outgoing_id),
+            UInt(MASK),
+        ]
         if link is not None:
             fields += [UInt(link.handle), UInt(link.delivery_count), UInt(link.credit), None, link.drain]
         self._write(FLOW, fields)
@@ -1236,7 +1241,7 @@ class Connection:
             return
         if self._channels.get(session.channel) is session:
             self._channels.free(session.channel)
-        if self._sessions.get(session.remote_channel) is session:
+        if session.remote_channel is not None and self._sessions.get(session.remote_channel) is session:
             del self._sessions[session.remote_channel]
 
     def release(self) -> None:
@@ -1333,7 +1338,7 @@ class Connection:
             deadlines.append(self._last_output + self.remote_idle_timeout / 2)
         return min(deadlines) if deadlines else 0.0
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray) -> None:
         """Feed what the peer sent (``b""``: it closed its side, which ends the connection:
         :class:`ConnectionClosed` unless its close came first). Complete frames are handled
         at once: link handlers are called, events queued. A server waits for the owner's
@@ -1484,6 +1489,7 @@ class Connection:
                             session._write_flow()
                         link.credit -= 1
                         link.delivery_count = (link.delivery_count + 1) & MASK
+                        assert link.handler is not None  # set before the credit was granted (LinkHandler)
                         link.handler.on_transfer(delivery_id, buffer[after:frame_end], flags[0], None)
                         continue
             if buffer.startswith(_OPEN_PREFIX, body, frame_end) and self.server:
@@ -1628,6 +1634,7 @@ class Connection:
     def _on_detach(self, session: Session, fields: list) -> None:
         link = self._link(session, fields[0])
         link._move(LinkInput.DETACH_IN)
+        assert link.remote_handle is not None  # a link in session._links has the peer's handle
         del session._links[link.remote_handle]
         self.events.append(LinkDetached(link, bool(fields[1]), Error.from_value(fields[2])))
         session._forget(link)
@@ -1776,6 +1783,7 @@ class Connection:
             delivery_id, payload, link._partial = link._partial_id, b"".join(link._partial), None
         if aborted:
             return
+        assert link.handler is not None  # set before the credit was granted (LinkHandler)
         link.handler.on_transfer(delivery_id, payload, settled, state)
 
     def _buffer(self, size: int) -> None:

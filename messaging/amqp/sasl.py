@@ -167,7 +167,7 @@ class SaslServer(_Exchange):
             raise SaslError("the SASL exchange is not complete")
         return bytes(self._buffer)
 
-    def receive_data(self, data: bytes) -> Credentials | None:
+    def receive_data(self, data: bytes | bytearray) -> Credentials | None:
         """Feed bytes; returns the :class:`Credentials` once they are known, else None.
 
         Raises:
@@ -287,7 +287,7 @@ class SaslClient(_Exchange):
         """After the exchange: what the server sent beyond SASL, for the AMQP engine."""
         return bytes(self._buffer)
 
-    def receive_data(self, data: bytes) -> bool:
+    def receive_data(self, data: bytes | bytearray) -> bool:
         """Feed bytes from the server; True once its outcome let us in.
 
         Raises:

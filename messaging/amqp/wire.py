@@ -10,6 +10,7 @@ ones of the spec (part 2, 3, 4 and 5); a peer may send the symbolic form instead
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
@@ -236,7 +237,7 @@ def symbols(value: Any) -> list[str]:
     return [str(value)]
 
 
-def symbol_array(names: list[str]) -> Array | None:
+def symbol_array(names: Sequence[str]) -> Array | None:
     return Array(0xA3, tuple(Symbol(name) for name in names)) if names else None
 
 

@@ -182,7 +182,9 @@ class Connection:
             self._driven.set()
         self._fail(ConnectionLost("the router closed the connection"))
 
-    def _fail(self, error: JMSError) -> None:
+    def _fail(self, error: JMSError | ExceptionGroup[JMSError]) -> None:
+        """The connection is over because of ``error`` (a group when except* caught the
+        error inside a nested one: it is handed over as it was raised)."""
         if self.lost is None:
             self.lost = error if isinstance(error, ConnectionLost) else ConnectionLost(str(error))
             self.lost.__cause__ = None if error is self.lost else error

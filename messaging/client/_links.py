@@ -79,7 +79,10 @@ class LinkState:
     def __init__(self, connection: Connection, link: amqp.Link):
         self.connection = connection
         self.link = link
-        link.handler = self
+        # A handler serves one role (the engine calls on_transfer on a receiving link only,
+        # on_outcome on a sending one only): each subclass has just its method, which the
+        # LinkHandler protocol, listing both, cannot express.
+        link.handler = self  # type: ignore[assignment]
         self.attached = Outcome()
         self.error: JMSError | None = None  # why the peer detached, or the connection ended
         self.remote_error: amqp.Error | None = None  # the condition of the peer's detach

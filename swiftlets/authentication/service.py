@@ -53,7 +53,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import trio
@@ -262,13 +262,13 @@ class Authentication:
         ]
         return f"{SCHEME}${max(iterations)}${_DUMMY_SALT_DIGEST}" if iterations else _DUMMY_PLAIN
 
-    def _refuse(self, detail: str, user: str | None, host: str, reason: str) -> None:
+    def _refuse(self, detail: str, user: str | None, host: str, reason: str) -> NoReturn:
         self.refused_logins += 1
         self._failed(host)
         self._log(LOGIN_REFUSED, host, detail)
         raise AuthenticationFailed(reason, f"login of {user or 'anonymous'} from {host} refused: {detail}")
 
-    def _denied(self, principal: Principal, what: str) -> None:
+    def _denied(self, principal: Principal, what: str) -> NoReturn:
         self.denials += 1
         self._log(ACCESS_DENIED, principal.host, f"user {principal.user} (group {principal.group}) may not {what}")
         raise AccessDenied(f"user {principal.user} may not {what}")

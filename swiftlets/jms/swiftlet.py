@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import logging
 import ssl
-from typing import Any
+from typing import Any, TypeAlias
 
 import trio
 
@@ -37,6 +37,9 @@ from .listener import AmqpConnection, BrokenInputLog, refusal
 __all__ = ["JmsSwiftlet"]
 
 log = logging.getLogger(__name__)
+
+# What a listener accepts: a TCP connection, with TLS on top when the listener has a certificate.
+_Accepted: TypeAlias = "trio.SocketStream | trio.SSLStream[trio.SocketStream]"
 
 
 class JmsSwiftlet:
@@ -145,7 +148,7 @@ class JmsSwiftlet:
         config = entity.config
         tcp = await trio.open_tcp_listeners(config.port, host=config.bind_address)
         port = tcp[0].socket.getsockname()[1]
-        listeners: list[trio.abc.Listener] = list(tcp)
+        listeners: list[trio.abc.Listener[_Accepted]] = list(tcp)
         if config.tls_certificate:
             tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             try:
@@ -169,7 +172,7 @@ class JmsSwiftlet:
             " (TLS)" if config.tls_certificate else "",
         )
 
-        async def handle(stream: trio.abc.Stream) -> None:
+        async def handle(stream: _Accepted) -> None:
             live = entity.config
             try:
                 socket_stream = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream

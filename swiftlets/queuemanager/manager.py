@@ -327,11 +327,11 @@ class QueueManager:
                 stored.id, message, priority, expires, True, stored.delivery_count, acquired=True, size=stored.size
             )
             if stored.txid is not None:
-                transaction = prepared.get(stored.txid)
-                if transaction is None:  # prepared sends without a prepare record: never prepared
+                txn = prepared.get(stored.txid)
+                if txn is None:  # prepared sends without a prepare record: never prepared
                     orphans.append(DeleteMessage(stored.id))
                     continue
-                transaction._sends.append((queue, entry))
+                txn._sends.append((queue, entry))
             elif stored.id in held:
                 entry.state = HELD
                 queue.count(entry)
@@ -339,10 +339,10 @@ class QueueManager:
             else:
                 queue.restore(entry)
         for queue_name, ids in recovered.remembered_ids.items():
-            queue = self.queues.get(queue_name)
-            if queue is not None:
+            known = self.queues.get(queue_name)
+            if known is not None:
                 for key in ids:
-                    queue.remember(key)
+                    known.remember(key)
         self._prepared.update(prepared)
         if orphans:
             self._defer(*orphans)
@@ -369,15 +369,15 @@ class QueueManager:
         for start in range(0, len(wanted), 1000):
             chunk = wanted[start : start + 1000]
             bodies = await self._store.read_messages([entry.id for _, entry in chunk])
-            for queue, entry in chunk:
+            for holder, entry in chunk:  # (holder: the queue, None for a prepared send)
                 body = bodies.get(entry.id)
                 if body is None:
                     continue  # left swapped out: a dispatch that reaches it reports and drops it
                 entry.message, entry.swapped = Message(body), False
                 read += 1
-                if queue is not None:
-                    queue.swapped -= 1
-                    queue.swapped_bytes -= entry.bytes
+                if holder is not None:
+                    holder.swapped -= 1
+                    holder.swapped_bytes -= entry.bytes
         if wanted:
             log.info(
                 "queue manager read back %d recovered message(s) in %.2f s; %d stay in the store only",
@@ -520,7 +520,9 @@ class QueueManager:
     def _create(self, name: str, settings: QueueSettings, owner: Any = None) -> Queue:
         queue = self.queues[name] = Queue(self, name, settings, owner=owner)
         if self._usage is not None:
-            offer_operations(self, queue, self._usage.add(name, queue.usage))
+            # The api protocols take back any Entry or Consumer; the implementation only its own
+            # (those it handed out), so mypy does not count it as one (context.lookup casts too).
+            offer_operations(self, queue, self._usage.add(name, queue.usage))  # type: ignore[arg-type]
         return queue
 
     def create_temporary_queue(self, owner: Any) -> Queue:

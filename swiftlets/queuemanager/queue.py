@@ -545,6 +545,7 @@ class Queue:
                         message_identifiers(entry.message, entry.delivery_count)
                     )
                 except (ValueError, TypeError) as exc:  # a section no one could read: not selected
+                    assert selector is not None  # (only its matching raises)
                     selected = self._unselectable_entry(selector, entry, exc)
                 if selected:
                     if entry.swapped:
@@ -680,7 +681,7 @@ class Queue:
         removed = 0
         for level in self._levels:
             if any(e.expires is not None and e.expires <= now for e in level):
-                keep = deque()
+                keep: deque[Entry] = deque()
                 for entry in level:
                     if entry.expires is not None and entry.expires <= now:
                         self.available -= 1

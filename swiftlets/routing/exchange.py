@@ -308,7 +308,12 @@ class RouteExchanger:
 
     def destinations(self) -> list[Destination]:
         """Every known destination, sorted by name."""
-        return [self.destination(name) for name in sorted(self._table.keys() | self._static)]
+        rows: list[Destination] = []
+        for name in sorted(self._table.keys() | self._static):
+            row = self.destination(name)
+            assert row is not None  # it has routes or a static route: it is known
+            rows.append(row)
+        return rows
 
     def announced_to(self, neighbour: str) -> frozenset[Path]:
         """The routes (as held here) announced to ``neighbour`` and not withdrawn.

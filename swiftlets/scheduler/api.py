@@ -38,7 +38,7 @@ Everything here is plain data or a protocol; the running swiftlet is in :mod:`.s
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -79,6 +79,16 @@ def _no_check(_value: str) -> None:
     return None
 
 
+# The converters of the sequences below (typed: the attrs plugin cannot bind the type
+# variable of the generic tuple).
+def _parameters(parameters: Iterable[JobParameter]) -> tuple[JobParameter, ...]:
+    return tuple(parameters)
+
+
+def _jobs(jobs: Iterable[Job]) -> tuple[Job, ...]:
+    return tuple(jobs)
+
+
 @attrs.frozen(kw_only=True)
 class JobParameter:
     """A parameter a job takes (SwiftMQ's ``JobParameter``).
@@ -97,7 +107,7 @@ class JobParameter:
     description: str
     default: str | None = None
     mandatory: bool = True
-    check: Callable[[str], None] = attrs.field(default=_no_check, eq=False, repr=False)
+    check: Callable[[str], object] = attrs.field(default=_no_check, eq=False, repr=False)  # (its result unused)
 
 
 @attrs.frozen(kw_only=True)
@@ -114,7 +124,7 @@ class Job:
     name: str
     description: str
     run: Callable[[JobRun], Awaitable[str | None]] = attrs.field(eq=False, repr=False)
-    parameters: Sequence[JobParameter] = attrs.field(default=(), converter=tuple)
+    parameters: Sequence[JobParameter] = attrs.field(default=(), converter=_parameters)
 
     def resolve(self, given: Mapping[str, str], *, complete: bool = True) -> dict[str, str]:
         """The values a run gets: ``given`` checked, defaults filled in.
@@ -162,7 +172,7 @@ class JobGroup:
     """
 
     name: str
-    jobs: Sequence[Job] = attrs.field(converter=tuple)
+    jobs: Sequence[Job] = attrs.field(converter=_jobs)
     swiftlet: str | None = None
 
     def __attrs_post_init__(self) -> None:

@@ -43,6 +43,7 @@ import json
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import attrs
@@ -115,6 +116,16 @@ class _Schedule:
     finished_config: ScheduleConfig | None = None  # a job forbade further runs of this config
 
 
+def _job_usage(job: Job) -> dict[str, Any]:
+    return {
+        "description": job.description,
+        "parameters": ", ".join(
+            p.name + ("" if p.default is None else f"={p.default}") + (" (mandatory)" if p.mandatory else "")
+            for p in job.parameters
+        ),
+    }
+
+
 def _iso(moment: datetime | None) -> str:
     return moment.isoformat(timespec="seconds") if moment is not None else ""
 
@@ -156,18 +167,7 @@ class SchedulerSwiftlet:
         entry = self._usage_groups.add(group.name, lambda: {"swiftlet": group.swiftlet or "", "jobs": len(group.jobs)})
         jobs = entry.add_list("jobs")
         for job in group.jobs:
-            jobs.add(
-                job.name,
-                lambda job=job: {
-                    "description": job.description,
-                    "parameters": ", ".join(
-                        p.name
-                        + ("" if p.default is None else f"={p.default}")
-                        + (" (mandatory)" if p.mandatory else "")
-                        for p in job.parameters
-                    ),
-                },
-            )
+            jobs.add(job.name, partial(_job_usage, job))
         self._wake()
 
     def unregister(self, name: str) -> None:
@@ -295,7 +295,7 @@ class SchedulerSwiftlet:
         for name, schedule_config in config.schedules.items():
             schedule = self._schedules.setdefault(name, _Schedule(name))
             if name not in self._usage_schedules.children:
-                usage = self._usage_schedules.add(name, lambda s=schedule: self._schedule_usage(s))
+                usage = self._usage_schedules.add(name, partial(self._schedule_usage, schedule))
                 usage.add_operation(
                     "start", lambda s=schedule: self._start_now(s), "Start the job now, outside the plan."
                 )

@@ -44,9 +44,7 @@ class Filter:
     def __call__(self, name: str) -> bool:
         verdict = self._cache.get(name)
         if verdict is None:
-            verdict = any(p.matches(name) for p in self._include) and not any(
-                p.matches(name) for p in self._exclude
-            )
+            verdict = any(p.matches(name) for p in self._include) and not any(p.matches(name) for p in self._exclude)
             if len(self._cache) < 100_000:
                 self._cache[name] = verdict
         return verdict
@@ -56,8 +54,10 @@ def _usage_roots(tree: Tree) -> Iterator[tuple[str, Usage]]:
     for name, node in tree.root.children.items():
         if isinstance(node, Usage):
             yield ROUTER_SWIFTLET, node
-        elif isinstance(node, Entity) and isinstance(node.children.get("usage"), Usage):
-            yield name, node.children["usage"]
+        elif isinstance(node, Entity):
+            usage = node.children.get("usage")
+            if isinstance(usage, Usage):
+                yield name, usage
 
 
 def _walk(node: Usage, prefix: str) -> Iterator[tuple[str, Usage]]:

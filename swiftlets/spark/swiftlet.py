@@ -136,6 +136,7 @@ class SparkSwiftlet:
             swiftlets, entities = Filter(*key[:2]), Filter(*key[2:4])
             self._filters = (key, swiftlets, entities)
             self._sampler = Sampler(self.context.management, swiftlets, entities, config.full_sample_interval)
+        assert self._sampler is not None  # made with the filters
         return self._sampler
 
     def sample(self) -> None:

@@ -168,7 +168,7 @@ def pack_frame(body: Any) -> bytes:
     return LENGTH.pack(len(payload)) + payload
 
 
-def unpack_frame(payload: bytes) -> Any:
+def unpack_frame(payload: bytes | memoryview) -> Any:  # (msgpack reads any buffer)
     return msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=False)
 
 

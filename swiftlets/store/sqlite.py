@@ -130,6 +130,7 @@ class _Pending:
         if self.callback is not None:
             self.callback(error)
         else:
+            assert self.done is not None  # made when there is no callback
             self.done.set()
 
 
@@ -225,7 +226,8 @@ class SqliteStore:
             raise
         os.close(requests_out)
         os.close(answers_in)
-        assert process.stdin is not None and process.stdout is not None
+        # (trio's pipes to a child are FdStreams on POSIX, where this store runs)
+        assert isinstance(process.stdin, trio.lowlevel.FdStream) and isinstance(process.stdout, trio.lowlevel.FdStream)
         for fd in (process.stdin.fileno(), process.stdout.fileno(), answers_out):
             _enlarge_pipe(fd)
         self._process_input = process.stdin
@@ -273,6 +275,7 @@ class SqliteStore:
         messages: list[StoredMessage] = []
         records: dict[str, dict[str, bytes]] = {}
         remembered: dict[str, list[str]] = {}
+        assert self._process_output is not None  # run() started the store process
         while True:
             frame = await self._process_output.read()
             kind = frame[0]
@@ -305,6 +308,7 @@ class SqliteStore:
         if not ops:
             return
         pending = self._submit(_Pending(ops))
+        assert pending.done is not None  # made as there is no callback
         with trio.CancelScope(shield=True):
             await pending.done.wait()
         if pending.error is not None:
@@ -345,6 +349,7 @@ class SqliteStore:
         """Answer every waiting read with one request to the store process's reader."""
         reads, self._reads = self._reads, []
         wanted = sorted({message_id for read in reads for message_id in read.ids})
+        assert self._read_input is not None and self._read_output is not None  # run() started the store process
         try:
             with trio.CancelScope(shield=True):  # once asked, the answer must be taken off the pipe
                 await self._read_input.send_all(pack_frame(["read", wanted]))
@@ -402,6 +407,7 @@ class SqliteStore:
                 await self._send()
 
     async def _send(self) -> None:
+        assert self._process_input is not None  # run() started the store process
         batch, ops = self._take_batch()
         self._in_flight.append((batch, len(ops), time.perf_counter()))
         self._sent.set()
@@ -441,6 +447,7 @@ class SqliteStore:
             StoreError: the batch failed (its waiters fail with it), or the store process is gone.
         """
         batch, operations, begin = self._in_flight[0]
+        assert self._process_output is not None  # run() started the store process
         try:
             reply = await self._process_output.read()
             if reply[0] != "done":
@@ -461,6 +468,7 @@ class SqliteStore:
             pending.finish()
 
     async def _run_maintenance(self, waiter: _Maintenance) -> None:
+        assert self._process_input is not None and self._process_output is not None  # run() started the store process
         with trio.CancelScope(shield=True):  # once sent, its answer must be read off the pipe
             try:
                 await self._process_input.send_all(pack_frame(waiter.request))

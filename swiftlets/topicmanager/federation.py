@@ -429,6 +429,7 @@ class Federation:
             return  # no router has ever heard of interest here: nothing to withdraw
         if roots and not self._announced and self._nursery is not None:
             self._announced = True
+            assert self._store is not None  # _new_epoch set it before the nursery started
             self._nursery.start_soon(self._store.commit, [PutRecord("federation", "announced", b"1")])
         record = InterestRecord(self.local, self._epoch, next(self._seq), roots, reply)
         try:
@@ -469,6 +470,7 @@ class Federation:
             else:
                 self.records_received += 1
                 if self._apply(record):
+                    assert self._store is not None  # _new_epoch set it before the nursery started
                     await self._store.commit([PutRecord("federation", INTEREST_KEY + record.router, record.body())])
                     if record.reply:
                         self._announce(record.router, answer=True)
@@ -618,6 +620,7 @@ class Federation:
         log.info("remote router subscription %s/%s deleted by the operator", router, root or "*")
         self._list(router)
         if self._nursery is not None:  # a restart must not bring it back: forget the router's record
+            assert self._store is not None  # _new_epoch set it before the nursery started
             self._nursery.start_soon(self._store.commit, [DeleteRecord("federation", INTEREST_KEY + router)])
 
     # -- static remote subscriptions --------------------------------------------------------------

@@ -475,6 +475,7 @@ class TopicManager:
         root.deliveries += delivered
         root.dropped += dropped + len(full)
         if forwarding:
+            assert self._federation is not None  # (forwarding needs one)
             forward_delay, forwarded = self._federation.forward(name, message, client_id, durable)
             delay, delivered = max(delay, forward_delay), delivered + forwarded
             if durable is not None:
@@ -524,6 +525,7 @@ class TopicManager:
                     self._unselectable(subscription, exc)
                     continue
             if 0 <= slow_limit <= queue.size:
+                assert condition is not None  # (slow_limit is -1 without one)
                 action = condition.action if not subscription.durable else "flow-control"
                 if action == "drop":
                     dropped += 1

@@ -38,7 +38,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from martinet.kernel import ManagementError, SwiftletContext
+from martinet.kernel import ManagementError, SwiftletContext, Usage, UsageList
 from martinet.swiftlets.authentication.api import Authentication, AuthenticationFailed
 from martinet.swiftlets.mgmt.api import RequestFailed
 
@@ -100,9 +100,11 @@ def _table(table_id: str, columns: Sequence[str], rows: Iterable[Sequence[Any]],
 def _usage_rows(context: SwiftletContext, path: str, columns: Sequence[str]) -> list[list[Any]] | None:
     """One row per entry of the usage list at ``path`` (name, then ``columns``); None if absent."""
     try:
-        entries = context.management.resolve(path).children
+        node = context.management.resolve(path)
     except ManagementError:
         return None
+    assert isinstance(node, UsageList)  # REMOTE_SECTIONS name usage lists
+    entries = node.children
     rows = []
     for name, entry in sorted(entries.items()):
         values = entry.properties()
@@ -327,10 +329,12 @@ def _remote_section(context: SwiftletContext, web: WebSwiftlet, name: str) -> st
     assert known is not None
     row: Mapping[str, Any] = {}
     try:
-        row = context.management.resolve(f"/sys$routing/usage/routing-table/{name}").properties()
+        entry = context.management.resolve(f"/sys$routing/usage/routing-table/{name}")
+        assert isinstance(entry, Usage)  # an entry of sys$routing's routing table
+        row = entry.properties()
     except ManagementError:
         pass
-    facts = [
+    facts: list[list[Any]] = [
         ["state", known.state],
         ["hops", known.hops if known.hops is not None else ""],
         *([key, value] for key, value in row.items()),

@@ -125,12 +125,15 @@ class UsageCollector(Collector):
     def _usages(self) -> Iterator[tuple[tuple[str, ...], dict[str, str], Usage]]:
         """Every usage entity with its metric name prefix and its labels."""
         root = self._tree.root
-        yield from self._walk(("router",), {"router": self._router}, root.children["usage"])
+        router_usage = root.children["usage"]
+        assert isinstance(router_usage, Usage)  # the kernel put it there
+        yield from self._walk(("router",), {"router": self._router}, router_usage)
         for name, child in root.children.items():
             if not isinstance(child, Entity):
                 continue
             swiftlet = name.removeprefix("sys$")
             usage = child.children["usage"]
+            assert isinstance(usage, Usage)  # the kernel put it there
             for node_name, node in usage.children.items():
                 if node_name == "pools" and isinstance(node, UsageList):  # the kernel's: one family for all
                     for pool, entry in node.children.items():
@@ -163,7 +166,7 @@ class Snapshot(Collector):
     names: dict[tuple[tuple[str, ...], str], str]  # the collector's cache of metric names
 
     def collect(self) -> Iterator[Metric]:
-        families: dict[str, Metric] = {}
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
         for prefix, labels, properties in self.entries:
             names, values = tuple(labels), list(labels.values())
             for prop, value in properties.items():
@@ -178,7 +181,7 @@ class Snapshot(Collector):
 
     def _add(
         self,
-        families: dict[str, Metric],
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily],
         prefix: tuple[str, ...],
         prop: str,
         names: tuple[str, ...],

@@ -50,7 +50,7 @@ from hypercorn.config import Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
-from martinet.kernel import Event, ManagementError, Overflow, SubscriberOverflow, SwiftletContext
+from martinet.kernel import Event, ManagementError, Overflow, SubscriberOverflow, SwiftletContext, UsageList
 from martinet.swiftlets.authentication.api import Authentication
 from martinet.swiftlets.mgmt.api import Identity, Management, RequestFailed, Status, crawl
 from martinet.swiftlets.routing.api import (
@@ -180,9 +180,10 @@ class WebSwiftlet:
         hypercorn.accesslog = None
         hypercorn.errorlog = self.context.log
         hypercorn.graceful_timeout = GRACEFUL
-        app = wrap_app(
-            build_app(self, self.context, admin_group=config.admin_group), hypercorn.wsgi_max_body_size, "asgi"
-        )
+        asgi_app = build_app(self, self.context, admin_group=config.admin_group)
+        # Starlette types an app's scope as a MutableMapping, hypercorn as its own TypedDicts:
+        # the one ASGI app fits both at runtime, the two declarations do not match.
+        app = wrap_app(asgi_app, hypercorn.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
         self._url = f"http://{host}:{listener.getsockname()[1]}"
         await nursery.start(partial(worker_serve, app, hypercorn, sockets=Sockets([], [listener], [])))
         self.context.log.info(
@@ -277,9 +278,11 @@ class WebSwiftlet:
         now = time.time()
         for kind in ("connectors", "connections"):
             try:
-                entries = self.context.management.resolve(f"/sys$routing/usage/{kind}").children
+                node = self.context.management.resolve(f"/sys$routing/usage/{kind}")
             except ManagementError:
                 continue
+            assert isinstance(node, UsageList)  # sys$routing's usage lists
+            entries = node.children
             for name, entry in entries.items():
                 values = entry.properties()
                 link = f"connector:{name}" if kind == "connectors" else name
