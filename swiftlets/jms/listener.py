@@ -678,6 +678,8 @@ class AmqpConnection:
             login = _Login(SaslServer())
             with trio.move_on_after(SASL_TIMEOUT) as timer:
                 await lead_in(self.stream, login)
+                # lead_in returns once the SASL stage is over, i.e. once it has the credentials
+                assert login.credentials is not None
                 try:
                     self.principal = await self.swiftlet.login(login.credentials, self.host)
                     # a user and password checked now (what a management request may rely on)
@@ -713,8 +715,11 @@ class AmqpConnection:
         except* SaslError as group:
             self.swiftlet.broken_input.warn(self.host, "connection (SASL)", group.exceptions[0])
         except* AuthenticationFailed as group:  # logged by the authentication swiftlet
-            log.debug("login refused: %s", group.exceptions[0])
-            await self._answer_refusal(login, group.exceptions[0])
+            failure = group.exceptions[0]
+            while isinstance(failure, ExceptionGroup):  # except* keeps the nesting of the groups it split
+                failure = failure.exceptions[0]
+            log.debug("login refused: %s", failure)
+            await self._answer_refusal(login, failure)
         except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as group:
             log.debug("connection from %s ended: %s", self.host, group.exceptions[0])
         finally:
@@ -754,7 +759,9 @@ class AmqpConnection:
         # "Sending a close signals that the sender will not be sending any more frames" [2.7.9]:
         # a client that closed while it still had credit (proton's queue_browser.py does) used
         # to get transfers after our close.
-        if self.engine.opened:
+        engine = self.engine
+        assert engine is not None  # the driver, which calls this, runs only with an engine
+        if engine.opened:
             for link in list(self.links.values()):
                 if isinstance(link, (OutgoingLink, BrowsingLink)):
                     link.pump()
@@ -774,6 +781,7 @@ class AmqpConnection:
         one is refused while it does — unless the listener's ``allow-same-clientid``. Durable
         subscriptions are guarded per subscription (``_attach_durable``)."""
         engine = self.engine
+        assert engine is not None  # events come from the engine
         client_id = engine.remote_container_id
         sole = SOLE_CONNECTION_FOR_CONTAINER in engine.remote_desired_capabilities
         engine.offered_capabilities = ["ANONYMOUS-RELAY"]
@@ -832,7 +840,9 @@ class AmqpConnection:
             return
         except _Deferred as deferred:
             self._pending[link] = None
-            self._driver.start_soon(self._finish_attach, link, deferred.finish)
+            driver = self._driver
+            assert driver is not None  # events come while the driver runs
+            driver.start_soon(self._finish_attach, link, deferred.finish)
             return
         self._activate(link, state)
 
@@ -869,7 +879,9 @@ class AmqpConnection:
                 state.close()
                 link.attach()
                 if detached and isinstance(state, OutgoingLink) and state.durable:
-                    self._driver.start_soon(self._unsubscribe, link, *state.durable)  # detaches once it is gone
+                    driver = self._driver
+                    assert driver is not None  # this task runs in the driver's nursery
+                    driver.start_soon(self._unsubscribe, link, *state.durable)  # detaches once it is gone
                 else:
                     link.detach(closed=detached)
         self.wake()
@@ -1035,7 +1047,7 @@ class AmqpConnection:
         if target.kind == COORDINATOR:
             return CoordinatorLink(self, link)
         if target.dynamic:  # a temporary queue or topic, gone with this link (Qpid JMS style)
-            return self._temporary_destination(link)
+            return self._temporary_destination(link, target)
         if target.address is None:
             return IncomingLink(self, link, None, False)  # anonymous relay
         name, topic = _destination(target)
@@ -1048,15 +1060,16 @@ class AmqpConnection:
         if name in self.queue_manager.queues:
             self.queue_manager.delete_queue(name)
 
-    def _temporary_destination(self, link: amqp.Link) -> IncomingLink:
-        if "temporary-topic" in link.target.capabilities:
+    def _temporary_destination(self, link: amqp.Link, target: amqp.Terminus) -> IncomingLink:
+        """The temporary destination of a dynamic ``target`` (``link``'s target)."""
+        if "temporary-topic" in target.capabilities:
             if self.topic_manager is None:
                 raise _Refused("amqp:not-found", "topics are not available: sys$topicmanager is not running")
             name = self.swiftlet.temporary_topic_name()
-            link.target.address = name
+            target.address = name
             return IncomingLink(self, link, name, True)
         queue = self._create_temporary_queue()
-        link.target.address = self._temporary_address(queue.name)
+        target.address = self._temporary_address(queue.name)
         return IncomingLink(self, link, queue.name, False, on_close=lambda: self._delete_temporary(queue.name))
 
     def _attach_outgoing(self, link: amqp.Link) -> OutgoingLink | BrowsingLink:
@@ -1193,8 +1206,10 @@ class AmqpConnection:
         self.transactions[txn_id] = self.queue_manager.transaction()
         return txn_id
 
-    def transaction(self, txn_id: bytes) -> Any:
-        transaction = self.transactions.get(txn_id)
+    def transaction(self, txn_id: bytes | None) -> Any:
+        """The open transaction ``txn_id`` names; a missing id (a transfer's state without
+        one) is refused as an unknown one."""
+        transaction = None if txn_id is None else self.transactions.get(txn_id)
         if transaction is None:
             raise _Refused("amqp:transaction:unknown-id", f"unknown transaction {txn_id!r}")
         return transaction
@@ -1202,7 +1217,9 @@ class AmqpConnection:
     def discharge(self, link: amqp.Link, delivery_id: int, txn_id: bytes, fail: bool) -> None:
         transaction = self.transaction(txn_id)
         del self.transactions[txn_id]
-        self._driver.start_soon(self._finish, link, delivery_id, transaction, fail)
+        driver = self._driver
+        assert driver is not None  # a discharge arrives while the driver runs
+        driver.start_soon(self._finish, link, delivery_id, transaction, fail)
 
     async def _finish(self, link: amqp.Link, delivery_id: int, transaction: Any, fail: bool) -> None:
         """Commit or roll back (the store is awaited), then answer the discharge."""
@@ -1221,7 +1238,9 @@ class AmqpConnection:
         return self.topic_manager.publish(topic, message, client_id=self.client_id, on_durable=on_durable)
 
     def throttle(self, state: IncomingLink) -> None:
-        self._driver.start_soon(self._resume_after_delay, state)
+        driver = self._driver
+        assert driver is not None  # a transfer, which this answers, arrives while the driver runs
+        driver.start_soon(self._resume_after_delay, state)
 
     async def _resume_after_delay(self, state: IncomingLink) -> None:
         """SwiftMQ's producer flow control over AMQP: a producer whose sends got a

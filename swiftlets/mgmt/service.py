@@ -112,13 +112,14 @@ def authorize(
                 f"router {router} requires an authenticated user, and {identity} was "
                 "not authenticated where the request entered",
             )
-        role = groups.get(identity.group)
-        if role is None:
+        granted = groups.get(identity.group)
+        if granted is None:
             raise Refused(
                 Status.FORBIDDEN,
                 f"user {identity.user} (group {identity.group}) may not manage router "
                 f"{router}: its group is not one of sys$mgmt's groups",
             )
+        role = granted
     elif identity.loopback:
         role = Role.READ_WRITE
     else:
@@ -182,7 +183,8 @@ def declarations(config_type: type) -> dict[str, Any]:
             "read-only": meta.read_only,
             "reboot-required": meta.reboot_required,
         }
-        if field.default is not attrs.NOTHING and not isinstance(field.default, attrs.Factory):
+        # attrs' stubs declare Factory a function (it is a class), hence the ignore
+        if field.default is not attrs.NOTHING and not isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
             entry["default"] = plain(field.default) if not meta.secret else "***"
         for bound in ("min", "max", "choices"):
             if getattr(meta, bound) is not None:
@@ -445,8 +447,7 @@ class MgmtSwiftlet:
                     Status.BAD_REQUEST,
                     f"format version {version!r} is not served here; this router speaks version {VERSION}",
                 )
-            handler = self._verbs.get(verb) if isinstance(verb, str) else None
-            if handler is None:
+            if not isinstance(verb, str) or (handler := self._verbs.get(verb)) is None:
                 known = ", ".join(sorted(READ_VERBS | WRITE_VERBS))
                 raise Refused(Status.BAD_REQUEST, f"unknown verb {verb!r}; verbs: {known}")
             authorize(
