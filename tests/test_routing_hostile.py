@@ -356,7 +356,7 @@ def hostile_route(draw, sender: str, kind: str) -> bytes:
             draw(
                 st.sampled_from(
                     [
-                        Protocol(versions=("1.0",)),
+                        Protocol(versions=("1.1",)),
                         Connect(name=a, nonce=b"n" * 32, use_xa=True),
                         Auth(proof=b"p" * 32),
                         Adjust(transaction_size=1, window_size=1),
@@ -425,7 +425,7 @@ def after_connect(draw) -> tuple[str, list[bytes]]:
     nonce = draw(st.one_of(st.just(b"n" * 32), st.binary(max_size=40)))
     frames = [
         MAGIC
-        + encode(Protocol(versions=draw(st.sampled_from([("1.0",), ("2.0", "1.0"), ("0.9",)]))))
+        + encode(Protocol(versions=draw(st.sampled_from([("1.0",), ("2.0", "1.1"), ("0.9",)]))))
         + encode(Connect(name=name, nonce=nonce, use_xa=draw(st.booleans())))
     ]
     anything = st.one_of(

@@ -64,7 +64,7 @@ from martinet.swiftlets.routing.wire import (
 
 NONCE_C, NONCE_L = b"C" * 32, b"L" * 32
 CONNECTOR, LISTENER = Role.CONNECTOR, Role.LISTENER
-HELLO = MAGIC + encode(Protocol(versions=("1.0",)))  # what a connector sends first
+HELLO = MAGIC + encode(Protocol(versions=("1.1",)))  # what a connector sends first
 
 
 def split(data: bytes) -> list[bytes]:
@@ -230,12 +230,12 @@ def test_success_both_ends_operational(password):
     pair = operational_pair(password, password)
     c_events, l_events = pair.events[pair.c], pair.events[pair.l]
     assert c_events == [
-        PeerIdentified(peer="r2", version="1.0", authentication=password is not None),
+        PeerIdentified(peer="r2", version="1.1", authentication=password is not None),
         RecoveryRequested(peer="r2"),
         RecoveryReceived(peer="r2", xids=()),
         Operational(
             peer="r2",
-            version="1.0",
+            version="1.1",
             peer_transaction_size=20,
             peer_window_size=10,
             keepalive_interval=60.0,
@@ -243,12 +243,12 @@ def test_success_both_ends_operational(password):
         ),
     ]
     assert l_events == [
-        PeerIdentified(peer="r1", version="1.0", authentication=password is not None),
+        PeerIdentified(peer="r1", version="1.1", authentication=password is not None),
         RecoveryRequested(peer="r1"),
         RecoveryReceived(peer="r1", xids=()),
         Operational(
             peer="r1",
-            version="1.0",
+            version="1.1",
             peer_transaction_size=20,
             peer_window_size=10,
             keepalive_interval=60.0,
@@ -390,7 +390,7 @@ def test_the_connector_refuses_bad_listener_names(name, reason):
     c = connector()
     frames = script_listener(
         c,
-        ProtocolReply(accepted=True, version="1.0"),
+        ProtocolReply(accepted=True, version="1.1"),
         ConnectReply(accepted=True, name=name, nonce=NONCE_L, keepalive_ms=1000),
     )
     [closed] = c.events()
@@ -486,10 +486,10 @@ def test_version_mismatch_is_refused_with_the_listeners_versions():
     lis = listener()
     lis.receive_data(MAGIC + encode(Protocol(versions=("2.0", "0.9"))))
     [closed] = lis.events()
-    reason = "no common protocol version (offered: 2.0, 0.9; supported: 1.0)"
+    reason = "no common protocol version (offered: 2.0, 0.9; supported: 1.1)"
     assert closed == Closed(reason=reason, by_peer=False, peer=None, stage=Stage.PROTOCOL)
     reply = lis.data_to_send()
-    assert decoded(split(reply)) == [ProtocolReply(accepted=False, versions=("1.0",), reason=reason)]
+    assert decoded(split(reply)) == [ProtocolReply(accepted=False, versions=("1.1",), reason=reason)]
     assert lis.state is State.REJECTING
     c = connector()
     c.data_to_send()
@@ -499,7 +499,7 @@ def test_version_mismatch_is_refused_with_the_listeners_versions():
 
 
 def test_the_listener_picks_the_highest_shared_version_and_the_connector_offers_only_what_it_implements(monkeypatch):
-    assert decoded(split(connector().data_to_send())) == [Protocol(versions=("1.0",))]
+    assert decoded(split(connector().data_to_send())) == [Protocol(versions=("1.1",))]
     monkeypatch.setattr(stages, "VERSIONS", ("1.0", "1.10", "1.2"))
     lis = listener()
     lis.receive_data(MAGIC + encode(Protocol(versions=("1.2", "3.0", "1.10", "1.0"))))
@@ -522,7 +522,7 @@ def test_a_reflected_proof_is_refused_by_the_connector():
     c = connector("pw")
     frames = script_listener(
         c,
-        ProtocolReply(accepted=True, version="1.0"),
+        ProtocolReply(accepted=True, version="1.1"),
         ConnectReply(accepted=True, name="r2", nonce=NONCE_L, keepalive_ms=60000, auth_required=True),
     )
     [auth] = [f for f in frames if isinstance(f, Auth)]
@@ -540,10 +540,10 @@ def test_a_listener_direction_proof_is_refused_by_the_listener():
     lis.receive_data(HELLO + encode(Connect(name="r1", nonce=NONCE_C, use_xa=True)))
     lis.admit()
     lis.data_to_send()
-    wrong = proof(b"pw", LABEL_LISTENER, NONCE_C, NONCE_L, "r1", "r2", "1.0")
+    wrong = proof(b"pw", LABEL_LISTENER, NONCE_C, NONCE_L, "r1", "r2", "1.1")
     lis.receive_data(encode(Auth(proof=wrong)))
     assert [e.reason for e in lis.events() if isinstance(e, Closed)] == [AUTH_FAILED]
-    right = proof(b"pw", LABEL_CONNECTOR, NONCE_C, NONCE_L, "r1", "r2", "1.0")
+    right = proof(b"pw", LABEL_CONNECTOR, NONCE_C, NONCE_L, "r1", "r2", "1.1")
     lis = listener("pw")
     lis.receive_data(HELLO + encode(Connect(name="r1", nonce=NONCE_C, use_xa=True)))
     lis.admit()
@@ -553,10 +553,10 @@ def test_a_listener_direction_proof_is_refused_by_the_listener():
 
 def test_the_proof_is_the_documented_computation():
     message = LABEL_CONNECTOR
-    for part in (NONCE_C, NONCE_L, b"r1", b"r2", b"1.0"):
+    for part in (NONCE_C, NONCE_L, b"r1", b"r2", b"1.1"):
         message += len(part).to_bytes(2, "big") + part
     assert (
-        proof(b"pw", LABEL_CONNECTOR, NONCE_C, NONCE_L, "r1", "r2", "1.0")
+        proof(b"pw", LABEL_CONNECTOR, NONCE_C, NONCE_L, "r1", "r2", "1.1")
         == hmac.new(b"pw", message, hashlib.sha256).digest()
     )
 
@@ -703,7 +703,7 @@ def at_operational() -> LinkMachine:
 
 def at_connect_wait() -> LinkMachine:
     lis = listener()
-    lis.receive_data(MAGIC + encode(Protocol(versions=("1.0",))))
+    lis.receive_data(MAGIC + encode(Protocol(versions=("1.1",))))
     lis.data_to_send()
     return lis
 
@@ -712,7 +712,7 @@ def at_connect_wait() -> LinkMachine:
     "make, data, reason",
     [
         (at_connect_wait, encode(Keepalive()), "unexpected KEEPALIVE frame while awaiting the connect"),
-        (at_connect_wait, encode(Protocol(versions=("1.0",))), "unexpected PROTOCOL frame while awaiting the connect"),
+        (at_connect_wait, encode(Protocol(versions=("1.1",))), "unexpected PROTOCOL frame while awaiting the connect"),
         (at_operational, encode(StartDelivery()), "unexpected START_DELIVERY frame while operational"),
         (
             at_operational,

@@ -34,7 +34,9 @@ from martinet.swiftlets.routing.stages import (
     TransactionReceived,
     TransactionRefused,
 )
+from martinet.swiftlets.routing.window import OPEN_FACTOR, transaction_cost
 from martinet.swiftlets.routing.wire import (
+    MIN_WINDOW_BYTES,
     Close,
     Commit,
     CommitReply,
@@ -122,14 +124,16 @@ def test_both_directions_at_once_with_the_same_xid():
     assert pair.c.outbound == {"same": Phase.PREPARED} and pair.c.inbound == {"same": Phase.PREPARED}
 
 
-def test_the_window_pipelines_and_the_open_bound_holds():
+def test_the_window_pipelines():
     pair = pair_of(inbound_window_size=3, inbound_transaction_size=2)
     c, lis = pair.c, pair.l
     for i in range(3):
         c.send_transaction(f"t{i}", [b"m"])
     assert c.window_available == 0
     data_before = c.data_to_send()
-    with pytest.raises(LocalProtocolError, match="no window available: 3 transactions await their prepare"):
+    with pytest.raises(
+        LocalProtocolError, match=r"no window available: 3 transactions \(3075 bytes\) await their prep"
+    ):
         c.send_transaction("t3", [b"m"])
     assert c.outbound == {f"t{i}": Phase.SENT for i in range(3)} and c.data_to_send() == b""
     pair.l.receive_data(data_before)
@@ -139,22 +143,41 @@ def test_the_window_pipelines_and_the_open_bound_holds():
     flow(pair)
     assert c.window_available == 1  # freed at the prepare; t0's commit still to come
     c.send_transaction("t3", [b"m"])
+    c.set_send_window(5)  # the owner's controller grew it: two more now
+    assert c.window_available == 2 and c.send_window == 5
+    c.set_send_window(0)  # never below one
+    assert c.send_window == 1 and c.window_available == 0
+
+
+BIG = b"x" * 20_000  # a message of 21,024 bytes of window cost in a transaction of its own
+
+
+def test_the_peers_window_bytes_bound_what_awaits_and_what_is_open():
+    pair = pair_of(inbound_window_size=100, inbound_window_bytes=MIN_WINDOW_BYTES)
+    c, lis = pair.c, pair.l
+    # room while less than the bound awaits: the fourth fills it past (63,072 bytes before it)
+    for i in range(4):
+        c.send_transaction(f"t{i}", [BIG])
+    assert c.window_available == 0 and c.bytes_in_flight == 4 * transaction_cost([BIG])
+    with pytest.raises(LocalProtocolError, match=r"4 transactions \(84096 bytes\) await their prepare"):
+        c.send_transaction("t4", [BIG])
     flow(pair)
-    lis.prepared("t1")
-    lis.prepared("t2")
-    lis.prepared("t3")
+    for i in range(4):
+        lis.prepared(f"t{i}")
     flow(pair)
-    # none awaits its prepare, but 2 × window are open (prepared, never committed): no more
-    c.send_transaction("t4", [b"m"])
-    c.send_transaction("t5", [b"m"])
-    assert c.open_transactions == 6 and c.window_available == 0
-    with pytest.raises(LocalProtocolError, match="no window available: 2 transactions await their prepare and 6"):
-        c.send_transaction("t6", [b"m"])
+    # none awaits; open in all phases is bounded by 3 × the bytes: 196,608, reached by the tenth
+    for i in range(4, 10):
+        assert c.window_available
+        c.send_transaction(f"t{i}", [BIG])
+        flow(pair)
+        lis.prepared(f"t{i}")
+        flow(pair)
+    assert c.open_transactions == 10 and c.awaiting == 0 and c.window_available == 0
     c.commit("t0")
     flow(pair)
     lis.committed("t0")
     flow(pair)
-    assert c.window_available == 1 and c.open_transactions == 5
+    assert c.open_transactions == 9 and c.window_available == 100
 
 
 @pytest.mark.parametrize(
@@ -231,8 +254,8 @@ def own(xid):
             "TRANSACTION 'a': duplicate, it is open already (received, not prepared)",
         ),
         (
-            [T(xid=f"t{i}", messages=(b"m",)) for i in range(3)],
-            "TRANSACTION 't2' overruns our inbound-window-size of 2",
+            [T(xid=f"t{i}", messages=(BIG,)) for i in range(5)],
+            "TRANSACTION 't4' overruns our inbound-window-bytes of 65536 (4 transactions of 84096 bytes await",
         ),
         (
             [T(xid="a", messages=(b"m",) * 4)],
@@ -264,25 +287,16 @@ def own(xid):
         ([NonXaCommit(seq=1)], "NONXA_COMMIT frame on an XA link"),
         ([Recovery(xids=())], "unexpected RECOVERY frame while operational"),
         ([RecoveryDone()], "unexpected RECOVERY_DONE frame while operational"),
-        # the open bound: 2 × window open in all, even when each was prepared
+        # the open bound: 3 × window bytes open in all, even when each was prepared
         (
-            [
-                T(xid="a", messages=(b"m",)),
-                lambda m: m.prepared("a"),
-                T(xid="b", messages=(b"m",)),
-                lambda m: m.prepared("b"),
-                T(xid="c", messages=(b"m",)),
-                lambda m: m.prepared("c"),
-                T(xid="d", messages=(b"m",)),
-                lambda m: m.prepared("d"),
-                T(xid="e", messages=(b"m",)),
-            ],
-            "TRANSACTION 'e': more than 2 × our inbound-window-size of 2 transactions open",
+            [step for i in range(10) for step in (T(xid=f"t{i}", messages=(BIG,)), lambda m, i=i: m.prepared(f"t{i}"))]
+            + [T(xid="t10", messages=(BIG,))],
+            "TRANSACTION 't10': more than 3 × our inbound-window-bytes of 65536 open (10 transactions of 210240 bytes)",
         ),
     ],
 )
 def test_a_peers_transfer_breach_closes_the_link(steps, reason):
-    m = operational(inbound_window_size=2, inbound_transaction_size=3)
+    m = operational(inbound_window_size=2, inbound_transaction_size=3, inbound_window_bytes=MIN_WINDOW_BYTES)
     for step in steps:
         if callable(step):
             step(m)
@@ -375,7 +389,7 @@ def test_the_non_xa_flow_window_and_sequence():
     assert not c.use_xa
     c.send_nonxa(5, [b"a"])
     c.send_nonxa(9, [b"b", b"c"])
-    with pytest.raises(LocalProtocolError, match="no window available: 2 transactions await their commit"):
+    with pytest.raises(LocalProtocolError, match=r"no window available: 2 transactions \(2051 bytes\) await their com"):
         c.send_nonxa(10, [b"d"])
     flow(pair)
     assert took(pair, lis, NonXaTransactionReceived) == [
@@ -410,8 +424,8 @@ def test_the_non_xa_flow_window_and_sequence():
             "NONXA_TRANSACTION 2 after 3",
         ),
         (
-            [NonXaTransaction(seq=i, messages=(b"m",)) for i in range(3)],
-            "NONXA_TRANSACTION 2 overruns our inbound-window-size of 2",
+            [NonXaTransaction(seq=i, messages=(BIG,)) for i in range(5)],
+            "NONXA_TRANSACTION 4 overruns our inbound-window-bytes of 65536",
         ),
         ([NonXaCommit(seq=4)], "NONXA_COMMIT frame for seq 4, which is not open (outbound)"),
         ([T(xid="a", messages=(b"m",))], "TRANSACTION frame on a non-XA link"),
@@ -419,7 +433,7 @@ def test_the_non_xa_flow_window_and_sequence():
     ],
 )
 def test_a_peers_non_xa_breach_closes_the_link(steps, reason):
-    m = operational(use_xa=False, inbound_window_size=2)
+    m = operational(use_xa=False, inbound_window_size=2, inbound_window_bytes=MIN_WINDOW_BYTES)
     for step in steps:
         m.receive_data(encode(step))
     [closed] = [e for e in m.events() if isinstance(e, Closed)]
@@ -719,7 +733,9 @@ def test_random_interleavings_keep_the_invariants(data, xa, window, size):
     """Both directions at once, every step in a random order: no breach, the window is
     never exceeded, no commit reaches a receiver before its sender committed, and in the
     end everything sent was received exactly once and is over on both sides."""
-    pair = pair_of(use_xa=xa, inbound_window_size=window, inbound_transaction_size=size)
+    pair = pair_of(
+        use_xa=xa, inbound_window_size=window, inbound_transaction_size=size, inbound_window_bytes=MIN_WINDOW_BYTES
+    )
     sent: dict[LinkMachine, dict] = {m: {} for m in pair.machines}  # key -> messages
     received: dict[LinkMachine, list] = {m: [] for m in pair.machines}
     sender_committed: dict[LinkMachine, set] = {m: set() for m in pair.machines}
@@ -738,7 +754,9 @@ def test_random_interleavings_keep_the_invariants(data, xa, window, size):
                     assert e.xid in sender_committed[peer], "committed at the receiver before the sender"
                 pending[m].append(e)
             pair.events[m] = []
-            assert pair.other(m).inbound.__len__() <= 2 * window
+            # what the receiver holds: below its bound before the last transaction came
+            held = [transaction_cost(sent[m][key]) for key in pair.other(m).inbound]
+            assert sum(held) - max(held, default=0) < OPEN_FACTOR * MIN_WINDOW_BYTES
             assert sum(p is Phase.SENT for p in m.outbound.values()) <= window
 
     refused: dict[LinkMachine, set] = {m: set() for m in pair.machines}  # keys the receiver m refused
@@ -774,7 +792,9 @@ def test_random_interleavings_keep_the_invariants(data, xa, window, size):
         elif choice.startswith("send"):
             m = pair.machines[int(choice[-1])]
             counter[m] += 1
-            messages = [b"%s-%d-%d" % (m.name.encode(), counter[m], k) for k in range(data.draw(st.integers(1, size)))]
+            padding = b"x" * data.draw(st.sampled_from([0, 0, 30_000]))  # large ones meet the byte bound
+            count = data.draw(st.integers(1, size))
+            messages = [b"%s-%d-%d" % (m.name.encode(), counter[m], k) + padding for k in range(count)]
             key = f"{m.name}-{counter[m]}" if xa else counter[m]
             assert m.send_transaction(key, messages) if xa else m.send_nonxa(key, messages)
             sent[m][key] = tuple(messages)

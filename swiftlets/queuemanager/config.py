@@ -90,7 +90,10 @@ class QueueSettings:
         "as SwiftMQ does); always: check every message that has a message-id.",
     )
     flowcontrol_start_queuesize: int = prop(
-        400, min=-1, description="Queue size from which producers are told to slow down; -1: no flow control."
+        400,
+        min=-1,
+        description="Queue size from which producers are told to slow down (messages held in transactions, such "
+        "as a routing link's window, do not count); -1: no flow control.",
     )
     max_flowcontrol_delay: int = prop(5000, min=0, description="Largest flow-control delay in milliseconds.")
     consumer_mode: ConsumerMode = prop(

@@ -487,7 +487,7 @@ class QueueManager:
         return self._create(name, self.settings_for(name))
 
     def when_backlog_cleared(self, address: str, callback: Callable[[], None]) -> Callable[[], None] | None:
-        """While sends to ``address`` are slowed down — its queue holds more than its
+        """While sends to ``address`` are slowed down — its queue's backlog (:attr:`Queue.backlog`) is above its
         ``flowcontrol-start-queuesize``, with or without consumers — call ``callback`` once a consumed message
         brings it back to that size, and return a function that cancels the call; None when
         the queue is not slowing sends now. (A listener holding a producer back for a
@@ -496,7 +496,7 @@ class QueueManager:
             queue = self.queues.get(self.resolve(address))
         except QueueError:  # no route any more
             return None
-        if queue is None or not 0 <= queue.settings.flowcontrol_start_queuesize < queue.size:
+        if queue is None or not 0 <= queue.settings.flowcontrol_start_queuesize < queue.backlog:
             return None
         waiting = queue.backlog_callbacks
         waiting.append(callback)
@@ -680,7 +680,7 @@ class QueueManager:
             return SendResult(0, duplicate)
         if key is not None:
             queue.remember(key)
-        delay = queue.flow.delay(queue.settings, queue.size, len(queue.consumers), now)
+        delay = queue.flow_delay(now)
         queue.add(entry)
         if entry.persistent:
             assert self._store is not None
@@ -735,7 +735,7 @@ class QueueManager:
             entry = Entry(next(self._ids), message, priority, expires, persistent)
             if persistent:
                 ops.append(PutMessage(entry.id, queue.name, message.raw))
-            delay = max(delay, queue.flow.delay(queue.settings, queue.size, len(queue.consumers), now))
+            delay = max(delay, queue.flow_delay(now))
             queue.add(entry)
             if persistent and entry.state == AVAILABLE and queue.over_cache():
                 swap.append((queue, entry))
@@ -940,7 +940,7 @@ class Transaction:
         staged[1] += entry.bytes
         if key is not None:
             self._keys[entry.id] = key
-        return SendResult(queue.flow.delay(queue.settings, queue.size, len(queue.consumers), now))
+        return SendResult(queue.flow_delay(now))
 
     def dead_letter(self, message: Message, reason: str, queue: str) -> None:
         """Stage ``message`` for routerdlq with ``reason`` and ``queue`` (the one it was

@@ -185,7 +185,8 @@ def now_ms() -> int:
 class FlowController:
     """SwiftMQ's flow-control delay: how long a producer should wait before its next send.
 
-    Zero while the queue is at most ``flowcontrol-start-queuesize``. Otherwise, over the
+    Zero while the queue's backlog (:attr:`Queue.backlog`: its entries but those held in
+    transactions) is at most ``flowcontrol-start-queuesize``. Otherwise, over the
     current window: with send period ``stp = Δt / sent`` and receive period ``rtp = Δt /
     received``, ``d = rtp - stp`` and ``delay = d · sent / send-calls + (d + 2) · (size -
     start)`` — here every send is one call, so the first term is ``d`` — clamped to ``[0,
@@ -264,6 +265,22 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"<Queue {self.name} size={self.size}>"
+
+    @property
+    def backlog(self) -> int:
+        """What flow control measures: the entries waiting for a consumer or delivered and
+        unsettled, not those held in transactions. A routing link holds a window's worth of
+        messages in its transactions for as long as a round trip takes (thousands, across
+        continents): counted, they would slow the link's producers while it is doing well.
+        What transactions hold is bounded by their owners (a link's window)."""
+        return self.available + sum(len(consumer.unsettled) for consumer in self.consumers)
+
+    def flow_delay(self, now: int) -> int:
+        """The flow-control delay for a producer sending now (ms; ``now`` in ms since the epoch)."""
+        start = self.settings.flowcontrol_start_queuesize
+        if start < 0 or self.size <= start:  # (the backlog is never larger than the size)
+            return 0
+        return self.flow.delay(self.settings, self.backlog, len(self.consumers), now)
 
     # -- entering ---------------------------------------------------------------------------
 
@@ -591,9 +608,10 @@ class Queue:
         self.check_backlog()
 
     def check_backlog(self) -> None:
-        """Entries left: call the producers' flow-control waits back once the queue is down
-        to its ``flowcontrol-start-queuesize`` (see QueueManager.when_backlog_cleared)."""
-        if self.backlog_callbacks and self.size <= self.settings.flowcontrol_start_queuesize:
+        """Entries left or went into a transaction: call the producers' flow-control waits
+        back once the backlog is down to ``flowcontrol-start-queuesize`` (see
+        QueueManager.when_backlog_cleared)."""
+        if self.backlog_callbacks and self.backlog <= self.settings.flowcontrol_start_queuesize:
             callbacks, self.backlog_callbacks = self.backlog_callbacks, []
             for callback in callbacks:
                 callback()
@@ -888,6 +906,7 @@ class Consumer:
         """Hand an unsettled delivery to a transaction (it stays out of the queue)."""
         settled = self._settle(entry)
         settled.state = HELD
+        self.queue.check_backlog()
         return settled
 
     def close(self) -> None:

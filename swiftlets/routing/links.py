@@ -81,8 +81,12 @@ def configure_socket(stream: trio.abc.Stream, *, no_delay: bool, receive_buffer:
     assert isinstance(transport, trio.SocketStream)
     try:
         transport.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, no_delay)
-        transport.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
-        transport.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+        # 0 leaves a buffer to the kernel: Linux grows it with the connection's bandwidth-delay
+        # product, and a size set here would stop that (a link across sites needs megabytes)
+        if receive_buffer:
+            transport.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        if send_buffer:
+            transport.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     except OSError:
         pass
 

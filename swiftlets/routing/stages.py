@@ -64,7 +64,6 @@ transaction beyond the window, an xid in the wrong phase) raises
 
 from __future__ import annotations
 
-import collections
 import enum
 import hashlib
 import hmac
@@ -75,10 +74,23 @@ from collections.abc import Callable, Iterable, Sequence
 import attrs
 
 from .exchange import MAX_PATH
+from .window import (
+    INBOUND_PHASES,
+    OPEN_FACTOR,
+    OUTBOUND_PHASES,
+    Decision,
+    Direction,
+    Ledger,
+    NoTransition,
+    Phase,
+    transaction_cost,
+)
 from .wire import (
+    DEFAULT_WINDOW_BYTES,
     HANDSHAKE_MAX_FRAME_SIZE,
     MAGIC,
     MAX_XID_LENGTH,
+    MIN_WINDOW_BYTES,
     Adjust,
     Auth,
     AuthReply,
@@ -142,7 +154,7 @@ __all__ = [
     "valid_router_name",
 ]
 
-VERSIONS = ("1.0",)  # the versions this module implements; never offer more (SwiftMQ defect 6)
+VERSIONS = ("1.1",)  # the versions this module implements; never offer more (SwiftMQ defect 6)
 KEEPALIVE_COUNT = 5  # seed 004: the counter starts at 5
 NONCE_SIZE = 32
 MAX_NAME_LENGTH = 64
@@ -153,7 +165,6 @@ MAX_UNREAD = 2 * HANDSHAKE_MAX_FRAME_SIZE  # input held unread while the owner d
 AUTH_FAILED = "authentication failed"
 LABEL_CONNECTOR = b"martinet-routing connector proof"  # the proof the connector sends
 LABEL_LISTENER = b"martinet-routing listener proof"  # the proof the listener sends
-OPEN_FACTOR = 2  # open transactions per direction, in any phase: at most this × the window
 
 # The router-name rule of kernel/config.py (``_ROUTER_NAME``), with a bound on the length.
 _ROUTER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*\Z")
@@ -238,32 +249,6 @@ WAITING = frozenset(STAGE_OF) - {State.OPERATIONAL}  # guarded by stage-valid-ti
 ENDED = frozenset({State.REJECTING, State.CLOSED})
 
 
-class Decision(enum.Enum):
-    """The owner's inputs."""
-
-    ADMIT = "admit"
-    REFUSE = "refuse"
-    RECOVERY_LIST = "recovery_list"
-    RECOVERY_DONE = "recovery_done"
-    SEND = "send_transaction"
-    PREPARED = "prepared"
-    REFUSE_TRANSACTION = "refuse_transaction"
-    COMMIT = "commit"
-    COMMITTED = "committed"
-    SEND_NONXA = "send_nonxa"
-    NONXA_COMMITTED = "nonxa_committed"
-
-
-class Phase(enum.Enum):
-    """Where one transaction is, in one direction (see :data:`OUTBOUND_PHASES`)."""
-
-    SENT = "sent, not prepared"  # outbound: awaiting PREPARE_REPLY / REFUSE (non-XA: NONXA_COMMIT)
-    RECEIVED = "received, not prepared"  # inbound: awaiting the owner's prepared / refuse (non-XA: commit)
-    PREPARED = "prepared, not committed"  # outbound: awaiting the owner's commit; inbound: the peer's COMMIT
-    COMMITTING = "committing"  # outbound: COMMIT sent, awaiting COMMIT_REPLY; inbound: awaiting the owner
-    IN_DOUBT = "in doubt from an earlier connection"  # inbound, listed in our RECOVERY
-
-
 C, L = Role.CONNECTOR, Role.LISTENER
 S = State
 # (role, state, input) -> the states the input may lead to (the first is the usual one).
@@ -330,39 +315,6 @@ for _role in Role:
         TRANSITIONS[(_role, S.OPERATIONAL, _input)] = (S.OPERATIONAL,)
 del C, L, S, _role, _input, _states
 
-P, D, F = Phase, Decision, FrameType
-# One transaction in one direction: (phase, input) -> the next phase; None as a phase: not
-# open (before the first input, or over after the last). An input without an entry for the
-# transaction's phase is a protocol error (from the peer) or a LocalProtocolError (the
-# owner): a duplicate xid, an unknown xid, an answer in the wrong phase. Keys: the xid (XA)
-# or the sequence number (non-XA).
-OUTBOUND_PHASES: dict[tuple[Phase | None, FrameType | Decision], Phase | None] = {
-    # XA, sender
-    (None, D.SEND): P.SENT,  # TRANSACTION sent
-    (P.SENT, F.PREPARE_REPLY): P.PREPARED,  # the window slot is free again
-    (P.SENT, F.REFUSE): None,  # the owner rolls back
-    (P.PREPARED, D.COMMIT): P.COMMITTING,  # committed locally: COMMIT sent
-    (None, D.RECOVERY_DONE): P.COMMITTING,  # recovery: a COMMIT the peer must make
-    (P.COMMITTING, F.COMMIT_REPLY): None,  # over on both sides
-    # non-XA, sender
-    (None, D.SEND_NONXA): P.SENT,  # NONXA_TRANSACTION sent
-    (P.SENT, F.NONXA_COMMIT): None,  # committed at the receiver: the owner commits
-}
-INBOUND_PHASES: dict[tuple[Phase | None, FrameType | Decision], Phase | None] = {
-    # XA, receiver
-    (None, F.TRANSACTION): P.RECEIVED,
-    (P.RECEIVED, D.PREPARED): P.PREPARED,  # PREPARE_REPLY sent
-    (P.RECEIVED, D.REFUSE_TRANSACTION): None,  # REFUSE sent: nothing of it is held
-    (P.PREPARED, F.COMMIT): P.COMMITTING,
-    (None, D.RECOVERY_LIST): P.IN_DOUBT,  # recovery: listed in our RECOVERY
-    (P.IN_DOUBT, F.COMMIT): P.COMMITTING,
-    (P.COMMITTING, D.COMMITTED): None,  # COMMIT_REPLY sent
-    # non-XA, receiver
-    (None, F.NONXA_TRANSACTION): P.RECEIVED,
-    (P.RECEIVED, D.NONXA_COMMITTED): None,  # NONXA_COMMIT sent
-}
-del P, D, F
-
 # Who must authenticate, by (listener has a password, connector has a password):
 # True = the authentication stage runs; a string = the connector refuses, for that reason.
 AUTH_MATRIX: dict[tuple[bool, bool], bool | str] = {
@@ -421,7 +373,8 @@ class Operational:
         peer: the remote router.
         version: the protocol version.
         peer_transaction_size: the peer's inbound-transaction-size (our send limit).
-        peer_window_size: the peer's inbound-window-size (our send limit).
+        peer_window_size: the peer's inbound-window-size: the window we start with.
+        peer_window_bytes: the peer's inbound-window-bytes: the bound on what awaits its answer.
         keepalive_interval: seconds between keepalives (the listener's; 0: off).
         use_xa: XA transfer (either side asked for it).
         compression: batches may be compressed (both sides asked for it).
@@ -434,6 +387,7 @@ class Operational:
     peer_transaction_size: int
     peer_window_size: int
     keepalive_interval: float
+    peer_window_bytes: int = DEFAULT_WINDOW_BYTES
     use_xa: bool
     compression: bool = False
     unresolved: tuple[str, ...] = ()
@@ -560,7 +514,10 @@ class LinkSettings:
         keepalive_interval: the listener's keepalive-interval, sent to the connector (a
             connector's own value is not used); 0 turns keepalives off.
         inbound_transaction_size: messages per transaction we accept (sent in ADJUST).
-        inbound_window_size: transactions awaiting their prepare we accept (sent in ADJUST).
+        inbound_window_size: the window (transactions awaiting their prepare) a sender to
+            us starts with (sent in ADJUST); it grows from there.
+        inbound_window_bytes: the cost (:func:`~.window.transaction_cost`) of transactions
+            awaiting our prepare we accept, bound of every sender's window (sent in ADJUST).
         use_xa: we ask for XA transfer.
         use_compression: we ask for compressed batches (used when both sides ask).
         stage_valid_timeout: how long each stage before delivery may wait (but recovery).
@@ -573,6 +530,7 @@ class LinkSettings:
     keepalive_interval: float = 60.0
     inbound_transaction_size: int = 20
     inbound_window_size: int = 10
+    inbound_window_bytes: int = DEFAULT_WINDOW_BYTES
     use_xa: bool = True
     use_compression: bool = False
     stage_valid_timeout: float = 15.0
@@ -586,6 +544,7 @@ class LinkSettings:
             or self.max_frame_size < HANDSHAKE_MAX_FRAME_SIZE
             or not 1 <= self.inbound_transaction_size < 1 << 32
             or not 1 <= self.inbound_window_size < 1 << 32
+            or not MIN_WINDOW_BYTES <= self.inbound_window_bytes < 1 << 32
             or self.stage_valid_timeout <= 0
             or self.reject_disconnect_delay < 0
             or self.recovery_timeout <= 0
@@ -651,12 +610,9 @@ class LinkMachine:
         self._recovery_done_sent = False
         self._peer_recovery_done = False
         # transfer: open transactions per direction, oldest first, and how many per phase
-        self._outbound: dict[str | int, Phase] = {}
-        self._inbound: dict[str | int, Phase] = {}
-        self._counts: dict[bool, collections.Counter[Phase]] = {
-            True: collections.Counter(),
-            False: collections.Counter(),
-        }
+        self._sent = Ledger(Direction.OUTBOUND)
+        self._received = Ledger(Direction.INBOUND)
+        self._send_window = 0  # transactions that may await their answer: the owner sizes it (set_send_window)
         self._last_seq_out = -1
         self._last_seq_in = -1
         # delivery
@@ -696,17 +652,43 @@ class LinkMachine:
     @property
     def open_transactions(self) -> int:
         """Outbound transactions open, in any phase."""
-        return len(self._outbound)
+        return len(self._sent)
 
     @property
     def window_available(self) -> int:
         """How many more transactions :meth:`send_transaction` / :meth:`send_nonxa` take now:
-        the peer's window less those awaiting their prepare (non-XA: their commit), and at
-        most :data:`OPEN_FACTOR` × the window open in all; 0 before the delivery stage."""
-        if self._state is not State.OPERATIONAL or self._peer_adjust is None:
+        the send window (:meth:`set_send_window`) less those awaiting their prepare (non-XA:
+        their commit); 0 while the cost awaiting has reached the peer's ``window_bytes`` or
+        the cost open in all phases :data:`~.window.OPEN_FACTOR` × that, and before the
+        delivery stage. Each transaction sent is checked again."""
+        peer = self._peer_adjust
+        if self._state is not State.OPERATIONAL or peer is None:
             return 0
-        window = self._peer_adjust.window_size
-        return max(0, min(window - self._counts[True][Phase.SENT], OPEN_FACTOR * window - len(self._outbound)))
+        sent = self._sent
+        if sent.awaiting_bytes >= peer.window_bytes or sent.open_bytes >= OPEN_FACTOR * peer.window_bytes:
+            return 0
+        return max(0, self._send_window - sent.awaiting)
+
+    @property
+    def send_window(self) -> int:
+        """Transactions that may await their answer at once (the peer's ``window_size`` at first)."""
+        return self._send_window
+
+    def set_send_window(self, transactions: int) -> None:
+        """Let ``transactions`` (at least 1) await their answer at once: the owner sizes the
+        window to the link (:class:`~.window.WindowController`); the peer's byte bounds hold
+        whatever it is."""
+        self._send_window = max(1, transactions)
+
+    @property
+    def bytes_in_flight(self) -> int:
+        """The cost of our transactions awaiting their answer (:func:`~.window.transaction_cost`)."""
+        return self._sent.awaiting_bytes
+
+    @property
+    def awaiting(self) -> int:
+        """Our transactions awaiting their answer."""
+        return self._sent.awaiting
 
     @property
     def peer_max_frame_size(self) -> int:
@@ -716,12 +698,12 @@ class LinkMachine:
     @property
     def outbound(self) -> dict[str | int, Phase]:
         """The open outbound transactions and their phases (a copy), oldest first."""
-        return dict(self._outbound)
+        return dict(self._sent.phases)
 
     @property
     def inbound(self) -> dict[str | int, Phase]:
         """The open inbound transactions and their phases (a copy), oldest first."""
-        return dict(self._inbound)
+        return dict(self._received.phases)
 
     def events(self) -> list[Event]:
         """The events since the last call, oldest first (taking them empties the list)."""
@@ -743,7 +725,7 @@ class LinkMachine:
             return data
         return None if self._ended else b""
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes | bytearray) -> None:
         """Feed what the peer sent; ``b""``: it closed its side. Frames are handled at once,
         up to the admission (the rest waits for :meth:`admit`). A breach of the protocol is
         answered (CLOSE, :class:`Closed`), never raised. Does nothing once the link ended
@@ -882,7 +864,7 @@ class LinkMachine:
             self._send(Recovery(xids=xids))  # raises (nothing changed) when it does not fit a frame
             self._recovery_list_sent = True
             for xid in xids:
-                self._step(False, xid, Decision.RECOVERY_LIST, remote=False)
+                self._step(Direction.INBOUND, xid, Decision.RECOVERY_LIST, remote=False)
             return self._recovery_progress()
 
         self._decide(Decision.RECOVERY_LIST, handler)
@@ -913,7 +895,7 @@ class LinkMachine:
                 )
             self._recovery_done_called = True
             for xid in commit:
-                self._step(True, xid, Decision.RECOVERY_DONE, remote=False)
+                self._step(Direction.OUTBOUND, xid, Decision.RECOVERY_DONE, remote=False)
                 self._send(Commit(xid=xid))
             return self._recovery_progress()
 
@@ -937,8 +919,9 @@ class LinkMachine:
             self._check_xa(True, local=True)
             if problem := _xid_problem(xid):
                 raise LocalProtocolError(problem)
-            frame = self._batch(Transaction, "xid", xid, messages)
-            self._step(True, xid, Decision.SEND, remote=False, frame=frame)
+            packed, compressed = self._batch(messages)
+            frame = Transaction(xid=xid, messages=packed, compressed=compressed)
+            self._step(Direction.OUTBOUND, xid, Decision.SEND, remote=False, frame=frame, cost=transaction_cost(packed))
             return State.OPERATIONAL
 
         return self._transfer(Decision.SEND, handler)
@@ -950,7 +933,9 @@ class LinkMachine:
         Raises:
             LocalProtocolError: not in delivery, or ``xid`` not received and unprepared.
         """
-        self._transfer(Decision.PREPARED, lambda: self._reply(False, xid, Decision.PREPARED, PrepareReply(xid=xid)))
+        self._transfer(
+            Decision.PREPARED, lambda: self._reply(Direction.INBOUND, xid, Decision.PREPARED, PrepareReply(xid=xid))
+        )
 
     def refuse_transaction(self, xid: str, reason: str) -> None:
         """XA, receiver: ``xid`` cannot be prepared at all (e.g. a target refuses it for a
@@ -961,7 +946,9 @@ class LinkMachine:
             LocalProtocolError: not in delivery, or ``xid`` not received and unprepared.
         """
         frame = Refuse(xid=xid, reason=reason[:MAX_REASON])
-        self._transfer(Decision.REFUSE_TRANSACTION, lambda: self._reply(False, xid, Decision.REFUSE_TRANSACTION, frame))
+        self._transfer(
+            Decision.REFUSE_TRANSACTION, lambda: self._reply(Direction.INBOUND, xid, Decision.REFUSE_TRANSACTION, frame)
+        )
 
     def commit(self, xid: str) -> None:
         """XA, sender: ``xid`` (prepared by the peer) is committed here, durably: COMMIT.
@@ -970,7 +957,7 @@ class LinkMachine:
         Raises:
             LocalProtocolError: not in delivery, or ``xid`` not prepared by the peer.
         """
-        self._transfer(Decision.COMMIT, lambda: self._reply(True, xid, Decision.COMMIT, Commit(xid=xid)))
+        self._transfer(Decision.COMMIT, lambda: self._reply(Direction.OUTBOUND, xid, Decision.COMMIT, Commit(xid=xid)))
 
     def committed(self, xid: str) -> None:
         """XA, receiver (also in recovery): ``xid`` is committed here, durably:
@@ -981,7 +968,7 @@ class LinkMachine:
         """
 
         def handler() -> State | None:
-            following = self._reply(False, xid, Decision.COMMITTED, CommitReply(xid=xid))
+            following = self._reply(Direction.INBOUND, xid, Decision.COMMITTED, CommitReply(xid=xid))
             return self._recovery_progress() if self._state is State.RECOVERY_WAIT else following
 
         self._transfer(Decision.COMMITTED, handler)
@@ -1002,8 +989,10 @@ class LinkMachine:
                 raise LocalProtocolError(
                     f"send_nonxa: the sequence number must grow (last {self._last_seq_out}, got {seq!r})"[:300]
                 )
-            frame = self._batch(NonXaTransaction, "seq", seq, messages)
-            self._step(True, seq, Decision.SEND_NONXA, remote=False, frame=frame)
+            packed, compressed = self._batch(messages)
+            frame = NonXaTransaction(seq=seq, messages=packed, compressed=compressed)
+            cost = transaction_cost(packed)
+            self._step(Direction.OUTBOUND, seq, Decision.SEND_NONXA, remote=False, frame=frame, cost=cost)
             self._last_seq_out = seq
             return State.OPERATIONAL
 
@@ -1017,7 +1006,8 @@ class LinkMachine:
             LocalProtocolError: not in delivery, or ``seq`` not received and uncommitted.
         """
         self._transfer(
-            Decision.NONXA_COMMITTED, lambda: self._reply(False, seq, Decision.NONXA_COMMITTED, NonXaCommit(seq=seq))
+            Decision.NONXA_COMMITTED,
+            lambda: self._reply(Direction.INBOUND, seq, Decision.NONXA_COMMITTED, NonXaCommit(seq=seq)),
         )
 
     def close(self, reason: str) -> None:
@@ -1048,18 +1038,26 @@ class LinkMachine:
         return True
 
     def _step(
-        self, outbound: bool, key: str | int, step: FrameType | Decision, *, remote: bool, frame: Frame | None = None
+        self,
+        direction: Direction,
+        key: str | int,
+        step: FrameType | Decision,
+        *,
+        remote: bool,
+        frame: Frame | None = None,
+        cost: int = 0,
     ) -> Phase | None:
-        """Move transaction ``key`` of one direction by its phase table; ``frame`` is sent
-        first (an encoding error then changes nothing). A step the table lacks raises."""
-        table, phases = (OUTBOUND_PHASES, self._outbound) if outbound else (INBOUND_PHASES, self._inbound)
-        current = phases.get(key)
-        if (current, step) not in table:
+        """Move transaction ``key`` of one direction by its phase table (``cost``: of one
+        being opened); ``frame`` is sent first (an encoding error then changes nothing). A
+        step the table lacks raises."""
+        ledger = self._sent if direction is Direction.OUTBOUND else self._received
+        try:
+            ledger.check(key, step)
+        except NoTransition as missing:
             what = f"{step.name} frame" if remote else step.value
-            held = f"is {current.value}" if current else "is not open"
-            direction = "outbound" if outbound else "inbound"
-            problem = f"{what} for {_key_text(key)}, which {held} ({direction})"
-            raise (RemoteProtocolError if remote else LocalProtocolError)(problem)
+            held = f"is {missing.current.value}" if missing.current else "is not open"
+            problem = f"{what} for {_key_text(key)}, which {held} ({direction.value})"
+            raise (RemoteProtocolError if remote else LocalProtocolError)(problem) from None
         if frame is not None:
             self._send(
                 frame,
@@ -1067,20 +1065,11 @@ class LinkMachine:
                 if isinstance(frame, (Transaction, NonXaTransaction))
                 else self.settings.max_frame_size,
             )
-        following = table[(current, step)]
-        counts = self._counts[outbound]
-        if current is not None:
-            counts[current] -= 1
-        if following is None:
-            phases.pop(key, None)
-        else:
-            phases[key] = following
-            counts[following] += 1
-        return following
+        return ledger.move(key, step, cost)
 
-    def _reply(self, outbound: bool, key: str | int, decision: Decision, frame: Frame) -> State:
+    def _reply(self, direction: Direction, key: str | int, decision: Decision, frame: Frame) -> State:
         self._check_xa(decision is not Decision.NONXA_COMMITTED, local=True)
-        self._step(outbound, key, decision, remote=False, frame=frame)
+        self._step(direction, key, decision, remote=False, frame=frame)
         return State.OPERATIONAL
 
     def _check_xa(self, xa: bool, *, local: bool, frame: FrameType | None = None) -> None:
@@ -1089,15 +1078,10 @@ class LinkMachine:
             problem = f"{what} on a{' non-' if self.use_xa is False else 'n '}XA link"
             raise (LocalProtocolError if local else RemoteProtocolError)(problem)
 
-    def _batch(
-        self,
-        cls: type[Transaction] | type[NonXaTransaction],
-        key_name: str,
-        key: str | int,
-        messages: tuple[bytes, ...],
-    ) -> Frame:
-        """A TRANSACTION or NONXA_TRANSACTION of the owner's ``messages``, checked against
-        the peer's limits (the window, the transaction size)."""
+    def _batch(self, messages: tuple[bytes, ...]) -> tuple[tuple[bytes, ...], bool]:
+        """The ``messages`` and ``compressed`` fields of a TRANSACTION or NONXA_TRANSACTION
+        of the owner's ``messages``, checked against the peer's limits (the window, the
+        transaction size)."""
         assert self._peer_adjust is not None
         size = self._peer_adjust.transaction_size
         if not 1 <= len(messages) <= size or not all(type(m) is bytes for m in messages):
@@ -1107,23 +1091,22 @@ class LinkMachine:
             )
         if not self.window_available:
             raise LocalProtocolError(
-                f"no window available: {self._counts[True][Phase.SENT]} transactions await "
-                f"their {'prepare' if self.use_xa else 'commit'} and {len(self._outbound)} "
-                f"are open (the peer's inbound-window-size is {self._peer_adjust.window_size})"
+                f"no window available: {self._sent.awaiting} transactions ({self._sent.awaiting_bytes} bytes) "
+                f"await their {'prepare' if self.use_xa else 'commit'} and {len(self._sent)} "
+                f"({self._sent.open_bytes} bytes) are open (the send window is {self._send_window}, the peer's "
+                f"inbound-window-bytes {self._peer_adjust.window_bytes})"
             )
-        packed, compressed = pack_messages(messages, self.compression, self.peer_max_frame_size)
-        return cls(**{key_name: key}, messages=packed, compressed=compressed)
+        return pack_messages(messages, self.compression, self.peer_max_frame_size)
 
     def _recovery_progress(self) -> State:
         """Send our RECOVERY_DONE when it is due; the delivery stage once both are done."""
-        if self._recovery_done_called and not self._recovery_done_sent and not self._counts[True][Phase.COMMITTING]:
+        if self._recovery_done_called and not self._recovery_done_sent and not self._sent.counts[Phase.COMMITTING]:
             self._send(RecoveryDone())
             self._recovery_done_sent = True
         if not (self._recovery_done_sent and self._peer_recovery_done):
             return State.RECOVERY_WAIT
-        self._unresolved = tuple(str(xid) for xid in self._inbound)  # all IN_DOUBT: committing ones were answered
-        self._inbound.clear()
-        self._counts[False].clear()
+        self._unresolved = tuple(str(xid) for xid in self._received.phases)  # all IN_DOUBT: committing ones answered
+        self._received.clear()
         return self._enter_delivery()
 
     def _move(self, following: State | None, allowed: tuple[State, ...]) -> None:
@@ -1177,8 +1160,8 @@ class LinkMachine:
                 by_peer=by_peer,
                 peer=self.peer,
                 stage=self._stage,
-                outbound=tuple(self._outbound.items()),
-                inbound=tuple(self._inbound.items()),
+                outbound=tuple(self._sent.phases.items()),
+                inbound=tuple(self._received.phases.items()),
             )
         )
 
@@ -1207,8 +1190,8 @@ class LinkMachine:
                 by_peer=False,
                 peer=self.peer,
                 stage=self._stage,
-                outbound=tuple(self._outbound.items()),
-                inbound=tuple(self._inbound.items()),
+                outbound=tuple(self._sent.phases.items()),
+                inbound=tuple(self._received.phases.items()),
             )
         )
 
@@ -1340,6 +1323,7 @@ class LinkMachine:
             Adjust(
                 transaction_size=self.settings.inbound_transaction_size,
                 window_size=self.settings.inbound_window_size,
+                window_bytes=self.settings.inbound_window_bytes,
                 max_frame_size=self.settings.max_frame_size,
                 compression=self.settings.use_compression,
             )
@@ -1362,7 +1346,7 @@ class LinkMachine:
             raise RemoteProtocolError("RECOVERY_DONE received twice")
         if not self._recovery_list_sent:
             raise RemoteProtocolError("RECOVERY_DONE before our RECOVERY was sent")
-        if self._counts[False][Phase.COMMITTING]:
+        if self._received.counts[Phase.COMMITTING]:
             raise RemoteProtocolError("RECOVERY_DONE while its COMMITs await our COMMIT_REPLY")
         self._peer_recovery_done = True
         return self._recovery_progress()
@@ -1372,12 +1356,17 @@ class LinkMachine:
             raise RemoteProtocolError(
                 f"ADJUST with a zero size (transaction size {frame.transaction_size}, window size {frame.window_size})"
             )
+        if frame.window_bytes < MIN_WINDOW_BYTES:
+            raise RemoteProtocolError(
+                f"ADJUST with a window of {frame.window_bytes} bytes (at least {MIN_WINDOW_BYTES})"
+            )
         if frame.max_frame_size < HANDSHAKE_MAX_FRAME_SIZE:
             raise RemoteProtocolError(
                 f"ADJUST with a maximum frame size of {frame.max_frame_size} bytes "
                 f"(at least {HANDSHAKE_MAX_FRAME_SIZE})"
             )
         self._peer_adjust = frame
+        self._send_window = frame.window_size
         return State.START_WAIT
 
     def _on_start_delivery(self, frame: StartDelivery) -> State | None:
@@ -1389,6 +1378,7 @@ class LinkMachine:
                 version=self.version or "",
                 peer_transaction_size=self._peer_adjust.transaction_size,
                 peer_window_size=self._peer_adjust.window_size,
+                peer_window_bytes=self._peer_adjust.window_bytes,
                 keepalive_interval=self._keepalive_interval,
                 use_xa=self.use_xa,
                 compression=self.compression,
@@ -1428,19 +1418,20 @@ class LinkMachine:
 
     def _received_batch(self, frame: Transaction | NonXaTransaction, key: str | int) -> tuple[bytes, ...]:
         """Check a received batch against our limits and open it; the transaction enters RECEIVED."""
-        settings = self.settings
+        settings, received = self.settings, self._received
         label = f"{frame.TYPE.name} {_key_text(key, bare=True)}"
-        if key in self._inbound:
-            raise RemoteProtocolError(f"{label}: duplicate, it is open already ({self._inbound[key].value})")
-        if self._counts[False][Phase.RECEIVED] >= settings.inbound_window_size:
+        if key in received.phases:
+            raise RemoteProtocolError(f"{label}: duplicate, it is open already ({received.phases[key].value})")
+        if received.awaiting_bytes >= settings.inbound_window_bytes:
             raise RemoteProtocolError(
-                f"{label} overruns our inbound-window-size of {settings.inbound_window_size} "
-                f"(that many await our {'prepare' if self.use_xa else 'commit'})"
+                f"{label} overruns our inbound-window-bytes of {settings.inbound_window_bytes} "
+                f"({received.awaiting} transactions of {received.awaiting_bytes} bytes await our "
+                f"{'prepare' if self.use_xa else 'commit'})"
             )
-        if len(self._inbound) >= OPEN_FACTOR * settings.inbound_window_size:
+        if received.open_bytes >= OPEN_FACTOR * settings.inbound_window_bytes:
             raise RemoteProtocolError(
-                f"{label}: more than {OPEN_FACTOR} × our inbound-window-size of "
-                f"{settings.inbound_window_size} transactions open"
+                f"{label}: more than {OPEN_FACTOR} × our inbound-window-bytes of "
+                f"{settings.inbound_window_bytes} open ({len(received)} transactions of {received.open_bytes} bytes)"
             )
         if frame.compressed and not self.compression:
             raise RemoteProtocolError(f"{label} is compressed; compression was not agreed")
@@ -1450,7 +1441,7 @@ class LinkMachine:
                 f"{label} carries {len(messages)} messages (1 to our inbound-transaction-size "
                 f"of {settings.inbound_transaction_size})"
             )
-        self._step(False, key, frame.TYPE, remote=True)
+        self._step(Direction.INBOUND, key, frame.TYPE, remote=True, cost=transaction_cost(frame.messages))
         return messages
 
     def _on_transaction(self, frame: Transaction) -> State | None:
@@ -1463,25 +1454,25 @@ class LinkMachine:
 
     def _on_prepare_reply(self, frame: PrepareReply) -> State | None:
         self._check_xa(True, local=False, frame=frame.TYPE)
-        self._step(True, frame.xid, frame.TYPE, remote=True)
+        self._step(Direction.OUTBOUND, frame.xid, frame.TYPE, remote=True)
         self._events.append(PrepareReceived(xid=frame.xid))
         return State.OPERATIONAL
 
     def _on_refuse(self, frame: Refuse) -> State | None:
         self._check_xa(True, local=False, frame=frame.TYPE)
-        self._step(True, frame.xid, frame.TYPE, remote=True)
+        self._step(Direction.OUTBOUND, frame.xid, frame.TYPE, remote=True)
         self._events.append(TransactionRefused(xid=frame.xid, reason=_printable(frame.reason) or "no reason given"))
         return State.OPERATIONAL
 
     def _on_commit(self, frame: Commit) -> State | None:
         self._check_xa(True, local=False, frame=frame.TYPE)
-        self._step(False, frame.xid, frame.TYPE, remote=True)
+        self._step(Direction.INBOUND, frame.xid, frame.TYPE, remote=True)
         self._events.append(CommitReceived(xid=frame.xid, recovery=self._state is State.RECOVERY_WAIT))
         return self._state
 
     def _on_commit_reply(self, frame: CommitReply) -> State | None:
         self._check_xa(True, local=False, frame=frame.TYPE)
-        self._step(True, frame.xid, frame.TYPE, remote=True)
+        self._step(Direction.OUTBOUND, frame.xid, frame.TYPE, remote=True)
         recovery = self._state is State.RECOVERY_WAIT
         self._events.append(CommitDone(xid=frame.xid, recovery=recovery))
         return self._recovery_progress() if recovery else State.OPERATIONAL
@@ -1499,7 +1490,7 @@ class LinkMachine:
 
     def _on_nonxa_commit(self, frame: NonXaCommit) -> State | None:
         self._check_xa(False, local=False, frame=frame.TYPE)
-        self._step(True, frame.seq, frame.TYPE, remote=True)
+        self._step(Direction.OUTBOUND, frame.seq, frame.TYPE, remote=True)
         self._events.append(NonXaCommitted(seq=frame.seq))
         return State.OPERATIONAL
 

@@ -47,7 +47,7 @@ import logging
 import socket
 import ssl
 import time
-from typing import Any
+from typing import Any, TypeAlias
 
 import trio
 
@@ -68,6 +68,9 @@ from .transfer import Transfer, routing_rewrite
 __all__ = ["RoutingSwiftlet"]
 
 log = logging.getLogger(__name__)
+
+# What a listener accepts: a TCP connection, with TLS on top when the listener has a certificate.
+_Accepted: TypeAlias = "trio.SocketStream | trio.SSLStream[trio.SocketStream]"
 
 BACKOFF_START = 2.0  # seconds: the first delay of an exponential retry policy (Qpid's)
 
@@ -443,6 +446,7 @@ class RoutingSwiftlet:
             keepalive_interval=getattr(config, "keepalive_interval", 0) / 1000,
             inbound_transaction_size=config.inbound_transaction_size,
             inbound_window_size=config.inbound_window_size,
+            inbound_window_bytes=config.inbound_window_bytes,
             use_xa=config.use_xa,
             use_compression=config.use_compression,
             stage_valid_timeout=swiftlet.stage_valid_timeout / 1000,
@@ -470,7 +474,7 @@ class RoutingSwiftlet:
             scope.cancel()
 
     @staticmethod
-    def _bind(config: ListenerConfig) -> list[trio.SocketListener]:
+    def _bind(config: ListenerConfig) -> list[trio.abc.Listener[_Accepted]]:
         """The listening sockets of ``config`` (TLS ones with a certificate).
 
         Raises: OSError (e.g. the port is in use) or ssl.SSLError, with the listener named."""
@@ -495,13 +499,15 @@ class RoutingSwiftlet:
                 f"{where}: cannot listen on {config.bindaddress}:{config.port}: {exc.strerror or exc}"
             ) from None
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-        return [trio.SSLListener(listener, tls) if tls else listener]  # type: ignore[list-item]
+        return [trio.SSLListener(listener, tls) if tls else listener]
 
-    def _start_listener(self, entity: Entity, listeners: list[trio.abc.Listener]) -> None:
+    def _start_listener(self, entity: Entity, listeners: list[trio.abc.Listener[_Accepted]]) -> None:
         """Show the bound listener in usage and start accepting on it."""
         config: ListenerConfig = entity.config
         first = listeners[0]
-        port = (first.transport_listener if isinstance(first, trio.SSLListener) else first).socket.getsockname()[1]
+        plain = first.transport_listener if isinstance(first, trio.SSLListener) else first
+        assert isinstance(plain, trio.SocketListener)  # _bind listens on a socket (with TLS on top or not)
+        port = plain.socket.getsockname()[1]
         counts = {"port": port, "links": 0, "accepted": 0, "refused": 0}
         self._usage_listeners.add(config.name, lambda: dict(counts))
         self._listeners[config.name] = scope = trio.CancelScope()
@@ -516,13 +522,17 @@ class RoutingSwiftlet:
         self._nursery.start_soon(self._serve, entity, listeners, counts, scope)
 
     async def _serve(
-        self, entity: Entity, listeners: list[trio.abc.Listener], counts: dict[str, int], scope: trio.CancelScope
+        self,
+        entity: Entity,
+        listeners: list[trio.abc.Listener[_Accepted]],
+        counts: dict[str, int],
+        scope: trio.CancelScope,
     ) -> None:
         """Accept links on ``listeners`` until the listener is removed or the swiftlet stops."""
         name = entity.name
         links = self._listener_links.setdefault(name, set())
 
-        async def handle(stream: trio.abc.Stream) -> None:
+        async def handle(stream: _Accepted) -> None:
             live: ListenerConfig = entity.config
             transport = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
             try:

@@ -119,6 +119,7 @@ from .stages import (
     TransactionReceived,
     TransactionRefused,
 )
+from .window import WindowController
 
 __all__ = [
     "Transfer",
@@ -213,6 +214,8 @@ class _LinkTransfer:
     rate_mark: tuple[float, int, int] = (0.0, 0, 0)  # (when, messages_out, messages_in) of the last sample
     throttled: int = 0  # inbound transactions whose answer inbound flow control held back
     throttled_ms: int = 0  # for how long, in all
+    window: WindowController | None = None  # sizes the send window to the link, from the first answer on
+    sent_at: dict[str | int, float] = attrs.Factory(dict)  # key → when sent, while it awaits its answer
 
     def sample_rates(self, now: float) -> None:
         at, sent, received = self.rate_mark
@@ -328,6 +331,7 @@ class Transfer:
         state = self._state.get(link)
         if state is None:
             return {}
+        window = state.window
         return {
             "messages-out": state.messages_out,
             "messages-in": state.messages_in,
@@ -336,6 +340,11 @@ class Transfer:
             "inbound-throttled": state.throttled,
             "inbound-throttled-ms": state.throttled_ms,
             "open-transactions": link.machine.open_transactions,
+            "window": link.machine.send_window,
+            "transactions-in-flight": link.machine.awaiting,
+            "bytes-in-flight": link.machine.bytes_in_flight,
+            "round-trip-ms": round((window.srtt or 0.0) * 1000, 1) if window else 0.0,
+            "least-round-trip-ms": round(window.min_rtt * 1000, 1) if window and window.srtt is not None else 0.0,
             "in-doubt": sum(1 for xid in self.manager.prepared_transactions() if link.peer in (parties(xid) or ())),
         }
 
@@ -343,8 +352,11 @@ class Transfer:
         while True:
             await trio.sleep(RATE_INTERVAL)
             now = trio.current_time()
-            for state in self._state.values():
+            for link, state in self._state.items():
                 state.sample_rates(now)
+                oldest = min(state.sent_at.values(), default=None)
+                if state.window is not None and state.window.check_stall(now, oldest):
+                    link.machine.set_send_window(state.window.size)
 
     def event(self, link: Link, event: Any) -> None:
         """Handle a transfer event of ``link``'s machine: the work is queued for the link's
@@ -352,6 +364,10 @@ class Transfer:
         visible at the receiver in the order they were sent: the order of a path is kept)."""
         state = self._link(link)
         job: Job | None = None
+        if isinstance(event, (PrepareReceived, TransactionRefused)):
+            self._answered(link, state, event.xid)
+        elif isinstance(event, NonXaCommitted):
+            self._answered(link, state, event.seq)
         if isinstance(event, (PrepareReceived, TransactionRefused, NonXaCommitted, CommitDone)):
             self._send_ready(link, state)  # a window slot is free again
             self.changed()
@@ -374,6 +390,22 @@ class Transfer:
             job = self._recover, (link, event.peer, event.xids)
         if job is not None:
             state.jobs.send_nowait(job)
+
+    def _answered(self, link: Link, state: _LinkTransfer, key: str | int) -> None:
+        """The peer answered our transaction ``key``: a round-trip sample for the link's
+        window (:class:`~.window.WindowController`), which sizes the machine's send window."""
+        sent = state.sent_at.pop(key, None)
+        operational = link.operational
+        if sent is None or operational is None:
+            return
+        machine = link.machine
+        if state.window is None:
+            state.window = WindowController(operational.peer_window_size)
+        now = trio.current_time()
+        # full before this answer freed its room: the sender had more than the window allowed
+        limited = machine.awaiting + 1 >= machine.send_window
+        state.window.answered(now - sent, now, limited=limited)
+        machine.set_send_window(state.window.size)
 
     def _link(self, link: Link) -> _LinkTransfer:
         """The transfer's state of ``link``, made (with the link's worker) on first use."""
@@ -469,7 +501,7 @@ class Transfer:
         machine = link.machine
         if machine.state is not State.OPERATIONAL or link.operational is None:
             return 0
-        ahead = link.operational.peer_window_size if machine.use_xa else 0
+        ahead = machine.send_window if machine.use_xa else 0
         return machine.window_available + ahead - self._link(link).reserved
 
     def _send_ready(self, link: Link, state: _LinkTransfer) -> None:
@@ -483,6 +515,7 @@ class Transfer:
                 xid, transaction, messages = state.ready.popleft()
                 state.reserved -= 1
                 if not gone and link.machine.send_transaction(xid, messages):
+                    state.sent_at[xid] = trio.current_time()
                     self._outbound[xid] = transaction
                     state.messages_out += len(messages)
                     link.wake()
@@ -587,6 +620,7 @@ class Transfer:
             ]
             seq, state.next_seq = state.next_seq, state.next_seq + 1
             if link.machine.send_nonxa(seq, doubt):
+                state.sent_at[seq] = trio.current_time()
                 state.nonxa_out[seq] = transaction
                 state.messages_out += len(entries)
                 link.wake()

@@ -235,7 +235,7 @@ class SchedulerHooks:
         """Return the job groups this plugin offers (called when the scheduler starts)."""
 
     @hookspec(firstresult=True)
-    def martinet_scheduler_clock(self) -> WallClock | None:  # type: ignore[empty-body]
+    def martinet_scheduler_clock(self) -> WallClock | None:
         """Return the clock the scheduler should use instead of the system's, or None."""
 
 
