@@ -306,9 +306,10 @@ class ProcessNetwork:
         """Start router ``name`` again on its config and store; returns once it started."""
         await trio.to_thread.run_sync(self.routers[name].restart)
 
-    async def inject(self, kind: str, target: str | tuple[str, str], down: float) -> None:
+    async def inject(self, kind: str, target: str | tuple[str, str], down: float, *, round_trip: float = 0.2) -> None:
         """Apply fault ``kind`` to ``target`` (a router, or a link for cut, blackhole and
-        delay) for ``down`` seconds, then end it (restart the router, heal the link)."""
+        delay: ``round_trip`` seconds, half each way) for ``down`` seconds, then end it
+        (restart the router, heal the link)."""
         self.faults[kind] += 1
         if kind in ("kill", "kill-store"):
             assert isinstance(target, str)
@@ -324,7 +325,7 @@ class ProcessNetwork:
             await trio.sleep(max(down, 6 * KEEPALIVE_MS / 1000))  # long enough for keepalive to notice
             proxy.cut()  # the byte streams have holes: these connections cannot go on
         elif kind == "delay":
-            proxy.delay(0.2)
+            proxy.delay(round_trip / 2)  # each direction
             await trio.sleep(down)
         else:
             raise ValueError(f"unknown fault {kind!r}; known: {', '.join(FAULTS)}")
@@ -649,15 +650,18 @@ class Schedule:
     mode: str = "queues"  # or "topics" (see chaos)
 
 
-def plan(network: ProcessNetwork, schedule: Schedule) -> list[tuple[str, str | tuple[str, str]]]:
-    """The faults of ``schedule`` with their targets, drawn from its seed."""
+def plan(network: ProcessNetwork, schedule: Schedule) -> list[tuple[str, str | tuple[str, str], float]]:
+    """The faults of ``schedule`` with their targets, drawn from its seed, and for a delay
+    its round trip in seconds (50–200 ms: a link across a continent or an ocean, which the
+    window must fill without losing or doubling anything)."""
     rng = random.Random(schedule.seed)
     victims = [name for name in network.topology.routers if name not in schedule.spare]
     links = list(network.topology.links)
-    steps: list[tuple[str, str | tuple[str, str]]] = []
+    steps: list[tuple[str, str | tuple[str, str], float]] = []
     for _ in range(schedule.rounds):
         kind = rng.choice(schedule.faults)
-        steps.append((kind, rng.choice(victims) if kind in ("kill", "kill-store") else rng.choice(links)))
+        target = rng.choice(victims) if kind in ("kill", "kill-store") else rng.choice(links)
+        steps.append((kind, target, rng.uniform(0.05, 0.2) if kind == "delay" else 0.0))
     return steps
 
 
@@ -699,9 +703,10 @@ async def chaos(
         for producer in producers:
             nursery.start_soon(producer.run, stop_producing)
         await trio.sleep(schedule.gap)
-        for number, (kind, target) in enumerate(plan(network, schedule), 1):
-            report(f"round {number}: {kind} {target if isinstance(target, str) else '-'.join(target)}")
-            await network.inject(kind, target, schedule.down)
+        for number, (kind, target, round_trip) in enumerate(plan(network, schedule), 1):
+            what = f"{kind} {target if isinstance(target, str) else '-'.join(target)}"
+            report(f"round {number}: {what}" + (f" ({round_trip * 1000:.0f} ms round trip)" if round_trip else ""))
+            await network.inject(kind, target, schedule.down, round_trip=round_trip)
             await trio.sleep(schedule.gap)
         stop_producing.set()
         await network.wait_connected()

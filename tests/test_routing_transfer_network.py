@@ -221,3 +221,43 @@ async def test_a_message_for_a_missing_queue_goes_to_unroutable_with_the_reason(
     assert annotations[UNROUTABLE_REASON] == "queue 'missing' does not exist on router b"
     assert annotations[SOURCE] == "a" and annotations[QUEUE] == "missing" and annotations[HOPS] == 1
     assert network.routers["b"].management.get("/sys$routing/usage", "unroutable") == 3
+
+
+@pytest.mark.parametrize("xa", [True, False], ids=["xa", "non-xa"])
+async def test_across_a_50_ms_round_trip_the_window_grows_past_its_start(network, nursery, xa):
+    """A link carries at most its window per round trip, so across distance the window
+    grows past the 10 transactions it starts with (``inbound-window-size``): counted, not
+    timed. The messages wait in rt$b first, so that the link always has more to send than
+    its window; every one arrives once, in order."""
+    await start(network, "a", "b", listener={"use_xa": xa})
+    network.routers["a"].management.add("/sys$routing/static-routes", "b")  # messages wait in rt$b meanwhile
+    count = 4000
+    await produce(network.url("a"), "orders@b", count, persistent=False)
+    proxy = FaultProxy("127.0.0.1", network.routing_port("b"))
+    await nursery.start(proxy.run)
+    proxy.delay(0.025)  # each way: a 50 ms round trip
+    network.routers["a"].management.add(
+        "/sys$routing/connectors",
+        "b",
+        {"hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000", "use-xa": str(xa).lower()},
+    )
+    usage = "/sys$routing/usage/connections/connector:b"
+    most = {"window": 0, "transactions-in-flight": 0}
+    done = trio.Event()
+
+    async def watch() -> None:
+        tree = network.routers["a"].management
+        while not done.is_set():
+            try:
+                values = tree.resolve(usage).properties()
+            except Exception:  # (not connected yet)
+                values = {}
+            for name in most:
+                most[name] = max(most[name], values.get(name, 0))
+            await trio.sleep(0.002)
+
+    nursery.start_soon(watch)
+    received = await consume(network.url("b"), "orders", count, timeout=60)
+    done.set()
+    verify(received, count)
+    assert most["window"] > 10 and most["transactions-in-flight"] > 10, most

@@ -216,6 +216,7 @@ class _LinkTransfer:
     throttled_ms: int = 0  # for how long, in all
     window: WindowController | None = None  # sizes the send window to the link, from the first answer on
     sent_at: dict[str | int, float] = attrs.Factory(dict)  # key → when sent, while it awaits its answer
+    full_at: float = -math.inf  # when a send last found the window full (the sender had more than it allowed)
 
     def sample_rates(self, now: float) -> None:
         at, sent, received = self.rate_mark
@@ -402,9 +403,9 @@ class Transfer:
         if state.window is None:
             state.window = WindowController(operational.peer_window_size)
         now = trio.current_time()
-        # full before this answer freed its room: the sender had more than the window allowed
-        limited = machine.awaiting + 1 >= machine.send_window
-        state.window.answered(now - sent, now, limited=limited)
+        # the window was full while this transaction travelled: it held the sender back (a
+        # burst of answers is read at once, so the window's state now says nothing)
+        state.window.answered(now - sent, now, limited=state.full_at >= sent)
         machine.set_send_window(state.window.size)
 
     def _link(self, link: Link) -> _LinkTransfer:
@@ -516,6 +517,8 @@ class Transfer:
                 state.reserved -= 1
                 if not gone and link.machine.send_transaction(xid, messages):
                     state.sent_at[xid] = trio.current_time()
+                    if not link.machine.window_available:
+                        state.full_at = trio.current_time()
                     self._outbound[xid] = transaction
                     state.messages_out += len(messages)
                     link.wake()
@@ -621,6 +624,8 @@ class Transfer:
             seq, state.next_seq = state.next_seq, state.next_seq + 1
             if link.machine.send_nonxa(seq, doubt):
                 state.sent_at[seq] = trio.current_time()
+                if not link.machine.window_available:
+                    state.full_at = trio.current_time()
                 state.nonxa_out[seq] = transaction
                 state.messages_out += len(entries)
                 link.wake()

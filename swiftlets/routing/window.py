@@ -30,9 +30,10 @@ rather than losing anything:
   sender's prepares are made durable together), and the receiver works through a burst
   one transaction after the other, so the last ones of a burst come back later although
   nothing queues for long: a round's *least* sample is what shows a standing queue;
-- while the window was full when an answer came (the sender had more to send than it
-  allowed), the window grows: by one transaction per answer (doubling each round trip) up
-  to the threshold of the last decrease, then by one per round trip;
+- while the window was full when an answer's transaction travelled (the sender had more
+  to send than it allowed), an answer near the link's own round trip grows the window: by
+  one transaction (doubling it each round trip) up to the threshold of the last decrease,
+  then by one per round trip;
 - a round whose least sample is above the link's own round trip by more than
   :data:`QUEUE_FACTOR` and :data:`QUEUE_SLACK` means the receiver or its store fall behind:
   the window shrinks to :data:`DECREASE` of itself, and that becomes the threshold;
@@ -273,7 +274,7 @@ class WindowController:
                 self._window = max(float(self.start), self._window * DECREASE)
                 self.threshold = self._window
                 return
-        if limited:
+        if limited and rtt <= QUEUE_FACTOR * self.min_rtt + QUEUE_SLACK:  # (a late answer grows nothing)
             step = 1.0 if self._window < self.threshold else 1.0 / self._window
             self._window = min(float(self.limit), self._window + step)
 
