@@ -47,14 +47,17 @@ effect for chunks already waiting:
   peers see has a hole in it: fine for keepalive and dead-peer detection tests, not for
   tests of a protocol that has to continue on that connection. Unlike a real dead peer, the
   sender is never blocked by a blackhole (its bytes are read and dropped, not left unacked).
-- ``hold(direction, code)``: for the routing protocol (``docs/routing-protocol.md`` §1–2:
-  8 bytes of magic, then frames of a 4-byte length and a msgpack ``[code, {fields}]``
-  body). Every direction of every connection is followed frame by frame (:class:`FrameScanner`,
-  which reads only lengths and the type code); the first frame of type ``code`` travelling
-  in ``direction`` (``"to_target"``: connector → listener) is held with everything after it
-  in that direction, for good: the :class:`Held` it returns then has the frame's fields,
-  and the test kills a router or cuts the link at exactly that point of the protocol.
-  Bytes before the frame are forwarded. One hold at a time, for the first match only.
+- ``hold(direction, code, nth)`` and ``drop(direction, code, nth)``: the deterministic
+  fault points of the routing protocol (``docs/routing-protocol.md`` §1–2: 8 bytes of
+  magic, then frames of a 4-byte length and a msgpack ``[code, {fields}]`` body). Every
+  direction of every connection is followed frame by frame (:class:`FrameScanner`, which
+  reads only lengths and the type code); the ``nth`` frame of type ``code`` travelling in
+  ``direction`` (``"to_target"``: connector → listener) from then on is *held* with
+  everything after it in that direction, for good, or *dropped* alone (the stream goes on
+  without it: an answer that never came). The :class:`Held` returned has the frame's
+  fields once seen, and the test kills a router or cuts the link at exactly that point of
+  the protocol, with the transactions before it answered and those after it not. Bytes
+  before the frame are forwarded. One rule at a time, for one match.
 
 Everything runs in the nursery of :meth:`FaultProxy.run`; cancelling ``run`` closes the
 listener and every connection. Nothing is detached. Not thread-safe: call the fault methods
@@ -64,6 +67,7 @@ from the trio thread that runs the proxy.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import msgpack
 import trio
@@ -75,7 +79,7 @@ _ARRAY_OF_2 = 0x92  # msgpack fixarray of 2: every routing frame's body starts [
 
 
 class FrameScanner:
-    """Follows one direction of a routing byte stream and finds where a frame starts.
+    """Follows one direction of a routing byte stream and finds where frames start.
 
     Only frame boundaries are tracked (the magic, then per frame its 4-byte length); bodies
     are passed over unread, except the type code, which is the second byte of every body
@@ -86,18 +90,38 @@ class FrameScanner:
         self._skip = len(MAGIC)  # bytes to pass (magic, or the rest of a frame) before a header
         self._pending = b""  # the start of a header that has not fully arrived
         self._pending_sent = False  # ... and was passed on already (nothing was looked for)
+        self._dropping: Held | None = None  # the frame being dropped, while its bytes arrive
+        self._drop_left = 0
 
-    def feed(self, data: bytes, code: int | None) -> tuple[bytes, bytes | None]:
+    def feed(self, data: bytes, choose: Callable[[int], Held | None] | int | None) -> tuple[bytes, bytes | None]:
         """Take the next bytes of the stream; return the bytes that may go on, and, if a
-        frame of type ``code`` starts in them, that frame and everything after it (else
-        None). While looking for a code, a header cut by the chunk boundary waits for the
-        next chunk (at most 5 bytes); otherwise every byte goes on at once (a frame whose
-        header went on before the hold was armed is not held)."""
+        frame is held, that frame and everything after it (else None).
+
+        ``choose(code)`` is asked for every frame that starts (None: look for nothing); it
+        returns None to pass the frame on, or a :class:`Held` whose ``drop`` says whether
+        this frame alone is taken out of the stream (the bytes after it go on) or held with
+        everything after it. An int ``code`` holds the first frame of that type. While
+        looking, a header cut by the chunk boundary waits for the next chunk (at most 5
+        bytes); otherwise every byte goes on at once (a frame whose header went on before
+        the rule was armed is not chosen)."""
+        if isinstance(choose, int):
+            code = choose
+            choose = lambda found: Held("", code) if found == code else None  # noqa: E731
         buffer = self._pending + data
         sent = len(self._pending) if self._pending_sent else 0  # buffer[:sent] went on already
         self._pending, self._pending_sent = b"", False
+        out: list[bytes] = []
+        start = sent  # where the bytes that go on next begin
         position = 0
         while position < len(buffer):
+            if self._drop_left:
+                taken = min(self._drop_left, len(buffer) - position)
+                assert self._dropping is not None
+                self._dropping.add(buffer[position : position + taken])
+                position += taken
+                self._drop_left -= taken
+                start = position
+                continue
             if self._skip:
                 passed = min(self._skip, len(buffer) - position)
                 position += passed
@@ -105,29 +129,51 @@ class FrameScanner:
                 continue
             if len(buffer) - position < 6:  # the length and the first two body bytes
                 self._pending = buffer[position:]
-                if code is None or sent > position:
+                if choose is None or sent > position:
                     self._pending_sent = True
-                    return buffer[sent:], None
-                return buffer[sent:position], None
-            if (
-                code is not None
-                and position >= sent
-                and buffer[position + 4] == _ARRAY_OF_2
-                and buffer[position + 5] == code
-            ):
-                return buffer[sent:position], buffer[position:]
-            self._skip = 4 + int.from_bytes(buffer[position : position + 4], "big")
-        return buffer[sent:], None
+                    out.append(buffer[start:])
+                    return b"".join(out), None
+                out.append(buffer[start:position])
+                return b"".join(out), None
+            length = 4 + int.from_bytes(buffer[position : position + 4], "big")
+            chosen = None
+            if choose is not None and position >= sent and buffer[position + 4] == _ARRAY_OF_2:
+                chosen = choose(buffer[position + 5])
+            if chosen is None:
+                self._skip = length
+            elif chosen.drop:
+                out.append(buffer[start:position])
+                self._dropping, self._drop_left = chosen, length
+            else:
+                out.append(buffer[start:position])
+                return b"".join(out), buffer[position:]
+        out.append(buffer[start:])
+        return b"".join(out), None
 
 
 class Held:
-    """A routing frame the proxy holds (see :meth:`FaultProxy.hold`), with what followed it."""
+    """A routing frame the proxy holds or drops (see :meth:`FaultProxy.hold` and
+    :meth:`FaultProxy.drop`): the ``nth`` frame of type ``code`` going ``direction``."""
 
-    def __init__(self, direction: str, code: int):
+    def __init__(self, direction: str, code: int, nth: int = 1, *, drop: bool = False):
+        if nth < 1:
+            raise ValueError(f"nth counts from 1, not {nth}")
         self.direction = direction
         self.code = code
-        self.data = bytearray()  # the frame and every byte after it in its direction
+        self.nth = nth
+        self.drop = drop
+        self.passed = 0  # frames of the type passed on before it
+        self.data = bytearray()  # the frame (held: and every byte after it in its direction)
         self.seen = trio.Event()  # set once the whole frame is in :attr:`data`
+
+    def match(self, code: int) -> bool:
+        """A frame of ``code`` starts: whether it is the one (counted)."""
+        if code != self.code:
+            return False
+        if self.passed + 1 < self.nth:
+            self.passed += 1
+            return False
+        return True
 
     def add(self, data: bytes) -> None:
         self.data += data
@@ -216,14 +262,38 @@ class FaultProxy:
         self._blackholed = False
         self._notify()
 
-    def hold(self, direction: str, code: int) -> Held:
-        """Hold the next routing frame of type ``code`` going ``direction`` (``"to_target"``
-        or ``"to_client"``), on any connection, and everything after it in that direction;
-        wait for :attr:`Held.seen`. The connection stays open until :meth:`cut` (or its end)."""
-        if direction not in ("to_target", "to_client"):
-            raise ValueError(f"direction is to_target or to_client, not {direction!r}")
-        self._hold = Held(direction, code)
-        return self._hold
+    def hold(self, direction: str, code: int, nth: int = 1) -> Held:
+        """Hold the ``nth`` routing frame of type ``code`` going ``direction`` from now on
+        (``"to_target"`` or ``"to_client"``), on any connection, and everything after it in
+        that direction; wait for :attr:`Held.seen`. The connection stays open until
+        :meth:`cut` (or its end). Replaces a rule armed before that has not matched."""
+        return self._arm(Held(direction, code, nth))
+
+    def drop(self, direction: str, code: int, nth: int = 1) -> Held:
+        """Take the ``nth`` routing frame of type ``code`` going ``direction`` from now on
+        out of its stream (the bytes after it go on, so the peers see a stream without it:
+        an answer that never came); :attr:`Held.seen` once all of it was dropped."""
+        return self._arm(Held(direction, code, nth, drop=True))
+
+    def _arm(self, rule: Held) -> Held:
+        if rule.direction not in ("to_target", "to_client"):
+            raise ValueError(f"direction is to_target or to_client, not {rule.direction!r}")
+        self._hold = rule
+        return rule
+
+    def _choose(self, direction: str) -> Callable[[int], Held | None] | None:
+        """The scanner's choice for ``direction`` under the armed rule (None: no rule there)."""
+        rule = self._hold
+        if rule is None or rule.direction != direction:
+            return None
+
+        def choose(code: int) -> Held | None:
+            if self._hold is not rule or not rule.match(code):
+                return None
+            self._hold = None  # one match per rule
+            return rule
+
+        return choose
 
     def _notify(self) -> None:
         self._changed.set()
@@ -295,11 +365,11 @@ class FaultProxy:
                 if held is not None:
                     held.add(data)
                     continue
-                hold = self._hold if self._hold is not None and self._hold.direction == direction else None
-                data, rest = scanner.feed(data, hold.code if hold is not None else None)
+                rule = self._hold
+                data, rest = scanner.feed(data, self._choose(direction))
                 if rest is not None:
-                    assert hold is not None
-                    held, self._hold = hold, None
+                    assert rule is not None and not rule.drop
+                    held = rule
                     held.add(rest)
                 if not data:
                     continue

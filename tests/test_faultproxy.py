@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from conftest import wait_until
-from faultproxy import MAGIC, FaultProxy, FrameScanner
+from faultproxy import MAGIC, FaultProxy, FrameScanner, Held
 from processes import free_port
 
 
@@ -301,6 +301,50 @@ def test_the_frame_scanner_passes_everything_or_holds_from_the_chosen_frame(chun
             assert held is None and bytes(passed) == stream
         else:
             assert bytes(passed) == stream[:held_at] and bytes(held) == stream[held_at:]
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5, 7, 64])
+def test_the_scanner_holds_the_nth_frame_of_a_type_or_drops_it_alone(chunk):
+    frames = [
+        (42, {}),
+        (50, {"xid": "x1", "messages": [b"m" * 300]}),
+        (51, {"xid": "x1"}),
+        (50, {"xid": "x2", "messages": [b"n" * 20]}),
+        (51, {"xid": "x2"}),
+    ]
+    stream, offsets = routing_stream(*frames)
+    ends = [*offsets[1:], len(stream)]
+    for rule, passed_expected, held_expected, taken in (
+        (Held("to_target", 50, nth=2), stream[: offsets[3]], stream[offsets[3] :], 3),
+        (Held("to_target", 51, nth=2), stream[: offsets[4]], stream[offsets[4] :], 4),
+        (Held("to_target", 51, nth=1, drop=True), stream[: offsets[2]] + stream[ends[2] :], None, 2),
+        (Held("to_target", 50, nth=2, drop=True), stream[: offsets[3]] + stream[ends[3] :], None, 3),
+        (Held("to_target", 50, nth=3), stream, None, None),  # there is no third
+    ):
+        scanner, passed, held, matched = FrameScanner(), bytearray(), None, []
+
+        def choose(code: int, rule: Held = rule, matched: list = matched) -> Held | None:
+            if matched or not rule.match(code):
+                return None
+            matched.append(rule)
+            return rule
+
+        for start in range(0, len(stream), chunk):
+            data = stream[start : start + chunk]
+            if held is not None:
+                held += data
+                rule.add(data)  # as the proxy keeps what follows a held frame
+                continue
+            out, rest = scanner.feed(data, choose)
+            passed += out
+            if rest is not None:
+                held = bytearray(rest)
+                rule.add(rest)
+        assert bytes(passed) == passed_expected
+        assert (bytes(held) if held is not None else None) == held_expected
+        if taken is not None:  # the frame chosen, whole, with its fields
+            assert bytes(rule.data[: ends[taken] - offsets[taken]]) == stream[offsets[taken] : ends[taken]]
+            assert rule.seen.is_set() and rule.fields == frames[taken][1]
 
 
 async def test_hold_keeps_the_chosen_frame_and_what_follows_and_reads_its_fields(nursery):
