@@ -8,7 +8,10 @@
  * Prints one line: "<mode> <count> <first-activity> <last> <rate>" with CLOCK_REALTIME
  * seconds, so a driver can combine a concurrent sender and receiver.
  * The message is encoded once and its bytes sent COUNT times (the load generator must
- * cost as little as possible per message). Exit status 1 on any AMQP error.
+ * cost as little as possible per message). With LOADGEN_TEXT=1 in the environment the
+ * bodies are text instead of one repeated byte: POOL different ones, of words drawn from a
+ * small vocabulary by a fixed pseudo-random sequence (compressible as text is, and no two
+ * of POOL consecutive messages alike), sent in turn. Exit status 1 on any AMQP error.
  */
 #include <proton/condition.h>
 #include <proton/connection.h>
@@ -27,13 +30,15 @@
 #include <time.h>
 
 #define WINDOW 1000
+#define POOL 64
 
 typedef struct {
     bool sending;
     const char *address;
     long count, sent, done;
-    char *encoded;
-    size_t encoded_size;
+    char *encoded[POOL];
+    size_t encoded_size[POOL];
+    int pool;
     char *receive_buffer;
     size_t receive_size;
     double first, last;
@@ -55,29 +60,54 @@ static void fail_on(pn_event_t *event, pn_condition_t *condition, state_t *state
     }
 }
 
-static void encode_message(state_t *state, size_t size, bool durable) {
-    pn_message_t *message = pn_message();
-    char *body = malloc(size);
-    memset(body, 'x', size);
-    pn_message_set_durable(message, durable);
-    pn_data_put_binary(pn_message_body(message), pn_bytes(size, body));
-    pn_message_set_inferred(message, true); /* a data section, not an amqp-value */
-    size_t capacity = size + 256;
-    state->encoded = malloc(capacity);
-    if (pn_message_encode(message, state->encoded, &capacity)) {
-        fprintf(stderr, "cannot encode the message\n");
-        exit(1);
+static const char *WORDS[] = {
+    "the", "order", "of", "market", "price", "to", "and", "a", "in", "shipment", "customer", "paris", "tokyo",
+    "quantity", "is", "for", "delivered", "status", "account", "with", "warehouse", "invoice", "pending", "was",
+    "confirmed", "by", "payment", "received", "on", "item", "stock", "level", "below", "threshold", "route",
+    "lyon", "carrier", "tracking", "number", "expected", "arrival", "date", "update", "from", "supplier", "net",
+    "total", "amount", "currency", "euro", "yen", "discount", "applied", "returned", "damaged", "replacement"};
+
+static void fill_text(char *body, size_t size, unsigned *seed) {
+    size_t at = 0, words = sizeof WORDS / sizeof *WORDS;
+    while (at < size) {
+        *seed = *seed * 1103515245u + 12345u;
+        const char *word = WORDS[(*seed >> 16) % words];
+        for (const char *c = word; *c && at < size; c++) body[at++] = *c;
+        if (at < size) body[at++] = ' ';
     }
-    state->encoded_size = capacity;
-    pn_message_free(message);
-    free(body);
+}
+
+static void encode_message(state_t *state, size_t size, bool durable) {
+    bool text = getenv("LOADGEN_TEXT") && strcmp(getenv("LOADGEN_TEXT"), "1") == 0;
+    unsigned seed = 1;
+    state->pool = text ? POOL : 1;
+    for (int n = 0; n < state->pool; n++) {
+        pn_message_t *message = pn_message();
+        char *body = malloc(size);
+        if (text)
+            fill_text(body, size, &seed);
+        else
+            memset(body, 'x', size);
+        pn_message_set_durable(message, durable);
+        pn_data_put_binary(pn_message_body(message), pn_bytes(size, body));
+        pn_message_set_inferred(message, true); /* a data section, not an amqp-value */
+        size_t capacity = size + 256;
+        state->encoded[n] = malloc(capacity);
+        if (pn_message_encode(message, state->encoded[n], &capacity)) {
+            fprintf(stderr, "cannot encode the message\n");
+            exit(1);
+        }
+        state->encoded_size[n] = capacity;
+        pn_message_free(message);
+        free(body);
+    }
 }
 
 static void send_some(state_t *state, pn_link_t *link) {
     while (pn_link_credit(link) > 0 && state->sent < state->count) {
         long tag = ++state->sent;
         pn_delivery(link, pn_dtag((const char *)&tag, sizeof tag));
-        pn_link_send(link, state->encoded, state->encoded_size);
+        pn_link_send(link, state->encoded[tag % state->pool], state->encoded_size[tag % state->pool]);
         pn_link_advance(link);
     }
 }
@@ -199,7 +229,7 @@ int main(int argc, char **argv) {
     double elapsed = state.last - state.first;
     printf("%s %ld %.6f %.6f %.0f\n", argv[1], state.done, state.first, state.last,
            elapsed > 0 ? state.done / elapsed : 0.0);
-    free(state.encoded);
+    for (int n = 0; n < state.pool; n++) free(state.encoded[n]);
     free(state.receive_buffer);
     return state.status;
 }

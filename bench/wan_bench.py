@@ -22,6 +22,10 @@ persistent rows are printed as a ratio to it at the same round trip.
 A fresh network (and proxy) is started for every round trip and mode, so each link starts
 from its initial window, as after a restart. ``--link`` adds attributes to both ends of
 every link (``inbound-window-size="100"``, ``use-compression="true"``) to compare settings.
+
+``--only compression`` (not in the default run): one hop, XA, at the first round trip,
+``use-compression`` off and on; with ``--mbit 10 --size 1024 --text`` it shows what
+compression does for a link whose bandwidth, not its round trip, is the limit.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ ROUTER = """<router name="{name}" startorder="sys$log sys$store sys$queuemanager
 LINK = 'password="bench" use-xa="{xa}" {extra}'
 LISTENER = '<listener name="routing" port="{port}" bindaddress="127.0.0.1" ' + LINK + "/>"
 CONNECTOR = '<connector name="{target}" hostname="127.0.0.1" port="{port}" retry-time="1000" ' + LINK + "/>"
-SECTIONS = ("one-hop", "two-hops", "rabbitmq")
+SECTIONS = ("one-hop", "two-hops", "rabbitmq", "compression")
 
 
 def rss_mib(pid: int) -> float:
@@ -95,10 +99,10 @@ class Network:
 
 
 @contextmanager
-def network(folder: Path, path: tuple[str, ...], rtt_ms: float, *, xa: bool, args: argparse.Namespace):
+def network(folder: Path, path: tuple[str, ...], rtt_ms: float, *, xa: bool, args: argparse.Namespace, extra: str = ""):
     """Routers ``path``, each dialing the next through a WAN proxy, once the first has a route
     to the last."""
-    link = {"xa": str(xa).lower(), "extra": args.link}
+    link = {"xa": str(xa).lower(), "extra": f"{args.link} {extra}"}
     routing = {name: free_port() for name in path}
     running = Network()
     with ExitStack() as stack:
@@ -111,7 +115,7 @@ def network(folder: Path, path: tuple[str, ...], rtt_ms: float, *, xa: bool, arg
             if target:
                 proxy = stack.enter_context(wan_proxy(routing[target], rtt_ms, args))
                 connector = CONNECTOR.format(target=target, port=proxy, **link)
-            where = folder / f"{'-'.join(path)}-{'xa' if xa else 'nonxa'}-{rtt_ms:g}ms" / name
+            where = folder / f"{'-'.join(path)}-{'xa' if xa else 'nonxa'}-{rtt_ms:g}ms-{free_port()}" / name
             config = ROUTER.format(name=name, amqp=amqp, listener=listener, connector=connector)
             running.pids[name] = stack.enter_context(martinet_router(where, config, port=amqp)).pid
             logs[name] = where / "stderr.log"
@@ -170,6 +174,24 @@ class Bench:
                         base = self.results.get((name, durable, xa, self.args.rtt_list[0]))
                         ratio = f"{rate / base:5.2f} of {self.args.rtt_list[0]:g} ms" if base else ""
                         print(f"{label:52} {rate:>9,.0f} msgs/s {ratio:>14}   {detail}", flush=True)
+
+    def compression(self) -> None:
+        """One hop, XA, at the first round trip, with ``use-compression`` off and on (both
+        ends): rate and CPU. Meant for ``--mbit 10 --size 1024 --text``."""
+        rtt = self.args.rtt_list[0]
+        rates = {}
+        for compressed in (False, True):
+            extra = 'use-compression="true"' if compressed else ""
+            with network(self.folder, ("A", "B"), rtt, xa=True, args=self.args, extra=extra) as running:
+                for durable in self.args.durabilities:
+                    label = f"one hop, {kind(durable)}, XA, {rtt:g} ms, compression {'on' if compressed else 'off'}"
+                    rate, detail = self.measure(running, label, durable=durable)
+                    rates[(compressed, durable)] = rate
+                    print(f"{label:52} {rate:>9,.0f} msgs/s {'':>14}   {detail}", flush=True)
+        for durable in self.args.durabilities:
+            if rates.get((False, durable)):
+                ratio = rates[(True, durable)] / rates[(False, durable)]
+                print(f"ratio compression on / off, {kind(durable)}: {ratio:.2f}")
 
     def rabbitmq(self) -> None:
         """The shovel A → B, node B behind the proxy, persistent; a rate per round trip."""
@@ -230,7 +252,9 @@ def main(args: argparse.Namespace) -> None:
     args.rtt_list = [float(x) for x in args.rtts.split(",")]
     args.xa_modes = [{"xa": True, "nonxa": False}[m] for m in args.modes.split(",")]
     args.durabilities = [{"persistent": True, "non-persistent": False}[k] for k in args.kinds.split(",")]
-    sections = set(args.only.split(",")) if args.only else set(SECTIONS)
+    sections = set(args.only.split(",")) if args.only else set(SECTIONS) - {"compression"}
+    if args.text:
+        os.environ["LOADGEN_TEXT"] = "1"  # the load generator's text bodies (amqp_loadgen.c)
     with tempfile.TemporaryDirectory() as name:
         folder = Path(args.folder or name)
         bench = Bench(build_loadgen(folder), folder, args)
@@ -238,6 +262,7 @@ def main(args: argparse.Namespace) -> None:
             f"C sender on A to q@B, C receiver on B, {args.size}-byte messages; {args.messages:,} messages a round "
             f"({args.messages // 2:,} persistent); jitter ±{args.jitter_ms:g} ms; "
             f"cap {f'{args.mbit:g} Mbit/s' if args.mbit else 'none'}; link settings: {args.link or 'defaults'}; "
+            f"{'text' if args.text else 'one repeated byte'} bodies; "
             f"{os.cpu_count()} CPUs; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
             flush=True,
         )
@@ -245,6 +270,8 @@ def main(args: argparse.Namespace) -> None:
             bench.paths(("A", "B"), "one hop")
         if "two-hops" in sections:
             bench.paths(("A", "M", "B"), "two hops")
+        if "compression" in sections:
+            bench.compression()
         if "rabbitmq" in sections:
             try:
                 bench.rabbitmq()
@@ -274,4 +301,5 @@ if __name__ == "__main__":
     parser.add_argument("--link", default="", help="more attributes for both ends of every link")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a round may take")
     parser.add_argument("--folder", help="keep the routers' folders (configs, stores, logs) here")
+    parser.add_argument("--text", action="store_true", help="text-like bodies (64 different ones), not one byte")
     main(parser.parse_args())
