@@ -32,6 +32,7 @@ from proton.utils import BlockingConnection, LinkDetached
 
 from martinet.messaging import amqp
 from martinet.messaging.codec import Described, UInt, ULong, decode, encode
+from martinet.swiftlets.jms import listener
 
 from conftest import wait_until
 
@@ -455,3 +456,27 @@ async def test_durable_subscriptions_count_towards_the_queue_limits(amqp_broker)
     await broker.stop()
     await broker.start()  # nothing of the refused ones was stored
     assert sorted(broker.router.swiftlet("sys$topicmanager").durable_subscriptions()) == ["c1$s1", "c1$s2", "c2$t1"]
+
+
+async def test_a_connection_that_never_opens_is_closed_even_if_it_sends_empty_frames(amqp_broker, monkeypatch):
+    # Without authentication the AMQP header alone starts a connection; empty frames reset
+    # the idle timeout, so only a deadline counted once from the start ends it.
+    monkeypatch.setattr(listener, "OPEN_TIMEOUT", 1.0)
+    running = await amqp_broker()
+    client = RawClient(await trio.open_tcp_stream("127.0.0.1", running.port))
+    await client.send(amqp.AMQP_HEADER)
+    with trio.fail_after(10):
+        while not client.closed:
+            try:
+                await client.send(struct.pack(">IBBH", 8, 2, 0, 0))  # an empty frame: a heartbeat
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                break
+            with trio.move_on_after(0.2):
+                await client.until(lambda got: CLOSE in [code for _, code, _ in got])
+    assert client.codes() == [OPEN, CLOSE]  # our open, then the close saying why
+    assert client.error(CLOSE) == amqp.Error("amqp:resource-limit-exceeded", "no open within 1 s")
+    await client.aclose()
+    opened = await RawClient.connect(running.port, "patient")  # one that opens is served
+    await trio.sleep(1.5)
+    assert opened.codes() == [OPEN] and not opened.closed
+    await opened.aclose()

@@ -124,6 +124,10 @@ from martinet.swiftlets.topicmanager.api import (
 log = logging.getLogger(__name__)
 
 SASL_TIMEOUT = 30.0
+# Seconds from a connection's start to the client's open. Counted once, whatever arrives:
+# the idle timeout is reset by any frame, so a client that sends the protocol header and
+# then an empty frame now and then would otherwise hold a connection that never opens.
+OPEN_TIMEOUT = 30.0
 # Bytes a client connection reads (and so handles) in one step. A producer's 64 KiB are some
 # 400 transfers, 2-3 ms of work during which nothing else on the router runs: routing links
 # waiting for their answers among them (a one-hop transfer is bounded by its open
@@ -711,7 +715,10 @@ class AmqpConnection:
                 read_size=CLIENT_READ_SIZE,
             )
             self.wake = self._driver.wake  # type: ignore[method-assign]
-            await self._driver.run(remaining)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._open_deadline, self.engine)
+                await self._driver.run(remaining)
+                nursery.cancel_scope.cancel()
         except* SaslError as group:
             self.swiftlet.broken_input.warn(self.host, "connection (SASL)", group.exceptions[0])
         except* AuthenticationFailed as group:  # logged by the authentication swiftlet
@@ -728,6 +735,16 @@ class AmqpConnection:
                 with trio.move_on_after(1):
                     await self.stream.aclose()
             self._break_cycles()
+
+    async def _open_deadline(self, engine: amqp.Connection) -> None:
+        """Close the connection (amqp:resource-limit-exceeded) if the client has not opened
+        it :data:`OPEN_TIMEOUT` seconds after it started."""
+        await trio.sleep(OPEN_TIMEOUT)
+        if engine.state not in (amqp.ConnectionState.START, amqp.ConnectionState.HDR_EXCH):
+            return  # opened (or closing)
+        log.info("connection from %s closed: no open within %.0f s", self.host, OPEN_TIMEOUT)
+        engine.close(amqp.Error("amqp:resource-limit-exceeded", f"no open within {OPEN_TIMEOUT:.0f} s"))
+        self.wake()
 
     def _break_cycles(self) -> None:
         """The connection is over: drop the references that make it a cycle (the engine's
