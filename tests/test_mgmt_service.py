@@ -437,3 +437,42 @@ async def test_a_reply_goes_only_where_its_requester_may_send_and_never_creates_
     assert {name: set(manager.queues) for name, manager in managers.items()} == queues  # no queue created
     assert [managers[name].queue("orders").size for name in ("a", "b")] == [0, 0]
     assert managers["a"].queue(durable).size == 0
+
+
+class RawManager:
+    """A client of sys$mgmt on one connection, with its own temporary reply queue."""
+
+    def __init__(self, session, producer, consumer, reply_to):
+        self.session, self.producer, self.consumer, self.reply_to = session, producer, consumer, reply_to
+
+    async def request(self, **request) -> dict:
+        await self.producer.send(TextMessage(json.dumps(request), reply_to=self.reply_to))
+        return json.loads((await self.consumer.receive(timeout=10)).text)
+
+
+async def raw_manager(connection) -> RawManager:
+    session = await connection.session()
+    reply_to = await session.create_temporary_queue()
+    return RawManager(session, await session.producer(Queue("sys$mgmt")), await session.consumer(reply_to), reply_to)
+
+
+async def test_a_watch_is_its_owners_and_one_user_has_at_most_max_watches_per_user(network):
+    await start_line(network, "c", **{"sys$mgmt": MgmtConfig(max_watches_per_user=2)})
+    c = network.routers["c"].management
+    async with connect(network.url("c")) as first, connect(network.url("c")) as second:
+        owner, other = await raw_manager(first), await raw_manager(second)
+        watches = [(await owner.request(verb="watch", path="/"))["result"]["watch"] for _ in range(2)]
+        refused = await owner.request(verb="watch", path="/")
+        assert refused["status"] == 503
+        assert refused["error"].endswith("has max-watches-per-user 2 watches on router c already")
+        # the same anonymous user from the same address, but another connection: not its watch
+        for verb in ("unwatch", "watch"):
+            reply = await other.request(verb=verb, watch=watches[0])
+            assert reply["status"] == 403 and reply["error"].startswith(f"watch {watches[0]} is "), reply
+        assert c.get("/sys$mgmt/usage", "watches") == 2
+        assert (await owner.request(verb="unwatch", watch=watches[0]))["result"] == {
+            "watch": watches[0],
+            "ended": True,
+        }
+        await wait_until(lambda: c.get("/sys$mgmt/usage", "watches") == 1, what="unwatched")
+        assert (await other.request(verb="watch", path="/"))["status"] == 200  # room for one more of that user

@@ -42,6 +42,13 @@ class MgmtConfig:
         max=10_000,
         description="Watches (change subscriptions) served at once; beyond it a watch request is refused.",
     )
+    max_watches_per_user: int = prop(
+        10,
+        min=1,
+        max=10_000,
+        description="Watches one user (as the router where its requests enter names it, with the address "
+        "it connects from) may have at once, so that one client cannot take every watch.",
+    )
     watch_lease: int = prop(
         60,
         min=1,

@@ -270,6 +270,12 @@ class _Watch:
         return self.path == "/" or path == self.path or path.startswith(self.path + "/")
 
 
+def _watcher(identity: Identity) -> tuple[str, str, str]:
+    """Whom a watch counts against for ``max-watches-per-user``: user, address and router
+    (whatever reply-to they use)."""
+    return identity.user, identity.host, identity.router
+
+
 def _event(event: Event) -> dict[str, Any]:
     if isinstance(event, PropertyChanged):
         return {
@@ -587,6 +593,13 @@ class MgmtSwiftlet:
             raise Refused(
                 Status.UNAVAILABLE, f"router {self.router} serves max-watches {config.max_watches} watches already"
             )
+        who = _watcher(identity)
+        if sum(_watcher(watch.identity) == who for watch in self._watches.values()) >= config.max_watches_per_user:
+            raise Refused(
+                Status.UNAVAILABLE,
+                f"{identity} has max-watches-per-user {config.max_watches_per_user} watches on router "
+                f"{self.router} already",
+            )
         watch = _Watch(next(self._numbers), path, reply_to, correlation, identity, config.watch_lease)
         self._watches[watch.id] = watch
         self._watch_usage.add(
@@ -599,7 +612,9 @@ class MgmtSwiftlet:
         return {"watch": watch.id, "path": watch.path, "lease": config.watch_lease}
 
     def _own_watch(self, number: Any, identity: Identity) -> _Watch:
-        """Watch ``number``, if ``identity`` started it (nobody renews or ends another's).
+        """Watch ``number``, if ``identity`` started it (nobody renews or ends another's):
+        the same user from the same place, and the same reply-to, which its connection alone
+        reads (all of a host's anonymous clients are one user without authentication).
 
         Raises:
             Refused: no such watch (it ended), or another's.
