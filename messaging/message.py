@@ -36,6 +36,7 @@ annotation values that have no AMQP encoding; nothing else escapes these methods
 from __future__ import annotations
 
 import struct
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -177,6 +178,10 @@ def _unsigned(value: Any, largest: int, name: str) -> int:
         raise MessageFieldError(f"header field {name} is not an unsigned number up to {largest}: {value!r}"[:200])
     return value
 
+
+# What a message-id may be [3.2.11]; integers of any encoding pass (clients write ulongs
+# as they like), so does a symbol (a string).
+_MESSAGE_ID_TYPES = (int, str, bytes, uuid.UUID)
 
 _NO_HEADER = Header()
 _NO_PROPERTIES = Properties()
@@ -418,6 +423,11 @@ class Message:
                             f"properties field 8 (absolute-expiry-time) must be a timestamp, "
                             f"found {type(absolute).__name__} {absolute!r:.40}"
                         )
+        if message_id is not None and (type(message_id) is bool or not isinstance(message_id, _MESSAGE_ID_TYPES)):
+            raise MessageFieldError(
+                f"properties field 0 (message-id) must be a ulong, uuid, binary or string, "
+                f"found {type(message_id).__name__} {message_id!r:.40}"
+            )
         if absolute:
             if not isinstance(absolute, int) or isinstance(absolute, bool):
                 raise MessageFieldError(

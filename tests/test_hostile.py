@@ -373,6 +373,11 @@ MALFORMED = [  # (what, bytes, what the rejection must say)
         section(PROPERTIES, ["id", None, None, None, None, None, None, None, "soon"]) + BODY,
         "absolute-expiry-time\\) must be a timestamp",
     ),
+    # a message-id is a ulong, uuid, binary or string (AMQP 1.0 §3.2.11): duplicate
+    # detection keys on it
+    ("a message-id that is a list", section(PROPERTIES, [[1, 2]]) + BODY, "message-id\\) must be a ulong, uuid"),
+    ("a message-id that is a map", section(PROPERTIES, [{"a": 1}]) + BODY, "message-id\\) must be .* found dict"),
+    ("a message-id that is a boolean", section(PROPERTIES, [True]) + BODY, "message-id\\) must be .* found bool"),
 ]
 
 
