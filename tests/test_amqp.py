@@ -13,7 +13,7 @@ from proton.handlers import MessagingHandler
 from proton.reactor import Selector
 from proton.utils import BlockingConnection, LinkDetached, SendException
 
-from martinet.kernel import Router
+from martinet.kernel import ManagementError, Router
 
 from conftest import amqp_router_xml as router_xml
 from conftest import wait_until
@@ -828,3 +828,28 @@ async def test_a_missing_tls_certificate_fails_the_start(tmp_path):
         SwiftletFailed, match="sys\\$jms failed to start: .*cannot load the TLS certificate '/nope/cert.pem'"
     ):
         await Router.from_file(path).run()
+
+
+async def test_a_listener_added_at_runtime_accepts_clients_and_one_removed_stops(broker):
+    running = await broker()
+    tree = running.router.management
+    tree.add("/sys$jms/listeners", "extra", {"port": "0", "bind-address": "127.0.0.1"})
+    port = tree.get("/sys$jms/usage/listeners/extra", "port")
+    url = f"amqp://127.0.0.1:{port}"
+    await in_thread(send, url, "added", ["through the new listener"])
+    assert [body for body, _ in await in_thread(receive, running.url, "added", 1)] == ["through the new listener"]
+    # a port in use is refused when the listener is added, with the reason
+    with pytest.raises(ManagementError, match=f"AMQP listener clash: cannot listen on 127.0.0.1:{port}: "):
+        tree.add("/sys$jms/listeners", "clash", {"port": str(port), "bind-address": "127.0.0.1"})
+    assert set(tree.entity_list("/sys$jms/listeners").entities) == {"amqp", "extra"}
+    tree.remove("/sys$jms/listeners", "extra")
+    await wait_until(lambda: not _accepts(port), what="the removed listener's port closed")
+    await in_thread(send, running.url, "added", ["the first listener goes on"])
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import logging
 import ssl
-from typing import Any, TypeAlias
+from typing import Any
 
 import trio
 
@@ -28,10 +28,12 @@ from martinet.messaging.amqp.sasl import Credentials, SaslError, SaslServer
 from martinet.messaging.amqp.sasl import State as SaslState
 from martinet.messaging.amqp.wire import AMQP_HEADER
 from martinet.messaging.like import like_pattern
+from martinet.messaging.listening import Accepted, listen, port_of
 from martinet.swiftlets.authentication.api import Authentication, Principal
 from martinet.swiftlets.queuemanager.api import QueueManager
 from martinet.swiftlets.topicmanager.api import TopicManager
 
+from .config import ListenerConfig
 from .listener import AmqpConnection, BrokenInputLog, refusal
 
 __all__ = ["JmsSwiftlet"]
@@ -39,7 +41,6 @@ __all__ = ["JmsSwiftlet"]
 log = logging.getLogger(__name__)
 
 # What a listener accepts: a TCP connection, with TLS on top when the listener has a certificate.
-_Accepted: TypeAlias = "trio.SocketStream | trio.SSLStream[trio.SocketStream]"
 
 
 class JmsSwiftlet:
@@ -54,6 +55,7 @@ class JmsSwiftlet:
         self._nursery: trio.Nursery | None = None
         self._usage: UsageList | None = None
         self._listeners: dict[str, dict[str, Any]] = {}
+        self._serving: dict[str, trio.CancelScope] = {}  # listener name → the scope that serves it
         self.client_ids: dict[str, list[AmqpConnection]] = {}  # client id → the connections using it
         self._connections: UsageList | None = None
         self._connection_ids = itertools.count(1)
@@ -102,8 +104,8 @@ class JmsSwiftlet:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for entity in self.context.entity.entity_list("listeners").entities.values():
-                await nursery.start(self._serve, entity)
-            self.context.entity.entity_list("listeners").bind(None, self._listener_removed)
+                self._start(entity, self._bind(entity.config))  # a failure here stops the start
+            self.context.entity.entity_list("listeners").bind(self._listener_added, self._listener_removed)
             nursery.start_soon(self._collect_forever)
             task_status.started()
 
@@ -114,8 +116,49 @@ class JmsSwiftlet:
             for connection in self._live:
                 connection.sample_rates()
 
+    def _listener_added(self, entity: Entity) -> None:
+        """Bind a listener added at runtime now, so that an add with a port in use or a
+        certificate that does not load is refused with the reason."""
+        if entity.name in self._serving:  # bound at start, before the list was bound
+            return
+        try:
+            listeners = self._bind(entity.config)
+        except (OSError, ssl.SSLError) as exc:
+            raise Veto(str(exc)) from None
+        self._start(entity, listeners)
+
     def _listener_removed(self, entity: Entity) -> None:
-        raise Veto("listeners change at the next start (reboot)")
+        """Stop accepting on the listener; its connections go on until they end."""
+        scope = self._serving.pop(entity.name, None)
+        if scope is not None:
+            scope.cancel()
+            self._listeners.pop(entity.name, None)
+            if self._usage is not None:
+                self._usage.remove(entity.name)
+
+    @staticmethod
+    def _bind(config: ListenerConfig) -> list[trio.abc.Listener[Accepted]]:
+        """Raises: OSError or ssl.SSLError, with the listener named."""
+        where = f"AMQP listener {config.name}"
+        return listen(where, config.bind_address, config.port, certificate=config.tls_certificate, key=config.tls_key)
+
+    def _start(self, entity: Entity, listeners: list[trio.abc.Listener[Accepted]]) -> None:
+        """Show the bound ``listeners`` of ``entity`` in usage and serve them in the
+        swiftlet's nursery until the listener is removed."""
+        config = entity.config
+        port = port_of(listeners)
+        state = self._listeners[config.name] = {"port": port, "connections": 0, "accepted": 0, "refused": 0}
+        assert self._usage is not None and self._nursery is not None
+        self._usage.add(config.name, lambda: dict(state))
+        log.info(
+            "AMQP listener %s on %s:%d%s",
+            config.name,
+            config.bind_address,
+            port,
+            " (TLS)" if config.tls_certificate else "",
+        )
+        scope = self._serving[entity.name] = trio.CancelScope()
+        self._nursery.start_soon(self._serve, entity, listeners, state, scope)
 
     async def _refuse(self, stream: trio.abc.Stream, condition: str, description: str) -> None:
         """Close a refused connection with an AMQP close carrying ``condition`` [2.4.1]: a
@@ -144,35 +187,16 @@ class JmsSwiftlet:
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
 
-    async def _serve(self, entity: Entity, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _serve(
+        self,
+        entity: Entity,
+        listeners: list[trio.abc.Listener[Accepted]],
+        state: dict[str, Any],
+        scope: trio.CancelScope,
+    ) -> None:
         config = entity.config
-        tcp = await trio.open_tcp_listeners(config.port, host=config.bind_address)
-        port = tcp[0].socket.getsockname()[1]
-        listeners: list[trio.abc.Listener[_Accepted]] = list(tcp)
-        if config.tls_certificate:
-            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            try:
-                tls.load_cert_chain(config.tls_certificate, config.tls_key or None)
-            except (OSError, ssl.SSLError) as exc:
-                for listener in tcp:
-                    await listener.aclose()
-                raise RuntimeError(
-                    f"listener {config.name}: cannot load the TLS certificate "
-                    f"{config.tls_certificate!r} / key {config.tls_key!r}: {exc}"
-                ) from None
-            listeners = [trio.SSLListener(listener, tls) for listener in tcp]
-        state = self._listeners[config.name] = {"port": port, "connections": 0, "accepted": 0, "refused": 0}
-        assert self._usage is not None
-        self._usage.add(config.name, lambda: dict(state))
-        log.info(
-            "AMQP listener %s on %s:%d%s",
-            config.name,
-            config.bind_address,
-            port,
-            " (TLS)" if config.tls_certificate else "",
-        )
 
-        async def handle(stream: _Accepted) -> None:
+        async def handle(stream: Accepted) -> None:
             live = entity.config
             try:
                 socket_stream = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
@@ -215,5 +239,5 @@ class JmsSwiftlet:
                 self._live.discard(connection)
                 self._connections.remove(name)
 
-        task_status.started()
-        await trio.serve_listeners(handle, listeners)
+        with scope:  # (serve_listeners closes the listeners when it ends; the connections go on)
+            await trio.serve_listeners(handle, listeners, handler_nursery=self._nursery)

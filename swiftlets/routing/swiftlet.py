@@ -44,15 +44,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import socket
 import ssl
 import time
-from typing import Any, TypeAlias
+from typing import Any
 
 import trio
 
 from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
 from martinet.messaging.like import like_pattern
+from martinet.messaging.listening import Accepted, listen, port_of
 from martinet.swiftlets.queuemanager.api import QueueError, QueueManager
 from martinet.swiftlets.xa.api import XAResourceManager
 
@@ -70,7 +70,7 @@ __all__ = ["RoutingSwiftlet"]
 log = logging.getLogger(__name__)
 
 # What a listener accepts: a TCP connection, with TLS on top when the listener has a certificate.
-_Accepted: TypeAlias = "trio.SocketStream | trio.SSLStream[trio.SocketStream]"
+_Accepted = Accepted
 
 BACKOFF_START = 2.0  # seconds: the first delay of an exponential retry policy (Qpid's)
 
@@ -479,35 +479,12 @@ class RoutingSwiftlet:
 
         Raises: OSError (e.g. the port is in use) or ssl.SSLError, with the listener named."""
         where = f"routing listener {config.name}"
-        try:
-            tls = None
-            if config.tls_certificate:
-                tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-                tls.load_cert_chain(config.tls_certificate, config.tls_key or None)
-        except (OSError, ssl.SSLError) as exc:
-            raise type(exc)(
-                f"{where}: cannot load the TLS certificate {config.tls_certificate!r} / key {config.tls_key!r}: {exc}"
-            ) from None
-        sock = socket.socket(socket.AF_INET6 if ":" in config.bindaddress else socket.AF_INET)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((config.bindaddress, config.port))
-            sock.listen()
-        except OSError as exc:
-            sock.close()
-            raise OSError(
-                f"{where}: cannot listen on {config.bindaddress}:{config.port}: {exc.strerror or exc}"
-            ) from None
-        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-        return [trio.SSLListener(listener, tls) if tls else listener]
+        return listen(where, config.bindaddress, config.port, certificate=config.tls_certificate, key=config.tls_key)
 
     def _start_listener(self, entity: Entity, listeners: list[trio.abc.Listener[_Accepted]]) -> None:
         """Show the bound listener in usage and start accepting on it."""
         config: ListenerConfig = entity.config
-        first = listeners[0]
-        plain = first.transport_listener if isinstance(first, trio.SSLListener) else first
-        assert isinstance(plain, trio.SocketListener)  # _bind listens on a socket (with TLS on top or not)
-        port = plain.socket.getsockname()[1]
+        port = port_of(listeners)
         counts = {"port": port, "links": 0, "accepted": 0, "refused": 0}
         self._usage_listeners.add(config.name, lambda: dict(counts))
         self._listeners[config.name] = scope = trio.CancelScope()
