@@ -37,6 +37,11 @@ def test_default_router_starts_and_stops_cleanly_on_signal(run_router, signum):
     assert f"router router1 stopping: {signal.Signals(signum).name} received" in text
     assert "INFO    [router1] kernel.router: swiftlet sys$log stopped" in text
     assert text.rstrip().endswith("router router1 stopped")
+    # the default's management is open to loopback clients, and the log says so
+    assert (
+        "WARNING [router1] swiftlets.mgmt.service: management requests served on sys$mgmt without authentication: "
+        "any client connected from a loopback address may manage this router, halt included"
+    ) in text
 
 
 def test_log_level_option(run_router, tmp_path):

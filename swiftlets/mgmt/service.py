@@ -349,7 +349,15 @@ class MgmtSwiftlet:
                 if self._routing is not None:
                     await nursery.start(self._follow_destinations)
                 consumer.set_credit(CONCURRENCY)
-                log.info("management requests served on %s", MANAGEMENT_QUEUE)
+                if self._authentication():
+                    log.info("management requests served on %s", MANAGEMENT_QUEUE)
+                else:  # the packaged default: convenient on one machine, and worth saying
+                    log.warning(
+                        "management requests served on %s without authentication: any client connected from a "
+                        "loopback address may manage this router, halt included (turn sys$authentication's "
+                        "authentication-enabled on, or take sys$mgmt out of startorder)",
+                        MANAGEMENT_QUEUE,
+                    )
                 task_status.started()
                 while True:
                     entry = await consumer.receive()
