@@ -167,18 +167,18 @@ async def test_unknown_users_go_through_the_same_compare(amqp_broker):
     assert calls.iterations == [2000]
 
 
-async def test_failed_logins_are_throttled_per_address_and_reset_by_a_success(amqp_broker):
+async def test_refusals_from_an_address_are_answered_later_and_later(amqp_broker):
     broker = await amqp_broker(auth="true")
     auth = broker.router.swiftlet("sys$authentication")
     delays = []
-    for _ in range(8):
+    for n in range(8):  # a user each: the per-user turns do not wait here
         with pytest.raises(AuthenticationFailed):
-            await auth.login("app", "wrong", "10.1.1.1")
+            await auth.login(f"user{n}", "wrong", "10.1.1.1")
         delays.append(auth.refusal_delay("10.1.1.1"))
     assert delays == [0.0, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 4.0]  # doubling, capped
     assert auth.refusal_delay("10.1.1.2") == 0.0  # per address
     await auth.login("app", "s3cret", "10.1.1.1")
-    assert auth.refusal_delay("10.1.1.1") == 0.0
+    assert auth.refusal_delay("10.1.1.1") == 4.0  # a success does not reset the address
     # Live: refusals from 127.0.0.1 still arrive as SASL outcomes (after the delay).
     for _ in range(3):
         with pytest.raises(SaslRefused):
@@ -218,14 +218,14 @@ async def test_refusals_are_logged_once_per_address_and_interval(nursery, write_
     await nursery.start(router.run)
     auth = router.swiftlet("sys$authentication")
     with caplog.at_level(logging.WARNING, logger="martinet.swiftlets.authentication"):
-        for _ in range(50):
+        for n in range(50):  # a user name each (a spray): no user's turn holds the loop back
             with pytest.raises(AuthenticationFailed):
-                await auth.login("u", "wrong", "10.3.3.3")
+                await auth.login(f"user{n}", "wrong", "10.3.3.3")
         assert len(caplog.records) == 1  # the first, with its details
         await trio.sleep(service.LOG_INTERVAL + 1)  # the swiftlet's periodic summary (MockClock)
     assert [r.getMessage() for r in caplog.records] == [
-        "login refused from 10.3.3.3: wrong password for user 'u'",
-        "49 more login(s) refused from 10.3.3.3 in the last 60 s (last: wrong password for user 'u')",
+        "login refused from 10.3.3.3: unknown user 'user0'",
+        "49 more login(s) refused from 10.3.3.3 in the last 60 s (last: unknown user 'user49')",
     ]
     # Access denials too: a client attaching in a loop to what it may not use (200 refused
     # attaches wrote 200 WARNING lines) gets its first logged, the rest counted, per address.
@@ -369,3 +369,46 @@ async def test_no_password_leaves_the_router_through_sys_mgmt_its_log_or_sys_web
     assert answers[4]["old"] == answers[4]["new"] == "********"
     assert "********" in json.dumps(answers[6:8])  # the watch notices: the change and the addition
     assert await sasl_login(int(network.url("a").rsplit(":", 1)[1]), "guest", "new-guest-pw")  # set for real
+
+
+async def test_guesses_of_one_user_queue_behind_each_other_across_connections(nursery, write_config, autojump_clock):
+    """20 logins at once (as from 20 connections) for one user from one address: each
+    check waits its turn after the failures before it; another account's success from the
+    same address does not reset the turns; the user's own success does."""
+    from martinet.kernel import Router
+
+    router = Router.from_file(
+        write_config(
+            '<router name="r1" startorder="sys$authentication"><swiftlet name="sys$authentication" '
+            'authentication-enabled="true"><users><user name="u" password="p"/><user name="v" password="q"/>'
+            "</users></swiftlet></router>"
+        )
+    )
+    await nursery.start(router.run)
+    auth = router.swiftlet("sys$authentication")
+    start = trio.current_time()
+    refused_at: list[float] = []
+
+    async def guess() -> None:
+        with pytest.raises(AuthenticationFailed):
+            await auth.login("u", "wrong", "10.3.3.3")
+        refused_at.append(trio.current_time() - start)
+
+    async with trio.open_nursery() as guesses:
+        for _ in range(6):
+            guesses.start_soon(guess)
+    # the first two are checked at once (no failure before them yet); then one turn after
+    # another, each a delay longer
+    gaps = [round(b - a, 3) for a, b in zip(sorted(refused_at), sorted(refused_at)[1:], strict=False)]
+    assert gaps[1:] == [0.1, 0.2, 0.4, 0.8], refused_at
+    await auth.login("v", "q", "10.3.3.3")  # another account: u's turns stay
+    before = trio.current_time()
+    with pytest.raises(AuthenticationFailed):
+        await auth.login("u", "wrong", "10.3.3.3")
+    assert trio.current_time() - before >= 1.6
+    await auth.login("u", "p", "10.3.3.3")  # after its turn; and then u starts afresh
+    before = trio.current_time()
+    with pytest.raises(AuthenticationFailed):
+        await auth.login("u", "wrong", "10.3.3.3")
+    assert trio.current_time() - before < 0.05
+    router.request_stop()

@@ -35,11 +35,17 @@ the same hash, so the time a refusal takes does not tell whether the user exists
 iteration counts are the only difference left between users: give all the same). Hashes are checked in worker
 threads, at most :data:`HASH_CHECK_THREADS` at once, never on the event loop.
 
-Failed logins, per source address:
+Failed logins:
 
-- *Throttled*: the refusal is sent after a delay (:meth:`Authentication.refusal_delay`)
-  that doubles with each failure from :data:`FIRST_DELAY` up to :data:`MAX_DELAY`; a
-  success from the address or :data:`QUIET_PERIOD` without failures resets it.
+- *Throttled per address and user, across connections*: the checks of one user's logins
+  from one address take turns, one at a time, and after a failure the next waits a delay
+  that doubles with each failure from :data:`FIRST_DELAY` up to :data:`MAX_DELAY`, so
+  parallel connections queue behind one another instead of guessing side by side. Only a success of
+  that user from that address, or :data:`QUIET_PERIOD` without failures, resets it; another
+  account's success does not.
+- *Answered late, per address*: the refusal is sent after a delay
+  (:meth:`Authentication.refusal_delay`) that grows the same way with the address's
+  failures (any user), reset only by :data:`QUIET_PERIOD` without failures.
 - *Logged aggregated*: the first refusal from an address is logged (WARNING) with its
   details; further ones within :data:`LOG_INTERVAL` are counted and logged as one WARNING
   per address at the end of the interval.
@@ -50,9 +56,10 @@ attaching in a loop to what it may not use would otherwise write a line per atte
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, NoReturn
 
 import attrs
@@ -144,6 +151,12 @@ class Principal:
             self._auth._denied(self, f"{action} on topic {topic!r}")
 
 
+def _delay(failures: int) -> float:
+    """The delay after ``failures`` failures in a row: 0 for the first, then doubling from
+    FIRST_DELAY up to MAX_DELAY."""
+    return 0.0 if failures <= 1 else min(FIRST_DELAY * 2 ** (failures - 2), MAX_DELAY)
+
+
 class Authentication:
     """``sys$authentication``; what ``context.lookup("sys$authentication", Authentication)``
     returns (it provides the protocol :class:`.api.Authentication`)."""
@@ -152,6 +165,9 @@ class Authentication:
         self.context = context
         self.logins = self.refused_logins = self.denials = 0
         self._failures: dict[str, tuple[int, float]] = {}  # host → (failures in a row, time of the last)
+        # (host, user) → (failures in a row, time of the last); its checks, one at a time
+        self._attempts: dict[tuple[str, str], tuple[int, float]] = {}
+        self._turns: dict[tuple[str, str], trio.Lock] = {}
         # (what, host) → [events not logged yet, last detail]; what: LOGIN_REFUSED or ACCESS_DENIED
         self._unlogged: dict[tuple[str, str], list[Any]] = {}
         self._hash_checks = trio.CapacityLimiter(HASH_CHECK_THREADS)
@@ -160,14 +176,30 @@ class Authentication:
         """Seconds to wait before answering a refused login from ``host`` (0 for its first
         failure; doubling from FIRST_DELAY up to MAX_DELAY after that)."""
         count, _last = self._failures.get(host, (0, 0.0))
-        return 0.0 if count <= 1 else min(FIRST_DELAY * 2 ** (count - 2), MAX_DELAY)
+        return _delay(count)
 
-    def _failed(self, host: str) -> None:
+    def _failed(self, host: str, user: str) -> None:
         now = trio.current_time()
         count, last = self._failures.get(host, (0, now))
-        if now - last >= QUIET_PERIOD:
-            count = 0
-        self._failures[host] = (count + 1, now)
+        self._failures[host] = (0 if now - last >= QUIET_PERIOD else count) + 1, now
+        count, last = self._attempts.get((host, user), (0, now))
+        self._attempts[host, user] = (0 if now - last >= QUIET_PERIOD else count) + 1, now
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, host: str, user: str) -> AsyncIterator[None]:
+        """The check of a login of ``user`` from ``host``, one at a time across connections,
+        each after the delay the failures before it earned."""
+        key = (host, user)
+        turn = self._turns.setdefault(key, trio.Lock())
+        try:
+            async with turn:
+                count, last = self._attempts.get(key, (0, 0.0))
+                if count and trio.current_time() - last < QUIET_PERIOD:
+                    await trio.sleep_until(last + _delay(count))
+                yield
+        finally:
+            if not turn.locked() and not turn.statistics().tasks_waiting and self._turns.get(key) is turn:
+                del self._turns[key]
 
     def flush_log(self) -> None:
         """Log the refusals counted since the last flush (one line per address) and forget
@@ -187,6 +219,9 @@ class Authentication:
         for host, (_count, last) in list(self._failures.items()):
             if now - last >= QUIET_PERIOD:
                 del self._failures[host]
+        for key, (_count, last) in list(self._attempts.items()):
+            if now - last >= QUIET_PERIOD:
+                del self._attempts[key]
 
     @property
     def enabled(self) -> bool:
@@ -225,14 +260,15 @@ class Authentication:
         # The same compare whether the user exists or not (see the module docstring).
         dummy = self._dummy(users)
         stored = config.password if config is not None and config.password else dummy
-        matches = await self._verify(stored, password or "", dummy)
-        if config is None:
-            self._refuse(f"unknown user {user!r}", user, host, "invalid user name or password")
-        if not config.password:
-            self._refuse(f"user {user!r} has no password configured", user, host, "invalid user name or password")
-        if not matches:
-            self._refuse(f"wrong password for user {user!r}", user, host, "invalid user name or password")
-        self._failures.pop(host, None)
+        async with self._turn(host, user):  # (a failure is counted before the next check's turn)
+            matches = await self._verify(stored, password or "", dummy)
+            if config is None:
+                self._refuse(f"unknown user {user!r}", user, host, "invalid user name or password")
+            if not config.password:
+                self._refuse(f"user {user!r} has no password configured", user, host, "invalid user name or password")
+            if not matches:
+                self._refuse(f"wrong password for user {user!r}", user, host, "invalid user name or password")
+            self._attempts.pop((host, user), None)  # this user from this address only
         self.logins += 1
         log.info("user %s logged in from %s", user, host)
         return Principal(user, host, config.group, True, self)
@@ -264,7 +300,7 @@ class Authentication:
 
     def _refuse(self, detail: str, user: str | None, host: str, reason: str) -> NoReturn:
         self.refused_logins += 1
-        self._failed(host)
+        self._failed(host, user or "")
         self._log(LOGIN_REFUSED, host, detail)
         raise AuthenticationFailed(reason, f"login of {user or 'anonymous'} from {host} refused: {detail}")
 
