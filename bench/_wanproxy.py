@@ -98,7 +98,7 @@ async def serve(client: trio.SocketStream, target: int, args: argparse.Namespace
                 line = OneWay(args.delay_ms / 1000, args.jitter_ms / 1000, rate, rng)
                 nursery.start_soon(line.read, source)
                 nursery.start_soon(line.write, sink)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+    except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass  # one side went away: the connection ends, as a real link's would
 
 

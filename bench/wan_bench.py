@@ -218,7 +218,7 @@ class Bench:
                             f' "src-queue": "{queue}", "dest-protocol": "amqp091",'
                             f' "dest-uri": "{uri.format(proxy)}", "dest-queue": "{queue}", "ack-mode": "on-confirm"}}',
                         )
-                        deadline = time.monotonic() + 60
+                        deadline = time.monotonic() + 180  # (it retries a failed start after its reconnect delay)
                         while "running" not in node_a.ctl("shovel_status"):
                             if time.monotonic() > deadline:
                                 raise RuntimeError(f"the shovel is not running: {node_a.ctl('shovel_status')}")
