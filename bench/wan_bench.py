@@ -52,18 +52,9 @@ from _loadgen import (
     stop_epmd,
     wait_for_port,
 )
+from routing_bench import ROUTER  # the same routers, linked through the proxy
 
 HERE = Path(__file__).resolve().parent
-ROUTER = """<router name="{name}" startorder="sys$log sys$store sys$queuemanager sys$xa sys$jms sys$routing">
-  <swiftlet name="sys$log" level="INFO"/>
-  <swiftlet name="sys$store" path="store" sync="full"/>
-  <swiftlet name="sys$jms"><listeners><listener name="amqp" port="{amqp}" bind-address="127.0.0.1"/></listeners>
-  </swiftlet>
-  <swiftlet name="sys$routing">
-    <listeners>{listener}</listeners>
-    <connectors>{connector}</connectors>
-  </swiftlet>
-</router>"""
 LINK = 'password="bench" use-xa="{xa}" {extra}'
 LISTENER = '<listener name="routing" port="{port}" bindaddress="127.0.0.1" ' + LINK + "/>"
 CONNECTOR = '<connector name="{target}" hostname="127.0.0.1" port="{port}" retry-time="1000" ' + LINK + "/>"

@@ -324,3 +324,29 @@ async def test_amqp_clients_get_swapped_out_messages_in_order_intact(amqp_broker
     await wait_until(lambda: running.connections() == 0)
     figures = running.usage("big")
     assert (figures["messages"], figures["cached"], figures["swapped"]) == (0, 0, 0)
+
+
+async def test_entries_held_in_transactions_leave_the_cache_to_the_backlog(make_broker):
+    """A routing link holds its window's messages in transactions across a round trip:
+    those (in memory, never swapped out) must not push every new arrival out of the cache
+    to be read back at once; the cache counts the entries waiting or delivered."""
+    running = make_broker(queues='<queue name="rt" cache-size="10"/>')
+    await running.start()
+    queue_manager = running.queue_manager
+    for n in range(30):
+        await queue_manager.send("rt", msg(n, size=200))
+    queue = queue_manager.queue("rt")
+    consumer = queue.consumer()
+    consumer.flow(30)
+    transaction = queue_manager.transaction()
+    with trio.fail_after(10):
+        for _ in range(30):  # (the swapped-out ones read back on the way)
+            transaction.acknowledge(consumer, await consumer.receive())  # held, as a link's window
+    for n in range(30, 40):  # ten arrive while the thirty are held: they fit the cache
+        await queue_manager.send("rt", msg(n, size=200))
+    assert (usage(running, "rt")["swapped"], usage(running, "rt")["messages"]) == (0, 40)
+    for n in range(40, 45):  # past the cache: the backlog's own entries go out
+        await queue_manager.send("rt", msg(n, size=200))
+    assert usage(running, "rt")["swapped"] == 5
+    await transaction.commit()
+    assert usage(running, "rt")["messages"] == 15

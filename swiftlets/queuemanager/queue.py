@@ -364,12 +364,19 @@ class Queue:
     # -- bodies beyond the cache ----------------------------------------------------------------
 
     def over_cache(self) -> bool:
-        """The queue keeps more message bytes in memory than ``cache-size`` /
-        ``cache-size-bytes-kb`` allow (counting every entry not swapped out)."""
+        """The queue keeps more messages in memory than ``cache-size`` allows (counting its
+        :attr:`backlog`'s entries not swapped out: those held in transactions cannot be
+        swapped out, and a routing link's window holds thousands across a long round trip,
+        which would push every new entry out to be read back at once), or more bytes than
+        ``cache-size-bytes-kb`` (every entry not swapped out)."""
         settings = self.settings
         limit, limit_kb = settings.cache_size, settings.cache_size_bytes_kb
+        in_memory = self.size - self.swapped
         return (
-            0 <= limit < self.size - self.swapped or 0 <= limit_kb and limit_kb * 1024 < self.bytes - self.swapped_bytes
+            0 <= limit < in_memory
+            and limit < self.backlog - self.swapped
+            or 0 <= limit_kb
+            and limit_kb * 1024 < self.bytes - self.swapped_bytes
         )
 
     def swap_out(self, entry: Entry) -> None:
@@ -481,7 +488,7 @@ class Queue:
         """The swapped-out entries among the first in delivery order that fit in the cache
         besides what is in memory already (a restarted queue reads these back)."""
         settings = self.settings
-        room = None if settings.cache_size < 0 else settings.cache_size - (self.size - self.swapped)
+        room = None if settings.cache_size < 0 else settings.cache_size - (self.backlog - self.swapped)
         room_bytes = (
             None
             if settings.cache_size_bytes_kb < 0

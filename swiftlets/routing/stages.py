@@ -50,12 +50,13 @@ the frame types received and the owner's decisions (:class:`Decision`).
   ends when both sides sent RECOVERY_DONE, which each sends once every COMMIT it sent was
   answered. Guarded by ``recovery_timeout``.
 - **Transfer** (delivery): per transaction phases are data too (:data:`OUTBOUND_PHASES`,
-  :data:`INBOUND_PHASES`, one table per direction: phase × input → next phase, None =
-  over). The machine checks every xid and sequence number the peer names, the peer's
-  window and transaction size, and the owner's; it never delays anything (inbound flow
-  control is the owner answering later). The window counts transactions awaiting their
-  prepare (a slot is freed at the prepare, so the link stays busy while commits are in
-  flight); at most twice the window are open in any phase.
+  :data:`INBOUND_PHASES` in :mod:`.window`, one table and one :class:`~.window.Ledger`
+  per direction). The machine checks every xid and sequence number the peer names, the
+  window bounds and transaction size, the peer's and the owner's; it never delays
+  anything (inbound flow control is the owner answering later). The window counts
+  transactions awaiting their prepare (room is freed at the prepare, so the link stays
+  busy while commits are in flight); its size is the owner's (:meth:`set_send_window`),
+  within the receiver's ``window_bytes`` awaiting and three times that open.
 
 Misuse by the owner (``admit()`` outside admission, ``send_route`` before delivery, a
 transaction beyond the window, an xid in the wrong phase) raises

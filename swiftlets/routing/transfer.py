@@ -502,7 +502,10 @@ class Transfer:
         machine = link.machine
         if machine.state is not State.OPERATIONAL or link.operational is None:
             return 0
-        ahead = machine.send_window if machine.use_xa else 0
+        # one start window ahead, not one of the grown window: what is prepared ahead is held
+        # in rt$R's transactions, and a window grown to thousands of messages would hold
+        # that many more (past rt$R's cache, swapped out and read back)
+        ahead = link.operational.peer_window_size if machine.use_xa else 0
         return machine.window_available + ahead - self._link(link).reserved
 
     def _send_ready(self, link: Link, state: _LinkTransfer) -> None:
