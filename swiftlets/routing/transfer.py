@@ -218,6 +218,12 @@ class _LinkTransfer:
     sent_at: dict[str | int, float] = attrs.Factory(dict)  # key → when sent, while it awaits its answer
     full_at: float = -math.inf  # when a send last found the window full (the sender had more than it allowed)
 
+    def sent(self, key: str | int, window_available: int) -> None:
+        """Our transaction ``key`` went out; ``window_available``: the room left after it."""
+        self.sent_at[key] = now = trio.current_time()
+        if not window_available:
+            self.full_at = now
+
     def sample_rates(self, now: float) -> None:
         at, sent, received = self.rate_mark
         if now > at:
@@ -519,9 +525,7 @@ class Transfer:
                 xid, transaction, messages = state.ready.popleft()
                 state.reserved -= 1
                 if not gone and link.machine.send_transaction(xid, messages):
-                    state.sent_at[xid] = trio.current_time()
-                    if not link.machine.window_available:
-                        state.full_at = trio.current_time()
+                    state.sent(xid, link.machine.window_available)
                     self._outbound[xid] = transaction
                     state.messages_out += len(messages)
                     link.wake()
@@ -626,9 +630,7 @@ class Transfer:
             ]
             seq, state.next_seq = state.next_seq, state.next_seq + 1
             if link.machine.send_nonxa(seq, doubt):
-                state.sent_at[seq] = trio.current_time()
-                if not link.machine.window_available:
-                    state.full_at = trio.current_time()
+                state.sent(seq, link.machine.window_available)
                 state.nonxa_out[seq] = transaction
                 state.messages_out += len(entries)
                 link.wake()
