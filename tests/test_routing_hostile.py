@@ -35,6 +35,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from martinet.swiftlets.routing.exchange import MAX_PATH
+from martinet.swiftlets.routing.links import HandshakeThrottle
 from martinet.swiftlets.routing.stages import (
     Closed,
     LinkMachine,
@@ -615,3 +616,56 @@ async def test_announcements_after_a_bad_one_on_the_same_read_are_not_applied(hu
         assert closed is not None and "bad route announcement" in closed.reason, closed
     await hub.check("a bad announcement and a good one")
     assert "route to vafter" not in hub.caplog.text
+
+
+# -- guessing and floods of refused handshakes ---------------------------------------------------
+
+
+async def wrong_password(hub: Hub) -> Closed | None:
+    """A whole handshake with the wrong password; how the hub ended it."""
+    async with await trio.open_tcp_stream("127.0.0.1", hub.port) as stream:
+        guesser = Mallory(hub, stream, next(hub.names))
+        guesser.machine = LinkMachine(
+            Role.CONNECTOR,
+            guesser.name,
+            "wrong",
+            LinkSettings(keepalive_interval=0, stage_valid_timeout=30),
+            now=trio.current_time(),
+        )
+        with pytest.raises(AssertionError, match="authentication failed"):
+            await guesser.pump(lambda event: isinstance(event, Operational), "a guess", timeout=30)
+    # the hub's side of the link ends after its reject-disconnect-delay (or our close)
+    links = hub.network.routers["hub"].swiftlet("sys$routing")._listener_links
+    with trio.fail_after(10):
+        while any(link.operational is None for each in links.values() for link in each):
+            await trio.sleep(0.01)
+    return guesser.closed
+
+
+@pytest.mark.parametrize("hub", [PASSWORD], indirect=True, ids=["password"])
+async def test_password_guesses_are_throttled_per_address_and_logged_aggregated(hub, monkeypatch):
+    """Wrong passwords: each guess from an address waits a delay that doubles with the
+    failures before it (so 400 guesses cannot take 0.4 s), a connection beyond four
+    handshakes under way from the address is closed at once, and the WARNING line per guess
+    stops after ten a minute (counted instead); a handshake that succeeds clears the address."""
+    monkeypatch.setattr(HandshakeThrottle, "MAX_DELAY", 0.4)  # (4 s in earnest)
+    throttle = hub.network.routers["hub"].swiftlet("sys$routing")._handshakes
+    delays = []
+    for _ in range(12):
+        await wrong_password(hub)
+        delays.append(throttle.delay("127.0.0.1", trio.current_time()))
+    assert delays == [0.1, 0.2] + [0.4] * 10
+    assert throttle.delay("10.9.9.9", trio.current_time()) == 0.0  # per address
+    lines = [r.getMessage() for r in hub.caplog.records if "from 127.0.0.1 closed" in r.getMessage()]
+    assert lines == [
+        f"routing link listener:links:{n} from 127.0.0.1 closed: authentication failed" for n in range(2, 12)
+    ], lines  # ten, then counted
+    # five connections at once while the address waits its delay: the fifth is closed at once
+    streams = [await trio.open_tcp_stream("127.0.0.1", hub.port) for _ in range(5)]
+    try:
+        assert await drain(streams[-1], 2), "the fifth handshake under way was not refused"
+    finally:
+        for stream in streams:
+            await stream.aclose()
+    throttle.ended("127.0.0.1", trio.current_time(), operational=True, wrong_password=False)
+    assert throttle.delay("127.0.0.1", trio.current_time()) == 0.0  # a peer got in: the address starts afresh

@@ -396,8 +396,10 @@ async def test_an_exponential_retry_policy_backs_off_and_a_wrong_password_never_
             if event.state is LinkState.FAILED:
                 assert "authentication failed" in event.error
                 times.append(trio.current_time())
-    gaps = [round(later - earlier) for earlier, later in itertools.pairwise(times)]
-    assert gaps == [2, 4, 8, 16, 16]
+    gaps = [round(later - earlier, 1) for earlier, later in itertools.pairwise(times)]
+    # the connector's waits, 2 s doubling up to retry-time, and before each handshake b's
+    # own wait for an address that guessed wrong (0.1 s doubling)
+    assert gaps == [2 + 0.1, 4 + 0.2, 8 + 0.4, 16 + 0.8, 16 + 1.6]
     network.routers["a"].management.set("/sys$routing/connectors/b", "password", "right")
     await network.settle({"a": {"b": 1}, "b": {"a": 1}})
     await network.stop_all()

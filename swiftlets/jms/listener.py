@@ -71,6 +71,7 @@ from typing import Any
 
 import trio
 
+from martinet.kernel.logs import HostLimitedLog
 from martinet.messaging import amqp
 from martinet.messaging.amqp import (
     ACCEPTED,
@@ -144,17 +145,11 @@ CLIENT_ID_ANNOTATION = Symbol("x-opt-martinet-cid")  # the producer's client id 
 JMS_TOPIC_TYPES = (JMS_TOPIC, JMS_TEMPORARY_TOPIC)
 
 
-class BrokenInputLog:
-    """Log lines about what a peer did, limited per host: by default WARNING lines for
-    connections closed because the peer sent what does not decode or breaks SASL or framing:
-    one line each (the peer and the reason, never a traceback), at most :attr:`LIMIT` per
-    host per :attr:`PERIOD` seconds; beyond that they are counted, and the count is logged in
-    one line when the host's next period starts. ``line`` and ``counted`` make the same for
-    other events a client can repeat at will (refused transfers and attaches, at INFO)."""
-
-    LIMIT = 10
-    PERIOD = 60.0
-    HOSTS = 1024  # hosts remembered; the oldest periods are forgotten beyond that
+class BrokenInputLog(HostLimitedLog):
+    """The listener's per-host limited log (:class:`~kernel.logs.HostLimitedLog`): by
+    default WARNING lines for connections closed because the peer sent what does not decode
+    or breaks SASL or framing; ``line`` and ``counted`` make the same for other events a
+    client can repeat at will (refused transfers and attaches, at INFO)."""
 
     def __init__(
         self,
@@ -162,31 +157,7 @@ class BrokenInputLog:
         counted: str = "connections from %s closed for broken input",
         level: int = logging.WARNING,
     ) -> None:
-        self._periods: dict[str, list] = {}  # host -> [period start, lines logged, lines suppressed]
-        self._line, self._counted, self._level = line, counted, level
-
-    def warn(self, host: str, what: str, reason: object) -> None:
-        now = time.monotonic()
-        period = self._periods.get(host)
-        if period is None or now - period[0] >= self.PERIOD:
-            if period is not None and period[2]:
-                log.log(
-                    self._level,
-                    "%d more %s in %.0f s (not logged one by one)",
-                    period[2],
-                    self._counted % host,
-                    now - period[0],
-                )
-            if period is None and len(self._periods) >= self.HOSTS:
-                for old in sorted(self._periods, key=lambda key: self._periods[key][0])[: self.HOSTS // 4]:
-                    del self._periods[old]
-            period = self._periods[host] = [now, 0, 0]
-        if period[1] < self.LIMIT:
-            period[1] += 1
-            text = " ".join(str(reason).split())  # one line, whatever the peer put in it
-            log.log(self._level, self._line, what, host, text[:300])
-        else:
-            period[2] += 1
+        super().__init__(log, line, counted, level)
 
 
 def _filters(source: amqp.Terminus) -> tuple[str | None, bool]:

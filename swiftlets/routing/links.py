@@ -46,7 +46,7 @@ from .stages import (
     RouteReceived,
 )
 
-__all__ = ["Link", "LinkOwner", "configure_socket", "describe"]
+__all__ = ["HandshakeThrottle", "Link", "LinkOwner", "configure_socket", "describe"]
 
 CLOSE_TIMEOUT = 2.0  # seconds a closing link may take to write its CLOSE before the socket goes
 
@@ -222,3 +222,45 @@ class Link:
                     self._fail(f"closed by {self.peer or 'the peer'}: {event.reason}" if by_peer else event.reason)
                 else:  # the transfer's: recovery, transactions
                     self.owner.transfer_event(self, event)
+
+
+class HandshakeThrottle:
+    """Handshakes on the routing listeners, throttled per address as the AMQP listener
+    throttles logins: a listener link whose handshake failed on its password is a failure of
+    its address (garbage and other refusals cost a guesser nothing to learn, and are refused
+    at once); the next handshake from there
+    starts after a delay that doubles with each failure in a row from :data:`FIRST_DELAY`
+    up to :data:`MAX_DELAY` (forgotten after :data:`QUIET_PERIOD` without one), and a
+    connection beyond :data:`MAX_PENDING` handshakes under way from one address is closed at
+    once, so that parallel connections cannot guess side by side. Times are the caller's
+    (``trio.current_time()``)."""
+
+    FIRST_DELAY = 0.1
+    MAX_DELAY = 4.0
+    QUIET_PERIOD = 60.0
+    MAX_PENDING = 4
+    HOSTS = 4096  # addresses remembered; the quietest are forgotten beyond that
+
+    def __init__(self) -> None:
+        self._failures: dict[str, tuple[int, float]] = {}  # host → (failures in a row, time of the last)
+
+    def delay(self, host: str, now: float) -> float:
+        """Seconds the next handshake from ``host`` waits before it starts."""
+        count, last = self._failures.get(host, (0, 0.0))
+        if not count or now - last >= self.QUIET_PERIOD:
+            return 0.0
+        return min(self.FIRST_DELAY * 2 ** (count - 1), self.MAX_DELAY)
+
+    def ended(self, host: str, now: float, *, operational: bool, wrong_password: bool) -> None:
+        """A link from ``host`` ended: ``operational``, it got through its handshake (which
+        clears the address); ``wrong_password``, its handshake failed on the password (one
+        more failure). Anything else changes nothing."""
+        if operational:
+            self._failures.pop(host, None)
+        if not wrong_password:
+            return
+        count, last = self._failures.get(host, (0, now))
+        if host not in self._failures and len(self._failures) >= self.HOSTS:
+            for old in sorted(self._failures, key=lambda key: self._failures[key][1])[: self.HOSTS // 4]:
+                del self._failures[old]
+        self._failures[host] = (0 if now - last >= self.QUIET_PERIOD else count) + 1, now

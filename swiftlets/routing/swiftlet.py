@@ -51,6 +51,7 @@ from typing import Any
 import trio
 
 from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
+from martinet.kernel.logs import HostLimitedLog
 from martinet.messaging.like import like_pattern
 from martinet.messaging.listening import Accepted, listen, port_of
 from martinet.swiftlets.queuemanager.api import QueueError, QueueManager
@@ -61,8 +62,16 @@ from .api import UNROUTABLE, Destination, LinkState, LinkStateChanged, redirecti
 from .bridges import QueueBridge
 from .config import ConnectorConfig, ListenerConfig, RetryPolicy, RoutingConfig
 from .exchange import Announcement, BadAnnouncement, Output, RouteExchanger, RouteFilter
-from .links import CLOSE_TIMEOUT, Link, configure_socket, describe
-from .stages import LinkMachine, LinkSettings, RecoveryReceived, RecoveryRequested, Role, valid_router_name
+from .links import CLOSE_TIMEOUT, HandshakeThrottle, Link, configure_socket, describe
+from .stages import (
+    AUTH_FAILED,
+    LinkMachine,
+    LinkSettings,
+    RecoveryReceived,
+    RecoveryRequested,
+    Role,
+    valid_router_name,
+)
 from .transfer import Transfer, routing_rewrite
 
 __all__ = ["RoutingSwiftlet"]
@@ -135,6 +144,9 @@ class RoutingSwiftlet:
         self._connectors: dict[str, _Connector] = {}
         self._listeners: dict[str, trio.CancelScope] = {}
         self._listener_links: dict[str, set[Link]] = {}
+        self._handshakes = HandshakeThrottle()
+        # a listener link that fails its handshake: one line per peer address and minute, then a count
+        self._handshake_log = HostLimitedLog(log, "%s from %s closed: %s", "routing handshakes from %s refused")
         self._link_numbers = itertools.count(1)
         self._filters_changed = trio.Event()
         self._sent = self._received = 0
@@ -394,7 +406,10 @@ class RoutingSwiftlet:
             self.context.bus.publish(
                 LinkStateChanged(link=link.name, peer=link.peer, state=link.state, error=link.error)
             )
-        if link.error is not None:
+        if link.error is not None and link.role is Role.LISTENER and link.operational is None:
+            # a handshake that failed: what any peer can repeat at will, so limited per address
+            self._handshake_log.warn(link.address.rpartition(":")[0], f"routing link {link.name}", link.error)
+        elif link.error is not None:
             level = logging.WARNING if link.state is LinkState.FAILED else logging.INFO
             log.log(
                 level,
@@ -517,9 +532,22 @@ class RoutingSwiftlet:
             except OSError:  # the peer is gone already
                 await trio.aclose_forcefully(stream)
                 return
+            pending = sum(
+                1
+                for others in self._listener_links.values()
+                for other in others
+                if other.operational is None and other.address.rpartition(":")[0] == host
+            )
+            if pending >= HandshakeThrottle.MAX_PENDING:
+                counts["refused"] += 1
+                self._handshake_log.warn(
+                    host, f"routing link to listener {name}", f"{pending} handshakes from there under way already"
+                )
+                await trio.aclose_forcefully(stream)
+                return
             if live.host_access_list and not any(like_pattern(p).matches(host) for p in live.host_access_list):
                 counts["refused"] += 1
-                log.warning("routing link from %s to listener %s closed: not in the host access list", host, name)
+                self._handshake_log.warn(host, f"routing link to listener {name}", "not in the host access list")
                 refusal = LinkMachine(Role.LISTENER, self.local, None, now=trio.current_time())
                 refusal.close(f"{host} is not in the host access list of routing listener {name} of {self.local}")
                 with trio.CancelScope(shield=True), trio.move_on_after(1):
@@ -547,10 +575,15 @@ class RoutingSwiftlet:
             )
             links.add(link)
             try:
+                await trio.sleep(self._handshakes.delay(host, trio.current_time()))  # after failures from there
                 await link.run()
             finally:
                 links.discard(link)
                 counts["links"] -= 1
+                # only a wrong password is a guess to slow down; garbage is refused at once anyway
+                operational = link.operational is not None
+                guessed = not operational and AUTH_FAILED in (link.error or "")
+                self._handshakes.ended(host, trio.current_time(), operational=operational, wrong_password=guessed)
 
         try:
             async with trio.open_nursery() as link_tasks:
