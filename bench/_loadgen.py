@@ -212,3 +212,25 @@ def rabbitmq_node(folder: Path, name: str, plugins: tuple[str, ...], epmd_port: 
 def stop_epmd(epmd_port: int) -> None:
     """Stop the private epmd the RabbitMQ nodes of a run started on ``epmd_port``."""
     subprocess.run(["epmd", "-kill"], env=os.environ | {"ERL_EPMD_PORT": str(epmd_port)}, capture_output=True)
+
+
+def start_shovel(node: RabbitNode, name: str, queue: str, source_port: int, target_port: int) -> None:
+    """A dynamic shovel ``name`` on ``node`` from ``queue`` at ``source_port`` to ``queue`` at
+    ``target_port`` (AMQP 0-9-1, on-confirm; it declares both queues durable), once running.
+
+    Raises: RuntimeError if it is not running within 180 s (a failed start is retried after
+    the shovel's reconnect delay)."""
+    uri = "amqp://guest:guest@127.0.0.1:{}"
+    node.ctl(
+        "set_parameter",
+        "shovel",
+        name,
+        f'{{"src-protocol": "amqp091", "src-uri": "{uri.format(source_port)}", "src-queue": "{queue}",'
+        f' "dest-protocol": "amqp091", "dest-uri": "{uri.format(target_port)}", "dest-queue": "{queue}",'
+        ' "ack-mode": "on-confirm"}',
+    )
+    deadline = time.monotonic() + 180
+    while "running" not in node.ctl("shovel_status"):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the shovel is not running: {node.ctl('shovel_status')}")
+        time.sleep(0.5)

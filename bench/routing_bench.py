@@ -44,6 +44,7 @@ from _loadgen import (
     rabbitmq_installed,
     rabbitmq_node,
     run_round,
+    start_shovel,
     stop_epmd,
 )
 
@@ -179,23 +180,7 @@ class Bench:
                 # the shovel declares both queues durable; the load generator names them without
                 # declaring (/amq/queue/ at both ends: /queue/ would redeclare them, which fails on
                 # the durable queue and leaves the sender waiting for credit)
-                uri = "amqp://guest:guest@127.0.0.1:{}"
-                node_a.ctl(
-                    "set_parameter",
-                    "shovel",
-                    "bench",
-                    (
-                        f'{{"src-protocol": "amqp091", "src-uri": "{uri.format(node_a.port)}",'
-                        ' "src-queue": "shovelled",'
-                        f' "dest-protocol": "amqp091", "dest-uri": "{uri.format(node_b.port)}",'
-                        f' "dest-queue": "shovelled", "ack-mode": "on-confirm"}}'
-                    ),
-                )
-                deadline = time.monotonic() + 60
-                while "running" not in node_a.ctl("shovel_status"):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"the shovel is not running: {node_a.ctl('shovel_status')}")
-                    time.sleep(0.5)
+                start_shovel(node_a, "bench", "shovelled", node_a.port, node_b.port)
                 print(
                     f"RabbitMQ {node_a.ctl('version')}: two nodes, dynamic shovel A → B (AMQP 0-9-1, "
                     f"on-confirm), load through the amqp1_0 plugin",

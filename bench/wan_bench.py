@@ -49,6 +49,7 @@ from _loadgen import (
     rabbitmq_installed,
     rabbitmq_node,
     run_round,
+    start_shovel,
     stop_epmd,
     wait_for_port,
 )
@@ -200,20 +201,7 @@ class Bench:
                 for rtt in self.args.rtt_list:
                     with wan_proxy(node_b.port, rtt, self.args) as proxy:
                         queue = f"shovelled{int(rtt)}"
-                        uri = "amqp://guest:guest@127.0.0.1:{}"
-                        node_a.ctl(
-                            "set_parameter",
-                            "shovel",
-                            queue,
-                            f'{{"src-protocol": "amqp091", "src-uri": "{uri.format(node_a.port)}",'
-                            f' "src-queue": "{queue}", "dest-protocol": "amqp091",'
-                            f' "dest-uri": "{uri.format(proxy)}", "dest-queue": "{queue}", "ack-mode": "on-confirm"}}',
-                        )
-                        deadline = time.monotonic() + 180  # (it retries a failed start after its reconnect delay)
-                        while "running" not in node_a.ctl("shovel_status"):
-                            if time.monotonic() > deadline:
-                                raise RuntimeError(f"the shovel is not running: {node_a.ctl('shovel_status')}")
-                            time.sleep(0.5)
+                        start_shovel(node_a, queue, queue, node_a.port, proxy)
                         rate = run_round(
                             self.loadgen,
                             (node_a.port, f"/amq/queue/{queue}"),
