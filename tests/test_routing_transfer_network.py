@@ -11,8 +11,10 @@ import pytest
 import trio
 
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect
+from martinet.messaging.codec import UInt
+from martinet.messaging.message import build
 from martinet.swiftlets.queuemanager.config import QueueManagerConfig
-from martinet.swiftlets.routing.transfer import HOPS, QUEUE, SOURCE, UNROUTABLE_REASON
+from martinet.swiftlets.routing.transfer import DESTINATION, HOPS, QUEUE, SOURCE, UNROUTABLE_REASON
 
 from faultproxy import FaultProxy
 from network import ROUTING_STACK, routing_config
@@ -261,3 +263,26 @@ async def test_across_a_50_ms_round_trip_the_window_grows_past_its_start(network
     done.set()
     verify(received, count)
     assert most["window"] > 10 and most["transactions-in-flight"] > 10, most
+
+
+async def test_a_message_that_passed_too_many_routers_goes_to_unroutable_where_it_reaches_the_limit(network):
+    """The hop check on the way (a loop's net): every router a message passes counts it, and
+    one that would pass the limit (64 routers) is put into unroutable with the reason
+    instead of being forwarded; one router fewer and it arrives."""
+    await start(network, "a", "b", "c")
+    network.connect("a", "b")
+    network.connect("b", "c")
+    await network.settle({"a": {"b": 1, "c": 2}, "b": {"a": 1, "c": 1}})
+    manager = network.routers["a"].swiftlet("sys$queuemanager")
+    for text, hops in (("arrives", 62), ("too far", 63)):  # travelling to orders@c already, counted so far
+        annotations = {SOURCE: "a", DESTINATION: "c", QUEUE: "orders", HOPS: UInt(hops)}
+        await manager.send("orders@c", build(text, annotations=annotations, message_id=text))
+    assert await consume(network.url("c"), "orders", 1) == ["arrives"]
+    unroutable = network.routers["b"].swiftlet("sys$queuemanager").queue("unroutable")
+    with trio.fail_after(10):
+        while unroutable.size < 1:
+            await trio.sleep(0.01)
+    [entry] = unroutable.browse()
+    assert entry.message.body() == "too far"
+    assert entry.message.message_annotations[UNROUTABLE_REASON] == "it passed 64 routers (a loop?)"
+    assert entry.message.message_annotations[HOPS] == 64
