@@ -53,7 +53,7 @@ from _loadgen import (
     stop_epmd,
     wait_for_port,
 )
-from routing_bench import ROUTER  # the same routers, linked through the proxy
+from routing_bench import ROUTER, kind  # the same routers, linked through the proxy
 
 HERE = Path(__file__).resolve().parent
 LINK = 'password="bench" use-xa="{xa}" {extra}'
@@ -226,10 +226,6 @@ class Bench:
                         print(f"{label:52} {rate:>9,.0f} msgs/s {rate / base:5.2f} of 0 ms", flush=True)
         finally:
             stop_epmd(epmd_port)
-
-
-def kind(durable: bool) -> str:
-    return "persistent" if durable else "non-persistent"
 
 
 def main(args: argparse.Namespace) -> None:
