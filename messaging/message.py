@@ -441,6 +441,32 @@ class Message:
             expiry = None
         return durable, min(priority, 9), expiry, message_id
 
+    def annotations_span(self) -> tuple[int, int] | None:
+        """``(start, end)`` of the message-annotations section when a patch or the caller of
+        :meth:`with_annotations_at` placed it (no scan); None when that is not known."""
+        front = self._front
+        return None if front is None or front[2] < 0 else (front[2], front[1])
+
+    @classmethod
+    def with_annotations_at(cls, raw: bytes, start: int, end: int, *, usual: bool = True) -> Message:
+        """The message ``raw`` whose message-annotations section is ``raw[start:end]``, as
+        its caller knows from having just walked (``skip``) or written the sections up to
+        there; ``usual``: the section's descriptor is ``0x00 0x53 0x72``. Its header is read
+        now, so that :meth:`queue_info` checks only what follows the annotations, as it does
+        after an :class:`AnnotationPatch` (a routed message arrives with its annotations
+        found and its hop count written). A header in an unusual encoding leaves the message
+        as plain ``Message(raw)``: queue_info() then reads it all."""
+        message = cls(raw)
+        if raw[:3] == _HEADER_PREFIX:
+            header_fields = _header_fields(raw)
+        elif start == 0 or raw[:3] == _DELIVERY_ANNOTATIONS_PREFIX:  # no header
+            header_fields = _DEFAULT_HEADER_FIELDS
+        else:
+            header_fields = None
+        if header_fields is not None:  # what queue_info() would look for, as on the fast path
+            message._front = header_fields, end, start if usual else -1
+        return message
+
     def header_fields(self) -> tuple[bool, int, int | None]:
         header = self.header
         return header.durable, header.priority, header.ttl
@@ -606,16 +632,9 @@ class AnnotationPatch:
                 raw = bytes(raw)
             start, value_at, end = span
             section = self._append(raw, start, value_at, end) if absent else self._splice(raw, start, value_at, end)
-            patched = Message(raw[:start] + section + raw[end:])
-            if raw[:3] == _HEADER_PREFIX:
-                header_fields = _header_fields(raw)
-            elif start == 0 or raw[:3] == _DELIVERY_ANNOTATIONS_PREFIX:  # no header
-                header_fields = _DEFAULT_HEADER_FIELDS
-            else:
-                header_fields = None
-            if header_fields is not None:  # what queue_info() would look for, as on the fast path
-                patched._front = header_fields, start + len(section), start if value_at == start + 3 else -1
-            return patched
+            return Message.with_annotations_at(
+                raw[:start] + section + raw[end:], start, start + len(section), usual=value_at == start + 3
+            )
         at, header_fields = front
         section = self._section
         patched = Message(raw[:at] + section + raw[at:])

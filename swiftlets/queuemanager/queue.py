@@ -273,14 +273,18 @@ class Queue:
         messages in its transactions for as long as a round trip takes (thousands, across
         continents): counted, they would slow the link's producers while it is doing well.
         What transactions hold is bounded by their owners (a link's window)."""
-        return self.available + sum(len(consumer.unsettled) for consumer in self.consumers)
+        backlog = self.available
+        for consumer in self.consumers:  # (a loop: asked for each message sent to a busy queue)
+            backlog += len(consumer.unsettled)
+        return backlog
 
     def flow_delay(self, now: int) -> int:
         """The flow-control delay for a producer sending now (ms; ``now`` in ms since the epoch)."""
         start = self.settings.flowcontrol_start_queuesize
         if start < 0 or self.size <= start:  # (the backlog is never larger than the size)
             return 0
-        return self.flow.delay(self.settings, self.backlog, len(self.consumers), now)
+        backlog = self.backlog  # (below the start, as often in a routing queue whose entries are held: no delay)
+        return 0 if backlog <= start else self.flow.delay(self.settings, backlog, len(self.consumers), now)
 
     # -- entering ---------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 
 from martinet.messaging.codec import DecodeError, Symbol, UInt, decode, encode, skip
-from martinet.messaging.message import MessageError
+from martinet.messaging.message import Message, MessageError
 
 __all__ = ["DESTINATION", "DOUBT", "EXPIRES", "HOPS", "QUEUE", "SOURCE", "HopCounter", "Routing", "read", "span"]
 
@@ -157,10 +157,12 @@ class HopCounter:
             known = self._known[section] = fields, fields.next_hop() if fields is not None else None
         return known
 
-    def count(self, raw: bytes) -> tuple[Routing | None, bytes | None]:
+    def count(self, raw: bytes) -> tuple[Routing | None, Message | None]:
         """``(fields, counted)``: the routing annotations of ``raw`` (None: the short path
-        does not apply) and its bytes with the hop count one higher (None: not by the short
-        path). The fields' offsets are those of the section alone, not of ``raw``.
+        does not apply) and the message with the hop count one higher (None: not by the
+        short path). The fields' offsets are those of the section alone, not of ``raw``.
+        The counted message knows where its annotations are, so the queue it enters checks
+        only the sections after them (those before were walked here).
 
         Raises:
             MessageError: as :func:`read`.
@@ -170,7 +172,9 @@ class HopCounter:
             return None, None
         start, end = where
         fields, counted = self._section(raw[start:end])
-        return fields, None if counted is None else raw[:start] + counted + raw[end:]
+        if counted is None:
+            return fields, None
+        return fields, Message.with_annotations_at(raw[:start] + counted + raw[end:], start, start + len(counted))
 
 
 def read(raw: bytes) -> Routing | None:

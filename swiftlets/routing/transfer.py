@@ -151,14 +151,24 @@ def routing_rewrite(local: str) -> Rewrite:
     them. One that arrived here by routing and is sent on somewhere else (a queue bridge)
     starts a new journey. The encoded annotations are made once per address (the latest
     :data:`PATCHES_KEPT`); a message with an expiry also gets ``x-opt-martinet-expires``."""
-    patches: dict[str, AnnotationPatch] = {}
+    patches: dict[str, tuple[str, str, AnnotationPatch]] = {}  # address → (queue, router, patch)
     sections = routing_annotations.HopCounter()  # a forwarded batch mostly shares one section
 
     def rewrite(address: str, message: Message) -> Message:
-        # a message without their text in its bytes has none of these keys: nothing decoded
+        known = patches.get(address)
+        if known is None:
+            if len(patches) >= PATCHES_KEPT:
+                patches.clear()
+            queue, _, router = address.rpartition("@")
+            patch = AnnotationPatch({SOURCE: local, DESTINATION: router, QUEUE: queue, HOPS: UInt(0)})
+            known = patches[address] = queue, router, patch
+        queue, router, patch = known
+        # a message without their text in its annotations has none of these keys: nothing
+        # decoded (one scan for the four, of the annotations alone when a patch placed them)
         raw = message.raw
-        absent = type(raw) is bytes and _REWRITTEN_KEYS.search(raw) is None  # (one scan for the four)
-        queue, _, router = address.rpartition("@")
+        where = message.annotations_span()
+        found = _REWRITTEN_KEYS.search(raw) if where is None else _REWRITTEN_KEYS.search(raw, *where)
+        absent = type(raw) is bytes and found is None
         if not absent:
             fields = sections.fields(raw)
             if fields is None:  # (not by the short path)
@@ -168,13 +178,6 @@ def routing_rewrite(local: str) -> Rewrite:
                 source, destination, to = fields.source, fields.destination, fields.queue
             if source is not None and destination == router and to == queue:
                 return message
-        patch = patches.get(address)
-        if patch is None:
-            if len(patches) >= PATCHES_KEPT:
-                patches.clear()
-            patch = patches[address] = AnnotationPatch(
-                {SOURCE: local, DESTINATION: router, QUEUE: queue, HOPS: UInt(0)}
-            )
         message = patch.apply(message, absent=absent)
         expires = message.queue_info(_now_ms(), peek=True)[2]  # the time to live counts end to end (§12)
         return message if expires is None else message.with_annotations({EXPIRES: Timestamp(expires)})
@@ -735,7 +738,7 @@ class Transfer:
             return 0
         if not isinstance(destination, str) or not isinstance(queue, str) or not isinstance(hops, int):
             return self._unroutable(transaction, Message(raw), "it has no routing annotations")
-        message = Message(counted) if counted is not None else Message(raw).with_annotations({HOPS: UInt(hops + 1)})
+        message = counted if counted is not None else Message(raw).with_annotations({HOPS: UInt(hops + 1)})
         if isinstance(expires, int):
             remaining = expires - _now_ms()
             if remaining <= 0:
