@@ -368,6 +368,33 @@ async def test_rollback_redelivers_and_drops_sends(broker):
     assert queue_manager.queue("out").size == 0
 
 
+async def test_what_prepared_and_committing_transactions_will_add_counts_against_the_limits(broker):
+    """Two transactions each staging 6 messages into a queue of 10 would both fit the queue
+    as it is; once the first is prepared its 6 are reserved, so the second's 5th send finds
+    the queue full. The reservation ends with the commit or rollback, and whoever waits for
+    room (QueueManager.when_room) is called then."""
+    queue_manager = broker.queue_manager
+    broker.router.management.add("/sys$queuemanager/queues", "capped", {"max-messages": "10"})
+    first, second = queue_manager.transaction(), queue_manager.transaction()
+    for n in range(6):
+        first.send("capped", msg(n, durable=True))
+    await first.prepare("xid-first")
+    queue = queue_manager.queue("capped")
+    assert (queue.size, queue.reserved) == (0, 6)
+    for n in range(4):
+        second.send("capped", msg(10 + n))
+    with pytest.raises(QueueFull, match="queue capped is full \\(10 messages\\)") as full:
+        second.send("capped", msg(14))
+    assert full.value.queue == "capped"
+    called = []
+    queue_manager.when_room("capped", lambda: called.append("room"))
+    await first.rollback()
+    assert (queue.size, queue.reserved, called) == (0, 0, ["room"])
+    second.send("capped", msg(14))
+    await second.commit()
+    assert (queue.size, queue.reserved) == (5, 0)
+
+
 async def test_a_lost_session_rolls_back_without_waiting(broker):
     queue_manager = broker.queue_manager
     await queue_manager.send("in", msg(0))

@@ -95,7 +95,12 @@ class QueueNotFound(QueueError):
 
 
 class QueueFull(QueueError):
-    """The queue holds ``max-messages`` already."""
+    """The queue holds ``max-messages`` or ``max-bytes`` already; ``queue`` is its name (a
+    sender that can wait asks :meth:`QueueManager.when_room`)."""
+
+    def __init__(self, message: str, queue: str = ""):
+        super().__init__(message)
+        self.queue = queue
 
 
 class TooManyQueues(QueueError):
@@ -322,6 +327,11 @@ class Queue(Protocol):
         """Entries not yet gone: available, delivered and unsettled, or held by a transaction."""
 
     @property
+    def reserved(self) -> int:
+        """Entries that transactions will add at their commit (prepared, or committing):
+        counted against ``max-messages`` with :attr:`size`."""
+
+    @property
     def consumers(self) -> Sequence[Consumer]:
         """The attached consumers, in attach order (the first is the active one in
         active-standby mode)."""
@@ -378,8 +388,12 @@ class Transaction(Protocol):
         """The acknowledged (held) entries: how many of each queue. After a restart,
         persistent ones only."""
 
-    def send(self, address: str, message: Message, *, possible_duplicate: bool = False) -> SendResult:
-        """Stage a send; the message becomes visible at commit.
+    def send(
+        self, address: str, message: Message, *, possible_duplicate: bool = False, limited: bool = True
+    ) -> SendResult:
+        """Stage a send; the message becomes visible at commit. ``limited=False``: the
+        queue's ``max-messages`` and ``max-bytes`` are not checked (a routing batch larger
+        than the whole queue, admitted alone into it once it is empty).
 
         Raises:
             QueueNotFound, QueueFull, MessageTooLarge, QueueError, TransactionError.
@@ -555,6 +569,12 @@ class QueueManager(Protocol):
         """While sends to ``address`` are slowed down, call ``callback`` once a consumed
         message brings its queue back to ``flowcontrol-start-queuesize``, and return a
         function that cancels the call; None when the queue is not slowing sends now."""
+
+    def when_room(self, name: str, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once queue ``name`` may have room again (an entry left it, a
+        transaction's reservation ended, its limits changed, or it was deleted); at once if
+        there is no such queue. The caller tries again and asks again if it is still full
+        (a routing link holds a batch that found its queue full this way, not refusing it)."""
 
     def check_room(self, name: str) -> None:
         """Whether one more queue, ``name`` (for the message), fits in ``max-queues``; the

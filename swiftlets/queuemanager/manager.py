@@ -507,6 +507,13 @@ class QueueManager:
 
         return cancel
 
+    def when_room(self, name: str, callback: Callable[[], None]) -> None:
+        queue = self.queues.get(name)
+        if queue is None:
+            callback()
+        else:
+            queue.room_callbacks.append(callback)
+
     def check_room(self, name: str) -> None:
         """Raises TooManyQueues unless one more queue (auto-created, temporary, or a new
         durable subscription's) fits in ``max-queues``. (Queues defined in the config, and
@@ -559,6 +566,7 @@ class QueueManager:
         for consumer in list(queue.consumers):
             consumer.close()
         dropped = queue.drop_all()
+        queue.room_made()  # (those waiting find it gone)
         self._defer(*(DeleteMessage(entry.id) for entry in dropped if entry.persistent))
         if self._usage is not None:
             self._usage.remove(name)
@@ -571,12 +579,14 @@ class QueueManager:
             self._create(entity.name, settings)
         else:
             queue.settings = settings
+            queue.room_made()
         entity.on_change(lambda change: self._queue_changed(entity.name, change))
 
     def _queue_changed(self, name: str, change: Change) -> None:
         queue = self.queues.get(name)
         if queue is not None:  # listeners run before the change is committed: apply it
             queue.settings = attrs.evolve(queue.settings, **{change.field: change.new})
+            queue.room_made()  # (a waiting sender looks again in a job of its own, after this)
 
     def _queue_unconfigured(self, entity: Entity) -> None:
         queue = self.queues.get(entity.name)
@@ -588,7 +598,7 @@ class QueueManager:
     # -- sending ------------------------------------------------------------------------------
 
     def _entry(
-        self, queue: Queue, message: Message, possible_duplicate: bool, now: int
+        self, queue: Queue, message: Message, possible_duplicate: bool, now: int, *, limited: bool = True
     ) -> tuple[Entry | None, str | None, bool]:
         """``(entry, duplicate key, is duplicate)`` for ``message`` in ``queue``; no entry
         for a duplicate, or a message that expired before it arrived.
@@ -601,7 +611,8 @@ class QueueManager:
             raise MessageTooLarge(
                 f"message of {size} bytes exceeds max-message-size {self.max_message_size} (queue {queue.name})"
             )
-        queue.check_room(1, size)
+        if limited:
+            queue.check_room(1, size)
         try:
             # with check: what consumers and selectors will read must be readable (check_sections)
             durable, priority, expires, message_id = message.queue_info(now, check=True)
@@ -898,6 +909,7 @@ class Transaction:
         self._keys: dict[int, str] = {}
         self._acks: list[tuple[Queue, Entry]] = []
         self._logged = True  # prepared with a record in the store (not in memory only)
+        self._reserved = False  # its staged sends count against their queues' limits (Queue.reserve)
 
     def __repr__(self) -> str:
         return f"<Transaction {self.xid or id(self)} {self.state}: {len(self._sends)} sends, {len(self._acks)} acks>"
@@ -916,8 +928,10 @@ class Transaction:
         """Acknowledged (held) entries by queue name (how many of each)."""
         return _count(queue.name for queue, _ in self._acks)
 
-    def send(self, address: str, message: Message, *, possible_duplicate: bool = False) -> SendResult:
-        """Stage a send; the message becomes visible at commit.
+    def send(
+        self, address: str, message: Message, *, possible_duplicate: bool = False, limited: bool = True
+    ) -> SendResult:
+        """Stage a send; the message becomes visible at commit (``limited``: see the API).
 
         Raises:
             QueueNotFound, QueueFull, MessageTooLarge, QueueError, TransactionError.
@@ -930,9 +944,12 @@ class Transaction:
         staged = self._staged.get(queue)  # (a scan of the sends per send made a batch cost its square)
         if staged is None:
             staged = self._staged[queue] = [0, 0]
-        queue.check_room(staged[0] + 1, staged[1] + len(message.raw))
+        if limited:
+            queue.check_room(staged[0] + 1, staged[1] + len(message.raw))
+        elif queue.deleted:
+            raise QueueError(f"queue {queue.name} has been deleted")
         now = now_ms()
-        entry, key, duplicate = self._manager._entry(queue, message, possible_duplicate, now)
+        entry, key, duplicate = self._manager._entry(queue, message, possible_duplicate, now, limited=limited)
         if entry is None:
             return SendResult(0, duplicate)
         self._sends.append((queue, entry))
@@ -1009,11 +1026,13 @@ class Transaction:
         ):
             self.xid, self.state, self.prepared_at, self._logged = xid, "prepared", time.time(), False
             manager._prepared[xid] = self
+            self._reserve()
             on_done(None)
             return
         ops: list[Op] = []
         for queue, entry in self._sends:
             ops.extend(manager._put_ops(queue, entry, None, txid=xid))
+        self._reserve()
         prepared_at = now_ms()
         record = {"acks": [entry.id for _, entry in self._acks if entry.persistent], "prepared-at": prepared_at}
         ops.append(PutRecord("xa", xid, json.dumps(record).encode()))
@@ -1025,6 +1044,7 @@ class Transaction:
                 manager._prepared[xid] = self
             else:
                 self.state = "active"
+                self._unreserve()
             on_done(error)
 
         assert manager._store is not None
@@ -1034,6 +1054,7 @@ class Transaction:
             manager._store.commit_nowait(ops, durable)
         except BaseException:
             self.state = "active"
+            self._unreserve()
             manager._preparing.discard(xid)
             raise
 
@@ -1079,19 +1100,25 @@ class Transaction:
                 self._committed()
             else:
                 self.state = was
+                if was == "active":
+                    self._unreserve()
             on_done(error)
 
         assert manager._store is not None
+        self._reserve()  # (the store's write may take a while: other senders must not fill the room meanwhile)
         self.state = "committing"
         try:
             manager._store.commit_nowait(ops, durable)
         except BaseException:
             self.state = was
+            if was == "active":
+                self._unreserve()
             raise
 
     def _committed(self) -> None:
         manager = self._manager
         self.state = "committed"
+        self._unreserve()
         manager._prepared.pop(self.xid or "", None)
         for queue, entry in self._sends:
             key = self._keys.get(entry.id)
@@ -1141,8 +1168,21 @@ class Transaction:
         self._require("active")
         self._undo()
 
+    def _reserve(self) -> None:
+        if not self._reserved:
+            self._reserved = True
+            for queue, (count, size) in self._staged.items():
+                queue.reserve(count, size)
+
+    def _unreserve(self) -> None:
+        if self._reserved:
+            self._reserved = False
+            for queue, (count, size) in self._staged.items():
+                queue.unreserve(count, size)
+
     def _undo(self) -> None:
         self.state = "rolled-back"
+        self._unreserve()
         for queue, entry in self._acks:
             if entry.state == HELD:
                 queue.release(entry, count_delivery=True)

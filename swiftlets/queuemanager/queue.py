@@ -255,6 +255,10 @@ class Queue:
         self._id_order: deque[str] = deque()
         self.deleted = False
         self.backlog_callbacks: list[Callable[[], None]] = []  # see QueueManager.when_backlog_cleared
+        self.room_callbacks: list[Callable[[], None]] = []  # see QueueManager.when_room
+        # what transactions will add at their commit (prepared, or committing to the store):
+        # counted against max-messages/max-bytes, or several would each find room for themselves
+        self.reserved = self.reserved_bytes = 0
         self._unselectable: set[str] = set()  # selectors that met an entry they could not evaluate (logged)
         # counters
         self.enqueued = self.dequeued = self.expired = self.dead_lettered = self.duplicates = 0
@@ -292,10 +296,10 @@ class Queue:
         """Raises: QueueFull when ``extra`` more messages of ``extra_bytes`` together would
         exceed ``max-messages`` or ``max-bytes``."""
         settings = self.settings
-        if self.size + extra > settings.max_messages >= 0:
-            raise QueueFull(f"queue {self.name} is full ({settings.max_messages} messages)")
-        if self.bytes + extra_bytes > settings.max_bytes >= 0:
-            raise QueueFull(f"queue {self.name} is full ({settings.max_bytes} bytes)")
+        if self.size + self.reserved + extra > settings.max_messages >= 0:
+            raise QueueFull(f"queue {self.name} is full ({settings.max_messages} messages)", self.name)
+        if self.bytes + self.reserved_bytes + extra_bytes > settings.max_bytes >= 0:
+            raise QueueFull(f"queue {self.name} is full ({settings.max_bytes} bytes)", self.name)
         if self.deleted:
             raise QueueError(f"queue {self.name} has been deleted")
 
@@ -329,6 +333,27 @@ class Queue:
         if entry.swapped:
             self.swapped -= 1
             self.swapped_bytes -= entry.bytes
+        if self.room_callbacks:
+            self.room_made()
+
+    def reserve(self, count: int, size: int) -> None:
+        """A transaction will add ``count`` entries of ``size`` bytes at its commit."""
+        self.reserved += count
+        self.reserved_bytes += size
+
+    def unreserve(self, count: int, size: int) -> None:
+        """What :meth:`reserve` counted was added, or will not be."""
+        self.reserved -= count
+        self.reserved_bytes -= size
+        if self.room_callbacks:
+            self.room_made()
+
+    def room_made(self) -> None:
+        """Entries left, a reservation ended, the limits or the queue itself changed: the
+        senders waiting for room look again (each calls back when it finds none)."""
+        callbacks, self.room_callbacks = self.room_callbacks, []
+        for callback in callbacks:
+            callback()
 
     def add(self, entry: Entry) -> None:
         """Make a new entry available (it is counted as enqueued) and dispatch."""

@@ -70,6 +70,7 @@ before the answer.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import math
@@ -87,6 +88,7 @@ from martinet.messaging.message import AnnotationPatch, Message, MessageError
 from martinet.swiftlets.queuemanager.api import (
     TEMPORARY_PREFIX,
     QueueError,
+    QueueFull,
     QueueManager,
     QueueNotFound,
     Rewrite,
@@ -220,6 +222,9 @@ class _LinkTransfer:
     window: WindowController | None = None  # sizes the send window to the link, from the first answer on
     sent_at: dict[str | int, float] = attrs.Factory(dict)  # key → when sent, while it awaits its answer
     full_at: float = -math.inf  # when a send last found the window full (the sender had more than it allowed)
+    waiting: collections.deque[_Inbound] = attrs.Factory(collections.deque)  # inbound batches waiting for room
+    full_waits: int = 0  # times a batch found its target queue full and waited
+    refused: int = 0  # our transactions the peer refused (rolled back here, sent again)
 
     def sent(self, key: str | int, window_available: int) -> None:
         """Our transaction ``key`` went out; ``window_available``: the room left after it."""
@@ -249,6 +254,18 @@ class _Write:
     def finish(self, error: BaseException | None) -> None:
         self.error = error
         self.done.set()
+
+
+@attrs.define(eq=False)
+class _Inbound:
+    """An inbound batch (an XA transaction or a non-XA batch) to stage: ``store`` hands the
+    staged transaction to the store (prepare or commit), which finishes ``write``."""
+
+    messages: tuple[bytes, ...]
+    write: _Write
+    store: Callable[[Transaction], None]
+    transaction: Transaction | None = None
+    alone: bool = False  # larger than its empty queue's room: staged without its limits
 
 
 Job = tuple[Callable[..., Any], tuple[Any, ...]]
@@ -349,6 +366,9 @@ class Transfer:
             "messages-in-rate": round(state.in_rate, 1),
             "inbound-throttled": state.throttled,
             "inbound-throttled-ms": state.throttled_ms,
+            "inbound-waiting-for-room": len(state.waiting),
+            "inbound-full-waits": state.full_waits,
+            "transactions-refused": state.refused,
             "open-transactions": link.machine.open_transactions,
             "window": link.machine.send_window,
             "transactions-in-flight": link.machine.awaiting,
@@ -472,6 +492,12 @@ class Transfer:
                     return
                 state.unanswered -= 1
         finally:
+            # batches waiting for room never will now (nothing of them is held): their writes
+            # finish so that the wait below ends; the sender sends them again (XA: recovery
+            # finds them not prepared; non-XA: in doubt)
+            for batch in state.waiting:
+                batch.write.finish(StoreError("the link ended while the batch waited for room"))
+            state.waiting.clear()
             with trio.CancelScope(shield=True):
                 while write is not None:
                     await write.done.wait()
@@ -688,9 +714,22 @@ class Transfer:
         return write
 
     async def _refused(self, link: Link, xid: str, reason: str) -> None:
-        log.warning("router %s refused routing transaction %s, it is sent again: %s", link.peer, xid, reason)
-        await self._outbound.pop(xid).rollback()
-        await trio.sleep(REFUSED_BACKOFF)
+        log.warning(
+            "router %s refused routing transaction %s, it is sent again in %.0f s: %s",
+            link.peer,
+            xid,
+            REFUSED_BACKOFF,
+            reason,
+        )
+        transaction = self._outbound.pop(xid)
+        await transaction.rollback()
+        state = self._link(link)
+        state.refused += 1
+        state.messages_out -= sum(transaction.acknowledgements.values())  # (counted when sent; not taken)
+        link.start_soon(self._changed_after, REFUSED_BACKOFF)  # (not here: the link's other answers go on)
+
+    async def _changed_after(self, seconds: float) -> None:
+        await trio.sleep(seconds)
         self.changed()
 
     async def _nonxa_committed(self, state: _LinkTransfer, seq: int) -> _Write:
@@ -721,9 +760,10 @@ class Transfer:
 
     # -- receiving --------------------------------------------------------------------------
 
-    def _stage(self, transaction: Transaction, raw: bytes) -> int:
+    def _stage(self, transaction: Transaction, raw: bytes, alone: bool = False) -> int:
         """Stage one received message where it goes; the flow-control delay (ms) of the
-        queue it goes to (0 when it is dropped, dead-lettered or goes to unroutable)."""
+        queue it goes to (0 when it is dropped, dead-lettered or goes to unroutable).
+        ``alone``: its batch goes into an empty queue without the queue's limits."""
         try:
             fields, counted = self._hops.count(raw)  # the usual case, without decoding the message
             if fields is not None and counted is not None:
@@ -763,7 +803,7 @@ class Transfer:
                 self.dropped += 1  # its requester is gone
                 return 0
             try:
-                return transaction.send(queue, message, possible_duplicate=bool(doubt)).delay_ms
+                return transaction.send(queue, message, possible_duplicate=bool(doubt), limited=not alone).delay_ms
             except QueueNotFound as exc:
                 return self._unroutable(transaction, message, str(exc))
         elif hops + 1 >= MAX_PATH:
@@ -776,7 +816,7 @@ class Transfer:
             # forwarded as it is, in doubt or not: only the target queue drops duplicates. A
             # routing queue may see a message twice without a duplicate (a path that changed
             # mid-transfer, a → b → a → c): its backlog there would drop the only copy
-            return transaction.send(f"{queue}@{destination}", message).delay_ms
+            return transaction.send(f"{queue}@{destination}", message, limited=not alone).delay_ms
 
     def _unroutable(self, transaction: Transaction, message: Message, reason: str) -> int:
         transaction.send(UNROUTABLE, message.with_annotations({UNROUTABLE_REASON: reason}))
@@ -802,13 +842,11 @@ class Transfer:
         link.machine.refuse_transaction(xid, reason)
         link.wake()
 
-    async def _prepare_inbound(
-        self, link: Link, state: _LinkTransfer, xid: str, messages: tuple[bytes, ...]
-    ) -> _Write | None:
-        transaction = self.manager.transaction()
-
+    async def _prepare_inbound(self, link: Link, state: _LinkTransfer, xid: str, messages: tuple[bytes, ...]) -> _Write:
         def prepared(error: BaseException | None) -> None:
-            if error is not None:
+            transaction = batch.transaction
+            assert transaction is not None
+            if error is not None:  # a limit it can never meet, or the store failed
                 self._refuse(link, transaction, xid, str(error))
                 return
             state.inbound[xid] = transaction
@@ -816,15 +854,13 @@ class Transfer:
             link.machine.prepared(xid)
             link.wake()
 
-        write = _Write(prepared)
-        try:
-            for raw in messages:
-                write.delay_ms = max(write.delay_ms, self._stage(transaction, raw))
-            transaction.prepare_nowait(xid, write.finish, transient_in_memory=True)
-        except (QueueError, StoreError) as exc:  # e.g. a full queue
-            self._refuse(link, transaction, xid, str(exc))
-            return None
-        return write
+        batch = _Inbound(
+            messages,
+            _Write(prepared),
+            lambda transaction: transaction.prepare_nowait(xid, batch.write.finish, transient_in_memory=True),
+        )
+        self._admit(link, state, batch)
+        return batch.write
 
     async def _commit_inbound(self, link: Link, state: _LinkTransfer, xid: str, recovery: bool) -> _Write:
         def stored(error: BaseException | None) -> None:
@@ -858,15 +894,74 @@ class Transfer:
 
     async def _receive_nonxa(self, link: Link, state: _LinkTransfer, seq: int, messages: tuple[bytes, ...]) -> _Write:
         def committed(error: BaseException | None) -> None:
-            if error is not None:
+            if error is not None:  # (non-XA cannot refuse: the link ends, the sender sends again in doubt)
                 raise StoreError(f"routed messages not stored: {error}")
             state.messages_in += len(messages)
             link.machine.nonxa_committed(seq)
             link.wake()
 
-        write = _Write(committed)
-        transaction = self.manager.transaction()
-        for raw in messages:
-            write.delay_ms = max(write.delay_ms, self._stage(transaction, raw))
-        transaction.commit_nowait(write.finish)
-        return write
+        batch = _Inbound(messages, _Write(committed), lambda transaction: transaction.commit_nowait(batch.write.finish))
+        self._admit(link, state, batch)
+        return batch.write
+
+    def _admit(self, link: Link, state: _LinkTransfer, batch: _Inbound) -> None:
+        """Stage ``batch`` in a transaction of its own and hand it to the store. A target
+        queue that is full is not a refusal (the sender would only send it again and again):
+        the batch waits for room, and the batches after it on this link wait behind it (the
+        order of a path is kept), while the link goes on committing what it prepared before
+        (which makes the room). Its answer, and the sender's window slot, wait with it; the
+        sender's rt$R fills and its flow control slows the producers. A batch larger than
+        the queue's whole room goes in alone once the queue is empty (so its limits hold
+        but for that one batch: waiting longer would never end). A limit the batch can never
+        meet otherwise, or a failed store, finishes its write with the error."""
+        if state.waiting and state.waiting[0] is not batch:
+            state.waiting.append(batch)
+            return
+        while True:
+            transaction = batch.transaction = self.manager.transaction()
+            try:
+                for raw in batch.messages:
+                    batch.write.delay_ms = max(batch.write.delay_ms, self._stage(transaction, raw, batch.alone))
+                break
+            except QueueFull as exc:
+                transaction.rollback_nowait()
+                full = self.manager.queues.get(exc.queue)
+                if not batch.alone and full is not None and full.size == 0 and full.reserved == 0:
+                    batch.alone = True
+                    continue
+                if not state.waiting:
+                    state.waiting.append(batch)
+                    state.full_waits += 1
+                    log.info("routing link %s from %s: %s; its transactions wait for room", link.name, link.peer, exc)
+                self.manager.when_room(exc.queue, lambda: self._room_made(link, state))
+                return
+            except (QueueError, StoreError) as exc:
+                transaction.rollback_nowait()
+                self._admitted(state, batch)
+                batch.write.finish(exc)
+                return
+        self._admitted(state, batch)
+        try:
+            batch.store(transaction)
+        except (QueueError, StoreError) as exc:
+            batch.write.finish(exc)
+
+    @staticmethod
+    def _admitted(state: _LinkTransfer, batch: _Inbound) -> None:
+        if state.waiting and state.waiting[0] is batch:
+            state.waiting.popleft()
+
+    def _room_made(self, link: Link, state: _LinkTransfer) -> None:
+        """A queue a batch of ``link`` waits for may have room: the link's worker tries again
+        (in a job of its own: this is called from inside a queue's bookkeeping)."""
+        if self._state.get(link) is state and state.waiting:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):  # (the link is ending)
+                state.jobs.send_nowait((self._admit_waiting, (link, state)))
+
+    async def _admit_waiting(self, link: Link, state: _LinkTransfer) -> None:
+        """The waiting batches of ``link``, oldest first, until one still finds no room."""
+        while state.waiting:
+            batch = state.waiting[0]
+            self._admit(link, state, batch)
+            if state.waiting and state.waiting[0] is batch:
+                return
