@@ -60,7 +60,7 @@ import attrs
 
 from .bus import EntityAdded, EntityRemoved, EventBus, PropertyChanged
 from .schema import Child, ListOf, Prop, fields_of, parse_value, shown, xml_name
-from .xmlconfig import ElementReader
+from .xmlconfig import ElementReader, suggest
 
 __all__ = [
     "ManagementError",
@@ -301,8 +301,7 @@ class Entity:
         try:
             return self.props[name]
         except KeyError:
-            known = ", ".join(self.props) or "none"
-            raise ManagementError(f"{self.path}: no property '{name}'; properties: {known}") from None
+            raise ManagementError(f"{self.path}: no property '{name}'{suggest(name, list(self.props))}") from None
 
 
 class EntityList:

@@ -282,3 +282,77 @@ def test_the_shell_reads_commands_from_stdin(tmp_path):
         assert "error: unknown command 'nonsense'" in result.stdout
     finally:
         router.close()
+
+
+async def one_shot(capsys, url: str, *words: str) -> tuple[int, str, str]:
+    """``martinet admin -u URL WORDS…`` run in this process (its exit status, stdout,
+    stderr): the real command line, connection and router; stdout is captured, not a
+    terminal, as when piped."""
+    import argparse
+
+    from martinet.swiftlets.mgmt.admin import _configure, _main
+
+    parser = argparse.ArgumentParser()
+    _configure(parser)
+    capsys.readouterr()
+    status = await _main(parser.parse_args(["-u", url, *words]))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+async def test_watch_errors_are_one_line_and_count_goes_anywhere(network, capsys):
+    await network.start(network.config("a", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    a = network.routers["a"].management
+    url = network.url("a")
+    with trio.fail_after(30):
+        status, out, err = await one_shot(capsys, url, "watch", "/nothing")
+        assert (status, out) == (1, "") and err.startswith("error: a: no 'nothing' under /;")
+        assert err.count("\n") == 1 and err.endswith("\n")
+        status, out, err = await one_shot(capsys, url, "watch", "/sys$queuemanager", "--count")
+        assert (status, out) == (2, "") and err == "error: usage: watch [PATH] [--count N]\n"
+        for words in (["watch", "/sys$queuemanager", "--count", "1"], ["watch", "--count", "1", "/sys$queuemanager"]):
+            done: list = []
+
+            async def watch(words=words, done=done) -> None:
+                done.append(await one_shot(capsys, url, *words))
+
+            async with trio.open_nursery() as watching:
+                watching.start_soon(watch)
+                await wait_until(lambda: a.get("/sys$mgmt/usage", "watches") == 1, what="watching")
+                a.set("/sys$queuemanager", "max-message-size", str(100000 + len(words[1])))
+            status, out, err = done[0]
+            assert (status, err) == (0, "")
+            assert out.splitlines()[1].startswith("/sys$queuemanager max-message-size: ")
+            await wait_until(lambda: a.get("/sys$mgmt/usage", "watches") == 0, what="unwatched")
+
+
+async def test_piped_tables_are_not_wrapped_and_routing_views_need_sys_routing(network, capsys):
+    await network.start(network.config("a", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    await network.start(network.config("lone", startorder=(*MGMT_STACK[:-2], "sys$mgmt")))  # no sys$routing
+    long_name = "orders." + "x" * 150
+    network.routers["a"].management.add("/sys$queuemanager/queues", long_name)
+    with trio.fail_after(30):
+        status, out, err = await one_shot(capsys, network.url("a"), "queues")
+        assert (status, err) == (0, "")
+        assert any(long_name in line for line in out.splitlines())  # on one line, whole
+        for command in ("links", "routes", "map"):
+            status, out, err = await one_shot(capsys, network.url("lone"), command)
+            assert (status, out) == (1, ""), command
+            assert err == "error: lone: router lone runs no sys$routing: it has no links or routes\n", command
+
+
+async def test_set_suggests_a_misspelled_property_and_temporary_queues_go_quietly(network, capsys, caplog):
+    import logging
+
+    await network.start(network.config("a", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    caplog.set_level(logging.DEBUG, logger="martinet.swiftlets.queuemanager")
+    with trio.fail_after(30):
+        status, out, err = await one_shot(capsys, network.url("a"), "set", "/sys$queuemanager", "max-mesage-size", "9")
+    assert (status, out) == (1, "")
+    assert err == "error: a: /sys$queuemanager: no property 'max-mesage-size'; did you mean 'max-message-size'?\n"
+    await wait_until(
+        lambda: any("tmp$" in r.getMessage() and "deleted" in r.getMessage() for r in caplog.records),
+        what="the admin's reply queue deleted",
+    )
+    deleted = [r for r in caplog.records if "tmp$" in r.getMessage() and "deleted" in r.getMessage()]
+    assert [r.levelname for r in deleted] == ["DEBUG"] * len(deleted)

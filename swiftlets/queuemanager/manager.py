@@ -562,7 +562,12 @@ class QueueManager:
         self._defer(*(DeleteMessage(entry.id) for entry in dropped if entry.persistent))
         if self._usage is not None:
             self._usage.remove(name)
-        log.info("queue %s deleted (%d message(s) dropped)", name, len(dropped))
+        # every client's temporary queue goes when it leaves (each admin call's reply queue):
+        # routine, unless it took messages with it
+        quiet = queue.owner is not None and not dropped
+        log.log(
+            logging.DEBUG if quiet else logging.INFO, "queue %s deleted (%d message(s) dropped)", name, len(dropped)
+        )
 
     def _queue_configured(self, entity: Entity) -> None:
         settings = entity.config
