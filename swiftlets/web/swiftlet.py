@@ -39,6 +39,7 @@ answers again), and loses them once it is gone from the routing table. Without
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 import time
 from functools import partial
@@ -80,6 +81,22 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
+
+
+class _NoQuitHint(logging.Filter):
+    """Drops hypercorn's "Running on … (CTRL + C to quit)": the router owns the process and its
+    signals (a Ctrl-C stops the whole router, in order), and its own line says where it serves."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "(CTRL + C to quit)" not in record.getMessage()
+
+
+def _hypercorn_log(log: logging.Logger) -> logging.Logger:
+    """The logger hypercorn writes to: a child of the swiftlet's, without the quit hint."""
+    child = log.getChild("hypercorn")
+    if not any(isinstance(f, _NoQuitHint) for f in child.filters):
+        child.addFilter(_NoQuitHint())
+    return child
 
 
 class WebSwiftlet:
@@ -178,7 +195,7 @@ class WebSwiftlet:
             ) from None
         hypercorn = HypercornConfig()
         hypercorn.accesslog = None
-        hypercorn.errorlog = self.context.log
+        hypercorn.errorlog = _hypercorn_log(self.context.log)
         hypercorn.graceful_timeout = GRACEFUL
         asgi_app = build_app(self, self.context, admin_group=config.admin_group)
         # Starlette types an app's scope as a MutableMapping, hypercorn as its own TypedDicts:
