@@ -356,3 +356,40 @@ async def test_set_suggests_a_misspelled_property_and_temporary_queues_go_quietl
     )
     deleted = [r for r in caplog.records if "tmp$" in r.getMessage() and "deleted" in r.getMessage()]
     assert [r.levelname for r in deleted] == ["DEBUG"] * len(deleted)
+
+
+async def test_link_since_is_when_the_state_began_and_an_old_error_has_its_time(network):
+    from martinet.swiftlets.routing.config import ListenerConfig, RoutingConfig
+
+    await network.start(network.config("a", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    port = free_port()  # b's routing listener, not listening yet: a's connector fails, retry after retry
+    network.routers["a"].management.add(
+        "/sys$routing/connectors", "b", {"hostname": "127.0.0.1", "port": str(port), "retry-time": "1000"}
+    )
+    connector = "/sys$routing/usage/connectors/b"
+    a = network.routers["a"].management
+
+    def attempts() -> int:
+        return a.get(connector, "attempts")
+
+    async with AdminClient.open(network.url("a")) as admin:
+        await wait_until(lambda: a.get(connector, "state") == "failed", what="the first failure")
+        first = [link for link in (await crawl(admin)).links if link.connector == "b"][0]
+        assert first.state == "failed" and first.since and first.error.startswith("cannot connect to 127.0.0.1:")
+        seen = attempts()
+        # retries a second apart, until the clock's second (the stamps' resolution) has moved on
+        await wait_until(
+            lambda: attempts() >= seen + 2 and a.get(connector, "state") == "failed", timeout=20, what="two retries"
+        )
+        again = [link for link in (await crawl(admin)).links if link.connector == "b"][0]
+        assert (again.state, again.since, again.error) == ("failed", first.since, first.error)
+
+        routing = RoutingConfig(listeners=[ListenerConfig(name="links", port=port, bindaddress="127.0.0.1")])
+        await network.start(network.config("b", startorder=MGMT_STACK, swiftlets={"sys$routing": routing}))
+        await wait_until(lambda: a.get(connector, "state") == "operational", timeout=20, what="operational")
+        up = [link for link in (await crawl(admin)).links if link.connector == "b"][0]
+        assert (up.target, up.state, up.error) == ("b", "operational", "")  # no error without a time
+        assert up.since >= first.since
+        usage = a.resolve(connector).properties()
+        assert usage["previous-error"] == first.error and usage["previous-error-time"] == first.since
+        assert usage["last-error"] == usage["last-error-time"] == ""

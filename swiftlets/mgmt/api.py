@@ -271,7 +271,8 @@ async def crawl(call: Call, start: str, *, concurrency: int = 1000) -> NetworkMa
                 or connector.get("last-routername")
                 or f"{connector['hostname']}:{connector['port']}"
             )
-            since = link.get("connecttime") or connector.get("last-error-time") or ""
+            # when the state began (routers of an older release: the connect or the error time)
+            since = connector.get("since") or link.get("connecttime") or connector.get("last-error-time") or ""
             other = views.get(target, {}).get("connections", {})
             listener_state = next(
                 (

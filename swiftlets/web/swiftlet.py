@@ -224,7 +224,8 @@ class WebSwiftlet:
                             self._connector_peers[event.link] = event.peer
                         peer = event.peer or self._connector_peers.get(event.link)
                         if peer:
-                            self._link(event.link, peer, event.state.value, event.error or "", time.time())
+                            since = event.since or time.time()
+                            self._link(event.link, peer, event.state.value, event.error or "", since)
                             self._stale.set()
                 except SubscriberOverflow as exc:
                     self.context.log.warning("%s; reading the links afresh", exc)
@@ -305,9 +306,11 @@ class WebSwiftlet:
                 link = f"connector:{name}" if kind == "connectors" else name
                 peer = values.get("routername") or self._connector_peers.get(link)
                 if peer:
-                    self._link(link, peer, values["state"], values.get("last-error", ""), now)
+                    # when the state began, as sys$routing has it (a retry does not move it)
+                    since = _seconds(values.get("since") or values.get("connecttime") or "") or now
+                    self._link(link, peer, values["state"], values.get("last-error", ""), since)
 
-    def _link(self, link: str, peer: str, state: str, error: str, now: float) -> None:
+    def _link(self, link: str, peer: str, state: str, error: str, since: float) -> None:
         current = self._links.get(peer)
         if current is not None:
             current_link, view = current
@@ -319,7 +322,7 @@ class WebSwiftlet:
                 return  # a second link to the same neighbour (refused, closing): the live one counts
             if view.state == state and current_link == link:
                 return
-        self._links[peer] = (link, LinkView(peer=peer, state=state, since=now, error=error))
+        self._links[peer] = (link, LinkView(peer=peer, state=state, since=since, error=error))
 
     def _rebuild(self) -> None:
         routes = {row.name: row.routes for row in self._routing.destinations()} if self._routing else {}
