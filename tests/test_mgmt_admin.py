@@ -393,3 +393,85 @@ async def test_link_since_is_when_the_state_began_and_an_old_error_has_its_time(
         usage = a.resolve(connector).properties()
         assert usage["previous-error"] == first.error and usage["previous-error-time"] == first.since
         assert usage["last-error"] == usage["last-error-time"] == ""
+
+
+async def test_destructive_commands_say_what_they_destroy_and_need_a_confirmation(network, capsys):
+    from martinet.messaging.client import DeliveryMode, Queue, TextMessage, Topic, connect
+
+    config = network.config("a", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()})
+    router = await network.start(config)
+    tree = router.management
+    tree.add("/sys$queuemanager/queues", "orders")
+    url = network.url("a")
+    async with connect(url, client_id="app") as connection, connection.session() as session:
+        producer = await session.producer(Queue("orders"), delivery_mode=DeliveryMode.PERSISTENT)
+        for n in range(5):
+            await producer.send(TextMessage(f"order {n}"))
+        subscriber = await session.durable_subscriber(Topic("news"), "sub")
+        await subscriber.close()
+        publisher = await session.producer(Topic("news"), delivery_mode=DeliveryMode.PERSISTENT)
+        for n in range(2):
+            await publisher.send(TextMessage(f"news {n}"))
+    queue_manager = router.swiftlet("sys$queuemanager")
+    await prepare_xa(queue_manager)
+    await network.stop("a")
+    router = await network.start(config)  # the prepared transaction is in doubt after a restart
+    tree = router.management
+    tree.add("/sys$queuemanager/queues", "orders")  # configured again (the runtime addition was not saved)
+    url = network.url("a")
+    queues, orders = "/sys$queuemanager/queues", "/sys$queuemanager/usage/queues/orders"
+    durable, in_doubt = "/sys$topicmanager/usage/durable-subscribers", "/sys$xa/usage/in-doubt/client-9"
+    await wait_until(lambda: tree.get(f"{durable}/app$sub", "messages") == 2, what="the durable's messages back")
+
+    refused = {
+        ("delete", queues, "orders"): "removing /sys$queuemanager/queues/orders drops the 5 message(s) it holds",
+        ("invoke", orders, "purge"): f"purge of {orders} drops 5 message(s)",
+        ("delete", durable, "app$sub"): f"delete of {durable}/app$sub drops 2 message(s)",
+        ("invoke", in_doubt, "rollback"): f"rollback of {in_doubt} drops 2 message(s)",
+        ("halt",): "halt stops router a (its clients and links are cut; 0 non-persistent message(s) in its "
+        "queues are lost, persistent ones wait in its store)",
+    }
+    with trio.fail_after(60):
+        for words, what in refused.items():  # one-shot without --force: refused, saying what would go
+            status, out, err = await one_shot(capsys, url, *words)
+            assert (status, out) == (1, ""), (words, out, err)
+            assert err == f"error: a: {what}: not done without force (a confirmation); add --force to do it\n"
+        assert tree.get(orders, "messages") == 5 and tree.get(f"{durable}/app$sub", "messages") == 2
+        assert "client-9" in tree.resolve("/sys$xa/usage/in-doubt").children
+
+        async with AdminClient.open(url) as admin:  # the shell asks; no keeps, yes goes
+            commands = Commands(admin)
+            questions: list[str] = []
+            answers = iter([False, True])
+
+            async def ask(question: str) -> bool:
+                questions.append(question)
+                return next(answers)
+
+            commands.ask = ask
+            assert (await commands.run(["invoke", orders, "purge"])).views == ("not done",)
+            assert tree.get(orders, "messages") == 5
+            assert (await commands.run(["invoke", orders, "purge"])).data == "5 messages purged from orders"
+            assert questions == [f"a: purge of {orders} drops 5 message(s). Do it? [y/N] "] * 2
+            deleted = await commands.run(["delete", queues, "orders"])  # empty now: no question
+            assert deleted.data["deleted"] == ["orders"]
+            assert len(questions) == 2
+
+        status, out, err = await one_shot(capsys, url, "--force", "delete", durable, "app$sub")
+        assert (status, err) == (0, "") and "1 deleted: app$sub" in out
+        status, out, err = await one_shot(capsys, url, "invoke", in_doubt, "rollback", "--force")
+        assert (status, err) == (0, "")
+        assert "app$sub" not in tree.resolve(durable).children
+        assert "client-9" not in tree.resolve("/sys$xa/usage/in-doubt").children
+        status, out, err = await one_shot(capsys, url, "halt", "--force")
+        assert (status, err, out) == (0, "", "a: halting\n")
+
+
+async def prepare_xa(queue_manager) -> None:
+    """An XA transaction prepared with two sends (in doubt once the router restarts)."""
+    from martinet.messaging.message import build
+
+    transaction = queue_manager.transaction()
+    for n in range(2):
+        transaction.send("out", build(f"x{n}".encode(), message_id=f"x-{n}", durable=True))
+    await transaction.prepare("client-9")

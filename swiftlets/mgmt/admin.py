@@ -43,7 +43,7 @@ from martinet.kernel import Command
 from martinet.messaging.client import JMSError
 from martinet.messaging.like import LikePatternError, like_pattern
 
-from .api import NetworkMap
+from .api import NetworkMap, Status
 from .api import crawl as api_crawl
 from .client import DEFAULT_TIMEOUT, AdminClient, AdminError
 
@@ -192,6 +192,11 @@ class Commands:
         self.path = "/"
         self.watch_limit: int | None = None  # stop a watch after so many notifications (scripts)
         self.json = False  # watch prints each notification as JSON
+        self.force = False  # destructive commands go ahead without asking (one-shot --force)
+        # asks the operator to confirm what a destructive command would destroy (the shell);
+        # None: such a command is refused, with what it would destroy (one-shot without --force)
+        self.ask: Callable[[str], Awaitable[bool]] | None = None
+        self._forced = False  # this command's: --force among its words, or self.force
 
     @property
     def names(self) -> list[str]:
@@ -204,8 +209,9 @@ class Commands:
         handler: Callable[[list[str]], Awaitable[Output]] | None = getattr(self, f"cmd_{name}", None)
         if handler is None:
             raise UsageError(f"unknown command {name!r}; commands: {', '.join(self.names)}")
+        self._forced = self.force or "--force" in args
         try:
-            return await handler(args)
+            return await handler([arg for arg in args if arg != "--force"])
         except BaseExceptionGroup as group:  # a command's tasks (a watch) fail as a group: one line
             raise _first_leaf(group) from None
 
@@ -214,6 +220,29 @@ class Commands:
 
     async def _call(self, verb: str, **args: Any) -> Any:
         return await self.admin.call(self.router, verb, **args)
+
+    async def _destructive(self, verb: str, **args: Any) -> tuple[bool, Any]:
+        """A request that may destroy messages or stop the router: the router refuses it
+        (CONFLICT, saying what would go) unless forced; the shell then asks the operator and
+        repeats it forced. (done, result): not done when the operator declined.
+
+        Raises:
+            AdminError: refused (one-shot without --force: the router's reason and how to force).
+        """
+        if self._forced:
+            return True, await self._call(verb, force=True, **args)
+        try:
+            return True, await self._call(verb, **args)
+        except AdminError as exc:
+            if exc.status != Status.CONFLICT:
+                raise
+            if self.ask is None:
+                raise AdminError(exc.status, f"{exc.reason}; add --force to do it", exc.router) from None
+            if not await self.ask(
+                f"{exc.router}: {exc.reason.partition(': not done without force')[0]}. Do it? [y/N] "
+            ):
+                return False, None
+        return True, await self._call(verb, force=True, **args)
 
     async def children(self, path: str) -> list[str]:
         """The names below ``path`` (for completion); empty when it does not exist."""
@@ -316,12 +345,14 @@ class Commands:
         node = await self._call("get", path=path)
         if node["kind"] not in ("entity-list", "usage-list"):
             raise UsageError(f"{path} is {node['kind']}; delete works on lists")
-        names = [name for name in node["entries"] if pattern.matches(name)]
-        for name in names:
+        names = []
+        for name in [name for name in node["entries"] if pattern.matches(name)]:
             if node["kind"] == "entity-list":
-                await self._call("remove", path=path, name=name)
+                done, _ = await self._destructive("remove", path=path, name=name)
             else:
-                await self._call("invoke", path=f"{path.rstrip('/')}/{name}", operation="delete")
+                done, _ = await self._destructive("invoke", path=f"{path.rstrip('/')}/{name}", operation="delete")
+            if done:
+                names.append(name)
         return Output(
             {"path": path, "deleted": names},
             (f"{path}: {len(names)} deleted" + (f": {', '.join(names)}" if names else ""),),
@@ -332,7 +363,11 @@ class Commands:
         (purge, move, view of a queue; delete of a connection; commit/rollback of an xid …)."""
         if len(args) < 2:
             raise UsageError("usage: invoke PATH OPERATION [argument=value ...]")
-        result = await self._call("invoke", path=self._path(args), operation=args[1], args=_assignments(args[2:]))
+        done, result = await self._destructive(
+            "invoke", path=self._path(args), operation=args[1], args=_assignments(args[2:])
+        )
+        if not done:
+            return Output({"done": False}, ("not done",))
         return Output(result, (json.dumps(result, indent=2) if not isinstance(result, str) else result,))
 
     async def cmd_save(self, args: list[str]) -> Output:
@@ -347,7 +382,9 @@ class Commands:
 
     async def cmd_halt(self, args: list[str]) -> Output:
         """halt: stop the router."""
-        result = await self._call("halt")
+        done, result = await self._destructive("halt")
+        if not done:
+            return Output({"done": False}, ("not done",))
         return Output(result, (f"{self.router}: halting",))
 
     async def _shortcut(self, path: str) -> Output:
@@ -582,7 +619,13 @@ class Shell(cmd.Cmd):
         super().__init__()
         self.commands = commands
         self.as_json = as_json
+        commands.ask = self._ask
         self._refresh_prompt()
+
+    async def _ask(self, question: str) -> bool:
+        """The operator's yes or no (asked from a worker thread: the shell's own thread waits
+        for the command in the trio thread)."""
+        return await trio.to_thread.run_sync(_yes, question)
 
     def _refresh_prompt(self) -> None:
         self.prompt = f"{self.commands.router}:{self.commands.path}> "
@@ -631,6 +674,13 @@ class Shell(cmd.Cmd):
         return [f"{prefix}{name}/" for name in names if name.startswith(stem)]
 
 
+def _yes(question: str) -> bool:
+    try:
+        return input(question).strip().lower() in ("y", "yes")
+    except EOFError:  # no answer is no
+        return False
+
+
 def _setup_readline() -> Any:
     try:
         import readline
@@ -668,6 +718,7 @@ async def _session(args: argparse.Namespace) -> int:
             commands = Commands(admin, args.router)
             commands.json = args.json
             commands.watch_limit = args.count
+            commands.force = args.force
             if args.words:
                 try:
                     output = await commands.run(args.words)
@@ -715,6 +766,13 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds to wait for each reply")
     parser.add_argument("--count", type=int, default=None, help="watch: stop after this many notifications")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="do a destructive command (delete of a queue holding messages, purge, halt, durable "
+        "subscription delete, XA rollback) without asking; without it, the command is refused "
+        "with what it would destroy",
+    )
     parser.add_argument(
         "words",
         nargs=argparse.REMAINDER,

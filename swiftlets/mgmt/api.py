@@ -76,6 +76,7 @@ class Status(enum.IntEnum):
     OK = 200
     BAD_REQUEST = 400  # malformed, unknown verb or path, invalid value, vetoed (the reason says which)
     FORBIDDEN = 403  # not a manager of this router, or a read-only role asked for a change
+    CONFLICT = 409  # destructive (drops messages, stops the router): done only with "force": true
     UNAVAILABLE = 503  # too many watches, or the router is stopping
     ERROR = 500  # the router failed to do it (logged with a traceback there)
 

@@ -181,7 +181,9 @@ class QueueManager:
         self.context.entity.on_change(self._settings_changed)
         for name in PREDEFINED:
             self.queue(name, create=True)
-        self.context.entity.entity_list("queues").bind(self._queue_configured, self._queue_unconfigured)
+        self.context.entity.entity_list("queues").bind(
+            self._queue_configured, self._queue_unconfigured, destroys=self._messages_of
+        )
         prepared = self._recover()
         await self._read_back_recovered(prepared)
         try:
@@ -582,6 +584,11 @@ class QueueManager:
         queue = self.queues.get(name)
         if queue is not None:  # listeners run before the change is committed: apply it
             queue.settings = attrs.evolve(queue.settings, **{change.field: change.new})
+
+    def _messages_of(self, entity: Entity) -> int:
+        """What deleting the queue of ``entity`` drops."""
+        queue = self.queues.get(entity.name)
+        return queue.size if queue is not None else 0
 
     def _queue_unconfigured(self, entity: Entity) -> None:
         queue = self.queues.get(entity.name)
