@@ -471,7 +471,7 @@ class Commands:
             [
                 [
                     router,
-                    "start" if router == network.start else hops,
+                    "start" if router == network.start else "no route" if hops is None else hops,
                     ", ".join(
                         f"{link.target if link.source == router else link.source} ({link.state})"
                         for link in network.links

@@ -196,6 +196,8 @@ class RoutingSwiftlet:
         self._usage_listeners = usage.add_list("listeners")
         self._usage_connectors = usage.add_list("connectors")
         self._usage_connections = usage.add_list("connections")
+        self._usage_lost = usage.add_list("lost-links")  # see _remember_lost
+        self._lost: dict[str, dict[str, Any]] = {}
         self._usage_table = usage.add_list("routing-table")
         self._usage_bridges = usage.add_list("queue-bridges")
         self._usage_routes: dict[str, UsageList] = {}
@@ -416,6 +418,8 @@ class RoutingSwiftlet:
             link.operational.use_xa,
         )
         self._usage_connections.add(link.name, lambda: self._link_usage(link))
+        if self._lost.pop(peer, None) is not None:
+            self._usage_lost.remove(peer)
         self._apply(self.exchanger.link_up(peer))
 
     def route_received(self, link: Link, announcement: Announcement) -> None:
@@ -470,7 +474,27 @@ class RoutingSwiftlet:
         assert link.peer is not None
         del self._links[link.peer]
         self._usage_connections.remove(link.name)
+        if link.role is Role.LISTENER:
+            self._remember_lost(link)
         self._apply(self.exchanger.link_down(link.peer))
+
+    def _remember_lost(self, link: Link) -> None:
+        """Keep the listener side's last word on a link a neighbour dialed: when that router is
+        gone, nobody else can tell the network map (a crawl asks the dialing router for its
+        connectors) that the link was there and since when it is down. One entry per peer
+        router, until a link from it is operational again."""
+        assert link.peer is not None
+        entry = {
+            "listener": link.name,
+            "address": link.address,
+            "state": link.state.value,
+            "since": _stamp(time.time()),
+            "last-error": link.error or "",
+        }
+        if self._lost.pop(link.peer, None) is not None:
+            self._usage_lost.remove(link.peer)
+        self._lost[link.peer] = entry
+        self._usage_lost.add(link.peer, lambda: entry)
 
     def _link_usage(self, link: Link) -> dict[str, Any]:
         operational = link.operational
