@@ -647,6 +647,8 @@ class Shell(cmd.Cmd):
             output = trio.from_thread.run(self.commands.run, words)
         except (UsageError, AdminError) as exc:
             print(f"error: {exc}")
+        except Exception as exc:  # (a lost connection …): one line, and the shell goes on
+            print(f"error: {_describe(exc)}")
         else:
             _print(output, self.as_json)
         self._refresh_prompt()
