@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.metadata
 import importlib.resources
 import logging
 import os
@@ -44,8 +45,17 @@ def default_config() -> Path:
     return Path(str(importlib.resources.files("martinet.kernel.conf") / "router.xml"))
 
 
+def _version() -> str:
+    """The installed distribution's version ("unknown" when run from an uninstalled tree)."""
+    try:
+        return importlib.metadata.version("martinet")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="martinet", description="Martinet message router")
+    parser.add_argument("--version", action="version", version=f"martinet {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run a router")
     run.add_argument("config", nargs="?", type=Path, help="router config (default: packaged)")

@@ -60,7 +60,7 @@ import attrs
 
 from .bus import EntityAdded, EntityRemoved, EventBus, PropertyChanged
 from .schema import Child, ListOf, Prop, fields_of, parse_value, shown, xml_name
-from .xmlconfig import ElementReader
+from .xmlconfig import ElementReader, suggest
 
 __all__ = [
     "ManagementError",
@@ -301,8 +301,7 @@ class Entity:
         try:
             return self.props[name]
         except KeyError:
-            known = ", ".join(self.props) or "none"
-            raise ManagementError(f"{self.path}: no property '{name}'; properties: {known}") from None
+            raise ManagementError(f"{self.path}: no property '{name}'{suggest(name, list(self.props))}") from None
 
 
 class EntityList:
@@ -325,26 +324,36 @@ class EntityList:
         }
         self._on_add: Callable[[Entity], None] | None = None
         self._on_remove: Callable[[Entity], None] | None = None
+        self._destroys: Callable[[Entity], int] | None = None
 
     def bind(
         self,
         on_add: Callable[[Entity], None] | None = None,
         on_remove: Callable[[Entity], None] | None = None,
+        destroys: Callable[[Entity], int] | None = None,
     ) -> None:
         """Set the owner's listeners, replaying every present entry through ``on_add``.
 
-        Listeners may raise :class:`Veto` to refuse an addition or a removal.
+        Listeners may raise :class:`Veto` to refuse an addition or a removal. ``destroys``
+        (for a list whose entries hold messages, as queues do): how many messages removing
+        an entry would drop now; management asks for a confirmation when it is not 0.
 
         Raises:
             ManagementError: ``on_add`` vetoed an entry already present.
         """
-        self._on_add, self._on_remove = on_add, on_remove
+        self._on_add, self._on_remove, self._destroys = on_add, on_remove, destroys
         if on_add is not None:
             for entity in list(self.entities.values()):
                 try:
                     on_add(entity)
                 except Veto as veto:
                     raise ManagementError(f"{entity.path}: refused: {veto}") from None
+
+    def destroys(self, name: str) -> int:
+        """How many messages removing entry ``name`` would drop now (0: none, or unknown
+        entry, or a list whose entries hold none)."""
+        entity = self.entities.get(name)
+        return self._destroys(entity) if entity is not None and self._destroys is not None else 0
 
     def add(self, name: str, values: Mapping[str, Any] | None = None) -> Entity:
         """Create entry ``name`` from property values (XML names), offer it, then add it.
@@ -464,12 +473,15 @@ class Operation:
         call: the implementation, called with the parameters as keyword arguments; sync
             or ``async``; it refuses by raising :class:`Veto`. Not part of the data a
             front end shows.
+        destroys: for an operation that drops messages (a purge, a rollback), how many it
+            would drop if run now; management asks for a confirmation when it is not 0.
     """
 
     name: str
     description: str
     parameters: tuple[Parameter, ...] = ()
     call: Callable[..., Any | Awaitable[Any]] = attrs.field(eq=False, repr=False)
+    destroys: Callable[[], int] | None = attrs.field(default=None, eq=False, repr=False)
 
     def describe(self) -> dict[str, Any]:
         """The operation as plain data: name, description and each parameter's name,
@@ -506,11 +518,13 @@ class Usage:
         call: Callable[..., Any | Awaitable[Any]],
         description: str,
         parameters: tuple[Parameter, ...] | list[Parameter] = (),
+        destroys: Callable[[], int] | None = None,
     ) -> Operation:
         """Offer (or replace) operation ``name`` on this entity; :meth:`Tree.invoke` calls
-        ``call`` with the parameters as keyword arguments (awaiting it if it is async)."""
+        ``call`` with the parameters as keyword arguments (awaiting it if it is async);
+        ``destroys``: see :class:`Operation`."""
         operation = self.operations[name] = Operation(
-            name=name, description=description, parameters=tuple(parameters), call=call
+            name=name, description=description, parameters=tuple(parameters), call=call, destroys=destroys
         )
         return operation
 

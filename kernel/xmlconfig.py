@@ -104,7 +104,9 @@ class _Node(dict):
         self.element = element
 
 
-def _suggest(word: str, candidates: list[str]) -> str:
+def suggest(word: str, candidates: list[str]) -> str:
+    """ "; did you mean 'x'?" for the candidate closest to a misspelled ``word`` (else the
+    candidates), as ``martinet check`` and management say it."""
     close = difflib.get_close_matches(word, candidates, n=1)
     if close:
         return f"; did you mean '{close[0]}'?"
@@ -199,7 +201,7 @@ class ElementReader:
                 continue
             field, meta = children.get(child.tag, (None, None))
             if field is None or meta is None or isinstance(meta, Prop):  # (no such field: both None)
-                hint = _suggest(child.tag, structural)
+                hint = suggest(child.tag, structural)
                 self.error(child, f"unknown element <{child.tag}>{hint}")
                 continue
             if child.tag in node:
@@ -260,7 +262,7 @@ class ElementReader:
         if isinstance(exc, ForbiddenExtraKeysError):
             known = [xml_name(f.name) for f, m in fields_of(cls) if isinstance(m, Prop)]
             for key in sorted(exc.extra_fields):
-                self.error(el, f"unknown attribute{_suggest(key, known)}", key)
+                self.error(el, f"unknown attribute{suggest(key, known)}", key)
             return
         if not isinstance(exc, ClassValidationError):
             self.error(el, str(exc))

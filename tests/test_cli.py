@@ -149,3 +149,24 @@ def test_ctrl_c_to_the_process_group_stops_cleanly(tmp_path):
     finally:
         if router.poll() is None:
             os.killpg(router.pid, signal.SIGKILL)
+
+
+def test_version_option_prints_the_installed_version():
+    from importlib.metadata import version
+
+    result = subprocess.run(
+        [sys.executable, "-m", "martinet.kernel", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, f"martinet {version('martinet')}\n", "")
+
+
+def test_what_a_run_leaves_in_its_folder_is_ignored_by_git():
+    # `martinet run` (store/), sys$spark (metrics/) and martinet-pipeline (analysis/) write
+    # into the folder they run in: a clone's `git status` must stay clean after the tour
+    from conftest import ROOT
+
+    paths = ["store/router1.sqlite", "metrics/router1/x.json", "analysis/report.html", "swiftlets/store/api.py"]
+    result = subprocess.run(
+        ["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout.split() == paths[:3]

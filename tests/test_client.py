@@ -572,3 +572,28 @@ def test_importing_the_client_imports_nothing_of_the_router():
         or name.startswith(("martinet.kernel", "martinet.swiftlets"))
     ]
     assert forbidden == []
+
+
+async def test_client_connections_opening_and_closing_are_logged_with_user_and_address(amqp_broker, caplog):
+    import logging
+
+    from martinet.kernel.logs import HostLimitedLog
+
+    caplog.set_level(logging.INFO, logger="martinet.swiftlets.jms")
+    broker = await amqp_broker(auth="true")
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("client connection from")]
+
+    async with connect(broker.url, user="app", password="s3cret", client_id="shop-1"):
+        await wait_until(lambda: len(lines()) == 1, what="the opening logged")
+    await wait_until(lambda: len(lines()) == 2, what="the closing logged")
+    opened, closed = lines()
+    assert opened == "client connection from 127.0.0.1 opened: user app, client id shop-1, listener amqp"
+    assert closed.startswith("client connection from 127.0.0.1 closed: user app, client id shop-1, listener amqp, ")
+    assert {r.levelname for r in caplog.records if r.getMessage() in (opened, closed)} == {"INFO"}
+    for _ in range(HostLimitedLog.LIMIT):  # a client reconnecting in a loop writes LIMIT lines a period, not more
+        async with connect(broker.url, user="app", password="s3cret"):
+            pass
+    await wait_until(lambda: broker.connections() == 0, what="all closed")
+    assert len(lines()) == HostLimitedLog.LIMIT

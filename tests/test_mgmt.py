@@ -98,7 +98,7 @@ async def test_veto_keeps_the_old_value_and_notifies_nobody(tree):
         ("/", "enabled", "yes", "expected 'true' or 'false', found 'yes'"),
         ("/", "enabled", 1, "expected 'true' or 'false', found 1"),
         ("/", "version", "2", "property 'version' is read-only"),
-        ("/", "colour", "red", "no property 'colour'; properties: enabled, version"),
+        ("/", "colour", "red", "no property 'colour'; expected one of: enabled, version"),
         ("/nowhere", "x", "1", "no 'nowhere' under /; there is: limits, listeners"),
         ("/listeners", "port", "1", "/listeners is an entity list, not a config entity"),
     ],

@@ -282,3 +282,196 @@ def test_the_shell_reads_commands_from_stdin(tmp_path):
         assert "error: unknown command 'nonsense'" in result.stdout
     finally:
         router.close()
+
+
+async def one_shot(capsys, url: str, *words: str) -> tuple[int, str, str]:
+    """``martinet admin -u URL WORDS…`` run in this process (its exit status, stdout,
+    stderr): the real command line, connection and router; stdout is captured, not a
+    terminal, as when piped."""
+    import argparse
+
+    from martinet.swiftlets.mgmt.admin import _configure, _main
+
+    parser = argparse.ArgumentParser()
+    _configure(parser)
+    capsys.readouterr()
+    status = await _main(parser.parse_args(["-u", url, *words]))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+async def test_watch_errors_are_one_line_and_count_goes_anywhere(network, capsys):
+    await network.start(network.config("a", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    a = network.routers["a"].management
+    url = network.url("a")
+    with trio.fail_after(30):
+        status, out, err = await one_shot(capsys, url, "watch", "/nothing")
+        assert (status, out) == (1, "") and err.startswith("error: a: no 'nothing' under /;")
+        assert err.count("\n") == 1 and err.endswith("\n")
+        status, out, err = await one_shot(capsys, url, "watch", "/sys$queuemanager", "--count")
+        assert (status, out) == (2, "") and err == "error: usage: watch [PATH] [--count N]\n"
+        for words in (["watch", "/sys$queuemanager", "--count", "1"], ["watch", "--count", "1", "/sys$queuemanager"]):
+            done: list = []
+
+            async def watch(words=words, done=done) -> None:
+                done.append(await one_shot(capsys, url, *words))
+
+            async with trio.open_nursery() as watching:
+                watching.start_soon(watch)
+                await wait_until(lambda: a.get("/sys$mgmt/usage", "watches") == 1, what="watching")
+                a.set("/sys$queuemanager", "max-message-size", str(100000 + len(words[1])))
+            status, out, err = done[0]
+            assert (status, err) == (0, "")
+            assert out.splitlines()[1].startswith("/sys$queuemanager max-message-size: ")
+            await wait_until(lambda: a.get("/sys$mgmt/usage", "watches") == 0, what="unwatched")
+
+
+async def test_piped_tables_are_not_wrapped_and_routing_views_need_sys_routing(network, capsys):
+    await network.start(network.config("a", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    await network.start(network.config("lone", startorder=(*MGMT_STACK[:-2], "sys$mgmt")))  # no sys$routing
+    long_name = "orders." + "x" * 150
+    network.routers["a"].management.add("/sys$queuemanager/queues", long_name)
+    with trio.fail_after(30):
+        status, out, err = await one_shot(capsys, network.url("a"), "queues")
+        assert (status, err) == (0, "")
+        assert any(long_name in line for line in out.splitlines())  # on one line, whole
+        for command in ("links", "routes", "map"):
+            status, out, err = await one_shot(capsys, network.url("lone"), command)
+            assert (status, out) == (1, ""), command
+            assert err == "error: lone: router lone runs no sys$routing: it has no links or routes\n", command
+
+
+async def test_set_suggests_a_misspelled_property_and_temporary_queues_go_quietly(network, capsys, caplog):
+    import logging
+
+    await network.start(network.config("a", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    caplog.set_level(logging.DEBUG, logger="martinet.swiftlets.queuemanager")
+    with trio.fail_after(30):
+        status, out, err = await one_shot(capsys, network.url("a"), "set", "/sys$queuemanager", "max-mesage-size", "9")
+    assert (status, out) == (1, "")
+    assert err == "error: a: /sys$queuemanager: no property 'max-mesage-size'; did you mean 'max-message-size'?\n"
+    await wait_until(
+        lambda: any("tmp$" in r.getMessage() and "deleted" in r.getMessage() for r in caplog.records),
+        what="the admin's reply queue deleted",
+    )
+    deleted = [r for r in caplog.records if "tmp$" in r.getMessage() and "deleted" in r.getMessage()]
+    assert [r.levelname for r in deleted] == ["DEBUG"] * len(deleted)
+
+
+async def test_link_since_is_when_the_state_began_and_an_old_error_has_its_time(network):
+    from martinet.swiftlets.routing.config import ListenerConfig, RoutingConfig
+
+    await network.start(network.config("a", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    port = free_port()  # b's routing listener, not listening yet: a's connector fails, retry after retry
+    network.routers["a"].management.add(
+        "/sys$routing/connectors", "b", {"hostname": "127.0.0.1", "port": str(port), "retry-time": "1000"}
+    )
+    connector = "/sys$routing/usage/connectors/b"
+    a = network.routers["a"].management
+
+    def attempts() -> int:
+        return a.get(connector, "attempts")
+
+    async with AdminClient.open(network.url("a")) as admin:
+        await wait_until(lambda: a.get(connector, "state") == "failed", what="the first failure")
+        first = [link for link in (await crawl(admin)).links if link.connector == "b"][0]
+        assert first.state == "failed" and first.since and first.error.startswith("cannot connect to 127.0.0.1:")
+        seen = attempts()
+        # retries a second apart, until the clock's second (the stamps' resolution) has moved on
+        await wait_until(
+            lambda: attempts() >= seen + 2 and a.get(connector, "state") == "failed", timeout=20, what="two retries"
+        )
+        again = [link for link in (await crawl(admin)).links if link.connector == "b"][0]
+        assert (again.state, again.since, again.error) == ("failed", first.since, first.error)
+
+        routing = RoutingConfig(listeners=[ListenerConfig(name="links", port=port, bindaddress="127.0.0.1")])
+        await network.start(network.config("b", startorder=MGMT_STACK, swiftlets={"sys$routing": routing}))
+        await wait_until(lambda: a.get(connector, "state") == "operational", timeout=20, what="operational")
+        up = [link for link in (await crawl(admin)).links if link.connector == "b"][0]
+        assert (up.target, up.state, up.error) == ("b", "operational", "")  # no error without a time
+        assert up.since >= first.since
+        usage = a.resolve(connector).properties()
+        assert usage["previous-error"] == first.error and usage["previous-error-time"] == first.since
+        assert usage["last-error"] == usage["last-error-time"] == ""
+
+
+async def test_destructive_commands_say_what_they_destroy_and_need_a_confirmation(network, capsys):
+    from martinet.messaging.client import DeliveryMode, Queue, TextMessage, Topic, connect
+
+    config = network.config("a", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()})
+    router = await network.start(config)
+    tree = router.management
+    tree.add("/sys$queuemanager/queues", "orders")
+    url = network.url("a")
+    async with connect(url, client_id="app") as connection, connection.session() as session:
+        producer = await session.producer(Queue("orders"), delivery_mode=DeliveryMode.PERSISTENT)
+        for n in range(5):
+            await producer.send(TextMessage(f"order {n}"))
+        subscriber = await session.durable_subscriber(Topic("news"), "sub")
+        await subscriber.close()
+        publisher = await session.producer(Topic("news"), delivery_mode=DeliveryMode.PERSISTENT)
+        for n in range(2):
+            await publisher.send(TextMessage(f"news {n}"))
+    queue_manager = router.swiftlet("sys$queuemanager")
+    await prepare_xa(queue_manager)
+    await network.stop("a")
+    router = await network.start(config)  # the prepared transaction is in doubt after a restart
+    tree = router.management
+    tree.add("/sys$queuemanager/queues", "orders")  # configured again (the runtime addition was not saved)
+    url = network.url("a")
+    queues, orders = "/sys$queuemanager/queues", "/sys$queuemanager/usage/queues/orders"
+    durable, in_doubt = "/sys$topicmanager/usage/durable-subscribers", "/sys$xa/usage/in-doubt/client-9"
+    await wait_until(lambda: tree.get(f"{durable}/app$sub", "messages") == 2, what="the durable's messages back")
+
+    refused = {
+        ("delete", queues, "orders"): "removing /sys$queuemanager/queues/orders drops the 5 message(s) it holds",
+        ("invoke", orders, "purge"): f"purge of {orders} drops 5 message(s)",
+        ("delete", durable, "app$sub"): f"delete of {durable}/app$sub drops 2 message(s)",
+        ("invoke", in_doubt, "rollback"): f"rollback of {in_doubt} drops 2 message(s)",
+        ("halt",): "halt stops router a (its clients and links are cut; 0 non-persistent message(s) in its "
+        "queues are lost, persistent ones wait in its store)",
+    }
+    with trio.fail_after(60):
+        for words, what in refused.items():  # one-shot without --force: refused, saying what would go
+            status, out, err = await one_shot(capsys, url, *words)
+            assert (status, out) == (1, ""), (words, out, err)
+            assert err == f"error: a: {what}: not done without force (a confirmation); add --force to do it\n"
+        assert tree.get(orders, "messages") == 5 and tree.get(f"{durable}/app$sub", "messages") == 2
+        assert "client-9" in tree.resolve("/sys$xa/usage/in-doubt").children
+
+        async with AdminClient.open(url) as admin:  # the shell asks; no keeps, yes goes
+            commands = Commands(admin)
+            questions: list[str] = []
+            answers = iter([False, True])
+
+            async def ask(question: str) -> bool:
+                questions.append(question)
+                return next(answers)
+
+            commands.ask = ask
+            assert (await commands.run(["invoke", orders, "purge"])).views == ("not done",)
+            assert tree.get(orders, "messages") == 5
+            assert (await commands.run(["invoke", orders, "purge"])).data == "5 messages purged from orders"
+            assert questions == [f"a: purge of {orders} drops 5 message(s). Do it? [y/N] "] * 2
+            deleted = await commands.run(["delete", queues, "orders"])  # empty now: no question
+            assert deleted.data["deleted"] == ["orders"]
+            assert len(questions) == 2
+
+        status, out, err = await one_shot(capsys, url, "--force", "delete", durable, "app$sub")
+        assert (status, err) == (0, "") and "1 deleted: app$sub" in out
+        status, out, err = await one_shot(capsys, url, "invoke", in_doubt, "rollback", "--force")
+        assert (status, err) == (0, "")
+        assert "app$sub" not in tree.resolve(durable).children
+        assert "client-9" not in tree.resolve("/sys$xa/usage/in-doubt").children
+        status, out, err = await one_shot(capsys, url, "halt", "--force")
+        assert (status, err, out) == (0, "", "a: halting\n")
+
+
+async def prepare_xa(queue_manager) -> None:
+    """An XA transaction prepared with two sends (in doubt once the router restarts)."""
+    from martinet.messaging.message import build
+
+    transaction = queue_manager.transaction()
+    for n in range(2):
+        transaction.send("out", build(f"x{n}".encode(), message_id=f"x-{n}", durable=True))
+    await transaction.prepare("client-9")

@@ -125,7 +125,12 @@ async def test_operations_of_swiftlets_through_management(network):
                 "b", "invoke", path=queue, operation="move", args={"target": "kept", "selector": "n >= 3"}
             )
             assert moved == "2 messages moved from orders to kept"
-            assert await admin.call("b", "invoke", path=queue, operation="purge") == "3 messages purged from orders"
+            reply = await admin.request("b", "invoke", path=queue, operation="purge")  # it would drop messages
+            assert reply["status"] == 409 and reply["error"] == (
+                f"purge of {queue} drops 3 message(s): not done without force (a confirmation)"
+            )
+            purged = await admin.call("b", "invoke", path=queue, operation="purge", force=True)
+            assert purged == "3 messages purged from orders"
             usage = network.routers["b"].management
             assert usage.get("/sys$queuemanager/usage/queues/kept", "messages") == 2
             assert usage.get(queue, "messages") == 0
@@ -339,7 +344,10 @@ async def test_halt_and_reboot(network, tmp_path):
         assert reply["status"] == 400 and "save failed: this router was not loaded from a file" in reply["error"]
     stopped = network._stopped["b"]
     async with AdminClient.open(network.url("a")) as admin:
-        result = await admin.call("b", "halt")
+        reply = await admin.request("b", "halt")  # a halt is always confirmed
+        assert reply["status"] == 409 and reply["error"].startswith("halt stops router b (")
+        assert (await admin.request("b", "halt", force="yes"))["status"] == 400
+        result = await admin.call("b", "halt", force=True)
         assert result == {"halting": "b", "in-seconds": 1.0}
     with trio.fail_after(15):
         await stopped.wait()

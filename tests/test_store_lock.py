@@ -130,3 +130,19 @@ async def test_waiting_for_the_store_lock_in_vain_names_the_holder(tmp_path):
         fd = await trio.to_thread.run_sync(lock_store, str(path), notices.append, 0.2)  # free now
         os.close(fd)
     assert len(notices) == 1
+
+
+async def test_a_second_router_on_a_held_store_names_the_running_router_at_once(broker):
+    # a second router started on the same config (the same folder, so the same store file)
+    # while the first runs: it must fail at once, naming the router that holds the store,
+    # not wait for a "previous store process" that is in fact a live router's
+    from martinet.kernel import Router, SwiftletFailed
+
+    database = broker.store.database
+    with trio.fail_after(20), pytest.raises(SwiftletFailed) as failed:  # (the lock wait alone is 30 s)
+        await Router.from_file(broker.path).run()
+    assert str(failed.value.cause) == (
+        f"{database}: the store is in use by the running router r1 (pid {os.getpid()}); "
+        "a store serves one router: stop that router first, or give this one another store path"
+    )
+    assert broker.queue_manager.queue("q", create=True) is not None  # the first one runs on

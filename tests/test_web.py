@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import urllib.error
 import urllib.request
 from email.message import Message
@@ -304,3 +305,12 @@ async def test_a_local_link_shows_its_connector_failing_and_coming_back(network,
     with trio.fail_after(20):
         while web.network_map().edge("a", "b").state != "operational":
             await web.changed()
+
+
+async def test_hypercorns_ctrl_c_hint_stays_out_of_the_routers_log(network, caplog):
+    # the router, not hypercorn, owns the process and its signals: the hint would be wrong
+    caplog.set_level(logging.INFO)
+    router, web = await start_web(network, "a")
+    assert (await fetch(web.url + "/metrics"))[0] == 200
+    assert [r.getMessage() for r in caplog.records if "web view and /metrics on" in r.getMessage()]
+    assert not [r.getMessage() for r in caplog.records if "CTRL + C" in r.getMessage()]

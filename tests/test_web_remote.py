@@ -84,3 +84,51 @@ async def test_a_remote_routers_page_shows_its_queues_through_sys_mgmt(network):
     assert c.management is not None
     status, _, page = await fetch(url + "/routers/c")  # no sys$mgmt there: the request is not served
     assert status == 200 and '<p id="queues">not available: ' in page
+
+
+async def test_admin_map_and_web_map_agree_when_a_router_is_down(network):
+    # a ring: a dials b, b dials c, c dials a; a serves the web map; then c stops
+    from martinet.swiftlets.mgmt.admin import crawl
+    from martinet.swiftlets.mgmt.client import AdminClient
+
+    web_config = WebConfig(enabled=True, port=0, map_refresh_interval=0.5, map_request_timeout=2.0)
+    a = await network.start(
+        network.config("a", startorder=WEB_STACK, swiftlets={"sys$routing": routing_config(), "sys$web": web_config})
+    )
+    for name in ("b", "c"):
+        await network.start(network.config(name, startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    network.connect("a", "b")
+    network.connect("b", "c", **{"retry-time": "1000"})
+    network.connect("c", "a", **{"retry-time": "1000"})
+    await network.settle({"a": {"b": 1, "c": 1}, "b": {"a": 1, "c": 1}})
+    url = a.swiftlet("sys$web").url
+
+    async def web_view() -> tuple[dict, dict]:
+        status, _, body = await fetch(url + "/map.json")
+        assert status == 200
+        shown = json.loads(body)
+        routers = {r["name"]: r["state"] != "unreachable" for r in shown["routers"]}
+        return routers, {(e["a"], e["b"]): e["state"] == "operational" for e in shown["edges"]}
+
+    def admin_view(found) -> tuple[dict, dict]:
+        routers = {name: name not in found.unreachable for name in found.routers}
+        return routers, {
+            (min(link.source, link.target), max(link.source, link.target)): link.state == "operational"
+            for link in found.links
+        }
+
+    everyone = {"a": True, "b": True, "c": True}
+    up = {("a", "b"): True, ("b", "c"): True, ("a", "c"): True}
+    async with AdminClient.open(network.url("a")) as admin:
+        with trio.fail_after(20):
+            while (await web_view()) != (everyone, up):
+                await trio.sleep(0.1)
+        assert admin_view(await crawl(admin)) == (everyone, up)
+
+        await network.stop("c")
+        await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+        down = ({"a": True, "b": True, "c": False}, {("a", "b"): True, ("b", "c"): False, ("a", "c"): False})
+        with trio.fail_after(20):  # one crawl, one answer: c and both its links are shown, down
+            while (await web_view()) != down:
+                await trio.sleep(0.1)
+        assert admin_view(await crawl(admin)) == down

@@ -605,6 +605,7 @@ class AmqpConnection:
         self.auto_created = 0  # queues auto-created for this connection (they outlive it)
         self.temporary = 0  # its temporary queues alive now
         self.closed = False
+        self.opened = False  # the client's open was accepted (its closing is logged then)
         self.received = self.sent = 0  # messages from and to the client
         self.flow_control_waits = 0  # producer credit withheld for a flow-control delay
         self.receive_rate = self.send_rate = 0.0
@@ -618,6 +619,12 @@ class AmqpConnection:
             amqp.LinkFlow: self._on_flow,
             amqp.SessionEnded: self._on_session_end,
         }
+
+    @property
+    def who(self) -> str:
+        """The user, client id and listener, for the log."""
+        user = getattr(self.principal, "user", "") or "anonymous"
+        return f"user {user}, client id {self.client_id or '(none)'}, listener {self.config.name}"
 
     def wake(self) -> None:
         """Have the writer move deliveries onto links and write what the engine has (the
@@ -804,6 +811,8 @@ class AmqpConnection:
         if client_id:
             self.swiftlet.client_ids.setdefault(client_id, []).append(self)
         engine.open()
+        self.opened = True
+        self.swiftlet.comings.warn(self.host, "client connection", f"opened: {self.who}")
 
     def _on_connection_closed(self, event: amqp.ConnectionClosed) -> None:
         self.closed = True  # late answers (settlements, attaches, credit) are not sent any more

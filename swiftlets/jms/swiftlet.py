@@ -66,6 +66,9 @@ class JmsSwiftlet:
         self.refusals = BrokenInputLog(
             "%s from %s refused: %s", "refusals of transfers or attaches from %s", logging.INFO
         )
+        # who comes and goes, for the operator; a client reconnecting in a loop must not flood
+        # the log, hence the same per-host limit
+        self.comings = BrokenInputLog("%s from %s %s", "client connections opened or closed from %s", logging.INFO)
 
     def temporary_topic_name(self) -> str:
         """``tmp$topic$<router>$<n>``: unique in the network, since a reply-to temporary topic
@@ -235,6 +238,12 @@ class JmsSwiftlet:
             except Exception:  # a bug in one connection must not take the listener down
                 log.exception("connection from %s failed", host)
             finally:
+                if connection.opened:
+                    self.comings.warn(
+                        host,
+                        "client connection",
+                        f"closed: {connection.who}, {connection.received} message(s) received, {connection.sent} sent",
+                    )
                 state["connections"] -= 1
                 self._live.discard(connection)
                 self._connections.remove(name)

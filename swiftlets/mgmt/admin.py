@@ -43,7 +43,7 @@ from martinet.kernel import Command
 from martinet.messaging.client import JMSError
 from martinet.messaging.like import LikePatternError, like_pattern
 
-from .api import NetworkMap
+from .api import NetworkMap, Status
 from .api import crawl as api_crawl
 from .client import DEFAULT_TIMEOUT, AdminClient, AdminError
 
@@ -51,6 +51,7 @@ __all__ = ["ADMIN_COMMAND", "Commands", "Output", "crawl", "NetworkMap", "to_dot
 
 HISTORY = Path("~/.martinet_admin_history").expanduser()
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+NO_WRAP_WIDTH = 100_000  # columns given to output that is not a terminal: a table is never folded
 
 #: Columns shown for well-known usage lists (others show every property).
 COLUMNS = {
@@ -191,6 +192,11 @@ class Commands:
         self.path = "/"
         self.watch_limit: int | None = None  # stop a watch after so many notifications (scripts)
         self.json = False  # watch prints each notification as JSON
+        self.force = False  # destructive commands go ahead without asking (one-shot --force)
+        # asks the operator to confirm what a destructive command would destroy (the shell);
+        # None: such a command is refused, with what it would destroy (one-shot without --force)
+        self.ask: Callable[[str], Awaitable[bool]] | None = None
+        self._forced = False  # this command's: --force among its words, or self.force
 
     @property
     def names(self) -> list[str]:
@@ -203,13 +209,40 @@ class Commands:
         handler: Callable[[list[str]], Awaitable[Output]] | None = getattr(self, f"cmd_{name}", None)
         if handler is None:
             raise UsageError(f"unknown command {name!r}; commands: {', '.join(self.names)}")
-        return await handler(args)
+        self._forced = self.force or "--force" in args
+        try:
+            return await handler([arg for arg in args if arg != "--force"])
+        except BaseExceptionGroup as group:  # a command's tasks (a watch) fail as a group: one line
+            raise _first_leaf(group) from None
 
     def _path(self, args: Sequence[str], index: int = 0) -> str:
         return join(self.path, args[index]) if len(args) > index else self.path
 
     async def _call(self, verb: str, **args: Any) -> Any:
         return await self.admin.call(self.router, verb, **args)
+
+    async def _destructive(self, verb: str, **args: Any) -> tuple[bool, Any]:
+        """A request that may destroy messages or stop the router: the router refuses it
+        (CONFLICT, saying what would go) unless forced; the shell then asks the operator and
+        repeats it forced. (done, result): not done when the operator declined.
+
+        Raises:
+            AdminError: refused (one-shot without --force: the router's reason and how to force).
+        """
+        if self._forced:
+            return True, await self._call(verb, force=True, **args)
+        try:
+            return True, await self._call(verb, **args)
+        except AdminError as exc:
+            if exc.status != Status.CONFLICT:
+                raise
+            if self.ask is None:
+                raise AdminError(exc.status, f"{exc.reason}; add --force to do it", exc.router) from None
+            if not await self.ask(
+                f"{exc.router}: {exc.reason.partition(': not done without force')[0]}. Do it? [y/N] "
+            ):
+                return False, None
+        return True, await self._call(verb, force=True, **args)
 
     async def children(self, path: str) -> list[str]:
         """The names below ``path`` (for completion); empty when it does not exist."""
@@ -312,12 +345,14 @@ class Commands:
         node = await self._call("get", path=path)
         if node["kind"] not in ("entity-list", "usage-list"):
             raise UsageError(f"{path} is {node['kind']}; delete works on lists")
-        names = [name for name in node["entries"] if pattern.matches(name)]
-        for name in names:
+        names = []
+        for name in [name for name in node["entries"] if pattern.matches(name)]:
             if node["kind"] == "entity-list":
-                await self._call("remove", path=path, name=name)
+                done, _ = await self._destructive("remove", path=path, name=name)
             else:
-                await self._call("invoke", path=f"{path.rstrip('/')}/{name}", operation="delete")
+                done, _ = await self._destructive("invoke", path=f"{path.rstrip('/')}/{name}", operation="delete")
+            if done:
+                names.append(name)
         return Output(
             {"path": path, "deleted": names},
             (f"{path}: {len(names)} deleted" + (f": {', '.join(names)}" if names else ""),),
@@ -328,7 +363,11 @@ class Commands:
         (purge, move, view of a queue; delete of a connection; commit/rollback of an xid …)."""
         if len(args) < 2:
             raise UsageError("usage: invoke PATH OPERATION [argument=value ...]")
-        result = await self._call("invoke", path=self._path(args), operation=args[1], args=_assignments(args[2:]))
+        done, result = await self._destructive(
+            "invoke", path=self._path(args), operation=args[1], args=_assignments(args[2:])
+        )
+        if not done:
+            return Output({"done": False}, ("not done",))
         return Output(result, (json.dumps(result, indent=2) if not isinstance(result, str) else result,))
 
     async def cmd_save(self, args: list[str]) -> Output:
@@ -343,7 +382,9 @@ class Commands:
 
     async def cmd_halt(self, args: list[str]) -> Output:
         """halt: stop the router."""
-        result = await self._call("halt")
+        done, result = await self._destructive("halt")
+        if not done:
+            return Output({"done": False}, ("not done",))
         return Output(result, (f"{self.router}: halting",))
 
     async def _shortcut(self, path: str) -> Output:
@@ -366,10 +407,11 @@ class Commands:
         """routes: the routing table of every available router."""
         tables: dict[str, Any] = {}
         rows = []
+        await self._need_routing()
         for router in [r["name"] for r in await self._call("routers")]:
             try:
                 table = (await self.admin.call(router, "get", path="/sys$routing/usage/routing-table"))["entries"]
-            except AdminError as exc:
+            except AdminError as exc:  # a remote router that did not answer: the others are still shown
                 table = {"error": exc.reason}
                 rows.append([router, "", "", "", exc.reason])
             else:
@@ -382,8 +424,20 @@ class Commands:
             tables, (_table("routing tables", ["router", "destination", "next hop", "active", "backlog"], rows),)
         )
 
+    async def _need_routing(self) -> None:
+        """Refuse the routing views on a router without ``sys$routing``: it has nothing to
+        show, and an error inside a table would look like an answer (and exit 0).
+
+        Raises:
+            AdminError: no ``sys$routing`` there.
+        """
+        root = await self._call("get", path="/")
+        if "sys$routing" not in root.get("children", {}):
+            raise AdminError(400, f"router {self.router} runs no sys$routing: it has no links or routes", self.router)
+
     async def cmd_links(self, args: list[str]) -> Output:
         """links: every link of every reachable router, with its state, since when, last error."""
+        await self._need_routing()
         network = await crawl(self.admin, self.router)
         rows = [
             [link.source, link.target, link.connector, link.state, link.listener_state, link.since, link.error]
@@ -406,6 +460,7 @@ class Commands:
         --dot: as a Graphviz digraph (martinet admin map --dot | dot -Tsvg > map.svg)."""
         if args not in ([], ["--dot"]):
             raise UsageError("usage: map [--dot]")
+        await self._need_routing()
         network = await crawl(self.admin, self.router)
         if args:
             dot = to_dot(network)
@@ -416,7 +471,7 @@ class Commands:
             [
                 [
                     router,
-                    "start" if router == network.start else hops,
+                    "start" if router == network.start else "no route" if hops is None else hops,
                     ", ".join(
                         f"{link.target if link.source == router else link.source} ({link.state})"
                         for link in network.links
@@ -431,30 +486,78 @@ class Commands:
         return Output(network.data(), tuple(views))
 
     async def cmd_watch(self, args: list[str]) -> Output:
-        """watch [PATH]: print the changes below PATH as they happen, until Ctrl-C."""
-        path = self._path(args)
+        """watch [PATH] [--count N]: print the changes below PATH as they happen, until Ctrl-C
+        (or N of them)."""
+        path, count = _watch_arguments(args)
+        path = join(self.path, path) if path is not None else self.path
+        limit = count if count is not None else self.watch_limit
         seen: list[dict[str, Any]] = []
-        with trio.open_signal_receiver(signal.SIGINT) as interrupts:  # Ctrl-C ends the watch, not the shell
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._watch, path, seen, nursery.cancel_scope)
-                async for _ in interrupts:
-                    break
-                nursery.cancel_scope.cancel()
-        return Output(seen, ())
-
-    async def _watch(self, path: str, seen: list[dict[str, Any]], done: trio.CancelScope) -> None:
+        # the watch is opened before any task starts, so a refusal (a bad path) is one plain error
         async with self.admin.watch(self.router, path) as notices:
             print(f"watching {self.router}:{path} (Ctrl-C ends)", flush=True)
-            async for notice in notices:
-                seen.append(notice)
-                event = notice.get("event")
-                if event is None:
-                    print(f"watch ended: {notice.get('ended')}", flush=True)
-                    break
-                print(json.dumps(event) if self.json else _event_text(event), flush=True)
-                if self.watch_limit is not None and len(seen) >= self.watch_limit:
-                    break
+            with trio.open_signal_receiver(signal.SIGINT) as interrupts:  # Ctrl-C ends the watch, not the shell
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._print_notices, notices, seen, limit, nursery.cancel_scope)
+                    async for _ in interrupts:
+                        break
+                    nursery.cancel_scope.cancel()
+        return Output(seen, ())
+
+    async def _print_notices(
+        self, notices: trio.MemoryReceiveChannel, seen: list[dict[str, Any]], limit: int | None, done: trio.CancelScope
+    ) -> None:
+        async for notice in notices:
+            seen.append(notice)
+            event = notice.get("event")
+            if event is None:
+                print(f"watch ended: {notice.get('ended')}", flush=True)
+                break
+            print(json.dumps(event) if self.json else _event_text(event), flush=True)
+            if limit is not None and len(seen) >= limit:
+                break
         done.cancel()
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    """The error to report of a group that trio's nurseries made of one command's failure:
+    its first usage or admin error, else its first leaf (nested groups flattened)."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        exc = pending.pop(0)
+        if isinstance(exc, BaseExceptionGroup):
+            pending[:0] = exc.exceptions
+        else:
+            leaves.append(exc)
+    return next((leaf for leaf in leaves if isinstance(leaf, (UsageError, AdminError))), leaves[0])
+
+
+def _watch_arguments(args: Sequence[str]) -> tuple[str | None, int | None]:
+    """``watch``'s path and ``--count`` (before or after the path: the one-shot command line
+    hands everything after the command to the command).
+
+    Raises:
+        UsageError: anything else.
+    """
+    usage = "usage: watch [PATH] [--count N]"
+    path: str | None = None
+    count: int | None = None
+    words = list(args)
+    while words:
+        word = words.pop(0)
+        if word == "--count" or word.startswith("--count="):
+            value = word.partition("=")[2] if "=" in word else (words.pop(0) if words else "")
+            try:
+                count = int(value)
+            except ValueError:
+                raise UsageError(usage) from None
+            if count < 1:
+                raise UsageError(f"{usage}: N must be 1 or more")
+        elif path is None and not word.startswith("--"):
+            path = word
+        else:
+            raise UsageError(usage)
+    return path, count
 
 
 def _event_text(event: dict[str, Any]) -> str:
@@ -499,7 +602,9 @@ def _print(output: Output, as_json: bool) -> None:
         if as_json:
             print(json.dumps(output.data, indent=2), flush=True)
             return
-        console = Console()
+        # a terminal's width folds long values to fit; a pipe or a file has no width, and a
+        # value folded over lines there breaks every grep and script reading it
+        console = Console() if sys.stdout.isatty() else Console(width=NO_WRAP_WIDTH, soft_wrap=True)
         for view in output.views:
             console.print(view, highlight=False, markup=False) if isinstance(view, str) else console.print(view)
         sys.stdout.flush()
@@ -514,7 +619,13 @@ class Shell(cmd.Cmd):
         super().__init__()
         self.commands = commands
         self.as_json = as_json
+        commands.ask = self._ask
         self._refresh_prompt()
+
+    async def _ask(self, question: str) -> bool:
+        """The operator's yes or no (asked from a worker thread: the shell's own thread waits
+        for the command in the trio thread)."""
+        return await trio.to_thread.run_sync(_yes, question)
 
     def _refresh_prompt(self) -> None:
         self.prompt = f"{self.commands.router}:{self.commands.path}> "
@@ -536,6 +647,8 @@ class Shell(cmd.Cmd):
             output = trio.from_thread.run(self.commands.run, words)
         except (UsageError, AdminError) as exc:
             print(f"error: {exc}")
+        except Exception as exc:  # (a lost connection …): one line, and the shell goes on
+            print(f"error: {_describe(exc)}")
         else:
             _print(output, self.as_json)
         self._refresh_prompt()
@@ -563,6 +676,13 @@ class Shell(cmd.Cmd):
         return [f"{prefix}{name}/" for name in names if name.startswith(stem)]
 
 
+def _yes(question: str) -> bool:
+    try:
+        return input(question).strip().lower() in ("y", "yes")
+    except EOFError:  # no answer is no
+        return False
+
+
 def _setup_readline() -> Any:
     try:
         import readline
@@ -579,10 +699,28 @@ def _setup_readline() -> Any:
 
 async def _main(args: argparse.Namespace) -> int:
     try:
+        return await _session(args)
+    except BaseExceptionGroup as group:  # the connection's own tasks failed under the command
+        leaf = _first_leaf(group)
+        if isinstance(leaf, (KeyboardInterrupt, trio.Cancelled)):
+            raise
+        print(f"error: {leaf}" if isinstance(leaf, AdminError) else f"error: {_describe(leaf)}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _describe(exc: BaseException) -> str:
+    """An unexpected error in one line: what failed, never a traceback."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+async def _session(args: argparse.Namespace) -> int:
+    try:
         async with AdminClient.open(args.url, user=args.user, password=args.password, timeout=args.timeout) as admin:
             commands = Commands(admin, args.router)
             commands.json = args.json
             commands.watch_limit = args.count
+            commands.force = args.force
             if args.words:
                 try:
                     output = await commands.run(args.words)
@@ -607,8 +745,11 @@ async def _main(args: argparse.Namespace) -> int:
                     except OSError:
                         pass
             return EXIT_OK
-    except JMSError as exc:
-        print(f"error: cannot connect to {args.url}: {exc}", file=sys.stderr)
+    except (JMSError, OSError) as exc:
+        print(
+            f"error: cannot connect to {args.url}: {_describe(exc) if isinstance(exc, OSError) else exc}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
 
 
@@ -627,6 +768,13 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds to wait for each reply")
     parser.add_argument("--count", type=int, default=None, help="watch: stop after this many notifications")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="do a destructive command (delete of a queue holding messages, purge, halt, durable "
+        "subscription delete, XA rollback) without asking; without it, the command is refused "
+        "with what it would destroy",
+    )
     parser.add_argument(
         "words",
         nargs=argparse.REMAINDER,

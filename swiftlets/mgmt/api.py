@@ -76,6 +76,7 @@ class Status(enum.IntEnum):
     OK = 200
     BAD_REQUEST = 400  # malformed, unknown verb or path, invalid value, vetoed (the reason says which)
     FORBIDDEN = 403  # not a manager of this router, or a read-only role asked for a change
+    CONFLICT = 409  # destructive (drops messages, stops the router): done only with "force": true
     UNAVAILABLE = 503  # too many watches, or the router is stopping
     ERROR = 500  # the router failed to do it (logged with a traceback there)
 
@@ -222,10 +223,24 @@ class NetworkMap:
 
 
 async def _routing_view(call: Call, router: str) -> dict[str, Any]:
-    """A router's routing usage: its connectors and its live links."""
+    """A router's routing usage: its connectors, its live links, and the links its neighbours
+    dialed that went down (``lost-links``; none from a router of an older release)."""
     usage = await call(router, "get", path="/sys$routing/usage/connectors")
     live = await call(router, "get", path="/sys$routing/usage/connections")
-    return {"connectors": usage["entries"], "connections": live["entries"]}
+    try:
+        lost = (await call(router, "get", path="/sys$routing/usage/lost-links"))["entries"]
+    except RequestFailed as exc:
+        if exc.status != 400:  # (400: no such list there)
+            raise
+        lost = {}
+    return {"connectors": usage["entries"], "connections": live["entries"], "lost": lost}
+
+
+def _named(view: Mapping[str, Any]) -> set[str]:
+    """The routers a view names: live links' peers, connectors' targets, lost links' dialers."""
+    names = {entry["routername"] for entry in view["connections"].values()}
+    names |= {c.get("routername") or c.get("last-routername") or "" for c in view["connectors"].values()}
+    return (names | set(view["lost"])) - {""}
 
 
 async def crawl(call: Call, start: str, *, concurrency: int = 1000) -> NetworkMap:
@@ -253,12 +268,14 @@ async def crawl(call: Call, start: str, *, concurrency: int = 1000) -> NetworkMa
         except RequestFailed as exc:
             unreachable[router] = exc.reason
 
-    while pending:  # routers reported by links but not in the table are asked too
+    # Routers that links name but the table does not have are asked too: one reached only the
+    # long way, or one that is down (it does not answer, and is listed so, with its links).
+    while pending:
         async with trio.open_nursery() as nursery:
             for router in sorted(pending):
                 nursery.start_soon(ask, router)
-        seen = {entry["routername"] for view in views.values() for entry in view["connections"].values()}
-        pending = {r for r in seen if r and r not in known}
+        seen = set().union(*(_named(view) for view in views.values()))
+        pending = {r for r in seen if r not in known}
         known.update({r: None for r in pending})
     links = []
     for router, view in sorted(views.items()):
@@ -271,7 +288,8 @@ async def crawl(call: Call, start: str, *, concurrency: int = 1000) -> NetworkMa
                 or connector.get("last-routername")
                 or f"{connector['hostname']}:{connector['port']}"
             )
-            since = link.get("connecttime") or connector.get("last-error-time") or ""
+            # when the state began (routers of an older release: the connect or the error time)
+            since = connector.get("since") or link.get("connecttime") or connector.get("last-error-time") or ""
             other = views.get(target, {}).get("connections", {})
             listener_state = next(
                 (
@@ -292,4 +310,17 @@ async def crawl(call: Call, start: str, *, concurrency: int = 1000) -> NetworkMa
                     listener_state=listener_state,
                 )
             )
+        for dialer, entry in sorted(view["lost"].items()):
+            if dialer not in views:  # it cannot report its connector: its listener side tells
+                links.append(
+                    Link(
+                        source=dialer,
+                        target=router,
+                        connector="",
+                        state=entry["state"],
+                        since=entry["since"],
+                        error=entry.get("last-error", ""),
+                        listener_state=entry["state"],
+                    )
+                )
     return NetworkMap(start=start, routers=dict(sorted(known.items())), links=tuple(links), unreachable=unreachable)

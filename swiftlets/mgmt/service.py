@@ -234,6 +234,21 @@ def _scalar(value: Any, what: str) -> Any:
     raise Refused(Status.BAD_REQUEST, f"{what} must be text, a number or a boolean")
 
 
+def confirm(request: Mapping[str, Any], what: str, messages: int, *, always: bool = False) -> None:
+    """Let a destructive request through only with ``"force": true`` when it would drop
+    ``messages`` (or ``always``, for a halt): an operator sees what goes before it goes.
+
+    Raises:
+        Refused: CONFLICT, saying what would be destroyed; BAD_REQUEST for a ``force`` that
+            is not a boolean.
+    """
+    force = request.get("force", False)
+    if not isinstance(force, bool):
+        raise Refused(Status.BAD_REQUEST, "argument 'force' must be true or false")
+    if not force and (messages > 0 or always):
+        raise Refused(Status.CONFLICT, f"{what}: not done without force (a confirmation)")
+
+
 def decode_request(body: Any) -> dict[str, Any]:
     """The request object of a message body (JSON text, as a string or UTF-8 bytes).
 
@@ -543,7 +558,10 @@ class MgmtSwiftlet:
     async def _remove(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
         path, name = _text(request, "path"), _text(request, "name")
         tree = self.context.management
-        old = tree.entity_list(path).entities.get(name)
+        entries = tree.entity_list(path)
+        old = entries.entities.get(name)
+        lost = entries.destroys(name)
+        confirm(request, f"removing {path.rstrip('/')}/{name} drops the {lost} message(s) it holds", lost)
         tree.remove(path, name)
         log.info(
             "management: %s removed %s/%s (was %s)",
@@ -557,6 +575,10 @@ class MgmtSwiftlet:
     async def _invoke(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
         path, operation = _text(request, "path"), _text(request, "operation")
         args = {key: _scalar(value, f"argument {key!r}") for key, value in _mapping(request, "args").items()}
+        offered = self.context.management.operations(path).get(operation)
+        if offered is not None and offered.destroys is not None:
+            lost = offered.destroys()
+            confirm(request, f"{operation} of {path} drops {lost} message(s)", lost)
         result = await self.context.management.invoke(path, operation, **args)
         log.info("management: %s invoked %s %s %s: %s", identity, path, operation, args, str(result)[:200])
         return result
@@ -578,6 +600,15 @@ class MgmtSwiftlet:
         return {"rebooting": self.router, "in-seconds": STOP_DELAY}
 
     async def _halt(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
+        assert self._queue_manager is not None  # looked up at start
+        lost = sum(queue.volatile for queue in self._queue_manager.queues.values())
+        confirm(
+            request,
+            f"halt stops router {self.router} (its clients and links are cut; {lost} non-persistent "
+            "message(s) in its queues are lost, persistent ones wait in its store)",
+            lost,
+            always=True,
+        )
         self.context.request_stop(f"halt requested by {identity} over management", delay=STOP_DELAY)
         log.info("management: %s halted router %s", identity, self.router)
         return {"halting": self.router, "in-seconds": STOP_DELAY}

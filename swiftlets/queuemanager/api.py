@@ -332,6 +332,14 @@ class Queue(Protocol):
         counted against ``max-messages`` with :attr:`size`."""
 
     @property
+    def available(self) -> int:
+        """Entries waiting for a consumer (what a purge removes)."""
+
+    @property
+    def volatile(self) -> int:
+        """Non-persistent messages waiting in the queue: what a stop of the router loses."""
+
+    @property
     def consumers(self) -> Sequence[Consumer]:
         """The attached consumers, in attach order (the first is the active one in
         active-standby mode)."""

@@ -181,7 +181,9 @@ class QueueManager:
         self.context.entity.on_change(self._settings_changed)
         for name in PREDEFINED:
             self.queue(name, create=True)
-        self.context.entity.entity_list("queues").bind(self._queue_configured, self._queue_unconfigured)
+        self.context.entity.entity_list("queues").bind(
+            self._queue_configured, self._queue_unconfigured, destroys=self._messages_of
+        )
         prepared = self._recover()
         await self._read_back_recovered(prepared)
         try:
@@ -570,7 +572,12 @@ class QueueManager:
         self._defer(*(DeleteMessage(entry.id) for entry in dropped if entry.persistent))
         if self._usage is not None:
             self._usage.remove(name)
-        log.info("queue %s deleted (%d message(s) dropped)", name, len(dropped))
+        # every client's temporary queue goes when it leaves (each admin call's reply queue):
+        # routine, unless it took messages with it
+        quiet = queue.owner is not None and not dropped
+        log.log(
+            logging.DEBUG if quiet else logging.INFO, "queue %s deleted (%d message(s) dropped)", name, len(dropped)
+        )
 
     def _queue_configured(self, entity: Entity) -> None:
         settings = entity.config
@@ -587,6 +594,11 @@ class QueueManager:
         if queue is not None:  # listeners run before the change is committed: apply it
             queue.settings = attrs.evolve(queue.settings, **{change.field: change.new})
             queue.room_made()  # (a waiting sender looks again in a job of its own, after this)
+
+    def _messages_of(self, entity: Entity) -> int:
+        """What deleting the queue of ``entity`` drops."""
+        queue = self.queues.get(entity.name)
+        return queue.size if queue is not None else 0
 
     def _queue_unconfigured(self, entity: Entity) -> None:
         queue = self.queues.get(entity.name)

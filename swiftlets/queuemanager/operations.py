@@ -180,7 +180,12 @@ def offer_operations(manager: QueueManager, queue: Queue, usage: Usage) -> None:
     async def do_view(start: int, count: int) -> list[dict[str, Any]]:
         return await view(manager, queue, start, count)
 
-    usage.add_operation("purge", _refusing(do_purge), "Remove every available message of this queue.")
+    usage.add_operation(
+        "purge",
+        _refusing(do_purge),
+        "Remove every available message of this queue.",
+        destroys=lambda: queue.available,
+    )
     usage.add_operation(
         "move",
         _refusing(do_move),

@@ -271,6 +271,11 @@ class Queue:
         return f"<Queue {self.name} size={self.size}>"
 
     @property
+    def volatile(self) -> int:
+        """Non-persistent messages waiting (counted when asked: an operator's halt, rare)."""
+        return sum(not entry.persistent for level in self._levels for entry in level)
+
+    @property
     def backlog(self) -> int:
         """What flow control measures: the entries waiting for a consumer or delivered and
         unsettled, not those held in transactions. A routing link holds a window's worth of

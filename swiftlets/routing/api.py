@@ -185,9 +185,12 @@ class LinkStateChanged(Event):
         peer: the remote router's name once known, else None.
         state: the new state.
         error: why it failed or closed (None when it did not).
+        since: when the state began, seconds since the epoch (a connector's retries do not
+            move it); None: now.
     """
 
     link: str
     peer: str | None
     state: LinkState
     error: str | None = None
+    since: float | None = None

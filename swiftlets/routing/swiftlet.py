@@ -92,6 +92,10 @@ def _stamp(seconds: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else ""
 
 
+#: The states a failing connector's retries go through; they do not start a new "since".
+_RETRY_CYCLE = frozenset({LinkState.FAILED, LinkState.WAITING, LinkState.CONNECTING})
+
+
 class _Connector:
     """A connector's task state: its scope, its current link, and what usage shows."""
 
@@ -102,13 +106,37 @@ class _Connector:
         self.link: Link | None = None
         self.last_peer = ""  # the router it reached last (for the network map while it is down)
         self.state = LinkState.WAITING
+        self.since = time.time()  # when the state began (a retry of a failing link does not move it)
+        self.failing = False  # attempts fail since the link was last operational (a retry loop)
         self.error: str | None = None
-        self.error_time: float | None = None
+        self.error_time: float | None = None  # when this error first happened (its repeats do not move it)
+        self.previous_error = ""  # the last error before the link became operational again
+        self.previous_error_time: float | None = None
         self.attempts = 0
         self.next_attempt: float | None = None
 
     def wake(self) -> None:
         self.wakeup.set()
+
+    def enter(self, state: LinkState, error: str | None) -> None:
+        """Take ``state`` (and ``error``): a link that fails, waits and tries again keeps the
+        time it began failing, and an error that repeats keeps the time it first happened, so
+        an operator reads how long it has been down, not when the last retry was. An error
+        does not outlive the link's recovery: it moves to the previous error, with its time."""
+        now = time.time()
+        retrying = _RETRY_CYCLE
+        if state is not self.state and not (self.failing and self.state in retrying and state in retrying):
+            self.since = now
+        if state is LinkState.FAILED:
+            self.failing = True
+        elif state in (LinkState.OPERATIONAL, LinkState.DISABLED):
+            self.failing = False
+        self.state = state
+        if error is not None and error != self.error:
+            self.error, self.error_time = error, now
+        if state is LinkState.OPERATIONAL and self.error is not None:
+            self.previous_error, self.previous_error_time = self.error, self.error_time
+            self.error = self.error_time = None
 
     def usage(self) -> dict[str, Any]:
         config = self.entity.config
@@ -119,8 +147,11 @@ class _Connector:
             "routername": self.link.peer if self.link else "",
             "last-routername": self.last_peer,
             "attempts": self.attempts,
+            "since": _stamp(self.since),
             "last-error": self.error or "",
             "last-error-time": _stamp(self.error_time),
+            "previous-error": self.previous_error,
+            "previous-error-time": _stamp(self.previous_error_time),
             "next-attempt": _stamp(self.next_attempt),
         }
 
@@ -165,6 +196,8 @@ class RoutingSwiftlet:
         self._usage_listeners = usage.add_list("listeners")
         self._usage_connectors = usage.add_list("connectors")
         self._usage_connections = usage.add_list("connections")
+        self._usage_lost = usage.add_list("lost-links")  # see _remember_lost
+        self._lost: dict[str, dict[str, Any]] = {}
         self._usage_table = usage.add_list("routing-table")
         self._usage_bridges = usage.add_list("queue-bridges")
         self._usage_routes: dict[str, UsageList] = {}
@@ -385,6 +418,8 @@ class RoutingSwiftlet:
             link.operational.use_xa,
         )
         self._usage_connections.add(link.name, lambda: self._link_usage(link))
+        if self._lost.pop(peer, None) is not None:
+            self._usage_lost.remove(peer)
         self._apply(self.exchanger.link_up(peer))
 
     def route_received(self, link: Link, announcement: Announcement) -> None:
@@ -439,7 +474,27 @@ class RoutingSwiftlet:
         assert link.peer is not None
         del self._links[link.peer]
         self._usage_connections.remove(link.name)
+        if link.role is Role.LISTENER:
+            self._remember_lost(link)
         self._apply(self.exchanger.link_down(link.peer))
+
+    def _remember_lost(self, link: Link) -> None:
+        """Keep the listener side's last word on a link a neighbour dialed: when that router is
+        gone, nobody else can tell the network map (a crawl asks the dialing router for its
+        connectors) that the link was there and since when it is down. One entry per peer
+        router, until a link from it is operational again."""
+        assert link.peer is not None
+        entry = {
+            "listener": link.name,
+            "address": link.address,
+            "state": link.state.value,
+            "since": _stamp(time.time()),
+            "last-error": link.error or "",
+        }
+        if self._lost.pop(link.peer, None) is not None:
+            self._usage_lost.remove(link.peer)
+        self._lost[link.peer] = entry
+        self._usage_lost.add(link.peer, lambda: entry)
 
     def _link_usage(self, link: Link) -> dict[str, Any]:
         operational = link.operational
@@ -651,15 +706,14 @@ class RoutingSwiftlet:
         connector.wake()
 
     def _set_state(self, connector: _Connector, state: LinkState, error: str | None = None) -> None:
-        connector.state = state
-        if error is not None:
-            connector.error, connector.error_time = error, time.time()
+        connector.enter(state, error)
         self.context.bus.publish(
             LinkStateChanged(
                 link=f"connector:{connector.entity.name}",
                 peer=connector.link.peer if connector.link else None,
                 state=state,
                 error=error,
+                since=connector.since,
             )
         )
 

@@ -36,6 +36,14 @@ its own, so that a read never waits for the commit in progress (a consumer of a 
 backlog would otherwise wait, read after read, for the commit of the deletes of what it
 just consumed); in WAL mode it sees every commit finished before it began. A reader task
 here sends every waiting read as one request whenever the previous one was answered.
+
+The router lock: the store process's own lock (see :mod:`.dbprocess`) makes a new store
+process wait for the previous one of a killed router, which is right after ``kill -9`` and
+wrong when a second router is started on the store of a *running* one (same folder, same
+name): that one waits in vain. So the router itself also holds a lock while its store runs,
+``<database>.router-lock`` (``flock``, released by the kernel when the router dies, so a
+restart after ``kill -9`` does not see it), holding its pid and name; a router that finds
+it held fails at once and names the holder.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ from .dbprocess import LENGTH, encode_ops, pack_frame, unpack_frame
 
 log = logging.getLogger(__name__)
 
+ROUTER_LOCK_SUFFIX = ".router-lock"  # held by the router running on the store (see above)
 PIPELINE_DEPTH = 2  # batches sent to the store process and not yet confirmed, at most
 
 
@@ -146,6 +155,33 @@ class _Read:
         self.error: str | None = None
 
 
+def hold_router_lock(database: Path, router: str) -> int:
+    """Take the router lock of ``database`` for router ``router`` of this process; its file
+    descriptor, to be closed when the store has stopped.
+
+    Raises:
+        StoreError: another running router holds it (the text names it and its pid), or the
+            lock file cannot be opened.
+    """
+    lock_path = database.with_name(database.name + ROUTER_LOCK_SUFFIX)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)  # never inherited by the store process
+    except OSError as exc:
+        raise StoreError(f"{database}: cannot open the router lock {lock_path}: {exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid, _, name = os.pread(fd, 4096, 0).decode(errors="replace").strip().partition(" ")
+        os.close(fd)
+        raise StoreError(
+            f"{database}: the store is in use by the running router {name or 'unknown'} (pid {pid or 'unknown'}); "
+            "a store serves one router: stop that router first, or give this one another store path"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {router}\n".encode(), 0)
+    return fd
+
+
 class SqliteStore:
     """A :class:`swiftlets.store.api.Store` on one SQLite file."""
 
@@ -201,6 +237,13 @@ class SqliteStore:
                 newer schema; or a commit failed (the router must stop).
         """
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        router_lock = hold_router_lock(self.path, self._name)
+        try:
+            await self._run(task_status)
+        finally:
+            os.close(router_lock)  # after the store process exited: the next router may open the store
+
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         requests_out, requests_in = os.pipe()  # read requests: the store process reads requests_out
         answers_out, answers_in = os.pipe()  # and writes the answers into answers_in
         try:

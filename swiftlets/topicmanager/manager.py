@@ -288,7 +288,13 @@ class TopicManager:
         if subscription.durable:
             self._durables[subscription.queue.name] = subscription
             if self._durable_usage is not None:
-                self._durable_usage.add(subscription.queue.name, lambda: _durable_usage(subscription))
+                entry = self._durable_usage.add(subscription.queue.name, lambda: _durable_usage(subscription))
+                entry.add_operation(
+                    "delete",
+                    lambda: self._delete_durable(subscription),
+                    "Delete this durable subscription and the messages it holds (refused while it has consumers).",
+                    destroys=lambda: subscription.queue.size,
+                )
         if len(root.subscriptions) == 1:
             self.context.bus.publish(TopicInterestChanged(root=root.name, interested=True))
             if self._federation is not None:
@@ -426,6 +432,19 @@ class TopicManager:
         del self._durables[key]  # gone for everyone from now on, while the store forgets it
         await self._store.commit([DeleteRecord("durable", key)])
         self._remove(subscription)
+
+    async def _delete_durable(self, subscription: Subscription) -> str:
+        """The operator's delete of a durable subscription (management)."""
+        assert subscription.client_id is not None and subscription.durable_name is not None  # a durable one
+        dropped = subscription.queue.size
+        try:
+            await self.unsubscribe(subscription.client_id, subscription.durable_name)
+        except TopicError as exc:
+            raise Veto(str(exc)) from None
+        log.info(
+            "durable subscription %s deleted by management (%d message(s) dropped)", subscription.queue.name, dropped
+        )
+        return f"durable subscription {subscription.queue.name} deleted, {dropped} message(s) dropped"
 
     def durable_subscriptions(self) -> dict[str, Subscription]:
         """Durable subscriptions by queue name (``clientid$name``)."""

@@ -39,6 +39,7 @@ answers again), and loses them once it is gone from the routing table. Without
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 import time
 from functools import partial
@@ -80,6 +81,22 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
+
+
+class _NoQuitHint(logging.Filter):
+    """Drops hypercorn's "Running on … (CTRL + C to quit)": the router owns the process and its
+    signals (a Ctrl-C stops the whole router, in order), and its own line says where it serves."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "(CTRL + C to quit)" not in record.getMessage()
+
+
+def _hypercorn_log(log: logging.Logger) -> logging.Logger:
+    """The logger hypercorn writes to: a child of the swiftlet's, without the quit hint."""
+    child = log.getChild("hypercorn")
+    if not any(isinstance(f, _NoQuitHint) for f in child.filters):
+        child.addFilter(_NoQuitHint())
+    return child
 
 
 class WebSwiftlet:
@@ -178,7 +195,7 @@ class WebSwiftlet:
             ) from None
         hypercorn = HypercornConfig()
         hypercorn.accesslog = None
-        hypercorn.errorlog = self.context.log
+        hypercorn.errorlog = _hypercorn_log(self.context.log)
         hypercorn.graceful_timeout = GRACEFUL
         asgi_app = build_app(self, self.context, admin_group=config.admin_group)
         # Starlette types an app's scope as a MutableMapping, hypercorn as its own TypedDicts:
@@ -207,7 +224,8 @@ class WebSwiftlet:
                             self._connector_peers[event.link] = event.peer
                         peer = event.peer or self._connector_peers.get(event.link)
                         if peer:
-                            self._link(event.link, peer, event.state.value, event.error or "", time.time())
+                            since = event.since or time.time()
+                            self._link(event.link, peer, event.state.value, event.error or "", since)
                             self._stale.set()
                 except SubscriberOverflow as exc:
                     self.context.log.warning("%s; reading the links afresh", exc)
@@ -288,9 +306,11 @@ class WebSwiftlet:
                 link = f"connector:{name}" if kind == "connectors" else name
                 peer = values.get("routername") or self._connector_peers.get(link)
                 if peer:
-                    self._link(link, peer, values["state"], values.get("last-error", ""), now)
+                    # when the state began, as sys$routing has it (a retry does not move it)
+                    since = _seconds(values.get("since") or values.get("connecttime") or "") or now
+                    self._link(link, peer, values["state"], values.get("last-error", ""), since)
 
-    def _link(self, link: str, peer: str, state: str, error: str, now: float) -> None:
+    def _link(self, link: str, peer: str, state: str, error: str, since: float) -> None:
         current = self._links.get(peer)
         if current is not None:
             current_link, view = current
@@ -302,7 +322,7 @@ class WebSwiftlet:
                 return  # a second link to the same neighbour (refused, closing): the live one counts
             if view.state == state and current_link == link:
                 return
-        self._links[peer] = (link, LinkView(peer=peer, state=state, since=now, error=error))
+        self._links[peer] = (link, LinkView(peer=peer, state=state, since=since, error=error))
 
     def _rebuild(self) -> None:
         routes = {row.name: row.routes for row in self._routing.destinations()} if self._routing else {}

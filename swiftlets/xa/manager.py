@@ -295,6 +295,7 @@ class ResourceManager:
             "rollback",
             rollback,
             "Roll back: the prepared sends are discarded and the acknowledged messages are available again.",
+            destroys=lambda: view.messages,
         )
         self._listed[name] = xid
 
