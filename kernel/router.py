@@ -36,7 +36,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -151,6 +151,14 @@ class SwiftletContext:
         calls hook ``name`` on every plugin and returns their answers as a list. A swiftlet
         calls the hooks it declared itself (``SwiftletSpec.hookspecs``)."""
         return self._router.hook
+
+    def before_stop(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Have ``await hook()`` run when the router stops orderly: after RouterStopping is
+        published and before any swiftlet is stopped, the hooks one after the other in the
+        order they were given (so in start order), all within the router's
+        ``shutdown-timeout``. For what must still leave while every swiftlet runs: a
+        stopping router's last interest record, then the routing links' last transfers."""
+        self._router._before_stop.append(hook)
 
     def lookup(self, name: str, kind: Callable[..., T]) -> T:
         """The running swiftlet ``name`` (a swiftlet started earlier), as the interface ``kind``.
@@ -362,6 +370,7 @@ class Router:
         self._stop_requested = trio.Event()
         self._stop_reason = ""
         self._stop_delay = 0.0
+        self._before_stop: list[Callable[[], Awaitable[None]]] = []  # SwiftletContext.before_stop
         self.successor: Router | None = None  # built by request_reboot, run by whoever ran this one
         router_usage = root.children["usage"] = Usage("/usage", self._usage)
         swiftlets = router_usage.add_list("swiftlets")
@@ -474,6 +483,9 @@ class Router:
             log.info("router %s stopping: %s", self.name, self._stop_reason)
             self.bus.publish(RouterStopping(router=self.name, reason=self._stop_reason))
             grace = self.config.settings.shutdown_timeout / 1000
+            with trio.move_on_after(grace):
+                for hook in self._before_stop:
+                    await hook()
             for host in reversed(started):
                 await host.stop(grace)
         crashed = next((h for h in started if h.error is not None), None)

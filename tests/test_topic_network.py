@@ -4,6 +4,7 @@ nothing a subscriber should not see."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Iterable, Mapping
 
@@ -349,6 +350,31 @@ async def test_an_orderly_stop_keeps_durable_interest_without_keep_on_unsubscrib
     received = Subscriber(network, "b", "iit", client_id="d", durable="w")
     await received.run(30)
     assert_exactly(received, [f"m{n}" for n in range(30)])
+
+
+async def test_an_orderly_stop_tells_the_neighbours_that_only_durable_interest_stays(network, nursery):
+    """A stopping router's last record keeps its durable subscriptions' roots and withdraws
+    what only its (connected) non-durable subscribers wanted; it leaves before the routing
+    links close (the links carry it while every swiftlet still runs). Before, the links
+    closed first and the neighbour went on forwarding to the gone subscriber's root."""
+    await start(network, "a")
+    await start(network, "b")
+    await durable_subscription(network, "a", "d", "w", "iit")
+    subscribed = trio.Event()
+
+    async def non_durable_subscriber() -> None:
+        with contextlib.suppress(Exception):  # (its router stops under it)
+            async with connect(network.url("a")) as connection, connection.session() as session:
+                await session.consumer(Topic("news"))
+                subscribed.set()
+                await trio.sleep_forever()
+
+    nursery.start_soon(non_durable_subscriber)
+    await subscribed.wait()
+    network.connect("a", "b")
+    await wait_interest(network, {"b": {"a": ["iit", "news"]}})
+    await network.stop("a")
+    await wait_interest(network, {"b": {"a": ["iit"]}})
 
 
 async def test_interest_is_announced_again_after_a_router_restart(network):

@@ -337,7 +337,8 @@ class Queue(Protocol):
 
     @property
     def volatile(self) -> int:
-        """Non-persistent messages waiting in the queue: what a stop of the router loses."""
+        """Non-persistent messages waiting in the queue, or delivered and not settled: what
+        a stop of the router loses."""
 
     @property
     def consumers(self) -> Sequence[Consumer]:

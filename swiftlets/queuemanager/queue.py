@@ -272,8 +272,10 @@ class Queue:
 
     @property
     def volatile(self) -> int:
-        """Non-persistent messages waiting (counted when asked: an operator's halt, rare)."""
-        return sum(not entry.persistent for level in self._levels for entry in level)
+        """Non-persistent messages waiting, or delivered and not settled: what a stop loses
+        (counted when asked: an operator's halt, a stopping router's last transfers)."""
+        waiting = sum(not entry.persistent for level in self._levels for entry in level)
+        return waiting + sum(not entry.persistent for c in self.consumers for entry in c.unsettled.values())
 
     @property
     def backlog(self) -> int:

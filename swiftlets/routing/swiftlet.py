@@ -81,6 +81,7 @@ log = logging.getLogger(__name__)
 # What a listener accepts: a TCP connection, with TLS on top when the listener has a certificate.
 _Accepted = Accepted
 
+STOP_DRAIN = 5.0  # seconds an orderly stop gives the links to carry what is non-persistent (see _last_transfers)
 BACKOFF_START = 2.0  # seconds: the first delay of an exponential retry policy (Qpid's)
 
 
@@ -216,6 +217,19 @@ class RoutingSwiftlet:
 
     # --- lifecycle ----------------------------------------------------------------------
 
+    async def _last_transfers(self) -> None:
+        """The router stops orderly: for up to :data:`STOP_DRAIN` seconds the links carry
+        the non-persistent messages waiting for an active destination — among them the
+        interest records that say which topics this router keeps (the topic manager sends
+        them just before) — and the answers of what is in flight. Without it the links close
+        at once and the neighbours never hear it."""
+        transfer = self._transfer
+        if transfer is None:
+            return
+        with trio.move_on_after(STOP_DRAIN):
+            while not transfer.drained():
+                await trio.sleep(0.01)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         entity = self.context.entity
         self._start_addressing()
@@ -237,6 +251,7 @@ class RoutingSwiftlet:
                         inbound_flow_control=self.context.config.inbound_flow_control_enabled,
                     )
                 entity.on_change(self._swiftlet_changed)
+                self.context.before_stop(self._last_transfers)
                 entity.entity_list("static-routes").bind(self._static_added, self._static_removed)
                 self._bind_filters()
                 for listener in entity.entity_list("listeners").entities.values():

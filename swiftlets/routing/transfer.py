@@ -342,6 +342,20 @@ class Transfer:
         for wakeup in self._dispatchers.values():
             wakeup.set()
 
+    def drained(self) -> bool:
+        """No non-persistent message waits for an active destination, and none of our
+        transactions is on its way (being prepared, sent, or not yet committed at the peer):
+        what an orderly stop lets the links finish (a persistent message waits in the store
+        for the next start; a non-persistent one would be lost)."""
+        for router in self._dispatchers:
+            row = self._destination(router)
+            queue = self.manager.queues.get(routing_queue(router))
+            if row is not None and row.active and queue is not None and queue.volatile:
+                return False
+        return all(
+            not (link.machine.open_transactions or state.reserved or state.ready) for link, state in self._state.items()
+        )
+
     def link_gone(self, link: Link) -> None:
         """Non-XA transactions sent over ``link`` go back to their queue (sent again, in
         doubt); XA ones stay prepared for the recovery with that peer."""

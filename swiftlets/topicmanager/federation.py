@@ -66,7 +66,7 @@ from typing import Any
 import attrs
 import trio
 
-from martinet.kernel import Change, Entity, ManagementError, RouterStopping, SwiftletContext, Usage, UsageList, Veto
+from martinet.kernel import Change, Entity, ManagementError, SwiftletContext, Usage, UsageList, Veto
 from martinet.messaging.codec import Symbol, UInt
 from martinet.messaging.message import Message, build
 from martinet.swiftlets.queuemanager.api import Consumer, QueueError, QueueManager, check_queue_name
@@ -334,10 +334,7 @@ class Federation:
             task_status.started()
             await trio.sleep_forever()
         await self._new_epoch(store)
-        with (
-            self.context.bus.subscribe(DestinationActivated, max_buffer=100_000) as activated,
-            self.context.bus.subscribe(RouterStopping) as stopping,
-        ):
+        with self.context.bus.subscribe(DestinationActivated, max_buffer=100_000) as activated:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._receive_records, self._queue_manager.queue(INTEREST_QUEUE, create=True))
@@ -349,7 +346,7 @@ class Federation:
                 if self._lookup_routing() is not None:  # routing started first: its destinations are active already
                     self.interest_changed()
                 nursery.start_soon(self._follow_activations, activated)
-                nursery.start_soon(self._when_stopping, stopping)
+                self.context.before_stop(self._goodbye)  # (before routing's: it then carries the records)
                 task_status.started()
 
     async def _new_epoch(self, store: Store) -> None:
@@ -396,9 +393,11 @@ class Federation:
                 f"subscription needs a static route to {router} (/sys$routing/static-routes/{router})"
             )
 
-    async def _when_stopping(self, stopping: Any) -> None:
-        await stopping.receive()
-        for router in self._active():  # durable subscribers keep their interest while this router is down
+    async def _goodbye(self) -> None:
+        """The router stops orderly: every active destination hears the interest of the
+        durable subscriptions only (they keep theirs while this router is down); what only
+        non-durable subscribers wanted goes. Sent before routing's last transfers."""
+        for router in self._active():
             self._announce(router, durable_only=True)
 
     # -- announcing ---------------------------------------------------------------------------------
