@@ -6,8 +6,12 @@ Theory of operation
 resolved through the redirections routing installs (``%@paris`` → ``rt$paris``), or is
 unknown. A queue not defined in the config is created on first use when
 ``auto-create-queues`` is on, with the settings of the first queue controller (in name
-order) whose predicate matches its name — unless the router holds ``max-queues`` queues
-already (then neither an auto-created nor a temporary queue is made: ``TooManyQueues``).
+order) whose predicate matches its name — unless there is no room for it (then neither an
+auto-created nor a temporary queue is made: ``TooManyQueues``): the router holds
+``max-queues`` queues (routing's ``rt$`` queues not counted), or it is made for a client
+and the clients' share of ``max-queues`` (all but ``reserved-queues-percent``, kept for the
+router's own needs), its user's ``max-queues-per-user`` or its address's
+``max-queues-per-address`` is used up (:mod:`.budget`).
 
 **Persistence.** A persistent message is written to the store (``PutMessage``) before the
 sender is told it is accepted; it is made available *first*, so a fast consumer may
@@ -76,16 +80,17 @@ from martinet.swiftlets.store.api import (
 
 from .api import (
     TEMPORARY_PREFIX,
+    Creator,
     MalformedMessage,
     MessageTooLarge,
     QueueError,
     QueueNotFound,
     Rewrite,
     SendResult,
-    TooManyQueues,
     TransactionError,
     check_queue_name,
 )
+from .budget import QueueBudget
 from .config import QueueManagerConfig, QueueSettings
 from .operations import offer_operations
 from .queue import AVAILABLE, DELIVERED, GONE, HELD, Consumer, Entry, Queue, now_ms
@@ -156,7 +161,7 @@ class QueueManager:
         config: QueueManagerConfig = context.config
         self.auto_create_queues = config.auto_create_queues
         self.max_message_size = config.max_message_size
-        self.max_queues = config.max_queues
+        self.budget = QueueBudget.of(config)
         self.queues: dict[str, Queue] = {}
         self._store: Store | None = None
         self._ids = itertools.count(1)  # entry ids; recovery moves the count past the stored ones
@@ -202,8 +207,8 @@ class QueueManager:
             self.auto_create_queues = change.new
         elif change.field == "max_message_size":
             self.max_message_size = change.new
-        elif change.field == "max_queues":
-            self.max_queues = change.new
+        else:
+            self.budget.set(change.field, change.new)
 
     async def _flush_forever(self) -> None:
         assert self._store is not None
@@ -457,7 +462,7 @@ class QueueManager:
                 return controller.config
         return QueueSettings()
 
-    def queue(self, address: str, *, create: bool | None = None) -> Queue:
+    def queue(self, address: str, *, create: bool | None = None, creator: Creator | None = None) -> Queue:
         """The local queue for ``address``, created if allowed (``create`` overrides
         ``auto-create-queues``).
 
@@ -466,8 +471,8 @@ class QueueManager:
 
         Raises:
             QueueNotFound: unknown and not to be created, or no route.
-            TooManyQueues: unknown, to be auto-created (``create`` not given), and the router
-                holds ``max-queues`` queues.
+            TooManyQueues: unknown, to be auto-created (``create`` not given), and no room
+                for ``creator`` (:meth:`check_room`).
             QueueError: an invalid queue name.
         """
         name = self.resolve(address)
@@ -483,8 +488,9 @@ class QueueManager:
             raise QueueNotFound(f"queue {name!r} does not exist on router {self.router_name}")
         check_queue_name(name)
         if create is None:  # auto-created (explicit creates: recovery; durable subscriptions check_room first)
-            self.check_room(name)
-        return self._create(name, self.settings_for(name))
+            self.check_room(name, creator)
+            creator = creator or Creator()
+        return self._create(name, self.settings_for(name), creator=creator)
 
     def when_backlog_cleared(self, address: str, callback: Callable[[], None]) -> Callable[[], None] | None:
         """While sends to ``address`` are slowed down — its queue's backlog (:attr:`Queue.backlog`) is above its
@@ -507,37 +513,37 @@ class QueueManager:
 
         return cancel
 
-    def check_room(self, name: str) -> None:
+    def check_room(self, name: str, creator: Creator | None = None) -> None:
         """Raises TooManyQueues unless one more queue (auto-created, temporary, or a new
-        durable subscription's) fits in ``max-queues``. (Queues defined in the config, and
-        those recovered at start, are created regardless.)"""
-        if 0 <= self.max_queues <= len(self.queues):
-            raise TooManyQueues(
-                f"queue {name!r} not created: router {self.router_name} holds "
-                f"max-queues {self.max_queues} queues already"
-            )
+        durable subscription's) for ``creator`` (None: a client not named) fits: see
+        :class:`.budget.QueueBudget`. (Queues defined in the config, and those recovered at
+        start, are created regardless.)"""
+        self.budget.check(name, creator or Creator(), len(self.queues), self.router_name)
 
-    def _create(self, name: str, settings: QueueSettings, owner: Any = None) -> Queue:
+    def _create(self, name: str, settings: QueueSettings, owner: Any = None, creator: Creator | None = None) -> Queue:
         queue = self.queues[name] = Queue(self, name, settings, owner=owner)
+        self.budget.created(name, creator)
         if self._usage is not None:
             # The api protocols take back any Entry or Consumer; the implementation only its own
             # (those it handed out), so mypy does not count it as one (context.lookup casts too).
             offer_operations(self, queue, self._usage.add(name, queue.usage))  # type: ignore[arg-type]
         return queue
 
-    def create_temporary_queue(self, owner: Any) -> Queue:
-        """A new ``tmp$<n>`` queue, deleted by :meth:`delete_temporary_queues` (owner).
+    def create_temporary_queue(self, owner: Any, creator: Creator | None = None) -> Queue:
+        """A new ``tmp$<n>`` queue, deleted by :meth:`delete_temporary_queues` (owner), made
+        for ``creator`` (None: a client not named).
 
         Raises:
-            TooManyQueues: the router holds ``max-queues`` queues.
+            TooManyQueues: no room for ``creator`` (:meth:`check_room`).
         """
-        self.check_room("tmp$<n>")
+        creator = creator or Creator()
+        self.check_room("tmp$<n>", creator)
         self._temporary += 1
         name = f"{TEMPORARY_PREFIX}{self._temporary}"
         while name in self.queues:
             self._temporary += 1
             name = f"{TEMPORARY_PREFIX}{self._temporary}"
-        return self._create(name, self.settings_for(name), owner)
+        return self._create(name, self.settings_for(name), owner, creator)
 
     def delete_temporary_queues(self, owner: Any) -> None:
         for queue in [q for q in self.queues.values() if q.owner is owner]:
@@ -556,6 +562,7 @@ class QueueManager:
         if queue is None:
             raise QueueNotFound(f"queue {name!r} does not exist on router {self.router_name}")
         queue.deleted = True
+        self.budget.deleted(name)
         for consumer in list(queue.consumers):
             consumer.close()
         dropped = queue.drop_all()
@@ -846,6 +853,8 @@ class QueueManager:
     def _manager_usage(self) -> dict[str, Any]:
         return {
             "queues": len(self.queues),
+            "clients-queues": self.budget.clients_queues(),
+            "routing-queues": self.budget.routing,
             "prepared-transactions": len(self._prepared),
             "deferred-operations": len(self._deferred),
         }
