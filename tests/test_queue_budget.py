@@ -148,3 +148,7 @@ async def test_queues_are_counted_per_address_across_connections(amqp_broker):
     assert await raw_queues(broker.port, "127.0.0.1", "three", 2) == [
         "queue 'three1' not created: clients from 127.0.0.1 have max-queues-per-address 6 queues already"
     ]
+    broker.router.management.set("/sys$queuemanager", "max-queues-per-address", "8")  # at runtime
+    assert await raw_queues(broker.port, "127.0.0.1", "four", 3) == [
+        "queue 'four2' not created: clients from 127.0.0.1 have max-queues-per-address 8 queues already"
+    ]
