@@ -615,8 +615,9 @@ class QueueManager(Protocol):
     def delete_temporary_queues(self, owner: Any) -> None:
         """Delete every temporary queue created for ``owner`` (a lost connection)."""
 
-    def delete_queue(self, name: str) -> None:
-        """Delete a queue with its messages; its consumers are closed.
+    def delete_queue(self, name: str, *, quiet: bool = False) -> None:
+        """Delete a queue with its messages; its consumers are closed. ``quiet``: without the
+        log line (a caller deleting many at once says so in one).
 
         Raises:
             QueueNotFound: no such queue.

@@ -79,6 +79,7 @@ from martinet.swiftlets.store.api import (
 )
 
 from .api import (
+    ROUTING_PREFIX,
     TEMPORARY_PREFIX,
     Creator,
     MalformedMessage,
@@ -138,6 +139,25 @@ def _swapping(
     return durable
 
 
+def _whole_router(predicate: str) -> str | None:
+    """``R`` if ``predicate`` is ``%@R`` with no wildcard in ``R`` (``\\`` escapes one):
+    every queue of router R; else None."""
+    if not predicate.startswith("%@"):
+        return None
+    name, escaped = [], False
+    for char in predicate[2:]:
+        if escaped:
+            name.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char in "%_":
+            return None
+        else:
+            name.append(char)
+    return None if escaped or not name else "".join(name)
+
+
 def id_key(message_id: Any) -> str | None:
     """A message-id as a string key for the duplicate backlog (type-tagged unless a string)."""
     if message_id is None:
@@ -167,7 +187,11 @@ class QueueManager:
         self._ids = itertools.count(1)  # entry ids; recovery moves the count past the stored ones
         self._temporary = 0
         # (predicate, its pattern, target queue, rewrite of the messages redirected or None)
-        self._redirections: list[tuple[str, LikePattern, str, Rewrite | None]] = []
+        # predicate → (its pattern, target queue, rewrite), in the order added
+        self._redirections: dict[str, tuple[LikePattern, str, Rewrite | None]] = {}
+        # ``%@R`` (every queue of one router: routing's) by R, found without a scan, so that a
+        # table of thousands of destinations costs each change and each new address O(1)
+        self._router_redirections: dict[str, tuple[str, Rewrite | None]] = {}
         self._redirected: dict[str, tuple[str, Rewrite | None]] = {}  # address → its redirection, as found
         self._deferred: list[Op] = []
         self._deferred_wakeup = trio.Event()
@@ -409,16 +433,16 @@ class QueueManager:
     def _redirection(self, address: str) -> tuple[str, Rewrite | None]:
         """The target queue and rewrite of the redirection covering ``q@other`` (remembered
         per address until the redirections change: every message to ``q@other`` asks)."""
-        found = self._redirected.get(address)
+        router = address.rpartition("@")[2]
+        found = self._router_redirections.get(router) or self._redirected.get(address)
         if found is not None:
             return found
-        for _, pattern, target, rewrite in self._redirections:
+        for pattern, target, rewrite in self._redirections.values():
             if pattern.matches(address):
                 if len(self._redirected) >= REDIRECTIONS_KEPT:
                     self._redirected.clear()
                 found = self._redirected[address] = target, rewrite
                 return found
-        router = address.rpartition("@")[2]
         raise QueueNotFound(
             f"router {router!r} is not known to router {self.router_name!r} (no route and no "
             f"static route), so {address!r} cannot be reached"
@@ -429,7 +453,11 @@ class QueueManager:
         ``q@router`` name) to local queue ``target``, each message first passed through
         ``rewrite(address, message)``; routing uses ``%@R`` → ``rt$R``."""
         self.remove_redirection(predicate)
-        self._redirections.append((predicate, like_pattern(predicate), target, rewrite))
+        router = _whole_router(predicate)
+        if router is not None:
+            self._router_redirections[router] = target, rewrite
+            return
+        self._redirections[predicate] = like_pattern(predicate), target, rewrite
         self._redirected.clear()
 
     def _rewritten(self, address: str, message: Message) -> Message:
@@ -445,8 +473,11 @@ class QueueManager:
             raise MalformedMessage(f"message for {address!r}: {exc}", exc.condition) from None
 
     def remove_redirection(self, predicate: str) -> None:
-        self._redirections = [r for r in self._redirections if r[0] != predicate]
-        self._redirected.clear()
+        router = _whole_router(predicate)
+        if router is not None:
+            self._router_redirections.pop(router, None)
+        elif self._redirections.pop(predicate, None) is not None:
+            self._redirected.clear()
 
     def settings_for(self, name: str) -> QueueSettings:
         """The settings of queue ``name``: its own definition, else the first controller
@@ -549,7 +580,7 @@ class QueueManager:
         for queue in [q for q in self.queues.values() if q.owner is owner]:
             self.delete_queue(queue.name)
 
-    def delete_queue(self, name: str) -> None:
+    def delete_queue(self, name: str, *, quiet: bool = False) -> None:
         """Delete a queue with its messages; its consumers are closed.
 
         Raises:
@@ -569,7 +600,8 @@ class QueueManager:
         self._defer(*(DeleteMessage(entry.id) for entry in dropped if entry.persistent))
         if self._usage is not None:
             self._usage.remove(name)
-        log.info("queue %s deleted (%d message(s) dropped)", name, len(dropped))
+        if not quiet:
+            log.info("queue %s deleted (%d message(s) dropped)", name, len(dropped))
 
     def _queue_configured(self, entity: Entity) -> None:
         settings = entity.config
@@ -1103,6 +1135,10 @@ class Transaction:
         self.state = "committed"
         manager._prepared.pop(self.xid or "", None)
         for queue, entry in self._sends:
+            if queue.deleted and queue.name.startswith(ROUTING_PREFIX):
+                # routing retires an idle rt$R of a router gone; a send staged before (a
+                # long or in-doubt transaction) must still reach R when it comes back
+                queue = manager.queue(queue.name, create=True)
             key = self._keys.get(entry.id)
             if key is not None:
                 queue.remember(key)
