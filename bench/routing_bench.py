@@ -48,12 +48,13 @@ from _loadgen import (
     stop_epmd,
 )
 
+# route-log="each": a line per route added, which tells when the first router reaches the last
 ROUTER = """<router name="{name}" startorder="sys$log sys$store sys$queuemanager sys$xa sys$jms sys$routing">
   <swiftlet name="sys$log" level="INFO"/>
   <swiftlet name="sys$store" path="store" sync="full"/>
   <swiftlet name="sys$jms"><listeners><listener name="amqp" port="{amqp}" bind-address="127.0.0.1"/></listeners>
   </swiftlet>
-  <swiftlet name="sys$routing">
+  <swiftlet name="sys$routing" route-log="each">
     <listeners>{listener}</listeners>
     <connectors>{connector}</connectors>
   </swiftlet>

@@ -77,6 +77,7 @@ from processes import RouterProcess, RouterProcesses, free_port
 FAULTS = ("kill", "kill-store", "cut", "blackhole", "delay")
 KEEPALIVE_MS = 1000  # a half-open link is noticed after 5 intervals
 
+# route-log="each": a line per route added or removed, which table() replays
 ROUTER = """\
 <router name="{name}"
         startorder="sys$log sys$store sys$authentication sys$queuemanager sys$xa sys$topicmanager sys$jms sys$routing">
@@ -87,7 +88,7 @@ ROUTER = """\
       <listener name="amqp" port="{amqp}" bind-address="127.0.0.1"/>
     </listeners>
   </swiftlet>
-  <swiftlet name="sys$routing" reject-disconnect-delay="1000">
+  <swiftlet name="sys$routing" reject-disconnect-delay="1000" route-log="each">
     <static-routes>{static}
     </static-routes>
     <listeners>
@@ -143,7 +144,7 @@ _ROUTE = re.compile(
 
 def table(log: str) -> dict[str, set[tuple[str, ...]]]:
     """A router's routing table as its log tells it (one INFO line per route added or
-    removed, replayed in order): destination -> routes (paths)."""
+    removed with route-log="each", replayed in order): destination -> routes (paths)."""
     routes: set[tuple[str, ...]] = set()
     for match in _ROUTE.finditer(log):
         path = tuple(match["path"].split())

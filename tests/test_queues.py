@@ -353,6 +353,41 @@ async def test_transaction_spanning_queues_commits_together(broker):
     assert (broker.queue_manager.queue("in").size, broker.queue_manager.queue("out-a").size) == (0, 1)
 
 
+async def test_a_send_staged_before_its_routing_queue_was_retired_still_lands_there(broker):
+    # Routing deletes an empty rt$R of a router gone for a while; a transaction that staged
+    # a send to q@R before must not lose it at commit: the queue is made anew.
+    queue_manager = broker.queue_manager
+    queue_manager.queue("rt$gone", create=True)
+    queue_manager.add_redirection("%@gone", "rt$gone")
+    transaction = queue_manager.transaction()
+    transaction.send("q@gone", msg(1, durable=True))
+    queue_manager.remove_redirection("%@gone")
+    queue_manager.delete_queue("rt$gone", quiet=True)
+    await transaction.commit()
+    assert queue_manager.queues["rt$gone"].size == 1
+    await broker.restart()
+    assert broker.queue_manager.queues["rt$gone"].size == 1
+
+
+async def test_redirections_of_whole_routers_and_patterns(broker):
+    queue_manager = broker.queue_manager
+    for name in ("rt$a_b", "rt$p", "other"):
+        queue_manager.queue(name, create=True)
+    queue_manager.add_redirection("%@a\\_b", "rt$a_b")  # a whole router, '_' escaped
+    queue_manager.add_redirection("%@p%", "rt$p")  # a pattern: scanned
+    assert queue_manager.resolve("q@a_b") == "rt$a_b"
+    assert queue_manager.resolve("q@p1") == queue_manager.resolve("q@p") == "rt$p"
+    with pytest.raises(QueueNotFound):
+        queue_manager.resolve("q@axb")  # '_' is not a wildcard here
+    queue_manager.add_redirection("%@p1", "other")  # the whole router's wins over a pattern
+    assert queue_manager.resolve("q@p1") == "other"
+    queue_manager.remove_redirection("%@p1")
+    assert queue_manager.resolve("q@p1") == "rt$p"
+    queue_manager.remove_redirection("%@a\\_b")
+    with pytest.raises(QueueNotFound):
+        queue_manager.resolve("q@a_b")
+
+
 async def test_rollback_redelivers_and_drops_sends(broker):
     queue_manager = broker.queue_manager
     await queue_manager.send("in", msg(0, durable=True))

@@ -412,7 +412,9 @@ def test_local_errors():
     assert [row.name for row in r.destinations()] == ["a", "s"]
 
 
-def test_logging_one_info_line_per_route_change_decisions_at_debug(caplog):
+def test_logging_route_changes_and_decisions_at_debug_none_at_info(caplog):
+    # One INFO line per route made a peer's thousands of routes megabytes of log; the
+    # swiftlet sums them up per batch (routelog), the exchanger says each at DEBUG only.
     caplog.set_level(logging.DEBUG, logger="martinet.swiftlets.routing.exchange")
     r = RouteExchanger("r")
     r.link_up("lyon")
@@ -420,16 +422,30 @@ def test_logging_one_info_line_per_route_change_decisions_at_debug(caplog):
     caplog.clear()
     r.receive("lyon", add("paris"))
     assert [(rec.levelname, rec.getMessage()) for rec in caplog.records] == [
-        ("INFO", "route to paris via lyon (2 hops: lyon paris) added"),
+        ("DEBUG", "route to paris via lyon (2 hops: lyon paris) added"),
         ("DEBUG", "do not announce lyon paris to lyon: its next hop"),
         ("DEBUG", "announce lyon paris to nice"),
     ]
     caplog.clear()
     r.link_down("lyon")
-    assert [rec.getMessage() for rec in caplog.records if rec.levelname == "INFO"] == [
+    assert [rec.getMessage() for rec in caplog.records if rec.getMessage().startswith("route")] == [
         "route to paris via lyon (2 hops: lyon paris) removed",
         "route to lyon via lyon (1 hop: lyon) removed",
     ]
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.INFO]
+
+
+def test_a_route_longer_than_max_hops_is_not_stored_and_one_that_long_not_passed_on():
+    r = RouteExchanger("r", max_hops=3, hop_limit=-1)
+    r.link_up("lyon")
+    r.link_up("nice")
+    output = r.receive("lyon", Announcement(add=True, destination="c", path=("a", "b", "c")))
+    assert output.refused == 1 and output.events == [] and output.sends == []
+    assert r.destination("c") is None
+    output = r.receive("lyon", Announcement(add=True, destination="b", path=("a", "b")))
+    assert output.refused == 0 and r.destination("b").routes == (("lyon", "a", "b"),)
+    assert ("lyon", "a", "b") not in r.announced_to("nice")  # 3 hops: 4 at nice
+    assert r.set_max_hops(4).sends == [("nice", Announcement(add=True, destination="b", path=("lyon", "a", "b")))]
 
 
 # -- whole networks ---------------------------------------------------------------------------

@@ -605,6 +605,7 @@ async def test_a_connector_whose_tls_handshake_fails_closes_its_socket(network, 
 async def test_announcements_after_a_bad_one_on_the_same_read_are_not_applied(hub):
     """Bug found here: a link closed for a bad announcement still fed the exchanger the
     announcements that arrived with it (learned, passed on to friend, then withdrawn)."""
+    hub.network.routers["hub"].management.set("/sys$routing", "route-log", "each")  # a line per route
     name = next(hub.names)
     async with await Mallory.connect(hub, name) as mallory:
         await send(

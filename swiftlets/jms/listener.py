@@ -42,7 +42,11 @@ connection is closed with a framing error), the queue manager's ``max-message-si
 larger multi-frame message detaches its link) and ``max-incoming-buffer`` (incomplete
 messages of all links together; beyond it the connection is closed). A connection creates
 at most ``max-auto-created-queues-per-connection`` queues (auto-created ones, and its
-temporary ones alive), and the queue manager at most ``max-queues`` in all. When the
+temporary ones alive); across connections the queue manager counts each queue for the
+user and the address it was made for (:class:`Creator`: ``max-queues-per-user``,
+``max-queues-per-address``, and the clients' share of ``max-queues``), while a temporary
+queue of a user in one of sys$mgmt's groups uses the router's reserve, so that
+management's own client is served when the clients' room is used up. When the
 connection is over, :meth:`AmqpConnection.run` breaks the reference cycles between it, its
 links, the engine and the driver, so the memory goes back at once (the running router's
 collector is tuned to run full collections rarely: ``kernel/cli.py``).
@@ -69,6 +73,7 @@ import logging
 import time
 from typing import Any
 
+import attrs
 import trio
 
 from martinet.kernel.logs import HostLimitedLog
@@ -106,6 +111,7 @@ from martinet.swiftlets.mgmt.api import IDENTITY_ANNOTATION, MANAGEMENT_QUEUE, I
 from martinet.swiftlets.queuemanager.api import (
     TEMPORARY_PREFIX,
     ConsumerRefused,
+    Creator,
     MalformedMessage,
     MessageTooLarge,
     QueueError,
@@ -596,6 +602,7 @@ class AmqpConnection:
         self._client_id_patch: AnnotationPatch | None = None  # the client id annotation, once the client opened
         self.principal: Any = None
         self.authenticated = False
+        self.creator = Creator(host=host)  # whom its queues count for: the user too, once logged in
         self.transactions: dict[bytes, Any] = {}
         self._transaction_ids = itertools.count(1)
         self._driver: Driver | None = None
@@ -666,6 +673,8 @@ class AmqpConnection:
                     self.principal = await self.swiftlet.login(login.credentials, self.host)
                     # a user and password checked now (what a management request may rely on)
                     self.authenticated = self.swiftlet.authentication_enabled and login.credentials.mechanism == "PLAIN"
+                    if self.authenticated:  # without a checked login every client is one "anonymous"
+                        self.creator = Creator(user=getattr(self.principal, "user", "") or "", host=self.host)
                 except AuthenticationFailed:
                     login.refuse()
                     raise
@@ -927,7 +936,7 @@ class AmqpConnection:
         if queue is not None:  # (as cheap as manager.queue: an anonymous relay's sends come here)
             return queue
         self._may_create(address)
-        queue = manager.queue(address)
+        queue = manager.queue(address, creator=self.creator)
         self.auto_created += 1
         return queue
 
@@ -950,9 +959,18 @@ class AmqpConnection:
             TooManyQueues: ``max-queues`` is reached.
         """
         self._may_create("tmp$<n>")
-        queue = self.queue_manager.create_temporary_queue(self)
+        queue = self.queue_manager.create_temporary_queue(self, self._temporary_creator())
         self.temporary += 1
         return queue
+
+    def _temporary_creator(self) -> Creator:
+        """Whom a temporary queue of this connection counts for: the router's reserve for a
+        user of one of sys$mgmt's groups (its management client needs a reply queue when
+        the clients have used their room), else this connection's user and address."""
+        group = getattr(self.principal, "group", "") if self.authenticated else ""
+        if group and self.swiftlet.manages(group):
+            return attrs.evolve(self.creator, reserved=True)
+        return self.creator
 
     def _temporary_address(self, name: str) -> str:
         """The address a client is given for its temporary queue ``name``: ``tmp$…@<router>``,
@@ -1097,7 +1115,7 @@ class AmqpConnection:
         if topic:
             name = self._check(name, "subscribe", topic=True)
             subscription = self.topic_manager.subscribe(
-                name, selector=text, no_local=no_local, client_id=self.client_id, owner=self
+                name, selector=text, no_local=no_local, client_id=self.client_id, owner=self, creator=self.creator
             )
             return OutgoingLink(self, link, subscription.consumer(), subscription.close)
         address = self._check(name, "receive")
@@ -1120,7 +1138,7 @@ class AmqpConnection:
             self._may_create(durable_queue_name(self.client_id, link.name))
         try:
             subscription = await self.topic_manager.durable_subscribe(
-                self.client_id, link.name, topic, selector=selector, no_local=no_local
+                self.client_id, link.name, topic, selector=selector, no_local=no_local, creator=self.creator
             )
         except TopicError as exc:
             raise _Refused("amqp:invalid-field", str(exc)) from None

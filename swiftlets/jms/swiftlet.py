@@ -30,6 +30,7 @@ from martinet.messaging.amqp.wire import AMQP_HEADER
 from martinet.messaging.like import like_pattern
 from martinet.messaging.listening import Accepted, listen, port_of
 from martinet.swiftlets.authentication.api import Authentication, Principal
+from martinet.swiftlets.mgmt.api import Management
 from martinet.swiftlets.queuemanager.api import QueueManager
 from martinet.swiftlets.topicmanager.api import TopicManager
 
@@ -79,6 +80,14 @@ class JmsSwiftlet:
     def refusal_delay(self, host: str) -> float:
         """Seconds to wait before answering a refused login from ``host``."""
         return self._auth.refusal_delay(host) if self._auth is not None else 0.0
+
+    def manages(self, group: str) -> bool:
+        """Whether users of ``group`` may manage this router (one of sys$mgmt's groups)."""
+        try:
+            management = self.context.lookup("sys$mgmt", Management)
+        except LookupError:  # not running (yet, or at all): nobody manages through it
+            return False
+        return management.manages(group)
 
     @property
     def authentication_enabled(self) -> bool:

@@ -175,6 +175,10 @@ class Management(Protocol):
         to ``sys$mgmt@router`` and back. A remote router that does not answer in ``timeout``
         seconds gives status 503. Authorization is as for any request."""
 
+    def manages(self, group: str) -> bool:
+        """Whether users of ``group`` (of sys$authentication) may manage this router: it is
+        one of sys$mgmt's groups, whatever its role."""
+
 
 class RequestFailed(Exception):
     """A request failed: the router's status and reason, or no answer (status 503)."""

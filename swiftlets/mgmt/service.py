@@ -58,7 +58,7 @@ from martinet.kernel.router import SwiftletContext
 from martinet.kernel.schema import Prop, fields_of, xml_name
 from martinet.messaging.message import Message, MessageError, build
 from martinet.swiftlets.authentication.api import Authentication
-from martinet.swiftlets.queuemanager.api import MessageTooLarge, QueueError, QueueManager, QueueNotFound
+from martinet.swiftlets.queuemanager.api import ROUTER, MessageTooLarge, QueueError, QueueManager, QueueNotFound
 from martinet.swiftlets.routing.api import DestinationAdded, DestinationRemoved, Routing
 
 from .api import (
@@ -359,7 +359,8 @@ class MgmtSwiftlet:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                self._reply_queue = manager.create_temporary_queue(self)
+                # from the router's reserve: replies must come back when clients used their room
+                self._reply_queue = manager.create_temporary_queue(self, ROUTER)
                 nursery.start_soon(self._take_replies, self._reply_queue)
                 if self._routing is not None:
                     await nursery.start(self._follow_destinations)
@@ -723,6 +724,9 @@ class MgmtSwiftlet:
                     self._routers.discard(event.router)
 
     # -- Management (front ends inside the router) -------------------------------------------------
+
+    def manages(self, group: str) -> bool:
+        return group in self.config.groups
 
     async def request(
         self, router: str, request: Mapping[str, Any], identity: Identity, timeout: float = 10.0

@@ -11,7 +11,8 @@ Theory of operation, for callers
 **Names.** ``q`` and ``q@<this router>`` name the local queue ``q``; ``q@other`` goes to the
 local queue a redirection names (routing installs ``%@other`` → ``rt$other``), or raises
 :class:`QueueNotFound`. Unknown local queues are created on first use when the manager's
-``auto-create-queues`` is on and the router holds fewer than ``max-queues`` queues —
+``auto-create-queues`` is on and there is room for their :class:`Creator` (``max-queues``,
+of which clients have all but a reserve, and per user and per address) —
 except temporary ones (``tmp$…``, :data:`TEMPORARY_PREFIX`), which only
 :meth:`QueueManager.create_temporary_queue` makes. A valid name is what
 :func:`check_queue_name` accepts. Names containing ``$`` are the router's (temporary,
@@ -56,6 +57,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+import attrs
+
 from martinet.messaging.message import Message
 from martinet.messaging.selector import Selector
 
@@ -64,6 +67,9 @@ from .config import QueueSettings
 __all__ = [
     "check_queue_name",
     "TEMPORARY_PREFIX",
+    "ROUTING_PREFIX",
+    "Creator",
+    "ROUTER",
     "QueueManager",
     "Queue",
     "Consumer",
@@ -104,8 +110,10 @@ class QueueFull(QueueError):
 
 
 class TooManyQueues(QueueError):
-    """The router holds ``max-queues`` queues already: no queue is auto-created and no
-    temporary queue made."""
+    """No room for one more queue made on demand (auto-created, temporary, a durable
+    subscription's): the router holds ``max-queues`` queues, or the creator is a client and
+    the clients' share, its user's or its address's allowance is used up. The message
+    names the limit."""
 
 
 class MessageTooLarge(QueueError):
@@ -134,6 +142,33 @@ class TransactionError(QueueError):
 
 #: The prefix of temporary queue names (``tmp$<n>``); no other queue is given it.
 TEMPORARY_PREFIX = "tmp$"
+
+#: The prefix of routing's queues (``rt$<router>``): not counted in ``max-queues`` (routing
+#: bounds them by the routers it knows), so a routing peer cannot use up the clients' room.
+ROUTING_PREFIX = "rt$"
+
+
+@attrs.frozen
+class Creator:
+    """Whom a queue made on demand is made for, which decides the budget it counts against.
+
+    A client's queue (``reserved`` false) counts against the clients' share of
+    ``max-queues`` (all of it but ``reserved-queues-percent``), against
+    ``max-queues-per-user`` for ``user`` (the authenticated user; empty: none, as with
+    authentication off) and ``max-queues-per-address`` for ``host`` (the address it connects
+    from; empty: none), until the queue is deleted, whichever connection made it. The
+    router's own needs (``reserved``: management's reply queue, temporary queues of users
+    in management's groups) may use the whole of ``max-queues``, so that a router whose
+    clients took their share can still be managed.
+    """
+
+    user: str = ""
+    host: str = ""
+    reserved: bool = False
+
+
+#: The router's own needs, not a client's (see :class:`Creator`).
+ROUTER = Creator(reserved=True)
 
 
 def check_queue_name(name: str) -> None:
@@ -517,15 +552,17 @@ class QueueManager(Protocol):
             QueueNotFound: ``q@other`` and no redirection covers it.
         """
 
-    def queue(self, address: str, *, create: bool | None = None) -> Queue:
+    def queue(self, address: str, *, create: bool | None = None, creator: Creator | None = None) -> Queue:
         """The local queue for ``address``, created if allowed (``create`` overrides
         ``auto-create-queues``; a temporary name is never created on first use, only with
-        ``create=True``).
+        ``create=True``). A queue auto-created (``create`` not given) counts as made for
+        ``creator`` (None: a client not named); one created with ``create=True`` counts only
+        if ``creator`` is given (after :meth:`check_room`).
 
         Raises:
             QueueNotFound: unknown and not to be created, or no route.
-            TooManyQueues: unknown, to be auto-created (``create`` not given), and the router
-                holds ``max-queues`` queues.
+            TooManyQueues: unknown, to be auto-created (``create`` not given), and no room
+                for ``creator`` (:meth:`check_room`).
             QueueError: an invalid queue name (:func:`check_queue_name`).
         """
 
@@ -585,28 +622,31 @@ class QueueManager(Protocol):
         there is no such queue. The caller tries again and asks again if it is still full
         (a routing link holds a batch that found its queue full this way, not refusing it)."""
 
-    def check_room(self, name: str) -> None:
-        """Whether one more queue, ``name`` (for the message), fits in ``max-queues``; the
-        topic manager asks before it stores a new durable subscription, whose queue it then
-        creates with ``create=True``.
+    def check_room(self, name: str, creator: Creator | None = None) -> None:
+        """Whether one more queue, ``name`` (for the message), made for ``creator`` (None:
+        a client not named) fits in ``max-queues`` and the creator's allowances (see
+        :class:`Creator`); the topic manager asks before it stores a new durable
+        subscription, whose queue it then creates with ``create=True`` and the creator.
 
         Raises:
-            TooManyQueues: the router holds ``max-queues`` queues.
+            TooManyQueues: no room; the message names the limit.
         """
 
-    def create_temporary_queue(self, owner: Any) -> Queue:
+    def create_temporary_queue(self, owner: Any, creator: Creator | None = None) -> Queue:
         """A new ``tmp$<n>`` queue (:data:`TEMPORARY_PREFIX`) whose :attr:`Queue.owner` is
-        ``owner``, deleted by :meth:`delete_temporary_queues` (owner).
+        ``owner``, deleted by :meth:`delete_temporary_queues` (owner); it counts as made for
+        ``creator`` (None: a client not named; :data:`ROUTER` for the router's own).
 
         Raises:
-            TooManyQueues: the router holds ``max-queues`` queues.
+            TooManyQueues: no room for ``creator`` (:meth:`check_room`).
         """
 
     def delete_temporary_queues(self, owner: Any) -> None:
         """Delete every temporary queue created for ``owner`` (a lost connection)."""
 
-    def delete_queue(self, name: str) -> None:
-        """Delete a queue with its messages; its consumers are closed.
+    def delete_queue(self, name: str, *, quiet: bool = False) -> None:
+        """Delete a queue with its messages; its consumers are closed. ``quiet``: without the
+        log line (a caller deleting many at once says so in one).
 
         Raises:
             QueueNotFound: no such queue.

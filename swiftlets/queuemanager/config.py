@@ -148,7 +148,32 @@ class QueueManagerConfig:
         min=-1,
         description="Most queues the router holds; -1: unlimited. Beyond it "
         "no queue is auto-created and no temporary queue made (clients get "
-        "amqp:resource-limit-exceeded); queues defined in the config are always created.",
+        "amqp:resource-limit-exceeded); queues defined in the config are always created. "
+        "Routing's queues (rt$…) are not counted: routing bounds them by the routers it knows.",
+    )
+    reserved_queues_percent: int = prop(
+        10,
+        min=0,
+        max=90,
+        description="Part of max-queues (rounded down) that clients' queues may not take: kept for the "
+        "router's own needs (management's reply queue, temporary queues of users in sys$mgmt's groups), "
+        "so that a router whose clients made all the queues they may can still be managed.",
+    )
+    max_queues_per_user: int = prop(
+        1000,
+        min=-1,
+        max=1_000_000,
+        description="Queues made on demand (auto-created, temporary, durable subscriptions') that one "
+        "authenticated user may have at once, over all its connections; -1: unlimited. Ten times fewer "
+        "than max-queues by default, so that one user cannot take the room of all.",
+    )
+    max_queues_per_address: int = prop(
+        5000,
+        min=-1,
+        max=1_000_000,
+        description="The same for all clients connecting from one address (with authentication off, the "
+        "only per-client bound besides the listener's per-connection one); -1: unlimited. Half of "
+        "max-queues by default: one host cannot take the room of all.",
     )
     queues: Mapping[str, QueueConfig] = entity_list(QueueConfig, item="queue", description="Defined queues.")
     queue_controllers: Mapping[str, ControllerConfig] = entity_list(

@@ -6,8 +6,12 @@ Theory of operation
 resolved through the redirections routing installs (``%@paris`` → ``rt$paris``), or is
 unknown. A queue not defined in the config is created on first use when
 ``auto-create-queues`` is on, with the settings of the first queue controller (in name
-order) whose predicate matches its name — unless the router holds ``max-queues`` queues
-already (then neither an auto-created nor a temporary queue is made: ``TooManyQueues``).
+order) whose predicate matches its name — unless there is no room for it (then neither an
+auto-created nor a temporary queue is made: ``TooManyQueues``): the router holds
+``max-queues`` queues (routing's ``rt$`` queues not counted), or it is made for a client
+and the clients' share of ``max-queues`` (all but ``reserved-queues-percent``, kept for the
+router's own needs), its user's ``max-queues-per-user`` or its address's
+``max-queues-per-address`` is used up (:mod:`.budget`).
 
 **Persistence.** A persistent message is written to the store (``PutMessage``) before the
 sender is told it is accepted; it is made available *first*, so a fast consumer may
@@ -75,17 +79,19 @@ from martinet.swiftlets.store.api import (
 )
 
 from .api import (
+    ROUTING_PREFIX,
     TEMPORARY_PREFIX,
+    Creator,
     MalformedMessage,
     MessageTooLarge,
     QueueError,
     QueueNotFound,
     Rewrite,
     SendResult,
-    TooManyQueues,
     TransactionError,
     check_queue_name,
 )
+from .budget import QueueBudget
 from .config import QueueManagerConfig, QueueSettings
 from .operations import offer_operations
 from .queue import AVAILABLE, DELIVERED, GONE, HELD, Consumer, Entry, Queue, now_ms
@@ -133,6 +139,25 @@ def _swapping(
     return durable
 
 
+def _whole_router(predicate: str) -> str | None:
+    """``R`` if ``predicate`` is ``%@R`` with no wildcard in ``R`` (``\\`` escapes one):
+    every queue of router R; else None."""
+    if not predicate.startswith("%@"):
+        return None
+    name, escaped = [], False
+    for char in predicate[2:]:
+        if escaped:
+            name.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char in "%_":
+            return None
+        else:
+            name.append(char)
+    return None if escaped or not name else "".join(name)
+
+
 def id_key(message_id: Any) -> str | None:
     """A message-id as a string key for the duplicate backlog (type-tagged unless a string)."""
     if message_id is None:
@@ -156,13 +181,17 @@ class QueueManager:
         config: QueueManagerConfig = context.config
         self.auto_create_queues = config.auto_create_queues
         self.max_message_size = config.max_message_size
-        self.max_queues = config.max_queues
+        self.budget = QueueBudget.of(config)
         self.queues: dict[str, Queue] = {}
         self._store: Store | None = None
         self._ids = itertools.count(1)  # entry ids; recovery moves the count past the stored ones
         self._temporary = 0
         # (predicate, its pattern, target queue, rewrite of the messages redirected or None)
-        self._redirections: list[tuple[str, LikePattern, str, Rewrite | None]] = []
+        # predicate → (its pattern, target queue, rewrite), in the order added
+        self._redirections: dict[str, tuple[LikePattern, str, Rewrite | None]] = {}
+        # ``%@R`` (every queue of one router: routing's) by R, found without a scan, so that a
+        # table of thousands of destinations costs each change and each new address O(1)
+        self._router_redirections: dict[str, tuple[str, Rewrite | None]] = {}
         self._redirected: dict[str, tuple[str, Rewrite | None]] = {}  # address → its redirection, as found
         self._deferred: list[Op] = []
         self._deferred_wakeup = trio.Event()
@@ -204,8 +233,8 @@ class QueueManager:
             self.auto_create_queues = change.new
         elif change.field == "max_message_size":
             self.max_message_size = change.new
-        elif change.field == "max_queues":
-            self.max_queues = change.new
+        else:
+            self.budget.set(change.field, change.new)
 
     async def _flush_forever(self) -> None:
         assert self._store is not None
@@ -406,16 +435,16 @@ class QueueManager:
     def _redirection(self, address: str) -> tuple[str, Rewrite | None]:
         """The target queue and rewrite of the redirection covering ``q@other`` (remembered
         per address until the redirections change: every message to ``q@other`` asks)."""
-        found = self._redirected.get(address)
+        router = address.rpartition("@")[2]
+        found = self._router_redirections.get(router) or self._redirected.get(address)
         if found is not None:
             return found
-        for _, pattern, target, rewrite in self._redirections:
+        for pattern, target, rewrite in self._redirections.values():
             if pattern.matches(address):
                 if len(self._redirected) >= REDIRECTIONS_KEPT:
                     self._redirected.clear()
                 found = self._redirected[address] = target, rewrite
                 return found
-        router = address.rpartition("@")[2]
         raise QueueNotFound(
             f"router {router!r} is not known to router {self.router_name!r} (no route and no "
             f"static route), so {address!r} cannot be reached"
@@ -426,7 +455,11 @@ class QueueManager:
         ``q@router`` name) to local queue ``target``, each message first passed through
         ``rewrite(address, message)``; routing uses ``%@R`` → ``rt$R``."""
         self.remove_redirection(predicate)
-        self._redirections.append((predicate, like_pattern(predicate), target, rewrite))
+        router = _whole_router(predicate)
+        if router is not None:
+            self._router_redirections[router] = target, rewrite
+            return
+        self._redirections[predicate] = like_pattern(predicate), target, rewrite
         self._redirected.clear()
 
     def _rewritten(self, address: str, message: Message) -> Message:
@@ -442,8 +475,11 @@ class QueueManager:
             raise MalformedMessage(f"message for {address!r}: {exc}", exc.condition) from None
 
     def remove_redirection(self, predicate: str) -> None:
-        self._redirections = [r for r in self._redirections if r[0] != predicate]
-        self._redirected.clear()
+        router = _whole_router(predicate)
+        if router is not None:
+            self._router_redirections.pop(router, None)
+        elif self._redirections.pop(predicate, None) is not None:
+            self._redirected.clear()
 
     def settings_for(self, name: str) -> QueueSettings:
         """The settings of queue ``name``: its own definition, else the first controller
@@ -459,7 +495,7 @@ class QueueManager:
                 return controller.config
         return QueueSettings()
 
-    def queue(self, address: str, *, create: bool | None = None) -> Queue:
+    def queue(self, address: str, *, create: bool | None = None, creator: Creator | None = None) -> Queue:
         """The local queue for ``address``, created if allowed (``create`` overrides
         ``auto-create-queues``).
 
@@ -468,8 +504,8 @@ class QueueManager:
 
         Raises:
             QueueNotFound: unknown and not to be created, or no route.
-            TooManyQueues: unknown, to be auto-created (``create`` not given), and the router
-                holds ``max-queues`` queues.
+            TooManyQueues: unknown, to be auto-created (``create`` not given), and no room
+                for ``creator`` (:meth:`check_room`).
             QueueError: an invalid queue name.
         """
         name = self.resolve(address)
@@ -485,8 +521,9 @@ class QueueManager:
             raise QueueNotFound(f"queue {name!r} does not exist on router {self.router_name}")
         check_queue_name(name)
         if create is None:  # auto-created (explicit creates: recovery; durable subscriptions check_room first)
-            self.check_room(name)
-        return self._create(name, self.settings_for(name))
+            self.check_room(name, creator)
+            creator = creator or Creator()
+        return self._create(name, self.settings_for(name), creator=creator)
 
     def when_backlog_cleared(self, address: str, callback: Callable[[], None]) -> Callable[[], None] | None:
         """While sends to ``address`` are slowed down — its queue's backlog (:attr:`Queue.backlog`) is above its
@@ -516,43 +553,43 @@ class QueueManager:
         else:
             queue.room_callbacks.append(callback)
 
-    def check_room(self, name: str) -> None:
+    def check_room(self, name: str, creator: Creator | None = None) -> None:
         """Raises TooManyQueues unless one more queue (auto-created, temporary, or a new
-        durable subscription's) fits in ``max-queues``. (Queues defined in the config, and
-        those recovered at start, are created regardless.)"""
-        if 0 <= self.max_queues <= len(self.queues):
-            raise TooManyQueues(
-                f"queue {name!r} not created: router {self.router_name} holds "
-                f"max-queues {self.max_queues} queues already"
-            )
+        durable subscription's) for ``creator`` (None: a client not named) fits: see
+        :class:`.budget.QueueBudget`. (Queues defined in the config, and those recovered at
+        start, are created regardless.)"""
+        self.budget.check(name, creator or Creator(), len(self.queues), self.router_name)
 
-    def _create(self, name: str, settings: QueueSettings, owner: Any = None) -> Queue:
+    def _create(self, name: str, settings: QueueSettings, owner: Any = None, creator: Creator | None = None) -> Queue:
         queue = self.queues[name] = Queue(self, name, settings, owner=owner)
+        self.budget.created(name, creator)
         if self._usage is not None:
             # The api protocols take back any Entry or Consumer; the implementation only its own
             # (those it handed out), so mypy does not count it as one (context.lookup casts too).
             offer_operations(self, queue, self._usage.add(name, queue.usage))  # type: ignore[arg-type]
         return queue
 
-    def create_temporary_queue(self, owner: Any) -> Queue:
-        """A new ``tmp$<n>`` queue, deleted by :meth:`delete_temporary_queues` (owner).
+    def create_temporary_queue(self, owner: Any, creator: Creator | None = None) -> Queue:
+        """A new ``tmp$<n>`` queue, deleted by :meth:`delete_temporary_queues` (owner), made
+        for ``creator`` (None: a client not named).
 
         Raises:
-            TooManyQueues: the router holds ``max-queues`` queues.
+            TooManyQueues: no room for ``creator`` (:meth:`check_room`).
         """
-        self.check_room("tmp$<n>")
+        creator = creator or Creator()
+        self.check_room("tmp$<n>", creator)
         self._temporary += 1
         name = f"{TEMPORARY_PREFIX}{self._temporary}"
         while name in self.queues:
             self._temporary += 1
             name = f"{TEMPORARY_PREFIX}{self._temporary}"
-        return self._create(name, self.settings_for(name), owner)
+        return self._create(name, self.settings_for(name), owner, creator)
 
     def delete_temporary_queues(self, owner: Any) -> None:
         for queue in [q for q in self.queues.values() if q.owner is owner]:
             self.delete_queue(queue.name)
 
-    def delete_queue(self, name: str) -> None:
+    def delete_queue(self, name: str, *, quiet: bool = False) -> None:
         """Delete a queue with its messages; its consumers are closed.
 
         Raises:
@@ -565,6 +602,7 @@ class QueueManager:
         if queue is None:
             raise QueueNotFound(f"queue {name!r} does not exist on router {self.router_name}")
         queue.deleted = True
+        self.budget.deleted(name)
         for consumer in list(queue.consumers):
             consumer.close()
         dropped = queue.drop_all()
@@ -572,11 +610,12 @@ class QueueManager:
         self._defer(*(DeleteMessage(entry.id) for entry in dropped if entry.persistent))
         if self._usage is not None:
             self._usage.remove(name)
-        # every client's temporary queue goes when it leaves (each admin call's reply queue):
-        # routine, unless it took messages with it
-        quiet = queue.owner is not None and not dropped
+        # every client's temporary queue goes when it leaves (each admin call's reply queue),
+        # and routing retires the empty queues of routers gone (their count is logged): routine,
+        # unless it took messages with it
+        routine = quiet or (queue.owner is not None and not dropped)
         log.log(
-            logging.DEBUG if quiet else logging.INFO, "queue %s deleted (%d message(s) dropped)", name, len(dropped)
+            logging.DEBUG if routine else logging.INFO, "queue %s deleted (%d message(s) dropped)", name, len(dropped)
         )
 
     def _queue_configured(self, entity: Entity) -> None:
@@ -869,6 +908,8 @@ class QueueManager:
     def _manager_usage(self) -> dict[str, Any]:
         return {
             "queues": len(self.queues),
+            "clients-queues": self.budget.clients_queues(),
+            "routing-queues": self.budget.routing,
             "prepared-transactions": len(self._prepared),
             "deferred-operations": len(self._deferred),
         }
@@ -1133,6 +1174,10 @@ class Transaction:
         self._unreserve()
         manager._prepared.pop(self.xid or "", None)
         for queue, entry in self._sends:
+            if queue.deleted and queue.name.startswith(ROUTING_PREFIX):
+                # routing retires an idle rt$R of a router gone; a send staged before (a
+                # long or in-doubt transaction) must still reach R when it comes back
+                queue = manager.queue(queue.name, create=True)
             key = self._keys.get(entry.id)
             if key is not None:
                 queue.remember(key)

@@ -287,6 +287,37 @@ class RoutingConfig:
         "announce; a link whose peer announces more is closed with that reason (one "
         "peer cannot fill every router's table).",
     )
+    unknown_router_grace: int = prop(
+        60_000,
+        min=-1,
+        max=86_400_000,
+        description="(Martinet) Milliseconds an empty routing queue rt$R stays after router R became "
+        "unknown (its last route gone, no static route); then it is deleted with its dispatcher, so "
+        "that destinations a peer announced and withdrew leave nothing behind. A queue holding messages "
+        "stays; R coming back makes it anew. A minute rides out a link flap or a neighbour's restart "
+        "without churn. -1: kept for ever.",
+    )
+    route_log: str = prop(
+        "batch",
+        choices=("batch", "each"),
+        description="(Martinet) batch: route changes are logged one INFO line per batch, with counts "
+        "per neighbour (a peer's thousands of routes do not flood the log; each route at DEBUG); "
+        "each: also one INFO line per route added or removed, which tools replay to follow a "
+        "router's table (the test and bench harnesses). Keep batch where peers are not trusted.",
+    )
+    max_route_hops: int = prop(
+        16,
+        min=1,
+        max=64,
+        description="(Martinet) Longest route (hops, the path's routers) stored; an announced "
+        "route longer than this is ignored and counted (routes-refused), the link stays, and a "
+        "route this long is not passed on. Why 16: with route-announce-hop-limit at its "
+        "default 3 no correct router sends more than 3; with it raised, routes are simple "
+        "paths, so no longer than the routers on them less one, and a message crosses a route "
+        "with a store and a two-phase commit per hop, so a route of more than 16 is one no "
+        "network would choose; a peer's 64-hop paths cost every change 64 times the work. "
+        "64 (the transfer's loop guard) is the most.",
+    )
     route_announce_hop_limit: int = prop(
         3,
         min=-1,

@@ -51,7 +51,14 @@ routes come and go); otherwise ``(next_hop,)``. Events: ``DestinationAdded``, th
 ``DestinationDeactivated``, then ``DestinationRemoved`` for a last one (static routes keep a
 destination known, so they suppress the added/removed pair).
 
-Logging: one INFO line per route added or removed, one DEBUG line per send decision.
+**Route length.** A route longer than ``max_hops`` (``max-route-hops``) is not stored:
+its ADD is ignored and counted in :attr:`Output.refused` (the link stays: a correct peer
+of a large network with an unlimited announce hop limit may send one), and a route of
+``max_hops`` is not passed on (it would be longer at the neighbour). Longer than
+:data:`MAX_PATH` breaks the protocol.
+
+Logging: one DEBUG line per route added or removed (INFO with ``log_each``) and per send
+decision; the swiftlet sums the changes up (one INFO line per batch, with counts).
 """
 
 from __future__ import annotations
@@ -161,18 +168,22 @@ class Output:
 
     sends: list[tuple[str, Announcement]] = attrs.Factory(list)
     events: list[Event] = attrs.Factory(list)
+    refused: int = 0  # routes received longer than max_hops, not stored
 
 
-def refusal(neighbour: str, path: Path, hop_limit: int, route_filter: RouteFilter | None) -> str | None:
+def refusal(
+    neighbour: str, path: Path, hop_limit: int, route_filter: RouteFilter | None, max_hops: int = MAX_PATH
+) -> str | None:
     """Why route ``path`` must not be announced to ``neighbour``, or None if it may be.
 
     The output rules of SwiftMQ's ``RouteExchanger`` (reference §2.6), in this order:
-    ``hop_limit`` > 0 and hop count >= ``hop_limit``; the neighbour is the next hop; the
+    ``hop_limit`` > 0 and hop count >= ``hop_limit``; the route has ``max_hops`` (the
+    longest stored: it would be longer at the neighbour); the neighbour is the next hop; the
     neighbour is on the path (loop prevention); the neighbour's filter rejects the route.
     """
     if 0 < hop_limit <= len(path):
         return "hop limit"
-    if len(path) >= MAX_PATH:
+    if len(path) >= max_hops:
         return "longest path"
     if path[0] == neighbour:
         return "its next hop"
@@ -231,6 +242,8 @@ class RouteExchanger:
         filters: Mapping[str, RouteFilter] | None = None,
         round_robin: bool = False,
         max_routes_per_link: int = 10_000,
+        max_hops: int = MAX_PATH,
+        log_each: bool = False,
         log: logging.Logger | None = None,
     ):
         """
@@ -244,6 +257,11 @@ class RouteExchanger:
             max_routes_per_link: ``max-routes-per-link``: a neighbour announcing more routes
                 breaks the protocol (:class:`BadAnnouncement`): one peer cannot fill every
                 router's table (may be changed at any time: it applies to further ADDs).
+            max_hops: ``max-route-hops``: the longest route stored (1 to :data:`MAX_PATH`);
+                a longer one received is ignored and counted (may be changed at any time:
+                it applies to further ADDs; :meth:`set_max_hops` sends the differences).
+            log_each: ``route-log="each"``: each route added or removed at INFO, not DEBUG
+                (may be changed at any time).
             log: the logger for route changes (default: this module's).
 
         Raises:
@@ -255,6 +273,8 @@ class RouteExchanger:
         self._filters = _check_filters(filters or {})
         self._round_robin = round_robin
         self.max_routes_per_link = max_routes_per_link
+        self.max_hops = max_hops
+        self.log_each = log_each
         self._log = log or logging.getLogger(__name__)
         self._table: dict[str, dict[Path, int]] = {}  # destination -> {route: learn sequence}; no empty dicts
         self._learned: dict[str, set[Path]] = {}  # neighbour -> the routes learned over its link
@@ -305,6 +325,10 @@ class RouteExchanger:
         row = Destination(name=router, routes=ordered, static=static, next_hop=next_hop, rotation=rotation)
         self._rows[router] = row
         return row
+
+    def known(self) -> int:
+        """How many destinations are known (as ``len(destinations())``, without building rows)."""
+        return len(self._table) + sum(1 for router in self._static if router not in self._table)
 
     def destinations(self) -> list[Destination]:
         """Every known destination, sorted by name."""
@@ -372,6 +396,11 @@ class RouteExchanger:
         if learned is None:
             raise ValueError(f"an announcement from {neighbour!r}, whose link is not up")
         path = self.check(neighbour, announcement)
+        if announcement.add and len(path) > self.max_hops:
+            if self._log.isEnabledFor(logging.DEBUG):
+                self._log.debug("route from %s refused: %s (max-route-hops %d)", neighbour, _hops(path), self.max_hops)
+            output = self._flush()
+            return attrs.evolve(output, refused=1)
         if announcement.add:
             if path not in learned:
                 if len(learned) >= self.max_routes_per_link:
@@ -381,6 +410,14 @@ class RouteExchanger:
                 self._add_route(path)
         elif path in learned:
             self._remove_route(path)
+        return self._flush()
+
+    def set_max_hops(self, max_hops: int) -> Output:
+        """Change ``max-route-hops`` at runtime: further ADDs are checked against it, and
+        what the neighbours were announced follows it (routes stored stay until withdrawn)."""
+        self.max_hops = max_hops
+        for neighbour in self.neighbours:
+            self._reconcile(neighbour)
         return self._flush()
 
     def set_hop_limit(self, hop_limit: int) -> Output:
@@ -488,8 +525,9 @@ class RouteExchanger:
         routes[path] = self._seq
         self._learned[path[0]].add(path)
         self._rows.pop(destination, None)
-        if self._log.isEnabledFor(logging.INFO):
-            self._log.info("route to %s via %s (%s) added", destination, path[0], _hops(path))
+        level = logging.INFO if self.log_each else logging.DEBUG
+        if self._log.isEnabledFor(level):
+            self._log.log(level, "route to %s via %s (%s) added", destination, path[0], _hops(path))
         self._events.append(RouteAdded(router=destination, path=path))
         if len(routes) == 1:
             self._events.append(DestinationActivated(router=destination))
@@ -506,8 +544,9 @@ class RouteExchanger:
         if learned is not None:
             learned.discard(path)
         self._rows.pop(destination, None)
-        if self._log.isEnabledFor(logging.INFO):
-            self._log.info("route to %s via %s (%s) removed", destination, path[0], _hops(path))
+        level = logging.INFO if self.log_each else logging.DEBUG
+        if self._log.isEnabledFor(level):
+            self._log.log(level, "route to %s via %s (%s) removed", destination, path[0], _hops(path))
         self._events.append(RouteRemoved(router=destination, path=path))
         if not routes:
             del self._table[destination]
@@ -522,7 +561,7 @@ class RouteExchanger:
         """Announce ``path`` to ``neighbour`` if the rules let it and it was not announced."""
         if path in self._announced[neighbour]:
             return
-        why = refusal(neighbour, path, self._hop_limit, self._filters.get(neighbour))
+        why = refusal(neighbour, path, self._hop_limit, self._filters.get(neighbour), self.max_hops)
         if why is None:
             self._announced[neighbour].add(path)
             self._sends.append((neighbour, Announcement(add=True, destination=path[-1], path=path)))
@@ -547,7 +586,7 @@ class RouteExchanger:
             path
             for routes in self._table.values()
             for path in routes
-            if refusal(neighbour, path, self._hop_limit, route_filter) is None
+            if refusal(neighbour, path, self._hop_limit, route_filter, self.max_hops) is None
         }
         for path in _order(announced - wanted):
             self._withdraw(neighbour, path)

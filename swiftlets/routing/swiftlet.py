@@ -21,13 +21,19 @@ end, exchanger output included, before anything else runs.
 - **Routes**: a link in the delivery stage is given to the exchanger (``link_up``), its
   announcements too; the exchanger's output is applied at once — announcements to the
   neighbours' links, table changes to usage and as bus events (:mod:`.api`). A link that
-  ends is taken out (``link_down``), withdrawing what was learned over it.
+  ends is taken out (``link_down``), withdrawing what was learned over it. An announcement
+  costs what it changed, never the table: only the dispatchers of the destinations it
+  touched are woken (:mod:`.dispatch`), and the changes are logged one line per batch
+  (:mod:`.routelog`); a route longer than ``max-route-hops`` is ignored and counted.
 - **Addressing** (with a queue manager running): the table changes reach the queue
   manager synchronously, in :meth:`_apply`, before their events are published: a
   destination ``R`` added gets the queue ``rt$R`` (created if missing) and the redirection
   ``%@R`` → ``rt$R``; a destination removed loses the redirection but keeps ``rt$R`` with
-  its messages. The queue ``unroutable`` is made at start; ``rt$`` queues recovered from
-  the store are left alone (their router may come back). The redirection adds the routing
+  its messages — an empty ``rt$R`` goes with its dispatcher once R has been unknown for
+  ``unknown-router-grace`` (:meth:`RoutingSwiftlet._retire_idle`), so that destinations a
+  peer announced and withdrew leave no queue or task behind. The queue ``unroutable`` is
+  made at start; ``rt$`` queues recovered from the store are left alone (their router may
+  come back). The redirection adds the routing
   annotations (:func:`.transfer.routing_rewrite`), and each destination added gets a
   dispatcher (:class:`.transfer.Transfer`), which moves what waits in ``rt$R`` over the
   links; the links' recovery and transfer events go to it. Without a queue manager (a
@@ -61,8 +67,10 @@ from . import api
 from .api import UNROUTABLE, Destination, LinkState, LinkStateChanged, redirection_predicate, routing_queue
 from .bridges import QueueBridge
 from .config import ConnectorConfig, ListenerConfig, RetryPolicy, RoutingConfig
+from .dispatch import RoutedTransfer
 from .exchange import Announcement, BadAnnouncement, Output, RouteExchanger, RouteFilter
 from .links import CLOSE_TIMEOUT, HandshakeThrottle, Link, configure_socket, describe
+from .routelog import RouteChanges
 from .stages import (
     AUTH_FAILED,
     LinkMachine,
@@ -72,7 +80,7 @@ from .stages import (
     Role,
     valid_router_name,
 )
-from .transfer import Transfer, routing_rewrite
+from .transfer import routing_rewrite
 
 __all__ = ["RoutingSwiftlet"]
 
@@ -83,6 +91,17 @@ _Accepted = Accepted
 
 STOP_DRAIN = 5.0  # seconds an orderly stop gives the links to carry what is non-persistent (see _last_transfers)
 BACKOFF_START = 2.0  # seconds: the first delay of an exponential retry policy (Qpid's)
+# the table changes that name the destination they concern (each wakes its dispatcher)
+_TABLE_EVENTS = (
+    api.DestinationAdded,
+    api.DestinationRemoved,
+    api.DestinationActivated,
+    api.DestinationDeactivated,
+    api.RouteAdded,
+    api.RouteRemoved,
+)
+RETIRE_PERIOD = (0.05, 10.0)  # seconds between looks for idle rt$ queues: a quarter of the grace, within these
+ROUTE_LOG_INTERVAL = 1.0  # seconds a batch of route changes is collected for its one log line
 
 
 def _filters(config: RoutingConfig) -> dict[str, RouteFilter]:
@@ -170,6 +189,8 @@ class RoutingSwiftlet:
             filters=_filters(config),
             round_robin=config.roundrobin_enabled,
             max_routes_per_link=config.max_routes_per_link,
+            max_hops=config.max_route_hops,
+            log_each=config.route_log == "each",
         )
         self._nursery: trio.Nursery | None = None
         self._links: dict[str, Link] = {}  # operational links by peer name
@@ -181,12 +202,16 @@ class RoutingSwiftlet:
         self._handshake_log = HostLimitedLog(log, "%s from %s closed: %s", "routing handshakes from %s refused")
         self._link_numbers = itertools.count(1)
         self._filters_changed = trio.Event()
-        self._sent = self._received = 0
+        self._sent = self._received = self._refused = 0
+        self._route_changes = RouteChanges()
         usage = context.usage
         usage.provide(
             lambda: {
                 "links": len(self._links),
-                "destinations": len(self.exchanger.destinations()),
+                "destinations": self.exchanger.known(),
+                "routes-refused": self._refused,
+                "routing-queues-retired": self._retired,
+                "dispatchers": self._transfer.dispatchers if self._transfer else 0,
                 "announcements-sent": self._sent,
                 "announcements-received": self._received,
                 "unroutable": self._transfer.unroutable if self._transfer else 0,
@@ -203,8 +228,10 @@ class RoutingSwiftlet:
         self._usage_bridges = usage.add_list("queue-bridges")
         self._usage_routes: dict[str, UsageList] = {}
         self._queue_manager: QueueManager | None = None  # looked up at start; None: addressing is off
-        self._transfer: Transfer | None = None  # with a queue manager
+        self._transfer: RoutedTransfer | None = None  # with a queue manager
         self._redirected: set[str] = set()  # destinations whose redirection is installed
+        self._unknown_since: dict[str, float] = {}  # routers no longer known → since when (trio clock)
+        self._retired = 0  # idle rt$ queues deleted with their dispatchers
         self._bridges: dict[str, QueueBridge] = {}
 
     # --- api.Routing --------------------------------------------------------------------
@@ -241,7 +268,7 @@ class RoutingSwiftlet:
                         xa: XAResourceManager | None = self.context.lookup("sys$xa", XAResourceManager)
                     except LookupError:
                         xa = None
-                    self._transfer = Transfer(
+                    self._transfer = RoutedTransfer(
                         self.local,
                         self._queue_manager,
                         self.exchanger.destination,
@@ -264,6 +291,14 @@ class RoutingSwiftlet:
                 entity.entity_list("connectors").bind(self._connector_added, self._connector_removed)
                 entity.entity_list("queue-bridges").bind(self._bridge_added, self._bridge_removed)
                 nursery.start_soon(self._follow_filters)
+                nursery.start_soon(self._retire_forever)
+                nursery.start_soon(
+                    self._route_changes.run,
+                    log,
+                    ROUTE_LOG_INTERVAL,
+                    self.exchanger.known,
+                    lambda: self.exchanger.max_hops,
+                )
                 task_status.started()
         finally:
             entity.clear_listeners()
@@ -276,6 +311,10 @@ class RoutingSwiftlet:
             self._apply(self.exchanger.set_hop_limit(change.new))
         elif change.field == "max_routes_per_link":
             self.exchanger.max_routes_per_link = change.new
+        elif change.field == "route_log":
+            self.exchanger.log_each = change.new == "each"
+        elif change.field == "max_route_hops":
+            self._apply(self.exchanger.set_max_hops(change.new))
 
     def _static_added(self, entity: Entity) -> None:
         """Raises Veto for a name no router can have (its ``rt$`` queue and ``%@`` redirection
@@ -309,17 +348,21 @@ class RoutingSwiftlet:
 
     # --- route exchange -----------------------------------------------------------------
 
-    def _apply(self, output: Output) -> None:
-        """Send the exchanger's announcements and publish its table changes."""
-        for neighbour, announcement in output.sends:
-            self._sent += self._links[neighbour].send_route(announcement)
+    def _apply(self, output: Output, neighbour: str | None = None) -> None:
+        """Send the exchanger's announcements and publish its table changes (``neighbour``:
+        whose announcement they answer). Each costs what it changed, never the whole table:
+        only the dispatchers of the destinations concerned are woken."""
+        for peer, announcement in output.sends:
+            self._sent += self._links[peer].send_route(announcement)
+        self._refused += output.refused
+        self._route_changes.note(output, neighbour)
         for event in output.events:
             self._track(event)
             self._address(event)
             self.context.bus.publish(event)
         if output.events:
             if self._transfer is not None:
-                self._transfer.changed()
+                self._transfer.wake({event.router for event in output.events if isinstance(event, _TABLE_EVENTS)})
             for bridge in self._bridges.values():  # a destination may have become known
                 bridge.wake()
 
@@ -365,11 +408,52 @@ class RoutingSwiftlet:
                 return
             manager.add_redirection(redirection_predicate(router), routing_queue(router), routing_rewrite(self.local))
             self._redirected.add(router)
+            self._unknown_since.pop(router, None)
             if self._transfer is not None:
                 self._transfer.destination_added(router)
         elif isinstance(event, api.DestinationRemoved) and event.router in self._redirected:
             manager.remove_redirection(redirection_predicate(event.router))
             self._redirected.discard(event.router)
+            self._unknown_since[event.router] = trio.current_time()
+
+    async def _retire_forever(self) -> None:
+        """Delete ``rt$R`` with its dispatcher once R has been unknown for
+        ``unknown-router-grace`` and the queue is empty (looked at a few times per grace)."""
+        while True:
+            grace = self.context.config.unknown_router_grace / 1000
+            low, high = RETIRE_PERIOD
+            await trio.sleep(high if grace < 0 else min(max(grace / 4, low), high))  # (-1: kept for ever)
+            if grace >= 0 and self._unknown_since:
+                self._retire_idle(trio.current_time() - grace)
+
+    def _retire_idle(self, before: float) -> None:
+        """Retire what became unknown before ``before``; one log line for all of them."""
+        manager, transfer = self._queue_manager, self._transfer
+        assert manager is not None  # (unknown routers are noted only with one)
+        retired = 0
+        for router, since in list(self._unknown_since.items()):
+            if since > before:
+                continue
+            if self.exchanger.destination(router) is not None:  # known again (a static route)
+                del self._unknown_since[router]
+                continue
+            queue = manager.queues.get(routing_queue(router))
+            if queue is not None and (queue.size or len(queue.consumers) > 1):
+                continue  # messages wait for R (or are in doubt): it stays, looked at again later
+            if transfer is not None and transfer.has_dispatcher(router) and not transfer.retire(router):
+                continue  # its dispatcher is busy this moment: next time
+            del self._unknown_since[router]
+            if queue is not None:
+                manager.delete_queue(queue.name, quiet=True)
+            retired += 1
+        if retired:
+            self._retired += retired
+            log.info(
+                "%d empty routing queue(s) of routers unknown for unknown-router-grace %d ms deleted "
+                "with their dispatchers",
+                retired,
+                self.context.config.unknown_router_grace,
+            )
 
     def _track(self, event: Any) -> None:
         """Mirror a table change into usage/routing-table."""
@@ -436,6 +520,8 @@ class RoutingSwiftlet:
         if self._lost.pop(peer, None) is not None:
             self._usage_lost.remove(peer)
         self._apply(self.exchanger.link_up(peer))
+        if self._transfer is not None:  # a new link: any dispatcher may have a way out now
+            self._transfer.changed()
 
     def route_received(self, link: Link, announcement: Announcement) -> None:
         assert link.peer is not None
@@ -446,7 +532,7 @@ class RoutingSwiftlet:
             log.warning("routing link %s to %s: bad route announcement: %s", link.name, link.peer, exc)
             link.close(f"bad route announcement: {exc}")
             return
-        self._apply(output)
+        self._apply(output, link.peer)
 
     def link_state(self, link: Link) -> None:
         connector = self._connectors.get(link.name.removeprefix("connector:"))

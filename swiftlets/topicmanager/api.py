@@ -44,7 +44,7 @@ import attrs
 from martinet.kernel import Event
 from martinet.messaging.message import Message
 from martinet.messaging.selector import Selector
-from martinet.swiftlets.queuemanager.api import Consumer, Queue
+from martinet.swiftlets.queuemanager.api import Consumer, Creator, Queue
 
 from .hierarchy import TopicName, TopicNameError, from_wildcards, matches, parse_topic
 
@@ -151,8 +151,10 @@ class TopicManager(Protocol):
         client_id: str | None = None,
         owner: Any = None,
         queue: Queue | None = None,
+        creator: Creator | None = None,
     ) -> Subscription:
-        """A non-durable subscription with its own temporary queue (owned by ``owner``) — or
+        """A non-durable subscription with its own temporary queue (owned by ``owner``, made
+        for ``creator``: the queue manager's ``create_temporary_queue``) — or
         delivering into ``queue``, which a subscriber with several subscriptions shares (it
         then receives each message once, however many of them match; closing leaves the
         queue).
@@ -165,7 +167,14 @@ class TopicManager(Protocol):
         """Close every non-durable subscription created with ``owner`` (a lost connection)."""
 
     async def durable_subscribe(
-        self, client_id: str, name: str, topic: str, *, selector: str | None = None, no_local: bool = False
+        self,
+        client_id: str,
+        name: str,
+        topic: str,
+        *,
+        selector: str | None = None,
+        no_local: bool = False,
+        creator: Creator | None = None,
     ) -> Subscription:
         """Create the durable subscription ``client_id`` / ``name``, or resume it if it exists
         with the same topic, selector and no-local; with other parameters the old one is
@@ -179,8 +188,8 @@ class TopicManager(Protocol):
                 ``/``, ``@`` or spaces, or the client id ``tmp``, whose queue names are
                 temporary queues'), topic or selector; or the old one, to be replaced, has
                 active consumers.
-            TooManyQueues: it is new and its queue would pass the queue manager's
-                ``max-queues`` (nothing is stored).
+            TooManyQueues: it is new and there is no room for its queue, made for
+                ``creator`` (the queue manager's ``check_room``; nothing is stored).
             StoreError: the store failed to record it.
         """
 

@@ -51,6 +51,7 @@ from martinet.messaging.selector import Selector, compile_selector, message_iden
 from martinet.swiftlets.queuemanager.api import (
     TEMPORARY_PREFIX,
     Consumer,
+    Creator,
     Queue,
     QueueError,
     QueueManager,
@@ -328,6 +329,7 @@ class TopicManager:
         client_id: str | None = None,
         owner: Any = None,
         queue: Queue | None = None,
+        creator: Creator | None = None,
     ) -> Subscription:
         """A non-durable subscription with its own temporary queue — or delivering into
         ``queue``, which a subscriber with several subscriptions shares (it then receives
@@ -340,7 +342,7 @@ class TopicManager:
         self._root(name.root)
         owns_queue = queue is None
         if queue is None:
-            queue = self._queue_manager.create_temporary_queue(owner)
+            queue = self._queue_manager.create_temporary_queue(owner, creator)
         subscription = Subscription(
             self, name, queue, selector=compiled, no_local=no_local, client_id=client_id, owns_queue=owns_queue
         )
@@ -355,7 +357,14 @@ class TopicManager:
                     subscription.close()
 
     async def durable_subscribe(
-        self, client_id: str, name: str, topic: str, *, selector: str | None = None, no_local: bool = False
+        self,
+        client_id: str,
+        name: str,
+        topic: str,
+        *,
+        selector: str | None = None,
+        no_local: bool = False,
+        creator: Creator | None = None,
     ) -> Subscription:
         """Create the durable subscription ``client_id`` / ``name``, or resume it if it exists
         with the same topic, selector and no-local; with other parameters the old one is
@@ -380,7 +389,7 @@ class TopicManager:
         topic_name, compiled = self._check(topic, selector)
         existing = self._durables.get(key)
         if existing is None and key not in self._queue_manager.queues:
-            self._queue_manager.check_room(key)  # a new queue: counted by max-queues (TooManyQueues)
+            self._queue_manager.check_room(key, creator)  # a new queue: counted for its creator (TooManyQueues)
         if existing is not None:
             if (existing.topic.text, existing.selector, existing.no_local) == (topic, compiled, no_local):
                 return existing
@@ -396,7 +405,7 @@ class TopicManager:
         }
         await self._store.commit([PutRecord("durable", key, json.dumps(record).encode())])
         self._forget_unrestorable(key)  # the record set aside at start is replaced
-        queue = self._queue_manager.queue(key, create=True)
+        queue = self._queue_manager.queue(key, create=True, creator=creator or Creator())
         subscription = Subscription(
             self, topic_name, queue, selector=compiled, no_local=no_local, client_id=client_id, durable_name=name
         )
