@@ -124,3 +124,29 @@ def test_it_declines_what_it_does_not_know_and_refuses_what_is_broken():
     with pytest.raises(MessageError, match="malformed message-annotations: their map ends at"):
         HopCounter().count(cut)
     assert HopCounter().count(plain.raw) == (None, None)
+
+
+@given(
+    others=others,
+    queue=names,
+    durable=st.booleans(),
+    expiry=st.one_of(st.none(), st.integers(10**12, 2 * 10**12)),
+    body=st.binary(max_size=50),
+)
+def test_a_rewrite_kept_for_a_section_writes_what_the_first_one_wrote(others, queue, durable, expiry, body):
+    """The rewrite keeps what it made of each annotations section: the same producer's next
+    message (another body, the same annotations) is only spliced; the bytes are those a
+    rewrite from scratch writes, the expiry annotation and the front it hands on included."""
+    patch = AnnotationPatch({Symbol(k): v for k, v in others.items()}) if others else AnnotationPatch({"x-cid": "c"})
+    rewrite = routing_rewrite("source")
+
+    def entering(text: bytes) -> Message:  # as a listener hands it on: its client id patched in
+        return patch.apply(build(text, durable=durable, message_id="id", absolute_expiry_time=expiry))
+
+    rewrite(f"{queue}@r", entering(b"first"))
+    kept = rewrite(f"{queue}@r", entering(body))
+    fresh = routing_rewrite("source")(f"{queue}@r", entering(body))
+    assert kept.raw == fresh.raw
+    assert kept.queue_info(1000, check=True) == Message(fresh.raw).queue_info(1000, check=True)
+    forwarded = rewrite(f"{queue}@r", Message(kept.raw))  # travelling there already: as it is
+    assert rewrite(f"{queue}@r", Message(kept.raw)).raw == forwarded.raw == kept.raw

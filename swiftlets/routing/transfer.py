@@ -145,6 +145,7 @@ REFUSED_BACKOFF = 1.0  # seconds a dispatcher waits after the peer refused a tra
 STORE_BACKOFF = 1.0  # seconds a dispatcher waits after its own store failed a prepare
 RATE_INTERVAL = 1.0  # seconds between samples of the links' message rates (the queues' interval)
 PATCHES_KEPT = 1024  # addresses whose annotation patch a rewrite keeps (a patch costs more than its use)
+SECTION_KEPT_BYTES = 1024  # annotation sections larger than this are rewritten each time, not kept
 
 
 def routing_rewrite(local: str) -> Rewrite:
@@ -155,8 +156,35 @@ def routing_rewrite(local: str) -> Rewrite:
     :data:`PATCHES_KEPT`); a message with an expiry also gets ``x-opt-martinet-expires``."""
     patches: dict[str, tuple[str, str, AnnotationPatch]] = {}  # address → (queue, router, patch)
     sections = routing_annotations.HopCounter()  # a forwarded batch mostly shares one section
+    # (address, message-annotations section in) → the section out (None: the message stays
+    # as it is): a producer's messages share their annotations (its client id), so the
+    # section is rewritten once, and each message only has its bytes spliced
+    rewritten: dict[tuple[str, bytes], bytes | None] = {}
 
     def rewrite(address: str, message: Message) -> Message:
+        raw = message.raw
+        where = message.annotations_span()  # (placed by a patch on the way in: no scan)
+        if where is None or type(raw) is not bytes:
+            annotated = annotate(address, message)
+            return annotated if annotated is message else _expiring(annotated)
+        start, end = where
+        key = (address, raw[start:end])
+        if key in rewritten:
+            section = rewritten[key]
+            if section is None:
+                return message
+            return _expiring(
+                Message.with_annotations_at(raw[:start] + section + raw[end:], start, start + len(section))
+            )
+        annotated = annotate(address, message)
+        span = annotated.annotations_span()
+        if (annotated is message or span is not None) and end - start <= SECTION_KEPT_BYTES:
+            if len(rewritten) >= PATCHES_KEPT:
+                rewritten.clear()
+            rewritten[key] = None if span is None else annotated.raw[span[0] : span[1]]
+        return annotated if annotated is message else _expiring(annotated)
+
+    def annotate(address: str, message: Message) -> Message:
         known = patches.get(address)
         if known is None:
             if len(patches) >= PATCHES_KEPT:
@@ -180,7 +208,9 @@ def routing_rewrite(local: str) -> Rewrite:
                 source, destination, to = fields.source, fields.destination, fields.queue
             if source is not None and destination == router and to == queue:
                 return message
-        message = patch.apply(message, absent=absent)
+        return patch.apply(message, absent=absent)
+
+    def _expiring(message: Message) -> Message:
         expires = message.queue_info(_now_ms(), peek=True)[2]  # the time to live counts end to end (§12)
         return message if expires is None else message.with_annotations({EXPIRES: Timestamp(expires)})
 
