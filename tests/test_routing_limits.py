@@ -13,12 +13,10 @@ import trio
 from test_routing_transfer_network import consume, produce, start, verify, verify_set
 
 from martinet.messaging.message import build
-from martinet.swiftlets.queuemanager.config import QueueManagerConfig
 from martinet.swiftlets.routing.transfer import DESTINATION, HOPS, QUEUE, SOURCE, UNROUTABLE_REASON
 
 from conftest import wait_until
 from faultproxy import FaultProxy
-from network import ROUTING_STACK, routing_config
 
 XA = pytest.mark.parametrize("xa", [True, False], ids=["xa", "non-xa"])
 USAGE = "/sys$routing/usage/connections/connector:b"
@@ -123,17 +121,7 @@ async def test_a_message_for_a_router_the_next_one_does_not_know_goes_to_its_unr
 async def test_a_reply_for_a_temporary_queue_that_is_gone_is_dropped_and_counted(network):
     """A temporary queue went with its requester: a reply routed to it has nobody to read
     it and is dropped (counted), not put into unroutable; the next message still arrives."""
-    await start(network, "a")
-    await network.start(
-        network.config(
-            "b",
-            startorder=ROUTING_STACK,
-            swiftlets={
-                "sys$routing": routing_config(),
-                "sys$queuemanager": QueueManagerConfig(auto_create_queues=True),
-            },
-        )
-    )
+    await start(network, "a", "b")  # (queues are made on first use there: not a temporary one)
     network.connect("a", "b")
     await network.settle({"a": {"b": 1}})
     await produce(network.url("a"), "tmp$999@b", 3, prefix="late")

@@ -963,12 +963,14 @@ class Transfer:
             return
         while True:
             transaction = batch.transaction = self.manager.transaction()
+            counted = self.dropped, self.unroutable, self.expired  # (what staging counts, undone with it)
             try:
                 for raw in batch.messages:
                     batch.write.delay_ms = max(batch.write.delay_ms, self._stage(transaction, raw, batch.alone))
                 break
             except QueueFull as exc:
                 transaction.rollback_nowait()
+                self.dropped, self.unroutable, self.expired = counted
                 full = self.manager.queues.get(exc.queue)
                 if not batch.alone and full is not None and full.size == 0 and full.reserved == 0:
                     batch.alone = True
