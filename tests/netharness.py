@@ -21,9 +21,14 @@ while its router is down or restarting.
 :class:`Consumer` receives from ``q`` on the destination router in a transacted session and
 commits every ``batch`` messages: what a committed batch held is **received** for good (a
 second copy of it later is a **duplicate**). A batch whose commit did not come back
-(connection lost) is **in doubt at the consumer**: the router gives its messages again
-unless the commit made it, so a message of such a batch may arrive twice without being a
-duplicate of the network's; it counts as received.
+(connection lost) is **in doubt at the consumer**: the router may or may not have
+committed it. The harness does not guess: each batch's transaction also sends a *receipt*
+(its number) to the consumer's own queue ``receipts-<n>`` on that router, so the receipt
+exists exactly when the batch was committed (the router's local transactions are atomic:
+that is one of the promises under test too). :meth:`Consumer.settle_doubt` reads the
+receipts at the end: an in-doubt batch with a receipt was received (a copy of it that came
+again is a duplicate), one without was not (its messages must come again, or they are
+lost). The verdict's "in doubt at the consumer" row counts the messages so settled.
 
 :func:`verdict` compares what the producers had accepted with what the consumers received,
 per producer: lost (sent, never received), duplicated, out of order (a seq lower than one
@@ -58,6 +63,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import os
 import random
 import re
@@ -424,6 +430,8 @@ class Consumer:
     the durable subscription of that name of client id ``durable`` (the same on every
     connection). ``name`` labels it in results."""
 
+    _numbers = itertools.count(1)  # receipt queues, one per consumer of a process
+
     def __init__(self, url: str, queue: str | Topic, *, batch: int = 50, durable: str | None = None, name: str = ""):
         self.url = url
         self.source = Queue(queue) if isinstance(queue, str) else queue
@@ -432,7 +440,12 @@ class Consumer:
         self.batch = batch
         self.attached = trio.Event()  # subscribed (durable: the subscription exists)
         self.received: collections.Counter[tuple[str, int]] = collections.Counter()
-        self.in_doubt: set[tuple[str, int]] = set()
+        self.in_doubt: set[tuple[str, int]] = set()  # of batches whose commit did not come back
+        self.receipts = f"receipts-{next(self._numbers)}"
+        self._batches = itertools.count(1)
+        self._doubtful: dict[int, list[tuple[str, int]]] = {}  # batch number → its keys, commit unanswered
+        self._receipts: set[int] = set()  # batches known committed (their receipts read)
+        self.settled_in_doubt = 0  # messages of in-doubt batches that their receipts say were committed
         self.out_of_order = 0
         self._highest: dict[str, int] = {}
         self.last_arrival = time.monotonic()
@@ -451,21 +464,50 @@ class Consumer:
                         if self.durable
                         else session.consumer(self.source)
                     )
-                    async with subscribe as consumer:
+                    async with subscribe as consumer, session.producer(Queue(self.receipts)) as receipts:
                         self.attached.set()
                         while True:
                             message = await consumer.receive(0.2)
                             if message is not None:
                                 batch.append((message.properties["producer"], message.properties["seq"]))
                             if batch and (message is None or len(batch) >= self.batch):
-                                await session.commit()
+                                number = next(self._batches)
+                                await receipts.send(TextMessage(str(number)))
+                                try:
+                                    await session.commit()
+                                except JMSError:
+                                    self._doubtful[number] = batch
+                                    self.in_doubt.update(batch)
+                                    batch = []
+                                    raise
                                 self._committed(batch)
                                 batch = []
                             elif message is None and stop.is_set():
                                 return
             except JMSError:
-                self.in_doubt.update(batch)
+                pass  # (a batch not committed comes again: the router gives its messages again)
             await trio.sleep(RETRY)
+
+    async def settle_doubt(self, timeout: float = 30) -> bool:
+        """Read the receipts written so far (see the module doc) and settle the batches
+        whose commit did not come back: received if the router committed them, else their
+        messages are due again (:meth:`has` no longer counts them). Needs the router;
+        returns whether there were any to settle."""
+        if not self._doubtful:
+            return False
+        with trio.fail_after(timeout):
+            async with connect(self.url) as connection, connection.session() as session:
+                async with session.consumer(Queue(self.receipts)) as receipts:
+                    while (message := await receipts.receive(0.5)) is not None:
+                        self._receipts.add(int(message.text))
+        for number, batch in self._doubtful.items():
+            if number in self._receipts:
+                self._committed(batch)
+                self.settled_in_doubt += len(batch)
+            else:
+                self.in_doubt.difference_update(key for key in batch if not self.received[key])
+        self._doubtful.clear()
+        return True
 
     def _committed(self, batch: list[tuple[str, int]]) -> None:
         self.last_arrival = time.monotonic()
@@ -477,6 +519,7 @@ class Consumer:
             self.received[key] += 1
 
     def has(self, key: tuple[str, int]) -> bool:
+        """``key`` arrived in a committed batch, or in one whose commit is in doubt (not settled yet)."""
         return self.received[key] > 0 or key in self.in_doubt
 
 
@@ -514,7 +557,7 @@ class Results:
                 f"{self.producer_in_doubt} ({self.producer_in_doubt_arrived})",
             ),
             ("refused by the router", self.refused),
-            ("in doubt at the consumer (a commit not answered)", self.consumer_in_doubt),
+            ("in doubt at the consumer (commit unanswered; its receipt: committed)", self.consumer_in_doubt),
             ("out of order (allowed where the path changed)", self.out_of_order),
             ("drain (s)", f"{self.drain_seconds:.1f}"),
         ]
@@ -560,8 +603,7 @@ def verdict(
     received: collections.Counter[tuple[str, int]] = collections.Counter()
     for consumer in consumers:
         received.update(consumer.received)
-    doubt_consumer = set().union(*(consumer.in_doubt for consumer in consumers))
-    got = set(received) | doubt_consumer
+    got = set(received)  # committed (an in-doubt batch counts once settle_doubt found its receipt)
     lost = [(p.ident, seq) for p in producers for seq in p.sent if (p.ident, seq) not in got]
     duplicated = sorted(key for key, n in received.items() if n > 1)
     in_doubt = [(p.ident, seq) for p in producers for seq in p.in_doubt + p.refused]
@@ -576,7 +618,7 @@ def verdict(
         producer_in_doubt=sum(len(p.in_doubt) for p in producers),
         producer_in_doubt_arrived=sum(1 for key in in_doubt if key in got),
         refused=sum(len(p.refused) for p in producers),
-        consumer_in_doubt=len(doubt_consumer - set(received)),
+        consumer_in_doubt=sum(consumer.settled_in_doubt for consumer in consumers),
         drain_seconds=drain_seconds,
         examples={"lost": lost[:5], "duplicated": duplicated[:5]},
     )
@@ -596,7 +638,7 @@ def topic_verdict(
     non-durable one may lose while it or its router is away), duplicated at any."""
     rows = [(c.name, c in durable, verdict(producers, [c])) for c in durable + non_durable]
     in_doubt = {(p.ident, seq) for p in producers for seq in p.in_doubt + p.refused}
-    arrived = set().union(*(set(c.received) | c.in_doubt for c in durable + non_durable))
+    arrived = set().union(*(set(c.received) for c in durable + non_durable))
     examples = {f"{kind} at {name}": r.examples[kind] for name, _, r in rows for kind in ("lost", "duplicated")}
     return Results(
         rounds=rounds,
@@ -616,18 +658,30 @@ def topic_verdict(
     )
 
 
+# How long the consumers must have had nothing new before a run ends, so that a late
+# duplicate is seen: once the faults are over, a copy sent again comes over a link that a
+# connector dials again (retry-time 1 s) after a half-open one was noticed (5 keepalive
+# intervals), then reaches a consumer polling every 0.2 s: about 6.2 s at most; 7.
+QUIET = 5 * KEEPALIVE_MS / 1000 + 2
+
+
 async def drain(
-    producers: list[Producer], consumers: list[Consumer], timeout: float, quiet: float = 2.0, *, each: bool = False
+    producers: list[Producer], consumers: list[Consumer], timeout: float, quiet: float = QUIET, *, each: bool = False
 ) -> float:
     """Wait until every sent message has arrived (at any of ``consumers``; ``each``: at every
-    one) or ``timeout`` seconds pass, then until the consumers have had nothing new for
-    ``quiet`` seconds (late duplicates); returns the time."""
+    one) or ``timeout`` seconds pass — settling the consumers' batches in doubt on the way
+    (:meth:`Consumer.settle_doubt`: the messages of one not committed are due again, and
+    waited for) — then until the consumers have had nothing new for ``quiet`` seconds (late
+    duplicates); returns the time."""
     started = trio.current_time()
     expected = [(p.ident, seq) for p in producers for seq in p.sent]
     arrived = all if each else any
     with trio.move_on_after(timeout):
-        while not all(arrived(c.has(key) for c in consumers) for key in expected):
-            await trio.sleep(0.2)
+        while True:
+            while not all(arrived(c.has(key) for c in consumers) for key in expected):
+                await trio.sleep(0.2)
+            if not [c for c in consumers if await c.settle_doubt()]:
+                break
         while time.monotonic() - max(c.last_arrival for c in consumers) < quiet:
             await trio.sleep(0.2)
     return trio.current_time() - started
@@ -713,6 +767,8 @@ async def chaos(
         await network.wait_connected()
         seconds = await drain(producers, durable, schedule.drain_timeout, each=topics)
         stop_consuming.set()
+    for consumer in consumers:  # (what the last moments left in doubt, the non-durable ones' too)
+        await consumer.settle_doubt()
     if topics:
         return topic_verdict(
             producers, durable, non_durable, rounds=schedule.rounds, faults=network.faults, drain_seconds=seconds

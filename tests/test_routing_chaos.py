@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import trio
 
+from martinet.messaging.client import Queue, TextMessage, connect
+
 from netharness import TOPOLOGIES, Consumer, Producer, Schedule, chaos, drain, open_network, verdict
 
 pytestmark = pytest.mark.slow
@@ -112,3 +114,27 @@ async def test_store_and_forward_the_destination_is_down_while_the_source_sends(
     show(results, "store and forward")
     assert (results.sent, results.received, results.lost, results.duplicated) == (300, 300, 0, 0), results.table()
     assert results.out_of_order == 0 and results.producer_in_doubt == 0, results.table()
+
+
+async def test_the_harness_settles_a_batch_in_doubt_at_the_consumer_by_its_receipt(network):
+    """The verdict counts a message received only once its batch is known committed: a batch
+    whose commit did not come back is settled by its receipt, which its transaction sent to
+    the consumer's receipts queue (here: batch 1 has one, batch 2 has none). Batch 1's
+    messages are received (a copy of one that comes again is a duplicate); batch 2's are due
+    again, and lost if they never come."""
+    await network.start(network.config("c"))
+    producer = Producer("p", network.url("c"), "chaos", count=4)
+    await producer.run(trio.Event())
+    consumer = Consumer(network.url("c"), "chaos")
+    async with connect(network.url("c")) as connection, connection.session() as session:
+        async with session.producer(Queue(consumer.receipts)) as receipts:
+            await receipts.send(TextMessage("1"))  # batch 1 was committed, its answer lost
+    consumer._doubtful = {1: [("p", 1), ("p", 2)], 2: [("p", 3), ("p", 4)]}
+    consumer.in_doubt = {("p", 1), ("p", 2), ("p", 3), ("p", 4)}
+    assert all(consumer.has(("p", seq)) for seq in (1, 2, 3, 4))  # the drain waits for none of them yet
+    assert await consumer.settle_doubt() and not await consumer.settle_doubt()
+    assert consumer.has(("p", 1)) and consumer.has(("p", 2)) and not consumer.has(("p", 3))
+    consumer._committed([("p", 2)])  # batch 1's message came again: a duplicate of the network's
+    results = verdict([producer], [consumer])
+    assert (results.received, results.lost, results.duplicated, results.consumer_in_doubt) == (2, 2, 1, 2)
+    assert results.examples["lost"] == [("p", 3), ("p", 4)], results.table()
