@@ -210,12 +210,24 @@ class FaultProxy:
     - ``swallowed``: bytes dropped by :meth:`blackhole`, both ways.
     """
 
-    def __init__(self, target_host: str, target_port: int, *, buffer: int = 4, chunk_size: int = 65536):
-        """``buffer`` chunks of at most ``chunk_size`` bytes queue per connection and direction."""
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        *,
+        buffer: int = 4,
+        chunk_size: int = 65536,
+        local_address: str | None = None,
+    ):
+        """``buffer`` chunks of at most ``chunk_size`` bytes queue per connection and direction;
+        ``local_address``: the address the proxy connects to the target from (None: the one the
+        system picks), so that the target sees its clients at that address (e.g. 127.0.0.2,
+        where a connection to 127.0.0.1 would otherwise come from 127.0.0.1 too)."""
         if buffer < 0 or chunk_size < 1:
             raise ValueError("buffer must be >= 0 and chunk_size >= 1")
         self.target_host = target_host
         self.target_port = target_port
+        self.local_address = local_address
         self.buffer = buffer
         self.chunk_size = chunk_size
         self.port: int | None = None
@@ -327,7 +339,9 @@ class FaultProxy:
             with scope:
                 async with client:
                     try:
-                        target = await trio.open_tcp_stream(self.target_host, self.target_port)
+                        target = await trio.open_tcp_stream(
+                            self.target_host, self.target_port, local_address=self.local_address
+                        )
                     except OSError:
                         self.refused += 1
                         return

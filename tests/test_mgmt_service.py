@@ -2,16 +2,15 @@
 to routers two hops away, in networks of routers in this process (tests/network.py).
 
 Each request travels as the tool sends it (:class:`AdminClient`: our client, a temporary
-reply queue, JSON bodies); authorization is checked with real logins, and the loopback rule
-with a listener bound on this machine's non-loopback address.
+reply queue, JSON bodies); authorization is checked with real logins, and the rule for clients
+without a login with a client connecting from 127.0.0.2 to routers whose local-addresses is
+127.0.0.1.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import socket
-import subprocess
 
 import attrs
 import pytest
@@ -30,14 +29,13 @@ from martinet.swiftlets.authentication.config import (
     TopicGrant,
     UserConfig,
 )
-from martinet.swiftlets.jms.config import JmsConfig
-from martinet.swiftlets.jms.config import ListenerConfig as AmqpListenerConfig
 from martinet.swiftlets.mgmt.api import IDENTITY_ANNOTATION, Identity, Management, Role
 from martinet.swiftlets.mgmt.client import AdminClient, AdminError
 from martinet.swiftlets.mgmt.config import AdminGroup, MgmtConfig
 from martinet.swiftlets.mgmt.service import Refused, authorize
 
 from conftest import wait_until
+from faultproxy import FaultProxy
 from network import ROUTING_STACK, STACK, router_config, routing_config
 
 MGMT_STACK = (*ROUTING_STACK, "sys$mgmt")
@@ -179,52 +177,37 @@ async def test_roles_with_authentication(network):
         assert result["new"] == 20000
 
 
-def non_loopback_address() -> str | None:
-    """An IPv4 address of this machine that is not loopback (None if it has none)."""
-    try:
-        words = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=10).stdout.split()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for word in words:
-        try:
-            socket.inet_aton(word)
-        except OSError:
-            continue
-        with socket.socket() as probe:  # it must be bindable here
-            try:
-                probe.bind((word, 0))
-            except OSError:
-                continue
-        return word
-    return None
+#: A client "on another machine": every 127.x address is this machine's loopback on Linux, and
+#: the routers of the test below count only 127.0.0.1 as local (sys$mgmt's local-addresses),
+#: so the outside needs no second interface or network and the test runs on any machine.
+OUTSIDE = "127.0.0.2"
 
 
-async def test_without_authentication_only_loopback_clients_are_answered(network, caplog):
-    address = non_loopback_address()
-    if address is None:
-        pytest.skip("this machine has no non-loopback IPv4 address")
-    jms = JmsConfig(
-        listeners=[
-            AmqpListenerConfig(name="amqp", port=0, bind_address="127.0.0.1"),
-            AmqpListenerConfig(name="outside", port=0, bind_address=address),
-        ]
-    )
-    await start_line(network, "a", "b", **{"sys$jms": jms})
+async def test_without_authentication_only_local_clients_are_answered(network, nursery, caplog):
+    mgmt = MgmtConfig(local_addresses="127.0.0.1")
+    await start_line(network, "a", "b", **{"sys$mgmt": mgmt})
     await network.settle({"a": {"b": 1}})
-    port = network.routers["a"].management.get("/sys$jms/usage/listeners/outside", "port")
-    async with AdminClient.open(f"amqp://{address}:{port}") as admin:
+    port = network.routers["a"].management.get("/sys$jms/usage/listeners/amqp", "port")
+    # A connection to 127.0.0.2 would come from 127.0.0.1 (the kernel's source address for
+    # loopback); the proxy connects to a from 127.0.0.2, so a sees the client there.
+    proxy = FaultProxy("127.0.0.1", port, local_address=OUTSIDE)
+    await nursery.start(proxy.run)
+    outside = f"amqp://127.0.0.1:{proxy.port}"
+    async with AdminClient.open(outside) as admin:
         for router in ("a", "b"):  # refused here and two hops on: b trusts the identity a stamped
             reply = await admin.request(router, "get", path="/")
             assert reply["status"] == 403
             assert (
                 reply["error"] == f"router {router} has authentication disabled and answers management "
-                f"requests only from loopback clients; anonymous@{address} via a is not one"
+                f"requests only from loopback clients (local-addresses '127.0.0.1'); anonymous@{OUTSIDE} "
+                "via a is not one"
             )
     # a forged identity in the request (proton puts it in) is replaced by the one the listener stamps
-    reply = await trio.to_thread.run_sync(forged_request, f"amqp://{address}:{port}")
-    assert reply["status"] == 403 and f"anonymous@{address} via a is not one" in reply["error"]
+    reply = await trio.to_thread.run_sync(forged_request, outside)
+    assert reply["status"] == 403 and f"anonymous@{OUTSIDE} via a is not one" in reply["error"]
+    assert proxy.accepted == 2  # both clients came through the proxy, from 127.0.0.2
     assert "Traceback" not in caplog.text
-    async with AdminClient.open(network.url("a")) as admin:  # loopback: answered
+    async with AdminClient.open(network.url("a")) as admin:  # from 127.0.0.1: answered
         assert (await admin.call("b", "get", path="/usage"))["properties"]["name"] == "b"
 
 
@@ -239,7 +222,9 @@ def forged_request(url: str) -> dict:
             reply_to=receiver.remote_source.address,
             correlation_id="forged",
         )
-        request.annotations = {IDENTITY_ANNOTATION: Identity(host="127.0.0.1", router="a", internal=True).annotation()}
+        # the forged stamp names the reply-to too, so that a router trusting it answers (200)
+        forged = Identity(host="127.0.0.1", router="a", internal=True, reply_to=receiver.remote_source.address)
+        request.annotations = {IDENTITY_ANNOTATION: forged.annotation()}
         connection.create_sender("sys$mgmt").send(request)
         reply = receiver.receive(timeout=10)
         receiver.accept()
@@ -258,6 +243,16 @@ def test_the_authorization_decision():
     local = Identity(host="::ffff:127.0.0.1")
     assert authorize(local, "halt", router="r", authentication=False, groups=groups) is Role.READ_WRITE
     assert Identity(host="::1").loopback and not Identity(host="192.0.2.1").loopback
+    # local-addresses: every loopback address by default; a narrower setting refuses the others
+    other = Identity(host="127.0.0.2")
+    assert authorize(other, "halt", router="r", authentication=False, groups=groups) is Role.READ_WRITE
+    only = {"router": "r", "authentication": False, "groups": groups, "local_addresses": "127.0.0.1 ::1"}
+    with pytest.raises(Refused, match=r"clients \(local-addresses '127.0.0.1 ::1'\); \(no user\)@127.0.0.2 is not"):
+        authorize(other, "get", **only)
+    assert authorize(Identity(host="::ffff:127.0.0.1"), "get", **only) is Role.READ_WRITE
+    assert authorize(Identity(host="::1"), "get", **only) is Role.READ_WRITE
+    with pytest.raises(Refused):
+        authorize(Identity(host="127.0.0.1"), "get", **{**only, "local_addresses": ""})
     with pytest.raises(Refused, match="carries no identity"):
         authorize(None, "get", router="r", authentication=False, groups=groups)
     itself = Identity.of_router("x")  # a router's own request: read-only, with or without authentication
@@ -488,3 +483,19 @@ async def test_a_watch_is_its_owners_and_one_user_has_at_most_max_watches_per_us
         }
         await wait_until(lambda: c.get("/sys$mgmt/usage", "watches") == 1, what="unwatched")
         assert (await other.request(verb="watch", path="/"))["status"] == 200  # room for one more of that user
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("10.0.0.0/8", "10.0.0.0/8 is not a loopback network: only loopback clients may manage without logging in"),
+        ("126.0.0.0/7", "126.0.0.0/7 is not a loopback network"),
+        ("::/0", "::/0 is not a loopback network"),
+        ("127.0.0.1/8", "expected a loopback address or network such as 127.0.0.1 or ::1: 127.0.0.1/8 has host bits"),
+        ("localhost", "expected a loopback address or network"),
+    ],
+)
+def test_local_addresses_only_narrow_the_loopback_addresses(text, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        MgmtConfig(local_addresses=text)
+    assert MgmtConfig(local_addresses="127.0.0.1 127.0.5.0/24 ::1").local_addresses == "127.0.0.1 127.0.5.0/24 ::1"

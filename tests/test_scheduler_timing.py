@@ -1,9 +1,11 @@
 """sys$scheduler's pure parts: time expressions, calendars, next start, and their config errors.
 
-Table-driven cases name the rule they check; the Hypothesis test compares :func:`next_start`
-with a brute-force reference that walks minute by minute and asks, for each minute, whether
-it *is* a start — a membership test written independently of the generator under test —
-over random expressions (windows over midnight included), calendars (with bases) and date
+Table-driven cases name the rule they check. Against an independent reference — one that
+reads a calendar's config words and decides each day with date arithmetic of its own, and
+walks minute by minute asking whether each minute *is* a start — two tests check schedules
+configured the way an operator does (config objects, ``build_plans``, the plan's next start):
+every calendar rule alone on every day of ten years and of 2099-2101, and Hypothesis over
+random expressions (windows over midnight included), calendars (with bases) and date
 ranges, from instants biased towards month ends.
 """
 
@@ -12,12 +14,20 @@ from __future__ import annotations
 import functools
 from datetime import date, datetime, time, timedelta
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from martinet.kernel import ConfigErrors, load_config, load_swiftlet_specs
-from martinet.swiftlets.scheduler.config import ScheduleConfig
+from martinet.swiftlets.scheduler.config import (
+    CalendarConfig,
+    CalendarType,
+    DateRange,
+    ScheduleConfig,
+    SchedulerConfig,
+)
+from martinet.swiftlets.scheduler.plans import Plan, build_plans
 from martinet.swiftlets.scheduler.timing import (
     HORIZON_DAYS,
     AtTimes,
@@ -172,7 +182,92 @@ def test_calendar_chains_refuse_unknown_bases_and_cycles():
     assert built["d"] == plain(None)
 
 
-# -- next start against the brute-force reference -----------------------------------------------
+# -- next start against an independent reference ------------------------------------------------
+#
+# The reference decides everything itself: which days a calendar allows (from the calendar's
+# config text, with date arithmetic of its own) and which minutes are starts. The scheduler's
+# side goes the way a configured schedule goes: config objects -> build_plans -> next_start.
+# A reference that asked the scheduler's Calendar which days it allows would agree with any
+# bug in it.
+
+#: A day known to be a Sunday (checked against strftime below): weekdays are counted from it.
+_A_SUNDAY = date(2024, 1, 7)
+_DAY_NAMES = ("sunday", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday")
+assert _A_SUNDAY.strftime("%A").lower() == _DAY_NAMES[0]
+
+
+@attrs.frozen
+class CalendarSpec:
+    """A calendar as an operator writes it: words, numbers and ISO dates, a base below it."""
+
+    include: bool = True
+    weekdays: tuple[str, ...] = ()  # as written: "mon", "Friday", …
+    month_days: tuple[str, ...] = ()  # "1" … "31", "last"
+    annual_days: tuple[str, ...] = ()  # "MM-dd"
+    date_ranges: tuple[tuple[str, str], ...] = ()  # ("yyyy-MM-dd", "yyyy-MM-dd"), both included
+    base: CalendarSpec | None = None
+
+    def reference_allows(self, day: date) -> bool:
+        """The reference: whether ``day`` is allowed, from the words alone."""
+        if self.base is not None and not self.base.reference_allows(day):
+            return False
+        name = _DAY_NAMES[(day - _A_SUNDAY).days % 7]
+        written = {word.lower() for word in self.weekdays}
+        selected = (
+            name in written
+            or name[:3] in written
+            or str(day.day) in self.month_days
+            or ("last" in self.month_days and (day + timedelta(days=1)).day == 1)
+            or f"{day.month:02d}-{day.day:02d}" in self.annual_days
+            or any(first <= day.isoformat() <= last for first, last in self.date_ranges)
+        )
+        return selected if self.include else not selected
+
+    def configs(self, name: str) -> dict[str, CalendarConfig]:
+        """This calendar and its bases as config objects (``name``, ``name-base``, …)."""
+        below = self.base.configs(f"{name}-base") if self.base is not None else {}
+        config = CalendarConfig(
+            name=name,
+            type=CalendarType.INCLUDE if self.include else CalendarType.EXCLUDE,
+            base_calendar=f"{name}-base" if self.base is not None else "",
+            weekdays=" ".join(self.weekdays),
+            month_days=", ".join(self.month_days),
+            annual_days=" ".join(self.annual_days),
+            date_ranges={
+                f"r{i}": DateRange(name=f"r{i}", date_from=first, date_to=last)
+                for i, (first, last) in enumerate(self.date_ranges)
+            },
+        )
+        return {name: config, **below}
+
+
+def _clock(seconds: int) -> str:
+    return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _expression_text(expression) -> str:
+    """The config text of an expression drawn as numbers (the reference reads the numbers)."""
+    if isinstance(expression, AtTimes):
+        return "at " + ", ".join(_clock(s) for s in expression.seconds)
+    text = f"start {_clock(expression.start)} stop {_clock(expression.stop)} delay {expression.delay // 60}m"
+    return text if expression.repeat is None else f"{text} repeat {expression.repeat}"
+
+
+def _plan(expression, calendar: CalendarSpec | None, first: date | None = None, last: date | None = None) -> Plan:
+    """The scheduler's plan for a schedule configured with these values."""
+    schedule = ScheduleConfig(
+        name="s",
+        job_group="g",
+        job_name="j",
+        time_expression=_expression_text(expression),
+        calendar="c" if calendar is not None else "",
+        date_from=first.isoformat() if first is not None else "now",
+        date_to=last.isoformat() if last is not None else "forever",
+    )
+    calendars = calendar.configs("c") if calendar is not None else {}
+    plan = build_plans(SchedulerConfig(calendars=calendars, schedules={"s": schedule}))["s"]
+    assert isinstance(plan, Plan), plan
+    return plan
 
 
 def _is_start(expression, moment: datetime, day_ok) -> bool:
@@ -205,6 +300,58 @@ def _brute_force(expression, after: datetime, day_ok, minutes: int) -> datetime 
     return None
 
 
+# Every rule of a calendar alone, on every day of ten years (three leap years, every weekday
+# on every day of every month) and of 2099-2101 (2100 is not a leap year): each rule is
+# checked everywhere, not where a random draw happened to land.
+SPANS = [(date(2023, 1, 1), date(2032, 12, 31)), (date(2099, 11, 1), date(2101, 3, 31))]
+NOON = AtTimes((12 * 3600,))
+_RANGES = (("2024-02-27", "2024-03-02"), ("2028-12-31", "2028-12-31"), ("2100-02-27", "2100-03-01"))
+EVERY_RULE = [
+    *[(f"weekday-{n}", CalendarSpec(weekdays=(n,))) for n in ("sun", "mon", "tue", "wed", "thu", "fri", "sat")],
+    ("weekdays-full-names", CalendarSpec(weekdays=("Monday", "WEDNESDAY", "saturday"))),
+    *[(f"month-day-{d}", CalendarSpec(month_days=(str(d),))) for d in range(1, 32)],
+    ("last-day", CalendarSpec(month_days=("last",))),
+    ("last-day-and-30", CalendarSpec(month_days=("30", "last"))),
+    ("annual-days", CalendarSpec(annual_days=("01-01", "02-28", "02-29", "03-01", "12-31"))),
+    ("date-ranges", CalendarSpec(date_ranges=_RANGES)),
+    ("exclude-weekend-and-last-day", CalendarSpec(include=False, weekdays=("sat", "sun"), month_days=("last",))),
+    (
+        "exclude-holidays-from-working-days",
+        CalendarSpec(
+            include=False,
+            annual_days=("12-25", "01-01"),
+            date_ranges=(("2026-08-03", "2026-08-14"),),
+            base=CalendarSpec(weekdays=("mon", "tue", "wed", "thu", "fri")),
+        ),
+    ),
+    (
+        "three-deep-chain",
+        CalendarSpec(
+            month_days=("1", "15", "last"),
+            base=CalendarSpec(
+                include=False, weekdays=("sun",), base=CalendarSpec(include=False, annual_days=("02-29",))
+            ),
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("calendar", [c[1] for c in EVERY_RULE], ids=[c[0] for c in EVERY_RULE])
+def test_each_calendar_rule_allows_exactly_the_days_the_reference_allows(calendar):
+    plan = _plan(NOON, calendar)
+    for first, last in SPANS:
+        since = datetime.combine(first - timedelta(days=1), time(23))
+        until = datetime.combine(last, time(23))
+        starts, total = missed_starts(plan.expression, since, until, limit=10_000, **plan.bounds())
+        assert total == len(starts)
+        expected = [
+            datetime.combine(first + timedelta(days=n), time(12))
+            for n in range((last - first).days + 1)
+            if calendar.reference_allows(first + timedelta(days=n))
+        ]
+        assert starts == expected
+
+
 minutes_of_day = st.integers(0, 1439).map(lambda m: m * 60)
 expressions = st.one_of(
     st.builds(lambda times: AtTimes(tuple(sorted(set(times)))), st.lists(minutes_of_day, min_size=1, max_size=4)),
@@ -227,24 +374,25 @@ def instants(draw):
     return datetime(year, month, day, draw(st.integers(0, 23)), draw(st.integers(0, 59)), draw(st.integers(0, 59)))
 
 
+WEEKDAY_WORDS = [*(n[:3] for n in _DAY_NAMES), *_DAY_NAMES, "Mon", "FRIDAY"]
+
+
 @st.composite
 def calendars(draw, around: date, depth: int = 1):
+    def day_text(shift: int) -> str:
+        return (around + timedelta(days=shift)).isoformat()
+
     ranges = []
     for _ in range(draw(st.integers(0, 2))):
-        start = around + timedelta(days=draw(st.integers(-3, 3)))
-        ranges.append((start, start + timedelta(days=draw(st.integers(0, 2)))))
-    return Calendar(
+        start = draw(st.integers(-3, 3))
+        ranges.append((day_text(start), day_text(start + draw(st.integers(0, 2)))))
+    near = [(around + timedelta(days=d)).strftime("%m-%d") for d in range(-1, 4)]
+    return CalendarSpec(
         include=draw(st.booleans()),
-        weekdays=frozenset(draw(st.sets(st.integers(0, 6), max_size=4))),
-        month_days=frozenset(draw(st.sets(st.sampled_from([1, 2, 15, 28, 29, 30, 31]), max_size=3))),
-        last_day=draw(st.booleans()),
-        annual_days=frozenset(
-            draw(
-                st.sets(
-                    st.sampled_from([(1, 1), (2, 28), (2, 29), (3, 1), (12, 31), (around.month, around.day)]),
-                    max_size=2,
-                )
-            )
+        weekdays=tuple(draw(st.lists(st.sampled_from(WEEKDAY_WORDS), max_size=4))),
+        month_days=tuple(draw(st.lists(st.sampled_from(["1", "2", "15", "28", "29", "30", "31", "last"]), max_size=3))),
+        annual_days=tuple(
+            draw(st.lists(st.sampled_from(["01-01", "02-28", "02-29", "03-01", "12-31", *near]), max_size=2))
         ),
         date_ranges=tuple(ranges),
         base=draw(st.one_of(st.none(), calendars(around, depth - 1))) if depth > 0 else None,
@@ -278,6 +426,8 @@ def cases(draw):
     calendar = draw(st.one_of(st.none(), calendars(after.date())))
     first = draw(st.one_of(st.none(), st.integers(-2, 2).map(lambda d: after.date() + timedelta(days=d))))
     last = draw(st.one_of(st.none(), st.integers(-2, 4).map(lambda d: after.date() + timedelta(days=d))))
+    if first is not None and last is not None and last < first:
+        first, last = last, first  # an empty date range is a config error, not a plan
     return expression, after, calendar, first, last
 
 
@@ -292,13 +442,13 @@ def test_next_start_matches_a_minute_by_minute_reference(case):
     @functools.cache
     def day_ok(day: date) -> bool:
         return (
-            (calendar is None or calendar.allows(day))
+            (calendar is None or calendar.reference_allows(day))
             and (first is None or day >= first)
             and (last is None or day <= last)
         )
 
     expected = _brute_force(expression, after, day_ok, SEARCH_DAYS * 1440)
-    found = next_start(expression, after, allows=calendar.allows if calendar else None, first_day=first, last_day=last)
+    found = _plan(expression, calendar, first, last).next_after(after)
     if expected is not None:
         assert found == expected
     else:  # nothing within the reference's reach: none at all, or later

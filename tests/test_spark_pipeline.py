@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import trio
 
-from martinet.messaging.client import Queue, TextMessage, connect
+from martinet.messaging.client import Queue, TextMessage, Topic, connect
 from martinet.swiftlets.spark.config import SparkConfig
 
 from conftest import wait_until
@@ -32,13 +32,26 @@ def pipeline_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "martinet.pipeline", "--master", "local[2]", *args]
 
 
-async def run_pipeline(*args: str) -> None:
-    """Run the pipeline to its end; its output is shown when it fails."""
+#: Spark 4.3 now and then fails a task at once when two queries start their first jobs
+#: together (the ingest's rows and events queries both replaying a batch after a crash): the
+#: executor cannot deserialize the task (java.io.OptionalDataException in HashMap.readObject,
+#: under ResultTask.runTask), and the pipeline exits with that error. Spark's, not the live
+#: source's; a run ending with it is run again, at most RACE_RETRIES times.
+SPARK_RACE = "java.io.OptionalDataException"
+RACE_RETRIES = 2
+
+
+async def run_pipeline(*args: str, retry_race: bool = False) -> None:
+    """Run the pipeline to its end; its output is shown when it fails. With ``retry_race``,
+    a run that failed with :data:`SPARK_RACE` is run again."""
     env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
-    with trio.fail_after(PIPELINE_TIMEOUT):
-        result = await trio.run_process(
-            pipeline_command(*args), capture_stdout=True, capture_stderr=True, check=False, env=env
-        )
+    for _attempt in range(RACE_RETRIES + 1):
+        with trio.fail_after(PIPELINE_TIMEOUT):
+            result = await trio.run_process(
+                pipeline_command(*args), capture_stdout=True, capture_stderr=True, check=False, env=env
+            )
+        if not (retry_race and result.returncode != 0 and SPARK_RACE in result.stderr.decode(errors="replace")):
+            break
     assert result.returncode == 0, failure(result.stderr.decode())
     assert b"report: " in result.stdout
 
@@ -209,36 +222,81 @@ async def test_known_load_gives_its_windows_across_a_restart_and_flaps_lower_ava
     assert report.count("data:image/png;base64,") == 4 and "load" in report and "<td>load</td>" in report
 
 
-async def test_the_live_source_delivers_every_row_once_across_a_killed_query(network, tmp_path):
-    spark = SparkConfig(collect_interval=100, output="topic", events_enabled=False, include_swiftlets="sys$store")
+FAULT_POINTS = Path(__file__).parent / "sparkfaults"  # a sitecustomize: kill points in the source
+
+#: Where the live source's rows reader is killed, run after run on one checkpoint, as
+#: ``<method>:<before|after>:<n-th call in that run>``. Each leaves the next run a state to
+#: recover from.
+KILLS = [
+    # read (messages received, the batch's rows kept for a replay), before Spark logs the batch:
+    # the messages must not have been acknowledged, they come again
+    ("read:after:3", "received, not logged"),
+    # the reader's commit of batch N-1 is called after Spark logged batch N: N is logged and
+    # not committed, N-1 committed by Spark and not acknowledged
+    ("commit:before:2", "logged, before Spark's commit"),
+    # the restart replays batch N from the replay folder, in an executor: killed there
+    ("readBetweenOffsets:before:1", "during a replay"),
+    # the replay again, then batches; the next read comes after Spark committed the batch
+    # before it, whose messages are not acknowledged yet
+    ("read:before:3", "after Spark's commit, before the acknowledgement"),
+    # the acknowledgement is at the router, the batch logged after it not committed
+    ("commit:after:2", "after the acknowledgement"),
+]
+
+
+async def test_the_live_source_delivers_every_row_once_across_kills_at_each_point(network, tmp_path):
+    spark = SparkConfig(collect_interval=100, output="none", events_enabled=False, include_swiftlets="sys$store")
     router = await network.start(network.config("r1", startorder=(*STACK, "sys$spark"), swiftlets={"sys$spark": spark}))
+    # The reader's durable subscription exists before the first row is published (the source
+    # names it spark-<table> with that client id), so every published row must arrive: a row
+    # lost before the first one the pipeline saw is noticed too.
+    async with connect(network.url("r1"), client_id="spark-rows") as connection, connection.session() as session:
+        await (await session.durable_subscriber(Topic("martinet.metrics"), "spark-rows")).close()
+    first = router.management.get("/sys$spark/usage", "rows") + 1  # no await in between: no sample
+    router.management.set("/sys$spark", "output", "topic")
+
     output = tmp_path / "analysis"
     arguments = ["--source", "live", "--url", network.url("r1"), "--output", str(output)]
-    env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
-    process = subprocess.Popen(
-        pipeline_command(*arguments, "--interval", "1"),
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        await wait_until(
-            lambda: len(list((output / "rows").glob("*.parquet"))) >= 4,
-            timeout=PIPELINE_TIMEOUT,
-            what="four batches of the first query",
+    for kill_at, what in KILLS:
+        mark = tmp_path / f"killed-{kill_at.replace(':', '-')}"
+        env = os.environ | {
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULT_POINTS), os.environ.get("PYTHONPATH")])),
+            "MARTINET_KILL_AT": kill_at,
+            "MARTINET_KILL_MARK": str(mark),
+        }
+        for attempt in range(RACE_RETRIES + 1):
+            log = tmp_path / f"{mark.name}-{attempt}.log"
+            with log.open("wb") as stderr:
+                process = subprocess.Popen(
+                    pipeline_command(*arguments, "--interval", "1"),
+                    env=env,
+                    start_new_session=True,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                )
+            try:
+                with trio.fail_after(PIPELINE_TIMEOUT):
+                    returncode = await trio.to_thread.run_sync(process.wait)
+            finally:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    await trio.to_thread.run_sync(process.wait)
+            if mark.exists() or SPARK_RACE not in log.read_text(errors="replace"):
+                break
+        assert mark.exists() and mark.read_text() == kill_at, (
+            f"the pipeline ended before {what} ({kill_at}):\n{failure(log.read_text(errors='replace'))}"
         )
-    finally:
-        os.killpg(process.pid, signal.SIGKILL)  # the driver and its JVM: a crash, mid-batch or not
-        await trio.to_thread.run_sync(process.wait)
-    await trio.sleep(1)  # rows go on while no query runs
+        assert returncode == -signal.SIGKILL, (kill_at, returncode)
     router.management.set("/sys$spark", "output", "none")
     published = router.management.get("/sys$spark/usage", "rows")  # seq of the last row published
 
-    await run_pipeline(*arguments, "--once")
+    await run_pipeline(*arguments, "--once", retry_race=True)
     seqs = sorted(row["seq"] for row in ingested(output) if row["router"] == "r1")
     assert len(seqs) == len(set(seqs)), "a row was delivered twice"
-    assert seqs == list(range(seqs[0], published + 1)), "a row was lost"
+    lost = sorted(set(range(first, published + 1)) - set(seqs))
+    assert not lost, f"{len(lost)} rows were lost, from {lost[0]} to {lost[-1]}"
+    assert seqs == list(range(first, published + 1))
 
 
 async def test_three_routers_collected_into_one_folder_are_one_spark_table(network, tmp_path):

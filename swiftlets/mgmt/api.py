@@ -47,6 +47,9 @@ __all__ = [
     "WRITE_VERBS",
     "Status",
     "Identity",
+    "LOCAL_ADDRESSES",
+    "LocalNetworks",
+    "parse_local_addresses",
     "Role",
     "Management",
     "is_management_address",
@@ -84,6 +87,38 @@ class Status(enum.IntEnum):
 class Role(enum.StrEnum):
     READ_ONLY = "read-only"
     READ_WRITE = "read-write"
+
+
+#: ``local-addresses``' default: every loopback address, IPv4 and IPv6.
+LOCAL_ADDRESSES = "127.0.0.0/8 ::1"
+
+LocalNetworks = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+
+
+def parse_local_addresses(text: str) -> LocalNetworks:
+    """``local-addresses``: loopback networks (``127.0.0.1``, ``127.0.0.0/8``, ``::1``)
+    separated by spaces; "" for none.
+
+    Only loopback networks are accepted: the setting can narrow who counts as local (say, to
+    ``127.0.0.1`` when other 127.x addresses are used by something that must not manage the
+    router), never widen it to clients of another machine, which must log in.
+
+    Raises:
+        ValueError: not a network, or one with an address that is not loopback.
+    """
+    networks = []
+    for word in text.split():
+        try:
+            network = ipaddress.ip_network(word)
+        except ValueError as exc:
+            raise ValueError(f"expected a loopback address or network such as 127.0.0.1 or ::1: {exc}") from None
+        if not (network.network_address.is_loopback and network.broadcast_address.is_loopback):
+            raise ValueError(
+                f"{word} is not a loopback network: only loopback clients may manage without logging in "
+                "(turn sys$authentication's authentication-enabled on for the others)"
+            )
+        networks.append(network)
+    return tuple(networks)
 
 
 def is_management_address(address: str) -> bool:
@@ -148,13 +183,18 @@ class Identity:
     @property
     def loopback(self) -> bool:
         """The client connected from a loopback address (``::ffff:127.0.0.1`` included)."""
+        return self.connected_from(parse_local_addresses(LOCAL_ADDRESSES))
+
+    def connected_from(self, networks: LocalNetworks) -> bool:
+        """The client connected from an address in one of ``networks`` (an IPv4-mapped IPv6
+        address, ``::ffff:127.0.0.1``, as its IPv4 address)."""
         try:
             address = ipaddress.ip_address(self.host.split("%", 1)[0])
         except ValueError:
             return False
         if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
             address = address.ipv4_mapped
-        return address.is_loopback
+        return any(address in network for network in networks)
 
     def __str__(self) -> str:
         who = self.user or "(no user)"

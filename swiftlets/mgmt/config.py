@@ -8,7 +8,7 @@ import attrs
 
 from martinet.kernel import config_class, entity_list, prop
 
-from .api import Role
+from .api import LOCAL_ADDRESSES, Role, parse_local_addresses
 
 
 @config_class
@@ -34,7 +34,16 @@ class MgmtConfig:
         item="group",
         default=[AdminGroup(name="admin", role=Role.READ_WRITE)],
         description="With authentication enabled, the groups whose users may manage this router; with it "
-        "disabled, requests are answered only for clients connected from a loopback address.",
+        "disabled, requests are answered only for clients connected from local-addresses.",
+    )
+    local_addresses: str = prop(
+        LOCAL_ADDRESSES,
+        check=parse_local_addresses,
+        description="(Martinet) With authentication disabled, the addresses whose clients may manage this "
+        "router (read-write): loopback addresses or networks (127.0.0.1, 127.0.0.0/8, ::1) separated by "
+        "spaces, as the router where a request entered saw its client; empty: nobody. The default is every "
+        "loopback address. Only loopback networks are accepted, so this narrows who may manage without "
+        "logging in (e.g. to 127.0.0.1 when other 127.x addresses serve something else), never widens it.",
     )
     max_watches: int = prop(
         100,

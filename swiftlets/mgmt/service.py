@@ -33,6 +33,7 @@ Available routers are this one and the routing table's destinations, followed th
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -63,18 +64,28 @@ from martinet.swiftlets.routing.api import DestinationAdded, DestinationRemoved,
 
 from .api import (
     IDENTITY_ANNOTATION,
+    LOCAL_ADDRESSES,
     MANAGEMENT_QUEUE,
     READ_VERBS,
     STATUS_PROPERTY,
     VERSION,
     WRITE_VERBS,
     Identity,
+    LocalNetworks,
     Role,
     Status,
+    parse_local_addresses,
 )
 from .config import MgmtConfig
 
 log = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=16)
+def _local_networks(text: str) -> LocalNetworks:
+    """``local-addresses`` parsed once per value (it was checked when set)."""
+    return parse_local_addresses(text)
+
 
 CONCURRENCY = 16  # requests served at once
 STOP_DELAY = 1.0  # seconds between the reply to halt/reboot and the stop (the reply leaves first)
@@ -89,14 +100,21 @@ class Refused(Exception):
 
 
 def authorize(
-    identity: Identity | None, verb: str, *, router: str, authentication: bool, groups: Mapping[str, Role]
+    identity: Identity | None,
+    verb: str,
+    *,
+    router: str,
+    authentication: bool,
+    groups: Mapping[str, Role],
+    local_addresses: str = LOCAL_ADDRESSES,
 ) -> Role:
     """The role ``identity`` has on this router for ``verb``.
 
     A router's own request (:meth:`.api.Identity.of_router`) is read-only. Otherwise, with
     ``authentication`` (this router's ``authentication-enabled``), the user must have
     been authenticated where the request entered and belong to one of ``groups``; without
-    it, the client must have connected from a loopback address (read-write then).
+    it, the client must have connected from ``local_addresses`` (``sys$mgmt``'s setting, by
+    default every loopback address; read-write then).
 
     Raises:
         Refused: FORBIDDEN, with why.
@@ -120,13 +138,14 @@ def authorize(
                 f"{router}: its group is not one of sys$mgmt's groups",
             )
         role = granted
-    elif identity.loopback:
+    elif identity.connected_from(_local_networks(local_addresses)):
         role = Role.READ_WRITE
     else:
+        narrowed = "" if local_addresses == LOCAL_ADDRESSES else f" (local-addresses {local_addresses!r})"
         raise Refused(
             Status.FORBIDDEN,
             f"router {router} has authentication disabled and answers management "
-            f"requests only from loopback clients; {identity} is not one",
+            f"requests only from loopback clients{narrowed}; {identity} is not one",
         )
     if verb in WRITE_VERBS and role is not Role.READ_WRITE:
         raise Refused(
@@ -368,11 +387,13 @@ class MgmtSwiftlet:
                 if self._authentication():
                     log.info("management requests served on %s", MANAGEMENT_QUEUE)
                 else:  # the packaged default: convenient on one machine, and worth saying
+                    local = self.config.local_addresses
                     log.warning(
-                        "management requests served on %s without authentication: any client connected from a "
-                        "loopback address may manage this router, halt included (turn sys$authentication's "
+                        "management requests served on %s without authentication: any client connected from %s "
+                        "may manage this router, halt included (turn sys$authentication's "
                         "authentication-enabled on, or take sys$mgmt out of startorder)",
                         MANAGEMENT_QUEUE,
+                        "a loopback address" if local == LOCAL_ADDRESSES else f"local-addresses {local!r}",
                     )
                 task_status.started()
                 while True:
@@ -486,6 +507,7 @@ class MgmtSwiftlet:
                 router=self.router,
                 authentication=self._authentication(),
                 groups={name: group.role for name, group in self.config.groups.items()},
+                local_addresses=self.config.local_addresses,
             )
             assert identity is not None
             result = await handler(request, identity, reply_to, correlation)

@@ -1,0 +1,65 @@
+"""Deterministic kill points in the live source, for the pipeline's tests.
+
+Spark runs the live source's reader in Python processes of its own (the streaming source
+runner next to the driver, executor workers for a replay), which a test cannot reach. A test
+that puts this folder on ``PYTHONPATH`` has every Python process of the pipeline import this
+module at start-up (``sitecustomize``), and with ``MARTINET_KILL_AT=<method>:<when>:<n>`` set,
+the ``n``-th call in one process of the rows reader's ``read``, ``commit`` or
+``readBetweenOffsets`` (``before`` it runs, or ``after`` it returned) writes the point to the
+file ``MARTINET_KILL_MARK`` and kills the whole pipeline with SIGKILL: the driver, its JVM and
+every Python worker, as a crash at exactly that moment would. The source itself has no hook.
+"""
+
+from __future__ import annotations
+
+import os
+
+_POINT = os.environ.get("MARTINET_KILL_AT", "")
+
+if _POINT:
+    import functools
+    import signal
+    from pathlib import Path
+
+    from martinet.pipeline import source
+
+    _METHOD, _WHEN, _NTH = _POINT.split(":")
+    _calls = 0
+
+    def _kill() -> None:
+        Path(os.environ["MARTINET_KILL_MARK"]).write_text(_POINT)
+        # The test starts the pipeline in a session of its own: the driver, the JVM and the
+        # source's runner are its first group; an executor worker sits in the group of
+        # PySpark's daemon, which is killed last (this process with it).
+        os.killpg(os.getsid(0), signal.SIGKILL)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    def _sync(reader: source._Reader) -> None:
+        """Wait until the router has the acknowledgements sent so far: they go as settled
+        dispositions, unanswered; a coordinator's attach on the same connection is answered
+        only after the router has read every frame before it."""
+        session = reader._connection.session(transacted=True)
+        session.close()
+
+    def _wrap(name: str) -> None:
+        original = getattr(source._Reader, name)
+
+        @functools.wraps(original)
+        def wrapper(self, *args, **kwargs):
+            global _calls
+            if self.table != "rows" or name != _METHOD:
+                return original(self, *args, **kwargs)
+            _calls += 1
+            if _calls == int(_NTH) and _WHEN == "before":
+                _kill()
+            result = original(self, *args, **kwargs)
+            if _calls == int(_NTH) and _WHEN == "after":
+                if name == "commit":
+                    _sync(self)
+                _kill()
+            return result
+
+        setattr(source._Reader, name, wrapper)
+
+    for _name in ("read", "commit", "readBetweenOffsets"):
+        _wrap(_name)
