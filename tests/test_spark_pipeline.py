@@ -32,26 +32,13 @@ def pipeline_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "martinet.pipeline", "--master", "local[2]", *args]
 
 
-#: Spark 4.3 now and then fails a task at once when two queries start their first jobs
-#: together (the ingest's rows and events queries both replaying a batch after a crash): the
-#: executor cannot deserialize the task (java.io.OptionalDataException in HashMap.readObject,
-#: under ResultTask.runTask), and the pipeline exits with that error. Spark's, not the live
-#: source's; a run ending with it is run again, at most RACE_RETRIES times.
-SPARK_RACE = "java.io.OptionalDataException"
-RACE_RETRIES = 2
-
-
-async def run_pipeline(*args: str, retry_race: bool = False) -> None:
-    """Run the pipeline to its end; its output is shown when it fails. With ``retry_race``,
-    a run that failed with :data:`SPARK_RACE` is run again."""
+async def run_pipeline(*args: str) -> None:
+    """Run the pipeline to its end; its output is shown when it fails."""
     env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
-    for _attempt in range(RACE_RETRIES + 1):
-        with trio.fail_after(PIPELINE_TIMEOUT):
-            result = await trio.run_process(
-                pipeline_command(*args), capture_stdout=True, capture_stderr=True, check=False, env=env
-            )
-        if not (retry_race and result.returncode != 0 and SPARK_RACE in result.stderr.decode(errors="replace")):
-            break
+    with trio.fail_after(PIPELINE_TIMEOUT):
+        result = await trio.run_process(
+            pipeline_command(*args), capture_stdout=True, capture_stderr=True, check=False, env=env
+        )
     assert result.returncode == 0, failure(result.stderr.decode())
     assert b"report: " in result.stdout
 
@@ -265,25 +252,22 @@ async def test_the_live_source_delivers_every_row_once_across_kills_at_each_poin
             "MARTINET_KILL_AT": kill_at,
             "MARTINET_KILL_MARK": str(mark),
         }
-        for attempt in range(RACE_RETRIES + 1):
-            log = tmp_path / f"{mark.name}-{attempt}.log"
-            with log.open("wb") as stderr:
-                process = subprocess.Popen(
-                    pipeline_command(*arguments, "--interval", "1"),
-                    env=env,
-                    start_new_session=True,
-                    stdout=subprocess.DEVNULL,
-                    stderr=stderr,
-                )
-            try:
-                with trio.fail_after(PIPELINE_TIMEOUT):
-                    returncode = await trio.to_thread.run_sync(process.wait)
-            finally:
-                if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    await trio.to_thread.run_sync(process.wait)
-            if mark.exists() or SPARK_RACE not in log.read_text(errors="replace"):
-                break
+        log = tmp_path / f"{mark.name}.log"
+        with log.open("wb") as stderr:
+            process = subprocess.Popen(
+                pipeline_command(*arguments, "--interval", "1"),
+                env=env,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        try:
+            with trio.fail_after(PIPELINE_TIMEOUT):
+                returncode = await trio.to_thread.run_sync(process.wait)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                await trio.to_thread.run_sync(process.wait)
         assert mark.exists() and mark.read_text() == kill_at, (
             f"the pipeline ended before {what} ({kill_at}):\n{failure(log.read_text(errors='replace'))}"
         )
@@ -291,7 +275,7 @@ async def test_the_live_source_delivers_every_row_once_across_kills_at_each_poin
     router.management.set("/sys$spark", "output", "none")
     published = router.management.get("/sys$spark/usage", "rows")  # seq of the last row published
 
-    await run_pipeline(*arguments, "--once", retry_race=True)
+    await run_pipeline(*arguments, "--once")
     seqs = sorted(row["seq"] for row in ingested(output) if row["router"] == "r1")
     assert len(seqs) == len(set(seqs)), "a row was delivered twice"
     lost = sorted(set(range(first, published + 1)) - set(seqs))
