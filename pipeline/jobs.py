@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -165,8 +166,24 @@ def start_ingest(
             .queryName(f"ingest-{table}")
         )
         writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=interval)
-        queries.append(writer.start())
+        query = writer.start()
+        queries.append(query)
+        if source == "live":
+            _first_batch(query)
     return queries
+
+
+FIRST_BATCH_TIMEOUT = 120.0  # seconds a live ingest query may take for its first batch before the next one starts
+
+
+def _first_batch(query: Any) -> None:
+    """Wait (bounded) until ``query`` has run its first batch, or stopped. After a crash both
+    live ingest queries replay a batch at start; started together, Spark 4 now and then fails
+    one of their first tasks (java.io.OptionalDataException deserializing it on the
+    executor) and the pipeline exits. One after the other, they do not meet there."""
+    deadline = time.monotonic() + FIRST_BATCH_TIMEOUT
+    while query.isActive and query.lastProgress is None and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _trigger(writer: Any, once: bool, interval: str) -> Any:
