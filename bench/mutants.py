@@ -30,8 +30,8 @@ plugin (``-p``) checks in the test process itself that every ``martinet`` packag
 patched module resolve into the copy and that the patched module holds the replacement; a
 copy that does not is an error, not a result.
 
-Not part of CI: a full run takes 8 to 15 minutes on the 2-core development machine
-(see README, Development).
+Not part of CI: a full run takes about 7 minutes on the 2-core development machine (more when
+it is busy; see README, Development).
 """
 
 from __future__ import annotations
