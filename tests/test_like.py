@@ -26,6 +26,8 @@ from martinet.messaging.selector import SelectorError, compile_selector
         ("_", "ab", False),
         ("a_c", "abc", True),
         ("a%c", "ac", True),
+        ("ab%ba", "aba", False),  # what comes before the first % and after the last never overlap
+        ("ab%ba", "abba", True),
         ("a%c", "a\nc", True),  # % spans line breaks
         ("a.b", "a.b", True),  # regular-expression metacharacters stand for themselves
         ("a.b", "axb", False),

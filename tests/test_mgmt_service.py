@@ -240,6 +240,12 @@ def test_the_authorization_decision():
     assert authorize(root, "set", router="r", authentication=True, groups=groups) is Role.READ_WRITE
     with pytest.raises(Refused, match="not authenticated where the request entered"):
         authorize(attrs.evolve(root, authenticated=False), "get", router="r", authentication=True, groups=groups)
+    viewer = attrs.evolve(root, user="eve", group="viewers")
+    for verb in ("get", "describe", "routers", "watch", "unwatch"):
+        assert authorize(viewer, verb, router="r", authentication=True, groups=groups) is Role.READ_ONLY
+    for verb in ("set", "add", "remove", "invoke", "save", "reboot", "halt"):  # invoke: purge, delete, rollback…
+        with pytest.raises(Refused, match=f"'{verb}' changes router r, and the role of group viewers is read-only"):
+            authorize(viewer, verb, router="r", authentication=True, groups=groups)
     local = Identity(host="::ffff:127.0.0.1")
     assert authorize(local, "halt", router="r", authentication=False, groups=groups) is Role.READ_WRITE
     assert Identity(host="::1").loopback and not Identity(host="192.0.2.1").loopback

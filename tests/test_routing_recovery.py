@@ -88,6 +88,36 @@ async def test_each_case_of_the_recovery_table_after_a_sigkill_at_the_chosen_fra
             assert "no prepared transactions found" in network.routers[name].current(), network.logs()
 
 
+@pytest.mark.slow
+async def test_non_xa_what_rt_held_at_a_sigkill_goes_again_in_doubt(tmp_path):
+    """Non-XA: b committed a batch and its NONXA_COMMIT is held, so a is killed (-9) before it
+    hears: the batch is back in a's rt$b at the restart, its delivery never counted (the
+    rollback never happened). The restarted a sends everything its rt$b recovered marked in
+    doubt, as the peer may have it: b's queue drops the copies it had, nothing is doubled or
+    lost."""
+    count = 60
+    async with open_network(tmp_path, PAIR, xa=False) as network:
+        held = network.proxies[("a", "b")].hold("to_client", FrameType.NONXA_COMMIT)
+        producer = Producer("p", network.url("a"), "recovered@b", count=count)
+        consumer = Consumer(network.url("b"), "recovered")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(producer.run, trio.Event())
+            with trio.fail_after(30):
+                await held.seen.wait()
+            await network.kill("a")
+            network.proxies[("a", "b")].cut()  # the held answer is gone with the connection
+            await network.restart("a")
+            stop = trio.Event()
+            nursery.start_soon(consumer.run, stop)
+            with trio.fail_after(60):
+                while len(producer.sent) + len(producer.in_doubt) < count:
+                    await trio.sleep(0.1)
+            await drain([producer], [consumer], timeout=60)
+            stop.set()
+        results = verdict([producer], [consumer])
+        assert (results.lost, results.duplicated) == (0, 0), results.table()
+
+
 async def bodies(url: str, queue: str) -> list[str]:
     """Everything in ``queue`` now (received and acknowledged)."""
     got = []

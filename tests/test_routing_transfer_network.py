@@ -286,3 +286,27 @@ async def test_a_message_that_passed_too_many_routers_goes_to_unroutable_where_i
     assert entry.message.body() == "too far"
     assert entry.message.message_annotations[UNROUTABLE_REASON] == "it passed 64 routers (a loop?)"
     assert entry.message.message_annotations[HOPS] == 64
+
+
+async def test_every_router_that_forwards_a_message_counts_its_hop(network):
+    """Each forwarding router passes the message on with its hop count raised, so the limit
+    holds over any number of them: in a chain a-b-c-d, a message that arrives at b with 61
+    hops reaches d; one with 62 reaches the limit at c (b forwarded it with 63), not at d. A
+    router that forwarded the count it received would let a loop circle for ever."""
+    await start(network, "a", "b", "c", "d")
+    for x, y in (("a", "b"), ("b", "c"), ("c", "d")):
+        network.connect(x, y)
+    await network.settle({"a": {"b": 1, "c": 2, "d": 3}, "d": {"a": 3, "b": 2, "c": 1}})
+    manager = network.routers["a"].swiftlet("sys$queuemanager")
+    for text, hops in (("arrives", 61), ("too far", 62)):
+        annotations = {SOURCE: "a", DESTINATION: "d", QUEUE: "orders", HOPS: UInt(hops)}
+        await manager.send("orders@d", build(text, annotations=annotations, message_id=text))
+    assert await consume(network.url("d"), "orders", 1) == ["arrives"]
+    unroutable = network.routers["c"].swiftlet("sys$queuemanager").queue("unroutable")
+    with trio.fail_after(10):
+        while unroutable.size < 1:
+            await trio.sleep(0.01)
+    [entry] = unroutable.browse()
+    assert entry.message.body() == "too far"
+    assert entry.message.message_annotations[UNROUTABLE_REASON] == "it passed 64 routers (a loop?)"
+    assert network.routers["b"].swiftlet("sys$queuemanager").queue("unroutable").size == 0

@@ -152,6 +152,13 @@ NEXT_CASES = [
         D(2026, 3, 3, 0, 0),
     ),
     ("calendar-allows-nothing", "at 08:00", D(2026, 3, 2), {"allows": Calendar().allows}, None),
+    (
+        "calendar-date-range-includes-its-last-day",
+        "at 08:00",
+        D(2026, 3, 3, 9),
+        {"allows": Calendar(date_ranges=((date(2026, 3, 2), date(2026, 3, 4)),)).allows},
+        D(2026, 3, 4, 8, 0),
+    ),
 ]
 
 

@@ -13,14 +13,18 @@ import trio
 
 from martinet.kernel import ManagementError, SwiftletFailed
 from martinet.messaging.client import DeliveryMode, TextMessage, Topic, connect
+from martinet.messaging.codec import UInt
+from martinet.messaging.message import build as build_message
 from martinet.swiftlets.routing.config import StaticRoute
 from martinet.swiftlets.store.api import PutRecord
+from martinet.swiftlets.store.dbprocess import COMMIT_GATE_ENV
 from martinet.swiftlets.topicmanager.config import (
     AnnounceFilter,
     StaticRemoteRouterSubscription,
     StaticTopicSubscription,
     TopicManagerConfig,
 )
+from martinet.swiftlets.topicmanager.federation import DESTINATION, HOPS, QUEUE, SOURCE, TOPIC
 
 from network import ROUTING_STACK, routing_config
 
@@ -224,6 +228,38 @@ async def test_no_local_uses_the_original_publishers_client_id(network):
         await publish(network, "a", "iit.x", [f"theirs-{n}" for n in range(5)], client_id="other")
     assert_exactly(not_mine, [f"theirs-{n}" for n in range(5)])
     assert_exactly(everything, [f"{who}-{n}" for who in ("mine", "theirs") for n in range(5)])
+
+
+async def test_a_forwarded_publication_leaves_tpc_only_with_the_transaction_that_delivers_it(network, monkeypatch):
+    """A persistent publication another router forwarded (in ``tpc$<root>``) is acknowledged
+    in the local transaction that delivers it to the subscribers, never on its own: while that
+    transaction waits for the store, the publication is still in ``tpc$iit``, held by it (a
+    crash or a failed commit there leaves it to be delivered again, and a delivery made durable
+    takes it out in the same write); once the write is done the subscriber has it once and
+    ``tpc$iit`` is empty. b's store engine holds every commit while the gate file exists."""
+    gate = network.folder / "commit-gate"
+    monkeypatch.setenv(COMMIT_GATE_ENV, str(gate))  # read by the store engine b starts
+    await start(network, "b")
+    manager = network.routers["b"].swiftlet("sys$queuemanager")
+    tpc = manager.queue("tpc$iit", create=True)  # as routing puts it there; nobody consumes it yet
+    annotations = {TOPIC: "iit.sales", SOURCE: "a", DESTINATION: "b", QUEUE: "tpc$iit", HOPS: UInt(1)}
+    await manager.send("tpc$iit", build_message("forwarded", durable=True, message_id="f-1", annotations=annotations))
+    gate.touch()
+    subscriber = Subscriber(network, "b", "iit")
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(subscriber.run, 1)
+            with trio.fail_after(20):  # the subscription's interest starts the consumer of tpc$iit
+                while tpc.available:
+                    await trio.sleep(0.01)
+            assert tpc.size == 1 and not subscriber.received  # taken into the delivery, which waits for the store
+            gate.unlink()
+    finally:
+        gate.unlink(missing_ok=True)  # (else b could not stop: its store would hold the commits of its stop)
+    assert_exactly(subscriber, ["forwarded"])
+    with trio.fail_after(10):
+        while tpc.size:
+            await trio.sleep(0.01)
 
 
 async def test_interest_is_withdrawn_and_announced_again_after_a_link_flap(network):

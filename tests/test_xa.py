@@ -199,6 +199,10 @@ async def test_claims_hide_an_owners_xids_and_refuse_the_operator(network):
         match="sys\\$other cannot claim the xids routing:paris:r1:7…: sys\\$routing claims routing:paris:r1:… already",
     ):
         xa.claim("sys$other", "routing:paris:r1:7")
+    with pytest.raises(  # nor one whose prefix is shorter: it would cover sys$routing's xids too
+        XAError, match="sys\\$other cannot claim the xids routing:…: sys\\$routing claims routing:r1:paris:… already"
+    ):
+        xa.claim("sys$other", "routing:")
     await xa.commit("routing:r1:paris:1-1")  # the owner resolves; claims do not stop it
     assert bodies(queue_manager.queue("q")) == ["m1"]
     claim.release()  # the link dropped: what is still prepared is in doubt again
