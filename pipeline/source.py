@@ -163,8 +163,10 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
                 if key > marks.get(router, (-1, -1)):
                     marks[router] = key
         end = _offset(marks)
-        if end != start:  # a batch Spark may replay, even without rows of this table
-            self._keep(start, end, rows)
+        # a batch Spark may replay, even without rows of this table or without anything (the
+        # first batch of an empty subscription is logged too); the same (start, end) writes
+        # the same file again, and a commit removes it
+        self._keep(start, end, rows)
         return iter(rows), end
 
     def _replay_file(self, start: dict, end: dict) -> Path:
