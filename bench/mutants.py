@@ -461,7 +461,19 @@ MUTANTS += [
         "            self._send_record(router, frozenset())",
         "A router that stops orderly withdraws all its interest (seed 003's behaviour): what is "
         "published while it is down never reaches its durable subscribers.",
+        T + "test_topic_network.py::test_an_orderly_stop_tells_the_neighbours_that_only_durable_interest_stays",
         T + "test_topic_network.py::test_an_orderly_stop_keeps_durable_interest_without_keep_on_unsubscribe",
+    ),
+    M(
+        "orderly-stop-record-left-behind",
+        "topics",
+        "swiftlets/routing/swiftlet.py",
+        "                self.context.before_stop(self._last_transfers)",
+        "                pass  # the links close at once",
+        "Routing stops without letting its links carry what waits: a stopping router's last "
+        "interest record never reaches its neighbours, which go on forwarding to roots only its "
+        "gone non-durable subscribers wanted.",
+        T + "test_topic_network.py::test_an_orderly_stop_tells_the_neighbours_that_only_durable_interest_stays",
     ),
 ]
 
