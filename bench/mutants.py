@@ -744,7 +744,7 @@ MUTANTS += [
         "        return message.with_annotations({IDENTITY_ANNOTATION: identity.annotation()})",
         "The listener keeps an identity a client put into its request instead of replacing it: "
         "any client can claim to be an authenticated administrator.",
-        T + "test_mgmt_service.py::test_without_authentication_only_loopback_clients_are_answered",
+        T + "test_mgmt_service.py::test_without_authentication_only_local_clients_are_answered",
     ),
 ]
 
@@ -804,7 +804,7 @@ MUTANTS += [
 # -- the live Spark source ------------------------------------------------------------------------------
 
 SOURCE = "pipeline/source.py"
-LIVE = T + "test_spark_pipeline.py::test_the_live_source_delivers_every_row_once_across_a_killed_query"
+LIVE = T + "test_spark_pipeline.py::test_the_live_source_delivers_every_row_once_across_kills_at_each_point"
 MUTANTS += [
     M(
         "source-acknowledges-uncommitted",
@@ -830,10 +830,8 @@ MUTANTS += [
         "source-replay-not-kept",
         "spark",
         SOURCE,
-        "        if end != start:  # a batch Spark may replay, even without rows of this table\n"
-        "            self._keep(start, end, rows)",
-        "        if end != start and rows:  # a batch Spark may replay, even without rows of this table\n"
-        "            self._keep(start, end, rows)",
+        "        self._keep(start, end, rows)\n        return iter(rows), end",
+        "        if rows:\n            self._keep(start, end, rows)\n        return iter(rows), end",
         "A batch without rows of this table is not kept for its replay: a restart that must "
         "replay it fails ('cannot replay the batch').",
         T + "test_spark_source.py",
