@@ -23,6 +23,8 @@ from martinet.swiftlets.jms.config import ListenerConfig as AmqpListenerConfig
 from martinet.swiftlets.routing.config import ListenerConfig, RoutingConfig
 from martinet.swiftlets.store.config import StoreConfig
 
+from faultproxy import FaultProxy
+
 STACK = ("sys$store", "sys$authentication", "sys$queuemanager", "sys$xa", "sys$topicmanager", "sys$jms")
 ROUTING_STACK = (*STACK, "sys$routing")
 
@@ -116,6 +118,20 @@ class Network:
             {"hostname": "127.0.0.1", "port": str(self.routing_port(target, listener)), **attributes},
         )
         return name
+
+    async def connect_through_proxy(
+        self, nursery: trio.Nursery, source: str, target: str, *, xa: bool = True
+    ) -> FaultProxy:
+        """Connect ``source`` to ``target`` (as :meth:`connect`, retrying every second) through
+        a fault proxy started in ``nursery``; the proxy (tests/faultproxy.py)."""
+        proxy = FaultProxy("127.0.0.1", self.routing_port(target))
+        await nursery.start(proxy.run)
+        self.routers[source].management.add(
+            "/sys$routing/connectors",
+            target,
+            {"hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000", "use-xa": str(xa).lower()},
+        )
+        return proxy
 
     def table(self, name: str) -> dict[str, int]:
         """Router ``name``'s active destinations with their shortest hop counts."""

@@ -16,7 +16,6 @@ from martinet.messaging.message import build
 from martinet.swiftlets.routing.transfer import DESTINATION, HOPS, QUEUE, SOURCE, UNROUTABLE_REASON
 
 from conftest import wait_until
-from faultproxy import FaultProxy
 
 XA = pytest.mark.parametrize("xa", [True, False], ids=["xa", "non-xa"])
 USAGE = "/sys$routing/usage/connections/connector:b"
@@ -143,13 +142,7 @@ async def test_a_link_cut_while_its_batches_wait_for_room_loses_and_doubles_noth
     network.routers["b"].management.add(
         "/sys$queuemanager/queues", "orders", {"max-messages": "10", "duplicate-detection-enabled": "true"}
     )
-    proxy = FaultProxy("127.0.0.1", network.routing_port("b"))
-    await nursery.start(proxy.run)
-    network.routers["a"].management.add(
-        "/sys$routing/connectors",
-        "b",
-        {"hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000", "use-xa": str(xa).lower()},
-    )
+    proxy = await network.connect_through_proxy(nursery, "a", "b", xa=xa)
     await network.settle({"a": {"b": 1}})
     count = 60
     await produce(network.url("a"), "orders@b", count)

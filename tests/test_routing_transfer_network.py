@@ -149,13 +149,7 @@ async def test_a_cut_while_several_transactions_are_in_flight_loses_and_duplicat
     (prepared, committing, or sent and awaiting their answer) and heal it: recovery (XA) or
     the resend in doubt (non-XA) sorts them out, and the order holds (the path is the same)."""
     await start(network, "a", "b", listener={"use_xa": xa})
-    proxy = FaultProxy("127.0.0.1", network.routing_port("b"))
-    await nursery.start(proxy.run)
-    network.routers["a"].management.add(
-        "/sys$routing/connectors",
-        "b",
-        {"hostname": "127.0.0.1", "port": str(proxy.port), "retry-time": "1000", "use-xa": str(xa).lower()},
-    )
+    proxy = await network.connect_through_proxy(nursery, "a", "b", xa=xa)
     network.routers["a"].management.add("/sys$routing/static-routes", "b")  # (sending goes on while cut)
     await network.settle({"a": {"b": 1}, "b": {"a": 1}})
     proxy.delay(0.02)  # answers come late: transactions pile up open
