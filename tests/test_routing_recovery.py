@@ -46,32 +46,38 @@ CASES = {  # case: (frame held, its direction, what a logs, what b logs, about t
 }
 
 
+async def killed_at_the_held_frame(network, direction: str, code: FrameType, victim: str, count: int = 60):
+    """60 numbered messages from a to recovered@b; the first ``code`` frame going
+    ``direction`` is held, ``victim`` is SIGKILLed there and restarted (the held frame gone
+    with the connection); a consumer on b drains. The verdict and the held frame."""
+    held = network.proxies[("a", "b")].hold(direction, code)
+    producer = Producer("p", network.url("a"), "recovered@b", count=count)
+    consumer = Consumer(network.url("b"), "recovered")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(producer.run, trio.Event())
+        with trio.fail_after(30):
+            await held.seen.wait()
+        await network.kill(victim)
+        network.proxies[("a", "b")].cut()
+        await network.restart(victim)
+        stop = trio.Event()
+        nursery.start_soon(consumer.run, stop)
+        with trio.fail_after(60):
+            while len(producer.sent) + len(producer.in_doubt) < count:
+                await trio.sleep(0.1)
+        await drain([producer], [consumer], timeout=60)
+        stop.set()
+    return verdict([producer], [consumer]), held
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", ["a", "b"])
 @pytest.mark.parametrize("case", list(CASES))
 async def test_each_case_of_the_recovery_table_after_a_sigkill_at_the_chosen_frame(tmp_path, case, victim):
     code, direction, sender_line, receiver_line = CASES[case]
-    count = 60
     async with open_network(tmp_path, PAIR) as network:
-        held = network.proxies[("a", "b")].hold(direction, code)
-        producer = Producer("p", network.url("a"), "recovered@b", count=count)
-        consumer = Consumer(network.url("b"), "recovered")
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(producer.run, trio.Event())
-            with trio.fail_after(30):
-                await held.seen.wait()
-            xid = held.fields["xid"]
-            await network.kill(victim)
-            network.proxies[("a", "b")].cut()  # the held frame is gone with the connection
-            await network.restart(victim)
-            stop = trio.Event()
-            nursery.start_soon(consumer.run, stop)
-            with trio.fail_after(60):
-                while len(producer.sent) + len(producer.in_doubt) < count:
-                    await trio.sleep(0.1)
-            await drain([producer], [consumer], timeout=60)
-            stop.set()
-        results = verdict([producer], [consumer])
+        results, held = await killed_at_the_held_frame(network, direction, code, victim)
+        xid = held.fields["xid"]
         assert (results.lost, results.duplicated) == (0, 0), results.table()
         assert results.received == results.sent + results.producer_in_doubt_arrived, results.table()
         for name, line in (("a", sender_line), ("b", receiver_line)):
@@ -95,26 +101,8 @@ async def test_non_xa_what_rt_held_at_a_sigkill_goes_again_in_doubt(tmp_path):
     rollback never happened). The restarted a sends everything its rt$b recovered marked in
     doubt, as the peer may have it: b's queue drops the copies it had, nothing is doubled or
     lost."""
-    count = 60
     async with open_network(tmp_path, PAIR, xa=False) as network:
-        held = network.proxies[("a", "b")].hold("to_client", FrameType.NONXA_COMMIT)
-        producer = Producer("p", network.url("a"), "recovered@b", count=count)
-        consumer = Consumer(network.url("b"), "recovered")
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(producer.run, trio.Event())
-            with trio.fail_after(30):
-                await held.seen.wait()
-            await network.kill("a")
-            network.proxies[("a", "b")].cut()  # the held answer is gone with the connection
-            await network.restart("a")
-            stop = trio.Event()
-            nursery.start_soon(consumer.run, stop)
-            with trio.fail_after(60):
-                while len(producer.sent) + len(producer.in_doubt) < count:
-                    await trio.sleep(0.1)
-            await drain([producer], [consumer], timeout=60)
-            stop.set()
-        results = verdict([producer], [consumer])
+        results, _ = await killed_at_the_held_frame(network, "to_client", FrameType.NONXA_COMMIT, "a")
         assert (results.lost, results.duplicated) == (0, 0), results.table()
 
 

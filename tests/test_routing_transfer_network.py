@@ -7,6 +7,8 @@ change.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import trio
 
@@ -16,6 +18,7 @@ from martinet.messaging.message import build
 from martinet.swiftlets.queuemanager.config import QueueManagerConfig
 from martinet.swiftlets.routing.transfer import DESTINATION, HOPS, QUEUE, SOURCE, UNROUTABLE_REASON
 
+from conftest import wait_until
 from faultproxy import FaultProxy
 from network import ROUTING_STACK, routing_config
 
@@ -259,26 +262,38 @@ async def test_across_a_50_ms_round_trip_the_window_grows_past_its_start(network
     assert most["window"] > 10 and most["transactions-in-flight"] > 10, most
 
 
+async def send_across_the_hop_limit(network, chain: tuple[str, ...], hops: int, stops_at: str):
+    """Routers ``chain`` linked in a line; from the first, two messages already travelling
+    to ``orders@<last>`` with ``hops`` and ``hops + 1`` routers counted so far: the first
+    must arrive, the second go to unroutable at ``stops_at``; that entry."""
+    await start(network, *chain)
+    for x, y in itertools.pairwise(chain):
+        network.connect(x, y)
+    first, last = chain[0], chain[-1]
+    await network.settle(
+        {
+            first: {r: n for n, r in enumerate(chain) if n},
+            last: {r: len(chain) - 1 - n for n, r in enumerate(chain) if r != last},
+        }
+    )
+    manager = network.routers[first].swiftlet("sys$queuemanager")
+    for text, counted in (("arrives", hops), ("too far", hops + 1)):
+        annotations = {SOURCE: first, DESTINATION: last, QUEUE: "orders", HOPS: UInt(counted)}
+        await manager.send(f"orders@{last}", build(text, annotations=annotations, message_id=text))
+    assert await consume(network.url(last), "orders", 1) == ["arrives"]
+    unroutable = network.routers[stops_at].swiftlet("sys$queuemanager").queue("unroutable")
+    await wait_until(lambda: unroutable.size >= 1)
+    [entry] = unroutable.browse()
+    assert entry.message.body() == "too far"
+    assert entry.message.message_annotations[UNROUTABLE_REASON] == "it passed 64 routers (a loop?)"
+    return entry
+
+
 async def test_a_message_that_passed_too_many_routers_goes_to_unroutable_where_it_reaches_the_limit(network):
     """The hop check on the way (a loop's net): every router a message passes counts it, and
     one that would pass the limit (64 routers) is put into unroutable with the reason
     instead of being forwarded; one router fewer and it arrives."""
-    await start(network, "a", "b", "c")
-    network.connect("a", "b")
-    network.connect("b", "c")
-    await network.settle({"a": {"b": 1, "c": 2}, "b": {"a": 1, "c": 1}})
-    manager = network.routers["a"].swiftlet("sys$queuemanager")
-    for text, hops in (("arrives", 62), ("too far", 63)):  # travelling to orders@c already, counted so far
-        annotations = {SOURCE: "a", DESTINATION: "c", QUEUE: "orders", HOPS: UInt(hops)}
-        await manager.send("orders@c", build(text, annotations=annotations, message_id=text))
-    assert await consume(network.url("c"), "orders", 1) == ["arrives"]
-    unroutable = network.routers["b"].swiftlet("sys$queuemanager").queue("unroutable")
-    with trio.fail_after(10):
-        while unroutable.size < 1:
-            await trio.sleep(0.01)
-    [entry] = unroutable.browse()
-    assert entry.message.body() == "too far"
-    assert entry.message.message_annotations[UNROUTABLE_REASON] == "it passed 64 routers (a loop?)"
+    entry = await send_across_the_hop_limit(network, ("a", "b", "c"), 62, "b")
     assert entry.message.message_annotations[HOPS] == 64
 
 
@@ -287,20 +302,5 @@ async def test_every_router_that_forwards_a_message_counts_its_hop(network):
     holds over any number of them: in a chain a-b-c-d, a message that arrives at b with 61
     hops reaches d; one with 62 reaches the limit at c (b forwarded it with 63), not at d. A
     router that forwarded the count it received would let a loop circle for ever."""
-    await start(network, "a", "b", "c", "d")
-    for x, y in (("a", "b"), ("b", "c"), ("c", "d")):
-        network.connect(x, y)
-    await network.settle({"a": {"b": 1, "c": 2, "d": 3}, "d": {"a": 3, "b": 2, "c": 1}})
-    manager = network.routers["a"].swiftlet("sys$queuemanager")
-    for text, hops in (("arrives", 61), ("too far", 62)):
-        annotations = {SOURCE: "a", DESTINATION: "d", QUEUE: "orders", HOPS: UInt(hops)}
-        await manager.send("orders@d", build(text, annotations=annotations, message_id=text))
-    assert await consume(network.url("d"), "orders", 1) == ["arrives"]
-    unroutable = network.routers["c"].swiftlet("sys$queuemanager").queue("unroutable")
-    with trio.fail_after(10):
-        while unroutable.size < 1:
-            await trio.sleep(0.01)
-    [entry] = unroutable.browse()
-    assert entry.message.body() == "too far"
-    assert entry.message.message_annotations[UNROUTABLE_REASON] == "it passed 64 routers (a loop?)"
+    await send_across_the_hop_limit(network, ("a", "b", "c", "d"), 61, "c")
     assert network.routers["b"].swiftlet("sys$queuemanager").queue("unroutable").size == 0
