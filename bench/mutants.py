@@ -459,7 +459,7 @@ MUTANTS += [
         FEDERATION,
         "            self._announce(router, durable_only=True)",
         "            self._send_record(router, frozenset())",
-        "A router that stops orderly withdraws all its interest (seed 003's behaviour): what is "
+        "A router that stops orderly withdraws all its interest (as SwiftMQ's federated topic managers do): what is "
         "published while it is down never reaches its durable subscribers.",
         T + "test_topic_network.py::test_an_orderly_stop_tells_the_neighbours_that_only_durable_interest_stays",
         T + "test_topic_network.py::test_an_orderly_stop_keeps_durable_interest_without_keep_on_unsubscribe",
