@@ -7,6 +7,7 @@ change.
 
 from __future__ import annotations
 
+import gc
 import itertools
 
 import pytest
@@ -14,7 +15,7 @@ import trio
 
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect
 from martinet.messaging.codec import UInt
-from martinet.messaging.message import build
+from martinet.messaging.message import Message, build
 from martinet.swiftlets.queuemanager.config import QueueManagerConfig
 from martinet.swiftlets.routing.transfer import DESTINATION, HOPS, QUEUE, SOURCE, UNROUTABLE_REASON
 
@@ -78,6 +79,29 @@ async def test_one_hop_both_directions_non_xa(network):
         nursery.start_soon(produce, network.url("b"), "inbox@a", 300)
     verify(await consume(network.url("b"), "inbox", 300), 300)
     verify(await consume(network.url("a"), "inbox", 300), 300)
+
+
+@pytest.mark.parametrize("xa", [True, False], ids=["xa", "non-xa"])
+async def test_routed_messages_are_freed_by_reference_counting_not_left_in_cycles(network, xa):
+    # A link's inbound batch and its write's callback referred to each other: every
+    # transaction's messages waited for the cyclic collector, which a router then ran every
+    # couple of hundred transactions (7 % of the receiving router's CPU). Counted: routing
+    # 400 messages leaves none of them to it.
+    await start(network, "a", "m", "b", listener={"use_xa": xa})
+    network.connect("a", "m", **{"use-xa": str(xa).lower()})
+    network.connect("m", "b", **{"use-xa": str(xa).lower()})
+    await network.settle({"a": {"m": 1, "b": 2}, "m": {"a": 1, "b": 1}, "b": {"m": 1, "a": 2}})
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        await produce(network.url("a"), "orders@b", 400, persistent=False)
+        verify(await consume(network.url("b"), "orders", 400), 400)
+        gc.collect()
+        left = sum(isinstance(thing, Message) for thing in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == 0, f"{left} messages were freed only by the cyclic collector"
 
 
 async def test_three_hops_along_a_chain(network):

@@ -285,15 +285,29 @@ class _Write:
         self.error = error
         self.done.set()
 
+    def answer(self) -> None:
+        """Call ``then`` with the outcome, once. Dropping it then breaks an inbound batch's
+        cycle (the batch holds its write, whose ``then`` holds the batch): the batch's
+        transaction, entries and messages go at once by reference counting. Left to the
+        cyclic collector, they made it run every couple of hundred transactions, at about a
+        microsecond per routed message."""
+        then, self.then = self.then, _answered
+        then(self.error)
+
+
+def _answered(error: BaseException | None) -> None:
+    """The ``then`` of a write that was answered."""
+
 
 @attrs.define(eq=False)
 class _Inbound:
     """An inbound batch (an XA transaction or a non-XA batch) to stage: ``store`` hands the
-    staged transaction to the store (prepare or commit), which finishes ``write``."""
+    staged transaction to the store (prepare or commit), which finishes the write it is
+    given (``write``; passed in, so that ``store`` needs no reference to the batch)."""
 
     messages: tuple[bytes, ...]
     write: _Write
-    store: Callable[[Transaction], None]
+    store: Callable[[Transaction, _Write], None]
     transaction: Transaction | None = None
     alone: bool = False  # larger than its empty queue's room: staged without its limits
 
@@ -512,7 +526,7 @@ class Transfer:
                     state.unanswered += 1
                     state.writes.send_nowait(write)
                 else:  # durable already (in memory), nothing before it unanswered: no need to pass it on
-                    write.then(write.error)
+                    write.answer()
             except Exception as exc:
                 self._failed(link, exc)
                 return
@@ -530,7 +544,7 @@ class Transfer:
                 if write.delay_ms and self.inbound_flow_control and write.error is None:
                     await self._throttle(link, write.delay_ms)
                 try:
-                    write.then(write.error)
+                    write.answer()
                 except Exception as exc:
                     self._failed(link, exc)
                     return
@@ -901,7 +915,7 @@ class Transfer:
         batch = _Inbound(
             messages,
             _Write(prepared),
-            lambda transaction: transaction.prepare_nowait(xid, batch.write.finish, transient_in_memory=True),
+            lambda transaction, write: transaction.prepare_nowait(xid, write.finish, transient_in_memory=True),
         )
         self._admit(link, state, batch)
         return batch.write
@@ -944,7 +958,9 @@ class Transfer:
             link.machine.nonxa_committed(seq)
             link.wake()
 
-        batch = _Inbound(messages, _Write(committed), lambda transaction: transaction.commit_nowait(batch.write.finish))
+        batch = _Inbound(
+            messages, _Write(committed), lambda transaction, write: transaction.commit_nowait(write.finish)
+        )
         self._admit(link, state, batch)
         return batch.write
 
@@ -988,7 +1004,7 @@ class Transfer:
                 return
         self._admitted(state, batch)
         try:
-            batch.store(transaction)
+            batch.store(transaction, batch.write)
         except (QueueError, StoreError) as exc:
             batch.write.finish(exc)
 
