@@ -57,7 +57,11 @@ effect for chunks already waiting:
   without it: an answer that never came). The :class:`Held` returned has the frame's
   fields once seen, and the test kills a router or cuts the link at exactly that point of
   the protocol, with the transactions before it answered and those after it not. Bytes
-  before the frame are forwarded. One rule at a time, for one match.
+  before the frame are forwarded. One rule at a time, for one match. ``where(fields)``
+  narrows the rule to frames of that type whose fields it accepts (say a TRANSACTION
+  carrying a topic interest record): such a frame is looked at once it is all in the proxy
+  (it waits there for its last bytes; the frames before it went on), and only the frames
+  accepted are counted.
 
 Everything runs in the nursery of :meth:`FaultProxy.run`; cancelling ``run`` closes the
 listener and every connection. Nothing is detached. Not thread-safe: call the fault methods
@@ -92,6 +96,8 @@ class FrameScanner:
         self._pending_sent = False  # ... and was passed on already (nothing was looked for)
         self._dropping: Held | None = None  # the frame being dropped, while its bytes arrive
         self._drop_left = 0
+        self._deciding: Held | None = None  # chosen by its type; its fields decide once all in
+        self.held: Held | None = None  # the rule whose frame was held (once feed returned it)
 
     def feed(self, data: bytes, choose: Callable[[int], Held | None] | int | None) -> tuple[bytes, bytes | None]:
         """Take the next bytes of the stream; return the bytes that may go on, and, if a
@@ -136,9 +142,16 @@ class FrameScanner:
                 out.append(buffer[start:position])
                 return b"".join(out), None
             length = 4 + int.from_bytes(buffer[position : position + 4], "big")
-            chosen = None
-            if choose is not None and position >= sent and buffer[position + 4] == _ARRAY_OF_2:
+            chosen, self._deciding = self._deciding, None
+            if chosen is None and choose is not None and position >= sent and buffer[position + 4] == _ARRAY_OF_2:
                 chosen = choose(buffer[position + 5])
+            if chosen is not None and chosen.where is not None:
+                if len(buffer) - position < length:  # its fields decide: wait for all of it
+                    self._deciding, self._pending = chosen, buffer[position:]
+                    out.append(buffer[start:position])
+                    return b"".join(out), None
+                if not chosen.accepts(bytes(buffer[position : position + length])):
+                    chosen = None
             if chosen is None:
                 self._skip = length
             elif chosen.drop:
@@ -146,6 +159,7 @@ class FrameScanner:
                 self._dropping, self._drop_left = chosen, length
             else:
                 out.append(buffer[start:position])
+                self.held = chosen
                 return b"".join(out), buffer[position:]
         out.append(buffer[start:])
         return b"".join(out), None
@@ -153,26 +167,48 @@ class FrameScanner:
 
 class Held:
     """A routing frame the proxy holds or drops (see :meth:`FaultProxy.hold` and
-    :meth:`FaultProxy.drop`): the ``nth`` frame of type ``code`` going ``direction``."""
+    :meth:`FaultProxy.drop`): the ``nth`` frame of type ``code`` going ``direction`` (of
+    those whose fields ``where`` accepts, if given)."""
 
-    def __init__(self, direction: str, code: int, nth: int = 1, *, drop: bool = False):
+    def __init__(
+        self,
+        direction: str,
+        code: int,
+        nth: int = 1,
+        *,
+        drop: bool = False,
+        where: Callable[[dict], bool] | None = None,
+    ):
         if nth < 1:
             raise ValueError(f"nth counts from 1, not {nth}")
         self.direction = direction
         self.code = code
         self.nth = nth
         self.drop = drop
-        self.passed = 0  # frames of the type passed on before it
+        self.where = where
+        self.passed = 0  # frames of the type (and accepted by where) passed on before it
+        self.matched = False  # one match per rule
         self.data = bytearray()  # the frame (held: and every byte after it in its direction)
         self.seen = trio.Event()  # set once the whole frame is in :attr:`data`
 
     def match(self, code: int) -> bool:
-        """A frame of ``code`` starts: whether it is the one (counted)."""
-        if code != self.code:
+        """A frame of ``code`` starts: whether it is the one (counted); with ``where``,
+        whether it may be (:meth:`accepts` decides on the whole frame)."""
+        if self.matched or code != self.code:
             return False
+        return True if self.where is not None else self._count()
+
+    def accepts(self, frame: bytes) -> bool:
+        """Whether the whole ``frame`` (length and body) of the type is the one (counted)."""
+        assert self.where is not None
+        _, fields = msgpack.unpackb(frame[4:], raw=False)
+        return bool(self.where(fields)) and self._count()
+
+    def _count(self) -> bool:
         if self.passed + 1 < self.nth:
             self.passed += 1
             return False
+        self.matched = True
         return True
 
     def add(self, data: bytes) -> None:
@@ -274,18 +310,20 @@ class FaultProxy:
         self._blackholed = False
         self._notify()
 
-    def hold(self, direction: str, code: int, nth: int = 1) -> Held:
+    def hold(self, direction: str, code: int, nth: int = 1, *, where: Callable[[dict], bool] | None = None) -> Held:
         """Hold the ``nth`` routing frame of type ``code`` going ``direction`` from now on
         (``"to_target"`` or ``"to_client"``), on any connection, and everything after it in
-        that direction; wait for :attr:`Held.seen`. The connection stays open until
-        :meth:`cut` (or its end). Replaces a rule armed before that has not matched."""
-        return self._arm(Held(direction, code, nth))
+        that direction; wait for :attr:`Held.seen`. ``where(fields)``: count only the frames
+        it accepts. The connection stays open until :meth:`cut` (or its end). Replaces a
+        rule armed before that has not matched."""
+        return self._arm(Held(direction, code, nth, where=where))
 
-    def drop(self, direction: str, code: int, nth: int = 1) -> Held:
-        """Take the ``nth`` routing frame of type ``code`` going ``direction`` from now on
-        out of its stream (the bytes after it go on, so the peers see a stream without it:
-        an answer that never came); :attr:`Held.seen` once all of it was dropped."""
-        return self._arm(Held(direction, code, nth, drop=True))
+    def drop(self, direction: str, code: int, nth: int = 1, *, where: Callable[[dict], bool] | None = None) -> Held:
+        """Take the ``nth`` routing frame of type ``code`` going ``direction`` (of those
+        ``where`` accepts) from now on out of its stream (the bytes after it go on, so the
+        peers see a stream without it: an answer that never came); :attr:`Held.seen` once
+        all of it was dropped."""
+        return self._arm(Held(direction, code, nth, drop=True, where=where))
 
     def _arm(self, rule: Held) -> Held:
         if rule.direction not in ("to_target", "to_client"):
@@ -302,7 +340,6 @@ class FaultProxy:
         def choose(code: int) -> Held | None:
             if self._hold is not rule or not rule.match(code):
                 return None
-            self._hold = None  # one match per rule
             return rule
 
         return choose
@@ -379,11 +416,10 @@ class FaultProxy:
                 if held is not None:
                     held.add(data)
                     continue
-                rule = self._hold
                 data, rest = scanner.feed(data, self._choose(direction))
                 if rest is not None:
-                    assert rule is not None and not rule.drop
-                    held = rule
+                    held = scanner.held
+                    assert held is not None and not held.drop
                     held.add(rest)
                 if not data:
                     continue

@@ -320,14 +320,26 @@ def test_the_scanner_holds_the_nth_frame_of_a_type_or_drops_it_alone(chunk):
         (Held("to_target", 51, nth=1, drop=True), stream[: offsets[2]] + stream[ends[2] :], None, 2),
         (Held("to_target", 50, nth=2, drop=True), stream[: offsets[3]] + stream[ends[3] :], None, 3),
         (Held("to_target", 50, nth=3), stream, None, None),  # there is no third
+        # chosen by their fields too: looked at once whole, only those accepted counted
+        (
+            Held("to_target", 50, where=lambda fields: fields["xid"] == "x2"),
+            stream[: offsets[3]],
+            stream[offsets[3] :],
+            3,
+        ),
+        (Held("to_target", 51, nth=2, where=lambda fields: True), stream[: offsets[4]], stream[offsets[4] :], 4),
+        (
+            Held("to_target", 50, drop=True, where=lambda fields: len(fields["messages"][0]) == 20),
+            stream[: offsets[3]] + stream[ends[3] :],
+            None,
+            3,
+        ),
+        (Held("to_target", 51, where=lambda fields: fields["xid"] == "x9"), stream, None, None),
     ):
-        scanner, passed, held, matched = FrameScanner(), bytearray(), None, []
+        scanner, passed, held = FrameScanner(), bytearray(), None
 
-        def choose(code: int, rule: Held = rule, matched: list = matched) -> Held | None:
-            if matched or not rule.match(code):
-                return None
-            matched.append(rule)
-            return rule
+        def choose(code: int, rule: Held = rule) -> Held | None:
+            return rule if rule.match(code) else None  # (a rule matches once)
 
         for start in range(0, len(stream), chunk):
             data = stream[start : start + chunk]

@@ -14,8 +14,10 @@ import trio
 from martinet.kernel import ManagementError, SwiftletFailed
 from martinet.messaging.client import DeliveryMode, TextMessage, Topic, connect
 from martinet.messaging.codec import UInt
+from martinet.messaging.message import Message
 from martinet.messaging.message import build as build_message
 from martinet.swiftlets.routing.config import StaticRoute
+from martinet.swiftlets.routing.wire import DEFAULT_MAX_FRAME_SIZE, FrameType, unpack_messages
 from martinet.swiftlets.store.api import PutRecord
 from martinet.swiftlets.store.dbprocess import COMMIT_GATE_ENV
 from martinet.swiftlets.topicmanager.config import (
@@ -24,7 +26,7 @@ from martinet.swiftlets.topicmanager.config import (
     StaticTopicSubscription,
     TopicManagerConfig,
 )
-from martinet.swiftlets.topicmanager.federation import DESTINATION, HOPS, QUEUE, SOURCE, TOPIC
+from martinet.swiftlets.topicmanager.federation import DESTINATION, HOPS, INTEREST_QUEUE, QUEUE, SOURCE, TOPIC
 
 from network import ROUTING_STACK, routing_config
 
@@ -299,7 +301,8 @@ async def test_delete_of_a_remote_router_subscription_until_the_router_announces
         assert management.get(entry, "forwarded") == 1
         await management.invoke(entry, "delete")
         assert remote_subscriptions(network, "b") == {}
-        await publish(network, "b", "iit", ["while deleted"])  # not forwarded: lost, as seed 003 says
+        # not forwarded, so lost: the deleted entry stands until a tells its interest again
+        await publish(network, "b", "iit", ["while deleted"])
         news = await session.consumer(Topic("news"))  # a's interest changes: b gets the whole record
         await wait_interest(network, {"b": {"a": ["iit", "news"]}})
         await publish(network, "b", "iit", ["after"])
@@ -310,6 +313,39 @@ async def test_delete_of_a_remote_router_subscription_until_the_router_announces
         # b drops the entry
         assert management.get(entry, "forwarded") == 1
         await news.close()
+
+
+def carries_interest(fields: dict) -> bool:
+    """Whether a TRANSACTION frame's fields hold a topic interest record (a message to the
+    federation's queue)."""
+    messages = unpack_messages(tuple(fields["messages"]), fields.get("compressed", False), DEFAULT_MAX_FRAME_SIZE)
+    return any(Message(raw).message_annotations.get(QUEUE) == INTEREST_QUEUE for raw in messages)
+
+
+async def test_an_interest_record_lost_with_its_link_is_told_again_on_the_next(network, nursery):
+    # b's new durable subscription is held in the proxy on its way to a, and the link is cut
+    # with it: a never hears of it there. The routing transaction that carried it is rolled
+    # back, so the next link brings it. What a published in between is not forwarded (a
+    # router forwards on the interest it knows); what it publishes after is, exactly once.
+    await network.start_routers("a", "b")
+    proxy = await network.connect_through_proxy(nursery, "a", "b")
+    await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+    subscriber = Subscriber(network, "b", "iit", client_id="d", durable="w")
+    async with connect(network.url("b")) as connection, connection.session() as session:
+        await session.consumer(Topic("news"))  # (open until the end)
+        await wait_interest(network, {"a": {"b": ["news"]}})  # b's records reach a
+        held = proxy.hold("to_client", FrameType.TRANSACTION, where=carries_interest)
+        async with trio.open_nursery() as receiving:
+            receiving.start_soon(subscriber.run, 10)
+            with trio.fail_after(20):
+                await held.seen.wait()
+            assert remote_subscriptions(network, "a") == {"b": {"news"}}
+            await publish(network, "a", "iit", [f"early-{n}" for n in range(10)], persistent=True)
+            proxy.cut()
+            await wait_interest(network, {"a": {"b": ["news", "iit"]}})
+            assert proxy.accepted == 2  # told on the next link
+            await publish(network, "a", "iit", [f"late-{n}" for n in range(10)], persistent=True)
+    assert_exactly(subscriber, [f"late-{n}" for n in range(10)])
 
 
 async def test_static_remote_subscriptions_forward_before_the_first_connect(network):
