@@ -6,7 +6,8 @@ concurrently (they may talk to different brokers: the receiver's link is attache
 then the sender starts) and gives messages per second from the first send to the last
 receive. Routers run as ``python -m martinet.kernel run CONFIG`` processes, stderr (the log)
 in a file; RabbitMQ nodes as private nodes on loopback with all state in a folder (the
-unwrapped scripts of Debian's ``rabbitmq-server``; see shared/reference/environment.md §6).
+unwrapped scripts of Debian's ``rabbitmq-server``, not the wrappers on the PATH,
+which switch to the ``rabbitmq`` user and its data folder).
 These helpers block; the benchmarks using them are plain scripts.
 """
 

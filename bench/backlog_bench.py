@@ -5,8 +5,8 @@
 A ``martinet run`` router process (``sync="normal"``), our C load generator
 (``bench/amqp_loadgen.c``, built as ``bench/amqp_bench.py`` builds it). For each queue
 setting — the default ``cache-size`` (500; bodies beyond it only in the store) and
-``cache-size="-1" cache-size-bytes-kb="-1"`` (every body in memory, as before issue 13,
-7c) — and each way of getting to the backlog — ``live`` (sent to the running router) and
+``cache-size="-1" cache-size-bytes-kb="-1"`` (every body in memory, as before bodies
+were swapped out) — and each way of getting to the backlog — ``live`` (sent to the running router) and
 ``restarted`` (sent, then the router stopped and started again on its store) — one sender
 puts ``N`` persistent messages of ``BYTES`` into a queue nobody reads (its limits and flow
 control off), then one receiver takes and accepts them all. Printed: the router's RSS

@@ -16,8 +16,8 @@ it closes waits for a full collection.
 
 RSS (``VmRSS`` of ``/proc/<pid>/status``) is read after a warm-up of ``--warmup``
 connections (the start figure: imports, caches and pools are then in place) and after the
-soak. Closed connections that the router keeps (issue 13: reference cycles that only a
-full collection frees) show as growth; a router that frees them stays near the start.
+soak. Closed connections that the router keeps (reference cycles that only a full
+collection frees) show as growth; a router that frees them stays near the start.
 tests/test_hostile_limits.py runs :func:`soak` and asserts a bound.
 """
 

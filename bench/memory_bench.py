@@ -22,8 +22,8 @@ Cases:
   ``cache-size-bytes-kb`` (16 MiB): bodies beyond the cache are only in the store (its own
   process, not counted here);
 - ``persistent-all``: persistent messages with ``cache-size="-1"`` and
-  ``cache-size-bytes-kb="-1"``: every body stays in memory (the behaviour before issue 13,
-  7c);
+  ``cache-size-bytes-kb="-1"``: every body stays in memory (the behaviour before bodies
+  were swapped out);
 
 plus, with the figures of the two persistent cases, the router's RSS for a queue full to
 the default ``max-messages`` of such messages.

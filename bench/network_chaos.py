@@ -1,4 +1,4 @@
-"""Real routers under faults for N rounds, then a results table (issue 16's network harness).
+"""Real routers under faults for N rounds, then a results table.
 
 Starts the routers of a topology as ``martinet run`` processes with a fault proxy on every
 link (tests/netharness.py), runs numbered producers and a verifying consumer, injects one

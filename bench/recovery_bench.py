@@ -1,5 +1,5 @@
 """Memory of recovery: RSS after a router recovered N stored 100-byte messages, and after
-all of them were consumed (issue 13, item 7e).
+all of them were consumed.
 
     python bench/recovery_bench.py --count 200000
 

@@ -31,7 +31,7 @@ never computes with them). Malformed input raises :class:`DecodeError` with the 
 Hostile input
 -------------
 Every byte decoded comes from a peer, before or after login, so the decoder's work and
-memory are bounded by the bytes actually present (issue 13):
+memory are bounded by the bytes actually present:
 
 - Every count and size read from the wire is checked against the bytes present *before*
   any loop or allocation. A list or map of ``count`` elements needs at least ``count``

@@ -1,4 +1,4 @@
-"""A network of real ``martinet run`` processes under faults, with counted traffic (issue 16).
+"""A network of real ``martinet run`` processes under faults, with counted traffic.
 
 Theory of operation
 -------------------

@@ -141,7 +141,7 @@ async def test_garbage_is_refused_and_the_router_keeps_serving(broker):
 async def test_connections_past_max_connections_are_closed(broker):
     running = await broker(maxconn="1")
     first = await in_thread(lambda: BlockingConnection(running.url, timeout=10))
-    # Refused with an AMQP close that says why (issue 13, item 9), not a bare socket close.
+    # Refused with an AMQP close that says why, not a bare socket close.
     with pytest.raises(ConnectionException, match="amqp:resource-limit-exceeded.*max-connections 1 reached"):
         await in_thread(lambda: BlockingConnection(running.url, timeout=5))
     usage = running.router.management.resolve("/sys$jms/usage/listeners/amqp").properties()

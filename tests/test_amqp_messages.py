@@ -1,4 +1,4 @@
-"""Messages through sys$jms as clients nobody here wrote see them (issue 14), with
+"""Messages through sys$jms as clients nobody here wrote see them, with
 python-qpid-proton over real sockets: message annotations pass through with their AMQP
 types, an undecodable message is refused alone (the link goes on), the header's
 delivery-count and first-acquirer follow AMQP 1.0 §3.2.1, and the modified outcome

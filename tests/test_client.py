@@ -404,7 +404,7 @@ async def test_the_readme_example_runs(amqp_broker):
 
 async def test_host_access_list_refuses_other_addresses(amqp_broker):
     broker = await amqp_broker(hosts='<host-access-list><host-access-entry name="10.%"/></host-access-list>')
-    # The refusal is an AMQP close that says why (issue 13, item 9), as JMS's JMSSecurityException.
+    # The refusal is an AMQP close that says why, as JMS's JMSSecurityException.
     with pytest.raises(SecurityError, match="amqp:unauthorized-access: not in the host access list"):
         async with connect(broker.url, connect_timeout=5):
             pass

@@ -1,4 +1,4 @@
-"""A hostile server against our client (issue 13, item 3): the codec's nesting bound
+"""A hostile server against our client: the codec's nesting bound
 (``MAX_DEPTH``) protects the client's decoding as it protects the router's. A raw socket
 server speaks just enough SASL and AMQP by hand and then sends described values nested
 thousands deep where the client decodes: the SASL mechanisms, the open, an attach, and a

@@ -1,4 +1,4 @@
-"""What a hostile or careless client could do to a router (issue 13), each against a live
+"""What a hostile or careless client could do to a router, each against a live
 listener with real proton clients, and each followed by a normal client that must still be
 served.
 

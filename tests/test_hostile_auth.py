@@ -1,4 +1,4 @@
-"""Authentication against hostile or careless use (issue 13, item 9): empty passwords,
+"""Authentication against hostile or careless use: empty passwords,
 hashed passwords, unknown users, throttled and aggregated refusals, refusals answered with
 an AMQP close, passwords never shown by management. Live listener where the wire matters."""
 

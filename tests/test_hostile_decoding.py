@@ -1,4 +1,4 @@
-"""Hostile encodings against a live listener (issue 13, items 1 and 2): counts and sizes that
+"""Hostile encodings against a live listener: counts and sizes that
 the bytes present cannot hold, nesting too deep to decode, frames cut inside a read, values of
 the wrong type where the broker reads message metadata. Each test sends the bytes that used
 to freeze the router or to crash a connection with a traceback, checks the answer (a close

@@ -1,4 +1,4 @@
-"""Resource limits against a hostile client (issue 13, items 6 and 7): each test does what a
+"""Resource limits against a hostile client: each test does what a
 client that wants to stall or exhaust the router does, against a live listener over real
 sockets (raw AMQP frames, or python-qpid-proton), and checks that it is refused at the
 configured limit with the error the spec names — and that what the router kept for a
@@ -331,7 +331,7 @@ async def test_a_closed_connection_is_freed_without_the_cyclic_collector(amqp_br
     """With the collector off, what the listener and the engine made for a connection is
     gone once it closed — cleanly, or cut off amid a multi-frame message — : nothing of it
     was held in a reference cycle (the running router collects the oldest generation
-    rarely: issue 13 saw 237 MB of closed connections, 39 MB after one gc.collect())."""
+    rarely: a router once held 237 MB of closed connections, 39 MB after one gc.collect())."""
     broker = await amqp_broker()
     await trio.to_thread.run_sync(proton_client, broker.url, 0)  # imports, caches: in place
     await wait_until(lambda: broker.connections() == 0)

@@ -1,7 +1,7 @@
 """rhea, the Node.js AMQP 1.0 library, against a live router and our client: sends and
 accepts, a JMS selector, a topic by capability, request/reply over a dynamic queue
 (``tests/interop/rhea_client.js``, installed from npm at the pinned version on first use);
-and rhea where it first broke the router (issue 14, ``tests/interop/rhea_cases.js``)."""
+and rhea where it first broke the router (``tests/interop/rhea_cases.js``)."""
 
 from __future__ import annotations
 

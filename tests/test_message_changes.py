@@ -1,4 +1,4 @@
-"""Changed copies of a message keep what the client sent byte for byte (issue 14): merging
+"""Changed copies of a message keep what the client sent byte for byte: merging
 annotations splices them into the encoded map [3.2.10], a redelivery rewrites only the
 header's first-acquirer and delivery-count [3.2.1]. Checked on raw bytes, with AMQP values
 generated in every encoding part 1 §1.6 allows (so not through our own encoder)."""

@@ -96,7 +96,7 @@ async def test_selectors_and_browsing(router):
     # event.receiver.drained", but drained is a method in proton (a bound method is always
     # true): it stops as soon as it has no delivery queued, after proton's first credit
     # window (MessagingHandler's prefetch, 10) whatever the broker. It printed 19: the
-    # router still sent 9 transfers after answering its close (issue 14, item 7). That a
+    # router still sent 9 transfers after answering its close. That a
     # browser gets the whole queue, and drained credit only at its end, is
     # tests/test_amqp.py::test_a_browser_gets_the_whole_queue_and_drained_credit_only_at_its_end.
     browsed = await example("queue_browser.py")

@@ -1,7 +1,7 @@
 """The route exchanger and routing table (swiftlets/routing/exchange.py), without sockets.
 
-Table-driven cases for each output rule (reference swiftmq-internals.md §2.6, seed 000
-"Route Filters", "Hop Limit"), static routes, link down, runtime reconfiguration, hostile
+Table-driven cases for each output rule (SwiftMQ's route filters and
+hop limit), static routes, link down, runtime reconfiguration, hostile
 announcements and the event order; then Hypothesis on random networks (tests/routesim.py):
 whatever the delivery order and the link failures, a quiet network holds exactly the routes
 an independent reference computes, and each link carries exactly the differences.

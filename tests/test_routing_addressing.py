@@ -1,4 +1,4 @@
-"""Addressing other routers (issue 16, item 1, and the ``unroutable`` queue of item 6): real
+"""Addressing other routers (and the ``unroutable`` queue): real
 routers in one process (the ``network`` fixture), real AMQP clients (ours, and proton's).
 
 While a router ``R`` is known — a static route or a learned route — a send to ``q@R`` is

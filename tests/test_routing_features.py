@@ -1,4 +1,4 @@
-"""Routing part 2, issue 16 items 6–8 and 10: queue bridges, usage of the transfer, inbound
+"""Routing: queue bridges, usage of the transfer, inbound
 flow control, time to live end to end. Real routers in one process, real AMQP clients,
 real stores (the pattern of ``test_routing_transfer_network.py``)."""
 

@@ -1,6 +1,6 @@
 """The routing link machine (swiftlets/routing/stages.py), both roles paired in memory, every path
 of docs/routing-protocol.md: stages, admission, the authentication matrix, refusals and their
-delay, stage-valid-timeout, keepalive (seed 004), breaches, and fuzzing of recorded sessions."""
+delay, stage-valid-timeout, keepalive, breaches, and fuzzing of recorded sessions."""
 
 from __future__ import annotations
 

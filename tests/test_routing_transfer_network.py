@@ -1,4 +1,4 @@
-"""Messages between routers (issue 16): real routers in one process, real AMQP clients.
+"""Messages between routers: real routers in one process, real AMQP clients.
 
 Numbered producers and a verifying consumer count what arrives: every test checks that
 nothing is lost, nothing is duplicated and the order is kept where the path does not

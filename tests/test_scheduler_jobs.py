@@ -83,7 +83,7 @@ async def test_the_routing_connector_job_brings_a_link_up_for_its_window(network
 
 async def test_the_routing_connector_job_ends_the_retries_at_its_stop(network, nursery):
     """Nobody listens at the connector's port: the connector retries during the job, and
-    retries end when the job stops (seed 000: "Retry ends at the job stop")."""
+    retries end when the job stops (as SwiftMQ's connector job does)."""
     with socket.socket() as placeholder:  # a port nobody listens on
         placeholder.bind(("127.0.0.1", 0))
         port = placeholder.getsockname()[1]

@@ -1,4 +1,4 @@
-"""sys$store edge cases that used to lose data silently (issue 13, item 8) and the hand-over
+"""sys$store edge cases that used to lose data silently and the hand-over
 of recovered messages (item 7e): real SQLite files, real store processes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The store lock: one store process per store (issue 16's chaos harness saw a router
+"""The store lock: one store process per store (the chaos harness saw a router
 restarted at once after ``kill -9`` open its store empty while the killed router's store
 process was still applying its last commits). Real store processes on a real SQLite file;
 the commit gate (a test hook of :mod:`swiftlets.store.dbprocess`) holds the old process in

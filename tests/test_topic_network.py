@@ -1,4 +1,4 @@
-"""Publish/subscribe across the router network (issue 17): real routers in one process, real
+"""Publish/subscribe across the router network: real routers in one process, real
 AMQP clients. Every test counts what each subscriber receives: each message exactly once,
 nothing a subscriber should not see."""
 

@@ -62,7 +62,7 @@ def received(subscription, credit=100):
             return got
 
 
-# -- the hierarchy, table-driven (seed 001: "Publishing and subscribing rules") -------------
+# -- the hierarchy, table-driven (the JMS hierarchy's publishing and subscribing rules) -------------
 
 HIERARCHY = [
     # (published to, subscribed to, received?)
@@ -84,7 +84,7 @@ HIERARCHY = [
     ("iit2", "iit", False),
     ("iit.sales.US.east", "iit.sales.US", True),
     ("iit.sales.US", "iit.sales.US.east", True),
-    # predicates, on either side (seed 001: "SQL-Like Predicate Topic Addressing")
+    # predicates, on either side (SwiftMQ's SQL-like predicate topic addressing)
     ("iit.sales.US", "iit.s%s._S", True),
     ("iit.sales.EU", "iit.s%s._S", False),
     ("iit.s%s._S", "iit.sales.US", True),

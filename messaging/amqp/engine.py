@@ -58,7 +58,7 @@ apart by :meth:`Connection.release`, so it is freed without the cyclic collector
 Why Python and not proton's C engine: driving proton through cffi costs some twenty
 C crossings and two collector events per message, while a 64 KiB read here is one loop
 over ~400 frames, an outgoing transfer is one ``struct.pack`` and a consumer's ranged
-disposition settles a whole range in one go (``shared/reference/amqp-engine.md`` §2).
+disposition settles a whole range in one go.
 Transfers have a decoding fast path for the usual encodings; anything else goes through
 the general codec. proton stays the test oracle: every real client in the tests is one.
 ``bench/engine_bench.py`` measures the per-message paths.
@@ -566,7 +566,7 @@ class _Numbered(dict):
     :meth:`take` gives the lowest number not in use — a freed one (a heap) if any, else the
     next never used — in O(log n); :meth:`free` gives one back. (A scan from 0 made a peer
     attaching 30,000 links on one session, or beginning thousands of sessions, cost
-    quadratic time and stalled the router: issue 13.)"""
+    quadratic time and stalled the router.)"""
 
     __slots__ = ("_freed", "_next")
 
@@ -1248,8 +1248,8 @@ class Connection:
         """Break the references between the connection, its sessions, its links and their
         handlers (each refers to the other), so that all of it is freed as soon as the
         owner lets go of it, without waiting for the cyclic garbage collector — which a
-        long-running process may run rarely (issue 13: a router kept every closed
-        connection until a full collection). For when the connection is over and the owner
+        long-running process may run rarely (a router kept every closed connection until
+        a full collection). For when the connection is over and the owner
         is done with it: the sessions and links are forgotten, the links lose their
         handlers, pending events are dropped, and nothing more is read or written."""
         for session in list(self._channels.values()) + list(self._sessions.values()):

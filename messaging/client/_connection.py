@@ -10,7 +10,8 @@ to send whenever an API call or an event woke it. Everything runs in the caller'
 lock. Per-message calls come straight from the engine to the link objects here
 (``on_transfer``, ``on_outcome``).
 
-Each JMS object maps onto AMQP as Qpid JMS maps it (``shared/reference/amqp-jms.md``):
+Each JMS object maps onto AMQP as Qpid JMS maps it, so that other AMQP JMS clients see
+the same links:
 a session is an AMQP session; a producer is a sender link (an anonymous one — null target,
 routed by ``to`` — when it has no destination); a consumer is a receiver link whose credit
 window is the consumer cache size; a durable subscriber's link is named after the

@@ -36,7 +36,7 @@ Refused attaches answer with a null terminus and a detach carrying ``amqp:not-fo
 ``amqp:unauthorized-access``, ``amqp:invalid-field``, ``amqp:resource-locked`` or
 ``amqp:resource-limit-exceeded``.
 
-Limits (issue 13): the engine gets the listener's ``max-sessions`` and
+Limits: the engine gets the listener's ``max-sessions`` and
 ``max-links-per-session`` (announced as channel-max and handle-max; beyond them the
 connection is closed with a framing error), the queue manager's ``max-message-size`` (a
 larger multi-frame message detaches its link) and ``max-incoming-buffer`` (incomplete
@@ -737,7 +737,7 @@ class AmqpConnection:
         """The connection is over: drop the references that make it a cycle (the engine's
         sessions and links and their handlers, which refer back here; the driver's and the
         event table's bound methods), so it is freed at once rather than at the next full
-        collection, which the running router makes rare (issue 13: 237 MB held by closed
+        collection, which the running router makes rare (237 MB were once held by closed
         connections, 39 MB after one gc.collect())."""
         if self.engine is not None:
             self.engine.release()

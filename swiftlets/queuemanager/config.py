@@ -1,7 +1,6 @@
 """``sys$queuemanager`` configuration: queues, queue controllers and manager-wide limits.
 
-Names, defaults and bounds follow SwiftMQ's queue manager (see
-``shared/reference/swiftmq-internals.md`` §4): consumer mode ``shared``, cleanup every
+Names, defaults and bounds follow SwiftMQ's queue manager: consumer mode ``shared``, cleanup every
 120 s, duplicate detection on with a backlog of 2000, flow control from 400 messages with
 at most 5000 ms delay, and the default controllers below (first match wins). One
 deliberate difference, the memory budget: SwiftMQ's ``max-messages`` defaults to -1

@@ -31,7 +31,7 @@ selector cannot be evaluated on (its sections do not decode: a message stored be
 queue manager checked messages on the way in) is not selected, and stays for consumers
 without a selector; that is logged once per queue and selector, never per entry.
 
-**Bodies beyond the cache** (issue 13, 7c). A queue keeps the bytes of at most
+**Bodies beyond the cache**. A queue keeps the bytes of at most
 ``cache-size`` messages (and ``cache-size-bytes-kb``) in memory. A persistent message that
 arrives beyond that, once the store has it (its send's commit is durable), is *swapped
 out*: its entry keeps a :class:`Message` of only the sections before the body — header,

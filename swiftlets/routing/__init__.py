@@ -33,7 +33,7 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
             description="Router-to-router links, route exchange and the routing table.",
             config=RoutingConfig,
             factory=RoutingSwiftlet,
-            pools=(  # seed 000's pools; see the README for which run what
+            pools=(  # SwiftMQ's routing pools; see the README for which run what
                 PoolSpec(
                     "routing.connection.mgr",
                     "SwiftMQ's connection manager pool (max 1). Admission and "
@@ -71,4 +71,4 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
 
 @hookimpl
 def martinet_scheduler_jobs() -> list:
-    return [ROUTING_JOBS]  # the Routing Connector (seed 000), see .jobs
+    return [ROUTING_JOBS]  # the Routing Connector, see .jobs

@@ -157,7 +157,7 @@ class RouteRemoved(Event):
 
 
 class LinkState(enum.Enum):
-    """The state of a routing link, listener side or connector side (seed 002's link states).
+    """The state of a routing link, listener side or connector side (SwiftMQ's link states).
 
     WAITING: a connector waits for its next attempt (retry-time or backoff).
     CONNECTING: a socket is being opened or the handshake stages run.

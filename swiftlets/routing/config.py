@@ -1,6 +1,6 @@
-"""``sys$routing`` configuration, after the Routing Swiftlet's tables in ``seeds/000_*``.
+"""``sys$routing`` configuration, after SwiftMQ's Routing Swiftlet.
 
-Names, defaults and bounds are the seed's. Where SwiftMQ names a Java class
+Names, defaults and bounds are SwiftMQ's, so that its operators find them. Where SwiftMQ names a Java class
 (``socketfactory-class``, ``crfactory-class``) we have settings instead: a listener does TLS
 when it has ``tls-certificate``, a connector when ``use-tls`` is on; the challenge/response
 is always HMAC-SHA256 (``docs/routing-protocol.md``) — nothing is ever instantiated by a
@@ -66,7 +66,7 @@ class HostAccessEntry:
 @config_class
 @attrs.frozen(kw_only=True)
 class LinkConfig:
-    """What listeners and connectors both configure about their links (seed 000's shared
+    """What listeners and connectors both configure about their links (SwiftMQ's shared
     attributes); "inbound" values are what this side accepts and announces to the sender."""
 
     inbound_transaction_size: int = prop(

@@ -18,7 +18,7 @@ over the link to ``path[0]`` (the direct route is learned by the link coming up)
 peer sends is checked (:class:`BadAnnouncement`: the caller closes that link); an ADD for a
 route already held and a REMOVE for one not held are ignored, so both are idempotent.
 
-**Triggers** (SwiftMQ's ``RouteExchanger``, seed 000 "Dynamic Routing"):
+**Triggers** (SwiftMQ's ``RouteExchanger``, its dynamic routing):
 
 - ``link_up(N)``: insert ``(N,)`` (announced to the others), then send ``N`` every route
   it may have, shortest first;

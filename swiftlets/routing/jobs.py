@@ -1,4 +1,4 @@
-"""Routing's scheduler jobs: the Routing Connector (seed 000, "Scheduling a Connector Job").
+"""Routing's scheduler jobs: the Routing Connector (SwiftMQ's job of that name).
 
 The job takes a connector's name, enables the connector when it starts and disables it when
 it is stopped, through the management tree — the same change an operator makes, so the

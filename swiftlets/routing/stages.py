@@ -36,12 +36,12 @@ the frame types received and the owner's decisions (:class:`Decision`).
   CLOSE is taken. Nothing is raised out of :meth:`~LinkMachine.receive_data`.
 - **Timers** (:meth:`~LinkMachine.tick`): each waiting state before delivery (both roles,
   owner admission included) is guarded by ``stage_valid_timeout`` counted from the first
-  tick after the state began; in delivery the keepalive (seed 004): a KEEPALIVE every
+  tick after the state began; in delivery SwiftMQ's keepalive: a KEEPALIVE every
   interval whatever else is sent, a counter reset to 5 by each KEEPALIVE received and
-  decremented at each interval; at 0 the link is closed. Interval 0: no keepalive. ("Each
-  side has a counter which is initialized with 5 … If the counter reaches 0, the connection
-  is probably invalid and is closed physically" [seed 004]; reset rather than increment on
-  receipt: SwiftMQ defect 5 in swiftmq-internals §8.)
+  decremented at each interval; at 0 the link is closed. Interval 0: no keepalive. (Reset
+  on every KEEPALIVE received, however framed: SwiftMQ increments the counter instead for a
+  KEEPALIVE that arrives inside a bulk frame, so a peer that had been sending bulk frames
+  took longer to be found dead.)
 
 - **XA recovery** (only when the link uses XA): the machine asks its owner for the xids it
   holds prepared as a receiver from this peer (:class:`RecoveryRequested` →
@@ -156,7 +156,7 @@ __all__ = [
 ]
 
 VERSIONS = ("1.1",)  # the versions this module implements; never offer more (SwiftMQ defect 6)
-KEEPALIVE_COUNT = 5  # seed 004: the counter starts at 5
+KEEPALIVE_COUNT = 5  # SwiftMQ's: the counter starts at 5
 NONCE_SIZE = 32
 MAX_NAME_LENGTH = 64
 MAX_PATH_LENGTH = MAX_PATH  # what the exchanger stores: a route announced carries the sender first

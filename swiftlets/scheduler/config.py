@@ -1,6 +1,6 @@
 """``sys$scheduler`` configuration: calendars, schedules and their job parameters.
 
-Names follow SwiftMQ's scheduler (``shared/reference/swiftmq-internals.md`` §5): a schedule
+Names follow SwiftMQ's scheduler, so that its users find them: a schedule
 has ``enabled`` (default false), ``logging-enabled``, ``calendar``, ``job-group``,
 ``job-name``, ``date-from`` (``now`` or a date), ``date-to`` (``forever`` or a date),
 ``max-runtime`` and ``time-expression``, plus ``parameters``. Calendars are ours in form:

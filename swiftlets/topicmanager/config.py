@@ -1,5 +1,5 @@
 """``sys$topicmanager`` configuration: topics known from the start; per root topic, the
-slow-subscriber condition; and the federation's static remote subscriptions (seed 003) and
+slow-subscriber condition; and the federation's static remote subscriptions and
 announce filters."""
 
 from __future__ import annotations

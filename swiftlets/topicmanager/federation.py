@@ -1,4 +1,4 @@
-"""Publish/subscribe across the router network (issue 17; SwiftMQ's federated topic managers, seed 003).
+"""Publish/subscribe across the router network (SwiftMQ's federated topic managers).
 
 Theory of operation
 -------------------
@@ -10,12 +10,12 @@ destination ``R`` of the routing table, so the routing network carries it howeve
 away ``R`` is. A record always holds the *whole* set (after the announce filter for ``R``),
 never a change: it is sent when the set changes, again on every activation of ``R``
 (``DestinationActivated``: a link flap, ``R`` restarting, a new route) and, when this router
-stops orderly, with its durable subscriptions' roots only. Seed 003 has a stopping router
+stops orderly, with its durable subscriptions' roots only. SwiftMQ has a stopping router
 unsubscribe from everything, so that its durable subscribers lose what is published while it
 is down unless the others hold a static subscription with ``keep-on-unsubscribe``; here a
 stop (orderly or a crash) never withdraws durable interest: a maintenance restart loses
 nothing. What only non-durable subscribers wanted is withdrawn (they are gone). A node
-leaves the network as the seed describes: its clients unsubscribe (their durable
+leaves the network as in SwiftMQ: its clients unsubscribe (their durable
 subscriptions too), then it stops; or an operator deletes its remote subscriptions. Empty
 records are sent only by a router that has ever sent a non-empty one (a store record says
 so): one that never had interest in anything has nothing to withdraw, and its routing links
@@ -42,7 +42,7 @@ entirely or not at all (non-persistent ones at once, as a local publish). It nev
 such a message again: only local publications are forwarded, which is why each subscriber
 gets each message once in rings and meshes alike.
 
-**Static remote subscriptions** (config, seed 003) exist from the start; they need a static
+**Static remote subscriptions** (config) exist from the start; they need a static
 route to their router (checked at start and when one is added; a static route keeps
 ``rt$<router>`` and its messages while the router is unreachable). The router's first
 record replaces them, except those with ``keep-on-unsubscribe``, which keep forwarding

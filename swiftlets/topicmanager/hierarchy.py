@@ -7,7 +7,7 @@ be a SQL-LIKE predicate (``%`` any run, ``_`` one character, ``\\`` escapes the 
 character); the root must be a plain name, because it decides which topic broker (and,
 across routers, which interest announcement) a message belongs to.
 
-The hierarchy rules (SwiftMQ's, ``shared/seeds/001``): publishing to a node reaches that
+The hierarchy rules (SwiftMQ's): publishing to a node reaches that
 node and everything below it; subscribing to a node receives what is published to it, to
 its parents and to its sub-nodes. Both follow from one comparison: a subscription and a
 publication *match* when their levels agree pairwise over their common prefix (the
