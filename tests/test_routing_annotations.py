@@ -145,8 +145,15 @@ def test_a_rewrite_kept_for_a_section_writes_what_the_first_one_wrote(others, qu
 
     rewrite(f"{queue}@r", entering(b"first"))
     kept = rewrite(f"{queue}@r", entering(body))
+    span = kept.annotations_span()  # (a full read, as queue_info's check below, forgets it)
+    assert span is not None
     fresh = routing_rewrite("source")(f"{queue}@r", entering(body))
     assert kept.raw == fresh.raw
     assert kept.queue_info(1000, check=True) == Message(fresh.raw).queue_info(1000, check=True)
     forwarded = rewrite(f"{queue}@r", Message(kept.raw))  # travelling there already: as it is
     assert rewrite(f"{queue}@r", Message(kept.raw)).raw == forwarded.raw == kept.raw
+    # and as a forwarding router's hop counter hands it on (its annotations found): the very
+    # message, the first time and when the rewrite kept what it made of the section
+    for _ in range(2):
+        travelling = Message.with_annotations_at(kept.raw, *span)
+        assert rewrite(f"{queue}@r", travelling) is travelling

@@ -1010,7 +1010,8 @@ class Transaction:
         staged[1] += entry.bytes
         if key is not None:
             self._keys[entry.id] = key
-        return SendResult(queue.flow_delay(now))
+        delay = queue.flow_delay(now)
+        return _delayed(delay) if delay else _NOT_DELAYED
 
     def dead_letter(self, message: Message, reason: str, queue: str) -> None:
         """Stage ``message`` for routerdlq with ``reason`` and ``queue`` (the one it was

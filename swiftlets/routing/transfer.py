@@ -177,11 +177,17 @@ def routing_rewrite(local: str) -> Rewrite:
                 Message.with_annotations_at(raw[:start] + section + raw[end:], start, start + len(section))
             )
         annotated = annotate(address, message)
-        span = annotated.annotations_span()
-        if (annotated is message or span is not None) and end - start <= SECTION_KEPT_BYTES:
+        if annotated is message:  # (forwarded: it has them already)
+            kept: bytes | None = None
+        else:
+            span = annotated.annotations_span()
+            if span is None:
+                return _expiring(annotated)
+            kept = annotated.raw[span[0] : span[1]]
+        if end - start <= SECTION_KEPT_BYTES:
             if len(rewritten) >= PATCHES_KEPT:
                 rewritten.clear()
-            rewritten[key] = None if span is None else annotated.raw[span[0] : span[1]]
+            rewritten[key] = kept
         return annotated if annotated is message else _expiring(annotated)
 
     def annotate(address: str, message: Message) -> Message:

@@ -87,12 +87,19 @@ STALL_MIN = 1.0  # seconds, at least
 class Direction(enum.Enum):
     """One direction of a link's transfer: our transactions to the peer, or the peer's to us."""
 
+    # Members of these enums are dict keys (in tuples) several times per routed message:
+    # Enum's own __hash__ hashes the member's name in Python; a member is a singleton, so
+    # the identity hash is as right and is a C call.
+    __hash__ = object.__hash__
+
     OUTBOUND = "outbound"
     INBOUND = "inbound"
 
 
 class Decision(enum.Enum):
     """The owner's decisions: the machine's inputs besides the frames received."""
+
+    __hash__ = object.__hash__  # (as Direction's)
 
     ADMIT = "admit"
     REFUSE = "refuse"
@@ -109,6 +116,8 @@ class Decision(enum.Enum):
 
 class Phase(enum.Enum):
     """Where one transaction is, in one direction (see :data:`OUTBOUND_PHASES`)."""
+
+    __hash__ = object.__hash__  # (as Direction's)
 
     SENT = "sent, not prepared"  # outbound: awaiting PREPARE_REPLY / REFUSE (non-XA: NONXA_COMMIT)
     RECEIVED = "received, not prepared"  # inbound: awaiting the owner's prepared / refuse (non-XA: commit)
