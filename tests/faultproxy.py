@@ -41,7 +41,8 @@ effect for chunks already waiting:
   handshake itself succeeds, the proxy's listener stays open). Live connections go on.
 - ``blackhole(True)``: every chunk is swallowed, in both directions, whether read while the
   blackhole is on or still waiting to be sent when it comes on, and the sockets stay open:
-  nothing arrives, nothing errors (a dead peer behind a NAT). An EOF or a reset is held, not
+  nothing arrives, nothing errors (a dead peer behind a NAT). ``direction=`` swallows one
+  direction only (a one-way partition: one peer hears the other, not the reverse). An EOF or a reset is held, not
   swallowed, and passed on when the blackhole is turned off. Turning it off forwards the
   bytes read from then on; **the swallowed bytes are lost for good**, so the byte stream the
   peers see has a hole in it: fine for keepalive and dead-peer detection tests, not for
@@ -272,7 +273,7 @@ class FaultProxy:
         self.forwarded_to_target = self.forwarded_to_client = 0
         self._delay = 0.0
         self._refusing = False
-        self._blackholed = False
+        self._blackholed: frozenset[str] = frozenset()  # the directions swallowed
         self._changed = trio.Event()
         self._connections: set[trio.CancelScope] = set()
         self._hold: Held | None = None  # armed, not matched yet
@@ -297,17 +298,21 @@ class FaultProxy:
         """While on, close every new connection as soon as it is accepted; live ones go on."""
         self._refusing = on
 
-    def blackhole(self, on: bool = True) -> None:
-        """While on, swallow every byte both ways and keep the connections open; EOFs and
-        resets are held until it is turned off. Swallowed bytes are lost (see the module doc)."""
-        self._blackholed = on
+    def blackhole(self, on: bool = True, *, direction: str | None = None) -> None:
+        """While on, swallow every byte both ways (``direction``: only that way,
+        ``"to_target"`` or ``"to_client"``) and keep the connections open; EOFs and resets
+        are held until it is turned off. Swallowed bytes are lost (see the module doc)."""
+        if direction not in (None, "to_target", "to_client"):
+            raise ValueError(f"direction is to_target or to_client, not {direction!r}")
+        both = frozenset(("to_target", "to_client"))
+        self._blackholed = (both if direction is None else frozenset((direction,))) if on else frozenset()
         self._notify()
 
     def heal(self) -> None:
         """Clear every fault: no delay, no refusing, no blackhole (a cut is already over)."""
         self._delay = 0.0
         self._refusing = False
-        self._blackholed = False
+        self._blackholed = frozenset()
         self._notify()
 
     def hold(self, direction: str, code: int, nth: int = 1, *, where: Callable[[dict], bool] | None = None) -> Held:
@@ -395,7 +400,7 @@ class FaultProxy:
         send, receive = trio.open_memory_channel[tuple[float, object]](self.buffer)
         received = "received_from_client" if direction == "to_target" else "received_from_target"
         nursery.start_soon(self._read, source, send, received, direction)
-        nursery.start_soon(self._write, receive, sink, f"forwarded_{direction}", nursery.cancel_scope)
+        nursery.start_soon(self._write, receive, sink, f"forwarded_{direction}", nursery.cancel_scope, direction)
 
     async def _read(
         self, source: trio.SocketStream, channel: trio.MemorySendChannel, counter: str, direction: str
@@ -423,18 +428,23 @@ class FaultProxy:
                     held.add(rest)
                 if not data:
                     continue
-                if self._blackholed:
+                if direction in self._blackholed:
                     self.swallowed += len(data)
                     continue
                 await channel.send((trio.current_time(), data))
 
     async def _write(
-        self, channel: trio.MemoryReceiveChannel, sink: trio.SocketStream, counter: str, connection: trio.CancelScope
+        self,
+        channel: trio.MemoryReceiveChannel,
+        sink: trio.SocketStream,
+        counter: str,
+        connection: trio.CancelScope,
+        direction: str,
     ) -> None:
         async with channel:
             async for read_at, item in channel:
                 if isinstance(item, bytes):
-                    if not await self._due(read_at, hold=False):
+                    if not await self._due(read_at, direction, hold=False):
                         self.swallowed += len(item)
                         continue
                     try:
@@ -444,7 +454,7 @@ class FaultProxy:
                         return
                     setattr(self, counter, getattr(self, counter) + len(item))
                     continue
-                await self._due(read_at, hold=True)
+                await self._due(read_at, direction, hold=True)
                 if item is _RESET:
                     connection.cancel()
                     return
@@ -454,16 +464,18 @@ class FaultProxy:
                     connection.cancel()
                 return
 
-    async def _due(self, read_at: float, *, hold: bool) -> bool:
+    async def _due(self, read_at: float, direction: str, *, hold: bool) -> bool:
         """Wait until what was read at ``read_at`` is due under the current delay. A chunk
-        (``hold=False``) returns False as soon as the blackhole is on: swallow it. An EOF or
-        a reset (``hold=True``) also waits for the blackhole to be off; returns True."""
+        (``hold=False``) returns False as soon as the blackhole is on for ``direction``:
+        swallow it. An EOF or a reset (``hold=True``) also waits for the blackhole to be off;
+        returns True."""
         while True:
             changed = self._changed  # taken before the checks: no change can slip between
-            if self._blackholed and not hold:
+            blackholed = direction in self._blackholed
+            if blackholed and not hold:
                 return False
             due = read_at + self._delay
-            if not self._blackholed and trio.current_time() >= due:
+            if not blackholed and trio.current_time() >= due:
                 return True
-            with trio.move_on_at(due if not self._blackholed else math.inf):
+            with trio.move_on_at(due if not blackholed else math.inf):
                 await changed.wait()

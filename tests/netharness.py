@@ -40,7 +40,8 @@ then a restart; as with ``kill -9`` of its pid, its store engine is left to fini
 had read and exit), ``kill-store`` (SIGKILL of a router's store engine process: the router stops
 itself; restart), ``cut`` (every connection of a link closed; the connector dials again),
 ``blackhole`` (a half-open link: nothing passes, nothing errors, until keepalive notices;
-then cut and healed) and ``delay``. :func:`chaos` runs producers and consumers, injects a
+then cut and healed), ``one-way`` (the same, one direction only: a partition where one
+side still hears the other) and ``delay``. :func:`chaos` runs producers and consumers, injects a
 fault per round from a seeded random schedule, drains (waits, bounded, until every sent
 message has arrived, then a little longer for late duplicates) and returns the
 :class:`Results`; ``bench/network_chaos.py`` prints them as a table.
@@ -80,7 +81,7 @@ from martinet.messaging.client import ConnectionLost, DeliveryMode, JMSError, Qu
 from faultproxy import FaultProxy
 from processes import RouterProcess, RouterProcesses, free_port
 
-FAULTS = ("kill", "kill-store", "cut", "blackhole", "delay")
+FAULTS = ("kill", "kill-store", "cut", "blackhole", "one-way", "delay")
 KEEPALIVE_MS = 1000  # a half-open link is noticed after 5 intervals
 
 # route-log="each": a line per route added or removed, which table() replays
@@ -182,6 +183,13 @@ TOPOLOGIES = {
     "chain": Topology(("a", "b", "c"), (("a", "b"), ("b", "c")), sources=("a",), destination="c"),
     # a, b, c all linked: a's messages go a-c, or a-b-c while a-c is down
     "triangle": Topology(("a", "b", "c"), (("a", "b"), ("b", "c"), ("c", "a")), sources=("a", "b"), destination="c"),
+    # five routers, every pair linked: many paths, and a fault leaves most of them
+    "mesh": Topology(
+        ("a", "b", "c", "d", "e"),
+        tuple(itertools.combinations(("a", "b", "c", "d", "e"), 2)),
+        sources=("a", "b", "c"),
+        destination="e",
+    ),
 }
 
 
@@ -314,8 +322,8 @@ class ProcessNetwork:
         await trio.to_thread.run_sync(self.routers[name].restart)
 
     async def inject(self, kind: str, target: str | tuple[str, str], down: float, *, round_trip: float = 0.2) -> None:
-        """Apply fault ``kind`` to ``target`` (a router, or a link for cut, blackhole and
-        delay: ``round_trip`` seconds, half each way) for ``down`` seconds, then end it
+        """Apply fault ``kind`` to ``target`` (a router, or a link for cut, blackhole,
+        one-way and delay: ``round_trip`` seconds, half each way) for ``down`` seconds, then end it
         (restart the router, heal the link)."""
         self.faults[kind] += 1
         if kind in ("kill", "kill-store"):
@@ -327,8 +335,11 @@ class ProcessNetwork:
         proxy = self.proxies[target]  # type: ignore[index]
         if kind == "cut":
             proxy.cut()
-        elif kind == "blackhole":
-            proxy.blackhole(True)
+        elif kind in ("blackhole", "one-way"):
+            # one-way: a partition where one side hears the other, not the reverse (each
+            # such fault turns the other way); the deaf side's keepalive ends the link
+            direction = None if kind == "blackhole" else ("to_target", "to_client")[self.faults[kind] % 2]
+            proxy.blackhole(True, direction=direction)
             await trio.sleep(max(down, 6 * KEEPALIVE_MS / 1000))  # long enough for keepalive to notice
             proxy.cut()  # the byte streams have holes: these connections cannot go on
         elif kind == "delay":

@@ -245,6 +245,25 @@ async def test_blackhole_swallows_chunks_already_on_their_way_back(proxy, echo, 
         assert await round_trip(client, b"new") == b"new"  # the swallowed byte stays lost
 
 
+async def test_a_one_way_blackhole_swallows_that_direction_only(proxy, echo, clock):
+    async with await connect(proxy) as client:
+        proxy.blackhole(True, direction="to_client")  # the echo hears the client, not back
+        await client.send_all(b"heard")
+        await wait_until(lambda: echo.received == 5, 5, "the client's bytes reach the echo")
+        with trio.move_on_after(10):
+            await client.receive_some()
+            pytest.fail("a byte came back through the one-way blackhole")
+        assert proxy.swallowed == 5 and proxy.forwarded_to_target == 5
+        proxy.blackhole(True, direction="to_target")  # now the other way only
+        await client.send_all(b"lost")
+        await trio.sleep(10)
+        assert echo.received == 5 and proxy.swallowed == 9
+        with pytest.raises(ValueError, match="direction"):
+            proxy.blackhole(True, direction="both")
+        proxy.heal()
+        assert await round_trip(client, b"new") == b"new"
+
+
 async def test_cancelling_run_closes_the_listener_and_every_connection(nursery, echo):
     proxy = FaultProxy("127.0.0.1", echo.port)
     async with trio.open_nursery() as inner:
