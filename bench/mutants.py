@@ -100,6 +100,27 @@ MUTANTS += [
         LIMITS + "::test_a_refused_transaction_is_rolled_back_and_sent_again_until_it_is_taken",
     ),
     M(
+        "inbound-batch-left-in-a-cycle",
+        "transfer",
+        TRANSFER,
+        "        then, self.then = self.then, _answered\n        then(self.error)",
+        "        self.then(self.error)",
+        "An answered inbound batch keeps its write's callback, which refers back to it: every "
+        "routed transaction's messages wait for the cyclic collector, which then runs every "
+        "couple of hundred transactions (memory held, CPU per message up).",
+        NETWORK + "::test_routed_messages_are_freed_by_reference_counting_not_left_in_cycles",
+    ),
+    M(
+        "forwarded-message-spliced-anew",
+        "transfer",
+        TRANSFER,
+        "        if annotated is message:  # (forwarded: it has them already)",
+        "        if annotated is message and not where:  # (forwarded: it has them already)",
+        "The rewrite keeps, for a forwarded message's annotations, a copy to splice in rather "
+        "than 'as it is': every forwarded message is copied and read again on each router.",
+        T + "test_routing_annotations.py::test_a_rewrite_kept_for_a_section_writes_what_the_first_one_wrote",
+    ),
+    M(
         "hop-limit-off-by-one",
         "transfer",
         TRANSFER,
