@@ -151,6 +151,18 @@ async def test_every_commit_in_flight_fails_when_the_store_process_dies(make_bro
     assert failed == 200 and running.failure.swiftlet == "sys$store"
 
 
+async def test_an_idle_router_stops_when_its_store_process_dies(make_broker, caplog):
+    """Nothing to commit or read: the death is noticed all the same, and the router stops
+    (a five-router mesh's idle router ran on without a store)."""
+    running = make_broker()
+    await running.start()
+    os.kill(store_engine_pid(os.getpid()), signal.SIGKILL)
+    with trio.fail_after(30):
+        await running._done.wait()
+    assert running.failure.swiftlet == "sys$store"
+    assert "the store process exited (status -9)" in str(running.failure)
+
+
 async def test_a_file_that_is_not_a_store_is_refused(make_broker, tmp_path):
     store_dir = tmp_path / "store"
     store_dir.mkdir()

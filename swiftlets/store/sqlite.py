@@ -283,6 +283,7 @@ class SqliteStore:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_forever)
                 nursery.start_soon(self._confirm_forever)
+                nursery.start_soon(self._watch, process)
                 await self._commit_forever()
         finally:
             self._closed = True
@@ -377,6 +378,14 @@ class SqliteStore:
         if read.error is not None:
             raise StoreError(f"{self.path}: read failed: {read.error}")
         return read.bodies
+
+    async def _watch(self, process: trio.Process) -> None:
+        """The store process ending on its own (killed, crashed) fails the store at once: a
+        router with nothing to commit would otherwise run on without a store, its clients
+        served from memory, until its next persistent message. It ends only when its input
+        closes, which the stop does after this task is cancelled."""
+        await process.wait()
+        raise StoreError(f"{self.path}: the store process exited (status {process.returncode})")
 
     async def _read_forever(self) -> None:
         while True:
