@@ -27,7 +27,7 @@ Dropped events are counted on the subscription (``dropped``), never hidden.
 from __future__ import annotations
 
 import enum
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import attrs
 import trio
@@ -158,8 +158,8 @@ class EventBus:
     """One router's event bus. Not thread-safe: publish from trio tasks of the router."""
 
     def __init__(self) -> None:
-        self._subscriptions: list[Subscription] = []
-        self._routes: dict[type, tuple[Subscription, ...]] = {}
+        self._subscriptions: list[Subscription[Any]] = []
+        self._routes: dict[type, tuple[Subscription[Any], ...]] = {}
 
     def subscribe(
         self,
@@ -190,7 +190,7 @@ class EventBus:
     def subscriber_count(self) -> int:
         return len(self._subscriptions)
 
-    def _remove(self, subscription: Subscription) -> None:
+    def _remove(self, subscription: Subscription[Any]) -> None:
         if subscription in self._subscriptions:
             self._subscriptions.remove(subscription)
             self._routes.clear()

@@ -237,7 +237,8 @@ def to_xml(config: RouterConfig, specs: Mapping[str, SwiftletSpec]) -> bytes:
         if len(el) or len(el.attrib) > 1 or name not in startorder:
             root.append(el)  # else only defaults: the start order alone brings it back
     etree.indent(root, space="  ")
-    return etree.tostring(root, xml_declaration=True, encoding="UTF-8", pretty_print=True)
+    text: bytes = etree.tostring(root, xml_declaration=True, encoding="UTF-8", pretty_print=True)
+    return text
 
 
 def _named(tag: str, name: str, body: etree._Element | None) -> etree._Element:

@@ -137,7 +137,7 @@ class Entity:
         self.path = path
         self.parent = parent
         self.config_type = type(value)
-        self.props: dict[str, tuple[attrs.Attribute, Prop]] = {}
+        self.props: dict[str, tuple[attrs.Attribute[Any], Prop]] = {}
         self._values: dict[str, Any] = {}
         self._at_start: dict[str, Any] = {}  # reboot-required props changed since settle()
         self._config: Any = value  # the config in effect; None when it must be rebuilt
@@ -297,7 +297,7 @@ class Entity:
             kwargs[field_name] = self.children[key].snapshot()  # type: ignore[union-attr]
         return self.config_type(**kwargs)
 
-    def _prop(self, name: str) -> tuple[attrs.Attribute, Prop]:
+    def _prop(self, name: str) -> tuple[attrs.Attribute[Any], Prop]:
         try:
             return self.props[name]
         except KeyError:

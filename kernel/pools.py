@@ -86,8 +86,8 @@ class Pool:
     _workers: int = attrs.field(default=0, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _limiter: trio.CapacityLimiter = attrs.field(init=False)
-    _send: trio.MemorySendChannel = attrs.field(init=False)
-    _receive: trio.MemoryReceiveChannel = attrs.field(init=False)
+    _send: trio.MemorySendChannel[Any] = attrs.field(init=False)
+    _receive: trio.MemoryReceiveChannel[Any] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._limiter = trio.CapacityLimiter(self.max_concurrency)

@@ -119,12 +119,12 @@ def xml_name(field_name: str) -> str:
     return field_name.replace("_", "-")
 
 
-def meta_of(field: attrs.Attribute) -> Prop | Child | ListOf | None:
+def meta_of(field: attrs.Attribute[Any]) -> Prop | Child | ListOf | None:
     """The declaration of a config field; ``None`` for a field not declared by this module."""
     return field.metadata.get(_META)
 
 
-def fields_of(cls: type) -> tuple[tuple[attrs.Attribute, Prop | Child | ListOf], ...]:
+def fields_of(cls: type) -> tuple[tuple[attrs.Attribute[Any], Prop | Child | ListOf], ...]:
     """The fields of a config class with their metadata, in declaration order."""
     return tuple((f, f.metadata[_META]) for f in attrs.fields(cls))
 
@@ -272,7 +272,7 @@ def prop(
         check=check,
     )
 
-    def validate(_instance: Any, _attribute: attrs.Attribute, value: Any) -> None:
+    def validate(_instance: Any, _attribute: attrs.Attribute[Any], value: Any) -> None:
         check_value(meta, value)
 
     def to_member(value: Any) -> Any:  # an Enum field's value string becomes its member

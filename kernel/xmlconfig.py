@@ -96,7 +96,7 @@ def element_path(el: etree._Element) -> str:
     return "/" + "/".join(reversed(parts))
 
 
-class _Node(dict):
+class _Node(dict[str, Any]):
     """A dict of one element's content that remembers the element it came from."""
 
     def __init__(self, element: etree._Element):
@@ -155,7 +155,7 @@ class ElementReader:
             return None
         return value if len(self.errors) == before else None
 
-    def read_list(self, container: etree._Element, item_type: type, item_tag: str) -> dict | None:
+    def read_list(self, container: etree._Element, item_type: type, item_tag: str) -> dict[str, Any] | None:
         """Structure an entity-list container element into ``{name: item}``; ``None`` if invalid."""
         before = len(self.errors)
         node = self._list_node(container, ListOf(item_type, item_tag, ""))

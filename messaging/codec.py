@@ -170,7 +170,7 @@ class Array:
     """An AMQP array: elements share one constructor (``code``; ``descriptor`` if described)."""
 
     code: int
-    items: tuple
+    items: tuple[Any, ...]
     descriptor: Any = None
 
 
@@ -205,7 +205,9 @@ def _need(buf: bytes, end: int, what: str) -> None:
         raise DecodeError(f"truncated {what}: needs {end} bytes, have {len(buf)}")
 
 
-def _fixed(unpack: Callable, width: int, what: str, wrap: Callable | None = None) -> Decoder:
+def _fixed(
+    unpack: Callable[..., Any], width: int, what: str, wrap: Callable[[Any], Any] | None = None
+) -> Decoder:
     def decode_fixed(buf: bytes, offset: int) -> tuple[Any, int]:
         end = offset + width
         _need(buf, end, what)
@@ -629,7 +631,7 @@ def _encode_variable(raw: bytes, small: bytes, large: bytes, out: bytearray) -> 
         out += large + _P32(len(raw)) + raw
 
 
-def _encode_compound(items: list, small: bytes, large: bytes, out: bytearray) -> None:
+def _encode_compound(items: list[Any], small: bytes, large: bytes, out: bytearray) -> None:
     body = bytearray()
     for item in items:
         _encode(item, body)
@@ -701,7 +703,7 @@ def _fixed_element(fmt: str) -> Callable[[Any, bytearray], None]:
     return element
 
 
-def _constant_element(allowed: tuple) -> Callable[[Any, bytearray], None]:
+def _constant_element(allowed: tuple[Any, ...]) -> Callable[[Any, bytearray], None]:
     def element(value: Any, out: bytearray) -> None:
         if value not in allowed or type(value) is float:
             raise TypeError(f"array element {value!r} does not fit its zero-width constructor")

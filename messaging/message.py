@@ -201,8 +201,8 @@ class Message:
         self.raw = raw
         self._header: Header | None = None
         self._properties: Properties | None = None
-        self._application: dict | None = None
-        self._annotations: dict | None = None
+        self._application: dict[str, Any] | None = None
+        self._annotations: dict[Any, Any] | None = None
         # What an AnnotationPatch read on its way in, for queue_info() to use once:
         # ((durable, priority, ttl), where the properties section may start, where the
         # message-annotations section starts: -1 unless its descriptor is 0x00 0x53 0x72),
@@ -296,13 +296,13 @@ class Message:
         return self._properties
 
     @property
-    def application_properties(self) -> dict:
+    def application_properties(self) -> dict[str, Any]:
         if self._application is None:
             self._application = _expect(self._section_value(APPLICATION_PROPERTIES) or {}, dict, APPLICATION_PROPERTIES)
         return self._application
 
     @property
-    def message_annotations(self) -> dict:
+    def message_annotations(self) -> dict[Any, Any]:
         if self._annotations is None:
             self._annotations = _expect(self._section_value(MESSAGE_ANNOTATIONS) or {}, dict, MESSAGE_ANNOTATIONS)
         return self._annotations

@@ -431,18 +431,18 @@ def _compare(op: str, left: Any, right: Any) -> bool | None:
     if kind is None or kind != _kind(right):
         return False
     if op == "=":
-        return left == right
+        return bool(left == right)
     if op == "<>":
-        return left != right
+        return bool(left != right)
     if kind != "number":
         return False
     if op == "<":
-        return left < right
+        return bool(left < right)
     if op == "<=":
-        return left <= right
+        return bool(left <= right)
     if op == ">":
-        return left > right
-    return left >= right
+        return bool(left > right)
+    return bool(left >= right)
 
 
 def _number(value: Any) -> int | float | None:
@@ -450,23 +450,23 @@ def _number(value: Any) -> int | float | None:
 
 
 def _arithmetic(op: str, left: Any, right: Any) -> int | float | None:
-    left, right = _number(left), _number(right)
-    if left is None or right is None:
+    a, b = _number(left), _number(right)
+    if a is None or b is None:
         return None
     if op == "+":
-        return left + right
+        return a + b
     if op == "-":
-        return left - right
+        return a - b
     if op == "*":
-        return left * right
-    if isinstance(left, int) and isinstance(right, int):
-        if right == 0:
+        return a * b
+    if isinstance(a, int) and isinstance(b, int):
+        if b == 0:
             return None
-        quotient = abs(left) // abs(right)  # Java long division truncates toward zero
-        return quotient if (left >= 0) == (right >= 0) else -quotient
-    if right == 0:
-        return float("nan") if left == 0 else float("inf") if left > 0 else float("-inf")
-    return left / right
+        quotient = abs(a) // abs(b)  # Java long division truncates toward zero
+        return quotient if (a >= 0) == (b >= 0) else -quotient
+    if b == 0:
+        return float("nan") if a == 0 else float("inf") if a > 0 else float("-inf")
+    return a / b
 
 
 def _compile(node: Any) -> Evaluator:

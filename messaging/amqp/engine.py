@@ -197,7 +197,7 @@ _FIELDS: dict[int, tuple[str, dict[int, tuple[type[Any], int]]]] = {
 }
 
 
-def _check_fields(code: int, fields: list) -> None:
+def _check_fields(code: int, fields: list[Any]) -> None:
     """Raises RemoteProtocolError unless each present field of the performative has its type."""
     name, kinds = _FIELDS[code]
     for index, (kind, largest) in kinds.items():
@@ -561,7 +561,7 @@ _AWAITING_HEADER = (ConnectionState.START, ConnectionState.OPEN_PIPE, Connection
 _OPEN_SENT = (ConnectionState.OPEN_PIPE, ConnectionState.OPEN_SENT, ConnectionState.OPENED)
 
 
-class _Numbered(dict):
+class _Numbered(dict[int, Any]):
     """Our channels (a connection's sessions) or handles (a session's links), by number.
     :meth:`take` gives the lowest number not in use — a freed one (a heap) if any, else the
     next never used — in O(log n); :meth:`free` gives one back. (A scan from 0 made a peer
@@ -615,7 +615,7 @@ class Link:
         self.remote_target: Terminus | None = None
         self.snd_settle_mode = 2  # 0 unsettled, 1 settled, 2 mixed
         self.rcv_settle_mode = 0  # 0 first, 1 second
-        self.remote_properties: dict | None = None
+        self.remote_properties: dict[Any, Any] | None = None
         self.delivery_count = 0
         self.credit = 0  # as a sender: what the peer granted; as a receiver: what we granted
         self.drain = False
@@ -846,7 +846,7 @@ class Session:
         self._handles = _Numbered()  # links by our handle, until both ends are detached
         self._awaiting: dict[tuple[str, bool], Link] = {}  # ours attached first, by (name, is_sender)
         self._unsettled_out: dict[int, Link] = {}  # delivery id → link, for what we sent unsettled
-        self._disposition: list | None = None  # [role, first, last, state]: the range being batched
+        self._disposition: list[Any] | None = None  # [role, first, last, state]: the range being batched
         self._blocked: deque[tuple[int, bytes]] = deque()  # (handle, transfer frame body) waiting for the window
 
     def __repr__(self) -> str:
@@ -960,7 +960,7 @@ class Session:
 
     # -- output -------------------------------------------------------------------------------
 
-    def _write(self, code: int, fields: list, payload: bytes = b"") -> None:
+    def _write(self, code: int, fields: list[Any], payload: bytes = b"") -> None:
         """A frame on this session; dropped once our end is sent [2.5.5] (a late settle or
         flow of the owner's, an answer to a frame the peer sent before it saw our end)."""
         if self._state in _SENDING:
@@ -1059,7 +1059,7 @@ class Session:
             self._blocked = deque(entry for entry in self._blocked if entry[0] != handle)
 
 
-class _SealedOutput(list):
+class _SealedOutput(list[bytes]):
     """The output once our close is in it. "[The close] frame MUST be the last thing ever
     written onto a connection" [2.4.3]: what is made after it (answers to events still
     being handled, a consumer's pump) is dropped here, at no cost to the paths that append."""
@@ -1116,12 +1116,12 @@ class Connection:
         self.max_incoming_buffer = max_incoming_buffer
         self.hostname = hostname
         self.offered_capabilities: list[str] = []
-        self.properties: dict | None = None
+        self.properties: dict[Any, Any] | None = None
         self.remote_container_id: str | None = None
         self.remote_hostname: str | None = None
         self.remote_max_frame_size = MIN_MAX_FRAME_SIZE  # until the peer's open says more
         self.remote_idle_timeout = 0.0
-        self.remote_properties: dict = {}
+        self.remote_properties: dict[Any, Any] = {}
         self.remote_offered_capabilities: list[str] = []
         self.remote_desired_capabilities: list[str] = []
         self.events: list[Any] = []
@@ -1285,7 +1285,7 @@ class Connection:
 
     # -- bytes ------------------------------------------------------------------------------------
 
-    def _write(self, channel: int, code: int, fields: list, payload: bytes = b"") -> None:
+    def _write(self, channel: int, code: int, fields: list[Any], payload: bytes = b"") -> None:
         while fields and fields[-1] is None:
             fields.pop()
         self._write_raw(channel, b"\x00\x53" + bytes([code]) + encode(fields), payload)
@@ -1428,7 +1428,7 @@ class Connection:
             size, doff, kind, channel = unpack_frame(buffer, offset)
             if size > limit or size < 8 or doff != 2 or kind != 0:
                 _check_frame_header(size, doff, kind, limit)
-            frame_end = offset + size
+            frame_end: int = offset + size
             if frame_end > end:
                 break
             body = offset + doff * 4
@@ -1546,7 +1546,7 @@ class Connection:
             return
         _SESSION_HANDLERS[code](self, session, fields + [None] * 12)
 
-    def _on_open(self, fields: list) -> None:
+    def _on_open(self, fields: list[Any]) -> None:
         self._move(ConnectionInput.OPEN_IN)
         fields = fields + [None] * 10
         self.remote_container_id = fields[0]
@@ -1558,7 +1558,7 @@ class Connection:
         self.remote_properties = fields[9] if isinstance(fields[9], dict) else {}
         self.events.append(ConnectionOpened())
 
-    def _on_begin(self, channel: int, fields: list) -> None:
+    def _on_begin(self, channel: int, fields: list[Any]) -> None:
         fields = fields + [None] * 8
         if channel in self._sessions:
             raise RemoteProtocolError("amqp:not-allowed", f"channel {channel} is begun already")
@@ -1582,7 +1582,7 @@ class Connection:
         if session._state is SessionState.MAPPED:  # (not if we ended it meanwhile)
             self.events.append(SessionBegun(session))
 
-    def _on_end(self, session: Session, fields: list) -> None:
+    def _on_end(self, session: Session, fields: list[Any]) -> None:
         session._move(SessionInput.END_IN)
         error = Error.from_value(fields[0])
         session._end_links(error, by_peer=True)
@@ -1590,7 +1590,7 @@ class Connection:
         session._end(None)  # the answer, unless ours went first
         self._forget(session)
 
-    def _on_attach(self, session: Session, fields: list) -> None:
+    def _on_attach(self, session: Session, fields: list[Any]) -> None:
         name, handle, role = fields[0], fields[1], fields[2]
         if not isinstance(name, str) or not isinstance(handle, int) or not isinstance(role, bool):
             raise RemoteProtocolError("amqp:decode-error", "attach without a name, handle or role")
@@ -1631,7 +1631,7 @@ class Connection:
             )
         return link
 
-    def _on_detach(self, session: Session, fields: list) -> None:
+    def _on_detach(self, session: Session, fields: list[Any]) -> None:
         link = self._link(session, fields[0])
         link._move(LinkInput.DETACH_IN)
         assert link.remote_handle is not None  # a link in session._links has the peer's handle
@@ -1639,7 +1639,7 @@ class Connection:
         self.events.append(LinkDetached(link, bool(fields[1]), Error.from_value(fields[2])))
         session._forget(link)
 
-    def _on_flow(self, session: Session, fields: list) -> None:
+    def _on_flow(self, session: Session, fields: list[Any]) -> None:
         next_incoming_id, incoming_window = fields[0], fields[1] or 0
         if next_incoming_id is None:
             next_incoming_id = 0  # the peer has not seen our begin's next-outgoing-id yet
@@ -1673,7 +1673,7 @@ class Connection:
             session._write_flow(link)
         self.events.append(LinkFlow(link))
 
-    def _on_disposition(self, session: Session, fields: list) -> None:
+    def _on_disposition(self, session: Session, fields: list[Any]) -> None:
         receiver, first, last, settled, state = fields[0], fields[1], fields[2], bool(fields[3]), fields[4]
         if not isinstance(first, int):
             raise RemoteProtocolError("amqp:decode-error", "disposition without a first delivery id")
@@ -1694,7 +1694,7 @@ class Connection:
             if link is not None and link.handler is not None:
                 link.handler.on_outcome(delivery_id, state, settled)
 
-    def _slow_transfer(self, session: Session, fields: list, payload: bytes) -> None:
+    def _slow_transfer(self, session: Session, fields: list[Any], payload: bytes) -> None:
         """A transfer the fast path did not take (unusual encoding, state, aborted, resume,
         more to come, or a link not taking messages)."""
         fields = fields + [None] * 11

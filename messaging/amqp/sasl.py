@@ -98,7 +98,7 @@ TRANSITIONS = {
 }
 
 
-def _take_frame(buffer: bytearray) -> tuple[int, list] | None:
+def _take_frame(buffer: bytearray) -> tuple[int, list[Any]] | None:
     """Remove one complete SASL frame from ``buffer``: (performative code, fields); None
     until a whole frame is there.
 
@@ -123,7 +123,7 @@ def _take_frame(buffer: bytearray) -> tuple[int, list] | None:
     return descriptor_code(performative.descriptor), performative.value + [None] * 3
 
 
-def sasl_frame(performative: int, fields: list) -> bytes:
+def sasl_frame(performative: int, fields: list[Any]) -> bytes:
     """One SASL frame: 8-byte header (size, doff 2, type 1, channel 0) and the performative."""
     body = encode(Described(ULong(performative), fields))
     return _FRAME.pack(8 + len(body), 2, SASL_FRAME, 0) + body
@@ -310,7 +310,7 @@ class SaslClient(_Exchange):
             raise
         return self.state is ClientState.DONE
 
-    def _on_frame(self, code: Any, fields: list) -> None:
+    def _on_frame(self, code: Any, fields: list[Any]) -> None:
         following = CLIENT_TRANSITIONS.get((self.state, code))
         if following is None:
             raise SaslError(f"unexpected SASL performative {code!r} while {self.state.value}")

@@ -206,7 +206,7 @@ class Error:
 
     condition: str
     description: str | None = None
-    info: dict | None = None
+    info: dict[Any, Any] | None = None
 
     def described(self) -> Described:
         return Described(ULong(ERROR), [Symbol(self.condition), self.description, self.info])
@@ -265,9 +265,9 @@ class Terminus:
     expiry_policy: str = "session-end"
     timeout: int = 0
     dynamic: bool = False
-    dynamic_node_properties: dict | None = None
+    dynamic_node_properties: dict[Any, Any] | None = None
     distribution_mode: str | None = None  # sources only: "move" or "copy"
-    filter: dict | None = None  # sources only
+    filter: dict[Any, Any] | None = None  # sources only
     default_outcome: Any = None
     outcomes: Any = None
     capabilities: list[str] = attrs.Factory(list)

@@ -250,7 +250,8 @@ class Connection:
         state.link.attach()
         self.wake()
         with trio.move_on_after(ATTACH_TIMEOUT):
-            return await state.attached.wait()
+            await state.attached.wait()
+            return
         raise JMSError(f"the router did not answer the attach of link {state.link.name} in {ATTACH_TIMEOUT} s")
 
     async def create_temporary(self, session: amqp.Session, topic: bool) -> Destination:

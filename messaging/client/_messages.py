@@ -222,7 +222,8 @@ class TextMessage(Message):
 
     @property
     def text(self) -> str:
-        return self.body
+        text: str = self.body
+        return text
 
     def _body_section(self) -> bytes:
         return encode(Described(ULong(AMQP_VALUE), self.body))
@@ -238,7 +239,8 @@ class BytesMessage(Message):
 
     @property
     def data(self) -> bytes:
-        return self.body
+        data: bytes = self.body
+        return data
 
     def _body_section(self) -> bytes:
         return encode(Described(ULong(DATA), self.body))

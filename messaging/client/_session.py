@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("martinet.messaging.client")
 
 
-def _control(descriptor: int, fields: list) -> bytes:
+def _control(descriptor: int, fields: list[Any]) -> bytes:
     """A transaction controller's message [4.3]: ``declare`` or ``discharge`` as its amqp-value."""
     return encode(Described(ULong(AMQP_VALUE), Described(ULong(descriptor), fields)))
 
