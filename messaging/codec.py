@@ -205,9 +205,7 @@ def _need(buf: bytes, end: int, what: str) -> None:
         raise DecodeError(f"truncated {what}: needs {end} bytes, have {len(buf)}")
 
 
-def _fixed(
-    unpack: Callable[..., Any], width: int, what: str, wrap: Callable[[Any], Any] | None = None
-) -> Decoder:
+def _fixed(unpack: Callable[..., Any], width: int, what: str, wrap: Callable[[Any], Any] | None = None) -> Decoder:
     def decode_fixed(buf: bytes, offset: int) -> tuple[Any, int]:
         end = offset + width
         _need(buf, end, what)
