@@ -77,6 +77,9 @@ def M(name: str, area: str, file: str, original: str, replacement: str, descript
 
 T = "tests/"
 TRANSFER = "swiftlets/routing/transfer.py"
+RECEIVING = "swiftlets/routing/receiving.py"
+REWRITE = "swiftlets/routing/rewrite.py"
+LINKWORK = "swiftlets/routing/linkwork.py"
 STAGES = "swiftlets/routing/stages.py"
 WINDOW = "swiftlets/routing/window.py"
 EXCHANGE = "swiftlets/routing/exchange.py"
@@ -102,7 +105,7 @@ MUTANTS += [
     M(
         "inbound-batch-left-in-a-cycle",
         "transfer",
-        TRANSFER,
+        LINKWORK,
         "        then, self.then = self.then, _answered\n        then(self.error)",
         "        self.then(self.error)",
         "An answered inbound batch keeps its write's callback, which refers back to it: every "
@@ -113,7 +116,7 @@ MUTANTS += [
     M(
         "forwarded-message-spliced-anew",
         "transfer",
-        TRANSFER,
+        REWRITE,
         "        if annotated is message:  # (forwarded: it has them already)",
         "        if annotated is message and not where:  # (forwarded: it has them already)",
         "The rewrite keeps, for a forwarded message's annotations, a copy to splice in rather "
@@ -123,7 +126,7 @@ MUTANTS += [
     M(
         "hop-limit-off-by-one",
         "transfer",
-        TRANSFER,
+        RECEIVING,
         "        elif hops + 1 >= MAX_PATH:",
         "        elif hops + 1 > MAX_PATH:",
         "The transfer's hop check lets a message pass one router more than the limit before it "
@@ -133,7 +136,7 @@ MUTANTS += [
     M(
         "forward-without-counting-the-hop",
         "transfer",
-        TRANSFER,
+        RECEIVING,
         'return transaction.send(f"{queue}@{destination}", message, limited=not alone).delay_ms',
         'return transaction.send(f"{queue}@{destination}", Message(raw), limited=not alone).delay_ms',
         "A forwarded message goes on with the hop count it arrived with: a message in a routing "
@@ -163,7 +166,7 @@ MUTANTS += [
     M(
         "receiver-ignores-doubt",
         "transfer",
-        TRANSFER,
+        RECEIVING,
         "possible_duplicate=bool(doubt), limited=not alone",
         "possible_duplicate=False, limited=not alone",
         "The receiving router drops the doubt flag when it stages a message for its queue: the "
@@ -193,7 +196,7 @@ MUTANTS += [
     M(
         "recovered-commit-rolled-back",
         "transfer",
-        TRANSFER,
+        RECEIVING,
         "        await self.manager.resolve_prepared(xid, commit=True)\n        write.finish(None)",
         "        await self.manager.resolve_prepared(xid, commit=False)\n        write.finish(None)",
         "A COMMIT for a transaction prepared by an earlier link is applied as a rollback at the "
@@ -213,7 +216,7 @@ MUTANTS += [
     M(
         "full-queue-refuses",
         "transfer",
-        TRANSFER,
+        RECEIVING,
         "                if not state.waiting:\n                    state.waiting.append(batch)",
         "                if True:\n                    self._admitted(state, batch)\n"
         "                    batch.write.finish(exc)\n                    return\n"
@@ -681,9 +684,9 @@ MUTANTS += [
         "integer-division-floors",
         "selectors",
         SELECTOR,
-        "        quotient = abs(left) // abs(right)  # Java long division truncates toward zero\n"
-        "        return quotient if (left >= 0) == (right >= 0) else -quotient",
-        "        return left // right",
+        "        quotient = abs(a) // abs(b)  # Java long division truncates toward zero\n"
+        "        return quotient if (a >= 0) == (b >= 0) else -quotient",
+        "        return a // b",
         "Integer division floors as Python's // does, not truncate toward zero as Java's: -7 / 2 is -4, not -3.",
         SELECTORS,
     ),

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from martinet.messaging.codec import Symbol, UInt
 from martinet.messaging.message import AnnotationPatch, Message, MessageError, build
+from martinet.swiftlets.routing.rewrite import routing_rewrite
 from martinet.swiftlets.routing.routing_annotations import DESTINATION, DOUBT, HOPS, QUEUE, SOURCE, HopCounter, read
-from martinet.swiftlets.routing.transfer import routing_rewrite
 
 names = st.text(st.characters(codec="utf-8", categories=("L", "N")), min_size=1, max_size=300)
 others = st.dictionaries(

@@ -80,7 +80,7 @@ XA_CASES = {
 async def test_xa_each_recovery_state_on_purpose(network, nursery, caplog, case):
     rule, sender, receiver = XA_CASES[case]
     proxy, held = await linked(network, nursery, xa=True, rule=rule)
-    caplog.set_level(logging.INFO, logger="martinet.swiftlets.routing.transfer")
+    caplog.set_level(logging.INFO, logger="martinet.swiftlets.routing")
     async with trio.open_nursery() as producing:
         producing.start_soon(produce, network.url("a"), "orders@b", COUNT)
         with trio.fail_after(30):

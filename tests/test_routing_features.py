@@ -16,7 +16,7 @@ from martinet.messaging.codec import Symbol
 from martinet.messaging.message import build
 from martinet.swiftlets.queuemanager.config import QueueConfig, QueueManagerConfig
 from martinet.swiftlets.routing.config import QueueBridgeConfig
-from martinet.swiftlets.routing.transfer import EXPIRES, HOPS
+from martinet.swiftlets.routing.routing_annotations import EXPIRES, HOPS
 
 from conftest import wait_until
 from faultproxy import FaultProxy

@@ -13,7 +13,8 @@ import trio
 from test_routing_transfer_network import consume, produce, start, verify, verify_set
 
 from martinet.messaging.message import build
-from martinet.swiftlets.routing.transfer import DESTINATION, HOPS, QUEUE, SOURCE, UNROUTABLE_REASON
+from martinet.swiftlets.routing.linkwork import UNROUTABLE_REASON
+from martinet.swiftlets.routing.routing_annotations import DESTINATION, HOPS, QUEUE, SOURCE
 
 from conftest import wait_until
 

@@ -17,7 +17,8 @@ from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect
 from martinet.messaging.codec import UInt
 from martinet.messaging.message import Message, build
 from martinet.swiftlets.queuemanager.config import QueueManagerConfig
-from martinet.swiftlets.routing.transfer import DESTINATION, HOPS, QUEUE, SOURCE, UNROUTABLE_REASON
+from martinet.swiftlets.routing.linkwork import UNROUTABLE_REASON
+from martinet.swiftlets.routing.routing_annotations import DESTINATION, HOPS, QUEUE, SOURCE
 
 from conftest import wait_until
 from faultproxy import FaultProxy

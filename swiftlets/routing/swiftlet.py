@@ -70,6 +70,7 @@ from .config import ConnectorConfig, ListenerConfig, RetryPolicy, RoutingConfig
 from .dispatch import RoutedTransfer
 from .exchange import Announcement, BadAnnouncement, Output, RouteExchanger, RouteFilter
 from .links import CLOSE_TIMEOUT, HandshakeThrottle, Link, configure_socket, describe
+from .rewrite import routing_rewrite
 from .routelog import RouteChanges
 from .stages import (
     AUTH_FAILED,
@@ -80,7 +81,6 @@ from .stages import (
     Role,
     valid_router_name,
 )
-from .transfer import routing_rewrite
 
 __all__ = ["RoutingSwiftlet"]
 

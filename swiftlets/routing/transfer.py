@@ -1,10 +1,9 @@
-"""Messages between routers (routing part 2): a dispatcher per destination, the inbound side.
+"""Messages between routers: a dispatcher per destination, and each link's worker and answerer.
 
 Theory of operation
 -------------------
-A message for ``q@R`` (R another router) is accepted into the routing queue ``rt$R``; the
-redirection's rewrite (:func:`routing_rewrite`) adds the routing annotations of
-``docs/routing-protocol.md`` §12 on the way in (source, destination router, queue, hops).
+A message for ``q@R`` (R another router) is accepted into the routing queue ``rt$R``,
+annotated on the way in (:mod:`.rewrite`).
 
 **Sending.** One dispatcher task per routing queue consumes it. While the destination has a
 route, it picks the link of the next hop (round robin: the next neighbour of the rotation,
@@ -15,9 +14,8 @@ messages (and no more bytes than the peer's frame size allows) and:
   (``routing:<local>:<peer>:<boot>-<n>``, sys$xa's convention) and sends TRANSACTION. When the peer answers that it
   prepared, the transaction commits (the messages leave ``rt$R``) and COMMIT tells the peer
   to commit. A link that ends leaves the prepared transactions for the recovery stage of
-  the next link to that peer (:meth:`Transfer.recovery_received`): what the peer holds
-  prepared is committed, the rest rolled back, so the messages go again (over any route):
-  never lost, never twice.
+  the next link to that peer: what the peer holds prepared is committed, the rest rolled
+  back, so the messages go again (over any route): never lost, never twice.
 - **Non-XA**: acknowledges them in a local transaction, sends NONXA_TRANSACTION and commits
   when the peer says it committed; a link that ends rolls them back, and they are sent
   again marked ``x-opt-martinet-doubt`` so that the target queue's duplicate detection
@@ -27,18 +25,8 @@ messages (and no more bytes than the peer's frame size allows) and:
 Without a usable link the dispatcher waits for a change (:meth:`Transfer.changed`); the
 messages wait in ``rt$R``.
 
-**Receiving.** Each message goes to its queue when this router is its destination, else
-into ``rt$<destination>`` (forwarded, hops + 1), or to ``unroutable`` with the reason in
-``x-opt-martinet-unroutable`` (no such queue, no route on, too many hops); a message for a
-temporary queue that is gone is dropped and counted. XA: all of a transaction is staged in
-one local transaction, prepared under the sender's xid (durable), answered; committed on
-COMMIT. Non-XA: committed at once, then answered. With inbound flow control the answer
+**Receiving** is :class:`~.receiving.Receiving`'s. With inbound flow control the answer
 waits for the largest flow-control delay of the target queues (:meth:`Transfer._throttle`).
-
-**Time to live.** The rewrite gives a message with an expiry ``x-opt-martinet-expires``
-(absolute, so it survives any number of hops and waits); a receiver past it stages the
-message for its ``routerdlq`` in the same transaction, else reduces a header ``ttl`` to what
-is left, so that every queue on the way expires it when the source's would have.
 
 What a link's events ask for (prepare, commit, recover) is done by one worker per link, in
 the order the events came, in that link's nursery (:meth:`~.links.Link.start_soon`): it
@@ -69,46 +57,25 @@ before the answer.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import itertools
 import logging
 import math
-import re
 import secrets
-import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-import attrs
 import trio
 
-from martinet.messaging.codec import Symbol, Timestamp, UInt
-from martinet.messaging.message import AnnotationPatch, Message, MessageError
-from martinet.swiftlets.queuemanager.api import (
-    TEMPORARY_PREFIX,
-    QueueError,
-    QueueFull,
-    QueueManager,
-    QueueNotFound,
-    Rewrite,
-    Transaction,
-)
+from martinet.messaging.message import MessageError
+from martinet.swiftlets.queuemanager.api import QueueError, QueueManager, Transaction
 from martinet.swiftlets.store.api import StoreError
-from martinet.swiftlets.xa.api import (
-    Claim,
-    XAError,
-    XAResourceManager,
-    parse_routing_xid,
-    routing_prefixes,
-    routing_xid,
-)
+from martinet.swiftlets.xa.api import XAError, XAResourceManager, routing_prefixes, routing_xid
 
-from . import routing_annotations
 from .api import UNROUTABLE, Destination, routing_queue
-from .exchange import MAX_PATH
 from .links import Link
-from .routing_annotations import DESTINATION, DOUBT, EXPIRES, HOPS, QUEUE, SOURCE
+from .linkwork import UNROUTABLE_REASON, Job, LinkTransfer, StoreWrite, next_ready, parties
+from .receiving import Receiving
+from .routing_annotations import DOUBT
 from .stages import (
     CommitDone,
     CommitReceived,
@@ -123,214 +90,15 @@ from .stages import (
 )
 from .window import WindowController
 
-__all__ = [
-    "Transfer",
-    "routing_rewrite",
-    "SOURCE",
-    "DESTINATION",
-    "QUEUE",
-    "HOPS",
-    "DOUBT",
-    "EXPIRES",
-    "UNROUTABLE_REASON",
-]
+__all__ = ["Transfer"]
 
 log = logging.getLogger(__name__)
 
-UNROUTABLE_REASON = Symbol("x-opt-martinet-unroutable")
-_REWRITTEN_KEYS = re.compile(b"|".join(re.escape(key.encode()) for key in (SOURCE, DESTINATION, QUEUE, HOPS)))
 
 FRAME_OVERHEAD = 1024  # bytes of a TRANSACTION frame besides its messages (xid, field names, lengths)
 REFUSED_BACKOFF = 1.0  # seconds a dispatcher waits after the peer refused a transaction
 STORE_BACKOFF = 1.0  # seconds a dispatcher waits after its own store failed a prepare
 RATE_INTERVAL = 1.0  # seconds between samples of the links' message rates (the queues' interval)
-PATCHES_KEPT = 1024  # addresses whose annotation patch a rewrite keeps (a patch costs more than its use)
-SECTION_KEPT_BYTES = 1024  # annotation sections larger than this are rewritten each time, not kept
-
-
-def routing_rewrite(local: str) -> Rewrite:
-    """The redirection rewrite of ``%@R`` → ``rt$R``: a message entering the network here
-    gets its routing annotations; one already travelling to ``address`` (forwarded) keeps
-    them. One that arrived here by routing and is sent on somewhere else (a queue bridge)
-    starts a new journey. The encoded annotations are made once per address (the latest
-    :data:`PATCHES_KEPT`); a message with an expiry also gets ``x-opt-martinet-expires``."""
-    patches: dict[str, tuple[str, str, AnnotationPatch]] = {}  # address → (queue, router, patch)
-    sections = routing_annotations.HopCounter()  # a forwarded batch mostly shares one section
-    # (address, message-annotations section in) → the section out (None: the message stays
-    # as it is): a producer's messages share their annotations (its client id), so the
-    # section is rewritten once, and each message only has its bytes spliced
-    rewritten: dict[tuple[str, bytes], bytes | None] = {}
-
-    def rewrite(address: str, message: Message) -> Message:
-        raw = message.raw
-        where = message.annotations_span()  # (placed by a patch on the way in: no scan)
-        if where is None or type(raw) is not bytes:
-            annotated = annotate(address, message)
-            return annotated if annotated is message else _expiring(annotated)
-        start, end = where
-        key = (address, raw[start:end])
-        if key in rewritten:
-            section = rewritten[key]
-            if section is None:
-                return message
-            return _expiring(
-                Message.with_annotations_at(raw[:start] + section + raw[end:], start, start + len(section))
-            )
-        annotated = annotate(address, message)
-        if annotated is message:  # (forwarded: it has them already)
-            kept: bytes | None = None
-        else:
-            span = annotated.annotations_span()
-            if span is None:
-                return _expiring(annotated)
-            kept = annotated.raw[span[0] : span[1]]
-        if end - start <= SECTION_KEPT_BYTES:
-            if len(rewritten) >= PATCHES_KEPT:
-                rewritten.clear()
-            rewritten[key] = kept
-        return annotated if annotated is message else _expiring(annotated)
-
-    def annotate(address: str, message: Message) -> Message:
-        known = patches.get(address)
-        if known is None:
-            if len(patches) >= PATCHES_KEPT:
-                patches.clear()
-            queue, _, router = address.rpartition("@")
-            patch = AnnotationPatch({SOURCE: local, DESTINATION: router, QUEUE: queue, HOPS: UInt(0)})
-            known = patches[address] = queue, router, patch
-        queue, router, patch = known
-        # a message without their text in its annotations has none of these keys: nothing
-        # decoded (one scan for the four, of the annotations alone when a patch placed them)
-        raw = message.raw
-        where = message.annotations_span()
-        found = _REWRITTEN_KEYS.search(raw) if where is None else _REWRITTEN_KEYS.search(raw, *where)
-        absent = type(raw) is bytes and found is None
-        if not absent:
-            fields = sections.fields(raw)
-            if fields is None:  # (not by the short path)
-                annotations = message.message_annotations
-                source, destination, to = annotations.get(SOURCE), annotations.get(DESTINATION), annotations.get(QUEUE)
-            else:
-                source, destination, to = fields.source, fields.destination, fields.queue
-            if source is not None and destination == router and to == queue:
-                return message
-        return patch.apply(message, absent=absent)
-
-    def _expiring(message: Message) -> Message:
-        expires = message.queue_info(_now_ms(), peek=True)[2]  # the time to live counts end to end (§12)
-        return message if expires is None else message.with_annotations({EXPIRES: Timestamp(expires)})
-
-    return rewrite
-
-
-def _now_ms() -> int:
-    """Wall-clock milliseconds, the queues' clock for expiry (and the peers' too: routers
-    that pass messages with a time to live need synchronised clocks, e.g. NTP)."""
-    return int(time.time() * 1000)
-
-
-def parties(xid: str) -> tuple[str, str] | None:
-    """(sender, receiver) of a routing xid; None for another xid."""
-    parsed = parse_routing_xid(xid)
-    return (parsed.source, parsed.destination) if parsed is not None else None
-
-
-@attrs.define
-class _LinkTransfer:
-    """What the transfer keeps per link."""
-
-    inbound: dict[str, Transaction] = attrs.Factory(dict)  # xid → prepared, awaiting COMMIT
-    nonxa_out: dict[int, Transaction] = attrs.Factory(dict)  # seq → sent, awaiting NONXA_COMMIT
-    next_seq: int = 1
-    reserved: int = 0  # batches being prepared or ready, not yet sent
-    ready: collections.deque[tuple[str, Transaction, list[bytes]]] = attrs.Factory(collections.deque)
-    jobs: Any = None  # the send side of the link's worker's queue
-    writes: Any = None  # the send side of the answerer's queue (:class:`_Write`, in the order queued)
-    unanswered: int = 0  # writes in the answerer's queue, or being answered
-    claim: Claim | None = None  # this link's xids, claimed from sys$xa while the link lives
-    messages_out: int = 0
-    messages_in: int = 0
-    out_rate: float = 0.0  # messages/s over the last RATE_INTERVAL, as a queue's send-rate
-    in_rate: float = 0.0
-    rate_mark: tuple[float, int, int] = (0.0, 0, 0)  # (when, messages_out, messages_in) of the last sample
-    throttled: int = 0  # inbound transactions whose answer inbound flow control held back
-    throttled_ms: int = 0  # for how long, in all
-    window: WindowController | None = None  # sizes the send window to the link, from the first answer on
-    sent_at: dict[str | int, float] = attrs.Factory(dict)  # key → when sent, while it awaits its answer
-    full_at: float = -math.inf  # when a send last found the window full (the sender had more than it allowed)
-    waiting: collections.deque[_Inbound] = attrs.Factory(collections.deque)  # inbound batches waiting for room
-    full_waits: int = 0  # times a batch found its target queue full and waited
-    refused: int = 0  # our transactions the peer refused (rolled back here, sent again)
-
-    def sent(self, key: str | int, window_available: int) -> None:
-        """Our transaction ``key`` went out; ``window_available``: the room left after it."""
-        self.sent_at[key] = now = trio.current_time()
-        if not window_available:
-            self.full_at = now
-
-    def sample_rates(self, now: float) -> None:
-        at, sent, received = self.rate_mark
-        if now > at:
-            self.out_rate = (self.messages_out - sent) / (now - at)
-            self.in_rate = (self.messages_in - received) / (now - at)
-        self.rate_mark = (now, self.messages_out, self.messages_in)
-
-
-@attrs.define(eq=False)
-class _Write:
-    """A store write a link's worker queued: once it is durable (``error`` None) or failed,
-    the link's answerer waits ``delay_ms`` (inbound flow control) and calls ``then(error)``,
-    in the order the writes were queued."""
-
-    then: Callable[[BaseException | None], None]
-    delay_ms: int = 0
-    done: trio.Event = attrs.Factory(trio.Event)
-    error: BaseException | None = None
-
-    def finish(self, error: BaseException | None) -> None:
-        self.error = error
-        self.done.set()
-
-    def answer(self) -> None:
-        """Call ``then`` with the outcome, once. Dropping it then breaks an inbound batch's
-        cycle (the batch holds its write, whose ``then`` holds the batch): the batch's
-        transaction, entries and messages go at once by reference counting. Left to the
-        cyclic collector, they made it run every couple of hundred transactions, at about a
-        microsecond per routed message."""
-        then, self.then = self.then, _answered
-        then(self.error)
-
-
-def _answered(error: BaseException | None) -> None:
-    """The ``then`` of a write that was answered."""
-
-
-@attrs.define(eq=False)
-class _Inbound:
-    """An inbound batch (an XA transaction or a non-XA batch) to stage: ``store`` hands the
-    staged transaction to the store (prepare or commit), which finishes the write it is
-    given (``write``; passed in, so that ``store`` needs no reference to the batch)."""
-
-    messages: tuple[bytes, ...]
-    write: _Write
-    store: Callable[[Transaction, _Write], None]
-    transaction: Transaction | None = None
-    alone: bool = False  # larger than its empty queue's room: staged without its limits
-
-
-Job = tuple[Callable[..., Any], tuple[Any, ...]]
-T = TypeVar("T")
-
-
-async def _next(channel: trio.MemoryReceiveChannel[T], link: Link) -> T:
-    """The next item, waiting (a checkpoint) only when none is queued: what is ready is
-    handled in one go, and the answers it causes leave in one write, at once, before the wait
-    (:meth:`Link.flush`)."""
-    try:
-        return channel.receive_nowait()
-    except trio.WouldBlock:
-        link.flush()
-        return await channel.receive()
 
 
 class Transfer:
@@ -370,16 +138,29 @@ class Transfer:
         self._numbers = itertools.count(1)
         self._dispatchers: dict[str, trio.Event] = {}  # router → its wake-up
         self._outbound: dict[str, Transaction] = {}  # xid → prepared and sent, not yet committed
-        self._state: dict[Link, _LinkTransfer] = {}
-        self._hops = routing_annotations.HopCounter()
-        self.dropped = 0  # messages for temporary queues that were gone
-        self.unroutable = 0
-        self.expired = 0  # messages found expired on arrival (dead-lettered here)
+        self._state: dict[Link, LinkTransfer] = {}
+        self.receiving = Receiving(local, manager, destination)
+        self._unroutable_here = 0  # messages that could never fit the peer's frames
         self._paused_until = 0.0  # after the store failed a prepare: a stopped store fails at once,
         # and without a pause the dispatchers would never yield (and the router could not stop)
         nursery.start_soon(self._sample_rates_forever)
 
     # -- the swiftlet's calls ---------------------------------------------------------------
+
+    @property
+    def dropped(self) -> int:
+        """Routed messages for temporary queues that were gone."""
+        return self.receiving.dropped
+
+    @property
+    def unroutable(self) -> int:
+        """Messages this router sent to ``unroutable``."""
+        return self.receiving.unroutable + self._unroutable_here
+
+    @property
+    def expired(self) -> int:
+        """Routed messages found expired on arrival (dead-lettered here)."""
+        return self.receiving.expired
 
     def destination_added(self, router: str) -> None:
         """Make sure ``rt$R`` has a dispatcher (it stays when R goes: it then waits)."""
@@ -411,6 +192,7 @@ class Transfer:
         doubt); XA ones stay prepared for the recovery with that peer."""
         state = self._state.pop(link, None)
         if state is not None:
+            state.live = False
             self._send_ready(link, state)  # (rolls them back)
             for transaction in state.nonxa_out.values():
                 transaction.rollback_nowait()
@@ -468,13 +250,13 @@ class Transfer:
         if isinstance(event, PrepareReceived):
             job = self._commit_outbound, (link, event.xid)
         elif isinstance(event, TransactionReceived):
-            job = self._prepare_inbound, (link, state, event.xid, event.messages)
+            job = self.receiving.prepare, (link, state, event.xid, event.messages)
         elif isinstance(event, CommitReceived):
-            job = self._commit_inbound, (link, state, event.xid, event.recovery)
+            job = self.receiving.commit, (link, state, event.xid, event.recovery)
         elif isinstance(event, TransactionRefused):
             job = self._refused, (link, event.xid, event.reason)
         elif isinstance(event, NonXaTransactionReceived):
-            job = self._receive_nonxa, (link, state, event.seq, event.messages)
+            job = self.receiving.receive_nonxa, (link, state, event.seq, event.messages)
         elif isinstance(event, NonXaCommitted):
             job = self._nonxa_committed, (state, event.seq)
         elif isinstance(event, RecoveryRequested):
@@ -485,7 +267,7 @@ class Transfer:
         if job is not None:
             state.jobs.send_nowait(job)
 
-    def _answered(self, link: Link, state: _LinkTransfer, key: str | int) -> None:
+    def _answered(self, link: Link, state: LinkTransfer, key: str | int) -> None:
         """The peer answered our transaction ``key``: a round-trip sample for the link's
         window (:class:`~.window.WindowController`), which sizes the machine's send window."""
         sent = state.sent_at.pop(key, None)
@@ -501,29 +283,29 @@ class Transfer:
         state.window.answered(now - sent, now, limited=state.full_at >= sent)
         machine.set_send_window(state.window.size)
 
-    def _link(self, link: Link) -> _LinkTransfer:
+    def _link(self, link: Link) -> LinkTransfer:
         """The transfer's state of ``link``, made (with the link's worker) on first use."""
         state = self._state.get(link)
         if state is None:
-            state = self._state[link] = _LinkTransfer(rate_mark=(trio.current_time(), 0, 0))
+            state = self._state[link] = LinkTransfer(rate_mark=(trio.current_time(), 0, 0))
             if self._xa is not None and link.peer is not None:
                 try:
                     state.claim = self._xa.claim("routing", *routing_prefixes(self.local, link.peer))
                 except XAError as exc:  # a second link to the peer, about to be closed
                     log.debug("routing link %s: xids not claimed: %s", link.name, exc)
             state.jobs, jobs = trio.open_memory_channel[Job](math.inf)
-            state.writes, writes = trio.open_memory_channel[_Write](math.inf)
+            state.writes, writes = trio.open_memory_channel[StoreWrite](math.inf)
             link.start_soon(self._work, link, state, jobs)
             link.start_soon(self._answer, link, state, writes)
         return state
 
-    async def _work(self, link: Link, state: _LinkTransfer, jobs: trio.MemoryReceiveChannel[Job]) -> None:
+    async def _work(self, link: Link, state: LinkTransfer, jobs: trio.MemoryReceiveChannel[Job]) -> None:
         """The link's worker: its transfer jobs one after the other (a job returns the
-        :class:`_Write` it queued, if any, for the answerer; one that is durable already,
+        :class:`StoreWrite` it queued, if any, for the answerer; one that is durable already,
         with nothing before it still unanswered, is answered here, a task switch sooner); a
         failure closes the link (recovery sorts out what was in flight), never the router."""
         while True:
-            function, args = await _next(jobs, link)
+            function, args = await next_ready(jobs, link)
             try:
                 write = await function(*args)
                 if write is None:
@@ -537,14 +319,14 @@ class Transfer:
                 self._failed(link, exc)
                 return
 
-    async def _answer(self, link: Link, state: _LinkTransfer, writes: trio.MemoryReceiveChannel[_Write]) -> None:
+    async def _answer(self, link: Link, state: LinkTransfer, writes: trio.MemoryReceiveChannel[StoreWrite]) -> None:
         """The link's answerer: each queued write, in order, once durable, is answered.
         When the link ends it still waits (shielded) for the writes queued, so that what
         a new link's recovery finds is prepared or committed, not on its way."""
-        write: _Write | None = None
+        write: StoreWrite | None = None
         try:
             while True:
-                write = await _next(writes, link)
+                write = await next_ready(writes, link)
                 if not write.done.is_set():
                     await write.done.wait()
                 if write.delay_ms and self.inbound_flow_control and write.error is None:
@@ -580,6 +362,17 @@ class Transfer:
             log.exception("routing link %s to %s: transfer failed", link.name, link.peer)
             link.close(f"transfer failed at {self.local}: {type(exc).__name__}")
 
+    async def _throttle(self, link: Link, delay_ms: int) -> None:
+        """Inbound flow control: hold the answer to a transaction by the largest
+        flow-control delay of its target queues. Awaited by the link's answerer, so answers
+        keep their order (and so the messages theirs); the sender's window fills, its
+        ``rt$R`` grows and its own flow control slows its producers."""
+        state = self._state.get(link)
+        if state is not None:
+            state.throttled += 1
+            state.throttled_ms += delay_ms
+        await trio.sleep(delay_ms / 1000)
+
     # -- sending ----------------------------------------------------------------------------
 
     def _choose(self, router: str, turn: int) -> Link | None:
@@ -607,7 +400,7 @@ class Transfer:
         ahead = link.operational.peer_window_size if machine.use_xa else 0
         return machine.window_available + ahead - self._link(link).reserved
 
-    def _send_ready(self, link: Link, state: _LinkTransfer) -> None:
+    def _send_ready(self, link: Link, state: LinkTransfer) -> None:
         """Send the prepared batches of ``link``, oldest first, while its window has room;
         once the link has ended (or is gone), roll them back (the peer never had them)."""
         try:
@@ -705,7 +498,7 @@ class Transfer:
             consumer.release(entry)
             return
         consumer.accept(entry)
-        self.unroutable += 1
+        self._unroutable_here += 1
         log.warning("message %s to unroutable: %s", entry.id, reason)
 
     async def _send(self, link: Link, consumer: Any, entries: list[Any], router: str, recovered: int) -> None:
@@ -766,14 +559,14 @@ class Transfer:
         except StoreError as exc:  # the store stops the router; the recovery would roll it back
             log.error("a routing transaction to %s not rolled back: %s", peer, exc)
 
-    async def _commit_outbound(self, link: Link, xid: str) -> _Write:
+    async def _commit_outbound(self, link: Link, xid: str) -> StoreWrite:
         def committed(error: BaseException | None) -> None:
             if error is not None:
                 raise StoreError(f"routing transaction {xid} not committed: {error}")
             link.machine.commit(xid)
             link.wake()
 
-        write = _Write(committed)
+        write = StoreWrite(committed)
         self._outbound.pop(xid).commit_nowait(write.finish)
         return write
 
@@ -796,12 +589,12 @@ class Transfer:
         await trio.sleep(seconds)
         self.changed()
 
-    async def _nonxa_committed(self, state: _LinkTransfer, seq: int) -> _Write:
+    async def _nonxa_committed(self, state: LinkTransfer, seq: int) -> StoreWrite:
         def committed(error: BaseException | None) -> None:
             if error is not None:
                 raise StoreError(f"routed messages not acknowledged: {error}")
 
-        write = _Write(committed)
+        write = StoreWrite(committed)
         state.nonxa_out.pop(seq).commit_nowait(write.finish)
         return write
 
@@ -821,215 +614,3 @@ class Transfer:
         link.machine.recovery_done(commit=list(listed))
         link.wake()
         self.changed()
-
-    # -- receiving --------------------------------------------------------------------------
-
-    def _stage(self, transaction: Transaction, raw: bytes, alone: bool = False) -> int:
-        """Stage one received message where it goes; the flow-control delay (ms) of the
-        queue it goes to (0 when it is dropped, dead-lettered or goes to unroutable).
-        ``alone``: its batch goes into an empty queue without the queue's limits."""
-        try:
-            fields, counted = self._hops.count(raw)  # the usual case, without decoding the message
-            if fields is not None and counted is not None:
-                destination, queue, hops = fields.destination, fields.queue, fields.hops
-                doubt, expires = fields.doubt, fields.expires
-            else:
-                annotations = Message(raw).message_annotations
-                destination, queue = annotations.get(DESTINATION), annotations.get(QUEUE)
-                hops, doubt, expires = annotations.get(HOPS, 0), annotations.get(DOUBT), annotations.get(EXPIRES)
-        except MessageError as exc:
-            log.warning("a routed message could not be read, it is dropped: %s", exc)
-            return 0
-        if not isinstance(destination, str) or not isinstance(queue, str) or not isinstance(hops, int):
-            return self._unroutable(transaction, Message(raw), "it has no routing annotations")
-        message = counted if counted is not None else Message(raw).with_annotations({HOPS: UInt(hops + 1)})
-        if isinstance(expires, int):
-            remaining = expires - _now_ms()
-            if remaining <= 0:
-                self.expired += 1
-                log.info(
-                    "a routed message for %s@%s expired in transit, %d ms before it reached router %s; to routerdlq",
-                    queue,
-                    destination,
-                    -remaining,
-                    self.local,
-                )
-                transaction.dead_letter(
-                    message,
-                    f"expired in transit: found at router {self.local} {-remaining} ms after its expiry",
-                    f"{queue}@{destination}",
-                )
-                return 0
-            if message.header_fields()[2]:  # a ttl counts from each arrival: what is left of it
-                message = message.with_ttl(remaining)
-        if destination == self.local:
-            if queue.startswith(TEMPORARY_PREFIX) and queue not in self.manager.queues:
-                self.dropped += 1  # its requester is gone
-                return 0
-            try:
-                return transaction.send(queue, message, possible_duplicate=bool(doubt), limited=not alone).delay_ms
-            except QueueNotFound as exc:
-                return self._unroutable(transaction, message, str(exc))
-        elif hops + 1 >= MAX_PATH:
-            return self._unroutable(transaction, message, f"it passed {hops + 1} routers (a loop?)")
-        elif self._destination(destination) is None:
-            return self._unroutable(
-                transaction, message, f"router {destination!r} is not known to router {self.local!r}"
-            )
-        else:
-            # forwarded as it is, in doubt or not: only the target queue drops duplicates. A
-            # routing queue may see a message twice without a duplicate (a path that changed
-            # mid-transfer, a → b → a → c): its backlog there would drop the only copy
-            return transaction.send(f"{queue}@{destination}", message, limited=not alone).delay_ms
-
-    def _unroutable(self, transaction: Transaction, message: Message, reason: str) -> int:
-        transaction.send(UNROUTABLE, message.with_annotations({UNROUTABLE_REASON: reason}))
-        self.unroutable += 1
-        log.warning("a routed message went to unroutable on router %s: %s", self.local, reason)
-        return 0
-
-    async def _throttle(self, link: Link, delay_ms: int) -> None:
-        """Inbound flow control: hold the answer to a transaction by the largest
-        flow-control delay of its target queues. Awaited by the link's answerer, so answers
-        keep their order (and so the messages theirs); the sender's window fills, its
-        ``rt$R`` grows and its own flow control slows its producers."""
-        state = self._state.get(link)
-        if state is not None:
-            state.throttled += 1
-            state.throttled_ms += delay_ms
-        await trio.sleep(delay_ms / 1000)
-
-    def _refuse(self, link: Link, transaction: Transaction, xid: str, reason: str) -> None:
-        """Refuse inbound ``xid``: nothing of it is held; the sender tries again later."""
-        if transaction.state == "active":
-            transaction.rollback_nowait()
-        link.machine.refuse_transaction(xid, reason)
-        link.wake()
-
-    async def _prepare_inbound(self, link: Link, state: _LinkTransfer, xid: str, messages: tuple[bytes, ...]) -> _Write:
-        def prepared(error: BaseException | None) -> None:
-            transaction = batch.transaction
-            assert transaction is not None
-            if error is not None:  # a limit it can never meet, or the store failed
-                self._refuse(link, transaction, xid, str(error))
-                return
-            state.inbound[xid] = transaction
-            state.messages_in += len(messages)
-            link.machine.prepared(xid)
-            link.wake()
-
-        batch = _Inbound(
-            messages,
-            _Write(prepared),
-            lambda transaction, write: transaction.prepare_nowait(xid, write.finish, transient_in_memory=True),
-        )
-        self._admit(link, state, batch)
-        return batch.write
-
-    async def _commit_inbound(self, link: Link, state: _LinkTransfer, xid: str, recovery: bool) -> _Write:
-        def stored(error: BaseException | None) -> None:
-            if error is not None:
-                raise StoreError(f"routing transaction {xid} not committed: {error}")
-
-        def committed(error: BaseException | None) -> None:
-            stored(error)
-            if recovery:
-                log.info("routing transaction %s from %s committed in recovery", xid, link.peer)
-            link.machine.committed(xid)
-            link.wake()
-
-        transaction = state.inbound.pop(xid, None)
-        if transaction is not None:
-            # Answered now, not once durable: the prepare is durable, so a crash before the
-            # commit is leaves the xid prepared here and gone at the sender, a case the
-            # recovery table commits (docs/routing-protocol.md §8.1); the sender's slot is
-            # freed a durable write sooner. The answerer still waits for the write, in order
-            # (the writes queued after it finish after it anyway): a link that ends waits
-            # for it, and a failed commit closes the link.
-            write = _Write(stored)
-            transaction.commit_nowait(write.finish)
-            link.machine.committed(xid)
-            link.wake()
-            return write
-        write = _Write(committed)  # prepared by an earlier link (or run) of this peer
-        await self.manager.resolve_prepared(xid, commit=True)
-        write.finish(None)
-        return write
-
-    async def _receive_nonxa(self, link: Link, state: _LinkTransfer, seq: int, messages: tuple[bytes, ...]) -> _Write:
-        def committed(error: BaseException | None) -> None:
-            if error is not None:  # (non-XA cannot refuse: the link ends, the sender sends again in doubt)
-                raise StoreError(f"routed messages not stored: {error}")
-            state.messages_in += len(messages)
-            link.machine.nonxa_committed(seq)
-            link.wake()
-
-        batch = _Inbound(
-            messages, _Write(committed), lambda transaction, write: transaction.commit_nowait(write.finish)
-        )
-        self._admit(link, state, batch)
-        return batch.write
-
-    def _admit(self, link: Link, state: _LinkTransfer, batch: _Inbound) -> None:
-        """Stage ``batch`` in a transaction of its own and hand it to the store. A target
-        queue that is full is not a refusal (the sender would only send it again and again):
-        the batch waits for room, and the batches after it on this link wait behind it (the
-        order of a path is kept), while the link goes on committing what it prepared before
-        (which makes the room). Its answer, and the sender's window slot, wait with it; the
-        sender's rt$R fills and its flow control slows the producers. A batch larger than
-        the queue's whole room goes in alone once the queue is empty (so its limits hold
-        but for that one batch: waiting longer would never end). A limit the batch can never
-        meet otherwise, or a failed store, finishes its write with the error."""
-        if state.waiting and state.waiting[0] is not batch:
-            state.waiting.append(batch)
-            return
-        while True:
-            transaction = batch.transaction = self.manager.transaction()
-            counted = self.dropped, self.unroutable, self.expired  # (what staging counts, undone with it)
-            try:
-                for raw in batch.messages:
-                    batch.write.delay_ms = max(batch.write.delay_ms, self._stage(transaction, raw, batch.alone))
-                break
-            except QueueFull as exc:
-                transaction.rollback_nowait()
-                self.dropped, self.unroutable, self.expired = counted
-                full = self.manager.queues.get(exc.queue)
-                if not batch.alone and full is not None and full.size == 0 and full.reserved == 0:
-                    batch.alone = True
-                    continue
-                if not state.waiting:
-                    state.waiting.append(batch)
-                    state.full_waits += 1
-                    log.info("routing link %s from %s: %s; its transactions wait for room", link.name, link.peer, exc)
-                self.manager.when_room(exc.queue, lambda: self._room_made(link, state))
-                return
-            except (QueueError, StoreError) as exc:
-                transaction.rollback_nowait()
-                self._admitted(state, batch)
-                batch.write.finish(exc)
-                return
-        self._admitted(state, batch)
-        try:
-            batch.store(transaction, batch.write)
-        except (QueueError, StoreError) as exc:
-            batch.write.finish(exc)
-
-    @staticmethod
-    def _admitted(state: _LinkTransfer, batch: _Inbound) -> None:
-        if state.waiting and state.waiting[0] is batch:
-            state.waiting.popleft()
-
-    def _room_made(self, link: Link, state: _LinkTransfer) -> None:
-        """A queue a batch of ``link`` waits for may have room: the link's worker tries again
-        (in a job of its own: this is called from inside a queue's bookkeeping)."""
-        if self._state.get(link) is state and state.waiting:
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):  # (the link is ending)
-                state.jobs.send_nowait((self._admit_waiting, (link, state)))
-
-    async def _admit_waiting(self, link: Link, state: _LinkTransfer) -> None:
-        """The waiting batches of ``link``, oldest first, until one still finds no room."""
-        while state.waiting:
-            batch = state.waiting[0]
-            self._admit(link, state, batch)
-            if state.waiting and state.waiting[0] is batch:
-                return

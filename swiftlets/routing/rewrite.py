@@ -1,0 +1,108 @@
+"""The rewrite of a message entering the router network: the routing annotations.
+
+A message for ``q@R`` (R another router) is accepted into the routing queue ``rt$R``; the
+redirection's rewrite (:func:`routing_rewrite`) adds the routing annotations of
+``docs/routing-protocol.md`` §12 on the way in (source, destination router, queue, hops),
+and for a message with an expiry ``x-opt-martinet-expires`` (absolute, so that it survives
+any number of hops and waits). A message already travelling there (forwarded by this
+router) keeps them as they are.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from martinet.messaging.codec import Timestamp, UInt
+from martinet.messaging.message import AnnotationPatch, Message
+from martinet.swiftlets.queuemanager.api import Rewrite
+
+from . import routing_annotations
+from .routing_annotations import DESTINATION, EXPIRES, HOPS, QUEUE, SOURCE
+
+__all__ = ["PATCHES_KEPT", "SECTION_KEPT_BYTES", "now_ms", "routing_rewrite"]
+
+_REWRITTEN_KEYS = re.compile(b"|".join(re.escape(key.encode()) for key in (SOURCE, DESTINATION, QUEUE, HOPS)))
+PATCHES_KEPT = 1024  # addresses whose annotation patch a rewrite keeps (a patch costs more than its use)
+SECTION_KEPT_BYTES = 1024  # annotation sections larger than this are rewritten each time, not kept
+
+
+def routing_rewrite(local: str) -> Rewrite:
+    """The redirection rewrite of ``%@R`` → ``rt$R``: a message entering the network here
+    gets its routing annotations; one already travelling to ``address`` (forwarded) keeps
+    them. One that arrived here by routing and is sent on somewhere else (a queue bridge)
+    starts a new journey. The encoded annotations are made once per address (the latest
+    :data:`PATCHES_KEPT`); a message with an expiry also gets ``x-opt-martinet-expires``."""
+    patches: dict[str, tuple[str, str, AnnotationPatch]] = {}  # address → (queue, router, patch)
+    sections = routing_annotations.HopCounter()  # a forwarded batch mostly shares one section
+    # (address, message-annotations section in) → the section out (None: the message stays
+    # as it is): a producer's messages share their annotations (its client id), so the
+    # section is rewritten once, and each message only has its bytes spliced
+    rewritten: dict[tuple[str, bytes], bytes | None] = {}
+
+    def rewrite(address: str, message: Message) -> Message:
+        raw = message.raw
+        where = message.annotations_span()  # (placed by a patch on the way in: no scan)
+        if where is None or type(raw) is not bytes:
+            annotated = annotate(address, message)
+            return annotated if annotated is message else _expiring(annotated)
+        start, end = where
+        key = (address, raw[start:end])
+        if key in rewritten:
+            section = rewritten[key]
+            if section is None:
+                return message
+            return _expiring(
+                Message.with_annotations_at(raw[:start] + section + raw[end:], start, start + len(section))
+            )
+        annotated = annotate(address, message)
+        if annotated is message:  # (forwarded: it has them already)
+            kept: bytes | None = None
+        else:
+            span = annotated.annotations_span()
+            if span is None:
+                return _expiring(annotated)
+            kept = annotated.raw[span[0] : span[1]]
+        if end - start <= SECTION_KEPT_BYTES:
+            if len(rewritten) >= PATCHES_KEPT:
+                rewritten.clear()
+            rewritten[key] = kept
+        return annotated if annotated is message else _expiring(annotated)
+
+    def annotate(address: str, message: Message) -> Message:
+        known = patches.get(address)
+        if known is None:
+            if len(patches) >= PATCHES_KEPT:
+                patches.clear()
+            queue, _, router = address.rpartition("@")
+            patch = AnnotationPatch({SOURCE: local, DESTINATION: router, QUEUE: queue, HOPS: UInt(0)})
+            known = patches[address] = queue, router, patch
+        queue, router, patch = known
+        # a message without their text in its annotations has none of these keys: nothing
+        # decoded (one scan for the four, of the annotations alone when a patch placed them)
+        raw = message.raw
+        where = message.annotations_span()
+        found = _REWRITTEN_KEYS.search(raw) if where is None else _REWRITTEN_KEYS.search(raw, *where)
+        absent = type(raw) is bytes and found is None
+        if not absent:
+            fields = sections.fields(raw)
+            if fields is None:  # (not by the short path)
+                annotations = message.message_annotations
+                source, destination, to = annotations.get(SOURCE), annotations.get(DESTINATION), annotations.get(QUEUE)
+            else:
+                source, destination, to = fields.source, fields.destination, fields.queue
+            if source is not None and destination == router and to == queue:
+                return message
+        return patch.apply(message, absent=absent)
+
+    def _expiring(message: Message) -> Message:
+        expires = message.queue_info(now_ms(), peek=True)[2]  # the time to live counts end to end (§12)
+        return message if expires is None else message.with_annotations({EXPIRES: Timestamp(expires)})
+
+    return rewrite
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds, the queues' clock for expiry (and the peers' too: routers
+    that pass messages with a time to live need synchronised clocks, e.g. NTP)."""
+    return int(time.time() * 1000)
