@@ -93,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return drop(args.url, force=args.force)
     from .jobs import results, session, start_analyses, start_ingest  # Spark is slow to import: after --help
+    from .progress import Progress
     from .report import write_report
+
+    progress = Progress()
+    progress.say("starting Spark")
 
     output = Path(args.output)
     checkpoint = Path(args.checkpoint) if args.checkpoint else output / "_checkpoints"
@@ -134,23 +138,34 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
 
+    latest: dict[str, list] | None = None  # the results last reported
+    path: Path | None = None
+
     def report() -> None:
-        path = write_report(results(spark, output), output / "report.html")
-        print(f"report: {path.resolve()}", flush=True)
+        nonlocal latest, path
+        latest = results(spark, output)
+        path = write_report(latest, output / "report.html").resolve()
+        print(f"report: {path}", flush=True)
 
     try:
+        progress.say(f"ingest from {args.url or args.input} ({args.source}) into {output}: rows, events")
         start("ingest")
         if args.once:  # the analyses read what the ingest wrote: one after the other
             for query in queries:
                 query.awaitTermination()
+            progress.update(queries)
+            progress.say("analyses: route-changes, series")
             start("analyses")
             for query in queries:
                 query.awaitTermination()
+            progress.update(queries)
             report()
         else:
+            progress.say(f"analyses: route-changes, series; every {args.interval:g} s until Ctrl-C")
             start("analyses")
             while all(query.isActive for query in queries):
                 time.sleep(args.interval)
+                progress.update(queries)
                 report()
             for query in queries:
                 query.awaitTermination()  # raises what stopped it
@@ -164,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             query.stop()
         spark.stop()
         shutil.rmtree(scratch, ignore_errors=True)
+    progress.summary(latest, str(path) if path else None)
     return 0
 
 
