@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -298,11 +298,7 @@ class TopicManager:
             self._durables[subscription.queue.name] = subscription
             if self._durable_usage is not None:
                 entry = self._durable_usage.add(
-                    subscription.queue.name,
-                    lambda: {
-                        **_durable_usage(subscription),
-                        "backlog-growing": subscription.queue.name in self._backlogs.growing,
-                    },
+                    subscription.queue.name, lambda: _durable_usage(subscription, self._backlogs.growing)
                 )
                 entry.add_operation(
                     "delete",
@@ -646,7 +642,7 @@ def _check_durable_queue_name(key: str) -> None:
         raise QueueError(f"{key!r} is a temporary queue's name (client id {TEMPORARY_PREFIX[:-1]!r} is reserved)")
 
 
-def _durable_usage(subscription: Subscription) -> dict[str, Any]:
+def _durable_usage(subscription: Subscription, growing: Mapping[str, int]) -> dict[str, Any]:
     return {
         "client-id": subscription.client_id,
         "name": subscription.durable_name,
@@ -655,4 +651,5 @@ def _durable_usage(subscription: Subscription) -> dict[str, Any]:
         "no-local": subscription.no_local,
         "messages": subscription.queue.size,
         "consumers": len(subscription.queue.consumers),
+        "backlog-growing": subscription.queue.name in growing,
     }
