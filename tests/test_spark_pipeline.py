@@ -397,6 +397,14 @@ async def test_the_continuous_job_reports_windows_of_files_that_arrive_while_it_
         with trio.fail_after(120):
             code = await trio.to_thread.run_sync(process.wait)
         assert code == 0, log.read_text()[-5000:]
+        # its progress: the stage, batches of rows as they came, a summary after Ctrl-C
+        lines = [line.removeprefix("martinet-pipeline: ") for line in log.read_text().splitlines()]
+        lines = [line for line in lines if line.startswith(("analyses: ", "ingest-rows: batch ", "done in "))]
+        assert lines[0] == "analyses: route-changes, series; every 1 s until Ctrl-C"
+        so_far = [int(line.split("(")[1].split()[0].replace(",", "")) for line in lines if "ingest-rows" in line]
+        assert len(so_far) >= 2 and so_far == sorted(so_far)  # rows keep coming while it runs
+        assert lines[-1].startswith("done in ") and f": {so_far[-1]:,} rows and " in lines[-1]
+        assert lines[-1].endswith(f"; report: {report.resolve()}")
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
