@@ -2,6 +2,7 @@
 
     martinet-pipeline --source files --input metrics --output analysis --once
     martinet-pipeline --source live --url amqp://127.0.0.1:5681 --output analysis   # until Ctrl-C
+    martinet-pipeline --source live --url amqp://127.0.0.1:5681 --drop --force     # give it up
 
 See :mod:`.jobs` for what it computes and README "Metrics into Spark" for a walkthrough.
 """
@@ -30,7 +31,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="The export's format.")
     parser.add_argument("--url", help="amqp://host:port of the router holding the metrics topic (--source live).")
     parser.add_argument("--topic", default="martinet.metrics", help="The metrics topic (--source live).")
-    parser.add_argument("--output", required=True, help="Folder of the ingested tables, results and report.html.")
+    parser.add_argument("--output", help="Folder of the ingested tables, results and report.html (required).")
     parser.add_argument("--checkpoint", help="Checkpoint folder (default OUTPUT/_checkpoints); keep it to continue.")
     parser.add_argument("--once", action="store_true", help="Process what is there now, report, and stop.")
     parser.add_argument(
@@ -65,13 +66,38 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         default=3,
         help="Alert when a backlog grew for this many windows in a row (default 3).",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--drop",
+        action="store_true",
+        help="Instead of running: delete the durable subscriptions the live source made on the "
+        "router at --url (they keep every metrics message while no pipeline reads them), and say "
+        "how many messages they held.",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="--drop: also the subscriptions that hold messages (without it they are kept, with what would be lost).",
+    )
+    args = parser.parse_args(argv)
+    if args.drop and not args.url:
+        parser.error("--drop needs --url (the router the live pipeline read from)")
+    if not args.drop and not args.output:
+        parser.error("the following arguments are required: --output")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
+    if args.drop:
+        from .drop import drop
+
+        return drop(args.url, force=args.force)
     from .jobs import results, session, start_analyses, start_ingest  # Spark is slow to import: after --help
+    from .progress import Progress
     from .report import write_report
+
+    progress = Progress()
+    progress.say("starting Spark")
 
     output = Path(args.output)
     checkpoint = Path(args.checkpoint) if args.checkpoint else output / "_checkpoints"
@@ -112,23 +138,34 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
 
+    latest: dict[str, list] | None = None  # the results last reported
+    path: Path | None = None
+
     def report() -> None:
-        path = write_report(results(spark, output), output / "report.html")
-        print(f"report: {path.resolve()}", flush=True)
+        nonlocal latest, path
+        latest = results(spark, output)
+        path = write_report(latest, output / "report.html").resolve()
+        print(f"report: {path}", flush=True)
 
     try:
+        progress.say(f"ingest from {args.url or args.input} ({args.source}) into {output}: rows, events")
         start("ingest")
         if args.once:  # the analyses read what the ingest wrote: one after the other
             for query in queries:
                 query.awaitTermination()
+            progress.update(queries)
+            progress.say("analyses: route-changes, series")
             start("analyses")
             for query in queries:
                 query.awaitTermination()
+            progress.update(queries)
             report()
         else:
+            progress.say(f"analyses: route-changes, series; every {args.interval:g} s until Ctrl-C")
             start("analyses")
             while all(query.isActive for query in queries):
                 time.sleep(args.interval)
+                progress.update(queries)
                 report()
             for query in queries:
                 query.awaitTermination()  # raises what stopped it
@@ -142,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             query.stop()
         spark.stop()
         shutil.rmtree(scratch, ignore_errors=True)
+    progress.summary(latest, str(path) if path else None)
     return 0
 
 

@@ -5,8 +5,9 @@ A Spark 4 Python data source (:class:`MartinetSource`, register it with
 Options: ``url`` (``amqp://host:port``, required), ``replay-folder`` (required, see below),
 ``topic`` (``martinet.metrics``), ``table`` (``rows`` or ``events``), ``client-id`` and
 ``subscription`` (the durable subscription; default ``spark-<table>``: one per query that
-reads the topic), ``wait`` (seconds a read waits for the first message, default 0.5) and
-``max-messages`` per micro-batch (default 500).
+reads the topic; ``martinet-pipeline --drop`` deletes the default ones), ``wait`` (seconds a
+read waits for the first message, default 0.5) and ``max-messages`` per micro-batch (default
+500).
 
 Exactly once across restarts
 ----------------------------
@@ -49,6 +50,7 @@ from pyspark.sql.types import StructType
 
 from martinet.swiftlets.spark.api import decode_batch
 
+from .drop import subscription
 from .schema import spark_schema
 
 __all__ = ["MartinetSource"]
@@ -92,8 +94,9 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
         self.url = options["url"]
         self.replay = Path(options["replay-folder"])
         self.topic = options.get("topic", "martinet.metrics")
-        self.client_id = options.get("client-id", f"spark-{self.table}")
-        self.subscription = options.get("subscription", f"spark-{self.table}")
+        client_id, name = subscription(self.table)  # what --drop deletes
+        self.client_id = options.get("client-id", client_id)
+        self.subscription = options.get("subscription", name)
         self.wait = float(options.get("wait", "0.5"))
         self.max_messages = int(options.get("max-messages", "500"))
         self._connection: Any = None

@@ -32,8 +32,8 @@ def pipeline_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "martinet.pipeline", "--master", "local[2]", *args]
 
 
-async def run_pipeline(*args: str) -> None:
-    """Run the pipeline to its end; its output is shown when it fails."""
+async def run_pipeline(*args: str) -> str:
+    """Run the pipeline to its end; its stderr (its output is shown when it fails)."""
     env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
     with trio.fail_after(PIPELINE_TIMEOUT):
         result = await trio.run_process(
@@ -41,6 +41,7 @@ async def run_pipeline(*args: str) -> None:
         )
     assert result.returncode == 0, failure(result.stderr.decode())
     assert b"report: " in result.stdout
+    return result.stderr.decode()
 
 
 def failure(stderr: str) -> str:
@@ -308,13 +309,24 @@ async def test_three_routers_collected_into_one_folder_are_one_spark_table(netwo
     await network.stop_all()
 
     output = tmp_path / "analysis"
-    await run_pipeline("--source", "files", "--input", str(folder), "--output", str(output), "--once")
+    stderr = await run_pipeline("--source", "files", "--input", str(folder), "--output", str(output), "--once")
     rows = ingested(output)
     assert {row["router"] for row in rows} == {"a", "b", "c"}
     keys = [(row["router"], row["epoch"], row["seq"]) for row in rows]
     assert len(keys) == len(set(keys))
     written = sum(len(pq.read_table(p)) for p in (folder / "rows").rglob("part-*.parquet"))
     assert len(rows) == written
+    # its progress on stderr: the stages, the rows of each batch, a summary with the same counts
+    lines = [line.removeprefix("martinet-pipeline: ") for line in stderr.splitlines() if line.startswith("martinet-")]
+    assert lines[:2] == ["starting Spark", f"ingest from {folder} (files) into {output}: rows, events"]
+    assert "analyses: route-changes, series" in lines
+    batches = [line for line in lines if line.startswith("ingest-rows: batch ")]
+    assert batches and sum(int(line.split(", ")[1].split()[0].replace(",", "")) for line in batches) == len(rows)
+    events = len(ingested(output, "events"))
+    summary = lines[-1]
+    assert summary.startswith("done in ")
+    assert f": {len(rows):,} rows and {events:,} events ingested; results: rates " in summary
+    assert summary.endswith(f"; report: {(output / 'report.html').resolve()}")
 
 
 async def test_the_continuous_job_reports_windows_of_files_that_arrive_while_it_runs(network, tmp_path):
@@ -385,6 +397,14 @@ async def test_the_continuous_job_reports_windows_of_files_that_arrive_while_it_
         with trio.fail_after(120):
             code = await trio.to_thread.run_sync(process.wait)
         assert code == 0, log.read_text()[-5000:]
+        # its progress: the stage, batches of rows as they came, a summary after Ctrl-C
+        lines = [line.removeprefix("martinet-pipeline: ") for line in log.read_text().splitlines()]
+        lines = [line for line in lines if line.startswith(("analyses: ", "ingest-rows: batch ", "done in "))]
+        assert lines[0] == "analyses: route-changes, series; every 1 s until Ctrl-C"
+        so_far = [int(line.split("(")[1].split()[0].replace(",", "")) for line in lines if "ingest-rows" in line]
+        assert len(so_far) >= 2 and so_far == sorted(so_far)  # rows keep coming while it runs
+        assert lines[-1].startswith("done in ") and f": {so_far[-1]:,} rows and " in lines[-1]
+        assert lines[-1].endswith(f"; report: {report.resolve()}")
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)

@@ -3,6 +3,8 @@ no-local, selectors, interest events, slow subscribers, bad input."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import trio
 
@@ -15,6 +17,7 @@ from martinet.swiftlets.topicmanager.api import (
     matches,
     parse_topic,
 )
+from martinet.swiftlets.topicmanager.backlogs import BacklogWatch
 
 from conftest import RunningRouter, drain, wait_until
 
@@ -310,4 +313,101 @@ async def test_bad_input(make_topics):
         topic_manager.subscribe("known", selector="colour = ")
     with pytest.raises(Exception, match="may not be a predicate"):
         running.router.management.add("/sys$topicmanager/topics", "_bad")
+    await running.stop()
+
+
+# -- durable subscriptions nobody consumes (backlogs.py) --------------------------------------
+
+
+def test_a_backlog_grows_past_the_threshold_without_a_consumer_and_is_named_once_an_hour(caplog):
+    """The baseline is the smallest backlog since the last consumer (or the first look): a
+    stable backlog after a restart is not growing; a consumer resets it; the flag holds while
+    nobody consumes, without flapping; a warning names a subscription at most once an hour."""
+    state: dict[str, tuple[int, bool]] = {}
+    watch = BacklogWatch(
+        lambda: ((n, size, consumed) for n, (size, consumed) in state.items()),
+        threshold=lambda: 10,
+        interval=lambda: 1000,
+    )
+
+    def check(now: float, **backlogs: tuple[int, bool]) -> dict[str, int]:
+        state.clear()
+        state.update(backlogs)
+        watch.check(now)
+        return watch.growing
+
+    with caplog.at_level(logging.WARNING, logger="martinet.swiftlets.topicmanager.backlogs"):
+        assert check(0, old=(50, False), live=(5, True), small=(2, False)) == {}  # first look: the baselines
+        assert check(60, old=(50, False), live=(40, True), small=(8, False)) == {}  # still; consumed; below 10
+        assert check(120, old=(51, False), live=(40, False), small=(12, False)) == {"old": 51, "small": 12}
+        assert check(180, old=(51, False), live=(41, False), small=(12, False)) == {"old": 51, "small": 12, "live": 41}
+        assert check(240, old=(51, True), live=(41, False), small=(12, False)) == {"small": 12, "live": 41}
+        assert check(300, old=(52, False), live=(41, False), small=(9, False)) == {"old": 52, "live": 41}
+        assert check(3800, old=(53, False), live=(41, False)) == {"old": 53, "live": 41}  # small deleted
+    assert [r.getMessage().partition(": ")[2] for r in caplog.records] == [
+        "old (51 messages), small (12 messages); delete an abandoned one with martinet admin delete "
+        "'/sys$topicmanager/usage/durable-subscribers' NAME --force",
+        "old (51 messages), live (41 messages), small (12 messages); delete an abandoned one with martinet admin "
+        "delete '/sys$topicmanager/usage/durable-subscribers' NAME --force",
+        # (240, 300: old and live were named within the hour, small is not growing at 300)
+        "old (53 messages), live (41 messages); delete an abandoned one with martinet admin delete "
+        "'/sys$topicmanager/usage/durable-subscribers' NAME --force",
+    ]
+    assert (
+        caplog.records[0]
+        .getMessage()
+        .startswith("2 durable subscription(s) without a consumer keep growing past unconsumed-backlog-warning 10: ")
+    )
+    state.clear()
+    state.update({f"q{n}": (100 + n, False) for n in range(7)})
+    watch.check(10_000)  # the first look at these
+    state.update({f"q{n}": (200 + n, False) for n in range(7)})
+    watch.check(10_060)
+    assert (
+        caplog.records[-1]
+        .getMessage()
+        .partition(": ")[2]
+        .startswith(
+            "q6 (206 messages), q5 (205 messages), q4 (204 messages), q3 (203 messages), q2 (202 messages) and 2 more; "
+        )
+    )
+
+
+async def test_growing_durable_backlogs_show_in_usage_and_follow_the_settings(make_topics, caplog):
+    running = make_topics(manager='unconsumed-backlog-warning="3" backlog-check-interval="100"')
+    await running.start()
+    topic_manager, tree = running.topic_manager, running.router.management
+
+    def growing(queue: str) -> bool:
+        return tree.get(f"/sys$topicmanager/usage/durable-subscribers/{queue}", "backlog-growing")
+
+    async def publish_until(queue: str, flagged: bool) -> None:
+        """Publish to ``news`` until ``queue``'s flag is ``flagged`` (a check saw it)."""
+        with trio.fail_after(10):
+            while growing(queue) != flagged:
+                topic_manager.publish("news", build(b"x"))
+                await trio.sleep(0.05)
+
+    gone = await topic_manager.durable_subscribe("app", "gone", "news")
+    live = await topic_manager.durable_subscribe("app", "live", "news")
+    await topic_manager.durable_subscribe("app", "small", "quiet")
+    reading = live.consumer()  # no credit: its backlog grows too, but it has a consumer
+    topic_manager.publish("quiet", build(b"x"))
+    with caplog.at_level(logging.WARNING, logger="martinet.swiftlets.topicmanager.backlogs"):
+        await publish_until("app$gone", True)
+        assert (growing("app$live"), growing("app$small")) == (False, False)  # (judged in the same check)
+        assert live.queue.size >= 3 and tree.get("/sys$topicmanager/usage", "durable-backlogs-growing") == 1
+
+        consumer = gone.consumer()  # the subscriber is back: no longer flagged ...
+        await wait_until(lambda: not growing("app$gone"), what="app$gone consumed")
+        consumer.close()  # ... and gone again: flagged once it grows, not named again within the hour
+        await publish_until("app$gone", True)
+        reading.close()
+        await publish_until("app$live", True)  # a new one: a new warning line, naming both
+    lines = [r.getMessage().partition(": ")[2] for r in caplog.records if r.name.endswith(".backlogs")]
+    assert len(lines) == 2 and lines[0].startswith("app$gone (") and "app$live (" in lines[1], lines
+
+    tree.set("/sys$topicmanager", "unconsumed-backlog-warning", "-1")  # off
+    await wait_until(lambda: tree.get("/sys$topicmanager/usage", "durable-backlogs-growing") == 0)
+    assert not growing("app$gone") and not growing("app$live")
     await running.stop()

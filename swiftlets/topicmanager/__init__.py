@@ -8,7 +8,8 @@ Layout: :mod:`.config` (topics, slow-subscriber conditions, static remote subscr
 announce filters), :mod:`.api` (the public interface), :mod:`.manager` (the running
 swiftlet), :mod:`.hierarchy` (topic names and the hierarchy rules, pure functions),
 :mod:`.federation` (topics across routers: interest records, forwarding; uses
-``sys$routing``'s api when it runs), :mod:`.jobs` (Delete Durable, offered to ``sys$scheduler``).
+``sys$routing``'s api when it runs), :mod:`.backlogs` (durable subscriptions nobody consumes
+whose backlog grows), :mod:`.jobs` (Delete Durable, offered to ``sys$scheduler``).
 
 Usage: ``/sys$topicmanager/usage`` (roots, durable subscribers, interest), ``…/topics/<root>``,
 ``…/durable-subscribers/<queue>`` and ``…/remote-router-subscriptions/<router>/topics/<root>``.

@@ -79,6 +79,20 @@ class TopicManagerConfig:
         True,
         description="Publishing or subscribing under a root that is not defined creates it; false: that is an error.",
     )
+    unconsumed_backlog_warning: int = prop(
+        1000,
+        min=-1,
+        description="A durable subscription without a consumer whose backlog grew to at least this many "
+        "messages is reported: backlog-growing in its usage, counted in durable-backlogs-growing, and a "
+        "WARNING line (about once an hour per subscription); -1: never.",
+    )
+    backlog_check_interval: int = prop(
+        60_000,
+        min=100,
+        max=86_400_000,
+        description="Milliseconds between two checks of the durable subscriptions' backlogs "
+        "(unconsumed-backlog-warning).",
+    )
     topics: Mapping[str, TopicConfig] = entity_list(TopicConfig, item="topic", description="Defined topics.")
     slow_subscriber_conditions: Mapping[str, SlowSubscriberCondition] = entity_list(
         SlowSubscriberCondition,

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -60,6 +60,7 @@ from martinet.swiftlets.queuemanager.api import (
 from martinet.swiftlets.store.api import DeleteRecord, PutRecord, Store
 
 from .api import PublishResult, TopicError, TopicInterestChanged, durable_queue_name
+from .backlogs import BacklogWatch
 from .config import SlowSubscriberCondition
 from .federation import PUBLISHER, SOURCE, TEMPORARY_ROOT_PREFIX, TOPIC, AllDurable, Federation
 from .hierarchy import TopicName, TopicNameError, matches, parse_topic
@@ -160,6 +161,11 @@ class TopicManager:
         self._durable_usage: UsageList | None = None
         self._unrestorable_usage: UsageList | None = None
         self._federation: Federation | None = None
+        self._backlogs = BacklogWatch(
+            lambda: ((name, s.queue.size, bool(s.queue.consumers)) for name, s in self._durables.items()),
+            threshold=lambda: context.config.unconsumed_backlog_warning,
+            interval=lambda: context.config.backlog_check_interval,
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._store = self.context.lookup("sys$store", Store)
@@ -172,6 +178,7 @@ class TopicManager:
             lambda: {
                 "roots": len(self._roots),
                 "durable-subscribers": len(self._durables),
+                "durable-backlogs-growing": len(self._backlogs.growing),
                 "unrestorable": len(self._unrestorable),
                 "interest": " ".join(sorted(self.interest())),
                 "interest-records-sent": self._federation.records_sent if self._federation else 0,
@@ -186,6 +193,7 @@ class TopicManager:
         self._recover()
         async with trio.open_nursery() as nursery:
             await nursery.start(self._federation.run, self._store)
+            await nursery.start(self._backlogs.run)
             task_status.started()
 
     def _settings_changed(self, change: Change) -> None:
@@ -289,7 +297,9 @@ class TopicManager:
         if subscription.durable:
             self._durables[subscription.queue.name] = subscription
             if self._durable_usage is not None:
-                entry = self._durable_usage.add(subscription.queue.name, lambda: _durable_usage(subscription))
+                entry = self._durable_usage.add(
+                    subscription.queue.name, lambda: _durable_usage(subscription, self._backlogs.growing)
+                )
                 entry.add_operation(
                     "delete",
                     lambda: self._delete_durable(subscription),
@@ -442,8 +452,9 @@ class TopicManager:
         await self._store.commit([DeleteRecord("durable", key)])
         self._remove(subscription)
 
-    async def _delete_durable(self, subscription: Subscription) -> str:
-        """The operator's delete of a durable subscription (management)."""
+    async def _delete_durable(self, subscription: Subscription) -> dict[str, Any]:
+        """The operator's delete of a durable subscription (management): the queue deleted and
+        how many messages it dropped (``martinet-pipeline --drop`` prints them)."""
         assert subscription.client_id is not None and subscription.durable_name is not None  # a durable one
         dropped = subscription.queue.size
         try:
@@ -453,7 +464,7 @@ class TopicManager:
         log.info(
             "durable subscription %s deleted by management (%d message(s) dropped)", subscription.queue.name, dropped
         )
-        return f"durable subscription {subscription.queue.name} deleted, {dropped} message(s) dropped"
+        return {"deleted": subscription.queue.name, "dropped": dropped}
 
     def durable_subscriptions(self) -> dict[str, Subscription]:
         """Durable subscriptions by queue name (``clientid$name``)."""
@@ -631,7 +642,7 @@ def _check_durable_queue_name(key: str) -> None:
         raise QueueError(f"{key!r} is a temporary queue's name (client id {TEMPORARY_PREFIX[:-1]!r} is reserved)")
 
 
-def _durable_usage(subscription: Subscription) -> dict[str, Any]:
+def _durable_usage(subscription: Subscription, growing: Mapping[str, int]) -> dict[str, Any]:
     return {
         "client-id": subscription.client_id,
         "name": subscription.durable_name,
@@ -640,4 +651,5 @@ def _durable_usage(subscription: Subscription) -> dict[str, Any]:
         "no-local": subscription.no_local,
         "messages": subscription.queue.size,
         "consumers": len(subscription.queue.consumers),
+        "backlog-growing": subscription.queue.name in growing,
     }
