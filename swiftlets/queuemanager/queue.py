@@ -75,6 +75,7 @@ from martinet.messaging.selector import Selector, message_identifiers
 
 from .api import ConsumerRefused, QueueError, QueueFull
 from .config import QueueSettings
+from .memory import ENTRY_COST, MemoryAlarm
 
 __all__ = ["Entry", "Queue", "Consumer", "QueueServices", "FlowController"]
 
@@ -109,6 +110,10 @@ class QueueServices(Protocol):
     def persist_message(self, entry: Entry) -> None:
         """A persistent ``entry``'s message was replaced (annotated): store its bytes (in the
         background)."""
+
+    @property
+    def memory(self) -> MemoryAlarm:
+        """The router's memory budget, which a queue's entries count against."""
 
     def read_back(self, queue: Queue, entries: list[Entry]) -> None:
         """Read the stored bytes of the swapped-out ``entries`` of ``queue`` back from the
@@ -245,6 +250,8 @@ class Queue:
         self.bytes = 0  # their Entry.bytes, for max-bytes
         self.swapped = 0  # of those, entries whose bytes are only in the store (Entry.swapped)
         self.swapped_bytes = 0  # and their Entry.bytes
+        self._memory = manager.memory
+        self.memory = 0  # what its entries count against the router's memory budget (see .memory)
         self._reading = False  # a read_back is under way
         self._read_ahead_below = (0, 0)  # (entries, bytes) in memory under which the next batch is read
         self.consumers: list[Consumer] = []
@@ -326,12 +333,19 @@ class Queue:
             self._ids.discard(self._id_order.popleft())
 
     def count(self, entry: Entry) -> None:
-        """``entry`` is one of this queue's now (in its size, bytes and swapped counts)."""
+        """``entry`` is one of this queue's now (in its size, bytes and swapped counts, and
+        in the router's memory)."""
         self.size += 1
         self.bytes += entry.bytes
         if entry.swapped:
             self.swapped += 1
             self.swapped_bytes += entry.bytes
+            resident = len(entry.message.raw) + ENTRY_COST
+        else:
+            resident = entry.bytes + ENTRY_COST
+        if not self.deleted:
+            self.memory += resident
+            self._memory.add(resident)
 
     def uncount(self, entry: Entry) -> None:
         """``entry`` left this queue (consumed, expired, dead-lettered): out of its counts."""
@@ -340,6 +354,12 @@ class Queue:
         if entry.swapped:
             self.swapped -= 1
             self.swapped_bytes -= entry.bytes
+            resident = len(entry.message.raw) + ENTRY_COST
+        else:
+            resident = entry.bytes + ENTRY_COST
+        if not self.deleted:  # (a deleted queue gave its whole share back at once: drop_all)
+            self.memory -= resident
+            self._memory.add(-resident)
         if self.room_callbacks:
             self.room_made()
 
@@ -434,6 +454,8 @@ class Queue:
         self.swapped += 1
         self.swapped_bytes += entry.bytes
         self.swapped_out += 1
+        self.memory += head - entry.bytes
+        self._memory.add(head - entry.bytes)
         if self.swapped == 1:
             self._read_ahead_below = self._batch()
 
@@ -511,14 +533,21 @@ class Queue:
                     self.uncount(entry)
                     entry.state = GONE
                 continue
-            entry.message = Message(body)
-            entry.swapped = False
-            self.swapped -= 1
-            self.swapped_bytes -= entry.bytes
+            self.swap_in(entry, body)
             self.read_back_count += 1
         self._read_ahead_below = self._batch()
         if self._ready and self.available:
             self._dispatch()
+
+    def swap_in(self, entry: Entry, body: bytes) -> None:
+        """The swapped-out ``entry`` (counted here) has its bytes, ``body``, back."""
+        grown = entry.bytes - len(entry.message.raw)
+        entry.message = Message(body)
+        entry.swapped = False
+        self.swapped -= 1
+        self.swapped_bytes -= entry.bytes
+        self.memory += grown
+        self._memory.add(grown)
 
     def cache_front(self) -> list[Entry]:
         """The swapped-out entries among the first in delivery order that fit in the cache
@@ -761,6 +790,8 @@ class Queue:
             level.clear()
         self.available = 0
         self.size = self.bytes = self.swapped = self.swapped_bytes = 0
+        self._memory.add(-self.memory)  # (entries held in transactions too: they count no more)
+        self.memory = 0
         return entries
 
     def sample_rates(self) -> None:
@@ -787,6 +818,7 @@ class Queue:
             "cached-bytes": self.bytes - self.swapped_bytes,
             "swapped": self.swapped,
             "swapped-bytes": self.swapped_bytes,
+            "memory": self.memory,
             "swapped-out": self.swapped_out,
             "read-back": self.read_back_count,
             "reads": self.reads,

@@ -1,0 +1,191 @@
+"""The router's memory budget as a whole (sys$queuemanager's memory-limit-kb): what it counts,
+the alarm past its high-water mark, and what the alarm holds back.
+
+Real routers in this process, on stores in the test's temp dir; our AMQP client over
+sockets on port 0 (numbered producers, verifying consumers); routing links between two
+routers. Publishers are shown held by their link credit (counted: it is 0 and none is
+granted while the alarm is on), never by a time; the accounted bytes are checked to the
+byte against the queue's own entries, in usage and in /metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+from test_routing_limits import _waiting_for_room
+from test_routing_transfer_network import consume, produce, start, verify
+
+from martinet.kernel import Router
+from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect
+from martinet.messaging.message import build, head_length
+from martinet.swiftlets.queuemanager.memory import ENTRY_COST
+from martinet.swiftlets.web.metrics import UsageCollector
+
+from conftest import wait_until
+
+ROUTER = """
+<router name="r1" startorder="sys$store sys$authentication sys$queuemanager sys$topicmanager sys$jms"
+        shutdown-timeout="5000">
+  <swiftlet name="sys$store" path="{store}" sync="normal"/>
+  <swiftlet name="sys$authentication" authentication-enabled="false"/>
+  <swiftlet name="sys$queuemanager" memory-limit-kb="64" memory-low-watermark-percent="50">
+    <queues><queue name="q" flowcontrol-start-queuesize="-1"/></queues>
+  </swiftlet>
+  <swiftlet name="sys$jms">
+    <listeners><listener name="amqp" port="0" bind-address="127.0.0.1" incoming-credit="10"/></listeners>
+  </swiftlet>
+</router>
+"""
+MEMORY = "/sys$queuemanager/usage"
+PAD = "x" * 900  # about 1 KiB a message: some 45 of them fill the 64 KiB budget
+
+
+def _expected(queue) -> int:
+    """What ``queue``'s available entries count against the budget: bytes in memory plus
+    the fixed cost of each (all of them are in memory here: fewer than cache-size)."""
+    return sum(entry.bytes + ENTRY_COST for entry in queue.browse())
+
+
+def _metric(router: Router, name: str) -> float:
+    """The value of the /metrics sample ``name`` (the collector the web swiftlet serves)."""
+    for family in UsageCollector(router.name, router.management).collect():
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    raise AssertionError(f"no metric {name}")
+
+
+async def test_publishers_get_no_credit_above_the_budget_and_every_message_arrives_once(tmp_path, nursery, caplog):
+    """Three publishers of persistent messages into a queue nobody reads yet (flow control
+    off). Past 64 KiB accounted the alarm goes on: each publisher uses up the credit it has
+    and gets no more — its link stays attached and its sends wait. A consumer drains the
+    queue; under the low-water mark (32 KiB) the publishers get credit again. Every message
+    arrives once, in each publisher's order, and the budget ends empty."""
+    caplog.set_level(logging.INFO, logger="martinet.swiftlets.queuemanager.memory")
+    path = tmp_path / "router.xml"
+    path.write_text(ROUTER.format(store=tmp_path / "store"))
+    router = Router.from_file(path)
+    await nursery.start(router.run)
+    url = f"amqp://127.0.0.1:{router.management.get('/sys$jms/usage/listeners/amqp', 'port')}"
+    manager = router.swiftlet("sys$queuemanager")
+    queue = manager.queues["q"]
+    publishers, total = 3, 150
+    sent = [0] * publishers
+    links = []
+
+    async def publish(number: int) -> None:
+        async with connect(url) as connection, connection.session() as session:
+            async with session.producer(Queue("q"), delivery_mode=DeliveryMode.PERSISTENT) as producer:
+                links.append(producer._link.link)  # the client's end: the credit it holds
+                for n in range(total):
+                    await producer.send(TextMessage(f"{number}:{n:04d}:{PAD}"))  # returns once accepted
+                    sent[number] += 1
+
+    async with trio.open_nursery() as publishing:
+        for number in range(publishers):
+            publishing.start_soon(publish, number)
+        await wait_until(
+            lambda: len(links) == publishers and manager.memory.on and all(link.credit == 0 for link in links),
+            what="every publisher out of credit under the alarm",
+        )
+        # Held by credit: none of them has any, every send made was taken, nothing else is held.
+        assert queue.size == sum(sent) < publishers * total
+        per_message = queue.memory // queue.size
+        # the alarm went on past 64 KiB; after it, each link had at most its window of 10 left
+        assert 64 * 1024 < queue.memory <= 64 * 1024 + publishers * 10 * per_message + per_message
+        usage = router.management.resolve(MEMORY).properties()
+        expected = _expected(queue)
+        assert (usage["memory-used"], usage["memory-messages"], usage["memory-buffers"]) == (expected, expected, 0)
+        assert (usage["memory-limit"], usage["memory-low-watermark"]) == (64 * 1024, 32 * 1024)
+        assert (usage["memory-alarm"], usage["memory-alarms"]) == (True, 1)
+        assert usage["memory-waiting"] == publishers  # one wait per held link
+        assert router.management.get("/sys$queuemanager/usage/queues/q", "memory") == expected
+        assert _metric(router, "martinet_queuemanager_memory_used") == expected
+        assert _metric(router, "martinet_queuemanager_memory_alarm") == 1
+        assert _metric(router, "martinet_queuemanager_memory_alarms_total") == 1
+        connections = router.management.resolve("/sys$jms/usage/connections").children.values()
+        assert sorted(c.properties()["memory-waits"] for c in connections) == [1] * publishers
+
+        received: list[str] = []
+        async with connect(url) as connection, connection.session() as session:
+            async with session.consumer(Queue("q")) as consumer:
+                with trio.fail_after(60):
+                    while len(received) < publishers * total:
+                        received.append((await consumer.receive(30)).text)
+                assert await consumer.receive(0.2) is None  # nothing more: no duplicate
+    for number in range(publishers):
+        mine = [text.split(":")[1] for text in received if text.startswith(f"{number}:")]
+        assert mine == [f"{n:04d}" for n in range(total)]  # nothing lost or doubled, in order
+    await wait_until(lambda: queue.size == 0 and manager.memory.used == 0, what="the accepts settled")
+    usage = router.management.resolve(MEMORY).properties()
+    assert (usage["memory-used"], usage["memory-alarm"], usage["memory-waiting"]) == (0, False, 0)
+    # one line each time it went on and off (publishers resumed, it may have gone on again)
+    on = [r for r in caplog.records if "memory alarm on" in r.getMessage()]
+    off = [r for r in caplog.records if "memory alarm off" in r.getMessage()]
+    assert len(on) == len(off) == usage["memory-alarms"] >= 1
+    router.request_stop()
+
+
+async def test_the_budget_counts_swapped_out_messages_by_what_stays_and_follows_its_settings(make_broker):
+    """A persistent message beyond the cache counts only its leading sections (its body is
+    in the store); a deleted queue gives back all it counted. A lowered limit turns the
+    alarm on at once, a raised one off; -1 with memory-limit-percent 0: no budget."""
+    broker = make_broker(manager='memory-limit-kb="1024"', queues='<queue name="big" cache-size="2"/>')
+    router = await broker.start()
+    manager = router.swiftlet("sys$queuemanager")
+    messages = [build(b"x" * 1000, durable=True, message_id=f"m{n}", properties={"n": n}) for n in range(10)]
+    for message in messages:
+        await manager.send("big", message)  # durable on return: swapped out past the cache
+    big = manager.queues["big"]
+    assert (big.size, big.swapped) == (10, 8)
+    head = head_length(messages[0].raw)
+    expected = 2 * (len(messages[0].raw) + ENTRY_COST) + 8 * (head + ENTRY_COST)
+    assert (big.memory, manager.memory.used, manager.memory.on) == (expected, expected, False)
+
+    management = router.management
+    management.set("/sys$queuemanager", "memory-limit-kb", 1)  # 1 KiB: far below
+    assert management.get(MEMORY, "memory-alarm") is True and management.get(MEMORY, "memory-limit") == 1024
+    management.set("/sys$queuemanager", "memory-limit-kb", 64)
+    assert management.get(MEMORY, "memory-alarm") is False and management.get(MEMORY, "memory-alarms") == 1
+    management.set("/sys$queuemanager", "memory-limit-percent", 0)
+    management.set("/sys$queuemanager", "memory-limit-kb", -1)
+    assert management.get(MEMORY, "memory-limit") == -1
+
+    consumer = big.consumer()
+    consumer.flow(3)
+    await wait_until(lambda: consumer.buffered == 3)
+    for _ in range(3):
+        consumer.accept(consumer.receive_nowait())  # read back, then consumed
+    assert manager.memory.used == big.memory == _memory_of(big)
+    manager.delete_queue("big")
+    assert manager.memory.used == 0
+
+
+def _memory_of(queue) -> int:
+    return sum((len(e.message.raw) if e.swapped else e.bytes) + ENTRY_COST for e in queue.browse())
+
+
+async def test_routing_links_hold_their_transfers_while_the_receivers_alarm_is_on(network):
+    """Router b is over its budget: its routing link's batches wait for the alarm to go off
+    as they wait for room in a full queue (the link stays up); the rest waits in a's rt$b.
+    A consumer on b drains, b's alarm goes off, and every message arrives once, in order."""
+    await start(network, "a", "b")
+    b_management = network.routers["b"].management
+    b_management.add("/sys$queuemanager/queues", "orders", {"flowcontrol-start-queuesize": "-1"})
+    b_management.set("/sys$queuemanager", "memory-limit-kb", 16)
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}})
+    a = network.routers["a"].swiftlet("sys$queuemanager")
+    b = network.routers["b"].swiftlet("sys$queuemanager")
+    count = 300
+    await produce(network.url("a"), "orders@b", count)  # returns once a holds them all
+    await wait_until(lambda: b.memory.on and _waiting_for_room(network, "b"), what="b's link holding a batch")
+    assert a.queues["rt$b"].size + b.queues["orders"].size == count
+    assert b.queues["orders"].size < count  # the rest waits at a
+    assert b_management.get(MEMORY, "memory-used") == _memory_of(b.queues["orders"])
+    verify(await consume(network.url("b"), "orders", count), count)
+    assert a.queues["rt$b"].size == 0
+    await wait_until(lambda: b.memory.used == 0 and not b.memory.on, what="b's budget empty")
+    usage = network.routers["a"].management.resolve("/sys$routing/usage/connections/connector:b").properties()
+    assert usage["messages-out"] == count  # one link all along
