@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 import trio
+from test_hostile_limits import ATTACH, FLOW, RawClient, attach, begin, transfer
 from test_routing_limits import _waiting_for_room
 from test_routing_transfer_network import consume, produce, start, verify
 
@@ -33,7 +34,9 @@ ROUTER = """
     <queues><queue name="q" flowcontrol-start-queuesize="-1"/></queues>
   </swiftlet>
   <swiftlet name="sys$jms">
-    <listeners><listener name="amqp" port="0" bind-address="127.0.0.1" incoming-credit="10"/></listeners>
+    <listeners>
+      <listener name="amqp" port="0" bind-address="127.0.0.1" incoming-credit="10" max-frame-size="16384"/>
+    </listeners>
   </swiftlet>
 </router>
 """
@@ -56,6 +59,15 @@ def _metric(router: Router, name: str) -> float:
     raise AssertionError(f"no metric {name}")
 
 
+async def _router(tmp_path, nursery) -> tuple[Router, int]:
+    """The router of :data:`ROUTER`, started; its AMQP port."""
+    path = tmp_path / "router.xml"
+    path.write_text(ROUTER.format(store=tmp_path / "store"))
+    router = Router.from_file(path)
+    await nursery.start(router.run)
+    return router, router.management.get("/sys$jms/usage/listeners/amqp", "port")
+
+
 async def test_publishers_get_no_credit_above_the_budget_and_every_message_arrives_once(tmp_path, nursery, caplog):
     """Three publishers of persistent messages into a queue nobody reads yet (flow control
     off). Past 64 KiB accounted the alarm goes on: each publisher uses up the credit it has
@@ -63,11 +75,8 @@ async def test_publishers_get_no_credit_above_the_budget_and_every_message_arriv
     queue; under the low-water mark (32 KiB) the publishers get credit again. Every message
     arrives once, in each publisher's order, and the budget ends empty."""
     caplog.set_level(logging.INFO, logger="martinet.swiftlets.queuemanager.memory")
-    path = tmp_path / "router.xml"
-    path.write_text(ROUTER.format(store=tmp_path / "store"))
-    router = Router.from_file(path)
-    await nursery.start(router.run)
-    url = f"amqp://127.0.0.1:{router.management.get('/sys$jms/usage/listeners/amqp', 'port')}"
+    router, port = await _router(tmp_path, nursery)
+    url = f"amqp://127.0.0.1:{port}"
     manager = router.swiftlet("sys$queuemanager")
     queue = manager.queues["q"]
     publishers, total = 3, 150
@@ -160,6 +169,34 @@ async def test_the_budget_counts_swapped_out_messages_by_what_stays_and_follows_
     assert manager.memory.used == big.memory == _memory_of(big)
     manager.delete_queue("big")
     assert manager.memory.used == 0
+
+
+async def test_incomplete_messages_of_connections_count_against_the_budget(tmp_path, nursery):
+    """Connections holding multi-frame messages they never finish (each below its own
+    max-incoming-buffer) count towards the budget, byte for byte, and turn the alarm on
+    together; the bytes go when the connections end."""
+    router, port = await _router(tmp_path, nursery)
+    manager = router.swiftlet("sys$queuemanager")
+    clients = []
+    for _ in range(3):
+        client = await RawClient.connect(port)
+        await client.send(begin(0) + attach("l0", 0) + attach("l1", 1))
+        await client.until(lambda got: sum(code == FLOW for _, code, _ in got) == 2)  # credit on both
+        clients.append(client)
+    chunk = b"x" * 12_000
+    for client in clients[:2]:
+        await client.send(transfer(0, 0, chunk, more=True) + transfer(1, 1, chunk, more=True) + attach("l2", 2))
+        await client.until(lambda got: sum(code == ATTACH for _, code, _ in got) == 3)  # all read
+    assert router.management.get(MEMORY, "memory-buffers") == manager.memory.used == 4 * 12_000
+    assert not manager.memory.on  # 48,000 bytes: under 64 KiB
+    await clients[2].send(transfer(0, 0, chunk, more=True) + transfer(0, None, chunk, more=True) + attach("l2", 2))
+    await clients[2].until(lambda got: sum(code == ATTACH for _, code, _ in got) == 3)
+    assert (manager.memory.buffers, manager.memory.on) == (6 * 12_000, True)
+    for client in clients:
+        await client.aclose()
+    await wait_until(lambda: manager.memory.used == 0, what="the connections' bytes given back")
+    assert not manager.memory.on
+    router.request_stop()
 
 
 def _memory_of(queue) -> int:
