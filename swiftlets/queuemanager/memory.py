@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 #: Message objects, their ids and sizes, its place in a priority deque). Measured with
 #: ``bench/memory_bench.py``: the resident set per swapped-out message less the length of
 #: the leading sections it keeps.
-ENTRY_COST = 340
+ENTRY_COST = 300
 
 
 def machine_memory() -> int:

@@ -135,11 +135,15 @@ class Entry:
     sections (what selectors and the header rewrite read) and ``bytes`` is still the size
     of the whole. Only an available (or, after a restart, held) entry is ever swapped out:
     a delivered one has its bytes. ``size`` gives ``bytes`` when ``message`` is such a
-    head."""
+    head.
+
+    What a swapped-out entry keeps is what a queue holds per stored message, so it is only
+    the head's bytes: ``message`` makes a :class:`Message` of them for each use, and what
+    that decodes (a selector's properties) goes with it instead of staying in memory."""
 
     __slots__ = (
         "id",
-        "message",
+        "_message",  # a Message; the head's bytes while swapped out
         "priority",
         "expires",
         "delivery_count",
@@ -164,7 +168,6 @@ class Entry:
         size: int | None = None,
     ):
         self.id = id
-        self.message = message
         self.priority = priority
         self.expires = expires
         self.persistent = persistent
@@ -174,6 +177,27 @@ class Entry:
         self.excluded: tuple[int, ...] | None = None
         self.bytes = len(message.raw) if size is None else size
         self.swapped = size is not None and size != len(message.raw)
+        self._message: Message | bytes = message.raw if self.swapped else message
+
+    @property
+    def message(self) -> Message:
+        message = self._message
+        return Message(message) if message.__class__ is bytes else message  # type: ignore[return-value]
+
+    @message.setter
+    def message(self, message: Message) -> None:
+        self._message = message
+
+    def swap(self, head: bytes) -> None:
+        """Keep only ``head``, the leading sections of the message (its bytes are in the store)."""
+        self._message = head
+        self.swapped = True
+
+    @property
+    def resident(self) -> int:
+        """The message bytes this entry keeps in memory."""
+        message = self._message
+        return len(message) if message.__class__ is bytes else self.bytes
 
     @property
     def redelivered(self) -> bool:
@@ -340,9 +364,7 @@ class Queue:
         if entry.swapped:
             self.swapped += 1
             self.swapped_bytes += entry.bytes
-            resident = len(entry.message.raw) + ENTRY_COST
-        else:
-            resident = entry.bytes + ENTRY_COST
+        resident = entry.resident + ENTRY_COST
         if not self.deleted:
             self.memory += resident
             self._memory.add(resident)
@@ -354,9 +376,7 @@ class Queue:
         if entry.swapped:
             self.swapped -= 1
             self.swapped_bytes -= entry.bytes
-            resident = len(entry.message.raw) + ENTRY_COST
-        else:
-            resident = entry.bytes + ENTRY_COST
+        resident = entry.resident + ENTRY_COST
         if not self.deleted:  # (a deleted queue gave its whole share back at once: drop_all)
             self.memory -= resident
             self._memory.add(-resident)
@@ -442,15 +462,14 @@ class Queue:
         back.)"""
         if entry.swapped or entry.state != AVAILABLE or self.deleted or not self.over_cache():
             return
-        raw = entry.message.raw
+        raw = entry._message.raw  # type: ignore[union-attr]  # (not swapped: a Message)
         try:
             head = head_length(raw)
         except MessageError:  # checked on the way in, so not expected: keep it as it is
             return
         if head == len(raw):
             return  # no body: nothing to gain
-        entry.message = Message(raw[:head])
-        entry.swapped = True
+        entry.swap(raw[:head])
         self.swapped += 1
         self.swapped_bytes += entry.bytes
         self.swapped_out += 1
@@ -541,7 +560,7 @@ class Queue:
 
     def swap_in(self, entry: Entry, body: bytes) -> None:
         """The swapped-out ``entry`` (counted here) has its bytes, ``body``, back."""
-        grown = entry.bytes - len(entry.message.raw)
+        grown = entry.bytes - entry.resident
         entry.message = Message(body)
         entry.swapped = False
         self.swapped -= 1
