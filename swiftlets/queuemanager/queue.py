@@ -364,7 +364,9 @@ class Queue:
         if entry.swapped:
             self.swapped += 1
             self.swapped_bytes += entry.bytes
-        resident = entry.resident + ENTRY_COST
+            resident = len(entry._message) + ENTRY_COST  # (Entry.resident, inlined: this runs per message)
+        else:
+            resident = entry.bytes + ENTRY_COST
         if not self.deleted:
             self.memory += resident
             self._memory.add(resident)
@@ -376,7 +378,9 @@ class Queue:
         if entry.swapped:
             self.swapped -= 1
             self.swapped_bytes -= entry.bytes
-        resident = entry.resident + ENTRY_COST
+            resident = len(entry._message) + ENTRY_COST
+        else:
+            resident = entry.bytes + ENTRY_COST
         if not self.deleted:  # (a deleted queue gave its whole share back at once: drop_all)
             self.memory -= resident
             self._memory.add(-resident)
