@@ -72,15 +72,17 @@ async def test_publishers_get_no_credit_above_the_budget_and_every_message_arriv
     """Three publishers of persistent messages into a queue nobody reads yet (flow control
     off). Past 64 KiB accounted the alarm goes on: each publisher uses up the credit it has
     and gets no more — its link stays attached and its sends wait. A consumer drains the
-    queue; under the low-water mark (32 KiB) the publishers get credit again. Every message
-    arrives once, in each publisher's order, and the budget ends empty."""
+    queue; under the low-water mark (32 KiB) the publishers get credit again. A fourth
+    publisher that attaches while the alarm is on gets no credit at all (a new link is no
+    way around it) until then. Every message arrives once, in each publisher's order, and
+    the budget ends empty."""
     caplog.set_level(logging.INFO, logger="martinet.swiftlets.queuemanager.memory")
     router, port = await _router(tmp_path, nursery)
     url = f"amqp://127.0.0.1:{port}"
     manager = router.swiftlet("sys$queuemanager")
     queue = manager.queues["q"]
     publishers, total = 3, 150
-    sent = [0] * publishers
+    sent = [0] * (publishers + 1)
     links = []
 
     async def publish(number: int) -> None:
@@ -118,17 +120,24 @@ async def test_publishers_get_no_credit_above_the_budget_and_every_message_arriv
         assert _metric(router, "martinet_queuemanager_memory_used") == expected
         assert _metric(router, "martinet_queuemanager_memory_alarm") == 1
         assert _metric(router, "martinet_queuemanager_memory_alarms_total") == 1
-        connections = router.management.resolve("/sys$jms/usage/connections").children.values()
-        assert sorted(c.properties()["memory-waits"] for c in connections) == [1] * publishers
+        connections = router.management.resolve("/sys$jms/usage/connections").children
+
+        def memory_waits() -> list[int]:
+            return sorted(c.properties()["memory-waits"] for c in connections.values())
+
+        assert memory_waits() == [1] * publishers
+        publishing.start_soon(publish, publishers)  # attaches under the alarm
+        await wait_until(lambda: len(links) == publishers + 1 and memory_waits() == [1] * (publishers + 1))
+        assert (links[-1].credit, sent[publishers]) == (0, 0)  # held from its attach: never granted any
 
         received: list[str] = []
         async with connect(url) as connection, connection.session() as session:
             async with session.consumer(Queue("q")) as consumer:
                 with trio.fail_after(60):
-                    while len(received) < publishers * total:
+                    while len(received) < (publishers + 1) * total:
                         received.append((await consumer.receive(30)).text)
                 assert await consumer.receive(0.2) is None  # nothing more: no duplicate
-    for number in range(publishers):
+    for number in range(publishers + 1):
         mine = [text.split(":")[1] for text in received if text.startswith(f"{number}:")]
         assert mine == [f"{n:04d}" for n in range(total)]  # nothing lost or doubled, in order
     await wait_until(lambda: queue.size == 0 and manager.memory.used == 0, what="the accepts settled")

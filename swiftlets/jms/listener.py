@@ -231,7 +231,11 @@ class IncomingLink:
         self.throttled = False  # the top-up waits for the delay
 
     def start(self) -> None:
-        self.link.flow(self.window)
+        if self.connection.held_by_memory():  # a new link is no way around the alarm
+            self.throttled = True
+            self.connection.throttle(self)
+        else:
+            self.link.flow(self.window)
 
     def on_transfer(self, delivery_id: int, data: bytes, remotely_settled: bool, state: Any) -> None:
         connection, link = self.connection, self.link
@@ -268,7 +272,7 @@ class IncomingLink:
                 link.settle(delivery_id, _rejected(_condition(exc), str(exc)))
         self.unreplenished += 1
         if self.unreplenished >= self.window // 2 and not self.throttled:  # half the window used
-            if self.delay_ms or connection.memory.on:
+            if self.delay_ms or connection.held_by_memory():
                 self.throttled = True
                 connection.throttle(self)
             else:
@@ -1261,6 +1265,12 @@ class AmqpConnection:
     def publish(self, topic: str, message: Message, on_durable: Any) -> Any:
         return self.topic_manager.publish(topic, message, client_id=self.client_id, on_durable=on_durable)
 
+    def held_by_memory(self) -> bool:
+        """The router's memory alarm is on and this connection's producers wait for it: all
+        but those of a user in one of sys$mgmt's groups (management, as for the queues kept
+        in reserve for it: an operator must be able to act on a router that is full)."""
+        return self.memory.on and not self._temporary_creator().reserved
+
     def throttle(self, state: IncomingLink) -> None:
         driver = self._driver
         assert driver is not None  # a transfer, which this answers, arrives while the driver runs
@@ -1286,9 +1296,9 @@ class AmqpConnection:
                 finally:  # (also when the connection ends meanwhile)
                     if cancel is not None:
                         cancel()
-        if self.memory.on:
+        if self.held_by_memory():
             self.memory_waits += 1
-        while not self.closed and self.memory.on:
+        while not self.closed and self.held_by_memory():
             clear = trio.Event()
             cancel = self.memory.when_clear(clear.set)
             try:
