@@ -14,12 +14,15 @@ import logging
 
 import trio
 from test_hostile_limits import ATTACH, FLOW, RawClient, attach, begin, transfer
+from test_queue_budget import MGMT_STACK, PASSWORDS, users
 from test_routing_limits import _waiting_for_room
 from test_routing_transfer_network import consume, produce, start, verify
 
 from martinet.kernel import Router
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect
 from martinet.messaging.message import build, head_length
+from martinet.swiftlets.mgmt.client import AdminClient
+from martinet.swiftlets.queuemanager.config import QueueManagerConfig
 from martinet.swiftlets.queuemanager.memory import ENTRY_COST
 from martinet.swiftlets.web.metrics import UsageCollector
 
@@ -240,3 +243,36 @@ async def test_routing_links_hold_their_transfers_while_the_receivers_alarm_is_o
     await wait_until(lambda: b.memory.used == 0 and not b.memory.on, what="b's budget empty")
     usage = network.routers["a"].management.resolve("/sys$routing/usage/connections/connector:b").properties()
     assert usage["messages-out"] == count  # one link all along
+
+
+async def test_management_users_are_not_held_by_the_alarm(network):
+    """While the alarm is on, a plain user's new producer gets no credit, but a user of one
+    of sys$mgmt's groups still manages the router (its requests are not held): it reads the
+    alarm in usage and purges the queue that fills the router, and the plain user's
+    producer gets its credit and sends."""
+    router = await network.start(
+        network.config(
+            "a",
+            startorder=MGMT_STACK,
+            swiftlets={"sys$authentication": users(), "sys$queuemanager": QueueManagerConfig(memory_limit_kb=16)},
+        )
+    )
+    manager = router.swiftlet("sys$queuemanager")
+    for n in range(40):  # 40 × about 1,300 bytes: past 16 KiB
+        await manager.send("full", build(b"x" * 1000, message_id=f"f{n}"))
+    assert manager.memory.on
+    url = network.url("a")
+    async with connect(url, user="bob", password=PASSWORDS["bob"]) as connection, connection.session() as session:
+        async with session.producer(Queue("orders"), delivery_mode=DeliveryMode.PERSISTENT) as producer:
+            connections = router.management.resolve("/sys$jms/usage/connections").children
+            await wait_until(lambda: [c.properties()["memory-waits"] for c in connections.values()] == [1])
+            assert producer._link.link.credit == 0
+            async with AdminClient.open(url, user="root", password=PASSWORDS["root"]) as admin:
+                usage = await admin.call(None, "get", path=MEMORY)
+                assert usage["properties"]["memory-alarm"] is True
+                await admin.call(
+                    None, "invoke", path="/sys$queuemanager/usage/queues/full", operation="purge", force=True
+                )
+            assert not manager.memory.on
+            await producer.send(TextMessage("after"))  # credit again: accepted
+    assert manager.queues["orders"].size == 1
