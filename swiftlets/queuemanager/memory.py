@@ -19,7 +19,8 @@ resident set; ``bench/memory_bench.py`` prints both, per message.
 
 Past the high-water mark (``memory-limit-kb``, by default ``memory-limit-percent`` of the
 machine's memory) the alarm goes on: AMQP publishers get no new link credit (their links
-stay attached; what they were granted before still comes in and is taken), routing links
+stay attached; what they were granted before still comes in and is taken; a link attached
+meanwhile gets none; users of sys$mgmt's groups are not held), routing links
 hold the batches they receive (:meth:`QueueManager.when_room`, as for a full queue), and
 consumers go on draining. Under the low-water mark (``memory-low-watermark-percent`` of
 the limit) it goes off and everything waiting for it is called back. Each change is one
