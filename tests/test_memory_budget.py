@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import trio
 from test_hostile_limits import ATTACH, FLOW, RawClient, attach, begin, transfer
 from test_queue_budget import MGMT_STACK, PASSWORDS, users
@@ -220,15 +221,16 @@ def _memory_of(queue) -> int:
     return sum((len(e.message.raw) if e.swapped else e.bytes) + ENTRY_COST for e in queue.browse())
 
 
-async def test_routing_links_hold_their_transfers_while_the_receivers_alarm_is_on(network):
+@pytest.mark.parametrize("xa", [True, False], ids=["xa", "non-xa"])
+async def test_routing_links_hold_their_transfers_while_the_receivers_alarm_is_on(network, xa):
     """Router b is over its budget: its routing link's batches wait for the alarm to go off
     as they wait for room in a full queue (the link stays up); the rest waits in a's rt$b.
     A consumer on b drains, b's alarm goes off, and every message arrives once, in order."""
-    await start(network, "a", "b")
+    await start(network, "a", "b", listener={"use_xa": xa})
     b_management = network.routers["b"].management
     b_management.add("/sys$queuemanager/queues", "orders", {"flowcontrol-start-queuesize": "-1"})
     b_management.set("/sys$queuemanager", "memory-limit-kb", 16)
-    network.connect("a", "b")
+    network.connect("a", "b", **{"use-xa": str(xa).lower()})
     await network.settle({"a": {"b": 1}})
     a = network.routers["a"].swiftlet("sys$queuemanager")
     b = network.routers["b"].swiftlet("sys$queuemanager")
