@@ -16,7 +16,7 @@ it is released, so order and priority survive redelivery. Going back marks it
 ``acquired`` (AMQP 1.0 §3.2.1: its next delivery must say first-acquirer false) and, for a
 failed delivery, counts it in ``delivery_count`` (the consumer's listener adds that to the
 count the producer put in the header). A consumer that answers modified with
-undeliverable-here (§3.4.5) is put on the entry's ``excluded`` list: dispatch passes that
+undeliverable-here (§3.4.5) is put on the entry's list in ``Queue.excluded``: dispatch passes that
 consumer over for that entry, which waits for another consumer if need be; the list
 names consumers by serial number, so a closed consumer's entry is simply never matched
 again.
@@ -83,7 +83,7 @@ log = logging.getLogger(__name__)
 
 AVAILABLE, DELIVERED, HELD, GONE = 0, 1, 2, 3
 _WAIT: Any = object()  # _take: the entry to deliver next is swapped out; dispatch resumes once it is read back
-_serials = itertools.count(1)  # consumers, for Entry.excluded
+_serials = itertools.count(1)  # consumers, for Queue.excluded
 
 
 class QueueServices(Protocol):
@@ -128,8 +128,8 @@ class Entry:
 
     An entry made with a delivery count (recovered, moved to routerdlq) has been acquired
     before: say so with ``acquired=True``, since only that flag makes a listener rewrite
-    the header. ``excluded`` holds the serials of consumers that must not get it
-    (undeliverable-here).
+    the header. The consumers that must not get it (undeliverable-here) are in its queue's
+    ``excluded``, not here: a slot costs every stored message 8 bytes or more.
 
     ``swapped``: the message's bytes are only in the store; ``message`` holds its leading
     sections (what selectors and the header rewrite read) and ``bytes`` is still the size
@@ -150,7 +150,6 @@ class Entry:
         "state",
         "persistent",
         "acquired",
-        "excluded",
         "bytes",
         "swapped",
     )
@@ -174,7 +173,6 @@ class Entry:
         self.delivery_count = delivery_count
         self.state = AVAILABLE
         self.acquired = acquired
-        self.excluded: tuple[int, ...] | None = None
         self.bytes = len(message.raw) if size is None else size
         self.swapped = size is not None and size != len(message.raw)
         self._message: Message | bytes = message.raw if self.swapped else message
@@ -287,6 +285,8 @@ class Queue:
         self.deleted = False
         self.backlog_callbacks: list[Callable[[], None]] = []  # see QueueManager.when_backlog_cleared
         self.room_callbacks: list[Callable[[], None]] = []  # see QueueManager.when_room
+        # entry id → the serials of consumers that must not get it (undeliverable-here): rare
+        self.excluded: dict[int, tuple[int, ...]] = {}
         # what transactions will add at their commit (prepared, or committing to the store):
         # counted against max-messages/max-bytes, or several would each find room for themselves
         self.reserved = self.reserved_bytes = 0
@@ -384,6 +384,8 @@ class Queue:
         if not self.deleted:  # (a deleted queue gave its whole share back at once: drop_all)
             self.memory -= resident
             self._memory.add(-resident)
+        if self.excluded:
+            self.excluded.pop(entry.id, None)
         if self.room_callbacks:
             self.room_made()
 
@@ -625,7 +627,7 @@ class Queue:
         """The next available entry for ``consumer`` (its selector matches, it is not
         excluded from it), out of its deque; None if there is none; ``_WAIT`` if it is
         swapped out (its bytes are asked for, and it stays where it is)."""
-        selector, now = consumer.selector, 0
+        selector, now, excluded = consumer.selector, 0, self.excluded
         for level in self._highest_first:
             if not level:
                 continue
@@ -636,7 +638,7 @@ class Queue:
                         self.available -= 1
                         self.manager.expire(self, entry)
                         continue
-                    if entry.excluded is not None and consumer.serial in entry.excluded:
+                    if excluded and consumer.serial in excluded.get(entry.id, ()):
                         level.appendleft(entry)
                         break  # not for this consumer: look along the level (below)
                     if entry.swapped:
@@ -650,7 +652,7 @@ class Queue:
             for index, entry in enumerate(level):
                 if entry.expires is not None and entry.expires <= (now or (now := now_ms())):
                     continue  # left for the cleanup
-                if entry.excluded is not None and consumer.serial in entry.excluded:
+                if excluded and consumer.serial in excluded.get(entry.id, ()):
                     continue
                 try:
                     selected = selector is None or selector.matches(
@@ -721,7 +723,7 @@ class Queue:
         if acquired:
             entry.acquired = True
         if exclude is not None:
-            entry.excluded = (*(entry.excluded or ()), exclude.serial)
+            self.excluded[entry.id] = (*self.excluded.get(entry.id, ()), exclude.serial)
         if count_delivery:
             entry.delivery_count += 1
             limit = self.settings.max_delivery_count
@@ -815,6 +817,7 @@ class Queue:
         self.size = self.bytes = self.swapped = self.swapped_bytes = 0
         self._memory.add(-self.memory)  # (entries held in transactions too: they count no more)
         self.memory = 0
+        self.excluded.clear()
         return entries
 
     def sample_rates(self) -> None:
@@ -863,7 +866,7 @@ class Consumer:
         self.queue = queue
         self.selector = selector
         self.owner = owner
-        self.serial = next(_serials)  # what Entry.excluded names this consumer by
+        self.serial = next(_serials)  # what Queue.excluded names this consumer by
         self.credit = 0
         self.closed = False
         self._buffer: deque[Entry] = deque()
