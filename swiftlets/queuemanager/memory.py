@@ -42,12 +42,12 @@ __all__ = ["MemoryAlarm", "ENTRY_COST", "machine_memory"]
 log = logging.getLogger(__name__)
 
 #: What a queue entry costs in memory besides the message bytes it keeps: its Entry object,
-#: its id and size, the header of the bytes object (and of a Message, in memory), its deque
-#: slot, and the allocator's rounding. Measured with ``bench/memory_bench.py``: the resident
-#: set per swapped-out 1 KiB message less the 80 bytes of leading sections it keeps, 304
-#: bytes at 200,000 messages (257 at 2,000,000); one figure for every entry, as cheap to
-#: count as the bytes.
-ENTRY_COST = 300
+#: its id and size, the header of the bytes object (and a Message over them, in memory), its
+#: deque slot, and the allocator's rounding. Measured with ``bench/memory_bench.py``, 200,000
+#: 1 KiB messages: 240–257 bytes of RSS per swapped-out message beyond the 80 bytes of
+#: leading sections it keeps, 322 per message in memory beyond its 1,103. One figure for
+#: every entry, as cheap to count as the bytes.
+ENTRY_COST = 280
 
 
 def machine_memory() -> int:
