@@ -48,10 +48,10 @@ MEMORY = "/sys$queuemanager/usage"
 PAD = "x" * 900  # about 1 KiB a message: some 45 of them fill the 64 KiB budget
 
 
-def _expected(queue) -> int:
-    """What ``queue``'s available entries count against the budget: bytes in memory plus
-    the fixed cost of each (all of them are in memory here: fewer than cache-size)."""
-    return sum(entry.bytes + ENTRY_COST for entry in queue.browse())
+def _memory_of(queue) -> int:
+    """What ``queue``'s available entries count against the budget: the message bytes each
+    keeps in memory (only the leading sections of one swapped out) plus the fixed cost of each."""
+    return sum((len(e.message.raw) if e.swapped else e.bytes) + ENTRY_COST for e in queue.browse())
 
 
 def _metric(router: Router, name: str) -> float:
@@ -115,7 +115,7 @@ async def test_publishers_get_no_credit_above_the_budget_and_every_message_arriv
         # the alarm went on past 64 KiB; after it, each link had at most its window of 10 left
         assert 64 * 1024 < queue.memory <= 64 * 1024 + publishers * 10 * per_message + per_message
         usage = router.management.resolve(MEMORY).properties()
-        expected = _expected(queue)
+        expected = _memory_of(queue)
         assert (usage["memory-used"], usage["memory-messages"], usage["memory-buffers"]) == (expected, expected, 0)
         assert (usage["memory-limit"], usage["memory-low-watermark"]) == (64 * 1024, 32 * 1024)
         assert (usage["memory-alarm"], usage["memory-alarms"]) == (True, 1)
@@ -215,10 +215,6 @@ async def test_incomplete_messages_of_connections_count_against_the_budget(tmp_p
     await wait_until(lambda: manager.memory.used == 0, what="the connections' bytes given back")
     assert not manager.memory.on
     router.request_stop()
-
-
-def _memory_of(queue) -> int:
-    return sum((len(e.message.raw) if e.swapped else e.bytes) + ENTRY_COST for e in queue.browse())
 
 
 @pytest.mark.parametrize("xa", [True, False], ids=["xa", "non-xa"])
