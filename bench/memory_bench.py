@@ -8,7 +8,8 @@ properties with message-id and creation-time, two application properties), are s
 queue nobody reads (its ``max-messages``, ``max-bytes`` and flow control off, so that every
 message stays). Printed per case: the growth of the router process's resident set (RSS,
 from ``/proc/self/statm``, after a full garbage collection) per queued message next to the
-encoded message size, the queue's ``cached``/``swapped`` counts, and for the persistent
+encoded message size, the queue's ``cached``/``swapped`` counts, what the router's memory
+budget (``memory-limit-kb``) counts per message (``memory-used``), and for the persistent
 cases the time to consume the whole queue (one in-process consumer, credit 1000, accepting
 each delivery; swapped-out bodies are read back from the store process in batches) and the
 CPU time per message the router and the store process used meanwhile (the figure that
@@ -142,6 +143,8 @@ async def run_case(args: argparse.Namespace) -> dict:
             "filled": filled,
             "cached": figures["cached"],
             "swapped": figures["swapped"],
+            # what the router's memory budget counts for them (memory-limit-kb), per message
+            "accounted": router.management.get("/sys$queuemanager/usage", "memory-used") / args.messages,
         }
         if name != "transient":
             result["consumed"], result["cpu"], result["store_cpu"] = await consume(router, name, args.messages)
@@ -168,7 +171,8 @@ def main(args: argparse.Namespace) -> None:
             f"{case:15}: RSS +{result['per_message'] * args.messages / 2**20:,.0f} MiB, "
             f"{result['per_message']:,.0f} bytes per queued message ({result['encoded']} "
             f"encoded bytes, {args.size}-byte body; {args.messages:,} queued in {result['filled']:.1f} s; "
-            f"cached {result['cached']:,}, swapped {result['swapped']:,})"
+            f"cached {result['cached']:,}, swapped {result['swapped']:,}; the memory budget counts "
+            f"{result['accounted']:,.0f} bytes per message)"
         )
         if "consumed" in result:
             line += (

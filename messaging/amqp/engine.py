@@ -1338,6 +1338,13 @@ class Connection:
             deadlines.append(self._last_output + self.remote_idle_timeout / 2)
         return min(deadlines) if deadlines else 0.0
 
+    @property
+    def incoming_buffered(self) -> int:
+        """Bytes of incomplete incoming multi-frame messages held now, all links together
+        (bounded by :attr:`max_incoming_buffer`); the owner may count them towards a
+        budget of its own."""
+        return self._buffered
+
     def receive_data(self, data: bytes | bytearray) -> None:
         """Feed what the peer sent (``b""``: it closed its side, which ends the connection:
         :class:`ConnectionClosed` unless its close came first). Complete frames are handled

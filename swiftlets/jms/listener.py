@@ -231,7 +231,11 @@ class IncomingLink:
         self.throttled = False  # the top-up waits for the delay
 
     def start(self) -> None:
-        self.link.flow(self.window)
+        if self.connection.held_by_memory():  # a new link is no way around the alarm
+            self.throttled = True
+            self.connection.throttle(self)
+        else:
+            self.link.flow(self.window)
 
     def on_transfer(self, delivery_id: int, data: bytes, remotely_settled: bool, state: Any) -> None:
         connection, link = self.connection, self.link
@@ -268,7 +272,7 @@ class IncomingLink:
                 link.settle(delivery_id, _rejected(_condition(exc), str(exc)))
         self.unreplenished += 1
         if self.unreplenished >= self.window // 2 and not self.throttled:  # half the window used
-            if self.delay_ms:
+            if self.delay_ms or connection.held_by_memory():
                 self.throttled = True
                 connection.throttle(self)
             else:
@@ -615,6 +619,9 @@ class AmqpConnection:
         self.opened = False  # the client's open was accepted (its closing is logged then)
         self.received = self.sent = 0  # messages from and to the client
         self.flow_control_waits = 0  # producer credit withheld for a flow-control delay
+        self.memory_waits = 0  # producer credit withheld while the router's memory alarm was on
+        self.memory = self.queue_manager.memory
+        self._buffered = 0  # the engine's incomplete incoming bytes, as told to self.memory
         self.receive_rate = self.send_rate = 0.0
         self._rate_mark = (time.monotonic(), 0, 0)
         self.since = time.time()
@@ -656,6 +663,7 @@ class AmqpConnection:
             "links": len(self.links),
             "transactions": len(self.transactions),
             "flow-control-waits": self.flow_control_waits,
+            "memory-waits": self.memory_waits,
             "messages-received": self.received,
             "messages-sent": self.sent,
             "receive-rate": round(self.receive_rate, 1),
@@ -772,8 +780,13 @@ class AmqpConnection:
         self._handle_events()
 
     def _handle_events(self) -> None:
-        assert self.engine is not None
-        self.engine.dispatch(self._handlers)
+        engine = self.engine
+        assert engine is not None
+        buffered = engine.incoming_buffered
+        if buffered != self._buffered:  # incomplete messages count against the router's memory budget
+            self.memory.add_buffered(buffered - self._buffered)
+            self._buffered = buffered
+        engine.dispatch(self._handlers)
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -1252,6 +1265,12 @@ class AmqpConnection:
     def publish(self, topic: str, message: Message, on_durable: Any) -> Any:
         return self.topic_manager.publish(topic, message, client_id=self.client_id, on_durable=on_durable)
 
+    def held_by_memory(self) -> bool:
+        """The router's memory alarm is on and this connection's producers wait for it: all
+        but those of a user in one of sys$mgmt's groups (management, as for the queues kept
+        in reserve for it: an operator must be able to act on a router that is full)."""
+        return self.memory.on and not self._temporary_creator().reserved
+
     def throttle(self, state: IncomingLink) -> None:
         driver = self._driver
         assert driver is not None  # a transfer, which this answers, arrives while the driver runs
@@ -1262,17 +1281,29 @@ class AmqpConnection:
         flow-control delay gets no new credit until the delay has passed — or, when it sent
         to a queue, until a consumer brought that queue back to its
         ``flowcontrol-start-queuesize``, so a backlog that drains fast does not leave its
-        consumers idle for the rest of the delay."""
-        self.flow_control_waits += 1
-        cleared = trio.Event()
-        cancel = None
-        if state.delayed_queue is not None:
-            cancel = self.queue_manager.when_backlog_cleared(state.delayed_queue, cleared.set)
-        if cancel is not None or state.delayed_queue is None:  # else the queue is not slowing sends now
+        consumers idle for the rest of the delay. Then, as RabbitMQ does, none while the
+        router's memory alarm is on (its link stays attached; consumers drain meanwhile)."""
+        if state.delay_ms:
+            self.flow_control_waits += 1
+            cleared = trio.Event()
+            cancel = None
+            if state.delayed_queue is not None:
+                cancel = self.queue_manager.when_backlog_cleared(state.delayed_queue, cleared.set)
+            if cancel is not None or state.delayed_queue is None:  # else the queue is not slowing sends now
+                try:
+                    with trio.move_on_after(state.delay_ms / 1000):
+                        await cleared.wait()
+                finally:  # (also when the connection ends meanwhile)
+                    if cancel is not None:
+                        cancel()
+        if self.held_by_memory():
+            self.memory_waits += 1
+        while not self.closed and self.held_by_memory():
+            clear = trio.Event()
+            cancel = self.memory.when_clear(clear.set)
             try:
-                with trio.move_on_after(state.delay_ms / 1000):
-                    await cleared.wait()
-            finally:  # (also when the connection ends meanwhile)
+                await clear.wait()
+            finally:
                 if cancel is not None:
                     cancel()
         if not self.closed and self.links.get(state.link) is state:
@@ -1341,6 +1372,9 @@ class AmqpConnection:
 
     def _release(self) -> None:
         self.closed = True
+        if self._buffered:
+            self.memory.add_buffered(-self._buffered)
+            self._buffered = 0
         connections = self.swiftlet.client_ids.get(self.client_id) if self.client_id else None
         if connections is not None and self in connections:
             connections.remove(self)

@@ -6,12 +6,15 @@ from :mod:`.api` (queues, sends, consumers, transactions, redirections, prepared
 transactions) and import nothing else of it. Needs ``sys$store`` started before it.
 
 Layout: :mod:`.config` (queues, controllers, limits), :mod:`.api` (the public interface),
-:mod:`.manager` (names, sending, transactions, persistence, recovery), :mod:`.queue` (one
-queue: priorities, consumers, credit, outcomes, flow control), :mod:`.jobs` (the jobs it
-offers ``sys$scheduler``: purger, cleanup, cleanup to routerdlq, mover).
+:mod:`.budget` (room for queues made on demand), :mod:`.memory` (the router's memory
+budget and its alarm), :mod:`.manager` (names, sending, transactions, persistence,
+recovery), :mod:`.queue` (one queue: priorities, consumers, credit, outcomes, flow
+control), :mod:`.jobs` (the jobs it offers ``sys$scheduler``: purger, cleanup, cleanup to
+routerdlq, mover).
 
 Usage: ``/sys$queuemanager/usage/queues/<name>`` (messages, available, enqueued, dequeued,
-expired, dead-lettered, duplicates-dropped, consumers, send-rate, receive-rate).
+expired, dead-lettered, duplicates-dropped, consumers, send-rate, receive-rate, memory);
+``/sys$queuemanager/usage`` has the memory budget's figures (memory-used, memory-alarm, …).
 """
 
 from __future__ import annotations

@@ -81,6 +81,8 @@ __all__ = [
     "QueueError",
     "QueueNotFound",
     "QueueFull",
+    "MemoryFull",
+    "MemoryAlarm",
     "TooManyQueues",
     "MessageTooLarge",
     "MalformedMessage",
@@ -107,6 +109,12 @@ class QueueFull(QueueError):
     def __init__(self, message: str, queue: str = ""):
         super().__init__(message)
         self.queue = queue
+
+
+class MemoryFull(QueueFull):
+    """The router's memory alarm is on (it holds more than its memory budget): a send of a
+    memory-bound transaction (:meth:`QueueManager.transaction`) is refused until it is off.
+    It names no queue; :meth:`QueueManager.when_room` calls back when the alarm is off."""
 
 
 class TooManyQueues(QueueError):
@@ -531,9 +539,34 @@ class Transaction(Protocol):
         """
 
 
+class MemoryAlarm(Protocol):
+    """The router's memory budget (``memory-limit-kb``) and its alarm; see the queue
+    manager's ``memory`` module. A listener withholds its publishers' credit while ``on``,
+    tells it the bytes of incomplete messages it holds, and waits for the alarm to clear."""
+
+    @property
+    def on(self) -> bool:
+        """The router holds more than its budget (and has not yet fallen under the low-water mark)."""
+
+    @property
+    def used(self) -> int:
+        """The bytes accounted now."""
+
+    def add_buffered(self, size: int) -> None:
+        """A connection holds ``size`` more bytes of incomplete incoming messages (less, when negative)."""
+
+    def when_clear(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """While the alarm is on, call ``callback`` once it goes off and return a function
+        that cancels the call; None when it is off."""
+
+
 @runtime_checkable
 class QueueManager(Protocol):
     """What ``context.lookup("sys$queuemanager", QueueManager)`` returns."""
+
+    @property
+    def memory(self) -> MemoryAlarm:
+        """The router's memory budget and alarm."""
 
     @property
     def queues(self) -> Mapping[str, Queue]:
@@ -619,7 +652,8 @@ class QueueManager(Protocol):
     def when_room(self, name: str, callback: Callable[[], None]) -> None:
         """Call ``callback`` once queue ``name`` may have room again (an entry left it, a
         transaction's reservation ended, its limits changed, or it was deleted); at once if
-        there is no such queue. The caller tries again and asks again if it is still full
+        there is no such queue. While the memory alarm is on: once it is off, whatever the
+        queue (a :class:`MemoryFull` names none). The caller tries again and asks again if it is still full
         (a routing link holds a batch that found its queue full this way, not refusing it)."""
 
     def check_room(self, name: str, creator: Creator | None = None) -> None:
@@ -673,8 +707,10 @@ class QueueManager(Protocol):
         the swapped-out ones back (in the router's trio thread). An entry consumed meanwhile,
         or that cannot be read, is left out. Nothing read here enters the queue's cache."""
 
-    def transaction(self) -> Transaction:
-        """A new local transaction."""
+    def transaction(self, *, memory_bound: bool = False) -> Transaction:
+        """A new local transaction. ``memory_bound``: a sender that can wait (a routing
+        link's inbound batch) — while the memory alarm is on, :meth:`Transaction.send`
+        (limited) raises :class:`MemoryFull`, and the sender waits with :meth:`when_room`."""
 
     def prepared_transactions(self) -> Mapping[str, Transaction]:
         """Prepared transactions by xid (including those recovered at start, and those

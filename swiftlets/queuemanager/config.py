@@ -174,6 +174,30 @@ class QueueManagerConfig:
         "only per-client bound besides the listener's per-connection one); -1: unlimited. Half of "
         "max-queues by default: one host cannot take the room of all.",
     )
+    memory_limit_kb: int = prop(
+        -1,
+        min=-1,
+        description="The router's memory budget in KiB: what its queues hold (each message's bytes "
+        "in memory, or the leading sections of one swapped out, plus a fixed cost per message) and "
+        "its AMQP connections' incomplete messages. Above it the memory alarm is on: publishers get "
+        "no new credit and routing links hold what they receive until it falls under "
+        "memory-low-watermark-percent of it; consumers go on. -1: memory-limit-percent of the machine's memory.",
+    )
+    memory_limit_percent: int = prop(
+        40,
+        min=0,
+        max=100,
+        description="The memory budget when memory-limit-kb is -1, as a percentage of the machine's "
+        "physical memory (or of its control group's limit, if lower); 0: no budget. 40, as RabbitMQ's "
+        "first default: what the count leaves out (the interpreter, connections, routing) needs the rest.",
+    )
+    memory_low_watermark_percent: int = prop(
+        90,
+        min=1,
+        max=100,
+        description="Percentage of the memory budget under which the memory alarm goes off again "
+        "(a gap, so that publishers are not released and stopped again for every message).",
+    )
     queues: Mapping[str, QueueConfig] = entity_list(QueueConfig, item="queue", description="Defined queues.")
     queue_controllers: Mapping[str, ControllerConfig] = entity_list(
         ControllerConfig,

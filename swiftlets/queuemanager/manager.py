@@ -83,6 +83,7 @@ from .api import (
     TEMPORARY_PREFIX,
     Creator,
     MalformedMessage,
+    MemoryFull,
     MessageTooLarge,
     QueueError,
     QueueNotFound,
@@ -93,6 +94,7 @@ from .api import (
 )
 from .budget import QueueBudget
 from .config import QueueManagerConfig, QueueSettings
+from .memory import MemoryAlarm, machine_memory
 from .operations import offer_operations
 from .queue import AVAILABLE, DELIVERED, GONE, HELD, Consumer, Entry, Queue, now_ms
 
@@ -182,6 +184,7 @@ class QueueManager:
         self.auto_create_queues = config.auto_create_queues
         self.max_message_size = config.max_message_size
         self.budget = QueueBudget.of(config)
+        self.memory = MemoryAlarm(*_memory_limits(config), router=self.router_name)
         self.queues: dict[str, Queue] = {}
         self._store: Store | None = None
         self._ids = itertools.count(1)  # entry ids; recovery moves the count past the stored ones
@@ -233,6 +236,9 @@ class QueueManager:
             self.auto_create_queues = change.new
         elif change.field == "max_message_size":
             self.max_message_size = change.new
+        elif change.field.startswith("memory_"):
+            config = attrs.evolve(self.context.config, **{change.field: change.new})
+            self.memory.set_limits(*_memory_limits(config))
         else:
             self.budget.set(change.field, change.new)
 
@@ -404,11 +410,11 @@ class QueueManager:
                 body = bodies.get(entry.id)
                 if body is None:
                     continue  # left swapped out: a dispatch that reaches it reports and drops it
-                entry.message, entry.swapped = Message(body), False
                 read += 1
-                if holder is not None:
-                    holder.swapped -= 1
-                    holder.swapped_bytes -= entry.bytes
+                if holder is None:
+                    entry.message, entry.swapped = Message(body), False
+                else:
+                    holder.swap_in(entry, body)
         if wanted:
             log.info(
                 "queue manager read back %d recovered message(s) in %.2f s; %d stay in the store only",
@@ -547,6 +553,8 @@ class QueueManager:
         return cancel
 
     def when_room(self, name: str, callback: Callable[[], None]) -> None:
+        if self.memory.when_clear(callback) is not None:  # (a MemoryFull names no queue)
+            return
         queue = self.queues.get(name)
         if queue is None:
             callback()
@@ -810,9 +818,10 @@ class QueueManager:
             on_durable(None)
         return delay, skipped
 
-    def transaction(self) -> Transaction:
-        """A new local transaction."""
-        return Transaction(self)
+    def transaction(self, *, memory_bound: bool = False) -> Transaction:
+        """A new local transaction; ``memory_bound``: its sends are refused while the
+        memory alarm is on (see :meth:`Transaction.send`)."""
+        return Transaction(self, memory_bound=memory_bound)
 
     def prepared_transactions(self) -> Mapping[str, Transaction]:
         """Prepared transactions by xid (including those recovered at start)."""
@@ -912,7 +921,19 @@ class QueueManager:
             "routing-queues": self.budget.routing,
             "prepared-transactions": len(self._prepared),
             "deferred-operations": len(self._deferred),
+            **self.memory.usage(),
         }
+
+
+def _memory_limits(config: QueueManagerConfig) -> tuple[int, int]:
+    """The memory alarm's high-water mark in bytes (-1: none) and its low-water percentage."""
+    if config.memory_limit_kb >= 0:
+        limit = config.memory_limit_kb * 1024
+    elif config.memory_limit_percent:
+        limit = machine_memory() * config.memory_limit_percent // 100
+    else:
+        limit = -1
+    return limit, config.memory_low_watermark_percent
 
 
 def _count(names: Any) -> dict[str, int]:
@@ -952,8 +973,11 @@ class Transaction:
     store.
     """
 
-    def __init__(self, manager: QueueManager, *, xid: str | None = None, state: str = "active"):
+    def __init__(
+        self, manager: QueueManager, *, xid: str | None = None, state: str = "active", memory_bound: bool = False
+    ):
         self._manager = manager
+        self._memory_bound = memory_bound
         self.xid = xid
         self.state = state
         self.prepared_at: float | None = None  # epoch seconds, from the prepare record
@@ -991,6 +1015,11 @@ class Transaction:
         """
         self._require("active")
         manager = self._manager
+        if self._memory_bound and limited and manager.memory.on:
+            raise MemoryFull(
+                f"router {manager.router_name} is above its memory budget "
+                f"({manager.memory.used} of {manager.memory.limit} bytes accounted)"
+            )
         queue = manager.queue(address)
         if queue.name != address and "@" in address and not address.endswith(manager._at_local):
             message = manager._rewritten(address, message)

@@ -16,7 +16,7 @@ it is released, so order and priority survive redelivery. Going back marks it
 ``acquired`` (AMQP 1.0 §3.2.1: its next delivery must say first-acquirer false) and, for a
 failed delivery, counts it in ``delivery_count`` (the consumer's listener adds that to the
 count the producer put in the header). A consumer that answers modified with
-undeliverable-here (§3.4.5) is put on the entry's ``excluded`` list: dispatch passes that
+undeliverable-here (§3.4.5) is put on the entry's list in ``Queue.excluded``: dispatch passes that
 consumer over for that entry, which waits for another consumer if need be; the list
 names consumers by serial number, so a closed consumer's entry is simply never matched
 again.
@@ -75,6 +75,7 @@ from martinet.messaging.selector import Selector, message_identifiers
 
 from .api import ConsumerRefused, QueueError, QueueFull
 from .config import QueueSettings
+from .memory import ENTRY_COST, MemoryAlarm
 
 __all__ = ["Entry", "Queue", "Consumer", "QueueServices", "FlowController"]
 
@@ -82,7 +83,7 @@ log = logging.getLogger(__name__)
 
 AVAILABLE, DELIVERED, HELD, GONE = 0, 1, 2, 3
 _WAIT: Any = object()  # _take: the entry to deliver next is swapped out; dispatch resumes once it is read back
-_serials = itertools.count(1)  # consumers, for Entry.excluded
+_serials = itertools.count(1)  # consumers, for Queue.excluded
 
 
 class QueueServices(Protocol):
@@ -110,6 +111,10 @@ class QueueServices(Protocol):
         """A persistent ``entry``'s message was replaced (annotated): store its bytes (in the
         background)."""
 
+    @property
+    def memory(self) -> MemoryAlarm:
+        """The router's memory budget, which a queue's entries count against."""
+
     def read_back(self, queue: Queue, entries: list[Entry]) -> None:
         """Read the stored bytes of the swapped-out ``entries`` of ``queue`` back from the
         store, in the background, and hand them to :meth:`Queue.fill` (None if the read
@@ -123,25 +128,28 @@ class Entry:
 
     An entry made with a delivery count (recovered, moved to routerdlq) has been acquired
     before: say so with ``acquired=True``, since only that flag makes a listener rewrite
-    the header. ``excluded`` holds the serials of consumers that must not get it
-    (undeliverable-here).
+    the header. The consumers that must not get it (undeliverable-here) are in its queue's
+    ``excluded``, not here: a slot costs every stored message 8 bytes or more.
 
     ``swapped``: the message's bytes are only in the store; ``message`` holds its leading
     sections (what selectors and the header rewrite read) and ``bytes`` is still the size
     of the whole. Only an available (or, after a restart, held) entry is ever swapped out:
     a delivered one has its bytes. ``size`` gives ``bytes`` when ``message`` is such a
-    head."""
+    head.
+
+    What a swapped-out entry keeps is what a queue holds per stored message, so it is only
+    the head's bytes: ``message`` makes a :class:`Message` of them for each use, and what
+    that decodes (a selector's properties) goes with it instead of staying in memory."""
 
     __slots__ = (
         "id",
-        "message",
+        "_message",  # a Message; the head's bytes while swapped out
         "priority",
         "expires",
         "delivery_count",
         "state",
         "persistent",
         "acquired",
-        "excluded",
         "bytes",
         "swapped",
     )
@@ -159,16 +167,35 @@ class Entry:
         size: int | None = None,
     ):
         self.id = id
-        self.message = message
         self.priority = priority
         self.expires = expires
         self.persistent = persistent
         self.delivery_count = delivery_count
         self.state = AVAILABLE
         self.acquired = acquired
-        self.excluded: tuple[int, ...] | None = None
         self.bytes = len(message.raw) if size is None else size
         self.swapped = size is not None and size != len(message.raw)
+        self._message: Message | bytes = message.raw if self.swapped else message
+
+    @property
+    def message(self) -> Message:
+        message = self._message
+        return Message(message) if message.__class__ is bytes else message  # type: ignore[return-value]
+
+    @message.setter
+    def message(self, message: Message) -> None:
+        self._message = message
+
+    def swap(self, head: bytes) -> None:
+        """Keep only ``head``, the leading sections of the message (its bytes are in the store)."""
+        self._message = head
+        self.swapped = True
+
+    @property
+    def resident(self) -> int:
+        """The message bytes this entry keeps in memory."""
+        message = self._message
+        return len(message) if message.__class__ is bytes else self.bytes
 
     @property
     def redelivered(self) -> bool:
@@ -245,6 +272,8 @@ class Queue:
         self.bytes = 0  # their Entry.bytes, for max-bytes
         self.swapped = 0  # of those, entries whose bytes are only in the store (Entry.swapped)
         self.swapped_bytes = 0  # and their Entry.bytes
+        self._memory = manager.memory
+        self.memory = 0  # what its entries count against the router's memory budget (see .memory)
         self._reading = False  # a read_back is under way
         self._read_ahead_below = (0, 0)  # (entries, bytes) in memory under which the next batch is read
         self.consumers: list[Consumer] = []
@@ -256,6 +285,8 @@ class Queue:
         self.deleted = False
         self.backlog_callbacks: list[Callable[[], None]] = []  # see QueueManager.when_backlog_cleared
         self.room_callbacks: list[Callable[[], None]] = []  # see QueueManager.when_room
+        # entry id → the serials of consumers that must not get it (undeliverable-here): rare
+        self.excluded: dict[int, tuple[int, ...]] = {}
         # what transactions will add at their commit (prepared, or committing to the store):
         # counted against max-messages/max-bytes, or several would each find room for themselves
         self.reserved = self.reserved_bytes = 0
@@ -326,12 +357,19 @@ class Queue:
             self._ids.discard(self._id_order.popleft())
 
     def count(self, entry: Entry) -> None:
-        """``entry`` is one of this queue's now (in its size, bytes and swapped counts)."""
+        """``entry`` is one of this queue's now (in its size, bytes and swapped counts, and
+        in the router's memory)."""
         self.size += 1
         self.bytes += entry.bytes
         if entry.swapped:
             self.swapped += 1
             self.swapped_bytes += entry.bytes
+            resident = len(entry._message) + ENTRY_COST  # (Entry.resident, inlined: this runs per message)
+        else:
+            resident = entry.bytes + ENTRY_COST
+        if not self.deleted:
+            self.memory += resident
+            self._memory.add(resident)
 
     def uncount(self, entry: Entry) -> None:
         """``entry`` left this queue (consumed, expired, dead-lettered): out of its counts."""
@@ -340,6 +378,14 @@ class Queue:
         if entry.swapped:
             self.swapped -= 1
             self.swapped_bytes -= entry.bytes
+            resident = len(entry._message) + ENTRY_COST
+        else:
+            resident = entry.bytes + ENTRY_COST
+        if not self.deleted:  # (a deleted queue gave its whole share back at once: drop_all)
+            self.memory -= resident
+            self._memory.add(-resident)
+        if self.excluded:
+            self.excluded.pop(entry.id, None)
         if self.room_callbacks:
             self.room_made()
 
@@ -422,18 +468,19 @@ class Queue:
         back.)"""
         if entry.swapped or entry.state != AVAILABLE or self.deleted or not self.over_cache():
             return
-        raw = entry.message.raw
+        raw = entry._message.raw  # type: ignore[union-attr]  # (not swapped: a Message)
         try:
             head = head_length(raw)
         except MessageError:  # checked on the way in, so not expected: keep it as it is
             return
         if head == len(raw):
             return  # no body: nothing to gain
-        entry.message = Message(raw[:head])
-        entry.swapped = True
+        entry.swap(raw[:head])
         self.swapped += 1
         self.swapped_bytes += entry.bytes
         self.swapped_out += 1
+        self.memory += head - entry.bytes
+        self._memory.add(head - entry.bytes)
         if self.swapped == 1:
             self._read_ahead_below = self._batch()
 
@@ -511,14 +558,21 @@ class Queue:
                     self.uncount(entry)
                     entry.state = GONE
                 continue
-            entry.message = Message(body)
-            entry.swapped = False
-            self.swapped -= 1
-            self.swapped_bytes -= entry.bytes
+            self.swap_in(entry, body)
             self.read_back_count += 1
         self._read_ahead_below = self._batch()
         if self._ready and self.available:
             self._dispatch()
+
+    def swap_in(self, entry: Entry, body: bytes) -> None:
+        """The swapped-out ``entry`` (counted here) has its bytes, ``body``, back."""
+        grown = entry.bytes - entry.resident
+        entry.message = Message(body)
+        entry.swapped = False
+        self.swapped -= 1
+        self.swapped_bytes -= entry.bytes
+        self.memory += grown
+        self._memory.add(grown)
 
     def cache_front(self) -> list[Entry]:
         """The swapped-out entries among the first in delivery order that fit in the cache
@@ -573,7 +627,7 @@ class Queue:
         """The next available entry for ``consumer`` (its selector matches, it is not
         excluded from it), out of its deque; None if there is none; ``_WAIT`` if it is
         swapped out (its bytes are asked for, and it stays where it is)."""
-        selector, now = consumer.selector, 0
+        selector, now, excluded = consumer.selector, 0, self.excluded
         for level in self._highest_first:
             if not level:
                 continue
@@ -584,7 +638,7 @@ class Queue:
                         self.available -= 1
                         self.manager.expire(self, entry)
                         continue
-                    if entry.excluded is not None and consumer.serial in entry.excluded:
+                    if excluded and consumer.serial in excluded.get(entry.id, ()):
                         level.appendleft(entry)
                         break  # not for this consumer: look along the level (below)
                     if entry.swapped:
@@ -598,7 +652,7 @@ class Queue:
             for index, entry in enumerate(level):
                 if entry.expires is not None and entry.expires <= (now or (now := now_ms())):
                     continue  # left for the cleanup
-                if entry.excluded is not None and consumer.serial in entry.excluded:
+                if excluded and consumer.serial in excluded.get(entry.id, ()):
                     continue
                 try:
                     selected = selector is None or selector.matches(
@@ -669,7 +723,7 @@ class Queue:
         if acquired:
             entry.acquired = True
         if exclude is not None:
-            entry.excluded = (*(entry.excluded or ()), exclude.serial)
+            self.excluded[entry.id] = (*self.excluded.get(entry.id, ()), exclude.serial)
         if count_delivery:
             entry.delivery_count += 1
             limit = self.settings.max_delivery_count
@@ -761,6 +815,9 @@ class Queue:
             level.clear()
         self.available = 0
         self.size = self.bytes = self.swapped = self.swapped_bytes = 0
+        self._memory.add(-self.memory)  # (entries held in transactions too: they count no more)
+        self.memory = 0
+        self.excluded.clear()
         return entries
 
     def sample_rates(self) -> None:
@@ -787,6 +844,7 @@ class Queue:
             "cached-bytes": self.bytes - self.swapped_bytes,
             "swapped": self.swapped,
             "swapped-bytes": self.swapped_bytes,
+            "memory": self.memory,
             "swapped-out": self.swapped_out,
             "read-back": self.read_back_count,
             "reads": self.reads,
@@ -808,7 +866,7 @@ class Consumer:
         self.queue = queue
         self.selector = selector
         self.owner = owner
-        self.serial = next(_serials)  # what Entry.excluded names this consumer by
+        self.serial = next(_serials)  # what Queue.excluded names this consumer by
         self.credit = 0
         self.closed = False
         self._buffer: deque[Entry] = deque()

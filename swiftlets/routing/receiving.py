@@ -216,7 +216,8 @@ class Receiving:
             state.waiting.append(batch)
             return
         while True:
-            transaction = batch.transaction = self.manager.transaction()
+            # memory-bound: above the router's memory budget it waits for room, as for a full queue
+            transaction = batch.transaction = self.manager.transaction(memory_bound=True)
             counted = self.dropped, self.unroutable, self.expired  # (what staging counts, undone with it)
             try:
                 for raw in batch.messages:

@@ -79,6 +79,8 @@ COUNTERS = frozenset(
         "logins",
         "refused-logins",
         "access-denials",
+        "memory-alarms",
+        "memory-waits",
     }
 )
 
