@@ -219,6 +219,10 @@ class Management(Protocol):
         """Whether users of ``group`` (of sys$authentication) may manage this router: it is
         one of sys$mgmt's groups, whatever its role."""
 
+    def role(self, identity: Identity) -> Role | None:
+        """The role ``identity`` has on this router (None: it may not manage it), by the rules
+        every request is authorized with: so a front end offers only what will be allowed."""
+
 
 class RequestFailed(Exception):
     """A request failed: the router's status and reason, or no answer (status 503)."""
