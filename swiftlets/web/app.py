@@ -39,13 +39,13 @@ from martinet.kernel import SwiftletContext
 
 from .actions import act
 from .auth import BasicAuth
-from .console import Console
 from .metrics import UsageCollector
 from .pages import AREA_PAGES, router_page
 from .queues import queue_page, queues_page
 from .render import page
 
 if TYPE_CHECKING:
+    from .console import Console
     from .swiftlet import WebSwiftlet
 
 __all__ = ["build_app", "MapEvents"]
@@ -77,10 +77,9 @@ class MapEvents:
         return f"event: map\ndata: {json.dumps(self.web.network_map().to_json())}\n\n"
 
 
-def build_app(web: WebSwiftlet, context: SwiftletContext, *, admin_group: str) -> Starlette:
+def build_app(web: WebSwiftlet, console: Console, context: SwiftletContext, *, admin_group: str) -> Starlette:
     """The Starlette application serving ``web``'s pages (see the module header)."""
     router = context.router_name
-    console = Console(web, context)
     collector = UsageCollector(router, context.management)
 
     async def map_page(request: Request) -> Response:

@@ -65,6 +65,7 @@ from martinet.swiftlets.routing.api import (
 )
 
 from .app import build_app
+from .console import Console
 from .netmap import LinkView, NetworkMap, build_map
 
 __all__ = ["WebSwiftlet", "is_loopback"]
@@ -116,6 +117,7 @@ class WebSwiftlet:
         self.management: Management | None = None  # sys$mgmt, if it runs
         self.authentication: Authentication | None = None  # sys$authentication, if it runs
         self.loopback = True  # whether the listener is bound to a loopback address
+        self.console = Console(self, context)  # what the pages read and change
 
     @property
     def url(self) -> str:
@@ -197,7 +199,7 @@ class WebSwiftlet:
         hypercorn.accesslog = None
         hypercorn.errorlog = _hypercorn_log(self.context.log)
         hypercorn.graceful_timeout = GRACEFUL
-        asgi_app = build_app(self, self.context, admin_group=config.admin_group)
+        asgi_app = build_app(self, self.console, self.context, admin_group=config.admin_group)
         # Starlette types an app's scope as a MutableMapping, hypercorn as its own TypedDicts:
         # the one ASGI app fits both at runtime, the two declarations do not match.
         app = wrap_app(asgi_app, hypercorn.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]

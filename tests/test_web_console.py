@@ -1,0 +1,203 @@
+"""``sys$web`` as a console, in a real browser (Debian's chromium through Selenium, as in
+tests/test_web_browser.py): each action clicked, confirmed with the count it states, done
+through ``sys$mgmt`` (its audit line checked), and seen done; a read-only user sees no
+buttons; forged posts are refused with 403 (plain HTTP).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+from test_mgmt_admin import prepare_xa
+from test_web_browser import browser, eventually  # noqa: F401 - browser: the fixture
+
+from martinet.messaging.client import DeliveryMode, Queue, TextMessage, Topic, connect
+from martinet.swiftlets.web.config import WebConfig
+
+from conftest import wait_until
+from network import ROUTING_STACK, routing_config
+
+from selenium.common.exceptions import StaleElementReferenceException  # isort: skip
+from selenium.webdriver.common.by import By  # isort: skip - after test_web_browser's skip without a browser
+
+WEB_STACK = (*ROUTING_STACK, "sys$mgmt", "sys$web")
+MGMT_STACK = (*ROUTING_STACK, "sys$mgmt")
+
+
+async def start_console(network, name: str, **swiftlets):
+    config = network.config(
+        name,
+        startorder=WEB_STACK,
+        swiftlets={"sys$routing": routing_config(), "sys$web": WebConfig(enabled=True, port=0), **swiftlets},
+    )
+    router = await network.start(config)
+    return config, router
+
+
+def _gone(element) -> bool:
+    try:
+        element.tag_name
+    except StaleElementReferenceException:
+        return True
+    return False
+
+
+class Page:
+    """The browser, driven from trio (every Selenium call in a worker thread)."""
+
+    def __init__(self, driver, url: str):
+        self.driver = driver
+        self.url = url
+
+    async def open(self, path: str) -> None:
+        await trio.to_thread.run_sync(self.driver.get, self.url + path)
+
+    async def follow(self, text: str) -> None:
+        """Click the link ``text`` and wait for the next page (its nav bar has the same links)."""
+        old = await trio.to_thread.run_sync(lambda: self.driver.find_element(By.TAG_NAME, "html"))
+        await trio.to_thread.run_sync(lambda: self.driver.find_element(By.LINK_TEXT, text).click())
+        await eventually(lambda: _gone(old), f"the page behind {text}")
+
+    async def text(self, css: str) -> str:
+        return await trio.to_thread.run_sync(lambda: self.driver.find_element(By.CSS_SELECTOR, css).text)
+
+    async def count(self, css: str) -> int:
+        return await trio.to_thread.run_sync(lambda: len(self.driver.find_elements(By.CSS_SELECTOR, css)))
+
+    async def click(self, css: str) -> None:
+        await trio.to_thread.run_sync(lambda: self.driver.find_element(By.CSS_SELECTOR, css).click())
+
+    async def type(self, css: str, text: str) -> None:
+        await trio.to_thread.run_sync(lambda: self.driver.find_element(By.CSS_SELECTOR, css).send_keys(text))
+
+    async def first_cells(self, table: str) -> list[str]:
+        return await trio.to_thread.run_sync(
+            lambda: self.driver.execute_script(
+                f'return Array.from(document.querySelectorAll("#{table} tbody tr"), row => row.cells[0].innerText)'
+            )
+        )
+
+    async def act(self, action: str, name: str) -> str:
+        """Click the button of ``action`` on ``name``; the confirmation's text, confirmed then.
+        The outcome page's text."""
+        await self.click(f'button[data-action="{action}"][data-name="{name}"]')
+        await eventually(lambda: self.driver.find_elements(By.ID, "confirm"), f"the confirmation of {action} {name}")
+        said = await self.text("#confirm-text")
+        await self.click("#confirm")
+        await eventually(lambda: self.driver.find_elements(By.CSS_SELECTOR, "p.done, p.refused"), f"{action} done")
+        return said + "\n" + await self.text("p.done")
+
+
+async def test_a_queue_is_browsed_moved_purged_and_deleted(network, browser, caplog):  # noqa: F811
+    caplog.set_level(logging.INFO, logger="martinet.swiftlets.mgmt.service")
+    _, a = await start_console(network, "a")
+    b = await network.start(network.config("b", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    b.management.add("/sys$queuemanager/queues", "archive")
+    a.management.add("/sys$queuemanager/queues", "orders")
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+    async with connect(network.url("a")) as connection, connection.session() as session:
+        async with session.producer(Queue("orders"), delivery_mode=DeliveryMode.PERSISTENT) as producer:
+            for n in range(25):
+                await producer.send(TextMessage(f"order {n}", properties={"n": n}))
+    page = Page(browser, a.swiftlet("sys$web").url)
+
+    await page.open("/routers/a/queues")
+    assert "orders" in await page.first_cells("queues") and "sys$mgmt" not in await page.first_cells("queues")
+    await page.follow("system")
+    system = await page.first_cells("queues")
+    assert "sys$mgmt" in system and "rt$b" in system and "orders" not in system
+
+    await page.open("/routers/a/queues/orders")
+    assert await page.text("h2:last-of-type") == "Messages 1–20 of 25"
+    assert await page.count("#messages tbody tr") == 20
+    first_row = await page.text("#messages tbody tr")
+    assert "order 0" in first_row and '{"n": 0}' in first_row
+    await page.follow("next")
+    assert await page.text("h2:last-of-type") == "Messages 21–25 of 25"
+    assert "order 24" in await page.text("#messages")
+
+    await page.type('form[action$="/act"] input[name="target"]', "archive@b")
+    await page.type('form[action$="/act"] input[name="selector"]', "n < 5")
+    outcome = await page.act("move", "orders")
+    assert outcome == (
+        "Move those of its 25 message(s) that match n < 5 of queue orders to archive@b.\n"
+        "5 messages moved from orders to archive@b"
+    )
+    await wait_until(lambda: b.management.get("/sys$queuemanager/usage/queues/archive", "messages") == 5)
+
+    await page.open("/routers/a/queues/orders")
+    outcome = await page.act("purge", "orders")
+    assert outcome == (
+        "Purge queue orders: its 20 available message(s) are removed for good.\n20 messages purged from orders"
+    )
+    assert a.management.get("/sys$queuemanager/usage/queues/orders", "messages") == 0
+
+    await page.open("/routers/a/queues/orders")
+    outcome = await page.act("delete-queue", "orders")
+    assert outcome.startswith("Delete queue orders from the configuration, and its 0 message(s) with it.")
+    await page.open("/routers/a/queues")
+    assert "orders" not in await page.first_cells("queues")
+
+    audit = [r.getMessage() for r in caplog.records if r.getMessage().startswith("management: (no user)@127.0.0.1")]
+    assert any("invoked /sys$queuemanager/usage/queues/orders move" in line for line in audit)
+    assert any("invoked /sys$queuemanager/usage/queues/orders purge" in line for line in audit)
+    assert any("removed /sys$queuemanager/queues/orders" in line for line in audit)
+
+
+async def test_connections_connectors_durables_and_in_doubt_transactions(network, browser, caplog):  # noqa: F811
+    caplog.set_level(logging.INFO, logger="martinet.swiftlets.mgmt.service")
+    config, a = await start_console(network, "a")
+    async with connect(network.url("a"), client_id="app") as connection, connection.session() as session:
+        subscriber = await session.durable_subscriber(Topic("news"), "sub")
+        await subscriber.close()
+        publisher = await session.producer(Topic("news"), delivery_mode=DeliveryMode.PERSISTENT)
+        for n in range(2):
+            await publisher.send(TextMessage(f"news {n}"))
+    await prepare_xa(a.swiftlet("sys$queuemanager"))
+    await network.stop("a")
+    a = await network.start(config)  # the prepared transaction is in doubt after a restart
+    await network.start_routers("b")
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}})
+    durables = "/sys$topicmanager/usage/durable-subscribers"
+    await wait_until(lambda: a.management.get(f"{durables}/app$sub", "messages") == 2, what="the durable back")
+    page = Page(browser, a.swiftlet("sys$web").url)
+
+    await page.open("/routers/a/transactions")
+    outcome = await page.act("rollback", "client-9")
+    assert outcome.startswith("Roll back in-doubt transaction client-9: its 2 prepared message(s) are discarded")
+    assert "client-9" not in a.management.resolve("/sys$xa/usage/in-doubt").children
+
+    await page.open("/routers/a/topics")
+    assert await page.first_cells("durables") == ["app$sub"]
+    outcome = await page.act("delete-durable", "app$sub")
+    assert outcome.startswith("Delete durable subscription app$sub and the 2 message(s) it holds.")
+    assert "app$sub" not in a.management.resolve(durables).children
+
+    connectors = "/sys$routing/usage/connectors"
+    await page.open("/routers/a/routing")
+    outcome = await page.act("disable-connector", "b")
+    assert outcome.endswith("connector b disabled")
+    await wait_until(lambda: a.management.get(f"{connectors}/b", "state") == "disabled", what="disabled")
+    await page.open("/routers/a/routing")
+    assert "disabled" in await page.text("#connectors tbody tr")
+    outcome = await page.act("enable-connector", "b")
+    assert outcome.endswith("connector b enabled")
+    await network.settle({"a": {"b": 1}})
+
+    async with connect(network.url("a"), client_id="watcher") as client:
+        live = "/sys$jms/usage/connections"
+        (name,) = a.management.resolve(live).children
+        await page.open("/routers/a/connections")
+        assert await page.first_cells("connections") == [name]
+        outcome = await page.act("close-connection", name)
+        assert outcome.startswith(f"Close client connection {name}: its temporary queues go")
+        await wait_until(lambda: not a.management.resolve(live).children, what="the connection closed")
+        del client
+
+    audit = [r.getMessage() for r in caplog.records if r.getMessage().startswith("management: (no user)@127.0.0.1")]
+    for done in ("in-doubt/client-9 rollback", "app$sub delete", "connectors/b disable", "connectors/b enable"):
+        assert any(done in line for line in audit), done
+    assert any(f"connections/{name} delete" in line for line in audit)
