@@ -36,11 +36,11 @@ async def start_console(network, name: str, **swiftlets):
 
 
 def _gone(element) -> bool:
+    """Whether ``element`` is no longer in the page (a new page replaced it)."""
     try:
-        element.tag_name
+        return not element.tag_name
     except StaleElementReferenceException:
         return True
-    return False
 
 
 class Page:
