@@ -6,13 +6,22 @@ buttons; forged posts are refused with 403 (plain HTTP).
 
 from __future__ import annotations
 
+import html
 import logging
+import urllib.error
+import urllib.parse
+import urllib.request
 
 import trio
 from test_mgmt_admin import prepare_xa
+from test_web import basic, fetch
 from test_web_browser import browser, eventually  # noqa: F401 - browser: the fixture
 
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, Topic, connect
+from martinet.messaging.message import build
+from martinet.swiftlets.authentication.config import AuthenticationConfig, GroupConfig, UserConfig
+from martinet.swiftlets.mgmt.config import AdminGroup, MgmtConfig
+from martinet.swiftlets.web.auth import Viewer
 from martinet.swiftlets.web.config import WebConfig
 
 from conftest import wait_until
@@ -201,3 +210,93 @@ async def test_connections_connectors_durables_and_in_doubt_transactions(network
     for done in ("in-doubt/client-9 rollback", "app$sub delete", "connectors/b disable", "connectors/b enable"):
         assert any(done in line for line in audit), done
     assert any(f"connections/{name} delete" in line for line in audit)
+
+
+def auth_config() -> dict:
+    """root (group admin: read-write in sys$mgmt) and viewer (group watchers: read-only)."""
+    return {
+        "sys$authentication": AuthenticationConfig(
+            authentication_enabled=True,
+            groups=[GroupConfig(name="admin"), GroupConfig(name="watchers")],
+            users=[
+                UserConfig(name="root", password="top", group="admin"),
+                UserConfig(name="viewer", password="pw", group="watchers"),
+            ],
+        ),
+        "sys$mgmt": MgmtConfig(groups=[AdminGroup(name="admin", role="read-write"), AdminGroup(name="watchers")]),
+    }
+
+
+async def test_a_read_only_user_sees_no_buttons_and_cannot_browse_messages(network, browser):  # noqa: F811
+    _, a = await start_console(network, "a", **auth_config())
+    a.management.add("/sys$queuemanager/queues", "orders")
+    a.swiftlet("sys$queuemanager").send_nowait("orders", build("secret"))
+    host = a.swiftlet("sys$web").url.removeprefix("http://")
+    viewer, root = Page(browser, f"http://viewer:pw@{host}"), Page(browser, f"http://root:top@{host}")
+
+    await viewer.open("/routers/a/queues/orders")
+    assert await viewer.count("button") == 0
+    refusal = await viewer.text("#messages")
+    assert refusal.startswith("not shown: 'invoke' changes router a, and the role of group watchers is read-only")
+    for area in ("connections", "routing", "topics", "transactions"):
+        await viewer.open(f"/routers/a/{area}")
+        assert await viewer.count("button") == 0, area
+
+    await root.open("/routers/a/queues/orders")
+    assert await root.count("button[data-action]") == 3
+    assert "secret" in await root.text("#messages")
+
+
+async def post(url: str, fields: dict, authorization: str, origin: str | None = None) -> tuple[int, str]:
+    """POST ``fields`` as a form (urllib, in a worker thread): the status and the page's text."""
+    data = urllib.parse.urlencode(fields).encode()
+    request = urllib.request.Request(url, data=data, method="POST")
+    request.add_header("Authorization", authorization)
+    request.add_header("Content-Type", "application/x-www-form-urlencoded")
+    if origin is not None:
+        request.add_header("Origin", origin)
+
+    def send() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, html.unescape(response.read().decode())
+        except urllib.error.HTTPError as error:
+            with error:
+                return error.code, html.unescape(error.read().decode())
+
+    return await trio.to_thread.run_sync(send)
+
+
+async def test_forged_posts_are_refused_with_403_and_change_nothing(network, caplog):
+    caplog.set_level(logging.INFO, logger="martinet.swiftlets.mgmt.service")
+    _, a = await start_console(network, "a", **auth_config())
+    a.management.add("/sys$queuemanager/queues", "orders")
+    a.swiftlet("sys$queuemanager").send_nowait("orders", build("keep me"))
+    web = a.swiftlet("sys$web")
+    act = web.url + "/routers/a/act"
+    root, viewer = basic("root", "top"), basic("viewer", "pw")
+    status, _, page = await fetch(web.url + "/routers/a/queues/orders", root)
+    assert status == 200
+    token = page.split('name="token" value="', 1)[1].split('"', 1)[0]
+    purge = {"action": "purge", "name": "orders", "confirmed": "yes"}
+
+    cases = [  # (fields, credentials, origin) -> the refusal's text
+        ({**purge, "token": token}, root, "http://evil.example", "origin http://evil.example is not this web view"),
+        (purge, root, None, "the form's token is missing or not this session's"),
+        ({**purge, "token": token}, viewer, None, "the form's token is missing or not this session's"),
+        ({**purge, "token": "0" * 64}, root, None, "the form's token is missing or not this session's"),
+    ]
+    for fields, credentials, origin, reason in cases:
+        status, page = await post(act, fields, credentials, origin)
+        assert status == 403 and reason in page, (fields, origin, page)
+    # the read-only user with a valid token of its own: its role refuses, here and in sys$mgmt
+    own = web.console.token(Viewer("viewer", "watchers", True, "127.0.0.1"))
+    status, page = await post(act, {**purge, "token": own, "confirmed": ""}, viewer)
+    assert status == 403 and "viewer may not change router a" in page
+    status, page = await post(act, {**purge, "token": own}, viewer)
+    assert status == 403 and "'invoke' changes router a, and the role of group watchers is read-only" in page
+    assert a.management.get("/sys$queuemanager/usage/queues/orders", "messages") == 1
+    assert any("management invoke from viewer@127.0.0.1 via a refused" in r.getMessage() for r in caplog.records)
+
+    status, page = await post(act, {**purge, "token": token}, root)  # the real thing goes through
+    assert status == 200 and "1 messages purged from orders" in page
