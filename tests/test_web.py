@@ -218,7 +218,10 @@ async def test_with_authentication_only_the_admin_group_gets_in(network):
         ],
     )
     router, web = await start_web(
-        network, "a", WebConfig(enabled=True, bind_address="0.0.0.0", port=0), **{"sys$authentication": authentication}
+        network,
+        "a",
+        WebConfig(enabled=True, bind_address="0.0.0.0", port=0, plain_http_auth=True),
+        **{"sys$authentication": authentication},
     )
     url = "http://127.0.0.1:" + web.url.rsplit(":", 1)[1]
     status, headers, _ = await fetch(url + "/metrics")

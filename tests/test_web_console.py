@@ -12,11 +12,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+import pytest
 import trio
 from test_mgmt_admin import prepare_xa
 from test_web import basic, fetch
-from test_web_browser import browser, eventually  # noqa: F401 - browser: the fixture
+from test_web_browser import browser, eventually, open_browser  # noqa: F401 - browser: the fixture
 
+from martinet.kernel import SwiftletFailed
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, Topic, connect
 from martinet.messaging.message import build
 from martinet.swiftlets.authentication.config import AuthenticationConfig, GroupConfig, UserConfig
@@ -300,3 +302,55 @@ async def test_forged_posts_are_refused_with_403_and_change_nothing(network, cap
 
     status, page = await post(act, {**purge, "token": token}, root)  # the real thing goes through
     assert status == 200 and "1 messages purged from orders" in page
+
+
+async def self_signed(folder) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key (openssl), as PEM files in ``folder``."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subject = ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
+    command = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", *subject]
+    await trio.run_process([*command, "-keyout", str(key), "-out", str(cert)], capture_stdout=True, capture_stderr=True)
+    return str(cert), str(key)
+
+
+@pytest.fixture
+async def tls_browser():
+    """A browser that accepts the tests' self-signed certificates."""
+    driver = await trio.to_thread.run_sync(open_browser, "--ignore-certificate-errors")
+    try:
+        yield driver
+    finally:
+        await trio.to_thread.run_sync(driver.quit)
+
+
+async def test_tls_serves_the_console_beyond_loopback(network, tls_browser, tmp_path):
+    cert, key = await self_signed(tmp_path)
+    web = WebConfig(enabled=True, bind_address="0.0.0.0", port=0, tls_certificate=cert, tls_key=key)
+    config = network.config(
+        "a", startorder=WEB_STACK, swiftlets={"sys$routing": routing_config(), "sys$web": web, **auth_config()}
+    )
+    a = await network.start(config)
+    a.management.add("/sys$queuemanager/queues", "orders")
+    a.swiftlet("sys$queuemanager").send_nowait("orders", build("over TLS"))
+    url = a.swiftlet("sys$web").url
+    assert url.startswith("https://0.0.0.0:")
+    page = Page(tls_browser, "https://root:top@127.0.0.1:" + url.rsplit(":", 1)[1])
+
+    await page.open("/routers/a/queues/orders")
+    assert "over TLS" in await page.text("#messages")
+    outcome = await page.act("purge", "orders")
+    assert outcome.endswith("1 messages purged from orders")
+
+
+async def test_beyond_loopback_plain_http_needs_plain_http_auth_and_a_bad_certificate_fails(network, tmp_path):
+    plain = WebConfig(enabled=True, bind_address="0.0.0.0", port=0)
+    config = network.config(
+        "a", startorder=WEB_STACK, swiftlets={"sys$routing": routing_config(), "sys$web": plain, **auth_config()}
+    )
+    with pytest.raises(SwiftletFailed, match="no tls-certificate: HTTP basic auth would send passwords .* in clear"):
+        await network.start(config)
+    (tmp_path / "bad.pem").write_text("not a certificate")
+    broken = WebConfig(enabled=True, port=0, tls_certificate=str(tmp_path / "bad.pem"))
+    config = network.config("b", startorder=WEB_STACK, swiftlets={"sys$routing": routing_config(), "sys$web": broken})
+    with pytest.raises(SwiftletFailed, match="cannot load tls-certificate '.*bad.pem' / tls-key ''"):
+        await network.start(config)

@@ -4,14 +4,16 @@ Theory of operation
 -------------------
 Disabled (the default), the swiftlet starts and does nothing. Enabled, it checks the bind
 address first: anything but loopback needs ``sys$authentication`` with authentication on,
-else the start fails with the reason (nothing is served unprotected beyond this host). With
-authentication on, every request logs in with HTTP basic auth and the user's group must be
-``admin-group`` (:mod:`.app`); whether it is on is read at each request, and a listener
-beyond loopback refuses every request while it is off.
+else the start fails with the reason (nothing is served unprotected beyond this host), and
+without TLS too unless ``plain-http-auth`` allows passwords in clear. With authentication
+on, every request logs in with HTTP basic auth as a user of ``admin-group`` or of one of
+``sys$mgmt``'s groups (:mod:`.auth`); whether it is on is read at each request, and a
+listener beyond loopback refuses every request while it is off.
 
 The HTTP side is Starlette (:mod:`.app`) served by Hypercorn's trio worker, a task in the
-swiftlet's nursery: the router's cancellation stops it, and a bind error fails the start
-with the address and the reason. Handlers run in the router's trio thread (they are all
+swiftlet's nursery: the router's cancellation stops it, and a bind error or a certificate
+that does not load fails the start with the address or the file and the reason. With
+``tls-certificate`` Hypercorn serves HTTPS itself. Handlers run in the router's trio thread (they are all
 ``async``), so they read the management tree and the routing table directly.
 
 The map. One task per kind of ``sys$routing`` event keeps the map current: link state
@@ -41,6 +43,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+import ssl
 import time
 from functools import partial
 from typing import Any
@@ -154,6 +157,12 @@ class WebSwiftlet:
                 "view and /metrics beyond this host needs authentication-enabled in "
                 "sys$authentication (or bind to 127.0.0.1)"
             )
+        if not self.loopback and not config.tls_certificate and not config.plain_http_auth:
+            raise RuntimeError(
+                f"bind-address {config.bind_address!r} is not a loopback address and there is no "
+                "tls-certificate: HTTP basic auth would send passwords across the network in clear "
+                "(set tls-certificate and tls-key, or plain-http-auth to allow it)"
+            )
         try:
             self._routing = self.context.lookup("sys$routing", Routing)
         except LookupError:
@@ -196,6 +205,19 @@ class WebSwiftlet:
                 f"cannot listen on {host}:{config.port} (bind-address, port): {exc.strerror or exc}"
             ) from None
         hypercorn = HypercornConfig()
+        if config.tls_certificate:
+            hypercorn.certfile = config.tls_certificate
+            hypercorn.keyfile = config.tls_key or config.tls_certificate
+            # HTTP/1.1 only: hypercorn 0.18's HTTP/2 raised KeyError on a stream a browser had
+            # reset (a navigation away), out of the server and through the swiftlet's nursery
+            hypercorn.alpn_protocols = ["http/1.1"]
+            try:  # loaded here so that a bad file fails the start with its name (hypercorn loads it again)
+                hypercorn.create_ssl_context()
+            except (OSError, ssl.SSLError) as exc:
+                listener.close()
+                raise RuntimeError(
+                    f"cannot load tls-certificate {config.tls_certificate!r} / tls-key {config.tls_key!r}: {exc}"
+                ) from None
         hypercorn.accesslog = None
         hypercorn.errorlog = _hypercorn_log(self.context.log)
         hypercorn.graceful_timeout = GRACEFUL
@@ -203,8 +225,11 @@ class WebSwiftlet:
         # Starlette types an app's scope as a MutableMapping, hypercorn as its own TypedDicts:
         # the one ASGI app fits both at runtime, the two declarations do not match.
         app = wrap_app(asgi_app, hypercorn.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
-        self._url = f"http://{host}:{listener.getsockname()[1]}"
-        await nursery.start(partial(worker_serve, app, hypercorn, sockets=Sockets([], [listener], [])))
+        scheme, sockets = (
+            ("https", Sockets([listener], [], [])) if config.tls_certificate else ("http", Sockets([], [listener], []))
+        )
+        self._url = f"{scheme}://{host}:{listener.getsockname()[1]}"
+        await nursery.start(partial(worker_serve, app, hypercorn, sockets=sockets))
         self.context.log.info(
             "web view and /metrics on %s%s",
             self._url,
