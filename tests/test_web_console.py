@@ -112,10 +112,17 @@ async def test_a_queue_is_browsed_moved_purged_and_deleted(network, browser, cap
         async with session.producer(Queue("orders"), delivery_mode=DeliveryMode.PERSISTENT) as producer:
             for n in range(25):
                 await producer.send(TextMessage(f"order {n}", properties={"n": n}))
-    page = Page(browser, a.swiftlet("sys$web").url)
+    web = a.swiftlet("sys$web")
+    for _ in range(2):  # two points now (orders came after the first, at the start), not in 10 s each
+        web.history.sample()
+    page = Page(browser, web.url)
 
     await page.open("/routers/a/queues")
     assert "orders" in await page.first_cells("queues") and "sys$mgmt" not in await page.first_cells("queues")
+    spark = await trio.to_thread.run_sync(
+        lambda: browser.find_element(By.CSS_SELECTOR, "#queues tbody tr:first-child svg.spark")
+    )
+    assert (spark.get_attribute("data-points"), spark.get_attribute("data-last")) == ("2", "25")
     await page.follow("system")
     system = await page.first_cells("queues")
     assert "sys$mgmt" in system and "rt$b" in system and "orders" not in system

@@ -19,6 +19,7 @@ from martinet.swiftlets.mgmt.api import RequestFailed
 
 from .auth import viewer_of
 from .console import Console
+from .history import TRACKED, sparkline
 from .render import Markup, action_form, esc, link, page, table
 
 __all__ = ["section", "router_page", "AREA_PAGES"]
@@ -48,16 +49,21 @@ async def section(
         entries = await console.entries(router, path)
     except RequestFailed as exc:
         return f'<h2>{esc(title)}</h2><p id="{esc(table_id)}">not available: {esc(exc.reason)}</p>'
+    # the last hour of this router's rates and backlogs (another router's are not kept here)
+    tracked = [column for column in TRACKED.get(path, ()) if column in columns] if router == console.local else []
+    history = console.web.history
     rows = []
     for name, values in entries.items():
         if keep is not None and not keep(name):
             continue
         first: Any = Markup(link(name_link(name), name)) if name_link is not None else name
         row = [first, *(values.get(column, "") for column in columns)]
+        row.extend(Markup(sparkline(history.series(path, name, column))) for column in tracked)
         if buttons is not None:
             row.append(buttons(name, values))
         rows.append(row)
-    head = ["name", *columns, *(["actions"] if buttons is not None else [])]
+    head = ["name", *columns, *(f"{column}, last hour" for column in tracked)]
+    head += ["actions"] if buttons is not None else []
     return f"<h2>{esc(title)}</h2>" + table(table_id, head, rows, empty)
 
 

@@ -69,6 +69,7 @@ from martinet.swiftlets.routing.api import (
 
 from .app import build_app
 from .console import Console
+from .history import History
 from .netmap import LinkView, NetworkMap, build_map
 
 __all__ = ["WebSwiftlet", "is_loopback"]
@@ -120,6 +121,7 @@ class WebSwiftlet:
         self.management: Management | None = None  # sys$mgmt, if it runs
         self.authentication: Authentication | None = None  # sys$authentication, if it runs
         self.loopback = True  # whether the listener is bound to a loopback address
+        self.history = History(context.management)  # the last hour of rates and backlogs
         self.console = Console(self, context)  # what the pages read and change
 
     @property
@@ -172,6 +174,7 @@ class WebSwiftlet:
         except LookupError:
             self.management = None
         async with trio.open_nursery() as nursery:
+            await nursery.start(self.history.run)
             if self._routing is not None:
                 await nursery.start(self._follow_links)
                 for kind in (RouteAdded, RouteRemoved, DestinationAdded, DestinationRemoved):
