@@ -361,3 +361,32 @@ async def test_beyond_loopback_plain_http_needs_plain_http_auth_and_a_bad_certif
     config = network.config("b", startorder=WEB_STACK, swiftlets={"sys$routing": routing_config(), "sys$web": broken})
     with pytest.raises(SwiftletFailed, match="cannot load tls-certificate '.*bad.pem' / tls-key ''"):
         await network.start(config)
+
+
+async def test_a_remote_routers_queue_is_browsed_and_purged_through_this_one(network, browser, caplog):  # noqa: F811
+    caplog.set_level(logging.INFO, logger="martinet.swiftlets.mgmt.service")
+    _, a = await start_console(network, "a")
+    b = await network.start(network.config("b", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    b.management.add("/sys$queuemanager/queues", "orders-at-b")
+    for n in range(3):
+        b.swiftlet("sys$queuemanager").send_nowait("orders-at-b", build(f"b{n}"))
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+    page = Page(browser, a.swiftlet("sys$web").url)
+
+    await page.open("/routers/b/queues")
+    assert await page.first_cells("queues") == ["orders-at-b", "routerdlq", "unroutable"]
+    await page.follow("orders-at-b")
+    assert "b2" in await page.text("#messages")
+    outcome = await page.act("purge", "orders-at-b")
+    assert outcome == (
+        "Purge queue orders-at-b: its 3 available message(s) are removed for good.\n3 messages purged from orders-at-b"
+    )
+    assert b.management.get("/sys$queuemanager/usage/queues/orders-at-b", "messages") == 0
+    audit = [r.getMessage() for r in caplog.records]
+    assert any(
+        line.startswith(
+            "management: (no user)@127.0.0.1 via a invoked /sys$queuemanager/usage/queues/orders-at-b purge"
+        )
+        for line in audit
+    ), audit

@@ -3,7 +3,8 @@ with its messages.
 
 System queues are those whose name has a ``$`` (every name the router makes has one:
 ``tmp$`` temporary, ``rt$`` routing, ``sys$`` the router's own, ``tpc$`` topic brokers,
-``clientid$name`` durable subscriptions); a user's queue name cannot have one.
+``clientid$name`` durable subscriptions); a user's queue name cannot have one. The
+router's ``unroutable`` and ``routerdlq`` hold applications' messages, and show with theirs.
 
 A queue's messages are browsed with its ``view`` operation through ``sys$mgmt`` as the
 viewer (nothing is consumed), :data:`PAGE` at a time. ``view`` is invoked, so ``sys$mgmt``
