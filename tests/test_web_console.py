@@ -390,3 +390,39 @@ async def test_a_remote_routers_queue_is_browsed_and_purged_through_this_one(net
         )
         for line in audit
     ), audit
+
+
+async def test_the_map_labels_links_with_rates_and_routers_with_backlogs(network, browser):  # noqa: F811
+    web_config = WebConfig(enabled=True, port=0, map_refresh_interval=0.5)
+    a = await network.start(
+        network.config("a", startorder=WEB_STACK, swiftlets={"sys$routing": routing_config(), "sys$web": web_config})
+    )
+    b = await network.start(network.config("b", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+    a.management.add("/sys$queuemanager/queues", "here")
+    b.management.add("/sys$queuemanager/queues", "there")
+    for n in range(5):
+        a.swiftlet("sys$queuemanager").send_nowait("here", build(f"a{n}"))
+    for n in range(3):
+        b.swiftlet("sys$queuemanager").send_nowait("there", build(f"b{n}"))
+    web = a.swiftlet("sys$web")
+    web.sample()  # this router's backlog and links now (else within 10 s); b's come with the next crawl
+    page = Page(browser, web.url)
+    await page.open("/")
+
+    def labels() -> dict:
+        return browser.execute_script(
+            "const found = {};"
+            'for (const t of document.querySelectorAll("#map text[data-backlog]"))'
+            "  found[t.dataset.backlog] = t.textContent;"
+            'for (const t of document.querySelectorAll("#map text[data-rate]"))'
+            "  found[t.dataset.rate] = [t.textContent, getComputedStyle(t).fill];"
+            "return found;"
+        )
+
+    # b's backlog is the messages of all its queues, sys$mgmt's own reply traffic included: at least 3
+    shown = await eventually(lambda: (found := labels()).get("a") == "5 msgs" and "b" in found and found, "labels")
+    assert int(shown["b"].split()[0]) >= 3
+    text, fill = shown["a|b"]
+    assert text.endswith(" msg/s") and float(text.split()[0]) >= 0 and fill == "rgb(42, 157, 58)"  # operational

@@ -249,6 +249,7 @@ class Link:
     since: str
     error: str = ""
     listener_state: str = ""  # the listening side's view; "" if it has no such link
+    rate: float = 0.0  # messages/s over it, both ways, as the dialing router measured them
 
 
 @attrs.frozen
@@ -282,6 +283,12 @@ async def _routing_view(call: Call, router: str) -> dict[str, Any]:
             raise
         lost = {}
     return {"connectors": usage["entries"], "connections": live["entries"], "lost": lost}
+
+
+def _rate(link: Mapping[str, Any]) -> float:
+    """Messages/s both ways over a live link (its usage entry; 0 without the figures)."""
+    rates = (link.get("messages-out-rate"), link.get("messages-in-rate"))
+    return float(sum(rate for rate in rates if isinstance(rate, int | float)))
 
 
 def _named(view: Mapping[str, Any]) -> set[str]:
@@ -356,6 +363,7 @@ async def crawl(call: Call, start: str, *, concurrency: int = 1000) -> NetworkMa
                     since=since,
                     error=connector.get("last-error", ""),
                     listener_state=listener_state,
+                    rate=_rate(link),
                 )
             )
         for dialer, entry in sorted(view["lost"].items()):

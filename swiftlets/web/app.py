@@ -74,7 +74,7 @@ class MapEvents:
             if idle.cancelled_caught:
                 return ": keepalive\n\n"
         self.version = self.web.version
-        return f"event: map\ndata: {json.dumps(self.web.network_map().to_json())}\n\n"
+        return f"event: map\ndata: {json.dumps(self.web.map_json())}\n\n"
 
 
 def build_app(web: WebSwiftlet, console: Console, context: SwiftletContext, *, admin_group: str) -> Starlette:
@@ -92,7 +92,7 @@ def build_app(web: WebSwiftlet, console: Console, context: SwiftletContext, *, a
         return page(router, f"Network map seen from {router}", body)
 
     async def map_json(request: Request) -> Response:
-        return JSONResponse(web.network_map().to_json())
+        return JSONResponse(web.map_json())
 
     async def events(request: Request) -> Response:
         return StreamingResponse(MapEvents(web), media_type="text/event-stream", headers={"Cache-Control": "no-store"})

@@ -18,8 +18,6 @@ import math
 from array import array
 from collections.abc import Sequence
 
-import trio
-
 from martinet.kernel import ManagementError, UsageList
 from martinet.kernel.mgmt import Tree
 
@@ -76,14 +74,6 @@ class History:
                         del points[0]
         for key in self._series.keys() - seen:
             del self._series[key]
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Sample now and then every :data:`INTERVAL` seconds, until cancelled."""
-        self.sample()
-        task_status.started()
-        while True:
-            await trio.sleep(INTERVAL)
-            self.sample()
 
 
 WIDTH, HEIGHT = 120, 22

@@ -28,6 +28,8 @@ p.refused { color: #d00000; }
 p.done { color: #2a7a30; }
 pre { white-space: pre-wrap; max-width: 60em; margin: 0; }
 svg .edge { stroke-width: 4; }
+svg text.rate { font-size: 12px; fill: currentColor; stroke: #fff; }
+svg text.backlog { font-size: 12px; fill: #555; }
 svg text { font-size: 14px; text-anchor: middle; paint-order: stroke; stroke: #fff; stroke-width: 4px; }
 .state-operational { stroke: #2a9d3a; color: #2a9d3a; }
 .state-connecting, .state-waiting { stroke: #e0a000; color: #b08000; }

@@ -69,7 +69,7 @@ from martinet.swiftlets.routing.api import (
 
 from .app import build_app
 from .console import Console
-from .history import History
+from .history import INTERVAL, History
 from .netmap import LinkView, NetworkMap, build_map
 
 __all__ = ["WebSwiftlet", "is_loopback"]
@@ -122,6 +122,8 @@ class WebSwiftlet:
         self.authentication: Authentication | None = None  # sys$authentication, if it runs
         self.loopback = True  # whether the listener is bound to a loopback address
         self.history = History(context.management)  # the last hour of rates and backlogs
+        self._rates: dict[str, float] = {}  # "a|b" -> messages/s over that link, both ways
+        self._backlogs: dict[str, int] = {}  # router -> messages in its queues
         self.console = Console(self, context)  # what the pages read and change
 
     @property
@@ -130,6 +132,11 @@ class WebSwiftlet:
 
     def network_map(self) -> NetworkMap:
         return self._map
+
+    def map_json(self) -> dict[str, Any]:
+        """The map as ``/map.json`` and the event stream carry it: with ``rates`` (messages/s
+        by link, ``a|b``) and ``backlogs`` (messages by router), as last measured."""
+        return {**self._map.to_json(), "rates": self._rates, "backlogs": self._backlogs}
 
     async def changed(self) -> None:
         """Wait until the map changes."""
@@ -174,7 +181,7 @@ class WebSwiftlet:
         except LookupError:
             self.management = None
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.history.run)
+            await nursery.start(self._sampler)
             if self._routing is not None:
                 await nursery.start(self._follow_links)
                 for kind in (RouteAdded, RouteRemoved, DestinationAdded, DestinationRemoved):
@@ -290,6 +297,53 @@ class WebSwiftlet:
             raise RequestFailed(reply.get("status", int(Status.ERROR)), reply.get("error", "no reason given"), router)
         return reply.get("result")
 
+    async def _sampler(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Every :data:`.history.INTERVAL` seconds: a point of history, and this router's own
+        links' rates and backlog on the map."""
+        self.sample()
+        task_status.started()
+        while True:
+            await trio.sleep(INTERVAL)
+            self.sample()
+
+    def sample(self) -> None:
+        """Take a point of history, and measure this router's links' rates and backlog now."""
+        self.history.sample()
+        local = self.context.router_name
+        rates = {key: rate for key, rate in self._rates.items() if local not in key.split("|")}
+        backlogs = dict(self._backlogs)
+        tree = self.context.management
+        try:
+            backlogs[local] = int(tree.get("/sys$queuemanager/usage", "messages"))
+        except ManagementError:
+            pass
+        try:
+            links = tree.resolve("/sys$routing/usage/connections")
+        except ManagementError:
+            links = None
+        if isinstance(links, UsageList):
+            for entry in links.children.values():
+                values = entry.properties()
+                peer = values.get("routername")
+                if peer and values.get("state") == "operational":
+                    key = "|".join(sorted((local, peer)))
+                    rates[key] = rates.get(key, 0.0) + _rate(values)
+        self._traffic(rates, backlogs)
+
+    def _traffic(self, rates: dict[str, float], backlogs: dict[str, int]) -> None:
+        if (rates, backlogs) != (self._rates, self._backlogs):
+            self._rates, self._backlogs = rates, backlogs
+            self._bump()
+
+    async def _backlog_of(self, router: str, found: dict[str, int], limit: trio.CapacityLimiter) -> None:
+        try:
+            async with limit:
+                found[router] = int(
+                    (await self.ask(router, "get", path="/sys$queuemanager/usage"))["properties"]["messages"]
+                )
+        except (RequestFailed, KeyError, TypeError, ValueError):  # not answering, or of an older release
+            pass
+
     async def _crawler(self) -> None:
         while True:
             config = self.context.config
@@ -319,7 +373,23 @@ class WebSwiftlet:
                 if remote != self._remote:
                     self._remote = remote
                     self._stale.set()
+                await self._crawl_traffic(network.routers, network.links, config.map_concurrency)
             await trio.sleep(config.map_refresh_interval)
+
+    async def _crawl_traffic(self, routers: Any, links: Any, concurrency: int) -> None:
+        """Other routers' links' rates (as the crawl found them) and backlogs (asked of them)."""
+        local = self.context.router_name
+        rates = {key: rate for key, rate in self._rates.items() if local in key.split("|")}
+        for link in links:
+            if local not in (link.source, link.target) and link.state == "operational":
+                rates["|".join(sorted((link.source, link.target)))] = link.rate
+        found: dict[str, int] = {local: self._backlogs[local]} if local in self._backlogs else {}
+        limit = trio.CapacityLimiter(concurrency)
+        async with trio.open_nursery() as nursery:
+            for router in routers:
+                if router != local:
+                    nursery.start_soon(self._backlog_of, router, found, limit)
+        self._traffic(rates, found)
 
     def _read_links(self) -> None:
         """This router's links from ``sys$routing``'s usage (connectors, then live links)."""
@@ -360,9 +430,18 @@ class WebSwiftlet:
         new = build_map(self.context.router_name, links, routes, self._map, time.time(), self._remote)
         if new != self._map:
             self._map = new
-            self.version += 1
-            self._changed.set()
-            self._changed = trio.Event()
+            self._bump()
+
+    def _bump(self) -> None:
+        """A new version of what the map shows: wake the event streams."""
+        self.version += 1
+        self._changed.set()
+        self._changed = trio.Event()
+
+
+def _rate(values: dict[str, Any]) -> float:
+    rates = (values.get("messages-out-rate"), values.get("messages-in-rate"))
+    return float(sum(rate for rate in rates if isinstance(rate, int | float)))
 
 
 def _seconds(stamp: str) -> float | None:
