@@ -57,6 +57,7 @@ __all__ = [
     "Link",
     "NetworkMap",
     "crawl",
+    "link_rate",
 ]
 
 #: The queue each router serves management requests on.
@@ -285,7 +286,7 @@ async def _routing_view(call: Call, router: str) -> dict[str, Any]:
     return {"connectors": usage["entries"], "connections": live["entries"], "lost": lost}
 
 
-def _rate(link: Mapping[str, Any]) -> float:
+def link_rate(link: Mapping[str, Any]) -> float:
     """Messages/s both ways over a live link (its usage entry; 0 without the figures)."""
     rates = (link.get("messages-out-rate"), link.get("messages-in-rate"))
     return float(sum(rate for rate in rates if isinstance(rate, int | float)))
@@ -363,7 +364,7 @@ async def crawl(call: Call, start: str, *, concurrency: int = 1000) -> NetworkMa
                     since=since,
                     error=connector.get("last-error", ""),
                     listener_state=listener_state,
-                    rate=_rate(link),
+                    rate=link_rate(link),
                 )
             )
         for dialer, entry in sorted(view["lost"].items()):

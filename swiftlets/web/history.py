@@ -1,12 +1,13 @@
 """The last hour of this router's rates and backlogs, and their sparklines.
 
-Every :data:`INTERVAL` seconds :class:`History` reads the values of :data:`TRACKED` from the
-management tree (each entry of those usage lists: a queue's backlog and rates, a routing
-link's messages/s each way, a destination's ``rt$`` backlog, a client connection's rates)
-and appends one point to each entry's series, keeping the last :data:`POINTS` (an hour). A
-series is an ``array('f')`` (4 bytes a point, about 1.5 KiB for an hour), and the series of
-an entry that is gone are dropped at the next sample, so the memory is bounded by the
-entries that exist (``bench/web_bench.py --history`` measures it).
+At each :meth:`History.sample` (every :data:`INTERVAL` seconds, by the swiftlet) it reads
+the values of :data:`TRACKED` from the management tree (each entry of those usage lists: a
+queue's backlog and rates, a routing link's messages/s each way, a destination's ``rt$``
+backlog, a client connection's rates) and appends one point to each entry's series, keeping
+the last :data:`POINTS` (an hour). A series is an ``array('f')`` (4 bytes a point, about
+1.5 KiB for an hour), and the series of an entry that is gone are dropped at the next
+sample, so the memory is bounded by the entries that exist (``bench/web_bench.py
+--history`` measures it).
 
 :func:`sparkline` draws a series as a small inline SVG on the server: no script, nothing
 fetched, so the pages work with no network beyond the router.

@@ -27,6 +27,11 @@ rebuild that changes the map bumps :attr:`WebSwiftlet.version` and wakes the pag
 streams. A link subscription that overflows is opened again and
 the links are read afresh from ``sys$routing``'s usage, so no state is lost for good.
 
+History and traffic. Every 10 s a task samples this router's rates and backlogs into the
+pages' hour of history (:mod:`.history`) and measures its links' rates and its backlog for
+the map (:mod:`.traffic`); each crawl (below) brings the other routers'. A change of those
+wakes the event streams too, so the map's labels follow within a sample or a crawl.
+
 Other routers' links. When ``sys$mgmt`` runs here, a task crawls the network every
 ``map-refresh-interval`` seconds with :func:`martinet.swiftlets.mgmt.api.crawl` (up to
 ``map-concurrency`` routers at once, each request bounded by ``map-request-timeout``), under
@@ -71,6 +76,7 @@ from .app import build_app
 from .console import Console
 from .history import INTERVAL, History
 from .netmap import LinkView, NetworkMap, build_map
+from .traffic import Traffic
 
 __all__ = ["WebSwiftlet", "is_loopback"]
 
@@ -122,8 +128,7 @@ class WebSwiftlet:
         self.authentication: Authentication | None = None  # sys$authentication, if it runs
         self.loopback = True  # whether the listener is bound to a loopback address
         self.history = History(context.management)  # the last hour of rates and backlogs
-        self._rates: dict[str, float] = {}  # "a|b" -> messages/s over that link, both ways
-        self._backlogs: dict[str, int] = {}  # router -> messages in its queues
+        self.traffic = Traffic(context, self._bump)  # the map's rates and backlogs
         self.console = Console(self, context)  # what the pages read and change
 
     @property
@@ -136,7 +141,7 @@ class WebSwiftlet:
     def map_json(self) -> dict[str, Any]:
         """The map as ``/map.json`` and the event stream carry it: with ``rates`` (messages/s
         by link, ``a|b``) and ``backlogs`` (messages by router), as last measured."""
-        return {**self._map.to_json(), "rates": self._rates, "backlogs": self._backlogs}
+        return {**self._map.to_json(), **self.traffic.data()}
 
     async def changed(self) -> None:
         """Wait until the map changes."""
@@ -307,42 +312,9 @@ class WebSwiftlet:
             self.sample()
 
     def sample(self) -> None:
-        """Take a point of history, and measure this router's links' rates and backlog now."""
+        """A point of history, and this router's links' rates and backlog on the map, now."""
         self.history.sample()
-        local = self.context.router_name
-        rates = {key: rate for key, rate in self._rates.items() if local not in key.split("|")}
-        backlogs = dict(self._backlogs)
-        tree = self.context.management
-        try:
-            backlogs[local] = int(tree.get("/sys$queuemanager/usage", "messages"))
-        except ManagementError:
-            pass
-        try:
-            links = tree.resolve("/sys$routing/usage/connections")
-        except ManagementError:
-            links = None
-        if isinstance(links, UsageList):
-            for entry in links.children.values():
-                values = entry.properties()
-                peer = values.get("routername")
-                if peer and values.get("state") == "operational":
-                    key = "|".join(sorted((local, peer)))
-                    rates[key] = rates.get(key, 0.0) + _rate(values)
-        self._traffic(rates, backlogs)
-
-    def _traffic(self, rates: dict[str, float], backlogs: dict[str, int]) -> None:
-        if (rates, backlogs) != (self._rates, self._backlogs):
-            self._rates, self._backlogs = rates, backlogs
-            self._bump()
-
-    async def _backlog_of(self, router: str, found: dict[str, int], limit: trio.CapacityLimiter) -> None:
-        try:
-            async with limit:
-                found[router] = int(
-                    (await self.ask(router, "get", path="/sys$queuemanager/usage"))["properties"]["messages"]
-                )
-        except (RequestFailed, KeyError, TypeError, ValueError):  # not answering, or of an older release
-            pass
+        self.traffic.sample()
 
     async def _crawler(self) -> None:
         while True:
@@ -373,23 +345,8 @@ class WebSwiftlet:
                 if remote != self._remote:
                     self._remote = remote
                     self._stale.set()
-                await self._crawl_traffic(network.routers, network.links, config.map_concurrency)
+                await self.traffic.crawled(network, self.ask, config.map_concurrency)
             await trio.sleep(config.map_refresh_interval)
-
-    async def _crawl_traffic(self, routers: Any, links: Any, concurrency: int) -> None:
-        """Other routers' links' rates (as the crawl found them) and backlogs (asked of them)."""
-        local = self.context.router_name
-        rates = {key: rate for key, rate in self._rates.items() if local in key.split("|")}
-        for link in links:
-            if local not in (link.source, link.target) and link.state == "operational":
-                rates["|".join(sorted((link.source, link.target)))] = link.rate
-        found: dict[str, int] = {local: self._backlogs[local]} if local in self._backlogs else {}
-        limit = trio.CapacityLimiter(concurrency)
-        async with trio.open_nursery() as nursery:
-            for router in routers:
-                if router != local:
-                    nursery.start_soon(self._backlog_of, router, found, limit)
-        self._traffic(rates, found)
 
     def _read_links(self) -> None:
         """This router's links from ``sys$routing``'s usage (connectors, then live links)."""
@@ -437,11 +394,6 @@ class WebSwiftlet:
         self.version += 1
         self._changed.set()
         self._changed = trio.Event()
-
-
-def _rate(values: dict[str, Any]) -> float:
-    rates = (values.get("messages-out-rate"), values.get("messages-in-rate"))
-    return float(sum(rate for rate in rates if isinstance(rate, int | float)))
 
 
 def _seconds(stamp: str) -> float | None:
