@@ -173,7 +173,10 @@ async def test_connections_connectors_durables_and_in_doubt_transactions(network
         publisher = await session.producer(Topic("news"), delivery_mode=DeliveryMode.PERSISTENT)
         for n in range(2):
             await publisher.send(TextMessage(f"news {n}"))
-    await prepare_xa(a.swiftlet("sys$queuemanager"))
+    await prepare_xa(a.swiftlet("sys$queuemanager"))  # client-9: two sends to the queue out
+    committed = a.swiftlet("sys$queuemanager").transaction()
+    committed.send("out", build(b"c", message_id="c-0", durable=True))
+    await committed.prepare("client-8")
     await network.stop("a")
     a = await network.start(config)  # the prepared transaction is in doubt after a restart
     await network.start_routers("b")
@@ -187,6 +190,11 @@ async def test_connections_connectors_durables_and_in_doubt_transactions(network
     outcome = await page.act("rollback", "client-9")
     assert outcome.startswith("Roll back in-doubt transaction client-9: its 2 prepared message(s) are discarded")
     assert "client-9" not in a.management.resolve("/sys$xa/usage/in-doubt").children
+    await page.open("/routers/a/transactions")
+    outcome = await page.act("commit", "client-8")
+    assert outcome.startswith("Commit in-doubt transaction client-8: its 1 prepared message(s) become visible")
+    assert not a.management.resolve("/sys$xa/usage/in-doubt").children
+    assert a.management.get("/sys$queuemanager/usage/queues/out", "messages") == 1
 
     await page.open("/routers/a/topics")
     assert await page.first_cells("durables") == ["app$sub"]
@@ -216,7 +224,13 @@ async def test_connections_connectors_durables_and_in_doubt_transactions(network
         del client
 
     audit = [r.getMessage() for r in caplog.records if r.getMessage().startswith("management: (no user)@127.0.0.1")]
-    for done in ("in-doubt/client-9 rollback", "app$sub delete", "connectors/b disable", "connectors/b enable"):
+    for done in (
+        "in-doubt/client-9 rollback",
+        "in-doubt/client-8 commit",
+        "app$sub delete",
+        "connectors/b disable",
+        "connectors/b enable",
+    ):
         assert any(done in line for line in audit), done
     assert any(f"connections/{name} delete" in line for line in audit)
 
