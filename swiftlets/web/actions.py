@@ -33,6 +33,9 @@ from .render import esc, link, page, router_url
 
 __all__ = ["Action", "ACTIONS", "act"]
 
+#: Seconds another router has to answer a change: a purge or move of a long queue takes a
+#: while, and a page that said "no answer" while it goes on would mislead.
+ACTION_TIMEOUT = 120.0
 FORM_MAX = 16_384  # bytes of a posted form (a few names, a selector)
 Say = Callable[[str, Mapping[str, str], Any], str]  # (entity name, fields, messages) -> what it does
 
@@ -192,7 +195,7 @@ async def act(console: Console, request: Request) -> Response:
         if router == local and not console.may_change(viewer):
             return refused(403, f"{viewer.user or 'you'} may not change router {router} (role: not read-write)")
         return await _confirmation(console, router, action, name, fields, given)
-    reply = await console.request(viewer, router, _request(action, name, fields))
+    reply = await console.request(viewer, router, _request(action, name, fields), timeout=ACTION_TIMEOUT)
     status = int(reply.get("status", Status.ERROR))
     back = router_url(router, action.back.format(name=name))
     if status != Status.OK:

@@ -77,12 +77,14 @@ class Console:
     def token(self, viewer: Viewer) -> str:
         return self.guard.token(viewer)
 
-    async def request(self, viewer: Viewer, router: str, request: Mapping[str, Any]) -> dict[str, Any]:
+    async def request(
+        self, viewer: Viewer, router: str, request: Mapping[str, Any], timeout: float | None = None
+    ) -> dict[str, Any]:
         """``request`` served by ``router``'s ``sys$mgmt`` as the viewer: the reply
-        (``status`` and ``result`` or ``error``)."""
+        (``status`` and ``result`` or ``error``); another router has ``timeout`` seconds to
+        answer (default ``map-request-timeout``; this one serves it at once)."""
         management = self.web.management
         if management is None:
             return {"status": int(Status.UNAVAILABLE), "error": "sys$mgmt does not run on this router"}
-        return await management.request(
-            router, request, viewer.identity(self.local), timeout=self.context.config.map_request_timeout
-        )
+        wait = self.context.config.map_request_timeout if timeout is None else timeout
+        return await management.request(router, request, viewer.identity(self.local), timeout=wait)

@@ -8,9 +8,10 @@ overview, which has none, reloads every 5 s.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -28,6 +29,20 @@ __all__ = ["section", "router_page", "AREA_PAGES"]
 Buttons = Callable[[str, Mapping[str, Any]], Markup]
 
 REFRESH = 5  # seconds between reloads of the overview
+
+
+async def together(*parts: Awaitable[str]) -> str:
+    """The sections ``parts``, asked at once (another router's each take one request, and
+    one that does not answer costs one timeout, not one per section), in their order."""
+    done = [""] * len(parts)
+
+    async def one(index: int, part: Awaitable[str]) -> None:
+        done[index] = await part
+
+    async with trio.open_nursery() as nursery:
+        for index, part in enumerate(parts):
+            nursery.start_soon(one, index, part)
+    return "".join(done)
 
 
 async def section(
@@ -83,16 +98,18 @@ async def router_page(console: Console, request: Request) -> Response:
     local, web = console.local, console.web
     if router != local and web.network_map().router(router) is None:
         return page(local, f"Router {router}", f"<p>{esc(local)} knows no router {esc(router)}.</p>")
-    parts = [_known(console, router)] if router != local else []
     queues = "/sys$queuemanager/usage/queues"
     columns = ["messages", "consumers", "enqueued", "dequeued", "send-rate", "receive-rate"]
-    parts.append(await section(console, router, "Queues", "queues", queues, columns, "no queues"))
-    parts.append(await section(console, router, "Client connections", "connections", *CONNECTIONS))
-    if router == local:
-        parts.append(await section(console, router, "Routing connectors", "connectors", *CONNECTORS))
-        parts.append(await section(console, router, "Routing links", "links", *LINKS))
-        parts.append(await section(console, router, "Routing table", "routing-table", *TABLE))
-    return page(local, f"Router {router}", "".join(parts), router=router, refresh=REFRESH)
+    parts = [
+        section(console, router, "Queues", "queues", queues, columns, "no queues"),
+        section(console, router, "Client connections", "connections", *CONNECTIONS),
+    ]
+    if router == local:  # (another router's routing: its routing page)
+        parts.append(section(console, router, "Routing connectors", "connectors", *CONNECTORS))
+        parts.append(section(console, router, "Routing links", "links", *LINKS))
+        parts.append(section(console, router, "Routing table", "routing-table", *TABLE))
+    body = (_known(console, router) if router != local else "") + await together(*parts)
+    return page(local, f"Router {router}", body, router=router, refresh=REFRESH)
 
 
 CONNECTIONS = (
@@ -161,12 +178,10 @@ async def connections_page(console: Console, request: Request) -> Response:
 async def routing_page(console: Console, request: Request) -> Response:
     router = request.path_params["name"]
     switch = buttons_for(console, request, router, ("enable-connector", "enable"), ("disable-connector", "disable"))
-    body = "".join(
-        [
-            await section(console, router, "Routing connectors", "connectors", *CONNECTORS, buttons=switch),
-            await section(console, router, "Routing links", "links", *LINKS),
-            await section(console, router, "Routing table", "routing-table", *TABLE),
-        ]
+    body = await together(
+        section(console, router, "Routing connectors", "connectors", *CONNECTORS, buttons=switch),
+        section(console, router, "Routing links", "links", *LINKS),
+        section(console, router, "Routing table", "routing-table", *TABLE),
     )
     return page(console.local, f"Routing of {router}", body, router=router)
 
@@ -175,37 +190,35 @@ async def topics_page(console: Console, request: Request) -> Response:
     router = request.path_params["name"]
     delete = buttons_for(console, request, router, ("delete-durable", "delete"))
     topics = "/sys$topicmanager/usage/"
-    body = "".join(
-        [
-            await section(
-                console,
-                router,
-                "Root topics",
-                "topics",
-                topics + "topics",
-                ["subscriptions", "durable-subscriptions", "published", "remote-published", "deliveries", "dropped"],
-                "no topics in use",
-            ),
-            await section(
-                console,
-                router,
-                "Durable subscriptions",
-                "durables",
-                topics + "durable-subscribers",
-                ["client-id", "name", "topic", "selector", "no-local", "messages", "consumers"],
-                "no durable subscriptions",
-                buttons=delete,
-            ),
-            await section(
-                console,
-                router,
-                "Remote routers' interest",
-                "interest",
-                topics + "remote-router-subscriptions",
-                ["topics"],
-                "no remote router has subscribers here",
-            ),
-        ]
+    body = await together(
+        section(
+            console,
+            router,
+            "Root topics",
+            "topics",
+            topics + "topics",
+            ["subscriptions", "durable-subscriptions", "published", "remote-published", "deliveries", "dropped"],
+            "no topics in use",
+        ),
+        section(
+            console,
+            router,
+            "Durable subscriptions",
+            "durables",
+            topics + "durable-subscribers",
+            ["client-id", "name", "topic", "selector", "no-local", "messages", "consumers"],
+            "no durable subscriptions",
+            buttons=delete,
+        ),
+        section(
+            console,
+            router,
+            "Remote routers' interest",
+            "interest",
+            topics + "remote-router-subscriptions",
+            ["topics"],
+            "no remote router has subscribers here",
+        ),
     )
     return page(console.local, f"Topics of {router}", body, router=router)
 
