@@ -140,7 +140,7 @@ async def test_a_queue_is_browsed_moved_purged_and_deleted(network, browser, cap
     await page.type('form[action$="/act"] input[name="selector"]', "n < 5")
     outcome = await page.act("move", "orders")
     assert outcome == (
-        "Move those of its 25 message(s) that match n < 5 of queue orders to archive@b.\n"
+        "Move those of its 25 available message(s) that match n < 5 of queue orders to archive@b.\n"
         "5 messages moved from orders to archive@b"
     )
     await wait_until(lambda: b.management.get("/sys$queuemanager/usage/queues/archive", "messages") == 5)

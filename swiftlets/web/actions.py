@@ -51,7 +51,9 @@ class Action:
         fields: the form's fields passed as the operation's arguments (all required but
             ``selector``).
         says: the confirmation's text.
-        counts: whether the confirmation reads the entity's ``messages`` first.
+        counts: the entity's value the confirmation reads first (how many messages it
+            touches: ``available`` for a purge, which leaves those delivered and unsettled;
+            ``messages`` for the others); "" for none.
         back: the router page shown again afterwards (``{name}`` as in ``path``).
     """
 
@@ -60,7 +62,7 @@ class Action:
     remove_from: str = ""
     fields: tuple[str, ...] = ()
     says: Say
-    counts: bool = False
+    counts: str = ""
     back: str
 
 
@@ -68,8 +70,9 @@ QUEUE = "/sys$queuemanager/usage/queues/{name}"
 
 
 def _move(name: str, fields: Mapping[str, str], messages: Any) -> str:
-    which = f"those of its {messages} message(s) that match {fields['selector']}" if fields["selector"] else None
-    return f"Move {which or f'the {messages} message(s)'} of queue {name} to {fields['target']}."
+    selector = fields["selector"]
+    which = f"those of its {messages} available message(s) that match {selector}" if selector else None
+    return f"Move {which or f'the {messages} available message(s)'} of queue {name} to {fields['target']}."
 
 
 ACTIONS: dict[str, Action] = {
@@ -77,17 +80,22 @@ ACTIONS: dict[str, Action] = {
         path=QUEUE,
         operation="purge",
         says=lambda name, _, n: f"Purge queue {name}: its {n} available message(s) are removed for good.",
-        counts=True,
+        counts="available",
         back="/queues/{name}",
     ),
     "move": Action(
-        path=QUEUE, operation="move", fields=("target", "selector"), says=_move, counts=True, back="/queues/{name}"
+        path=QUEUE,
+        operation="move",
+        fields=("target", "selector"),
+        says=_move,
+        counts="messages",
+        back="/queues/{name}",
     ),
     "delete-queue": Action(
         path=QUEUE,
         remove_from="/sys$queuemanager/queues",
         says=lambda name, _, n: f"Delete queue {name} from the configuration, and its {n} message(s) with it.",
-        counts=True,
+        counts="messages",
         back="/queues",
     ),
     "close-connection": Action(
@@ -105,7 +113,7 @@ ACTIONS: dict[str, Action] = {
             f"Commit in-doubt transaction {name}: its {n} prepared message(s) become "
             "visible and the messages it acknowledged are removed."
         ),
-        counts=True,
+        counts="messages",
         back="/transactions",
     ),
     "rollback": Action(
@@ -115,7 +123,7 @@ ACTIONS: dict[str, Action] = {
             f"Roll back in-doubt transaction {name}: its {n} prepared message(s) are "
             "discarded and the messages it acknowledged are available again."
         ),
-        counts=True,
+        counts="messages",
         back="/transactions",
     ),
     "enable-connector": Action(
@@ -137,7 +145,7 @@ ACTIONS: dict[str, Action] = {
         path="/sys$topicmanager/usage/durable-subscribers/{name}",
         operation="delete",
         says=lambda name, _, n: f"Delete durable subscription {name} and the {n} message(s) it holds.",
-        counts=True,
+        counts="messages",
         back="/topics",
     ),
 }
@@ -178,15 +186,14 @@ async def act(console: Console, request: Request) -> Response:
     given = await _form(request)
     if given is None:
         return refused(400, f"a form of at most {FORM_MAX} bytes, application/x-www-form-urlencoded, is expected")
-
     reason = console.guard.refusal(request, given.get("token", ""))
     if reason is not None:
         console.context.log.warning("web: %s from %s: %s", viewer.user or "(no user)", viewer.host, reason)
         return refused(403, reason)
     action = ACTIONS.get(given.get("action", ""))
     name = given.get("name", "")
-    if action is None or not name:
-        return refused(400, f"unknown action {given.get('action', '')!r} or no entity named")
+    if action is None or not name or "/" in name:
+        return refused(400, f"unknown action {given.get('action', '')!r}, or no entity (or one with a /) named")
     fields = {field: given.get(field, "").strip() for field in action.fields}
     missing = [field for field, value in fields.items() if not value and field != "selector"]
     if missing:
@@ -217,7 +224,7 @@ async def _confirmation(
     messages: Any = "?"
     if action.counts:
         try:
-            messages = (await console.values(router, action.path.format(name=name))).get("messages", "?")
+            messages = (await console.values(router, action.path.format(name=name))).get(action.counts, "?")
         except RequestFailed as exc:
             return page(
                 console.local, "Refused", f'<p class="refused">{esc(exc.reason)}</p>', router=router, status=exc.status
