@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from starlette.responses import HTMLResponse
 
-__all__ = ["STYLE", "page", "table", "cell", "link", "action_form", "esc", "router_url"]
+__all__ = ["STYLE", "Markup", "page", "table", "cell", "link", "action_form", "esc", "router_url"]
 
 STYLE = """
 body { font-family: sans-serif; margin: 1em 2em; color: #222; }
