@@ -27,7 +27,7 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
     return [
         SwiftletSpec(
             name="sys$web",
-            description="Web view (network map, router pages) and Prometheus /metrics over HTTP.",
+            description="Web console (network map, router pages, changes through sys$mgmt) and Prometheus /metrics over HTTP(S).",
             config=WebConfig,
             factory=WebSwiftlet,
         )
