@@ -27,7 +27,8 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
     return [
         SwiftletSpec(
             name="sys$web",
-            description="Web console (network map, router pages, changes through sys$mgmt) and Prometheus /metrics over HTTP(S).",
+            description="Web console (network map, router pages, changes through sys$mgmt) and "
+            "Prometheus /metrics over HTTP(S).",
             config=WebConfig,
             factory=WebSwiftlet,
         )
