@@ -440,3 +440,20 @@ async def test_the_map_labels_links_with_rates_and_routers_with_backlogs(network
     assert int(shown["b"].split()[0]) >= 3
     text, fill = shown["a|b"]
     assert text.endswith(" msg/s") and float(text.split()[0]) >= 0 and fill == "rgb(42, 157, 58)"  # operational
+
+
+async def test_the_topics_page_shows_remote_routers_interest(network, browser):  # noqa: F811
+    _, a = await start_console(network, "a")
+    await network.start(network.config("b", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}, "b": {"a": 1}})
+    async with connect(network.url("b")) as connection, connection.session() as session:
+        async with session.consumer(Topic("news.eu")):
+            interest = "/sys$topicmanager/usage/remote-router-subscriptions"
+            await wait_until(lambda: "b" in a.management.resolve(interest).children, timeout=20, what="b's interest")
+            page = Page(browser, a.swiftlet("sys$web").url)
+            await page.open("/routers/a/topics")
+            row = await page.text("#interest tbody tr")
+            assert row.split()[:2] == ["b", "news"]
+            await page.open("/routers/b/topics")  # b's own page, through a: its root topic with a subscriber
+            assert await page.first_cells("topics") == ["news"]

@@ -210,17 +210,40 @@ async def topics_page(console: Console, request: Request) -> Response:
             "no durable subscriptions",
             buttons=delete,
         ),
-        section(
-            console,
-            router,
-            "Remote routers' interest",
-            "interest",
-            topics + "remote-router-subscriptions",
-            ["topics"],
-            "no remote router has subscribers here",
-        ),
+        _interest(console, router),
     )
     return page(console.local, f"Topics of {router}", body, router=router)
+
+
+INTEREST = "/sys$topicmanager/usage/remote-router-subscriptions"
+
+
+async def _interest(console: Console, router: str) -> str:
+    """Remote routers' interest: a row per router and root topic it has subscribers under,
+    with what was forwarded there."""
+    title = "<h2>Remote routers' interest</h2>"
+    try:
+        routers = await console.entries(router, INTEREST)
+    except RequestFailed as exc:
+        return f'{title}<p id="interest">not available: {esc(exc.reason)}</p>'
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+
+    async def roots_of(remote: str) -> None:
+        try:
+            found[remote] = await console.entries(router, f"{INTEREST}/{remote}/topics")
+        except RequestFailed:  # gone meanwhile
+            pass
+
+    async with trio.open_nursery() as nursery:
+        for remote in routers:
+            nursery.start_soon(roots_of, remote)
+    columns = ["forwarded", "unroutable", "static", "keep-on-unsubscribe"]
+    rows = [
+        [remote, root, *(values.get(column, "") for column in columns)]
+        for remote, roots in sorted(found.items())
+        for root, values in roots.items()
+    ]
+    return title + table("interest", ["router", "root topic", *columns], rows, "no remote router has subscribers here")
 
 
 async def transactions_page(console: Console, request: Request) -> Response:
