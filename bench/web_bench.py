@@ -12,7 +12,12 @@
    ``map-refresh-interval``): ``C`` routers on a ring in this process, crawled from one with
    ``map-concurrency`` 8: the median and worst of 10 crawls (2 requests per router).
 
+4. The sparklines' history (:class:`.history.History`): a router with ``H`` queues (three
+   values each) sampled for a full hour of points: the memory its series hold (tracemalloc)
+   and the time one sample takes in the router's thread (once every 10 s).
+
     .venv/bin/python bench/web_bench.py [--routers 10 100 300] [--queues 10 1000 5000] [--crawl 5 10]
+        [--history 100 1000 5000]
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tracemalloc
 import urllib.request
 from pathlib import Path
 
@@ -32,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from martinet.swiftlets.mgmt.api import crawl  # noqa: E402
 from martinet.swiftlets.web.api import LinkView, build_map  # noqa: E402
 from martinet.swiftlets.web.config import WebConfig  # noqa: E402
+from martinet.swiftlets.web.history import POINTS, History  # noqa: E402
 
 from network import ROUTING_STACK, Network, routing_config  # noqa: E402
 
@@ -131,11 +138,41 @@ async def bench_crawl(count: int) -> None:
             nursery.cancel_scope.cancel()
 
 
+async def bench_history(queues: int) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        async with trio.open_nursery() as nursery:
+            network = Network(nursery, Path(folder))
+            router = await network.start(network.config("a", startorder=ROUTING_STACK))
+            for n in range(queues):
+                router.management.add("/sys$queuemanager/queues", f"q{n}")
+            history = History(router.management)
+            tracemalloc.start()
+            before = tracemalloc.get_traced_memory()[0]
+            times = []
+            for _ in range(POINTS + 1):  # no await: nothing else runs meanwhile
+                began = time.perf_counter()
+                history.sample()
+                times.append(time.perf_counter() - began)
+            held = tracemalloc.get_traced_memory()[0] - before
+            tracemalloc.stop()
+            series = sum(
+                len(history.series("/sys$queuemanager/usage/queues", f"q{n}", "messages")) > 0 for n in range(queues)
+            )
+            print(
+                f"history of {queues:5d} queues ({series} followed, {POINTS} points): {held / 2**20:6.2f} MiB "
+                f"({held / max(series, 1) / 1024:4.1f} KiB a queue); one sample median "
+                f"{1e3 * statistics.median(times):6.1f} ms, worst {1e3 * max(times):6.1f} ms"
+            )
+            await network.stop_all()
+            nursery.cancel_scope.cancel()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--routers", type=int, nargs="*", default=[10, 100, 300])
     parser.add_argument("--queues", type=int, nargs="*", default=[10, 1000, 5000])
     parser.add_argument("--crawl", type=int, nargs="*", default=[5, 10])
+    parser.add_argument("--history", type=int, nargs="*", default=[100, 1000, 5000])
     args = parser.parse_args()
     for count in args.routers:
         bench_map(count)
@@ -143,6 +180,8 @@ def main() -> None:
         trio.run(bench_metrics, queues)
     for count in args.crawl:
         trio.run(bench_crawl, count)
+    for queues in args.history:
+        trio.run(bench_history, queues)
 
 
 if __name__ == "__main__":

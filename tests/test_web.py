@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from martinet.kernel import SwiftletFailed
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect
+from martinet.messaging.message import build
 from martinet.swiftlets.authentication.config import AuthenticationConfig, GroupConfig, UserConfig
 from martinet.swiftlets.store.config import StoreConfig
 from martinet.swiftlets.web.config import WebConfig
@@ -218,7 +219,10 @@ async def test_with_authentication_only_the_admin_group_gets_in(network):
         ],
     )
     router, web = await start_web(
-        network, "a", WebConfig(enabled=True, bind_address="0.0.0.0", port=0), **{"sys$authentication": authentication}
+        network,
+        "a",
+        WebConfig(enabled=True, bind_address="0.0.0.0", port=0, plain_http_auth=True),
+        **{"sys$authentication": authentication},
     )
     url = "http://127.0.0.1:" + web.url.rsplit(":", 1)[1]
     status, headers, _ = await fetch(url + "/metrics")
@@ -314,3 +318,23 @@ async def test_hypercorns_ctrl_c_hint_stays_out_of_the_routers_log(network, capl
     assert (await fetch(web.url + "/metrics"))[0] == 200
     assert [r.getMessage() for r in caplog.records if "web view and /metrics on" in r.getMessage()]
     assert not [r.getMessage() for r in caplog.records if "CTRL + C" in r.getMessage()]
+
+
+async def test_the_history_keeps_an_hour_of_points_per_value_and_forgets_what_is_gone(network):
+    from martinet.swiftlets.web.history import History, sparkline
+
+    router, _ = await start_web(network, "a")
+    router.management.add("/sys$queuemanager/queues", "orders")
+    history = History(router.management, points=3)
+    queues = "/sys$queuemanager/usage/queues"
+    for n in range(5):
+        router.swiftlet("sys$queuemanager").send_nowait("orders", build(f"m{n}"))
+        history.sample()
+    assert list(history.series(queues, "orders", "messages")) == [3.0, 4.0, 5.0]  # the last 3 only
+    assert list(history.series(queues, "orders", "send-rate"))  # rates are followed too
+    drawn = sparkline(history.series(queues, "orders", "messages"), span=3)
+    assert 'data-points="3" data-last="5"' in drawn and "now 5, highest 5" in drawn
+    router.management.remove("/sys$queuemanager/queues", "orders")
+    history.sample()
+    assert history.series(queues, "orders", "messages") == ()
+    assert sparkline(()) == ""

@@ -41,10 +41,10 @@ from selenium.webdriver.common.by import By  # noqa: E402
 RED = "rgb(208, 0, 0)"  # the page's colour of failed and down links
 
 
-def open_browser() -> webdriver.Chrome:
+def open_browser(*arguments: str) -> webdriver.Chrome:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", *arguments):
         options.add_argument(argument)
     return webdriver.Chrome(options=options, service=Service(executable_path=DRIVER))
 

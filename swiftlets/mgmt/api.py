@@ -57,6 +57,7 @@ __all__ = [
     "Link",
     "NetworkMap",
     "crawl",
+    "link_rate",
 ]
 
 #: The queue each router serves management requests on.
@@ -219,6 +220,10 @@ class Management(Protocol):
         """Whether users of ``group`` (of sys$authentication) may manage this router: it is
         one of sys$mgmt's groups, whatever its role."""
 
+    def role(self, identity: Identity) -> Role | None:
+        """The role ``identity`` has on this router (None: it may not manage it), by the rules
+        every request is authorized with: so a front end offers only what will be allowed."""
+
 
 class RequestFailed(Exception):
     """A request failed: the router's status and reason, or no answer (status 503)."""
@@ -245,6 +250,7 @@ class Link:
     since: str
     error: str = ""
     listener_state: str = ""  # the listening side's view; "" if it has no such link
+    rate: float = 0.0  # messages/s over it, both ways, as the dialing router measured them
 
 
 @attrs.frozen
@@ -278,6 +284,12 @@ async def _routing_view(call: Call, router: str) -> dict[str, Any]:
             raise
         lost = {}
     return {"connectors": usage["entries"], "connections": live["entries"], "lost": lost}
+
+
+def link_rate(link: Mapping[str, Any]) -> float:
+    """Messages/s both ways over a live link (its usage entry; 0 without the figures)."""
+    rates = (link.get("messages-out-rate"), link.get("messages-in-rate"))
+    return float(sum(rate for rate in rates if isinstance(rate, int | float)))
 
 
 def _named(view: Mapping[str, Any]) -> set[str]:
@@ -352,6 +364,7 @@ async def crawl(call: Call, start: str, *, concurrency: int = 1000) -> NetworkMa
                     since=since,
                     error=connector.get("last-error", ""),
                     listener_state=listener_state,
+                    rate=link_rate(link),
                 )
             )
         for dialer, entry in sorted(view["lost"].items()):

@@ -501,14 +501,7 @@ class MgmtSwiftlet:
             if not isinstance(verb, str) or (handler := self._verbs.get(verb)) is None:
                 known = ", ".join(sorted(READ_VERBS | WRITE_VERBS))
                 raise Refused(Status.BAD_REQUEST, f"unknown verb {verb!r}; verbs: {known}")
-            authorize(
-                identity,
-                verb,
-                router=self.router,
-                authentication=self._authentication(),
-                groups={name: group.role for name, group in self.config.groups.items()},
-                local_addresses=self.config.local_addresses,
-            )
+            self._authorize(identity, verb)
             assert identity is not None
             result = await handler(request, identity, reply_to, correlation)
         except Refused as refused:
@@ -525,6 +518,16 @@ class MgmtSwiftlet:
             return self._answer(Status.ERROR, error=f"{type(exc).__name__}: {exc}")
         self.served += 1
         return self._answer(Status.OK, result=plain(result))
+
+    def _authorize(self, identity: Identity | None, verb: str) -> Role:
+        return authorize(
+            identity,
+            verb,
+            router=self.router,
+            authentication=self._authentication(),
+            groups={name: group.role for name, group in self.config.groups.items()},
+            local_addresses=self.config.local_addresses,
+        )
 
     def _authentication(self) -> bool:
         try:
@@ -749,6 +752,12 @@ class MgmtSwiftlet:
 
     def manages(self, group: str) -> bool:
         return group in self.config.groups
+
+    def role(self, identity: Identity) -> Role | None:
+        try:
+            return self._authorize(identity, "get")
+        except Refused:
+            return None
 
     async def request(
         self, router: str, request: Mapping[str, Any], identity: Identity, timeout: float = 10.0

@@ -917,6 +917,7 @@ class QueueManager:
     def _manager_usage(self) -> dict[str, Any]:
         return {
             "queues": len(self.queues),
+            "messages": sum(queue.size for queue in self.queues.values()),  # the router's backlog
             "clients-queues": self.budget.clients_queues(),
             "routing-queues": self.budget.routing,
             "prepared-transactions": len(self._prepared),

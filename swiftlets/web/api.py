@@ -19,7 +19,7 @@ class Web(Protocol):
 
     @property
     def url(self) -> str:
-        """``http://host:port`` of the listener as bound; empty while it is disabled."""
+        """``http://host:port`` (``https://`` with TLS) of the listener as bound; empty while it is disabled."""
 
     def network_map(self) -> NetworkMap:
         """The network map as this router sees it now."""

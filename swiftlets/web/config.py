@@ -5,7 +5,8 @@ The listener's properties take effect at the next start of the swiftlet
 (``map-*``) are read at each crawl. Whether a bind address is allowed depends
 on another swiftlet (a non-loopback address needs ``sys$authentication`` with
 ``authentication-enabled``), so the running swiftlet checks that and refuses to start with
-the reason.
+the reason; so it does for such an address without TLS unless ``plain-http-auth`` allows
+passwords in clear.
 """
 
 from __future__ import annotations
@@ -32,6 +33,23 @@ class WebConfig:
         max=65535,
         reboot_required=True,
         description="TCP port of the HTTP listener (0: any free port; usage shows the one bound).",
+    )
+    tls_certificate: str = prop(
+        "",
+        reboot_required=True,
+        description="PEM certificate chain: the listener serves HTTPS with it; empty: plain HTTP.",
+    )
+    tls_key: str = prop(
+        "",
+        reboot_required=True,
+        description="PEM private key of the TLS certificate (empty: in the certificate's file).",
+    )
+    plain_http_auth: bool = prop(
+        False,
+        reboot_required=True,
+        description="Allow a bind-address beyond loopback without TLS: "
+        "HTTP basic auth then sends passwords across the network in clear (only on a network "
+        "you trust); false: such a listener refuses to start.",
     )
     admin_group: str = prop(
         "admin",

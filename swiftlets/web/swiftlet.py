@@ -4,14 +4,16 @@ Theory of operation
 -------------------
 Disabled (the default), the swiftlet starts and does nothing. Enabled, it checks the bind
 address first: anything but loopback needs ``sys$authentication`` with authentication on,
-else the start fails with the reason (nothing is served unprotected beyond this host). With
-authentication on, every request logs in with HTTP basic auth and the user's group must be
-``admin-group`` (:mod:`.app`); whether it is on is read at each request, and a listener
-beyond loopback refuses every request while it is off.
+else the start fails with the reason (nothing is served unprotected beyond this host), and
+without TLS too unless ``plain-http-auth`` allows passwords in clear. With authentication
+on, every request logs in with HTTP basic auth as a user of ``admin-group`` or of one of
+``sys$mgmt``'s groups (:mod:`.auth`); whether it is on is read at each request, and a
+listener beyond loopback refuses every request while it is off.
 
 The HTTP side is Starlette (:mod:`.app`) served by Hypercorn's trio worker, a task in the
-swiftlet's nursery: the router's cancellation stops it, and a bind error fails the start
-with the address and the reason. Handlers run in the router's trio thread (they are all
+swiftlet's nursery: the router's cancellation stops it, and a bind error or a certificate
+that does not load fails the start with the address or the file and the reason. With
+``tls-certificate`` Hypercorn serves HTTPS itself. Handlers run in the router's trio thread (they are all
 ``async``), so they read the management tree and the routing table directly.
 
 The map. One task per kind of ``sys$routing`` event keeps the map current: link state
@@ -24,6 +26,11 @@ route event marks the map stale; one task rebuilds it (once for a burst of event
 rebuild that changes the map bumps :attr:`WebSwiftlet.version` and wakes the pages' event
 streams. A link subscription that overflows is opened again and
 the links are read afresh from ``sys$routing``'s usage, so no state is lost for good.
+
+History and traffic. Every 10 s a task samples this router's rates and backlogs into the
+pages' hour of history (:mod:`.history`) and measures its links' rates and its backlog for
+the map (:mod:`.traffic`); each crawl (below) brings the other routers'. A change of those
+wakes the event streams too, so the map's labels follow within a sample or a crawl.
 
 Other routers' links. When ``sys$mgmt`` runs here, a task crawls the network every
 ``map-refresh-interval`` seconds with :func:`martinet.swiftlets.mgmt.api.crawl` (up to
@@ -41,6 +48,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+import ssl
 import time
 from functools import partial
 from typing import Any
@@ -65,7 +73,10 @@ from martinet.swiftlets.routing.api import (
 )
 
 from .app import build_app
+from .console import Console
+from .history import INTERVAL, History
 from .netmap import LinkView, NetworkMap, build_map
+from .traffic import Traffic
 
 __all__ = ["WebSwiftlet", "is_loopback"]
 
@@ -116,6 +127,9 @@ class WebSwiftlet:
         self.management: Management | None = None  # sys$mgmt, if it runs
         self.authentication: Authentication | None = None  # sys$authentication, if it runs
         self.loopback = True  # whether the listener is bound to a loopback address
+        self.history = History(context.management)  # the last hour of rates and backlogs
+        self.traffic = Traffic(context, self._bump)  # the map's rates and backlogs
+        self.console = Console(self, context)  # what the pages read and change
 
     @property
     def url(self) -> str:
@@ -123,6 +137,11 @@ class WebSwiftlet:
 
     def network_map(self) -> NetworkMap:
         return self._map
+
+    def map_json(self) -> dict[str, Any]:
+        """The map as ``/map.json`` and the event stream carry it: with ``rates`` (messages/s
+        by link, ``a|b``) and ``backlogs`` (messages by router), as last measured."""
+        return {**self._map.to_json(), **self.traffic.data()}
 
     async def changed(self) -> None:
         """Wait until the map changes."""
@@ -152,6 +171,12 @@ class WebSwiftlet:
                 "view and /metrics beyond this host needs authentication-enabled in "
                 "sys$authentication (or bind to 127.0.0.1)"
             )
+        if not self.loopback and not config.tls_certificate and not config.plain_http_auth:
+            raise RuntimeError(
+                f"bind-address {config.bind_address!r} is not a loopback address and there is no "
+                "tls-certificate: HTTP basic auth would send passwords across the network in clear "
+                "(set tls-certificate and tls-key, or plain-http-auth to allow it)"
+            )
         try:
             self._routing = self.context.lookup("sys$routing", Routing)
         except LookupError:
@@ -161,6 +186,7 @@ class WebSwiftlet:
         except LookupError:
             self.management = None
         async with trio.open_nursery() as nursery:
+            await nursery.start(self._sampler)
             if self._routing is not None:
                 await nursery.start(self._follow_links)
                 for kind in (RouteAdded, RouteRemoved, DestinationAdded, DestinationRemoved):
@@ -194,15 +220,31 @@ class WebSwiftlet:
                 f"cannot listen on {host}:{config.port} (bind-address, port): {exc.strerror or exc}"
             ) from None
         hypercorn = HypercornConfig()
+        if config.tls_certificate:
+            hypercorn.certfile = config.tls_certificate
+            hypercorn.keyfile = config.tls_key or config.tls_certificate
+            # HTTP/1.1 only: hypercorn 0.18's HTTP/2 raised KeyError on a stream a browser had
+            # reset (a navigation away), out of the server and through the swiftlet's nursery
+            hypercorn.alpn_protocols = ["http/1.1"]
+            try:  # loaded here so that a bad file fails the start with its name (hypercorn loads it again)
+                hypercorn.create_ssl_context()
+            except (OSError, ssl.SSLError) as exc:
+                listener.close()
+                raise RuntimeError(
+                    f"cannot load tls-certificate {config.tls_certificate!r} / tls-key {config.tls_key!r}: {exc}"
+                ) from None
         hypercorn.accesslog = None
         hypercorn.errorlog = _hypercorn_log(self.context.log)
         hypercorn.graceful_timeout = GRACEFUL
-        asgi_app = build_app(self, self.context, admin_group=config.admin_group)
+        asgi_app = build_app(self, self.console, self.context, admin_group=config.admin_group)
         # Starlette types an app's scope as a MutableMapping, hypercorn as its own TypedDicts:
         # the one ASGI app fits both at runtime, the two declarations do not match.
         app = wrap_app(asgi_app, hypercorn.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
-        self._url = f"http://{host}:{listener.getsockname()[1]}"
-        await nursery.start(partial(worker_serve, app, hypercorn, sockets=Sockets([], [listener], [])))
+        scheme, sockets = (
+            ("https", Sockets([listener], [], [])) if config.tls_certificate else ("http", Sockets([], [listener], []))
+        )
+        self._url = f"{scheme}://{host}:{listener.getsockname()[1]}"
+        await nursery.start(partial(worker_serve, app, hypercorn, sockets=sockets))
         self.context.log.info(
             "web view and /metrics on %s%s",
             self._url,
@@ -260,6 +302,20 @@ class WebSwiftlet:
             raise RequestFailed(reply.get("status", int(Status.ERROR)), reply.get("error", "no reason given"), router)
         return reply.get("result")
 
+    async def _sampler(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Every :data:`.history.INTERVAL` seconds: a point of history, and this router's own
+        links' rates and backlog on the map."""
+        self.sample()
+        task_status.started()
+        while True:
+            await trio.sleep(INTERVAL)
+            self.sample()
+
+    def sample(self) -> None:
+        """A point of history, and this router's links' rates and backlog on the map, now."""
+        self.history.sample()
+        self.traffic.sample()
+
     async def _crawler(self) -> None:
         while True:
             config = self.context.config
@@ -289,6 +345,7 @@ class WebSwiftlet:
                 if remote != self._remote:
                     self._remote = remote
                     self._stale.set()
+                await self.traffic.crawled(network, self.ask, config.map_concurrency)
             await trio.sleep(config.map_refresh_interval)
 
     def _read_links(self) -> None:
@@ -330,9 +387,13 @@ class WebSwiftlet:
         new = build_map(self.context.router_name, links, routes, self._map, time.time(), self._remote)
         if new != self._map:
             self._map = new
-            self.version += 1
-            self._changed.set()
-            self._changed = trio.Event()
+            self._bump()
+
+    def _bump(self) -> None:
+        """A new version of what the map shows: wake the event streams."""
+        self.version += 1
+        self._changed.set()
+        self._changed = trio.Event()
 
 
 def _seconds(stamp: str) -> float | None:

@@ -3,7 +3,8 @@
 // by itself after a break, and gets the whole map again).
 // Routers sit on a circle in name order, the local router at the top; every element
 // carries data-router / data-edge and data-state, and its class names the state (colours
-// in the page's style).
+// in the page's style). A link is labelled with its messages/s (both ways) and a router with
+// the messages in its queues, where the router measured them (map.rates, map.backlogs).
 (function () {
   "use strict";
   const SVG = "http://www.w3.org/2000/svg";
@@ -46,6 +47,11 @@
                                     "data-edge": edge.a + "|" + edge.b, "data-state": edge.state}, svg);
       element("title", {}, line).textContent = edge.a + " – " + edge.b + ": " + edge.state + " since " +
         since(edge.since) + (edge.error ? " (" + edge.error + ")" : "");
+      const rate = (map.rates || {})[edge.a + "|" + edge.b];
+      if (rate !== undefined) {
+        element("text", {x: (x1 + x2) / 2, y: (y1 + y2) / 2 - 6, class: "rate state-" + edge.state,
+                         "data-rate": edge.a + "|" + edge.b}, svg).textContent = rate.toFixed(1) + " msg/s";
+      }
       const row = links.insertRow();
       row.dataset.edge = edge.a + "|" + edge.b;
       row.dataset.state = edge.state;
@@ -63,6 +69,11 @@
       element("title", {}, circle).textContent = router.name + ": " + router.state +
         (router.hops ? " (" + router.hops + " hops)" : "");
       element("text", {x, y: y + 36}, link).textContent = router.name;
+      const backlog = (map.backlogs || {})[router.name];
+      if (backlog !== undefined) {
+        element("text", {x, y: y + 54, class: "backlog", "data-backlog": router.name}, link).textContent =
+          backlog + " msgs";
+      }
     }
     status.textContent = map.routers.length + " routers, " + map.edges.length + " links, as of " +
       new Date().toLocaleTimeString();
