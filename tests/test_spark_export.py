@@ -72,8 +72,12 @@ async def test_a_sample_holds_the_changed_numbers_and_every_full_sample_interval
     assert numbers(changed)[("queues/busy", "messages")] == everything[("queues/busy", "messages")] + 1
     assert numbers(changed)[("queues/busy", "enqueued")] == everything[("queues/busy", "enqueued")] + 1
     assert "queues/idle" not in {entity for entity, _ in numbers(changed)}  # unchanged: not exported
-    # of the manager's own values only the memory budget's count changed (the message it holds)
-    assert {metric for entity, metric in numbers(changed) if entity == ""} == {"memory-used", "memory-messages"}
+    # of the manager's own values only the counts of what it holds changed (the message)
+    assert {metric for entity, metric in numbers(changed) if entity == ""} == {
+        "memory-used",
+        "memory-messages",
+        "messages",
+    }
     assert texts(changed) == texts(first)  # texts at every sample
     queues.queue("fresh", create=True)
     third, changes = sampler.sample()
