@@ -28,10 +28,6 @@ if shutil.which("node") is None or shutil.which("npm") is None:
         allow_module_level=True,
     )
 
-# npm installs rhea into the shared tests/interop folder on first use: under pytest-xdist
-# these tests run on one worker, so that two installs never write there at once.
-pytestmark = pytest.mark.xdist_group("rhea")
-
 
 def install_rhea() -> None:
     if not (INTEROP / "node_modules" / "rhea").exists():

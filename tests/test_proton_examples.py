@@ -29,10 +29,6 @@ if not (EXAMPLES / "helloworld.py").exists():
         allow_module_level=True,
     )
 
-# The examples dial localhost:5672, so every test here listens on that fixed port: under
-# pytest-xdist they all run on one worker.
-pytestmark = pytest.mark.xdist_group("port-5672")
-
 CONFIG = """<router name="examples" startorder="sys$store sys$queuemanager sys$topicmanager sys$jms">
   <swiftlet name="sys$store" path="{store}" sync="normal"/>
   <swiftlet name="sys$jms"><listeners><listener name="amqp" port="5672" bind-address="127.0.0.1"/></listeners>

@@ -23,9 +23,7 @@ from martinet.swiftlets.spark.config import SparkConfig
 from conftest import wait_until
 from network import ROUTING_STACK, STACK, routing_config
 
-# Each test starts a JVM with local[2]: under pytest-xdist they share one worker with the
-# browser tests, so that two such loads never run at once on a small machine.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("jvm-and-browser")]
+pytestmark = pytest.mark.slow
 
 PIPELINE_TIMEOUT = 300  # a busy 2-core machine: Spark starts in 5-20 s, a run takes 30-90 s
 

@@ -38,10 +38,6 @@ from selenium import webdriver  # noqa: E402 - only with a browser to drive
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
-# A browser and three routers: under pytest-xdist on the worker of the Spark tests, so that
-# two such loads never run at once on a small machine.
-pytestmark = pytest.mark.xdist_group("jvm-and-browser")
-
 RED = "rgb(208, 0, 0)"  # the page's colour of failed and down links
 
 
