@@ -94,7 +94,7 @@ from .api import (
 )
 from .budget import QueueBudget
 from .config import QueueManagerConfig, QueueSettings
-from .memory import MemoryAlarm, machine_memory
+from .memory import MemoryAlarm, machine_memory, wait_in
 from .operations import offer_operations
 from .queue import AVAILABLE, DELIVERED, GONE, HELD, Consumer, Entry, Queue, now_ms
 
@@ -543,14 +543,7 @@ class QueueManager:
             return None
         if queue is None or not 0 <= queue.settings.flowcontrol_start_queuesize < queue.backlog:
             return None
-        waiting = queue.backlog_callbacks
-        waiting.append(callback)
-
-        def cancel() -> None:
-            if callback in waiting:
-                waiting.remove(callback)
-
-        return cancel
+        return wait_in(queue.backlog_callbacks, callback)
 
     def when_room(self, name: str, callback: Callable[[], None]) -> None:
         if self.memory.when_clear(callback) is not None:  # (a MemoryFull names no queue)

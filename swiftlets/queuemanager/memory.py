@@ -37,9 +37,22 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MemoryAlarm", "ENTRY_COST", "machine_memory"]
+__all__ = ["MemoryAlarm", "ENTRY_COST", "machine_memory", "wait_in"]
 
 log = logging.getLogger(__name__)
+
+
+def wait_in(waiting: list[Callable[[], None]], callback: Callable[[], None]) -> Callable[[], None]:
+    """Put ``callback`` in the list ``waiting`` (whose owner calls and clears it); the
+    function that takes it out again, if it is still there."""
+    waiting.append(callback)
+
+    def cancel() -> None:
+        if callback in waiting:
+            waiting.remove(callback)
+
+    return cancel
+
 
 #: What a queue entry costs in memory besides the message bytes it keeps: its Entry object,
 #: its id and size, the header of the bytes object (and a Message over them, in memory), its
@@ -110,14 +123,7 @@ class MemoryAlarm:
         that cancels the call; None when it is off."""
         if not self.on:
             return None
-        waiting = self._waiting
-        waiting.append(callback)
-
-        def cancel() -> None:
-            if callback in waiting:
-                waiting.remove(callback)
-
-        return cancel
+        return wait_in(self._waiting, callback)
 
     def _check(self) -> None:
         if not self.on and self.used > self.limit >= 0:
