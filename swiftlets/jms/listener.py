@@ -264,7 +264,8 @@ class IncomingLink:
                     )
                 if result.delay_ms > self.delay_ms:
                     self.delay_ms, self.delayed_queue = result.delay_ms, None if topic else address
-        except (QueueError, TopicError, MessageError, DecodeError, _Refused) as exc:
+        except (QueueError, TopicError, MessageError, DecodeError, _Refused, StoreError) as exc:
+            # (StoreError: the store failed, and the router is stopping: refused, not a traceback)
             connection.swiftlet.refusals.warn(
                 connection.host, f"transfer to {self.address or '(anonymous relay)'}", exc
             )
@@ -311,6 +312,8 @@ def _condition(exc: Exception) -> str:
         return "amqp:link:message-size-exceeded"
     if isinstance(exc, QueueNotFound):  # e.g. a temporary queue gone, or its router no longer known
         return "amqp:not-found"
+    if isinstance(exc, StoreError):
+        return "amqp:internal-error"
     return "amqp:resource-limit-exceeded" if isinstance(exc, QueueFull) else "amqp:invalid-field"
 
 
