@@ -136,11 +136,13 @@ MARKER_SUFFIX = ".store-id"  # the companion file recording that the store was c
 LENGTH = struct.Struct(">I")  # the frame length prefix
 LOCK_SUFFIX = ".lock"  # the store lock (see above)
 LOCK_WAIT = 30.0  # seconds a store process waits for the previous one of its store to exit
-# Test hook (tests/test_store_lock.py): while the file this names exists, the store process
-# waits before applying each commit, so that a test can hold a store process in the middle
-# of its work deterministically. Never set it in production.
 FULL_RETRY = 0.2  # seconds between two tries of a batch that met a full disk
+# Test hook (tests/test_store_lock.py and others): while the file this names exists, the store
+# process waits before applying each commit (with the second one set, only each commit that
+# stores a message in the queue it names), so that a test can hold a store process in the
+# middle of its work deterministically. Never set them in production.
 COMMIT_GATE_ENV = "MARTINET_TEST_STORE_COMMIT_GATE"
+COMMIT_GATE_QUEUE_ENV = "MARTINET_TEST_STORE_COMMIT_GATE_QUEUE"
 
 # Rows per statement: a few large statements are much cheaper than one per row.
 # 5 columns x 160 rows stays well below SQLite's limit of 32766 parameters per statement.
@@ -684,6 +686,20 @@ def _insert_rows(db: sqlite3.Connection, table: str, rows: Sequence[Sequence[Any
         )
 
 
+def _puts_into(ops: list[list[Any]], queue: str) -> bool:
+    """The batch stores a message in ``queue`` (a put's fields: code 1, id, queue, …)."""
+    return any(op[0] == 1 and op[2] == queue for op in ops)
+
+
+def _hold(gate: str) -> None:
+    """The tests' commit gate: while the file ``gate`` exists, wait (and say so with the file
+    ``<gate>.held``, so that a test knows a commit is held before it kills something)."""
+    if os.path.exists(gate):
+        Path(f"{gate}.held").touch()
+        while os.path.exists(gate):
+            time.sleep(0.01)
+
+
 def _apply_when_room(database: Database, ops: list[list[Any]], send: Any, source: int) -> int | None:
     """Apply one batch; one that meets a full disk (rolled back whole) is tried again every
     :data:`FULL_RETRY` seconds until it goes through, after one ``["full", text]`` to the
@@ -737,7 +753,7 @@ def main(argv: list[str]) -> int:
         except BrokenPipeError:
             router_gone = True
 
-    gate = os.environ.get(COMMIT_GATE_ENV)
+    gate, gate_queue = os.environ.get(COMMIT_GATE_ENV), os.environ.get(COMMIT_GATE_QUEUE_ENV)
     try:
         # Held until the process exits (never closed: the kernel releases it after the last
         # thread and connection are gone, so the next store process never overlaps this one).
@@ -780,8 +796,8 @@ def main(argv: list[str]) -> int:
             if failed is not None:  # the router may have sent more behind the failed batch: none is applied
                 send(["error", f"an earlier commit failed: {failed}"])
                 continue
-            while gate is not None and os.path.exists(gate):
-                time.sleep(0.01)
+            if gate is not None and (gate_queue is None or _puts_into(request[1], gate_queue)):
+                _hold(gate)
             try:
                 cancelled = _apply_when_room(database, request[1], send, source.fileno())
             except (sqlite3.Error, ValueError, IndexError) as exc:
