@@ -11,10 +11,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from martinet.kernel import ConfigErrors, load_config, load_swiftlet_specs
 from martinet.messaging.message import build
-from martinet.swiftlets.spark.api import EVENT_COLUMNS, ROW_COLUMNS, decode_batch, encode_batch
+from martinet.swiftlets.spark.api import EVENT_COLUMNS, ROW_COLUMNS, _decode_rows, decode_batch, encode_batch
 from martinet.swiftlets.spark.config import SparkConfig
 from martinet.swiftlets.spark.sampler import Filter, Sampler
 
@@ -220,6 +222,81 @@ def test_a_batch_round_trips_and_garbage_is_refused():
     ):
         with pytest.raises(ValueError, match="not a metrics batch"):
             decode_batch(garbage)
+
+
+def test_a_batch_decoded_by_columns_gives_the_rows_of_the_row_by_row_path():
+    rows = [
+        [1000, "sys$queuemanager", "queues/q1", "messages", 3, None, 1],
+        [1000, "router", "", "state", None, "up", 2],
+    ]
+    longer = [[1001, "sys$x", "e", "m", 2.5, None, 3, "a later field"]]
+    events = [[1002, "sys$routing", "LinkStateChanged", "l1", "{}", 4]]
+    body = encode_batch("paris", 9, rows + longer, events)
+    expected = (
+        [
+            ("paris", 1000, "sys$queuemanager", "queues/q1", "messages", 3, None, 9, 1),
+            ("paris", 1000, "router", "", "state", None, "up", 9, 2),
+            ("paris", 1001, "sys$x", "e", "m", 2.5, None, 9, 3),
+        ],
+        [("paris", 1002, "sys$routing", "LinkStateChanged", "l1", "{}", 9, 4)],
+    )
+    assert decode_batch(body) == expected == _decode_rows(json.loads(body))
+    with pytest.raises(ValueError, match=r"not a metrics batch: \('paris', 1000, 'sys\$x', 'e', 'm', True"):
+        decode_batch(encode_batch("paris", 9, [[1000, "sys$x", "e", "m", True, None, 1]], []))
+
+
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=3))
+_ROW = st.tuples(
+    st.integers(),
+    *[st.one_of(st.none(), st.text(max_size=3))] * 3,
+    st.one_of(st.none(), st.integers(), st.floats(allow_nan=False)),
+    st.one_of(st.none(), st.text(max_size=3)),
+    st.integers(),
+).map(list)
+_EVENT = st.tuples(st.integers(), *[st.one_of(st.none(), st.text(max_size=3))] * 4, st.integers()).map(list)
+_ANY_ROW = st.one_of(
+    st.lists(_VALUES, min_size=4, max_size=9),
+    st.integers(),
+    st.text(max_size=8),
+    st.dictionaries(st.text(max_size=8), st.integers(), max_size=8),
+)
+
+
+_ODD = st.sampled_from([True, False, 0, 1.5, "x", None, [], {}])
+
+
+def _tables(rows: st.SearchStrategy[list]) -> st.SearchStrategy[list]:
+    """Wire tables of rows that fit, with at most one row that fits but for one thing (a
+    value of another type in one column, one value short, or one more), or of any rows."""
+
+    def alter(table: list, where: int, column: int, value: object, how: int) -> list:
+        row = table[where % len(table)]
+        if how == 0:
+            row[column % len(row)] = value
+        elif how == 1:
+            row.pop()
+        else:
+            row.append(value)
+        return table
+
+    one_off = st.builds(
+        alter, st.lists(rows, min_size=1, max_size=4), st.integers(0, 3), st.integers(0, 6), _ODD, st.integers(0, 2)
+    )
+    return st.one_of(st.lists(rows, max_size=4), one_off, one_off, st.lists(st.one_of(rows, _ANY_ROW), max_size=4))
+
+
+@settings(max_examples=400)
+@given(rows=_tables(_ROW), events=_tables(_EVENT))
+def test_decoding_by_columns_and_row_by_row_agree_on_any_batch(rows, events):
+    body = json.dumps({"router": "r", "epoch": 5, "rows": rows, "events": events}).encode()
+    try:
+        expected = _decode_rows(json.loads(body))
+    except ValueError as exc:
+        with pytest.raises(ValueError) as refused:
+            decode_batch(body)
+        assert str(refused.value) == str(exc)
+    else:
+        assert decode_batch(body) == expected
 
 
 async def test_three_routers_publish_and_one_collector_writes_the_whole_network(network, tmp_path, caplog):
