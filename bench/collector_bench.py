@@ -27,7 +27,9 @@ Per point (M, K), a fresh collector; after ``--warmup`` seconds, ``--seconds`` m
 
 - offered rows/s (what the routers produce) and written rows/s (rows in the Parquet/JSON
   files of the simulated routers, counted from the files, at the window's ends);
-- the collector's CPU (share of one core) and RSS, from /proc of its pid;
+- the collector's CPU (share of one core; per row written) and RSS, from /proc of its pid,
+  and how long its threads waited for a core (schedstat: runnable, but the cores were
+  taken; on a shared machine the figure that says the collector was starved, not slow);
 - its backlog: the durable subscription's ``messages`` (``martinet admin``'s client, every
   second), first/last/max and its slope over the window (least squares, messages/s);
   up to 200 unaccepted messages (its credit) are normal: rows wait there for the next file;
@@ -36,8 +38,9 @@ Per point (M, K), a fresh collector; after ``--warmup`` seconds, ``--seconds`` m
   for the router to store them, so a collector that cannot take more slows them down).
 
 A point *holds* when the backlog does not grow (its lowest value per roll-interval, the
-messages left right after a file, grows by less than 50 messages over the window: a
-collector short of 2 % of 100 routers' messages grows faster than that), the publishers kept their schedule
+messages left right after a file, grows over the window by less than one interval's
+messages or 50, whichever is more: a collector short of 4 % of what 100 routers send grows
+faster than that over 30 s), the publishers kept their schedule
 (lag below 2 intervals), nothing was dropped, and the written rows are at least 95 % of the
 offered. The knee is the largest M x K that holds. Wall-clock figures on a shared machine:
 the load average is printed with them.
@@ -65,7 +68,7 @@ from martinet.swiftlets.spark.swiftlet import CHUNK, COLLECTOR_CLIENT, COLLECTOR
 
 TOPIC = "martinet.metrics"
 FULL_EVERY = 30  # full-sample-interval's default
-GROWTH = COLLECTOR_CREDIT // 4  # messages the backlog's lows may grow by over a window that holds
+GROWTH = COLLECTOR_CREDIT // 4  # messages the backlog's lows may grow by in a window that holds (or an interval's)
 SUBSCRIPTION = f"/sys$topicmanager/usage/durable-subscribers/{COLLECTOR_CLIENT}$collector"
 
 COLLECTOR = """<router name="collector"
@@ -193,6 +196,18 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def cpu_wait_seconds(pid: int) -> float:
+    """Seconds the process's threads have been runnable but waiting for a CPU (the run queue:
+    other processes had the cores), from /proc/PID/task/*/schedstat."""
+    waited = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            waited += int(stat.read_text().split()[1])
+        except (OSError, IndexError):  # a thread that ended meanwhile
+            pass
+    return waited / 1e9
+
+
 def rows_in_files(folder: Path, counted: dict[Path, int]) -> int:
     """Rows of the simulated routers in the files below ``folder`` (``counted``: files read
     before, kept: a file is complete when it appears)."""
@@ -238,7 +253,7 @@ async def observe(args: argparse.Namespace, url: str, pid: int, folder: Path, st
     rss: list[float] = []
     async with AdminClient.open(url, timeout=20) as admin:
         await trio.sleep(max(0.0, start + args.warmup - time.time()))
-        t0, cpu0 = time.time(), cpu_seconds(pid)
+        t0, cpu0, wait0 = time.time(), cpu_seconds(pid), cpu_wait_seconds(pid)
         spark0 = (await admin.call(None, "get", path="/sys$spark/usage"))["properties"]
         while time.time() < t0 + args.seconds:
             try:
@@ -249,12 +264,13 @@ async def observe(args: argparse.Namespace, url: str, pid: int, folder: Path, st
             written.append((time.time() - t0, rows_in_files(folder, counted)))
             rss.append(rss_mb(pid))
             await trio.sleep(1)
-        t1, cpu1 = time.time(), cpu_seconds(pid)
+        t1, cpu1, wait1 = time.time(), cpu_seconds(pid), cpu_wait_seconds(pid)
         spark1 = (await admin.call(None, "get", path="/sys$spark/usage"))["properties"]
     lows = minima(backlog, args.roll / 1000)
     return {
         "written": slope(written),
         "cpu": (cpu1 - cpu0) / (t1 - t0) * 100,
+        "cpu-wait": (wait1 - wait0) / (t1 - t0) * 100,
         "rss": max(rss),
         "backlog": backlog,
         "slope": slope(lows),
@@ -320,7 +336,7 @@ def run_point(args: argparse.Namespace, routers: int, queues: int, python: str) 
     lag = max(t["lag"] for t in totals)
     holds = (
         len(seen["lows"]) >= 3
-        and seen["slope"] * args.seconds < GROWTH
+        and seen["slope"] * args.seconds < max(GROWTH, offered_messages * args.interval / 1000)
         and lag < 2 * args.interval / 1000
         and not seen["dropped"]
         and not seen["write-errors"]
@@ -350,7 +366,8 @@ def report(label: str, point: dict) -> None:
         f"{label}: {point['routers']:5d} x {point['queues']:5d} = {point['routers'] * point['queues']:7,d}  "
         f"offered {point['offered']:9,.0f} rows/s ({point['offered-messages']:5.0f} msg/s)  "
         f"written {point['written']:9,.0f} rows/s  {point['files']:5.1f} files/s  "
-        f"CPU {point['cpu']:4.0f} % ({cost:.1f} µs/row)  RSS {point['rss']:5.0f} MB  "
+        f"CPU {point['cpu']:4.0f} % ({cost:.1f} µs/row, waited for a core {point['cpu-wait']:3.0f} %)  "
+        f"RSS {point['rss']:5.0f} MB  "
         f"backlog max {max(backlog, default=float('nan')):5.0f}, lows {lows}, trend {point['slope']:+6.2f} msg/s  "
         f"lag {point['lag']:5.1f} s  dropped {point['dropped']}  released {point['released']}  "
         f"after the end: {point['missing']:,} rows missing, {point['drained']:.0f} s  "

@@ -341,3 +341,47 @@ async def test_three_routers_publish_and_one_collector_writes_the_whole_network(
 
     await wait_until(lambda: events_seen() >= {("b", "queues/new-on-b"), ("c", "queues/new-on-c")}, timeout=30)
     assert not (tmp_path / "unused").exists()  # output topic: no files of their own
+
+
+async def test_two_collectors_each_write_their_own_part_of_the_network_by_topic_root(network, tmp_path):
+    # east: r1 and its collector e publish to the root metrics-east; west: r2 and w to metrics-west.
+    # Interest goes per root, so nothing of one part is forwarded to the other part's collector.
+    parts = {"e": "metrics-east", "r1": "metrics-east", "w": "metrics-west", "r2": "metrics-west"}
+    for name, topic in parts.items():
+        collector = name in ("e", "w")
+        folder = tmp_path / (name if collector else "unused")
+        await start(
+            network,
+            name,
+            folder,
+            routing=True,
+            output="topic",
+            topic=topic,
+            collector_enabled=collector,
+            format="jsonl",
+        )
+    network.connect("r1", "e")
+    network.connect("e", "w")
+    network.connect("r2", "w")
+    await network.settle({"e": {"r1": 1, "w": 1, "r2": 2}, "w": {"r2": 1, "e": 1, "r1": 2}})
+
+    def routers_seen(collector: str) -> set[str]:
+        return {p.parent.name for p in data_files(tmp_path / collector)}
+
+    await wait_until(
+        lambda: routers_seen("e") == {"router=e", "router=r1"} and routers_seen("w") == {"router=w", "router=r2"},
+        timeout=30,
+        what="each collector's part in its folder",
+    )
+    collected = {name: usage(network.routers[name])["collected"] for name in ("e", "w")}
+    await wait_until(
+        lambda: all(usage(network.routers[name])["collected"] >= collected[name] + 10 for name in ("e", "w")),
+        timeout=30,
+        what="ten more batches at each collector",
+    )
+    assert routers_seen("e") == {"router=e", "router=r1"}
+    assert routers_seen("w") == {"router=w", "router=r2"}
+    for name, other in (("e", "metrics-west"), ("w", "metrics-east")):
+        topics = network.routers[name].management.resolve("/sys$topicmanager/usage/topics").children
+        assert other not in topics  # never received there, not even to be dropped
+    assert not (tmp_path / "unused").exists()
