@@ -27,7 +27,8 @@ Per point (M, K), a fresh collector; after ``--warmup`` seconds, ``--seconds`` m
 
 - offered rows/s (what the routers produce) and written rows/s (rows in the Parquet/JSON
   files of the simulated routers, counted from the files, at the window's ends);
-- the collector's CPU (share of one core; per row written) and RSS, from /proc of its pid,
+- the collector's CPU (share of one core: the router process, its store engine, and both
+  per row written) and the router's RSS, from /proc,
   and how long its threads waited for a core (schedstat: runnable, but the cores were
   taken; on a shared machine the figure that says the collector was starved, not slow);
 - its backlog: the durable subscription's ``messages`` (``martinet admin``'s client, every
@@ -196,6 +197,17 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def store_engine(pid: int) -> int | None:
+    """The pid of the router's store engine (``sys$store`` runs SQLite in a child process)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                return int(stat.parent.name)
+        except (OSError, IndexError, ValueError):  # a process that ended meanwhile
+            pass
+    return None
+
+
 def cpu_wait_seconds(pid: int) -> float:
     """Seconds the process's threads have been runnable but waiting for a CPU (the run queue:
     other processes had the cores), from /proc/PID/task/*/schedstat."""
@@ -253,7 +265,9 @@ async def observe(args: argparse.Namespace, url: str, pid: int, folder: Path, st
     rss: list[float] = []
     async with AdminClient.open(url, timeout=20) as admin:
         await trio.sleep(max(0.0, start + args.warmup - time.time()))
+        store = store_engine(pid)
         t0, cpu0, wait0 = time.time(), cpu_seconds(pid), cpu_wait_seconds(pid)
+        store0 = cpu_seconds(store) if store else 0.0
         spark0 = (await admin.call(None, "get", path="/sys$spark/usage"))["properties"]
         while time.time() < t0 + args.seconds:
             try:
@@ -265,11 +279,13 @@ async def observe(args: argparse.Namespace, url: str, pid: int, folder: Path, st
             rss.append(rss_mb(pid))
             await trio.sleep(1)
         t1, cpu1, wait1 = time.time(), cpu_seconds(pid), cpu_wait_seconds(pid)
+        store1 = cpu_seconds(store) if store else 0.0
         spark1 = (await admin.call(None, "get", path="/sys$spark/usage"))["properties"]
     lows = minima(backlog, args.roll / 1000)
     return {
         "written": slope(written),
         "cpu": (cpu1 - cpu0) / (t1 - t0) * 100,
+        "store-cpu": (store1 - store0) / (t1 - t0) * 100,
         "cpu-wait": (wait1 - wait0) / (t1 - t0) * 100,
         "rss": max(rss),
         "backlog": backlog,
@@ -361,12 +377,14 @@ def run_point(args: argparse.Namespace, routers: int, queues: int, python: str) 
 def report(label: str, point: dict) -> None:
     backlog = [y for _, y in point["backlog"]]
     lows = "/".join(f"{y:.0f}" for _, y in point["lows"])
-    cost = point["cpu"] / 100 / point["written"] * 1e6 if point["written"] > 0 else float("nan")
+    total = point["cpu"] + point["store-cpu"]
+    cost = total / 100 / point["written"] * 1e6 if point["written"] > 0 else float("nan")
     print(
         f"{label}: {point['routers']:5d} x {point['queues']:5d} = {point['routers'] * point['queues']:7,d}  "
         f"offered {point['offered']:9,.0f} rows/s ({point['offered-messages']:5.0f} msg/s)  "
         f"written {point['written']:9,.0f} rows/s  {point['files']:5.1f} files/s  "
-        f"CPU {point['cpu']:4.0f} % ({cost:.1f} µs/row, waited for a core {point['cpu-wait']:3.0f} %)  "
+        f"CPU {point['cpu']:4.0f} % + store {point['store-cpu']:3.0f} % ({cost:.1f} µs/row; "
+        f"waited for a core {point['cpu-wait']:3.0f} %)  "
         f"RSS {point['rss']:5.0f} MB  "
         f"backlog max {max(backlog, default=float('nan')):5.0f}, lows {lows}, trend {point['slope']:+6.2f} msg/s  "
         f"lag {point['lag']:5.1f} s  dropped {point['dropped']}  released {point['released']}  "
