@@ -3,7 +3,9 @@ events, the metrics topic and the collector (no Spark here: tests/test_spark_pip
 
 from __future__ import annotations
 
+import argparse
 import json
+import runpy
 import sys
 import threading
 from pathlib import Path
@@ -385,3 +387,20 @@ async def test_two_collectors_each_write_their_own_part_of_the_network_by_topic_
         topics = network.routers[name].management.resolve("/sys$topicmanager/usage/topics").children
         assert other not in topics  # never received there, not even to be dropped
     assert not (tmp_path / "unused").exists()
+
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def test_the_collector_bench_gets_every_row_of_its_simulated_routers_into_the_files(monkeypatch):
+    """bench/collector_bench.py at its smallest: a ``martinet run`` collector, two simulated
+    routers with three queues each publishing over AMQP every 200 ms for 4 s: the files hold
+    exactly the rows they published, none dropped."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    bench = runpy.run_path(str(BENCH / "collector_bench.py"))
+    args = argparse.Namespace(
+        interval=200, seconds=3, warmup=1, busy=1.0, format="parquet", roll=500, drain=20, publishers=2
+    )
+    point = bench["run_point"](args, 2, 3, sys.executable)
+    assert point["offered"] > 0
+    assert (point["missing"], point["dropped"], point["write-errors"], point["released"]) == (0, 0, 0, 0)
