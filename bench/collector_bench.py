@@ -65,11 +65,11 @@ from _loadgen import cpu_seconds, free_port, martinet_router
 from martinet.messaging.client import BytesMessage, DeliveryMode, Topic, connect
 from martinet.swiftlets.mgmt.client import AdminClient, AdminError
 from martinet.swiftlets.spark.api import encode_batch
-from martinet.swiftlets.spark.swiftlet import CHUNK, COLLECTOR_CLIENT, COLLECTOR_CREDIT
+from martinet.swiftlets.spark.swiftlet import CHUNK, COLLECTOR_CLIENT
 
 TOPIC = "martinet.metrics"
 FULL_EVERY = 30  # full-sample-interval's default
-GROWTH = COLLECTOR_CREDIT // 4  # messages the backlog's lows may grow by in a window that holds (or an interval's)
+GROWTH = 50  # messages the backlog's lows may grow by in a window that holds (or an interval's)
 SUBSCRIPTION = f"/sys$topicmanager/usage/durable-subscribers/{COLLECTOR_CLIENT}$collector"
 
 COLLECTOR = """<router name="collector"

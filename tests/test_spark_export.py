@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from martinet.kernel import ConfigErrors, load_config, load_swiftlet_specs
 from martinet.messaging.message import build
+from martinet.swiftlets.spark import swiftlet as spark_swiftlet
 from martinet.swiftlets.spark.api import EVENT_COLUMNS, ROW_COLUMNS, _decode_rows, decode_batch, encode_batch
 from martinet.swiftlets.spark.config import SparkConfig
 from martinet.swiftlets.spark.sampler import Filter, Sampler
@@ -387,6 +388,58 @@ async def test_two_collectors_each_write_their_own_part_of_the_network_by_topic_
         topics = network.routers[name].management.resolve("/sys$topicmanager/usage/topics").children
         assert other not in topics  # never received there, not even to be dropped
     assert not (tmp_path / "unused").exists()
+
+
+def collect(router, batches: list[bytes]) -> None:
+    topics = router.swiftlet("sys$topicmanager")
+    for body in batches:
+        topics.publish("martinet.metrics", build(body, durable=True))
+
+
+def sample_batch(router: str, seq: int, rows: int) -> bytes:
+    return encode_batch(
+        router,
+        7,
+        [[1000 + seq, "sys$queuemanager", f"queues/q{n}", "messages", 1.0, None, seq + n] for n in range(rows)],
+        [],
+    )
+
+
+async def test_a_collector_writes_many_small_samples_of_a_router_into_one_file(network, tmp_path):
+    # 50 routers x 8 samples of 3 rows: 400 messages, held together (far below the limits of
+    # 1,000 messages and 300,000 rows) until the roll at stop: one file per router, not one per
+    # 150 messages
+    folder = tmp_path / "collected"
+    collector = await start(
+        network, "a", folder, output="none", collector_enabled=True, collect_interval=86_400_000, roll_interval=600_000
+    )
+    collect(collector, [sample_batch(f"r{r:02d}", n * 3 + 1, 3) for n in range(8) for r in range(50)])
+    await wait_until(lambda: usage(collector)["collected"] == 400, timeout=30, what="400 batches collected")
+    await network.stop("a")
+    files = data_files(folder)
+    assert sorted(p.parent.name for p in files) == [f"router=r{r:02d}" for r in range(50)]
+    assert sum(len(read_rows(p)) for p in files) == 400 * 3
+
+
+async def test_a_collector_holds_no_more_rows_than_its_limit_and_loses_none(network, tmp_path, monkeypatch):
+    # a limit of 1,000 rows and a credit window of 2: rolls come at 750 rows held, and no more
+    # than 1,000 + 2 x 200 rows are ever held (each file's rows were held at once)
+    monkeypatch.setattr(spark_swiftlet, "MAX_HELD_ROWS", 1000)
+    monkeypatch.setattr(spark_swiftlet, "CREDIT_WINDOW", 2)
+    folder = tmp_path / "collected"
+    collector = await start(
+        network, "a", folder, output="none", collector_enabled=True, collect_interval=86_400_000, roll_interval=600_000
+    )
+    collect(collector, [sample_batch("big", n * 200 + 1, 200) for n in range(40)])
+    await wait_until(
+        lambda: sum(len(read_rows(p)) for p in data_files(folder)) == 40 * 200,
+        timeout=30,
+        what="every row of 40 batches in files",
+    )
+    sizes = [len(read_rows(p)) for p in data_files(folder)]
+    assert len(sizes) >= 6 and max(sizes) <= 1400
+    seqs = sorted(row["seq"] for p in data_files(folder) for row in read_rows(p))
+    assert seqs == list(range(1, 40 * 200 + 1))
 
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
