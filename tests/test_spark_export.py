@@ -422,8 +422,9 @@ async def test_a_collector_writes_many_small_samples_of_a_router_into_one_file(n
 
 
 async def test_a_collector_holds_no_more_rows_than_its_limit_and_loses_none(network, tmp_path, monkeypatch):
-    # a limit of 1,000 rows and a credit window of 2: rolls come at 750 rows held, and no more
-    # than 1,000 + 2 x 200 rows are ever held (each file's rows were held at once)
+    # a limit of 1,000 rows and a credit window of 2: a roll when the batch gathered reaches
+    # 750 rows, and never more than 1,000 + 2 x 200 rows held (each file's rows were held at
+    # once); the rest is written at stop
     monkeypatch.setattr(spark_swiftlet, "MAX_HELD_ROWS", 1000)
     monkeypatch.setattr(spark_swiftlet, "CREDIT_WINDOW", 2)
     folder = tmp_path / "collected"
@@ -431,15 +432,31 @@ async def test_a_collector_holds_no_more_rows_than_its_limit_and_loses_none(netw
         network, "a", folder, output="none", collector_enabled=True, collect_interval=86_400_000, roll_interval=600_000
     )
     collect(collector, [sample_batch("big", n * 200 + 1, 200) for n in range(40)])
-    await wait_until(
-        lambda: sum(len(read_rows(p)) for p in data_files(folder)) == 40 * 200,
-        timeout=30,
-        what="every row of 40 batches in files",
-    )
+    await wait_until(lambda: usage(collector)["collected"] == 40, timeout=30, what="40 batches collected")
+    await network.stop("a")
     sizes = [len(read_rows(p)) for p in data_files(folder)]
-    assert len(sizes) >= 6 and max(sizes) <= 1400
+    assert sum(sizes) == 40 * 200 and max(sizes) <= 1400
+    assert len([size for size in sizes if size < 800]) <= 1  # a roll holds 4 batches or more; the one at stop less
     seqs = sorted(row["seq"] for p in data_files(folder) for row in read_rows(p))
     assert seqs == list(range(1, 40 * 200 + 1))
+
+
+async def test_a_collector_rolls_on_the_batch_it_gathers_not_on_what_the_writer_holds(network, tmp_path, monkeypatch):
+    # at most 8 messages held: a roll when the batch gathered has 6; the 2 messages that come
+    # while that batch is written join the next batch (not a file each)
+    monkeypatch.setattr(spark_swiftlet, "MAX_HELD_MESSAGES", 8)
+    folder = tmp_path / "collected"
+    collector = await start(
+        network, "a", folder, output="none", collector_enabled=True, collect_interval=86_400_000, roll_interval=600_000
+    )
+    for n in range(60):  # one at a time, as samples come: the roll starts while more arrive
+        collect(collector, [sample_batch("small", n + 1, 1)])
+        await trio.sleep(0.01)
+    await wait_until(lambda: usage(collector)["collected"] == 60, timeout=30, what="60 batches collected")
+    await network.stop("a")
+    sizes = [len(read_rows(p)) for p in data_files(folder)]
+    assert sum(sizes) == 60 and max(sizes) <= 8
+    assert len([size for size in sizes if size < 6]) <= 1  # the batch written at stop may hold fewer
 
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"

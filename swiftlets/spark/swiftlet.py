@@ -55,8 +55,9 @@ POOL = "spark.writer"
 COLLECTOR_CLIENT = "martinet-spark"
 CHUNK = 2000  # rows per topic message (about 150 kB of JSON)
 # The collector holds received messages unaccepted until their rows are in a file. A roll is
-# forced when it holds 3/4 of MAX_HELD_MESSAGES or of MAX_HELD_ROWS (rows decoded, not yet
-# written: the memory), and no credit is given past either. By rows, so that a network of
+# forced when the batch being gathered reaches 3/4 of MAX_HELD_MESSAGES or of MAX_HELD_ROWS,
+# and no credit is given while all that is held (with the batches not written yet; the rows
+# are the memory) is past either. By rows, so that a network of
 # many routers with small samples gets files of several samples per router (each file costs
 # about a millisecond and an fsync) while large samples still roll as often as the memory
 # needs. At most CREDIT_WINDOW messages are on their way beyond the limits (each at most
@@ -325,6 +326,8 @@ class SparkSwiftlet:
             self._entries.append(entry)
             self._held_rows[id(entry)] = len(rows) + len(events)
             self._rows_held += len(rows) + len(events)
-            if len(self._held_rows) >= MAX_HELD_MESSAGES * 3 // 4 or self._rows_held >= MAX_HELD_ROWS * 3 // 4:
+            # the batch being gathered, not what is held in all (that includes batches the
+            # writer has not written yet: rolling on it would hand it batches of one message)
+            if len(self._entries) >= MAX_HELD_MESSAGES * 3 // 4 or len(self._rows) >= MAX_HELD_ROWS * 3 // 4:
                 self._roll_now.set()
             self._give_credit()
