@@ -52,6 +52,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,34 +79,57 @@ ROUTE_EVENTS = (
 )
 
 
-def session(master: str = "local[*]", name: str = "martinet-pipeline", scratch: Path | None = None) -> SparkSession:
+def session(
+    master: str = "local[*]",
+    name: str = "martinet-pipeline",
+    scratch: Path | None = None,
+    *,
+    remote: str | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
     """A Spark session for the pipeline, with the ``martinet`` source registered. Keeps Spark on
     loopback when nothing says otherwise (``SPARK_LOCAL_IP``) and without its web UI; Python
     workers run this interpreter (``PYSPARK_PYTHON``, unless set: the live source imports
     ``martinet`` there — on a cluster, the workers' Python needs ``martinet[spark]`` too).
     ``scratch`` takes Spark's local files (``spark.local.dir`` and the JVM's temporary folder:
     ``blockmgr-*``, ``spark-*``, ``artifacts-*``) instead of ``/tmp``; the caller removes it
-    after ``spark.stop()`` (a killed driver leaves them there, not in ``/tmp``)."""
+    after ``spark.stop()`` (a killed driver leaves them there, not in ``/tmp``). ``conf``:
+    more Spark settings (``spark.executor.memory``, ``spark.executorEnv.*``…), after these.
+
+    With ``remote`` (``sc://host:port``) the session is a Spark Connect client of that server
+    instead: no JVM here, ``master`` and ``scratch`` are the server's business, and only
+    settings a running session takes apply (``conf`` too: a static one, like
+    ``spark.executor.memory``, is refused with Spark's error)."""
+    settings = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "4",
+    }
+    if remote is not None:
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        for key, value in (settings | dict(conf or {})).items():
+            spark.conf.set(key, value)
+        spark.dataSource.register(MartinetSource)
+        return spark
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(name)
     if scratch is not None:
         scratch.mkdir(parents=True, exist_ok=True)
         temporary = f"-Djava.io.tmpdir={scratch.resolve()}"
-        builder = (
-            builder.config("spark.local.dir", str(scratch.resolve()))
-            .config("spark.driver.extraJavaOptions", temporary)
-            .config("spark.executor.extraJavaOptions", temporary)
-        )
-    spark = (
-        builder.config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", "4")
+        settings |= {
+            "spark.local.dir": str(scratch.resolve()),
+            "spark.driver.extraJavaOptions": temporary,
+            "spark.executor.extraJavaOptions": temporary,
+        }
+    settings |= {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
         # PySpark's own applyInPandasWithState code warns about its pandas use in every batch
-        .config("spark.executorEnv.PYTHONWARNINGS", "ignore::FutureWarning:pyspark.worker")
-        .getOrCreate()
-    )
+        "spark.executorEnv.PYTHONWARNINGS": "ignore::FutureWarning:pyspark.worker",
+    }
+    for key, value in (settings | dict(conf or {})).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(MartinetSource)
     return spark
