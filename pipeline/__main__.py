@@ -3,6 +3,8 @@
     martinet-pipeline --source files --input metrics --output analysis --once
     martinet-pipeline --source live --url amqp://127.0.0.1:5681 --output analysis   # until Ctrl-C
     martinet-pipeline --source live --url amqp://127.0.0.1:5681 --drop --force     # give it up
+    martinet-pipeline --master spark://10.0.0.5:7077 --source files --input /shared/metrics --output /shared/analysis
+    martinet-pipeline --remote sc://10.0.0.5:15002 --source files --input /shared/metrics --output /shared/analysis
 
 See :mod:`.jobs` for what it computes and README "Metrics into Spark" for a walkthrough.
 """
@@ -124,7 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = Path(args.checkpoint) if args.checkpoint else output / "_checkpoints"
     scratch = output / "_spark"  # Spark's local files, removed at the end
     conf = dict(setting.partition("=")[::2] for setting in args.conf)
-    spark = session(args.master, scratch=scratch, remote=args.remote, conf=conf)
+    try:
+        spark = session(args.master, scratch=scratch, remote=args.remote, conf=conf)
+    except ValueError as exc:  # a --remote without a server
+        print(f"martinet-pipeline: {exc}", file=sys.stderr)
+        return 2
     interval = f"{args.interval} seconds"
     queries = []
 
