@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -102,6 +103,7 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
         self._connection: Any = None
         self._pending: list[tuple[dict[str, Key], list[tuple]]] = []  # unacknowledged messages, in order
         self._available_now = False
+        self._newest = 0  # ms: the latest sample time of the messages received
 
     # -- the subscription -----------------------------------------------------------------------
 
@@ -130,8 +132,9 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             chosen = rows if self.table == "rows" else events
             marks: dict[str, Key] = {}
-            for row in rows + events:  # column 0 the router, the last two epoch and seq
+            for row in rows + events:  # column 0 the router, column 1 its time, the last two epoch and seq
                 marks[row[0]] = max(marks.get(row[0], (-1, -1)), (row[-2], row[-1]))
+                self._newest = max(self._newest, row[1])
             self._pending.append(
                 (marks, [(row[0], datetime.fromtimestamp(row[1] / 1000, UTC), *row[2:]) for row in chosen])
             )
@@ -151,9 +154,13 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         """``availableNow``: take everything the subscription holds now; reads then return only
-        that."""
-        while self._receive(self.wait) == self.max_messages:
-            pass  # more may be waiting
+        that. Received until a wait of ``wait`` seconds brings nothing, or a message holds
+        samples taken after this started (the router publishes on): a take that ended when
+        no message was prefetched (the client refills its credit in the background) left
+        most of a long backlog behind."""
+        now = time.time() * 1000
+        while self._receive(self.wait) and self._newest < now:
+            pass
         self._available_now = True
 
     def read(self, start: dict) -> tuple[Iterator[tuple], dict]:

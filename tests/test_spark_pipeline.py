@@ -28,16 +28,22 @@ pytestmark = pytest.mark.slow
 PIPELINE_TIMEOUT = 300  # a busy 2-core machine: Spark starts in 5-20 s, a run takes 30-90 s
 
 
-def pipeline_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "martinet.pipeline", "--master", "local[2]", *args]
+LOCAL = "local[2]"
 
 
-async def run_pipeline(*args: str) -> str:
+def pipeline_command(*args: str, master: str = LOCAL) -> list[str]:
+    """``martinet-pipeline`` on ``master``: a Spark master URL, or a Spark Connect server's
+    ``sc://`` address (``--remote``)."""
+    where = ["--remote", master] if master.startswith("sc://") else ["--master", master]
+    return [sys.executable, "-m", "martinet.pipeline", *where, *args]
+
+
+async def run_pipeline(*args: str, master: str = LOCAL) -> str:
     """Run the pipeline to its end; its stderr (its output is shown when it fails)."""
     env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
     with trio.fail_after(PIPELINE_TIMEOUT):
         result = await trio.run_process(
-            pipeline_command(*args), capture_stdout=True, capture_stderr=True, check=False, env=env
+            pipeline_command(*args, master=master), capture_stdout=True, capture_stderr=True, check=False, env=env
         )
     assert result.returncode == 0, failure(result.stderr.decode())
     assert b"report: " in result.stdout
@@ -98,12 +104,25 @@ async def consume(url: str, queue: str, stop: trio.Event) -> None:
 
 
 async def test_known_load_gives_its_windows_across_a_restart_and_flaps_lower_availability(network, tmp_path):
+    await known_load(network, tmp_path, LOCAL)
+
+
+async def known_load(network, tmp_path: Path, master: str) -> None:
     """Queues under known load (``flow`` consumed at 40/s, ``load`` growing 50/s, ``idle`` at 5
     messages, ``burst``: 60 messages in half a second inside one 2 s window) and two flaps of a
-    link; the pipeline runs twice on one checkpoint, the second time over the files the first
-    did not see (a restarted job)."""
+    link, published to the metrics topic; the router's collector writes them as files and a
+    live pipeline's subscriptions keep them. The pipeline on ``master`` reads them live, and
+    from the files twice on one checkpoint, the second time over the files the first did not
+    see (a restarted job): both give the known windows, and the same result tables."""
     export = tmp_path / "metrics"
-    spark = SparkConfig(collect_interval=200, roll_interval=1000, folder=str(export))
+    spark = SparkConfig(
+        collect_interval=200,
+        roll_interval=1000,
+        output="none",
+        collector_enabled=True,
+        folder=str(export),
+        exclude_entities="queues/spark-%",  # the live source's subscriptions: backlogs until it runs
+    )
     a = await network.start(
         network.config(
             "a",
@@ -111,10 +130,12 @@ async def test_known_load_gives_its_windows_across_a_restart_and_flaps_lower_ava
             swiftlets={"sys$spark": spark, "sys$routing": routing_config()},
         )
     )
+    url = network.url("a")
+    await subscribe_live(url)  # before the first row is published, like the collector's
+    a.management.set("/sys$spark", "output", "topic")
     await network.start_routers("b")
     network.connect("a", "b", **{"retry-time": "1000"})
     await network.settle({"a": {"b": 1}})
-    url = network.url("a")
     await paced_sends(url, "idle", 100, 0.05)
     await paced_sends(url, "burst", 100, 0.01)
     stop = trio.Event()
@@ -132,7 +153,12 @@ async def test_known_load_gives_its_windows_across_a_restart_and_flaps_lower_ava
             await trio.sleep(1)
         await trio.sleep(max(0.0, started + 20 - time.time()))  # well past the end of the sends
         stop.set()
-    await network.stop("a")
+    a.management.set("/sys$spark", "output", "none")
+
+    window = ["--once", "--window", "2 seconds", "--delay", "2 seconds", "--alert-windows", "3"]
+    live = tmp_path / "live"
+    await run_pipeline("--source", "live", "--url", url, "--output", str(live), *window, master=master)
+    await network.stop("a")  # the collector writes what it holds
 
     output, later = tmp_path / "analysis", tmp_path / "later"
     halfway = int((started + 6) * 1000)
@@ -140,28 +166,42 @@ async def test_known_load_gives_its_windows_across_a_restart_and_flaps_lower_ava
         if int(path.name.split("-")[1]) >= halfway:
             (later / path.relative_to(export)).parent.mkdir(parents=True, exist_ok=True)
             path.rename(later / path.relative_to(export))
-    arguments = [
-        "--source",
-        "files",
-        "--input",
-        str(export),
-        "--output",
-        str(output),
-        "--once",
-        "--window",
-        "2 seconds",
-        "--delay",
-        "2 seconds",
-        "--alert-windows",
-        "3",
-    ]
-    await run_pipeline(*arguments)
+    arguments = ["--source", "files", "--input", str(export), "--output", str(output), *window]
+    await run_pipeline(*arguments, master=master)
     assert table(output, "rates"), "the first run closed no window"
     for path in list(later.rglob("part-*")):
         path.rename(export / path.relative_to(later))
-    await run_pipeline(*arguments)
+    await run_pipeline(*arguments, master=master)
     assert not (output / "_spark").exists()  # Spark's local files (blockmgr-*, …) were there, not in /tmp
 
+    check_known_load(output, started, burst)
+    check_known_load(live, started, burst)
+    for name in ("rows", "events"):
+        files, topic = ingested(output, name), ingested(live, name)
+        assert len(files) == len(topic) and sorted(files, key=by_key) == sorted(topic, key=by_key), name
+    for name in ("rates", "backlog_alerts", "link_availability", "link_rates", "route_changes", "series"):
+        assert sorted_rows(table(output, name)) == sorted_rows(table(live, name)), name
+
+
+def by_key(row: dict) -> tuple:
+    return row["router"], row["epoch"], row["seq"]
+
+
+def sorted_rows(rows: list[dict]) -> list[tuple]:
+    """Rows comparable as a whole, without the ``batch`` they were written in."""
+    return sorted(tuple(sorted((k, repr(v)) for k, v in row.items() if k != "batch")) for row in rows)
+
+
+async def subscribe_live(url: str) -> None:
+    """Make the live source's durable subscriptions (it names them spark-<table>, with that
+    client id): from then on they keep every row published, for a pipeline started later."""
+    for name in ("spark-rows", "spark-events"):
+        async with connect(url, client_id=name) as connection, connection.session() as session:
+            await (await session.durable_subscriber(Topic("martinet.metrics"), name)).close()
+
+
+def check_known_load(output: Path, started: float, burst: float) -> None:
+    """The windows of :func:`known_load`'s load in the result tables below ``output``."""
     rates = table(output, "rates")
     keys = [(r["router"], r["queue"], r["window_start"]) for r in rates]
     assert len(keys) == len(set(keys)), "a window was written twice"
@@ -233,6 +273,12 @@ KILLS = [
 
 
 async def test_the_live_source_delivers_every_row_once_across_kills_at_each_point(network, tmp_path):
+    await live_kills(network, tmp_path, LOCAL, KILLS)
+
+
+async def live_kills(network, tmp_path: Path, master: str, kills: list[tuple[str, str]]) -> None:
+    """The pipeline on ``master`` killed at each of ``kills``, run after run on one checkpoint;
+    then a run to the end: every row published came in exactly once."""
     spark = SparkConfig(collect_interval=100, output="none", events_enabled=False, include_swiftlets="sys$store")
     router = await network.start(network.config("r1", startorder=(*STACK, "sys$spark"), swiftlets={"sys$spark": spark}))
     # The reader's durable subscription exists before the first row is published (the source
@@ -245,18 +291,21 @@ async def test_the_live_source_delivers_every_row_once_across_kills_at_each_poin
 
     output = tmp_path / "analysis"
     arguments = ["--source", "live", "--url", network.url("r1"), "--output", str(output)]
-    for kill_at, what in KILLS:
+    for kill_at, what in kills:
         mark = tmp_path / f"killed-{kill_at.replace(':', '-')}"
-        env = os.environ | {
-            "SPARK_LOCAL_IP": "127.0.0.1",
+        faults = {
             "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULT_POINTS), os.environ.get("PYTHONPATH")])),
             "MARTINET_KILL_AT": kill_at,
             "MARTINET_KILL_MARK": str(mark),
         }
+        env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"} | faults
+        # an executor of a cluster is not a child of the pipeline: the kill points reach its
+        # Python workers through the executors' environment
+        executors = [f"--conf=spark.executorEnv.{name}={value}" for name, value in faults.items()]
         log = tmp_path / f"{mark.name}.log"
         with log.open("wb") as stderr:
             process = subprocess.Popen(
-                pipeline_command(*arguments, "--interval", "1"),
+                pipeline_command(*arguments, "--interval", "1", *executors, master=master),
                 env=env,
                 start_new_session=True,
                 stdout=subprocess.DEVNULL,
@@ -276,7 +325,7 @@ async def test_the_live_source_delivers_every_row_once_across_kills_at_each_poin
     router.management.set("/sys$spark", "output", "none")
     published = router.management.get("/sys$spark/usage", "rows")  # seq of the last row published
 
-    await run_pipeline(*arguments, "--once")
+    await run_pipeline(*arguments, "--once", master=master)
     seqs = sorted(row["seq"] for row in ingested(output) if row["router"] == "r1")
     assert len(seqs) == len(set(seqs)), "a row was delivered twice"
     lost = sorted(set(range(first, published + 1)) - set(seqs))
@@ -285,6 +334,12 @@ async def test_the_live_source_delivers_every_row_once_across_kills_at_each_poin
 
 
 async def test_three_routers_collected_into_one_folder_are_one_spark_table(network, tmp_path):
+    await three_routers(network, tmp_path, LOCAL)
+
+
+async def three_routers(network, tmp_path: Path, master: str) -> None:
+    """Three routers publish their rows, one collects them into a folder: the pipeline on
+    ``master`` ingests that folder as one table, every row once, and says so on stderr."""
     folder = tmp_path / "collected"
     for name in ("a", "b", "c"):
         spark = SparkConfig(
@@ -309,7 +364,9 @@ async def test_three_routers_collected_into_one_folder_are_one_spark_table(netwo
     await network.stop_all()
 
     output = tmp_path / "analysis"
-    stderr = await run_pipeline("--source", "files", "--input", str(folder), "--output", str(output), "--once")
+    stderr = await run_pipeline(
+        "--source", "files", "--input", str(folder), "--output", str(output), "--once", master=master
+    )
     rows = ingested(output)
     assert {row["router"] for row in rows} == {"a", "b", "c"}
     keys = [(row["router"], row["epoch"], row["seq"]) for row in rows]
