@@ -123,8 +123,11 @@ def start_ingest(
     file_format: str = "parquet",
     url: str | None = None,
     topic: str = "martinet.metrics",
+    partitions: int | None = None,
 ) -> list:
     """Start the ingest queries (rows and events) and return them (``StreamingQuery``).
+    ``partitions``: the live source's partitions per micro-batch (default: the cluster's
+    default parallelism, ``spark.default.parallelism`` or its cores).
 
     Raises:
         ValueError: ``source`` is not files or live, or its location is missing.
@@ -151,6 +154,7 @@ def start_ingest(
                 .option("topic", topic)
                 .option("table", table)
                 .option("replay-folder", str(checkpoint / f"replay-{table}"))
+                .option("partitions", str(partitions or spark.sparkContext.defaultParallelism))
                 .load()
             )
         else:

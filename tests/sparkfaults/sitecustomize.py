@@ -1,13 +1,17 @@
 """Deterministic kill points in the live source, for the pipeline's tests.
 
 Spark runs the live source's reader in Python processes of its own (the streaming source
-runner next to the driver, executor workers for a replay), which a test cannot reach. A test
-that puts this folder on ``PYTHONPATH`` has every Python process of the pipeline import this
-module at start-up (``sitecustomize``), and with ``MARTINET_KILL_AT=<method>:<when>:<n>`` set,
-the ``n``-th call in one process of the rows reader's ``read``, ``commit`` or
-``readBetweenOffsets`` (``before`` it runs, or ``after`` it returned) writes the point to the
-file ``MARTINET_KILL_MARK`` and kills the whole pipeline with SIGKILL: the driver, its JVM and
-every Python worker, as a crash at exactly that moment would. The source itself has no hook.
+runner next to the driver, executor workers for the reads of a batch's partitions), which a
+test cannot reach. A test that puts this folder on ``PYTHONPATH`` has every Python process of
+the pipeline import this module at start-up (``sitecustomize``), and with
+``MARTINET_KILL_AT=<method>:<when>:<n>`` set, the ``n``-th call in one process of the rows
+reader's ``latestOffset``, ``commit`` or ``read`` (``before`` it runs, or ``after`` it
+returned) writes the point to the file ``MARTINET_KILL_MARK`` and kills the whole pipeline
+with SIGKILL: the driver, its JVM and every Python worker, as a crash at exactly that moment
+would. With ``<when>`` ``hold``, the first call (in any process: the mark file is created
+exclusively) writes ``<point> <pid>`` to the mark file and waits there (up to 10 minutes) for
+the test to kill what it chooses (an executor's Python worker or JVM), and the later calls
+run as usual. The source itself has no hook.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ _POINT = os.environ.get("MARTINET_KILL_AT", "")
 if _POINT:
     import functools
     import signal
+    import time
     from pathlib import Path
 
     from martinet.pipeline import source
@@ -33,6 +38,15 @@ if _POINT:
         # PySpark's daemon, which is killed last (this process with it).
         os.killpg(os.getsid(0), signal.SIGKILL)
         os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    def _hold() -> None:
+        try:
+            descriptor = os.open(os.environ["MARTINET_KILL_MARK"], os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        except FileExistsError:
+            return  # held once already: this is the retry
+        os.write(descriptor, f"{_POINT} {os.getpid()}".encode())
+        os.close(descriptor)
+        time.sleep(600)  # the test kills this process (or its parent) long before
 
     def _sync(reader: source._Reader) -> None:
         """Wait until the router has the acknowledgements sent so far: they go as settled
@@ -49,6 +63,9 @@ if _POINT:
             global _calls
             if self.table != "rows" or name != _METHOD:
                 return original(self, *args, **kwargs)
+            if _WHEN == "hold":
+                _hold()
+                return original(self, *args, **kwargs)
             _calls += 1
             if _calls == int(_NTH) and _WHEN == "before":
                 _kill()
@@ -61,5 +78,5 @@ if _POINT:
 
         setattr(source._Reader, name, wrapper)
 
-    for _name in ("read", "commit", "readBetweenOffsets"):
+    for _name in ("latestOffset", "commit", "read"):
         _wrap(_name)
