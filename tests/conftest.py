@@ -16,6 +16,7 @@ from martinet.kernel import Router, SwiftletFailed, load_swiftlet_specs
 import probe_plugin
 from network import Network
 from processes import RouterProcesses
+from sparkcluster import spark_cluster, spark_connect  # noqa: F401  (fixtures for every module)
 
 ROOT = Path(__file__).resolve().parent.parent
 ECHO_PLUGIN = ROOT / "examples" / "plugins" / "martinet-echo"
