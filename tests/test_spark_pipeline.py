@@ -19,6 +19,7 @@ import trio
 
 from martinet.kernel import Router, RouterConfig
 from martinet.messaging.client import Queue, TextMessage, Topic, connect
+from martinet.pipeline.cluster import descendants
 from martinet.swiftlets.jms.config import JmsConfig
 from martinet.swiftlets.jms.config import ListenerConfig as AmqpListenerConfig
 from martinet.swiftlets.spark.config import SparkConfig
@@ -31,8 +32,8 @@ pytestmark = pytest.mark.slow
 PIPELINE_TIMEOUT = 300  # a busy 2-core machine: Spark starts in 5-20 s, a run takes 30-90 s
 
 
-def pipeline_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "martinet.pipeline", "--master", "local[2]", *args]
+def pipeline_command(*args: str, master: str = "local[2]") -> list[str]:
+    return [sys.executable, "-m", "martinet.pipeline", "--master", master, *args]
 
 
 async def run_pipeline(*args: str) -> str:
@@ -360,6 +361,76 @@ async def test_the_live_source_delivers_every_row_once_across_kills_at_each_poin
     lost = sorted(expected - set(keys))
     assert not lost, f"{len(lost)} rows were lost, from {lost[0]} to {lost[-1]}"
     assert set(keys) == expected
+
+
+async def test_the_live_source_on_a_cluster_delivers_every_row_once_when_an_executor_is_killed_mid_batch(
+    network, tmp_path, spark_cluster
+):
+    """Two partitions per batch on a standalone cluster of two workers: a task holds in
+    ``read`` (its part file not read yet), the test SIGKILLs the executor JVM running it (with
+    its Python workers); Spark runs the task again on an executor that is left or is started
+    anew, from the same part file, and the query goes on: every row once."""
+    spark = SparkConfig(collect_interval=100, output="none", events_enabled=False, include_swiftlets="sys$store")
+    router = await network.start(network.config("r1", startorder=(*STACK, "sys$spark"), swiftlets={"sys$spark": spark}))
+    url = network.url("r1")
+    async with connect(url, client_id="spark-rows") as connection, connection.session() as session:
+        await (await session.durable_subscriber(Topic("martinet.metrics"), "spark-rows")).close()
+    first = router.management.get("/sys$spark/usage", "rows") + 1  # no await in between: no sample
+    router.management.set("/sys$spark", "output", "topic")
+    epoch = router.management.get("/sys$spark/usage", "epoch")
+
+    output, mark = tmp_path / "analysis", tmp_path / "held"
+    env = fault_env("read:hold:1", mark)
+    # the executors' Python workers take the fault points from the executors' environment
+    confs = [
+        f"spark.executorEnv.{name}={env[name]}" for name in ("PYTHONPATH", "MARTINET_KILL_AT", "MARTINET_KILL_MARK")
+    ]
+    env["PYSPARK_SUBMIT_ARGS"] = " ".join(f"--conf {conf}" for conf in confs) + " pyspark-shell"
+    arguments = ["--source", "live", "--url", url, "--output", str(output), "--partitions", "2", "--interval", "1"]
+    log = tmp_path / "pipeline.log"
+    with log.open("wb") as stderr:
+        process = subprocess.Popen(
+            pipeline_command(*arguments, master=spark_cluster.master_url),
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+
+        async def poll(found: Callable[[], bool], what: str) -> None:
+            with trio.move_on_after(PIPELINE_TIMEOUT):
+                while not found():
+                    assert process.poll() is None, failure(log.read_text(errors="replace"))
+                    await trio.sleep(0.2)
+                return
+            raise AssertionError(f"not within {PIPELINE_TIMEOUT} s: {what}")
+
+        await poll(lambda: mark.exists() and len(mark.read_text().split()) == 2, "a task holding in read")
+        held = int(mark.read_text().split()[1])
+        executor = [e for e in spark_cluster.executors() if held in {p.pid for p in descendants(e.pid)}]
+        assert len(executor) == 1, f"the held task's process {held} is not below one executor of the cluster"
+        os.kill(executor[0].pid, signal.SIGKILL)
+        await poll(lambda: executor[0].pid not in {e.pid for e in spark_cluster.executors()}, "the executor gone")
+
+        seen = router.management.get("/sys$spark/usage", "rows")
+        await poll(lambda: (epoch, seen) in keys_of(output), "rows published after the kill")
+        router.management.set("/sys$spark", "output", "none")
+        published = router.management.get("/sys$spark/usage", "rows")
+        await poll(lambda: (epoch, published) in keys_of(output), "every published row")
+        process.send_signal(signal.SIGINT)  # Ctrl-C: the queries stop, the job ends
+        with trio.fail_after(120):
+            code = await trio.to_thread.run_sync(process.wait)
+        assert code == 0, failure(log.read_text(errors="replace"))
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            await trio.to_thread.run_sync(process.wait)
+    keys = keys_of(output)
+    assert len(keys) == len(set(keys)), "a row was delivered twice"
+    assert set(keys) == {(epoch, seq) for seq in range(first, published + 1)}
+    lost = "Lost executor" in log.read_text(errors="replace") or "ExecutorLost" in log.read_text(errors="replace")
+    assert lost, "the driver did not notice the killed executor"
 
 
 async def test_three_routers_collected_into_one_folder_are_one_spark_table(network, tmp_path):
