@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pyspark.errors import AnalysisException
+from pyspark.errors import AnalysisException, PySparkAttributeError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
@@ -154,7 +154,7 @@ def start_ingest(
                 .option("topic", topic)
                 .option("table", table)
                 .option("replay-folder", str(checkpoint / f"replay-{table}"))
-                .option("partitions", str(partitions or spark.sparkContext.defaultParallelism))
+                .option("partitions", str(partitions or default_parallelism(spark)))
                 .load()
             )
         else:
@@ -175,6 +175,15 @@ def start_ingest(
         if source == "live":
             _first_batch(query)
     return queries
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    """The cluster's default parallelism (``spark.default.parallelism``, else its cores); over
+    Spark Connect, which has no SparkContext, the setting or 1."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except PySparkAttributeError:
+        return int(spark.conf.get("spark.default.parallelism", "1") or "1")
 
 
 FIRST_BATCH_TIMEOUT = 120.0  # seconds a live ingest query may take for its first batch before the next one starts

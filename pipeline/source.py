@@ -84,6 +84,8 @@ from .schema import spark_schema
 
 __all__ = ["MartinetSource", "BatchPart"]
 
+GAP = 0.05  # seconds without a message that end a micro-batch's receive
+
 
 class MartinetSource(DataSource):
     """The ``martinet`` format."""
@@ -181,13 +183,14 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _receive(self, wait: float) -> int:
         """Take what the subscription has (at most ``max-messages``): wait up to ``wait`` s for
-        the first message, then take what is there without waiting. Returns how many it took;
+        the first message, then take messages while the next one comes within :data:`GAP` (the
+        client's prefetch holds only part of a backlog). Returns how many it took;
         0 while the router cannot be reached (once it could: a first connection that fails
         fails the query with the cause)."""
         try:
             consumer = self._consumer()
             for count in range(self.max_messages):
-                message = consumer.receive(timeout=wait) if count == 0 else consumer.receive_nowait()
+                message = consumer.receive(timeout=wait if count == 0 else GAP)
                 if message is None:
                     return count
                 self._pending.append(_Received(_message_marks(message), bytes(message.body)))
