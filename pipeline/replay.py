@@ -5,7 +5,9 @@ offsets) and ``part-<k>`` files, one per Spark partition: the raw bodies of the 
 metrics messages (each a 4-byte big-endian length, then the body). It appears complete or not
 at all (written under a hidden name, then renamed). The driver writes it before it hands the
 batch's end offset to Spark; executors read one part each, on any host that sees the folder;
-the commit of a later offset deletes it. Nothing here knows AMQP or Spark.
+the commit of a later offset deletes it. A batch the source kept before it was partitioned
+(``<sha1>.json``: the batch's rows) is replayed and deleted too. Nothing here knows AMQP or
+Spark.
 """
 
 from __future__ import annotations
@@ -18,7 +20,17 @@ import struct
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["Key", "Marks", "marks", "offset", "write_batch", "batch_parts", "bodies", "delete_committed"]
+__all__ = [
+    "Key",
+    "Marks",
+    "marks",
+    "offset",
+    "write_batch",
+    "batch_parts",
+    "bodies",
+    "legacy_rows",
+    "delete_committed",
+]
 
 Key = tuple[int, int]  # (epoch, seq)
 Marks = dict[str, Key]  # per router, the highest key
@@ -69,11 +81,21 @@ def batch_parts(folder: Path, start: dict, end: dict) -> list[Path]:
     """
     batch = folder / _name(start, end)
     if not batch.is_dir():
+        legacy = folder / (hashlib.sha1(json.dumps([start, end]).encode()).hexdigest() + ".json")
+        if legacy.is_file():  # kept by the source before it was partitioned: the batch's rows
+            return [legacy]
         raise RuntimeError(
             f"martinet source: cannot replay the batch up to {end}: {batch} is missing "
             "(replay-folder must be the one of the query's earlier runs)"
         )
     return sorted(batch.glob("part-*"))
+
+
+def legacy_rows(path: Path) -> list[list]:
+    """The rows of a batch the source kept before it was partitioned (``{"end", "rows"}``,
+    time in ms), already those of the batch and its table."""
+    rows: list[list] = json.loads(path.read_text())["rows"]
+    return rows
 
 
 def bodies(path: Path) -> Iterator[bytes]:
@@ -108,8 +130,12 @@ def delete_committed(folder: Path, end: dict) -> None:
             shutil.rmtree(batch, ignore_errors=True)  # a writer killed before its rename
             continue
         try:
-            mark = marks(json.loads((batch / "batch.json").read_text())["end"])
+            stored = batch / "batch.json" if batch.is_dir() else batch  # (or a legacy batch's rows)
+            mark = marks(json.loads(stored.read_text())["end"])
         except (FileNotFoundError, NotADirectoryError):
             continue
         if all(key <= committed.get(router, NOTHING) for router, key in mark.items()):
-            shutil.rmtree(batch, ignore_errors=True)
+            if stored is batch:
+                batch.unlink(missing_ok=True)
+            else:
+                shutil.rmtree(batch, ignore_errors=True)

@@ -64,6 +64,8 @@ nothing is counted twice (the offsets filter by key).
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -79,7 +81,7 @@ from martinet.messaging.client import ConnectionLost
 from martinet.swiftlets.spark.api import decode_batch
 
 from .drop import subscription
-from .replay import NOTHING, Key, Marks, batch_parts, bodies, delete_committed, marks, offset, write_batch
+from .replay import NOTHING, Key, Marks, batch_parts, bodies, delete_committed, legacy_rows, marks, offset, write_batch
 from .schema import spark_schema
 
 __all__ = ["MartinetSource", "BatchPart"]
@@ -181,25 +183,28 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             except (ConnectionLost, OSError, trio.RunFinishedError):
                 pass
 
-    def _receive(self, wait: float) -> int:
-        """Take what the subscription has (at most ``max-messages``): wait up to ``wait`` s for
-        the first message, then take messages while the next one comes within :data:`GAP` (the
-        client's prefetch holds only part of a backlog). Returns how many it took;
-        0 while the router cannot be reached (once it could: a first connection that fails
-        fails the query with the cause)."""
+    def _receive(self, wait: float, *, gap: float = GAP, until: float = math.inf) -> bool:
+        """Take what the subscription has, at most ``max-messages``: wait up to ``wait`` s for
+        the first message, then take messages while the next one comes within ``gap`` s (the
+        client's prefetch holds only part of a backlog), up to the first one sent at ``until``
+        (ms since the epoch) or later. Returns whether it stopped at ``max-messages`` (more may
+        be waiting). While the router cannot be reached it takes nothing (once it could: a
+        first connection that fails fails the query with the cause)."""
         try:
             consumer = self._consumer()
             for count in range(self.max_messages):
-                message = consumer.receive(timeout=wait if count == 0 else GAP)
+                message = consumer.receive(timeout=wait if count == 0 else gap)
                 if message is None:
-                    return count
+                    return False
                 self._pending.append(_Received(_message_marks(message), bytes(message.body)))
+                if message.timestamp >= until:
+                    return False
         except (ConnectionLost, OSError, trio.RunFinishedError):
             if not self._connected_once:
                 raise
             self._lost()
-            return 0
-        return self.max_messages
+            return False
+        return True
 
     # -- DataSourceStreamReader, driver side ------------------------------------------------------
 
@@ -207,9 +212,11 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"routers": {}}
 
     def prepareForTriggerAvailableNow(self) -> None:
-        """``availableNow``: take everything the subscription holds now; batches then hold only
-        that."""
-        while self._receive(self.wait) == self.max_messages:
+        """``availableNow``: take everything the subscription holds now: every message sent
+        before now (a pause of ``wait`` ends it too: a router under load may send a backlog
+        with pauses longer than a micro-batch's :data:`GAP`); batches then hold only that."""
+        now = time.time() * 1000
+        while self._receive(self.wait, gap=self.wait, until=now):
             pass  # more may be waiting
         self._available_now = True
 
@@ -276,6 +283,10 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 def _rows(part: BatchPart) -> Iterator[tuple]:
     """The rows of a part file within its batch's bounds."""
+    if part.path.endswith(".json"):  # a batch kept before the source was partitioned
+        for plain in legacy_rows(Path(part.path)):
+            yield (plain[0], datetime.fromtimestamp(plain[1] / 1000, UTC), *plain[2:])
+        return
     for body in bodies(Path(part.path)):
         try:
             rows, events = decode_batch(body)

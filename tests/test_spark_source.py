@@ -6,6 +6,8 @@ each on its own, in another process: together exactly the rows of the batch)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import pickle
 
 import pytest
@@ -138,3 +140,19 @@ def test_a_bad_partitions_option_is_one_clear_error(tmp_path, text):
     with pytest.raises(ValueError) as error:
         reader(tmp_path, partitions=text)
     assert str(error.value) == f"martinet source: option partitions={text!r}: use a whole number of at least 1"
+
+
+def test_a_batch_kept_before_the_source_was_partitioned_is_replayed_and_deleted(tmp_path):
+    """A checkpoint of the earlier, unpartitioned source may end with a logged batch kept as
+    one file of rows (``<sha1 of [start, end]>.json``): the restarted query replays it as one
+    partition, and its commit deletes it."""
+    start, end = offset(a=(1, 2)), offset(a=(1, 4))
+    folder = tmp_path / "replay"
+    folder.mkdir()
+    rows = [["a", 1_000, "sys$store", "", "bytes", 1.0, None, 1, seq] for seq in (3, 4)]
+    name = hashlib.sha1(json.dumps([start, end]).encode()).hexdigest() + ".json"
+    (folder / name).write_text(json.dumps({"end": end, "rows": rows}))
+    source = reader(tmp_path)
+    assert sorted(read_all(tmp_path, source.partitions(start, end))) == [("a", 1, 3), ("a", 1, 4)]
+    source.commit(end)
+    assert list(folder.iterdir()) == []
