@@ -366,10 +366,11 @@ async def test_the_live_source_delivers_every_row_once_across_kills_at_each_poin
 async def test_the_live_source_on_a_cluster_delivers_every_row_once_when_an_executor_is_killed_mid_batch(
     network, tmp_path, spark_cluster
 ):
-    """Two partitions per batch on a standalone cluster of two workers: a task holds in
-    ``read`` (its part file not read yet), the test SIGKILLs the executor JVM running it (with
-    its Python workers); Spark runs the task again on an executor that is left or is started
-    anew, from the same part file, and the query goes on: every row once."""
+    """Two partitions per batch on a standalone cluster of two workers: the first two reads
+    of a part file hold (not read yet); the test SIGKILLs the executor JVM running the first
+    (with its Python workers) and the Python worker running the second. Spark runs the tasks
+    again, on an executor that is left or is started anew, from the same part files, and the
+    query goes on: every row once."""
     spark = SparkConfig(collect_interval=100, output="none", events_enabled=False, include_swiftlets="sys$store")
     router = await network.start(network.config("r1", startorder=(*STACK, "sys$spark"), swiftlets={"sys$spark": spark}))
     url = network.url("r1")
@@ -380,7 +381,7 @@ async def test_the_live_source_on_a_cluster_delivers_every_row_once_when_an_exec
     epoch = router.management.get("/sys$spark/usage", "epoch")
 
     output, mark = tmp_path / "analysis", tmp_path / "held"
-    env = fault_env("read:hold:1", mark)
+    env = fault_env("read:hold:2", mark)
     # the executors' Python workers take the fault points from the executors' environment
     confs = [
         f"spark.executorEnv.{name}={env[name]}" for name in ("PYTHONPATH", "MARTINET_KILL_AT", "MARTINET_KILL_MARK")
@@ -406,12 +407,21 @@ async def test_the_live_source_on_a_cluster_delivers_every_row_once_when_an_exec
                 return
             raise AssertionError(f"not within {PIPELINE_TIMEOUT} s: {what}")
 
-        await poll(lambda: mark.exists() and len(mark.read_text().split()) == 2, "a task holding in read")
-        held = int(mark.read_text().split()[1])
-        executor = [e for e in spark_cluster.executors() if held in {p.pid for p in descendants(e.pid)}]
-        assert len(executor) == 1, f"the held task's process {held} is not below one executor of the cluster"
+        def held(number: int) -> int | None:
+            """The Python worker holding at the ``number``-th read, once it does."""
+            text = Path(f"{mark}-{number}").read_text() if Path(f"{mark}-{number}").exists() else ""
+            return int(text.split()[1]) if len(text.split()) == 2 else None
+
+        await poll(lambda: held(1) is not None, "a task holding in read")
+        worker = held(1)
+        executor = [e for e in spark_cluster.executors() if worker in {p.pid for p in descendants(e.pid)}]
+        assert len(executor) == 1, f"the held task's process {worker} is not below one executor of the cluster"
         os.kill(executor[0].pid, signal.SIGKILL)
         await poll(lambda: executor[0].pid not in {e.pid for e in spark_cluster.executors()}, "the executor gone")
+        await poll(lambda: held(2) is not None, "a second task holding in read")
+        worker = held(2)
+        assert worker in {p.pid for p in spark_cluster.python_workers()}, f"{worker} is no executor's Python worker"
+        os.kill(worker, signal.SIGKILL)
 
         seen = router.management.get("/sys$spark/usage", "rows")
         await poll(lambda: (epoch, seen) in keys_of(output), "rows published after the kill")
@@ -429,8 +439,9 @@ async def test_the_live_source_on_a_cluster_delivers_every_row_once_when_an_exec
     keys = keys_of(output)
     assert len(keys) == len(set(keys)), "a row was delivered twice"
     assert set(keys) == {(epoch, seq) for seq in range(first, published + 1)}
-    lost = "Lost executor" in log.read_text(errors="replace") or "ExecutorLost" in log.read_text(errors="replace")
-    assert lost, "the driver did not notice the killed executor"
+    driver = log.read_text(errors="replace")
+    assert "ExecutorLostFailure" in driver, "the driver did not notice the killed executor"
+    assert "Python worker exited unexpectedly" in driver, "the driver did not notice the killed Python worker"
 
 
 async def test_three_routers_collected_into_one_folder_are_one_spark_table(network, tmp_path):

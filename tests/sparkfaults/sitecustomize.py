@@ -8,10 +8,11 @@ the pipeline import this module at start-up (``sitecustomize``), and with
 reader's ``latestOffset``, ``commit`` or ``read`` (``before`` it runs, or ``after`` it
 returned) writes the point to the file ``MARTINET_KILL_MARK`` and kills the whole pipeline
 with SIGKILL: the driver, its JVM and every Python worker, as a crash at exactly that moment
-would. With ``<when>`` ``hold``, the first call (in any process: the mark file is created
-exclusively) writes ``<point> <pid>`` to the mark file and waits there (up to 10 minutes) for
-the test to kill what it chooses (an executor's Python worker or JVM), and the later calls
-run as usual. The source itself has no hook.
+would. With ``<when>`` ``hold``, the first ``n`` calls (in any processes: the mark files are
+created exclusively) each write ``<point> <pid>`` to the file ``MARTINET_KILL_MARK-<k>`` (k
+from 1 to ``n``, in the order they came) and wait there (up to 10 minutes) for the test to kill
+what it chooses (an executor's Python worker or JVM); the later calls run as usual. The source
+itself has no hook.
 """
 
 from __future__ import annotations
@@ -40,13 +41,16 @@ if _POINT:
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
     def _hold() -> None:
-        try:
-            descriptor = os.open(os.environ["MARTINET_KILL_MARK"], os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        except FileExistsError:
-            return  # held once already: this is the retry
-        os.write(descriptor, f"{_POINT} {os.getpid()}".encode())
-        os.close(descriptor)
-        time.sleep(600)  # the test kills this process (or its parent) long before
+        for number in range(1, int(_NTH) + 1):
+            try:
+                mark = f"{os.environ['MARTINET_KILL_MARK']}-{number}"
+                descriptor = os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                continue  # another call holds (or held) there
+            os.write(descriptor, f"{_POINT} {os.getpid()}".encode())
+            os.close(descriptor)
+            time.sleep(600)  # the test kills this process (or its parent) long before
+        # held n times already: the calls run on
 
     def _sync(reader: source._Reader) -> None:
         """Wait until the router has the acknowledgements sent so far: they go as settled
