@@ -113,15 +113,16 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def martinet_router(folder: Path, config: str, *, port: int, timeout: float = 60) -> Iterator[subprocess.Popen]:
+def martinet_router(
+    folder: Path, config: str, *, port: int, timeout: float = 60, python: str = sys.executable
+) -> Iterator[subprocess.Popen]:
     """A ``martinet run`` process of ``config`` in ``folder`` (made), its log in
-    ``folder/stderr.log``, once ``port`` listens; stopped with SIGTERM on exit."""
+    ``folder/stderr.log``, once ``port`` listens; stopped with SIGTERM on exit. ``python``: the
+    interpreter, whose installed martinet runs (another build's, to compare two)."""
     folder.mkdir(parents=True)
     (folder / "router.xml").write_text(config)
     with (folder / "stderr.log").open("w") as log:
-        router = subprocess.Popen(
-            [sys.executable, "-m", "martinet.kernel", "run", "router.xml"], stderr=log, cwd=folder
-        )
+        router = subprocess.Popen([python, "-m", "martinet.kernel", "run", "router.xml"], stderr=log, cwd=folder)
     try:
         wait_for_port(port, timeout, router)
         yield router

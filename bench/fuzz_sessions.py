@@ -1,6 +1,6 @@
 """Structure-aware fuzzing of the AMQP listener with mutated recordings of real client sessions.
 
-    .venv/bin/python bench/fuzz_sessions.py [--cases N] [--seed S]
+    .venv/bin/python bench/fuzz_sessions.py [--cases N] [--seed S] [--concurrency C] [--case K]
 
 1. **Record.** A router runs in this process; a small trio proxy in front of its listener
    records what clients send, write by write, and whether the router answered before the
@@ -31,6 +31,7 @@ number, mutations and the log line), RSS before and after.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import random
@@ -407,6 +408,8 @@ def mutate_truncate(frame: bytes, rng: random.Random) -> bytes | None:
 
 
 def mutate_bytes(frame: bytes, rng: random.Random) -> bytes | None:
+    if not frame:  # (a unit an earlier mutation of the case emptied)
+        return None
     data = bytearray(frame)
     for _ in range(rng.choice([1, 2, 4])):
         at = rng.randrange(8 if len(data) > 8 else 0, len(data))
@@ -499,15 +502,18 @@ async def normal_client(port: int, number: int) -> None:
 
 
 class Problems(logging.Handler):
-    """Log records with a traceback or at ERROR and above."""
+    """Log records with a traceback or at ERROR and above, each with the cases that were
+    being played when it was written (log records are written in the router's thread, which
+    is the one that plays the cases)."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
-        self.found: list[logging.LogRecord] = []
+        self.found: list[tuple[logging.LogRecord, list[int]]] = []
+        self.playing: set[int] = set()
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.exc_info or record.levelno >= logging.ERROR:
-            self.found.append(record)
+            self.found.append((record, sorted(self.playing)))
 
 
 def _leaf(exc: BaseException | None) -> str:
@@ -525,8 +531,12 @@ def rss_mb() -> float:
     return 0.0
 
 
-async def fuzz(cases: int, seed: int, *, out: Any = print) -> dict[str, Any]:
-    """Run ``cases`` seeded cases against a router started here; the findings."""
+async def fuzz(
+    cases: int, seed: int, *, concurrency: int = 1, only: int | None = None, out: Any = print
+) -> dict[str, Any]:
+    """Run ``cases`` seeded cases against a router started here, ``concurrency`` at a time
+    (each on a connection of its own; a case is the same whatever the concurrency: they are
+    made one after the other from the seed); with ``only``, case ``only`` alone. The findings."""
     rng = random.Random(seed)
     problems = Problems()
     logging.getLogger().addHandler(problems)
@@ -542,7 +552,8 @@ async def fuzz(cases: int, seed: int, *, out: Any = print) -> dict[str, Any]:
                 os._exit(3)
 
     threading.Thread(target=watchdog, daemon=True).start()
-    crashes: list[tuple[int, list[str], str]] = []
+    crashes: list[tuple[list[int], list[str], str]] = []
+    descriptions: dict[int, list[str]] = {}
     try:
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "router.xml"
@@ -555,39 +566,59 @@ async def fuzz(cases: int, seed: int, *, out: Any = print) -> dict[str, Any]:
                 await normal_client(port, -1)
                 problems.found.clear()
                 before = rss_mb()
-                for number in range(cases):
-                    chunks, done = make_case(sessions, rng)
-                    heartbeat[:] = [time.monotonic(), f"case {number}: {', '.join(done)}"]
-                    seen = len(problems.found)
-                    await play(port, chunks)
-                    await trio.sleep(0)
-                    for record_ in problems.found[seen:]:
-                        line = record_.getMessage().splitlines()[0][:200]
-                        kind = _leaf(record_.exc_info[1]) if record_.exc_info else record_.levelname
-                        crashes.append((number, done, f"{kind}: {line}"))
-                    if number % 25 == 24 or number == cases - 1:
-                        heartbeat[0] = time.monotonic()
-                        await normal_client(port, number)
+                slots = trio.Semaphore(concurrency)
+
+                async def one(number: int, chunks: list[Chunk]) -> None:
+                    problems.playing.add(number)
+                    try:
+                        await play(port, chunks)
+                    finally:
+                        problems.playing.discard(number)
+                        slots.release()
+
+                async with trio.open_nursery() as playing:
+                    for number in range(cases if only is None else only + 1):
+                        chunks, done = make_case(sessions, rng)
+                        if only is not None and number != only:
+                            continue
+                        descriptions[number] = done
+                        await slots.acquire()
+                        heartbeat[:] = [time.monotonic(), f"case {number}: {', '.join(done)}"]
+                        playing.start_soon(one, number, chunks)
+                        if number % 25 == 24 or number == cases - 1:
+                            heartbeat[0] = time.monotonic()
+                            await normal_client(port, number)
+                        if len(descriptions) > 4 * concurrency:  # (only those that may still be playing)
+                            for old in [n for n in descriptions if n < number - 2 * concurrency]:
+                                del descriptions[old]
+                await normal_client(port, cases)
                 after = rss_mb()
+                for record_, numbers in problems.found:
+                    line = record_.getMessage().splitlines()[0][:200]
+                    kind = _leaf(record_.exc_info[1]) if record_.exc_info else record_.levelname
+                    crashes.append((numbers, [d for n in numbers for d in descriptions.get(n, [])], f"{kind}: {line}"))
                 router.request_stop()
     finally:
         stop.set()
         logging.getLogger().removeHandler(problems)
-    out(f"cases run: {cases} (seed {seed}); crashes found: {len(crashes)}")
-    for number, done, line in crashes[:20]:
-        out(f"  case {number} [{'; '.join(done)}]: {line}")
+    run = 1 if only is not None else cases
+    out(f"cases run: {run} (seed {seed}, {concurrency} at a time); crashes found: {len(crashes)}")
+    for numbers, done, line in crashes[:20]:
+        out(f"  case(s) {numbers} [{'; '.join(done)}]: {line} (replay one alone with --case)")
     out(f"RSS before {before:.1f} MB, after {after:.1f} MB ({after - before:+.1f} MB)")
-    return {"cases": cases, "crashes": crashes, "rss_before": before, "rss_after": after}
+    return {"cases": run, "crashes": crashes, "rss_before": before, "rss_after": after}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, default=1, help="cases played at once, each on its own connection")
+    parser.add_argument("--case", type=int, help="play only this case of the seed (to replay a finding)")
     args = parser.parse_args()
     logging.getLogger().setLevel(logging.INFO)  # the Problems handler sees every record
     started = time.monotonic()
-    result = trio.run(fuzz, args.cases, args.seed)
+    result = trio.run(functools.partial(fuzz, args.cases, args.seed, concurrency=args.concurrency, only=args.case))
     print(f"{time.monotonic() - started:.0f} s")
     sys.exit(1 if result["crashes"] else 0)
 

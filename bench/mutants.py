@@ -80,7 +80,9 @@ TRANSFER = "swiftlets/routing/transfer.py"
 RECEIVING = "swiftlets/routing/receiving.py"
 REWRITE = "swiftlets/routing/rewrite.py"
 LINKWORK = "swiftlets/routing/linkwork.py"
-STAGES = "swiftlets/routing/stages.py"
+HANDSHAKE = "swiftlets/routing/handshake.py"
+XARECOVERY = "swiftlets/routing/xarecovery.py"
+DELIVERY = "swiftlets/routing/delivery.py"
 WINDOW = "swiftlets/routing/window.py"
 EXCHANGE = "swiftlets/routing/exchange.py"
 LIMITS = T + "test_routing_limits.py"
@@ -233,9 +235,9 @@ MUTANTS += [
     M(
         "recovery-done-before-its-commits",
         "stages",
-        STAGES,
-        "if self._recovery_done_called and not self._recovery_done_sent and not self._sent.counts[Phase.COMMITTING]:",
-        "if self._recovery_done_called and not self._recovery_done_sent:",
+        XARECOVERY,
+        "if self._done_called and not self._done_sent and not core.sent.counts[Phase.COMMITTING]:",
+        "if self._done_called and not self._done_sent:",
         "RECOVERY_DONE goes before the recovery COMMITs are answered: the peer enters delivery "
         "while transactions of the old link are still committing.",
         T + "test_routing_transfer.py::test_delivery_waits_for_the_slower_sides_commits",
@@ -244,7 +246,7 @@ MUTANTS += [
     M(
         "nonxa-sequence-may-repeat",
         "stages",
-        STAGES,
+        DELIVERY,
         "        if frame.seq <= self._last_seq_in:",
         "        if frame.seq < self._last_seq_in:",
         "The receiver accepts a non-XA batch with the sequence number of the one before: a "
@@ -254,7 +256,7 @@ MUTANTS += [
     M(
         "window-ignores-bytes-in-flight",
         "stages",
-        STAGES,
+        DELIVERY,
         "        if sent.awaiting_bytes >= peer.window_bytes or sent.open_bytes >= OPEN_FACTOR * peer.window_bytes:",
         "        if sent.open_bytes >= OPEN_FACTOR * peer.window_bytes:",
         "The sender's window forgets the receiver's inbound-window-bytes: a window of large "
@@ -264,7 +266,7 @@ MUTANTS += [
     M(
         "reflected-proof-accepted",
         "stages",
-        STAGES,
+        HANDSHAKE,
         "        if not hmac.compare_digest(frame.proof, self._proof(LABEL_LISTENER)):",
         "        if not (\n"
         "            hmac.compare_digest(frame.proof, self._proof(LABEL_LISTENER))\n"

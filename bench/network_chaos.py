@@ -3,7 +3,8 @@
 Starts the routers of a topology as ``martinet run`` processes with a fault proxy on every
 link (tests/netharness.py), runs numbered producers and a verifying consumer, injects one
 fault per round from a seeded schedule (SIGKILL of a router or of its store engine, link
-cut, half-open link, delay), drains and prints what was sent, received, lost, duplicated
+cut, half-open link, delay, a store's disk filled to the last byte: that one needs root, to
+mount a tmpfs per router), drains and prints what was sent, received, lost, duplicated
 and in doubt. Exit status 1 if anything was lost, or (with XA) duplicated.
 
 ``--mode topics``: the producers publish to a topic instead, and every router has a durable
@@ -48,7 +49,8 @@ async def main(args: argparse.Namespace) -> int:
         folder = args.folder or scratch
         started = time.monotonic()
         try:
-            async with open_network(Path(folder), TOPOLOGIES[args.topology], xa=args.xa) as network:
+            disks = "disk-full" in args.faults  # (each router's store on a tmpfs of its own: root)
+            async with open_network(Path(folder), TOPOLOGIES[args.topology], xa=args.xa, disks=disks) as network:
                 results = await chaos(network, schedule, lambda line: print(line, flush=True))
         finally:
             if args.keep_logs:

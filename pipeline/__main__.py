@@ -3,6 +3,8 @@
     martinet-pipeline --source files --input metrics --output analysis --once
     martinet-pipeline --source live --url amqp://127.0.0.1:5681 --output analysis   # until Ctrl-C
     martinet-pipeline --source live --url amqp://127.0.0.1:5681 --drop --force     # give it up
+    martinet-pipeline --master spark://10.0.0.5:7077 --source files --input /shared/metrics --output /shared/analysis
+    martinet-pipeline --remote sc://10.0.0.5:15002 --source files --input /shared/metrics --output /shared/analysis
 
 See :mod:`.jobs` for what it computes and README "Metrics into Spark" for a walkthrough.
 """
@@ -20,7 +22,24 @@ __all__ = ["main"]
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="martinet-pipeline", description=__doc__.splitlines()[0])
-    parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*]).")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--master",
+        default="local[*]",
+        help="Spark master URL (default local[*]; a standalone cluster: spark://host:7077).",
+    )
+    where.add_argument(
+        "--remote",
+        help="Run the job through a Spark Connect server instead (sc://host:15002): "
+        "its Spark runs the queries, next to the files (README 'Spark Connect').",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="A Spark setting (repeatable), e.g. spark.executor.memory=2g or spark.cores.max=4.",
+    )
     parser.add_argument(
         "--source",
         choices=("files", "live"),
@@ -91,6 +110,10 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--drop needs --url (the router the live pipeline read from)")
     if not args.drop and not args.output:
         parser.error("the following arguments are required: --output")
+    for setting in args.conf:
+        key, equals, _ = setting.partition("=")
+        if not equals or not key.strip():
+            parser.error(f"--conf {setting!r}: use KEY=VALUE, like spark.executor.memory=2g")
     return args
 
 
@@ -110,7 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     output = Path(args.output)
     checkpoint = Path(args.checkpoint) if args.checkpoint else output / "_checkpoints"
     scratch = output / "_spark"  # Spark's local files, removed at the end
-    spark = session(args.master, scratch=scratch)
+    conf = dict(setting.partition("=")[::2] for setting in args.conf)
+    try:
+        spark = session(args.master, scratch=scratch, remote=args.remote, conf=conf)
+    except ValueError as exc:  # a --remote without a server
+        print(f"martinet-pipeline: {exc}", file=sys.stderr)
+        return 2
     interval = f"{args.interval} seconds"
     queries = []
 

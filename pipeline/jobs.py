@@ -50,12 +50,15 @@ tables for the report, ranking ``slowest_consumers`` and ``busiest_links`` over 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
+import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pyspark.errors import AnalysisException, PySparkAttributeError
+from pyspark.errors import AnalysisException, PySparkAttributeError, PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
@@ -78,37 +81,94 @@ ROUTE_EVENTS = (
 )
 
 
-def session(master: str = "local[*]", name: str = "martinet-pipeline", scratch: Path | None = None) -> SparkSession:
+def session(
+    master: str = "local[*]",
+    name: str = "martinet-pipeline",
+    scratch: Path | None = None,
+    *,
+    remote: str | None = None,
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
     """A Spark session for the pipeline, with the ``martinet`` source registered. Keeps Spark on
     loopback when nothing says otherwise (``SPARK_LOCAL_IP``) and without its web UI; Python
     workers run this interpreter (``PYSPARK_PYTHON``, unless set: the live source imports
     ``martinet`` there — on a cluster, the workers' Python needs ``martinet[spark]`` too).
     ``scratch`` takes Spark's local files (``spark.local.dir`` and the JVM's temporary folder:
     ``blockmgr-*``, ``spark-*``, ``artifacts-*``) instead of ``/tmp``; the caller removes it
-    after ``spark.stop()`` (a killed driver leaves them there, not in ``/tmp``)."""
+    after ``spark.stop()`` (a killed driver leaves them there, not in ``/tmp``). ``conf``:
+    more Spark settings (``spark.executor.memory``, ``spark.executorEnv.*``…), after these.
+
+    With ``remote`` (``sc://host:port``) the session is a Spark Connect client of that server
+    instead: no JVM here, ``master`` and ``scratch`` are the server's business, and only
+    settings a running session takes apply (``conf`` too: a static one, like
+    ``spark.executor.memory``, is refused).
+
+    Raises:
+        ValueError: ``remote`` is not a Spark Connect address or nothing listens there, or the
+            server refused a setting of ``conf``.
+    """
+    settings = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "4",
+    }
+    if remote is not None:
+        _reachable(remote)
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        for key, value in (settings | dict(conf or {})).items():
+            try:
+                spark.conf.set(key, value)
+            except PySparkException as exc:  # a static setting: the server's Spark has it fixed
+                spark.stop()
+                reason = str(exc).splitlines()[0]
+                raise ValueError(f"--conf {key}={value}: the Spark Connect server refused it: {reason}") from None
+        spark.dataSource.register(MartinetSource)
+        return spark
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(name)
     if scratch is not None:
         scratch.mkdir(parents=True, exist_ok=True)
         temporary = f"-Djava.io.tmpdir={scratch.resolve()}"
-        builder = (
-            builder.config("spark.local.dir", str(scratch.resolve()))
-            .config("spark.driver.extraJavaOptions", temporary)
-            .config("spark.executor.extraJavaOptions", temporary)
-        )
-    spark = (
-        builder.config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", "4")
+        settings |= {
+            "spark.local.dir": str(scratch.resolve()),
+            "spark.driver.extraJavaOptions": temporary,
+            "spark.executor.extraJavaOptions": temporary,
+        }
+    settings |= {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
         # PySpark's own applyInPandasWithState code warns about its pandas use in every batch
-        .config("spark.executorEnv.PYTHONWARNINGS", "ignore::FutureWarning:pyspark.worker")
-        .getOrCreate()
-    )
+        "spark.executorEnv.PYTHONWARNINGS": "ignore::FutureWarning:pyspark.worker",
+    }
+    for key, value in (settings | dict(conf or {})).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(MartinetSource)
     return spark
+
+
+CONNECT_PORT = 15002  # Spark Connect's default port
+
+
+def _reachable(remote: str) -> None:
+    """Fail fast when nothing listens at the Spark Connect address: its client retries a
+    refused connection for minutes, silently.
+
+    Raises:
+        ValueError: not an ``sc://host:port`` address, or nothing answers there.
+    """
+    parts = urllib.parse.urlsplit(remote)
+    try:
+        port = parts.port or CONNECT_PORT
+    except ValueError:
+        port = -1
+    if parts.scheme != "sc" or not parts.hostname or port < 0:
+        raise ValueError(f"--remote {remote!r} is not a Spark Connect address (like sc://host:15002)")
+    try:
+        socket.create_connection((parts.hostname, port), timeout=10).close()
+    except OSError as exc:
+        raise ValueError(f"no Spark Connect server at {remote}: {exc.strerror or exc}") from None
 
 
 def start_ingest(

@@ -41,7 +41,10 @@ had read and exit), ``kill-store`` (SIGKILL of a router's store engine process: 
 itself; restart), ``cut`` (every connection of a link closed; the connector dials again),
 ``blackhole`` (a half-open link: nothing passes, nothing errors, until keepalive notices;
 then cut and healed), ``one-way`` (the same, one direction only: a partition where one
-side still hears the other) and ``delay``. :func:`chaos` runs producers and consumers, injects a
+side still hears the other), ``delay`` and ``disk-full`` (the router's store file system
+filled to the last byte by a ballast file, removed when the fault ends: its producers are
+refused, its commits wait; needs ``disks``: each router's store on a tmpfs of its own,
+mounted by the harness as root and unmounted at the end). :func:`chaos` runs producers and consumers, injects a
 fault per round from a seeded random schedule, drains (waits, bounded, until every sent
 message has arrived, then a little longer for late duplicates) and returns the
 :class:`Results`; ``bench/network_chaos.py`` prints them as a table.
@@ -64,11 +67,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import itertools
 import os
 import random
 import re
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
@@ -81,7 +86,9 @@ from martinet.messaging.client import ConnectionLost, DeliveryMode, JMSError, Qu
 from faultproxy import FaultProxy
 from processes import RouterProcess, RouterProcesses, free_port
 
-FAULTS = ("kill", "kill-store", "cut", "blackhole", "one-way", "delay")
+FAULTS = ("kill", "kill-store", "cut", "blackhole", "one-way", "delay", "disk-full")
+ROUTER_FAULTS = ("kill", "kill-store", "disk-full")  # aimed at a router (the rest at a link)
+DISK = "128m"  # each router's store file system, with disks (disk-full)
 KEEPALIVE_MS = 1000  # a half-open link is noticed after 5 intervals
 
 # route-log="each": a line per route added or removed, which table() replays
@@ -212,9 +219,12 @@ class ProcessNetwork:
     :meth:`inject` did by kind.
     """
 
-    def __init__(self, folder: Path, topology: Topology, *, xa: bool = True):
+    def __init__(self, folder: Path, topology: Topology, *, xa: bool = True, disks: bool = False):
         self.topology = topology
         self.xa = xa
+        self.folder = folder
+        self.disks = disks
+        self.mounted: list[Path] = []
         self.processes = RouterProcesses(folder)
         self.routers: dict[str, RouterProcess] = {}
         self.proxies: dict[tuple[str, str], FaultProxy] = {}
@@ -243,12 +253,39 @@ class ProcessNetwork:
             proxy = self.proxies[(connector, listener)] = FaultProxy("127.0.0.1", self.routing[listener])
             await nursery.start(proxy.run)
         for name in self.topology.routers:
+            if self.disks:
+                self._mount(self.store(name))
             xml = self.config(name)
             self.routers[name] = await trio.to_thread.run_sync(self.processes.start, xml)
         await self.wait_connected()
 
     def url(self, name: str) -> str:
         return f"amqp://127.0.0.1:{self.amqp[name]}"
+
+    def store(self, name: str) -> Path:
+        """Router ``name``'s store folder (``store`` in its own folder)."""
+        return self.folder / name / "store"
+
+    def _mount(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(folder)], capture_output=True
+        )
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"cannot mount a tmpfs on {folder} for disk-full (root needed): {result.stderr.decode()}"
+            )
+        self.mounted.append(folder)
+
+    async def fill_disk(self, name: str, down: float) -> None:
+        """Fill router ``name``'s store file system to the last byte for ``down`` seconds (at
+        least 2: long enough for commits to meet it), then free it."""
+        if not self.disks:
+            raise ValueError("disk-full needs a network opened with disks=True")
+        ballast = self.store(name) / "ballast"
+        await trio.to_thread.run_sync(_fill, ballast)
+        await trio.sleep(max(down, 2.0))
+        ballast.unlink()
 
     def logs(self) -> str:
         return self.processes.logs()
@@ -326,6 +363,10 @@ class ProcessNetwork:
         one-way and delay: ``round_trip`` seconds, half each way) for ``down`` seconds, then end it
         (restart the router, heal the link)."""
         self.faults[kind] += 1
+        if kind == "disk-full":
+            assert isinstance(target, str)
+            await self.fill_disk(target, down)
+            return
         if kind in ("kill", "kill-store"):
             assert isinstance(target, str)
             await (self.kill(target) if kind == "kill" else self.kill_store(target))
@@ -351,13 +392,31 @@ class ProcessNetwork:
 
     def close(self) -> None:
         self.processes.close()
+        for folder in self.mounted:  # (after the routers: their store processes have let go)
+            subprocess.run(["umount", "-l", str(folder)], check=False)
+        self.mounted.clear()
+
+
+def _fill(path: Path) -> None:
+    """Write zeros to ``path`` until its file system is full (unbuffered: the last write is a
+    short one, then one fails)."""
+    chunk = bytes(1 << 20)
+    with open(path, "wb", buffering=0) as file:
+        try:
+            while True:
+                file.write(chunk)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
 
 
 @contextlib.asynccontextmanager
-async def open_network(folder: Path, topology: Topology, *, xa: bool = True) -> AsyncIterator[ProcessNetwork]:
+async def open_network(
+    folder: Path, topology: Topology, *, xa: bool = True, disks: bool = False
+) -> AsyncIterator[ProcessNetwork]:
     """A started :class:`ProcessNetwork` (every route known); its processes are killed and
-    its proxies closed when the block ends."""
-    network = ProcessNetwork(folder, topology, xa=xa)
+    its proxies closed when the block ends (``disks``: see :class:`ProcessNetwork`)."""
+    network = ProcessNetwork(folder, topology, xa=xa, disks=disks)
     try:
         async with trio.open_nursery() as nursery:
             await network.start(nursery)
@@ -726,7 +785,7 @@ def plan(network: ProcessNetwork, schedule: Schedule) -> list[tuple[str, str | t
     steps: list[tuple[str, str | tuple[str, str], float]] = []
     for _ in range(schedule.rounds):
         kind = rng.choice(schedule.faults)
-        target = rng.choice(victims) if kind in ("kill", "kill-store") else rng.choice(links)
+        target = rng.choice(victims) if kind in ROUTER_FAULTS else rng.choice(links)
         steps.append((kind, target, rng.uniform(0.05, 0.2) if kind == "delay" else 0.0))
     return steps
 

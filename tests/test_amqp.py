@@ -168,6 +168,9 @@ async def test_topics_fan_out_to_every_subscriber(broker):
         return got
 
     assert await in_thread(subscribe_then_publish, running.url) == [["goal"], ["goal"], ["goal", "vote"]]
+    # the client's close returns when the router answered it; the router drops the
+    # connection's links (and their interest) as it ends the connection, just after
+    await wait_until(lambda: running.connections() == 0)
     assert running.router.swiftlet("sys$topicmanager").interest() == frozenset()  # gone with the links
 
 

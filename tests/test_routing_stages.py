@@ -17,7 +17,7 @@ from test_routing_wire import ANY_FRAME
 
 from martinet.kernel import config as kernel_config
 from martinet.messaging.io import Driver
-from martinet.swiftlets.routing import stages
+from martinet.swiftlets.routing import handshake, stages
 from martinet.swiftlets.routing.stages import (
     AUTH_FAILED,
     LABEL_CONNECTOR,
@@ -500,7 +500,7 @@ def test_version_mismatch_is_refused_with_the_listeners_versions():
 
 def test_the_listener_picks_the_highest_shared_version_and_the_connector_offers_only_what_it_implements(monkeypatch):
     assert decoded(split(connector().data_to_send())) == [Protocol(versions=("1.1",))]
-    monkeypatch.setattr(stages, "VERSIONS", ("1.0", "1.10", "1.2"))
+    monkeypatch.setattr(handshake, "VERSIONS", ("1.0", "1.10", "1.2"))  # where the handshake reads it
     lis = listener()
     lis.receive_data(MAGIC + encode(Protocol(versions=("1.2", "3.0", "1.10", "1.0"))))
     assert decoded(split(lis.data_to_send())) == [ProtocolReply(accepted=True, version="1.10")]

@@ -3,7 +3,9 @@ events, the metrics topic and the collector (no Spark here: tests/test_spark_pip
 
 from __future__ import annotations
 
+import argparse
 import json
+import runpy
 import sys
 import threading
 import time
@@ -12,11 +14,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from martinet.kernel import ConfigErrors, load_config, load_swiftlet_specs
 from martinet.messaging.client import Topic, connect
 from martinet.messaging.message import build
-from martinet.swiftlets.spark.api import EVENT_COLUMNS, ROW_COLUMNS, decode_batch, encode_batch
+from martinet.swiftlets.spark import swiftlet as spark_swiftlet
+from martinet.swiftlets.spark.api import EVENT_COLUMNS, ROW_COLUMNS, _decode_rows, decode_batch, encode_batch
 from martinet.swiftlets.spark.config import SparkConfig
 from martinet.swiftlets.spark.sampler import Filter, Sampler
 
@@ -224,6 +229,81 @@ def test_a_batch_round_trips_and_garbage_is_refused():
             decode_batch(garbage)
 
 
+def test_a_batch_decoded_by_columns_gives_the_rows_of_the_row_by_row_path():
+    rows = [
+        [1000, "sys$queuemanager", "queues/q1", "messages", 3, None, 1],
+        [1000, "router", "", "state", None, "up", 2],
+    ]
+    longer = [[1001, "sys$x", "e", "m", 2.5, None, 3, "a later field"]]
+    events = [[1002, "sys$routing", "LinkStateChanged", "l1", "{}", 4]]
+    body = encode_batch("paris", 9, rows + longer, events)
+    expected = (
+        [
+            ("paris", 1000, "sys$queuemanager", "queues/q1", "messages", 3, None, 9, 1),
+            ("paris", 1000, "router", "", "state", None, "up", 9, 2),
+            ("paris", 1001, "sys$x", "e", "m", 2.5, None, 9, 3),
+        ],
+        [("paris", 1002, "sys$routing", "LinkStateChanged", "l1", "{}", 9, 4)],
+    )
+    assert decode_batch(body) == expected == _decode_rows(json.loads(body))
+    with pytest.raises(ValueError, match=r"not a metrics batch: \('paris', 1000, 'sys\$x', 'e', 'm', True"):
+        decode_batch(encode_batch("paris", 9, [[1000, "sys$x", "e", "m", True, None, 1]], []))
+
+
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=3))
+_ROW = st.tuples(
+    st.integers(),
+    *[st.one_of(st.none(), st.text(max_size=3))] * 3,
+    st.one_of(st.none(), st.integers(), st.floats(allow_nan=False)),
+    st.one_of(st.none(), st.text(max_size=3)),
+    st.integers(),
+).map(list)
+_EVENT = st.tuples(st.integers(), *[st.one_of(st.none(), st.text(max_size=3))] * 4, st.integers()).map(list)
+_ANY_ROW = st.one_of(
+    st.lists(_VALUES, min_size=4, max_size=9),
+    st.integers(),
+    st.text(max_size=8),
+    st.dictionaries(st.text(max_size=8), st.integers(), max_size=8),
+)
+
+
+_ODD = st.sampled_from([True, False, 0, 1.5, "x", None, [], {}])
+
+
+def _tables(rows: st.SearchStrategy[list]) -> st.SearchStrategy[list]:
+    """Wire tables of rows that fit, with at most one row that fits but for one thing (a
+    value of another type in one column, one value short, or one more), or of any rows."""
+
+    def alter(table: list, where: int, column: int, value: object, how: int) -> list:
+        row = table[where % len(table)]
+        if how == 0:
+            row[column % len(row)] = value
+        elif how == 1:
+            row.pop()
+        else:
+            row.append(value)
+        return table
+
+    one_off = st.builds(
+        alter, st.lists(rows, min_size=1, max_size=4), st.integers(0, 3), st.integers(0, 6), _ODD, st.integers(0, 2)
+    )
+    return st.one_of(st.lists(rows, max_size=4), one_off, one_off, st.lists(st.one_of(rows, _ANY_ROW), max_size=4))
+
+
+@settings(max_examples=400)
+@given(rows=_tables(_ROW), events=_tables(_EVENT))
+def test_decoding_by_columns_and_row_by_row_agree_on_any_batch(rows, events):
+    body = json.dumps({"router": "r", "epoch": 5, "rows": rows, "events": events}).encode()
+    try:
+        expected = _decode_rows(json.loads(body))
+    except ValueError as exc:
+        with pytest.raises(ValueError) as refused:
+            decode_batch(body)
+        assert str(refused.value) == str(exc)
+    else:
+        assert decode_batch(body) == expected
+
+
 async def test_three_routers_publish_and_one_collector_writes_the_whole_network(network, tmp_path, caplog):
     folder = tmp_path / "collected"
     for name in ("a", "b", "c"):
@@ -288,3 +368,133 @@ async def test_a_topic_message_says_its_router_and_highest_key_in_its_properties
                 assert message.properties == {"router": "r1", "epoch": epoch, "seq": last}
                 assert message.timestamp >= before
                 checked, with_events = checked + 1, with_events + bool(events)
+
+
+async def test_two_collectors_each_write_their_own_part_of_the_network_by_topic_root(network, tmp_path):
+    # east: r1 and its collector e publish to the root metrics-east; west: r2 and w to metrics-west.
+    # Interest goes per root, so nothing of one part is forwarded to the other part's collector.
+    parts = {"e": "metrics-east", "r1": "metrics-east", "w": "metrics-west", "r2": "metrics-west"}
+    for name, topic in parts.items():
+        collector = name in ("e", "w")
+        folder = tmp_path / (name if collector else "unused")
+        await start(
+            network,
+            name,
+            folder,
+            routing=True,
+            output="topic",
+            topic=topic,
+            collector_enabled=collector,
+            format="jsonl",
+        )
+    network.connect("r1", "e")
+    network.connect("e", "w")
+    network.connect("r2", "w")
+    await network.settle({"e": {"r1": 1, "w": 1, "r2": 2}, "w": {"r2": 1, "e": 1, "r1": 2}})
+
+    def routers_seen(collector: str) -> set[str]:
+        return {p.parent.name for p in data_files(tmp_path / collector)}
+
+    await wait_until(
+        lambda: routers_seen("e") == {"router=e", "router=r1"} and routers_seen("w") == {"router=w", "router=r2"},
+        timeout=30,
+        what="each collector's part in its folder",
+    )
+    collected = {name: usage(network.routers[name])["collected"] for name in ("e", "w")}
+    await wait_until(
+        lambda: all(usage(network.routers[name])["collected"] >= collected[name] + 10 for name in ("e", "w")),
+        timeout=30,
+        what="ten more batches at each collector",
+    )
+    assert routers_seen("e") == {"router=e", "router=r1"}
+    assert routers_seen("w") == {"router=w", "router=r2"}
+    for name, other in (("e", "metrics-west"), ("w", "metrics-east")):
+        topics = network.routers[name].management.resolve("/sys$topicmanager/usage/topics").children
+        assert other not in topics  # never received there, not even to be dropped
+    assert not (tmp_path / "unused").exists()
+
+
+def collect(router, batches: list[bytes]) -> None:
+    topics = router.swiftlet("sys$topicmanager")
+    for body in batches:
+        topics.publish("martinet.metrics", build(body, durable=True))
+
+
+def sample_batch(router: str, seq: int, rows: int) -> bytes:
+    return encode_batch(
+        router,
+        7,
+        [[1000 + seq, "sys$queuemanager", f"queues/q{n}", "messages", 1.0, None, seq + n] for n in range(rows)],
+        [],
+    )
+
+
+async def test_a_collector_writes_many_small_samples_of_a_router_into_one_file(network, tmp_path):
+    # 50 routers x 8 samples of 3 rows: 400 messages, held together (far below the limits of
+    # 1,000 messages and 300,000 rows) until the roll at stop: one file per router, not one per
+    # 150 messages
+    folder = tmp_path / "collected"
+    collector = await start(
+        network, "a", folder, output="none", collector_enabled=True, collect_interval=86_400_000, roll_interval=600_000
+    )
+    collect(collector, [sample_batch(f"r{r:02d}", n * 3 + 1, 3) for n in range(8) for r in range(50)])
+    await wait_until(lambda: usage(collector)["collected"] == 400, timeout=30, what="400 batches collected")
+    await network.stop("a")
+    files = data_files(folder)
+    assert sorted(p.parent.name for p in files) == [f"router=r{r:02d}" for r in range(50)]
+    assert sum(len(read_rows(p)) for p in files) == 400 * 3
+
+
+async def test_a_collector_holds_no_more_rows_than_its_limit_and_loses_none(network, tmp_path, monkeypatch):
+    # a limit of 1,000 rows and a credit window of 2: a roll when the batch gathered reaches
+    # 750 rows, and never more than 1,000 + 2 x 200 rows held (each file's rows were held at
+    # once); the rest is written at stop
+    monkeypatch.setattr(spark_swiftlet, "MAX_HELD_ROWS", 1000)
+    monkeypatch.setattr(spark_swiftlet, "CREDIT_WINDOW", 2)
+    folder = tmp_path / "collected"
+    collector = await start(
+        network, "a", folder, output="none", collector_enabled=True, collect_interval=86_400_000, roll_interval=600_000
+    )
+    collect(collector, [sample_batch("big", n * 200 + 1, 200) for n in range(40)])
+    await wait_until(lambda: usage(collector)["collected"] == 40, timeout=30, what="40 batches collected")
+    await network.stop("a")
+    sizes = [len(read_rows(p)) for p in data_files(folder)]
+    assert sum(sizes) == 40 * 200 and max(sizes) <= 1400
+    assert len([size for size in sizes if size < 800]) <= 1  # a roll holds 4 batches or more; the one at stop less
+    seqs = sorted(row["seq"] for p in data_files(folder) for row in read_rows(p))
+    assert seqs == list(range(1, 40 * 200 + 1))
+
+
+async def test_a_collector_rolls_on_the_batch_it_gathers_not_on_what_the_writer_holds(network, tmp_path, monkeypatch):
+    # at most 8 messages held: a roll when the batch gathered has 6; the 2 messages that come
+    # while that batch is written join the next batch (not a file each)
+    monkeypatch.setattr(spark_swiftlet, "MAX_HELD_MESSAGES", 8)
+    folder = tmp_path / "collected"
+    collector = await start(
+        network, "a", folder, output="none", collector_enabled=True, collect_interval=86_400_000, roll_interval=600_000
+    )
+    for n in range(60):  # one at a time, as samples come: the roll starts while more arrive
+        collect(collector, [sample_batch("small", n + 1, 1)])
+        await trio.sleep(0.01)
+    await wait_until(lambda: usage(collector)["collected"] == 60, timeout=30, what="60 batches collected")
+    await network.stop("a")
+    sizes = [len(read_rows(p)) for p in data_files(folder)]
+    assert sum(sizes) == 60 and max(sizes) <= 8
+    assert len([size for size in sizes if size < 6]) <= 1  # the batch written at stop may hold fewer
+
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def test_the_collector_bench_gets_every_row_of_its_simulated_routers_into_the_files(monkeypatch):
+    """bench/collector_bench.py at its smallest: a ``martinet run`` collector, two simulated
+    routers with three queues each publishing over AMQP every 200 ms for 4 s: the files hold
+    exactly the rows they published, none dropped."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    bench = runpy.run_path(str(BENCH / "collector_bench.py"))
+    args = argparse.Namespace(
+        interval=200, seconds=3, warmup=1, busy=1.0, format="parquet", roll=500, drain=20, publishers=2
+    )
+    point = bench["run_point"](args, 2, 3, sys.executable)
+    assert point["offered"] > 0
+    assert (point["missing"], point["dropped"], point["write-errors"], point["released"]) == (0, 0, 0, 0)

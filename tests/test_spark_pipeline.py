@@ -19,7 +19,6 @@ import trio
 
 from martinet.kernel import Router, RouterConfig
 from martinet.messaging.client import Queue, TextMessage, Topic, connect
-from martinet.pipeline.cluster import descendants
 from martinet.swiftlets.jms.config import JmsConfig
 from martinet.swiftlets.jms.config import ListenerConfig as AmqpListenerConfig
 from martinet.swiftlets.spark.config import SparkConfig
@@ -32,16 +31,22 @@ pytestmark = pytest.mark.slow
 PIPELINE_TIMEOUT = 300  # a busy 2-core machine: Spark starts in 5-20 s, a run takes 30-90 s
 
 
-def pipeline_command(*args: str, master: str = "local[2]") -> list[str]:
-    return [sys.executable, "-m", "martinet.pipeline", "--master", master, *args]
+LOCAL = "local[2]"
 
 
-async def run_pipeline(*args: str) -> str:
+def pipeline_command(*args: str, master: str = LOCAL) -> list[str]:
+    """``martinet-pipeline`` on ``master``: a Spark master URL, or a Spark Connect server's
+    ``sc://`` address (``--remote``)."""
+    where = ["--remote", master] if master.startswith("sc://") else ["--master", master]
+    return [sys.executable, "-m", "martinet.pipeline", *where, *args]
+
+
+async def run_pipeline(*args: str, master: str = LOCAL) -> str:
     """Run the pipeline to its end; its stderr (its output is shown when it fails)."""
     env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
     with trio.fail_after(PIPELINE_TIMEOUT):
         result = await trio.run_process(
-            pipeline_command(*args), capture_stdout=True, capture_stderr=True, check=False, env=env
+            pipeline_command(*args, master=master), capture_stdout=True, capture_stderr=True, check=False, env=env
         )
     assert result.returncode == 0, failure(result.stderr.decode())
     assert b"report: " in result.stdout
@@ -102,12 +107,25 @@ async def consume(url: str, queue: str, stop: trio.Event) -> None:
 
 
 async def test_known_load_gives_its_windows_across_a_restart_and_flaps_lower_availability(network, tmp_path):
+    await known_load(network, tmp_path, LOCAL)
+
+
+async def known_load(network, tmp_path: Path, master: str) -> None:
     """Queues under known load (``flow`` consumed at 40/s, ``load`` growing 50/s, ``idle`` at 5
     messages, ``burst``: 60 messages in half a second inside one 2 s window) and two flaps of a
-    link; the pipeline runs twice on one checkpoint, the second time over the files the first
-    did not see (a restarted job)."""
+    link, published to the metrics topic; the router's collector writes them as files and a
+    live pipeline's subscriptions keep them. The pipeline on ``master`` reads them live, and
+    from the files twice on one checkpoint, the second time over the files the first did not
+    see (a restarted job): both give the known windows, and the same result tables."""
     export = tmp_path / "metrics"
-    spark = SparkConfig(collect_interval=200, roll_interval=1000, folder=str(export))
+    spark = SparkConfig(
+        collect_interval=200,
+        roll_interval=1000,
+        output="none",
+        collector_enabled=True,
+        folder=str(export),
+        exclude_entities="queues/spark-%",  # the live source's subscriptions: backlogs until it runs
+    )
     a = await network.start(
         network.config(
             "a",
@@ -115,10 +133,12 @@ async def test_known_load_gives_its_windows_across_a_restart_and_flaps_lower_ava
             swiftlets={"sys$spark": spark, "sys$routing": routing_config()},
         )
     )
+    url = network.url("a")
+    await subscribe_live(url)  # before the first row is published, like the collector's
+    a.management.set("/sys$spark", "output", "topic")
     await network.start_routers("b")
     network.connect("a", "b", **{"retry-time": "1000"})
     await network.settle({"a": {"b": 1}})
-    url = network.url("a")
     await paced_sends(url, "idle", 100, 0.05)
     await paced_sends(url, "burst", 100, 0.01)
     stop = trio.Event()
@@ -136,7 +156,12 @@ async def test_known_load_gives_its_windows_across_a_restart_and_flaps_lower_ava
             await trio.sleep(1)
         await trio.sleep(max(0.0, started + 20 - time.time()))  # well past the end of the sends
         stop.set()
-    await network.stop("a")
+    a.management.set("/sys$spark", "output", "none")
+
+    window = ["--once", "--window", "2 seconds", "--delay", "2 seconds", "--alert-windows", "3"]
+    live = tmp_path / "live"
+    await run_pipeline("--source", "live", "--url", url, "--output", str(live), *window, master=master)
+    await network.stop("a")  # the collector writes what it holds
 
     output, later = tmp_path / "analysis", tmp_path / "later"
     halfway = int((started + 6) * 1000)
@@ -144,28 +169,42 @@ async def test_known_load_gives_its_windows_across_a_restart_and_flaps_lower_ava
         if int(path.name.split("-")[1]) >= halfway:
             (later / path.relative_to(export)).parent.mkdir(parents=True, exist_ok=True)
             path.rename(later / path.relative_to(export))
-    arguments = [
-        "--source",
-        "files",
-        "--input",
-        str(export),
-        "--output",
-        str(output),
-        "--once",
-        "--window",
-        "2 seconds",
-        "--delay",
-        "2 seconds",
-        "--alert-windows",
-        "3",
-    ]
-    await run_pipeline(*arguments)
+    arguments = ["--source", "files", "--input", str(export), "--output", str(output), *window]
+    await run_pipeline(*arguments, master=master)
     assert table(output, "rates"), "the first run closed no window"
     for path in list(later.rglob("part-*")):
         path.rename(export / path.relative_to(later))
-    await run_pipeline(*arguments)
+    await run_pipeline(*arguments, master=master)
     assert not (output / "_spark").exists()  # Spark's local files (blockmgr-*, …) were there, not in /tmp
 
+    check_known_load(output, started, burst)
+    check_known_load(live, started, burst)
+    for name in ("rows", "events"):
+        files, topic = ingested(output, name), ingested(live, name)
+        assert len(files) == len(topic) and sorted(files, key=by_key) == sorted(topic, key=by_key), name
+    for name in ("rates", "backlog_alerts", "link_availability", "link_rates", "route_changes", "series"):
+        assert sorted_rows(table(output, name)) == sorted_rows(table(live, name)), name
+
+
+def by_key(row: dict) -> tuple:
+    return row["router"], row["epoch"], row["seq"]
+
+
+def sorted_rows(rows: list[dict]) -> list[tuple]:
+    """Rows comparable as a whole, without the ``batch`` they were written in."""
+    return sorted(tuple(sorted((k, repr(v)) for k, v in row.items() if k != "batch")) for row in rows)
+
+
+async def subscribe_live(url: str) -> None:
+    """Make the live source's durable subscriptions (it names them spark-<table>, with that
+    client id): from then on they keep every row published, for a pipeline started later."""
+    for name in ("spark-rows", "spark-events"):
+        async with connect(url, client_id=name) as connection, connection.session() as session:
+            await (await session.durable_subscriber(Topic("martinet.metrics"), name)).close()
+
+
+def check_known_load(output: Path, started: float, burst: float) -> None:
+    """The windows of :func:`known_load`'s load in the result tables below ``output``."""
     rates = table(output, "rates")
     keys = [(r["router"], r["queue"], r["window_start"]) for r in rates]
     assert len(keys) == len(set(keys)), "a window was written twice"
@@ -237,6 +276,9 @@ KILLS = [
 ]
 
 
+FAULT_SETTINGS = ("PYTHONPATH", "MARTINET_KILL_AT", "MARTINET_KILL_MARK")  # what fault_env adds for them
+
+
 def fault_env(kill_at: str, mark: Path) -> dict[str, str]:
     """The environment of a pipeline whose rows reader stops at ``kill_at`` (tests/sparkfaults)."""
     return os.environ | {
@@ -266,10 +308,17 @@ async def publishing(network: Network, config: RouterConfig) -> tuple[Router, in
 
 
 async def test_the_live_source_delivers_every_row_once_across_kills_at_each_point(network, tmp_path):
-    """Killed at each point of a batch, then its router restarted under a running pipeline:
-    every row of both epochs, once. Each batch is split into two partitions, read by two
-    executor tasks (one partition is the same code with one part file)."""
-    partitions = 2
+    await live_kills(network, tmp_path, LOCAL, KILLS)
+
+
+async def live_kills(
+    network, tmp_path: Path, master: str, kills: list[tuple[str, str]], *, restart_router: bool = True
+) -> None:
+    """The pipeline on ``master`` killed at each of ``kills``, run after run on one checkpoint;
+    with ``restart_router``, then its router restarted under a running pipeline; then a run to
+    the end: every row published (of every epoch of the router) came in exactly once. Each
+    batch is split into two partitions, read by two executor tasks (one partition is the same
+    code with one part file)."""
     spark = SparkConfig(collect_interval=100, output="none", events_enabled=False, include_swiftlets="sys$store")
     config = network.config("r1", startorder=(*STACK, "sys$spark"), swiftlets={"sys$spark": spark})
     router = await network.start(config)
@@ -283,14 +332,18 @@ async def test_the_live_source_delivers_every_row_once_across_kills_at_each_poin
     router.management.set("/sys$spark", "output", "topic")
 
     output = tmp_path / "analysis"
-    arguments = ["--source", "live", "--url", url, "--output", str(output), "--partitions", str(partitions)]
-    for kill_at, what in KILLS:
+    arguments = ["--source", "live", "--url", url, "--output", str(output), "--partitions", "2"]
+    for kill_at, what in kills:
         mark = tmp_path / f"killed-{kill_at.replace(':', '-')}"
+        env = fault_env(kill_at, mark)
+        # an executor of a cluster is not a child of the pipeline: the kill points reach its
+        # Python workers through the executors' environment
+        executors = [f"--conf=spark.executorEnv.{name}={env[name]}" for name in FAULT_SETTINGS]
         log = tmp_path / f"{mark.name}.log"
         with log.open("wb") as stderr:
             process = subprocess.Popen(
-                pipeline_command(*arguments, "--interval", "1"),
-                env=fault_env(kill_at, mark),
+                pipeline_command(*arguments, "--interval", "1", *executors, master=master),
+                env=env,
                 start_new_session=True,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
@@ -307,12 +360,43 @@ async def test_the_live_source_delivers_every_row_once_across_kills_at_each_poin
         )
         assert returncode == -signal.SIGKILL, (kill_at, returncode)
 
-    # The router restarts (on the same port, with a new epoch) while a pipeline reads: the
-    # reader connects again, and what it had not acknowledged comes again.
-    log = tmp_path / "restart.log"
+    published: dict[int, tuple[int, int]] = {}  # per epoch, the seqs of the first and last row published
+    if restart_router:
+        command = pipeline_command(*arguments, "--interval", "1", master=master)
+        router, first = await restarted_under_a_pipeline(
+            network, router, spark, first, published, command, output, tmp_path / "restart.log"
+        )
+    router.management.set("/sys$spark", "output", "none")
+    epoch = router.management.get("/sys$spark/usage", "epoch")
+    published[epoch] = (first, router.management.get("/sys$spark/usage", "rows"))
+
+    await run_pipeline(*arguments, "--once", master=master)
+    keys = keys_of(output)
+    assert len(keys) == len(set(keys)), "a row was delivered twice"
+    expected = {(e, seq) for e, (low, high) in published.items() for seq in range(low, high + 1)}
+    lost = sorted(expected - set(keys))
+    assert not lost, f"{len(lost)} rows were lost, from {lost[0]} to {lost[-1]}"
+    assert set(keys) == expected
+
+
+async def restarted_under_a_pipeline(
+    network: Network,
+    router: Router,
+    spark: SparkConfig,
+    first: int,
+    published: dict[int, tuple[int, int]],
+    command: list[str],
+    output: Path,
+    log: Path,
+) -> tuple[Router, int]:
+    """Router r1 (``spark`` its sys$spark, publishing since the row ``first``) restarts on the
+    same port, with a new epoch, while the pipeline ``command`` reads into ``output``: the
+    reader connects again, and what it had not acknowledged comes again. Adds the old epoch's
+    rows to ``published``; returns the restarted router, publishing, and its first row's
+    ``seq``."""
     with log.open("wb") as stderr:
         process = subprocess.Popen(
-            pipeline_command(*arguments, "--interval", "1"),
+            command,
             env=os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"},
             start_new_session=True,
             stdout=subprocess.DEVNULL,
@@ -332,7 +416,7 @@ async def test_the_live_source_delivers_every_row_once_across_kills_at_each_poin
         epoch = router.management.get("/sys$spark/usage", "epoch")
         await poll(lambda: (epoch, seen) in keys_of(output), "the running pipeline's first rows")
         router.management.set("/sys$spark", "output", "none")
-        published = {epoch: (first, router.management.get("/sys$spark/usage", "rows"))}
+        published[epoch] = (first, router.management.get("/sys$spark/usage", "rows"))
         port = router.management.get("/sys$jms/usage/listeners/amqp", "port")
         await network.stop("r1")
         listener = AmqpListenerConfig(name="amqp", port=port, bind_address="127.0.0.1")
@@ -351,100 +435,16 @@ async def test_the_live_source_delivers_every_row_once_across_kills_at_each_poin
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             await trio.to_thread.run_sync(process.wait)
-    router.management.set("/sys$spark", "output", "none")
-    published[epoch_again] = (first_again, router.management.get("/sys$spark/usage", "rows"))
-
-    await run_pipeline(*arguments, "--once")
-    keys = keys_of(output)
-    assert len(keys) == len(set(keys)), "a row was delivered twice"
-    expected = {(e, seq) for e, (low, high) in published.items() for seq in range(low, high + 1)}
-    lost = sorted(expected - set(keys))
-    assert not lost, f"{len(lost)} rows were lost, from {lost[0]} to {lost[-1]}"
-    assert set(keys) == expected
-
-
-async def test_the_live_source_on_a_cluster_delivers_every_row_once_when_an_executor_is_killed_mid_batch(
-    network, tmp_path, spark_cluster
-):
-    """Two partitions per batch on a standalone cluster of two workers: the first two reads
-    of a part file hold (not read yet); the test SIGKILLs the executor JVM running the first
-    (with its Python workers) and the Python worker running the second. Spark runs the tasks
-    again, on an executor that is left or is started anew, from the same part files, and the
-    query goes on: every row once."""
-    spark = SparkConfig(collect_interval=100, output="none", events_enabled=False, include_swiftlets="sys$store")
-    router = await network.start(network.config("r1", startorder=(*STACK, "sys$spark"), swiftlets={"sys$spark": spark}))
-    url = network.url("r1")
-    async with connect(url, client_id="spark-rows") as connection, connection.session() as session:
-        await (await session.durable_subscriber(Topic("martinet.metrics"), "spark-rows")).close()
-    first = router.management.get("/sys$spark/usage", "rows") + 1  # no await in between: no sample
-    router.management.set("/sys$spark", "output", "topic")
-    epoch = router.management.get("/sys$spark/usage", "epoch")
-
-    output, mark = tmp_path / "analysis", tmp_path / "held"
-    env = fault_env("read:hold:2", mark)
-    # the executors' Python workers take the fault points from the executors' environment
-    confs = [
-        f"spark.executorEnv.{name}={env[name]}" for name in ("PYTHONPATH", "MARTINET_KILL_AT", "MARTINET_KILL_MARK")
-    ]
-    env["PYSPARK_SUBMIT_ARGS"] = " ".join(f"--conf {conf}" for conf in confs) + " pyspark-shell"
-    arguments = ["--source", "live", "--url", url, "--output", str(output), "--partitions", "2", "--interval", "1"]
-    log = tmp_path / "pipeline.log"
-    with log.open("wb") as stderr:
-        process = subprocess.Popen(
-            pipeline_command(*arguments, master=spark_cluster.master_url),
-            env=env,
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
-    try:
-
-        async def poll(found: Callable[[], bool], what: str) -> None:
-            with trio.move_on_after(PIPELINE_TIMEOUT):
-                while not found():
-                    assert process.poll() is None, failure(log.read_text(errors="replace"))
-                    await trio.sleep(0.2)
-                return
-            raise AssertionError(f"not within {PIPELINE_TIMEOUT} s: {what}")
-
-        def held(number: int) -> int | None:
-            """The Python worker holding at the ``number``-th read, once it does."""
-            text = Path(f"{mark}-{number}").read_text() if Path(f"{mark}-{number}").exists() else ""
-            return int(text.split()[1]) if len(text.split()) == 2 else None
-
-        await poll(lambda: held(1) is not None, "a task holding in read")
-        worker = held(1)
-        executor = [e for e in spark_cluster.executors() if worker in {p.pid for p in descendants(e.pid)}]
-        assert len(executor) == 1, f"the held task's process {worker} is not below one executor of the cluster"
-        os.kill(executor[0].pid, signal.SIGKILL)
-        await poll(lambda: executor[0].pid not in {e.pid for e in spark_cluster.executors()}, "the executor gone")
-        await poll(lambda: held(2) is not None, "a second task holding in read")
-        worker = held(2)
-        assert worker in {p.pid for p in spark_cluster.python_workers()}, f"{worker} is no executor's Python worker"
-        os.kill(worker, signal.SIGKILL)
-
-        seen = router.management.get("/sys$spark/usage", "rows")
-        await poll(lambda: (epoch, seen) in keys_of(output), "rows published after the kill")
-        router.management.set("/sys$spark", "output", "none")
-        published = router.management.get("/sys$spark/usage", "rows")
-        await poll(lambda: (epoch, published) in keys_of(output), "every published row")
-        process.send_signal(signal.SIGINT)  # Ctrl-C: the queries stop, the job ends
-        with trio.fail_after(120):
-            code = await trio.to_thread.run_sync(process.wait)
-        assert code == 0, failure(log.read_text(errors="replace"))
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            await trio.to_thread.run_sync(process.wait)
-    keys = keys_of(output)
-    assert len(keys) == len(set(keys)), "a row was delivered twice"
-    assert set(keys) == {(epoch, seq) for seq in range(first, published + 1)}
-    driver = log.read_text(errors="replace")
-    assert "ExecutorLostFailure" in driver, "the driver did not notice the killed executor"
-    assert "Python worker exited unexpectedly" in driver, "the driver did not notice the killed Python worker"
+    return router, first_again
 
 
 async def test_three_routers_collected_into_one_folder_are_one_spark_table(network, tmp_path):
+    await three_routers(network, tmp_path, LOCAL)
+
+
+async def three_routers(network, tmp_path: Path, master: str) -> None:
+    """Three routers publish their rows, one collects them into a folder: the pipeline on
+    ``master`` ingests that folder as one table, every row once, and says so on stderr."""
     folder = tmp_path / "collected"
     for name in ("a", "b", "c"):
         spark = SparkConfig(
@@ -469,7 +469,9 @@ async def test_three_routers_collected_into_one_folder_are_one_spark_table(netwo
     await network.stop_all()
 
     output = tmp_path / "analysis"
-    stderr = await run_pipeline("--source", "files", "--input", str(folder), "--output", str(output), "--once")
+    stderr = await run_pipeline(
+        "--source", "files", "--input", str(folder), "--output", str(output), "--once", master=master
+    )
     rows = ingested(output)
     assert {row["router"] for row in rows} == {"a", "b", "c"}
     keys = [(row["router"], row["epoch"], row["seq"]) for row in rows]

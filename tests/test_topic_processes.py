@@ -9,12 +9,18 @@ addressed to it). Routers tell what they learn in their log (``interest of route
 
 from __future__ import annotations
 
+import os
+import signal
+from pathlib import Path
+
 import pytest
 import trio
 
 from martinet.messaging.client import DeliveryMode, TextMessage, Topic, connect
+from martinet.swiftlets.store.dbprocess import COMMIT_GATE_ENV, COMMIT_GATE_QUEUE_ENV
+from martinet.swiftlets.topicmanager.api import durable_queue_name
 
-from netharness import router_config
+from netharness import router_config, store_engine_pid
 from processes import free_port
 
 pytestmark = pytest.mark.slow
@@ -94,3 +100,49 @@ async def test_durable_subscribers_on_every_router_lose_nothing_when_one_is_kill
         )
     for name in NAMES:
         assert "Traceback" not in routers[name].text(), logs()
+
+
+@pytest.mark.parametrize("store", ["applies-it", "killed-too"])
+async def test_a_router_killed_while_its_delivery_of_a_forwarded_publication_waits_for_its_store(
+    router_processes, tmp_path, store
+):
+    """lyon has a durable subscriber; paris publishes. The publication reaches lyon's
+    ``tpc$iit`` (one commit), and the transaction that delivers it to the subscription's queue
+    and takes it out of ``tpc$iit`` (the next) is held by lyon's store process (the commit gate,
+    for commits that store into that queue) when lyon is SIGKILLed. Its store process then
+    either applies the commit already in its pipe (as after any ``kill -9``), or is SIGKILLed
+    too before it does (a crash of the machine): either way the restarted lyon's subscriber
+    gets the publication exactly once."""
+    routing = {name: free_port() for name in ("paris", "lyon")}
+    amqp = {name: free_port() for name in ("paris", "lyon")}
+    urls = {name: f"amqp://127.0.0.1:{amqp[name]}" for name in ("paris", "lyon")}
+    gate = tmp_path / "commit-gate"
+    queue = durable_queue_name("sub-lyon", "all")
+    routers = {}
+    for name, other in (("paris", "lyon"), ("lyon", "paris")):
+        xml = router_config(
+            name,
+            amqp=amqp[name],
+            routing=routing[name],
+            password=PASSWORD,
+            connectors=[(other, routing[other], PASSWORD)] if name == "paris" else [],
+            static_routes=[other],
+        )
+        env = {COMMIT_GATE_ENV: str(gate), COMMIT_GATE_QUEUE_ENV: queue} if name == "lyon" else None
+        routers[name] = await trio.to_thread.run_sync(lambda xml=xml, env=env: router_processes.start(xml, env=env))
+    async with connect(urls["lyon"], client_id="sub-lyon") as connection, connection.session() as session:
+        await (await session.durable_subscriber(Topic("iit"), "all")).close()
+    await wait_for(routers["paris"], "interest of router lyon: iit")
+
+    gate.touch()
+    store_process = store_engine_pid(routers["lyon"].proc.pid)
+    await publish(urls["paris"], "held-", 1, [])
+    with trio.fail_after(30):
+        while not Path(f"{gate}.held").exists():  # the delivery's commit waits at the gate
+            await trio.sleep(0.01)
+    assert await trio.to_thread.run_sync(routers["lyon"].kill) == -9
+    if store == "killed-too":
+        os.kill(store_process, signal.SIGKILL)
+    gate.unlink()
+    await trio.to_thread.run_sync(routers["lyon"].restart)
+    assert await receive_all(urls["lyon"], "sub-lyon", {"held-0"}) == ["held-0"], router_processes.logs()

@@ -82,6 +82,7 @@ __all__ = [
     "QueueNotFound",
     "QueueFull",
     "MemoryFull",
+    "DiskFull",
     "MemoryAlarm",
     "TooManyQueues",
     "MessageTooLarge",
@@ -115,6 +116,13 @@ class MemoryFull(QueueFull):
     """The router's memory alarm is on (it holds more than its memory budget): a send of a
     memory-bound transaction (:meth:`QueueManager.transaction`) is refused until it is off.
     It names no queue; :meth:`QueueManager.when_room` calls back when the alarm is off."""
+
+
+class DiskFull(QueueFull):
+    """The store's disk alarm is on (its file system has less free space than
+    ``disk-free-limit-kb``, or a commit met a full disk): a persistent message is refused
+    until it ends. It names no queue; :meth:`QueueManager.when_room` calls back when the
+    alarm is off."""
 
 
 class TooManyQueues(QueueError):

@@ -82,6 +82,7 @@ from .api import (
     ROUTING_PREFIX,
     TEMPORARY_PREFIX,
     Creator,
+    DiskFull,
     MalformedMessage,
     MemoryFull,
     MessageTooLarge,
@@ -548,6 +549,8 @@ class QueueManager:
     def when_room(self, name: str, callback: Callable[[], None]) -> None:
         if self.memory.when_clear(callback) is not None:  # (a MemoryFull names no queue)
             return
+        if self._store is not None and self._store.space.when_clear(callback) is not None:  # (nor a DiskFull)
+            return
         queue = self.queues.get(name)
         if queue is None:
             callback()
@@ -677,6 +680,8 @@ class QueueManager:
             return None, key, True
         mode = settings.persistence_mode
         persistent = durable if mode == "as_message" else mode == "persistent"
+        if persistent and limited:
+            self._check_space()
         entry = Entry(next(self._ids), message, priority, expires, persistent)
         if expires is not None and expires <= now:
             queue.expired += 1
@@ -684,6 +689,11 @@ class QueueManager:
                 self.dead_letter(queue, entry, "expired before it arrived")
             return None, key, False
         return entry, key, False
+
+    def _check_space(self) -> None:
+        """Raises DiskFull while the store's disk alarm is on (a persistent message is not taken)."""
+        if self._store is not None and self._store.space.on:
+            raise DiskFull(f"router {self.router_name} refuses persistent messages: {self._store.space.describe()}")
 
     def _put_ops(self, queue: Queue, entry: Entry, key: str | None, txid: str | None = None) -> list[Op]:
         if not entry.persistent:
@@ -784,6 +794,10 @@ class QueueManager:
             if on_durable is not None:
                 on_durable(None)
             return 0, []
+        if self._store is not None and self._store.space.on:  # refused before any queue got a copy
+            modes = {queue.settings.persistence_mode for queue in queues}
+            if "persistent" in modes or (durable and "as_message" in modes):
+                self._check_space()
         ops: list[Op] = []
         skipped: list[Queue] = []
         swap: list[tuple[Queue, Entry]] = []

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import time as _time
+from itertools import repeat
 from typing import Any
 
 __all__ = ["ROW_COLUMNS", "EVENT_COLUMNS", "TABLES", "encode_batch", "decode_batch", "partition", "iso_time"]
@@ -73,11 +74,62 @@ def encode_batch(router: str, epoch: int, rows: list[tuple], events: list[tuple]
 def decode_batch(body: bytes) -> tuple[list[tuple], list[tuple]]:
     """The rows and events of a topic message body, as full table tuples (time in ms).
 
+    A collector decodes every row of the network, so the usual batch is checked a column at a
+    time (the set of the value types of each column) and its tuples are built by ``zip``, both
+    in C; a batch that fails that check goes through the row-by-row path, which names the
+    first row that does not fit.
+
     Raises:
         ValueError: not a metrics batch.
     """
     try:
         batch = json.loads(body)
+        router, epoch = str(batch["router"]), int(batch["epoch"])
+        rows = _columns_zipped(router, epoch, batch["rows"], _ROW_WIRE)
+        events = _columns_zipped(router, epoch, batch["events"], _EVENT_WIRE)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise ValueError(f"not a metrics batch: {exc}") from None
+    if rows is None or events is None:
+        return _decode_rows(batch)
+    return rows, events
+
+
+# The wire row of each table: its columns without router and epoch, seq last (as encode_batch
+# writes them), and the exact types JSON gives each column's values (bool is not a number).
+_WIRE_TYPES = {
+    "string": frozenset((str, type(None))),
+    "timestamp": frozenset((int,)),
+    "double": frozenset((int, float, type(None))),
+    "long": frozenset((int,)),
+}
+_ROW_WIRE = tuple(_WIRE_TYPES[kind] for _, kind in (*ROW_COLUMNS[1:7], ROW_COLUMNS[8]))
+_EVENT_WIRE = tuple(_WIRE_TYPES[kind] for _, kind in (*EVENT_COLUMNS[1:6], EVENT_COLUMNS[7]))
+
+
+def _columns_zipped(router: str, epoch: int, wire: Any, types: tuple[frozenset, ...]) -> list[tuple] | None:
+    """The table tuples of wire rows whose every column holds only its types, or None (some
+    value does not fit: the row-by-row path says which). Like that path, a wire row may be
+    longer than the table needs (the rest is ignored), not shorter."""
+    if not isinstance(wire, list):
+        return None
+    if not wire:
+        return []
+    width = len(types)
+    try:
+        if min(map(len, wire)) < width:
+            return None
+        columns = list(zip(*wire, strict=False))[:width]
+    except TypeError:  # a row without a length or not iterable
+        return None
+    if not all(set(map(type, column)) <= allowed for column, allowed in zip(columns, types, strict=True)):
+        return None
+    count = len(wire)
+    return list(zip(repeat(router, count), *columns[:-1], repeat(epoch, count), columns[-1], strict=True))
+
+
+def _decode_rows(batch: Any) -> tuple[list[tuple], list[tuple]]:
+    """Row by row, naming the first row that does not fit (:func:`decode_batch`'s errors)."""
+    try:
         router, epoch = str(batch["router"]), int(batch["epoch"])
         rows = [(router, *row[:6], epoch, row[6]) for row in batch["rows"]]
         events = [(router, *event[:5], epoch, event[5]) for event in batch["events"]]

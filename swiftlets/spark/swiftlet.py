@@ -22,9 +22,12 @@ and become event rows at once.
   ``collector``) to ``topic`` on this router; received batches join the rows to write, and
   their messages are accepted only once the file holding them is renamed into place, so a
   crash loses nothing (a batch written but not yet accepted comes again: readers drop the
-  duplicate by ``(router, epoch, seq)``). A message that is not a metrics batch is rejected
-  (to the dead-letter queue) with a warning. A write that fails releases the messages: they
-  come again.
+  duplicate by ``(router, epoch, seq)``). A roll comes at ``roll-interval`` or earlier, when
+  the messages or the rows held unaccepted near their limits (:data:`MAX_HELD_MESSAGES`,
+  :data:`MAX_HELD_ROWS`), and no credit is given past them: the rows of many small samples
+  share a file per router, large samples are bounded in memory. A message that is not a
+  metrics batch is rejected (to the dead-letter queue) with a warning. A write that fails
+  releases the messages: they come again.
 
 On stop, the rows still gathered are written (bounded by the router's shutdown timeout).
 """
@@ -46,12 +49,22 @@ from .config import Output, SparkConfig
 from .files import enforce_retention, write_tables
 from .sampler import Filter, Sampler, event_row_parts
 
-__all__ = ["SparkSwiftlet", "POOL", "COLLECTOR_CLIENT", "CHUNK"]
+__all__ = ["SparkSwiftlet", "POOL", "COLLECTOR_CLIENT", "CHUNK", "MAX_HELD_MESSAGES", "MAX_HELD_ROWS"]
 
 POOL = "spark.writer"
 COLLECTOR_CLIENT = "martinet-spark"
 CHUNK = 2000  # rows per topic message (about 150 kB of JSON)
-COLLECTOR_CREDIT = 200  # collected messages held unaccepted before a roll is forced at 3/4 of it
+# The collector holds received messages unaccepted until their rows are in a file. A roll is
+# forced when the batch being gathered reaches 3/4 of MAX_HELD_MESSAGES or of MAX_HELD_ROWS,
+# and no credit is given while all that is held (with the batches not written yet; the rows
+# are the memory) is past either. By rows, so that a network of
+# many routers with small samples gets files of several samples per router (each file costs
+# about a millisecond and an fsync) while large samples still roll as often as the memory
+# needs. At most CREDIT_WINDOW messages are on their way beyond the limits (each at most
+# CHUNK rows): at most 400,000 rows held.
+MAX_HELD_MESSAGES = 1000
+MAX_HELD_ROWS = 300_000
+CREDIT_WINDOW = 50
 EVENT_BUFFER = 10_000
 
 
@@ -64,6 +77,9 @@ class SparkSwiftlet:
         self._events: list[tuple] = []
         self._outbox: list[tuple] = []  # events waiting for the next topic publish
         self._entries: list[Any] = []  # collected messages whose rows are in _rows/_events
+        self._held_rows: dict[int, int] = {}  # rows of each collected message not settled yet, by id(entry)
+        self._rows_held = 0  # their sum
+        self._credit = 0  # credit given to the collector's consumer and not used yet
         self._queued: list[Any] = []  # batches handed to the pool and not written yet
         self._write_lock = trio.Lock()
         self._consumer: Any = None
@@ -275,8 +291,18 @@ class SparkSwiftlet:
         if consumer is None or consumer.closed or not entries:
             return  # closed: the unaccepted messages went back to the subscription
         for entry in entries:
+            self._rows_held -= self._held_rows.pop(id(entry), 0)
             consumer.accept(entry) if accept else consumer.release(entry)
-        consumer.flow(len(entries))
+        self._give_credit()
+
+    def _give_credit(self) -> None:
+        """Credit up to CREDIT_WINDOW while the messages and rows held are below their limits."""
+        if self._rows_held >= MAX_HELD_ROWS:
+            return
+        more = min(CREDIT_WINDOW, MAX_HELD_MESSAGES - len(self._held_rows)) - self._credit
+        if more > 0:
+            self._consumer.flow(more)
+            self._credit += more
 
     # -- collector ----------------------------------------------------------------------------
 
@@ -284,18 +310,19 @@ class SparkSwiftlet:
         topics = self.context.lookup("sys$topicmanager", TopicManager)
         subscription = await topics.durable_subscribe(COLLECTOR_CLIENT, "collector", self.config.topic)
         self._consumer = subscription.consumer()
-        self._consumer.flow(COLLECTOR_CREDIT)
+        self._give_credit()
 
     async def _collect(self) -> None:
         consumer = self._consumer
         while True:
             entry = await consumer.receive()
+            self._credit -= 1
             try:
                 rows, events = decode_batch(entry.message.body())
             except (ValueError, MessageError) as exc:
                 self.counters["rejected"] += 1
                 consumer.reject(entry, f"not a metrics batch: {exc}")
-                consumer.flow(1)
+                self._give_credit()
                 self.context.log.warning(
                     "message %s on topic %s rejected: %s", entry.message.message_id, self.config.topic, exc
                 )
@@ -304,5 +331,10 @@ class SparkSwiftlet:
             self._rows.extend(rows)
             self._events.extend(events)
             self._entries.append(entry)
-            if len(self._entries) >= COLLECTOR_CREDIT * 3 // 4:
+            self._held_rows[id(entry)] = len(rows) + len(events)
+            self._rows_held += len(rows) + len(events)
+            # the batch being gathered, not what is held in all (that includes batches the
+            # writer has not written yet: rolling on it would hand it batches of one message)
+            if len(self._entries) >= MAX_HELD_MESSAGES * 3 // 4 or len(self._rows) >= MAX_HELD_ROWS * 3 // 4:
                 self._roll_now.set()
+            self._give_credit()

@@ -18,11 +18,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import attrs
+import trio
 
 from martinet.kernel import ExplainedError
 
 __all__ = [
     "Store",
+    "Space",
+    "until_clear",
     "StoreError",
     "Recovered",
     "StoredMessage",
@@ -155,9 +158,42 @@ class Recovered:
     next_id: int
 
 
+class Space(Protocol):
+    """The disk alarm of a store (:attr:`Store.space`): on while the store's file system has
+    less free space than ``disk-free-limit-kb``, or a commit met a full disk. Meanwhile new
+    persistent messages are refused and senders that can wait (routing links) wait."""
+
+    @property
+    def on(self) -> bool:
+        """The alarm is on now."""
+
+    def describe(self) -> str:
+        """Why it is on, in words for an error message."""
+
+    def when_clear(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """While the alarm is on, call ``callback`` once it ends and return a function that
+        cancels the call; None when it is off."""
+
+
+async def until_clear(space: Space) -> None:
+    """Wait until the disk alarm ``space`` is off."""
+    while space.on:
+        cleared = trio.Event()
+        cancel = space.when_clear(cleared.set)
+        try:
+            await cleared.wait()
+        finally:
+            if cancel is not None:
+                cancel()
+
+
 @runtime_checkable
 class Store(Protocol):
     """What ``context.lookup("sys$store", Store)`` returns."""
+
+    @property
+    def space(self) -> Space:
+        """The store's disk alarm."""
 
     @property
     def recovered(self) -> Recovered:
@@ -186,7 +222,9 @@ class Store(Protocol):
 
         Raises:
             StoreError: the commit failed; none of its operations were applied. The store
-                then stops the router, since it can no longer keep its promises.
+                then stops the router, since it can no longer keep its promises. (A full
+                disk is not a failure: the commit waits until space returns, see
+                :class:`Space`.)
         """
 
     def commit_nowait(self, ops: Sequence[Op], on_done: Callable[[BaseException | None], None]) -> None:

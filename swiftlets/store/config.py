@@ -37,3 +37,17 @@ class StoreConfig:
         "each problem is logged as an ERROR. Set it for one start after an operator decided to "
         "accept the loss, then remove it. Without it such a start is refused.",
     )
+    disk_free_limit_kb: int = prop(
+        51_200,
+        min=0,
+        description="Free space (KiB) of the store's file system under which the disk alarm goes on: "
+        "new persistent messages are refused with amqp:resource-limit-exceeded and routing links hold "
+        "their transfers, until the free space is above it again (by 10 % of it, at least 1 MiB). "
+        "0: no alarm before the disk is full (a commit that meets a full disk waits for space either way).",
+    )
+    disk_check_interval: int = prop(
+        1000,
+        min=100,
+        max=3_600_000,
+        description="Milliseconds between two reads of the store's free space.",
+    )

@@ -28,7 +28,11 @@ msgpack body (an array whose first element names it).
   ``["done", cancelled_pairs]`` or ``["error", text]`` (nothing of it applied). Each op is
   ``[code, fields…]`` with the codes of :data:`OP_CODES`. The router may send the next
   commit before the answer to the last one; once one failed, every later one is answered
-  with an error and not applied, so that nothing committed follows a failed batch.
+  with an error and not applied, so that nothing committed follows a failed batch. A batch
+  that meets a full disk has not failed: SQLite rolls it back, the store process answers
+  ``["full", text]`` once and tries it again until it goes through (then ``["done", …]``)
+  or until its input ends (the router stopped or died: it exits with the batch not applied
+  and not answered).
 - ``["read", [id, …]]`` answers ``["bodies", [[id, body], …]]``: the stored bodies of those
   messages that exist (in id order), or ``["error", text]``; it changes nothing. (Issue 13:
   the read-back of bodies a queue does not keep in memory.) With READ_IN and READ_OUT, read
@@ -88,6 +92,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import signal
 import sqlite3
 import struct
@@ -131,10 +136,13 @@ MARKER_SUFFIX = ".store-id"  # the companion file recording that the store was c
 LENGTH = struct.Struct(">I")  # the frame length prefix
 LOCK_SUFFIX = ".lock"  # the store lock (see above)
 LOCK_WAIT = 30.0  # seconds a store process waits for the previous one of its store to exit
-# Test hook (tests/test_store_lock.py): while the file this names exists, the store process
-# waits before applying each commit, so that a test can hold a store process in the middle
-# of its work deterministically. Never set it in production.
+FULL_RETRY = 0.2  # seconds between two tries of a batch that met a full disk
+# Test hook (tests/test_store_lock.py and others): while the file this names exists, the store
+# process waits before applying each commit (with the second one set, only each commit that
+# stores a message in the queue it names), so that a test can hold a store process in the
+# middle of its work deterministically. Never set them in production.
 COMMIT_GATE_ENV = "MARTINET_TEST_STORE_COMMIT_GATE"
+COMMIT_GATE_QUEUE_ENV = "MARTINET_TEST_STORE_COMMIT_GATE_QUEUE"
 
 # Rows per statement: a few large statements are much cheaper than one per row.
 # 5 columns x 160 rows stays well below SQLite's limit of 32766 parameters per statement.
@@ -678,6 +686,46 @@ def _insert_rows(db: sqlite3.Connection, table: str, rows: Sequence[Sequence[Any
         )
 
 
+def _puts_into(ops: list[list[Any]], queue: str) -> bool:
+    """The batch stores a message in ``queue`` (a put's fields: code 1, id, queue, …)."""
+    return any(op[0] == 1 and op[2] == queue for op in ops)
+
+
+def _hold(gate: str) -> None:
+    """The tests' commit gate: while the file ``gate`` exists, wait (and say so with the file
+    ``<gate>.held``, so that a test knows a commit is held before it kills something)."""
+    if os.path.exists(gate):
+        Path(f"{gate}.held").touch()
+        while os.path.exists(gate):
+            time.sleep(0.01)
+
+
+def _apply_when_room(database: Database, ops: list[list[Any]], send: Any, source: int) -> int | None:
+    """Apply one batch; one that meets a full disk (rolled back whole) is tried again every
+    :data:`FULL_RETRY` seconds until it goes through, after one ``["full", text]`` to the
+    router. None when the router ended its input meanwhile (stopped or gone): the batch was
+    not applied, and was not answered either, so nobody was told it is stored.
+
+    Raises:
+        sqlite3.Error, ValueError, IndexError: the batch failed for another reason.
+    """
+    told = False
+    while True:
+        try:
+            return database.apply(ops)
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_FULL:
+                raise
+            if not told:
+                send(["full", str(exc)])
+                told = True
+        time.sleep(FULL_RETRY)
+        poller = select.poll()
+        poller.register(source, select.POLLIN)
+        if any(events & select.POLLHUP for _, events in poller.poll(0)):
+            return None
+
+
 def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
     data = stream.read(size)
     if len(data) < size:
@@ -705,7 +753,7 @@ def main(argv: list[str]) -> int:
         except BrokenPipeError:
             router_gone = True
 
-    gate = os.environ.get(COMMIT_GATE_ENV)
+    gate, gate_queue = os.environ.get(COMMIT_GATE_ENV), os.environ.get(COMMIT_GATE_QUEUE_ENV)
     try:
         # Held until the process exits (never closed: the kernel releases it after the last
         # thread and connection are gone, so the next store process never overlaps this one).
@@ -748,14 +796,16 @@ def main(argv: list[str]) -> int:
             if failed is not None:  # the router may have sent more behind the failed batch: none is applied
                 send(["error", f"an earlier commit failed: {failed}"])
                 continue
-            while gate is not None and os.path.exists(gate):
-                time.sleep(0.01)
+            if gate is not None and (gate_queue is None or _puts_into(request[1], gate_queue)):
+                _hold(gate)
             try:
-                cancelled = database.apply(request[1])
+                cancelled = _apply_when_room(database, request[1], send, source.fileno())
             except (sqlite3.Error, ValueError, IndexError) as exc:
                 failed = f"{type(exc).__name__}: {exc}"
                 send(["error", failed])
             else:
+                if cancelled is None:  # the router is gone while the disk was full: nothing more is applied
+                    break
                 send(["done", cancelled])
                 checkpointer.committed()
     finally:

@@ -24,7 +24,10 @@ With the next batch already in its pipe, it starts on it at once.
 
 A failed commit fails its waiters and then the store itself (the router stops): a store
 that cannot write can no longer keep the broker's promises. The store process refuses every
-batch after a failed one, so the batch sent behind it is not applied either.
+batch after a failed one, so the batch sent behind it is not applied either. A full disk is
+not such a failure: the store process rolls the batch back and tries it again until it goes
+through, and says so first (``["full", text]`` before the batch's answer), which turns the
+disk alarm on (:mod:`.space`); the batches behind it wait in the pipe, in order.
 
 Maintenance (:meth:`SqliteStore.maintain`: an online backup, a vacuum) goes to the store
 process on the commit pipe between two batches, so it sees every commit confirmed before it
@@ -63,6 +66,7 @@ import trio
 
 from .api import Op, Recovered, StoredMessage, StoreError
 from .dbprocess import LENGTH, encode_ops, pack_frame, unpack_frame
+from .space import SpaceAlarm
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +189,18 @@ def hold_router_lock(database: Path, router: str) -> int:
 class SqliteStore:
     """A :class:`swiftlets.store.api.Store` on one SQLite file."""
 
-    def __init__(self, path: Path, *, sync: str, max_batch: int, name: str, accept_empty: bool = False):
+    def __init__(
+        self,
+        path: Path,
+        *,
+        sync: str,
+        max_batch: int,
+        name: str,
+        accept_empty: bool = False,
+        space: SpaceAlarm | None = None,
+    ):
         self.path = path
+        self.space = space or SpaceAlarm(path.parent, 0, router=name)  # told when a commit meets a full disk
         self.accept_empty = accept_empty
         self.sync = sync
         self.max_batch = max_batch
@@ -205,6 +219,7 @@ class SqliteStore:
         self._read_input: trio.abc.SendStream | None = None  # the read requests' pipe
         self._read_output: _FrameReader | None = None  # and their answers' pipe
         self._closed = False
+        self._confirming: trio.CancelScope | None = None  # the confirmation under way
         self._recovered: Recovered | None = None
         self._recovered_messages: list[StoredMessage] | None = None  # until taken
         # usage counters
@@ -287,8 +302,9 @@ class SqliteStore:
                 await self._commit_forever()
         finally:
             self._closed = True
-            with trio.CancelScope(shield=True), trio.move_on_after(10):
-                await self._drain()
+            if self.space.full is None:  # (a batch that waits for space would hold the stop for ever)
+                with trio.CancelScope(shield=True), trio.move_on_after(10):
+                    await self._drain()
             # what a failed store never answered (a second batch in flight, one whose send
             # failed) and what was never sent: their waiters learn it now, none waits for ever
             unanswered = [pending for batch, _, _ in self._in_flight for pending in batch]
@@ -464,9 +480,11 @@ class SqliteStore:
         self._in_flight.append((batch, len(ops), time.perf_counter()))
         self._sent.set()
         # Shielded: once in _in_flight, a batch is sent whole (its reply is awaited).
+        frame = pack_frame(["commit", encode_ops(ops)])
+        self.space.spend(len(frame))
         with trio.CancelScope(shield=True):
             try:
-                await self._process_input.send_all(pack_frame(["commit", encode_ops(ops)]))
+                await self._process_input.send_all(frame)
             except (trio.BrokenResourceError, OSError) as exc:
                 raise StoreError(f"{self.path}: the store process is gone: {exc}") from exc
 
@@ -489,7 +507,8 @@ class SqliteStore:
                 await self._sent.wait()
                 self._sent = trio.Event()
                 continue
-            with trio.CancelScope(shield=True):  # (run's finally confirms what is left when stopping)
+            # (run's finally confirms what is left when stopping; but see _confirm on a full disk)
+            with trio.CancelScope(shield=True) as self._confirming:
                 await self._confirm()
 
     async def _confirm(self) -> None:
@@ -502,6 +521,13 @@ class SqliteStore:
         assert self._process_output is not None  # run() started the store process
         try:
             reply = await self._process_output.read()
+            while reply[0] == "full":  # the batch met a full disk; the store process tries it again
+                self.space.set_full(reply[1])
+                if self._confirming is not None:
+                    self._confirming.shield = False  # waiting for space must not hold the router's stop
+                reply = await self._process_output.read()
+            if self.space.full is not None:
+                self.space.set_full(None)
             if reply[0] != "done":
                 raise StoreError(reply[1] if len(reply) > 1 else repr(reply))
         except (StoreError, trio.BrokenResourceError, OSError) as exc:

@@ -16,6 +16,7 @@ import trio
 from martinet.kernel import SwiftletContext
 
 from .api import Op, Recovered, StoredMessage
+from .space import SpaceAlarm
 from .sqlite import SqliteStore
 
 __all__ = ["StoreSwiftlet"]
@@ -26,8 +27,11 @@ class StoreSwiftlet:
 
     def __init__(self, context: SwiftletContext):
         config = context.config
-        self._store = SqliteStore(  # absolute, as the start-up log line and the usage show it
-            (Path(config.path) / f"{context.router_name}.sqlite").absolute(),
+        folder = Path(config.path).absolute()  # absolute, as the start-up log line and the usage show it
+        self.space = SpaceAlarm(folder, config.disk_free_limit_kb * 1024, router=context.router_name)
+        self._store = SqliteStore(
+            folder / f"{context.router_name}.sqlite",
+            space=self.space,
             sync=config.sync,
             max_batch=config.max_batch,
             name=context.router_name,
@@ -75,8 +79,22 @@ class StoreSwiftlet:
     def _on_change(self, change: Any) -> None:
         if change.field == "max_batch":
             self._store.max_batch = change.new
+        elif change.field == "disk_free_limit_kb":
+            self.space.set_limit(change.new * 1024)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self._context.usage.provide(self._store.usage)
+        self._context.usage.provide(lambda: self._store.usage() | self.space.usage())
         self._context.entity.on_change(self._on_change)
-        await self._store.run(task_status=task_status)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._store.run)
+            # the interval is read at each round: a changed disk-check-interval applies from the next
+            await nursery.start(self._watch_space)
+            task_status.started()
+
+    async def _watch_space(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.space.folder.mkdir(parents=True, exist_ok=True)
+        await self.space.check()
+        task_status.started()
+        while True:
+            await trio.sleep(self._context.config.disk_check_interval / 1000)
+            await self.space.check()

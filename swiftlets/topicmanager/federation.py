@@ -71,7 +71,7 @@ from martinet.messaging.codec import Symbol, UInt
 from martinet.messaging.message import Message, build
 from martinet.swiftlets.queuemanager.api import Consumer, QueueError, QueueManager, check_queue_name
 from martinet.swiftlets.routing.api import DestinationActivated, Routing
-from martinet.swiftlets.store.api import DeleteRecord, PutRecord, Store
+from martinet.swiftlets.store.api import DeleteRecord, PutRecord, Store, until_clear
 
 from .api import TopicError
 from .config import AnnounceFilter
@@ -565,6 +565,16 @@ class Federation:
             transaction = None
             for entry in entries:
                 if entry.message.durable:
+                    # Under the store's disk alarm the persistent copies would be refused (and
+                    # a refused copy is dropped, as for a full queue): commit what is staged
+                    # and wait for space, in order. Nothing yields between this check and the
+                    # sends, so the alarm cannot go on in between.
+                    assert self._store is not None  # (run set it)
+                    if self._store.space.on:
+                        if transaction is not None:
+                            await transaction.commit()
+                            transaction = None
+                        await until_clear(self._store.space)
                     transaction = transaction or self._queue_manager.transaction()
                     self._deliver(entry.message, transaction)
                     transaction.acknowledge(consumer, entry)

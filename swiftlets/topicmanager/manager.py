@@ -52,6 +52,7 @@ from martinet.swiftlets.queuemanager.api import (
     TEMPORARY_PREFIX,
     Consumer,
     Creator,
+    DiskFull,
     Queue,
     QueueError,
     QueueManager,
@@ -494,6 +495,7 @@ class TopicManager:
 
         Raises:
             TopicError: invalid topic, undefined root, or a message the queues refuse.
+            DiskFull: the message is persistent for a subscriber and the store's disk alarm is on.
         """
         try:
             name = parse_topic(topic)
@@ -508,6 +510,8 @@ class TopicManager:
             delay, full = self._queue_manager.send_to_queues(
                 queues, message, on_durable=durable.add() if durable is not None else on_durable
             )
+        except DiskFull:
+            raise  # (a resource limit the publisher is told as such; it may try again later)
         except QueueError as exc:
             raise TopicError(f"cannot publish to {topic}: {exc}") from None
         delivered = len(queues) - len(full)

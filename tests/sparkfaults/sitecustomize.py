@@ -13,6 +13,11 @@ created exclusively) each write ``<point> <pid>`` to the file ``MARTINET_KILL_MA
 from 1 to ``n``, in the order they came) and wait there (up to 10 minutes) for the test to kill
 what it chooses (an executor's Python worker or JVM); the later calls run as usual. The source
 itself has no hook.
+
+On a cluster an executor's Python workers are not the pipeline's children (a worker daemon
+started them): the pipeline, which the test starts in a session of its own, writes its
+process id next to the mark when it starts, and a kill point met in an executor (``read``)
+kills the pipeline by that id, then its own Python processes.
 """
 
 from __future__ import annotations
@@ -31,13 +36,19 @@ if _POINT:
 
     _METHOD, _WHEN, _NTH = _POINT.split(":")
     _calls = 0
+    _MARK = Path(os.environ["MARTINET_KILL_MARK"])
+    _PIPELINE = _MARK.with_name(_MARK.name + ".pipeline")  # the pipeline's process id
+    if os.getpid() == os.getsid(0):  # the pipeline itself: the test made it a session leader
+        _PIPELINE.write_text(str(os.getpid()))
 
     def _kill() -> None:
-        Path(os.environ["MARTINET_KILL_MARK"]).write_text(_POINT)
-        # The test starts the pipeline in a session of its own: the driver, the JVM and the
-        # source's runner are its first group; an executor worker sits in the group of
-        # PySpark's daemon, which is killed last (this process with it).
-        os.killpg(os.getsid(0), signal.SIGKILL)
+        _MARK.write_text(_POINT)
+        # The driver, the JVM and the source's runner are the first group of the pipeline's
+        # session; a worker of a local executor sits in the group of PySpark's daemon, in that
+        # session too; on a cluster, in a daemon's group in the session of the cluster's
+        # worker. This group is killed last (this process with it).
+        pipeline = int(_PIPELINE.read_text()) if _PIPELINE.exists() else os.getsid(0)
+        os.killpg(pipeline, signal.SIGKILL)
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
     def _hold() -> None:

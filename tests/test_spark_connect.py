@@ -1,0 +1,53 @@
+"""The pipeline as a Spark Connect client (``martinet-pipeline --remote sc://…``): its queries
+run in the Spark of a Connect server (``spark_connect``, a separate process on ``local[2]``),
+the live source's reader and the analyses' Python functions in the server's Python workers.
+The known-load test of test_spark_pipeline.py, live and from files across a restart, with
+the same assertions as on ``local[2]`` and the same tables from both sources."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from test_spark_pipeline import PIPELINE_TIMEOUT, known_load
+
+from processes import free_port
+
+pytestmark = pytest.mark.slow
+
+
+async def test_known_load_through_spark_connect(network, tmp_path, spark_connect):
+    await known_load(network, tmp_path, spark_connect.url)
+
+
+def one_line_failure(*args: str) -> str:
+    """``martinet-pipeline`` that must fail with one line: that line."""
+    result = subprocess.run(
+        [sys.executable, "-m", "martinet.pipeline", *args], capture_output=True, text=True, timeout=PIPELINE_TIMEOUT
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.splitlines()
+    assert lines[0] == "martinet-pipeline: starting Spark" and len(lines) == 2, result.stderr[-3000:]
+    return lines[1]
+
+
+def test_a_remote_without_a_server_fails_at_once_with_one_line(tmp_path):
+    """The Connect client would retry a refused connection for minutes, silently."""
+    port = free_port()  # nothing listens there
+    files = ["--source", "files", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--once"]
+    assert one_line_failure("--remote", f"sc://127.0.0.1:{port}", *files) == (
+        f"martinet-pipeline: no Spark Connect server at sc://127.0.0.1:{port}: Connection refused"
+    )
+    assert one_line_failure("--remote", "http://127.0.0.1:15002", *files) == (
+        "martinet-pipeline: --remote 'http://127.0.0.1:15002' is not a Spark Connect address (like sc://host:15002)"
+    )
+
+
+def test_a_setting_the_server_fixed_is_refused_with_one_line(tmp_path, spark_connect):
+    files = ["--source", "files", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--once"]
+    line = one_line_failure("--remote", spark_connect.url, "--conf", "spark.executor.memory=2g", *files)
+    assert line.startswith(
+        "martinet-pipeline: --conf spark.executor.memory=2g: the Spark Connect server refused it: "
+        "[CANNOT_MODIFY_CONFIG]"
+    ), line
