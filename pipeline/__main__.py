@@ -50,6 +50,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="The export's format.")
     parser.add_argument("--url", help="amqp://host:port of the router holding the metrics topic (--source live).")
     parser.add_argument("--topic", default="martinet.metrics", help="The metrics topic (--source live).")
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        help="--source live: Spark partitions each micro-batch is split into, read in parallel "
+        "(default: the cluster's default parallelism).",
+    )
     parser.add_argument("--output", help="Folder of the ingested tables, results and report.html (required).")
     parser.add_argument("--checkpoint", help="Checkpoint folder (default OUTPUT/_checkpoints); keep it to continue.")
     parser.add_argument("--once", action="store_true", help="Process what is there now, report, and stop.")
@@ -98,6 +104,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         help="--drop: also the subscriptions that hold messages (without it they are kept, with what would be lost).",
     )
     args = parser.parse_args(argv)
+    if args.partitions is not None and args.partitions < 1:
+        parser.error(f"--partitions {args.partitions}: use at least 1")
     if args.drop and not args.url:
         parser.error("--drop needs --url (the router the live pipeline read from)")
     if not args.drop and not args.output:
@@ -148,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                     file_format=args.format,
                     url=args.url,
                     topic=args.topic,
+                    partitions=args.partitions,
                 )
             )
         else:

@@ -58,7 +58,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pyspark.errors import AnalysisException, PySparkException
+from pyspark.errors import AnalysisException, PySparkAttributeError, PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
@@ -183,8 +183,11 @@ def start_ingest(
     file_format: str = "parquet",
     url: str | None = None,
     topic: str = "martinet.metrics",
+    partitions: int | None = None,
 ) -> list:
     """Start the ingest queries (rows and events) and return them (``StreamingQuery``).
+    ``partitions``: the live source's partitions per micro-batch (default: the cluster's
+    default parallelism, ``spark.default.parallelism`` or its cores).
 
     Raises:
         ValueError: ``source`` is not files or live, or its location is missing.
@@ -211,6 +214,7 @@ def start_ingest(
                 .option("topic", topic)
                 .option("table", table)
                 .option("replay-folder", str(checkpoint / f"replay-{table}"))
+                .option("partitions", str(partitions or default_parallelism(spark)))
                 .load()
             )
         else:
@@ -231,6 +235,15 @@ def start_ingest(
         if source == "live":
             _first_batch(query)
     return queries
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    """The cluster's default parallelism (``spark.default.parallelism``, else its cores); over
+    Spark Connect, which has no SparkContext, the setting or 1."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except PySparkAttributeError:
+        return int(spark.conf.get("spark.default.parallelism", "1") or "1")
 
 
 FIRST_BATCH_TIMEOUT = 120.0  # seconds a live ingest query may take for its first batch before the next one starts

@@ -5,68 +5,89 @@ A Spark 4 Python data source (:class:`MartinetSource`, register it with
 Options: ``url`` (``amqp://host:port``, required), ``replay-folder`` (required, see below),
 ``topic`` (``martinet.metrics``), ``table`` (``rows`` or ``events``), ``client-id`` and
 ``subscription`` (the durable subscription; default ``spark-<table>``: one per query that
-reads the topic; ``martinet-pipeline --drop`` deletes the default ones), ``wait`` (seconds a
-read waits for the first message, default 0.5) and ``max-messages`` per micro-batch (default
-500).
+reads the topic; ``martinet-pipeline --drop`` deletes the default ones), ``partitions`` (how
+many Spark partitions, so tasks read in parallel, each micro-batch is split into; default 1,
+``martinet-pipeline --partitions`` defaults to the cluster's parallelism), ``wait`` (seconds
+a micro-batch waits for the first message, default 0.5) and ``max-messages`` per micro-batch
+(default 500).
 
-Exactly once across restarts
-----------------------------
-The reader (a :class:`SimpleDataSourceStreamReader`: it runs in one long-lived Python
-process next to Spark's driver) holds a durable subscription in a CLIENT_ACKNOWLEDGE session.
+Who does what
+-------------
+The reader is a partitioned :class:`DataSourceStreamReader`. Its driver side (one long-lived
+Python process next to Spark's driver) holds the query's durable subscription in a
+CLIENT_ACKNOWLEDGE session: ``latestOffset`` receives the messages, takes each one's router and
+highest ``(epoch, seq)`` from its application properties (``router``, ``epoch``, ``seq``: the
+export sets them; a message without them is decoded here instead) without decoding its body,
+and stores the batch's raw bodies in ``replay-folder`` as ``partitions`` files of about equal
+size (:mod:`.replay`). ``partitions`` hands Spark one partition per file; ``read`` runs in
+executors' Python workers, each decoding its file's JSON into rows, in parallel. Decoding,
+row conversion and the hand-over to the JVM — most of the cost of a row — run on as many
+cores as there are partitions; receiving stays in one process on the driver (in
+``bench/live_source_bench.py``, a million rows in 500 messages: 3-7 s of a query's time outside
+its tasks, the query's start included, against 13-26 s in its tasks).
+
+Why not a subscription per partition, received in the executors: acknowledging must wait
+until Spark has committed the batch, after its tasks ended, and an executor's Python worker
+is short-lived and may be another process (or host) for every batch; a message received there
+could only be acknowledged on the same connection, by the same process. And Spark asks for a
+batch's end offset (``latestOffset``) on the driver before any task runs, so the driver must
+know what arrived. One subscription also keeps ``--partitions`` free to change between runs
+(a removed shard's subscription would keep its messages) and ``--drop`` as it was.
+
+Exactly once
+------------
 Every row carries its router's ``(epoch, seq)``, increasing in the order the router made them,
-and a router's messages arrive in order. The **offset** is, per router, the highest
-``(epoch, seq)`` a batch includes. So:
+and a router's messages arrive in order. The **offset** is, per router, the highest ``(epoch,
+seq)`` a batch includes; the batch ``(start, end]`` is the rows with ``start < key <= end``, per
+router, whichever message or file holds them. So:
 
-- ``read(start)`` returns the rows received that lie beyond ``start``, and the new offset;
+- ``latestOffset(start)`` returns ``end``, ``start`` raised by the messages received so far,
+  only after the batch's files are in the replay folder (complete or not at all): Spark logs
+  ``end`` next, and may replay the batch from the files alone, in another process;
+- ``read`` keeps of its file's rows those in ``(start, end]``, so a message received twice
+  (redelivered after a restart: it was not acknowledged) adds nothing a batch had;
 - ``commit(end)`` acknowledges only the oldest messages whose rows are all within ``end``
   (``Session.acknowledge(count)``): Spark asks for the next batch *before* it commits the
-  previous one, so messages of an uncommitted batch stay unacknowledged;
-- after a restart, Spark replays a logged but uncommitted batch with
-  ``readBetweenOffsets(start, end)`` — in an executor's Python worker, another process, which
-  cannot share the subscription (one consumer per durable subscription and client id). So
-  ``read`` stores each batch's rows in ``replay-folder`` (required; the pipeline uses the
-  checkpoint folder; on a cluster it must be shared like the checkpoint) before it returns its
-  offset, atomically (hidden name, rename), and ``commit`` deletes the files of committed
-  batches. The messages of the replayed batch, not acknowledged, come again to the new reader,
-  which drops their rows (at or below its next start) and acknowledges them with the commit.
+  previous one, so messages of an uncommitted batch stay unacknowledged; then it deletes the
+  files of the committed batches.
 
+A killed query: Spark replays its logged, uncommitted batch from the files; the unacknowledged
+messages come again to the new reader, whose start already covers the replayed rows. A killed
+executor (its Python worker or its JVM): the batch's task fails; Spark runs it again (or, with
+no retries left, the query fails and a restart replays it), reading the same file; the sink
+commits a batch's output only once every task of it succeeded. A restarted router: the
+subscription and its unacknowledged messages are persistent; the reader notices the lost
+connection, forgets what it received (it will come again), and connects anew at the next
+micro-batch (until then, batches are empty); the router's new epoch orders after its old one.
 Nothing is lost (a message is acknowledged only after Spark committed every row of it) and
 nothing is counted twice (the offsets filter by key).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
+import math
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
-from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+import trio
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from martinet.messaging.client import ConnectionLost
 from martinet.swiftlets.spark.api import decode_batch
 
 from .drop import subscription
+from .replay import NOTHING, Key, Marks, batch_parts, bodies, delete_committed, legacy_rows, marks, offset, write_batch
 from .schema import spark_schema
 
-__all__ = ["MartinetSource"]
+__all__ = ["MartinetSource", "BatchPart"]
 
-Key = tuple[int, int]  # (epoch, seq)
-
-
-def _key(offset: dict, router: str) -> Key:
-    mark = offset.get("routers", {}).get(router)
-    return (mark["epoch"], mark["seq"]) if mark else (-1, -1)
-
-
-def _offset(marks: dict[str, Key]) -> dict:
-    """Offsets compare as JSON text inside Spark: always sorted."""
-    return {"routers": {router: {"epoch": marks[router][0], "seq": marks[router][1]} for router in sorted(marks)}}
+GAP = 0.05  # seconds without a message that end a micro-batch's receive
 
 
 class MartinetSource(DataSource):
@@ -79,11 +100,43 @@ class MartinetSource(DataSource):
     def schema(self) -> StructType:
         return spark_schema(self.options.get("table", "rows"))
 
-    def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return _Reader(self.options)
 
 
-class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
+@dataclass(frozen=True)
+class BatchPart(InputPartition):
+    """One Spark partition of a batch: a part file and the batch's bounds."""
+
+    path: str
+    table: str
+    start: Marks
+    end: Marks
+
+
+@dataclass
+class _Received:
+    marks: Marks  # per router the highest key of the message's rows and events ({}: not a batch)
+    body: bytes
+
+
+def _message_marks(message: Any) -> Marks:
+    """A message's router and highest key, from its properties, else from its body."""
+    properties = message.properties
+    router, epoch, seq = properties.get("router"), properties.get("epoch"), properties.get("seq")
+    if isinstance(router, str) and isinstance(epoch, int) and isinstance(seq, int):
+        return {router: (epoch, seq)}
+    try:  # an export without the properties
+        rows, events = decode_batch(bytes(message.body))
+    except ValueError:  # not a metrics batch: skipped, acknowledged with its neighbours
+        return {}
+    found: Marks = {}
+    for row in rows + events:  # column 0 the router, the last two epoch and seq
+        found[row[0]] = max(found.get(row[0], NOTHING), (row[-2], row[-1]))
+    return found
+
+
+class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str]):
         self.table = options.get("table", "rows")
         if self.table not in ("rows", "events"):
@@ -98,14 +151,16 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
         client_id, name = subscription(self.table)  # what --drop deletes
         self.client_id = options.get("client-id", client_id)
         self.subscription = options.get("subscription", name)
+        self.partitions_wanted = _positive(options, "partitions", "1")
         self.wait = float(options.get("wait", "0.5"))
-        self.max_messages = int(options.get("max-messages", "500"))
+        self.max_messages = _positive(options, "max-messages", "500")
+        # The driver side's state (the reader is pickled to the executors before it connects).
         self._connection: Any = None
-        self._pending: list[tuple[dict[str, Key], list[tuple]]] = []  # unacknowledged messages, in order
+        self._connected_once = False
+        self._pending: list[_Received] = []  # unacknowledged messages, in order
         self._available_now = False
-        self._newest = 0  # ms: the latest sample time of the messages received
 
-    # -- the subscription -----------------------------------------------------------------------
+    # -- the subscription (driver side) -----------------------------------------------------------
 
     def _consumer(self) -> Any:
         if self._connection is None:
@@ -115,104 +170,141 @@ class _Reader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
             self._connection = BlockingConnection(self.url, client_id=self.client_id)
             self._session = self._connection.session(ack_mode=AckMode.CLIENT_ACKNOWLEDGE)
             self._subscriber = self._session.durable_subscriber(Topic(self.topic), self.subscription)
+            self._connected_once = True
         return self._subscriber
 
-    def _receive(self, wait: float) -> int:
-        """Take what the subscription has (at most ``max-messages``): wait up to ``wait`` s for
-        the first message, then take what is there without waiting. Returns how many it took."""
-        consumer = self._consumer()
-        for count in range(self.max_messages):
-            message = consumer.receive(timeout=wait) if count == 0 else consumer.receive_nowait()
-            if message is None:
-                return count
+    def _lost(self) -> None:
+        """The connection went (the router stopped): what was received and not acknowledged
+        stays in the subscription and comes again to the next connection."""
+        connection, self._connection = self._connection, None
+        self._pending.clear()
+        if connection is not None:
             try:
-                rows, events = decode_batch(bytes(message.body))
-            except ValueError:  # not a metrics batch: skipped, acknowledged with its neighbours
-                self._pending.append(({}, []))
-                continue
-            chosen = rows if self.table == "rows" else events
-            marks: dict[str, Key] = {}
-            for row in rows + events:  # column 0 the router, column 1 its time, the last two epoch and seq
-                marks[row[0]] = max(marks.get(row[0], (-1, -1)), (row[-2], row[-1]))
-                self._newest = max(self._newest, row[1])
-            self._pending.append(
-                (marks, [(row[0], datetime.fromtimestamp(row[1] / 1000, UTC), *row[2:]) for row in chosen])
-            )
-        return self.max_messages
+                connection.close()
+            except (ConnectionLost, OSError, trio.RunFinishedError):
+                pass
 
-    def _between(self, start: dict, end: dict | None) -> Iterator[tuple]:
-        for _, rows in self._pending:
-            for row in rows:
-                key = (row[-2], row[-1])
-                if key > _key(start, row[0]) and (end is None or key <= _key(end, row[0])):
-                    yield row
+    def _receive(self, wait: float, *, gap: float = GAP, until: float = math.inf) -> bool:
+        """Take what the subscription has, at most ``max-messages``: wait up to ``wait`` s for
+        the first message, then take messages while the next one comes within ``gap`` s (the
+        client's prefetch holds only part of a backlog), up to the first one sent at ``until``
+        (ms since the epoch) or later. Returns whether it stopped at ``max-messages`` (more may
+        be waiting). While the router cannot be reached it takes nothing (once it could: a
+        first connection that fails fails the query with the cause)."""
+        try:
+            consumer = self._consumer()
+            for count in range(self.max_messages):
+                message = consumer.receive(timeout=wait if count == 0 else gap)
+                if message is None:
+                    return False
+                self._pending.append(_Received(_message_marks(message), bytes(message.body)))
+                if message.timestamp >= until:
+                    return False
+        except (ConnectionLost, OSError, trio.RunFinishedError):
+            if not self._connected_once:
+                raise
+            self._lost()
+            return False
+        return True
 
-    # -- SimpleDataSourceStreamReader -------------------------------------------------------------
+    # -- DataSourceStreamReader, driver side ------------------------------------------------------
 
     def initialOffset(self) -> dict:
         return {"routers": {}}
 
     def prepareForTriggerAvailableNow(self) -> None:
-        """``availableNow``: take everything the subscription holds now; reads then return only
-        that. Received until a wait of ``wait`` seconds brings nothing, or a message holds
-        samples taken after this started (the router publishes on): a take that ended when
-        no message was prefetched (the client refills its credit in the background) left
-        most of a long backlog behind."""
+        """``availableNow``: take everything the subscription holds now: every message sent
+        before now (a pause of ``wait`` ends it too: a router under load may send a backlog
+        with pauses longer than a micro-batch's :data:`GAP`); batches then hold only that."""
         now = time.time() * 1000
-        while self._receive(self.wait) and self._newest < now:
-            pass
+        while self._receive(self.wait, gap=self.wait, until=now):
+            pass  # more may be waiting
         self._available_now = True
 
-    def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         if not self._available_now:
             self._receive(self.wait)
-        rows = list(self._between(start, None))
-        marks = {router: _key(start, router) for router in start.get("routers", {})}
-        for marks_of_message, _ in self._pending:
-            for router, key in marks_of_message.items():
-                if key > marks.get(router, (-1, -1)):
-                    marks[router] = key
-        end = _offset(marks)
-        # a batch Spark may replay, even without rows of this table or without anything (the
-        # first batch of an empty subscription is logged too); the same (start, end) writes
-        # the same file again, and a commit removes it
-        self._keep(start, end, rows)
-        return iter(rows), end
+        bounds = marks(start)
+        fresh = [m for m in self._pending if any(key > bounds.get(r, NOTHING) for r, key in m.marks.items())]
+        if not fresh:
+            return start  # nothing new: Spark runs no batch
+        reached = dict(bounds)
+        for message in fresh:
+            for router, key in message.marks.items():
+                reached[router] = max(reached.get(router, NOTHING), key)
+        end = offset(reached)
+        # stored before Spark logs end: from then on it may replay the batch, in another process
+        write_batch(self.replay, start, end, self._split(fresh))
+        return end
 
-    def _replay_file(self, start: dict, end: dict) -> Path:
-        return self.replay / (hashlib.sha1(json.dumps([start, end]).encode()).hexdigest() + ".json")
+    def _split(self, messages: list[_Received]) -> list[list[bytes]]:
+        """The bodies in ``partitions`` parts of about equal size (the largest first, each to
+        the smallest part), none empty."""
+        count = min(self.partitions_wanted, len(messages))
+        parts: list[list[bytes]] = [[] for _ in range(count)]
+        sizes = [0] * count
+        for message in sorted(messages, key=lambda m: len(m.body), reverse=True):
+            smallest = sizes.index(min(sizes))
+            parts[smallest].append(message.body)
+            sizes[smallest] += len(message.body)
+        return parts
 
-    def _keep(self, start: dict, end: dict, rows: list[tuple]) -> None:
-        """Store a batch for its replay, complete or not at all."""
-        self.replay.mkdir(parents=True, exist_ok=True)
-        target = self._replay_file(start, end)
-        temporary = target.with_name("." + target.name)
-        plain = [(row[0], int(row[1].timestamp() * 1000), *row[2:]) for row in rows]
-        temporary.write_text(json.dumps({"end": end, "rows": plain}))
-        os.replace(temporary, target)
-
-    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[tuple]:
-        path = self._replay_file(start, end)
-        try:
-            rows = json.loads(path.read_text())["rows"]
-        except FileNotFoundError:
-            raise RuntimeError(
-                f"martinet source: cannot replay the batch up to {end}: {path} is missing "
-                "(replay-folder must be the one of the query's earlier runs)"
-            ) from None
-        return iter([(row[0], datetime.fromtimestamp(row[1] / 1000, UTC), *row[2:]) for row in rows])
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        bounds, reached = marks(start), marks(end)
+        if bounds == reached:
+            return []  # the first batch of an empty subscription: nothing to read
+        return [BatchPart(str(path), self.table, bounds, reached) for path in batch_parts(self.replay, start, end)]
 
     def commit(self, end: dict) -> None:
+        committed = marks(end)
         done = 0
-        for marks, _ in self._pending:
-            if any(key > _key(end, router) for router, key in marks.items()):
+        for message in self._pending:
+            if any(key > committed.get(router, NOTHING) for router, key in message.marks.items()):
                 break
             done += 1
         if done:
-            self._consumer()
-            self._session.acknowledge(done)
-            del self._pending[:done]
-        for path in self.replay.glob("*.json"):  # batches up to end are done for good
-            mark = json.loads(path.read_text())["end"]
-            if all(_key(mark, router) <= _key(end, router) for router in mark["routers"]):
-                path.unlink(missing_ok=True)
+            try:
+                self._consumer()
+                self._session.acknowledge(done)
+                del self._pending[:done]
+            except (ConnectionLost, OSError, trio.RunFinishedError):
+                self._lost()  # not acknowledged: they come again, at or below a committed offset
+        delete_committed(self.replay, end)
+
+    def stop(self) -> None:
+        if self._connection is not None:
+            self._lost()
+
+    # -- DataSourceStreamReader, executor side ----------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[tuple]:
+        assert isinstance(partition, BatchPart)
+        return _rows(partition)
+
+
+def _rows(part: BatchPart) -> Iterator[tuple]:
+    """The rows of a part file within its batch's bounds."""
+    if part.path.endswith(".json"):  # a batch kept before the source was partitioned
+        for plain in legacy_rows(Path(part.path)):
+            yield (plain[0], datetime.fromtimestamp(plain[1] / 1000, UTC), *plain[2:])
+        return
+    for body in bodies(Path(part.path)):
+        try:
+            rows, events = decode_batch(body)
+        except ValueError:  # not a metrics batch (it had the properties of one): skipped
+            continue
+        for row in rows if part.table == "rows" else events:
+            key: Key = (row[-2], row[-1])
+            if part.start.get(row[0], NOTHING) < key <= part.end.get(row[0], NOTHING):
+                yield (row[0], datetime.fromtimestamp(row[1] / 1000, UTC), *row[2:])
+
+
+def _positive(options: Mapping[str, str], name: str, default: str) -> int:
+    text = options.get(name, default)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"martinet source: option {name}={text!r}: use a whole number of at least 1")
+    return value

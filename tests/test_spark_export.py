@@ -8,6 +8,7 @@ import json
 import runpy
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from martinet.kernel import ConfigErrors, load_config, load_swiftlet_specs
+from martinet.messaging.client import Topic, connect
 from martinet.messaging.message import build
 from martinet.swiftlets.spark import swiftlet as spark_swiftlet
 from martinet.swiftlets.spark.api import EVENT_COLUMNS, ROW_COLUMNS, _decode_rows, decode_batch, encode_batch
@@ -344,6 +346,28 @@ async def test_three_routers_publish_and_one_collector_writes_the_whole_network(
 
     await wait_until(lambda: events_seen() >= {("b", "queues/new-on-b"), ("c", "queues/new-on-c")}, timeout=30)
     assert not (tmp_path / "unused").exists()  # output topic: no files of their own
+
+
+async def test_a_topic_message_says_its_router_and_highest_key_in_its_properties(network, tmp_path):
+    """The properties the live source's driver places a message by, without its body: the
+    router, the epoch and the highest seq of its rows and events (an event's, when an event
+    came last) — and the time it was sent (an ``availableNow`` read stops at the first one sent
+    after it started)."""
+    before = int(time.time() * 1000)
+    router = await start(network, "r1", tmp_path / "unused", output="topic")
+    epoch = usage(router)["epoch"]
+    async with connect(network.url("r1")) as connection, connection.session() as session:
+        consumer = await session.consumer(Topic("martinet.metrics"))
+        router.swiftlet("sys$queuemanager").queue("new", create=True)  # a UsageAdded event
+        checked, with_events = 0, 0
+        with trio.fail_after(30):
+            while checked < 5 or not with_events:
+                message = await consumer.receive()
+                rows, events = decode_batch(bytes(message.body))
+                last = max(row[-1] for row in rows + events)
+                assert message.properties == {"router": "r1", "epoch": epoch, "seq": last}
+                assert message.timestamp >= before
+                checked, with_events = checked + 1, with_events + bool(events)
 
 
 async def test_two_collectors_each_write_their_own_part_of_the_network_by_topic_root(network, tmp_path):

@@ -17,11 +17,14 @@ import pyarrow.parquet as pq
 import pytest
 import trio
 
+from martinet.kernel import Router, RouterConfig
 from martinet.messaging.client import Queue, TextMessage, Topic, connect
+from martinet.swiftlets.jms.config import JmsConfig
+from martinet.swiftlets.jms.config import ListenerConfig as AmqpListenerConfig
 from martinet.swiftlets.spark.config import SparkConfig
 
 from conftest import wait_until
-from network import ROUTING_STACK, STACK, routing_config
+from network import ROUTING_STACK, STACK, Network, routing_config
 
 pytestmark = pytest.mark.slow
 
@@ -256,52 +259,86 @@ FAULT_POINTS = Path(__file__).parent / "sparkfaults"  # a sitecustomize: kill po
 #: ``<method>:<before|after>:<n-th call in that run>``. Each leaves the next run a state to
 #: recover from.
 KILLS = [
-    # read (messages received, the batch's rows kept for a replay), before Spark logs the batch:
-    # the messages must not have been acknowledged, they come again
-    ("read:after:3", "received, not logged"),
+    # latestOffset (messages received, the batch's parts kept for a replay), before Spark logs
+    # the batch: the messages must not have been acknowledged, they come again
+    ("latestOffset:after:3", "received, not logged"),
     # the reader's commit of batch N-1 is called after Spark logged batch N: N is logged and
     # not committed, N-1 committed by Spark and not acknowledged
     ("commit:before:2", "logged, before Spark's commit"),
-    # the restart replays batch N from the replay folder, in an executor: killed there
-    ("readBetweenOffsets:before:1", "during a replay"),
-    # the replay again, then batches; the next read comes after Spark committed the batch
-    # before it, whose messages are not acknowledged yet
-    ("read:before:3", "after Spark's commit, before the acknowledgement"),
+    # the restart replays batch N from the replay folder, its parts read in executors: killed
+    # at the first read
+    ("read:before:1", "during a replay"),
+    # the replay again, then batches; the next latestOffset comes after Spark committed the
+    # batch before it, whose messages are not acknowledged yet
+    ("latestOffset:before:3", "after Spark's commit, before the acknowledgement"),
     # the acknowledgement is at the router, the batch logged after it not committed
     ("commit:after:2", "after the acknowledgement"),
 ]
+
+
+FAULT_SETTINGS = ("PYTHONPATH", "MARTINET_KILL_AT", "MARTINET_KILL_MARK")  # what fault_env adds for them
+
+
+def fault_env(kill_at: str, mark: Path) -> dict[str, str]:
+    """The environment of a pipeline whose rows reader stops at ``kill_at`` (tests/sparkfaults)."""
+    return os.environ | {
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULT_POINTS), os.environ.get("PYTHONPATH")])),
+        "MARTINET_KILL_AT": kill_at,
+        "MARTINET_KILL_MARK": str(mark),
+    }
+
+
+def keys_of(output: Path) -> list[tuple[int, int]]:
+    """The ``(epoch, seq)`` of router r1's ingested rows, as committed so far (the sink may be
+    writing: a log being written is read next time)."""
+    try:
+        return [(row["epoch"], row["seq"]) for row in ingested(output) if row["router"] == "r1"]
+    except (OSError, ValueError):
+        return []
+
+
+async def publishing(network: Network, config: RouterConfig) -> tuple[Router, int]:
+    """Start router r1 of ``config`` publishing its rows (once its first sample is taken) and
+    return it with the ``seq`` of its first published row."""
+    router = await network.start(config)
+    first = router.management.get("/sys$spark/usage", "rows") + 1  # no await in between: no sample
+    router.management.set("/sys$spark", "output", "topic")
+    return router, first
 
 
 async def test_the_live_source_delivers_every_row_once_across_kills_at_each_point(network, tmp_path):
     await live_kills(network, tmp_path, LOCAL, KILLS)
 
 
-async def live_kills(network, tmp_path: Path, master: str, kills: list[tuple[str, str]]) -> None:
+async def live_kills(
+    network, tmp_path: Path, master: str, kills: list[tuple[str, str]], *, restart_router: bool = True
+) -> None:
     """The pipeline on ``master`` killed at each of ``kills``, run after run on one checkpoint;
-    then a run to the end: every row published came in exactly once."""
+    with ``restart_router``, then its router restarted under a running pipeline; then a run to
+    the end: every row published (of every epoch of the router) came in exactly once. Each
+    batch is split into two partitions, read by two executor tasks (one partition is the same
+    code with one part file)."""
     spark = SparkConfig(collect_interval=100, output="none", events_enabled=False, include_swiftlets="sys$store")
-    router = await network.start(network.config("r1", startorder=(*STACK, "sys$spark"), swiftlets={"sys$spark": spark}))
+    config = network.config("r1", startorder=(*STACK, "sys$spark"), swiftlets={"sys$spark": spark})
+    router = await network.start(config)
     # The reader's durable subscription exists before the first row is published (the source
     # names it spark-<table> with that client id), so every published row must arrive: a row
     # lost before the first one the pipeline saw is noticed too.
-    async with connect(network.url("r1"), client_id="spark-rows") as connection, connection.session() as session:
+    url = network.url("r1")
+    async with connect(url, client_id="spark-rows") as connection, connection.session() as session:
         await (await session.durable_subscriber(Topic("martinet.metrics"), "spark-rows")).close()
     first = router.management.get("/sys$spark/usage", "rows") + 1  # no await in between: no sample
     router.management.set("/sys$spark", "output", "topic")
 
     output = tmp_path / "analysis"
-    arguments = ["--source", "live", "--url", network.url("r1"), "--output", str(output)]
+    arguments = ["--source", "live", "--url", url, "--output", str(output), "--partitions", "2"]
     for kill_at, what in kills:
         mark = tmp_path / f"killed-{kill_at.replace(':', '-')}"
-        faults = {
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULT_POINTS), os.environ.get("PYTHONPATH")])),
-            "MARTINET_KILL_AT": kill_at,
-            "MARTINET_KILL_MARK": str(mark),
-        }
-        env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"} | faults
+        env = fault_env(kill_at, mark)
         # an executor of a cluster is not a child of the pipeline: the kill points reach its
         # Python workers through the executors' environment
-        executors = [f"--conf=spark.executorEnv.{name}={value}" for name, value in faults.items()]
+        executors = [f"--conf=spark.executorEnv.{name}={env[name]}" for name in FAULT_SETTINGS]
         log = tmp_path / f"{mark.name}.log"
         with log.open("wb") as stderr:
             process = subprocess.Popen(
@@ -322,15 +359,83 @@ async def live_kills(network, tmp_path: Path, master: str, kills: list[tuple[str
             f"the pipeline ended before {what} ({kill_at}):\n{failure(log.read_text(errors='replace'))}"
         )
         assert returncode == -signal.SIGKILL, (kill_at, returncode)
+
+    published: dict[int, tuple[int, int]] = {}  # per epoch, the seqs of the first and last row published
+    if restart_router:
+        command = pipeline_command(*arguments, "--interval", "1", master=master)
+        router, first = await restarted_under_a_pipeline(
+            network, router, spark, first, published, command, output, tmp_path / "restart.log"
+        )
     router.management.set("/sys$spark", "output", "none")
-    published = router.management.get("/sys$spark/usage", "rows")  # seq of the last row published
+    epoch = router.management.get("/sys$spark/usage", "epoch")
+    published[epoch] = (first, router.management.get("/sys$spark/usage", "rows"))
 
     await run_pipeline(*arguments, "--once", master=master)
-    seqs = sorted(row["seq"] for row in ingested(output) if row["router"] == "r1")
-    assert len(seqs) == len(set(seqs)), "a row was delivered twice"
-    lost = sorted(set(range(first, published + 1)) - set(seqs))
+    keys = keys_of(output)
+    assert len(keys) == len(set(keys)), "a row was delivered twice"
+    expected = {(e, seq) for e, (low, high) in published.items() for seq in range(low, high + 1)}
+    lost = sorted(expected - set(keys))
     assert not lost, f"{len(lost)} rows were lost, from {lost[0]} to {lost[-1]}"
-    assert seqs == list(range(first, published + 1))
+    assert set(keys) == expected
+
+
+async def restarted_under_a_pipeline(
+    network: Network,
+    router: Router,
+    spark: SparkConfig,
+    first: int,
+    published: dict[int, tuple[int, int]],
+    command: list[str],
+    output: Path,
+    log: Path,
+) -> tuple[Router, int]:
+    """Router r1 (``spark`` its sys$spark, publishing since the row ``first``) restarts on the
+    same port, with a new epoch, while the pipeline ``command`` reads into ``output``: the
+    reader connects again, and what it had not acknowledged comes again. Adds the old epoch's
+    rows to ``published``; returns the restarted router, publishing, and its first row's
+    ``seq``."""
+    with log.open("wb") as stderr:
+        process = subprocess.Popen(
+            command,
+            env=os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"},
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+
+        async def poll(found: Callable[[], bool], what: str) -> None:
+            with trio.move_on_after(PIPELINE_TIMEOUT):
+                while not found():
+                    assert process.poll() is None, failure(log.read_text(errors="replace"))
+                    await trio.sleep(0.5)
+                return
+            raise AssertionError(f"not within {PIPELINE_TIMEOUT} s: {what}")
+
+        seen = router.management.get("/sys$spark/usage", "rows")
+        epoch = router.management.get("/sys$spark/usage", "epoch")
+        await poll(lambda: (epoch, seen) in keys_of(output), "the running pipeline's first rows")
+        router.management.set("/sys$spark", "output", "none")
+        published[epoch] = (first, router.management.get("/sys$spark/usage", "rows"))
+        port = router.management.get("/sys$jms/usage/listeners/amqp", "port")
+        await network.stop("r1")
+        listener = AmqpListenerConfig(name="amqp", port=port, bind_address="127.0.0.1")
+        swiftlets = {"sys$spark": spark, "sys$jms": JmsConfig(listeners=[listener])}
+        router, first_again = await publishing(
+            network, network.config("r1", startorder=(*STACK, "sys$spark"), swiftlets=swiftlets)
+        )
+        epoch_again = router.management.get("/sys$spark/usage", "epoch")
+        assert epoch_again > epoch
+        await poll(lambda: any(key[0] == epoch_again for key in keys_of(output)), "rows of the restarted router")
+        process.send_signal(signal.SIGINT)  # Ctrl-C: the queries stop, the job ends
+        with trio.fail_after(120):
+            code = await trio.to_thread.run_sync(process.wait)
+        assert code == 0, failure(log.read_text(errors="replace"))
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            await trio.to_thread.run_sync(process.wait)
+    return router, first_again
 
 
 async def test_three_routers_collected_into_one_folder_are_one_spark_table(network, tmp_path):

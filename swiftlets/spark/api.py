@@ -21,7 +21,10 @@ offsets, duplicate removal after a collector's redelivery).
 
 On the topic, one message (persistent, a data section of JSON) carries rows and events of
 one router: ``{"router", "epoch", "rows": [[time, swiftlet, entity, metric, value, text,
-seq], …], "events": [[time, swiftlet, kind, entity, fields, seq], …]}`` (time in ms).
+seq], …], "events": [[time, swiftlet, kind, entity, fields, seq], …]}`` (time in ms). Its
+application properties ``router`` (string), ``epoch`` and ``seq`` (longs: the highest ``seq``
+of its rows and events) say the same without decoding the body, for readers that place a
+message by its key (the live source's driver) and for selectors (``router = 'paris'``).
 """
 
 from __future__ import annotations

@@ -198,7 +198,14 @@ class SparkSwiftlet:
         )
         try:
             topics = self.context.lookup("sys$topicmanager", TopicManager)
-            topics.publish(self.config.topic, build(body, durable=True, subject="metrics"))
+            # the router and the highest (epoch, seq) as properties: a reader can order and
+            # place the message without decoding it (the live source's driver does)
+            last = max([row[-1] for row in rows] + [event[-1] for event in events])
+            properties = {"router": self.context.router_name, "epoch": self.epoch, "seq": last}
+            message = build(
+                body, durable=True, subject="metrics", properties=properties, creation_time=int(time.time() * 1000)
+            )
+            topics.publish(self.config.topic, message)
             self.counters["published"] += 1
         except (LookupError, TopicError, MessageError) as exc:
             self.counters["rows-dropped"] += len(rows)
