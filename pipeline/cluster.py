@@ -28,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["ClusterError", "ConnectServer", "Process", "StandaloneCluster", "java_missing", "spark_home"]
 
@@ -177,7 +177,26 @@ def _environment(folder: Path, python: str) -> dict[str, str]:
     }
 
 
-class StandaloneCluster:
+class _Started:
+    """Started on entering a ``with`` block, stopped (every process gone) on leaving it."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class StandaloneCluster(_Started):
     """A Spark standalone master and ``workers`` workers (``cores`` and ``memory`` each) on
     127.0.0.1, in ``folder`` (``logs/``, ``work/worker-N``: the executors' stdout and stderr,
     ``local/worker-N``: their scratch). Executors run Python workers with ``python`` (the
@@ -203,15 +222,6 @@ class StandaloneCluster:
         self.web_url = ""
         self._master: _Daemon | None = None
         self._workers: list[_Daemon] = []
-
-    def __enter__(self) -> StandaloneCluster:
-        self.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Start the master, then the workers; return once every worker registered.
@@ -308,7 +318,7 @@ class StandaloneCluster:
         self._master = None
 
 
-class ConnectServer:
+class ConnectServer(_Started):
     """A Spark Connect server (``org.apache.spark.sql.connect.service.SparkConnectServer``,
     whose jar ships in ``pyspark``'s ``jars/``) on 127.0.0.1, running its Spark on ``master``;
     ``url`` is the ``sc://`` address clients use. ``conf``: more Spark settings of its session."""
@@ -329,15 +339,6 @@ class ConnectServer:
         self.timeout = timeout
         self.url = ""
         self._server: _Daemon | None = None
-
-    def __enter__(self) -> ConnectServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Start the server; return once it listens.

@@ -389,16 +389,40 @@ def start_analyses(
     def write(frame: DataFrame, batch: int) -> None:
         _write_batch(frame, batch, output / "tables", alert_windows)
 
-    queries.append(
-        _trigger(
-            series.writeStream.foreachBatch(write)
-            .queryName("series")
-            .option("checkpointLocation", str(checkpoint / "series")),
-            once,
-            interval,
-        ).start()
+    writer = _trigger(
+        series.writeStream.foreachBatch(write)
+        .queryName("series")
+        .option("checkpointLocation", str(checkpoint / "series")),
+        once,
+        interval,
     )
+    queries.append(_start_with_worker(writer))
     return queries
+
+
+WORKER_ATTEMPTS = 3  # starts of a foreachBatch query on a Connect server whose Python worker was late
+
+
+def _start_with_worker(writer: Any) -> Any:
+    """Start a ``foreachBatch`` query. Through Spark Connect the function runs in a Python
+    worker that the server starts for the query, and the server gives that worker a fixed
+    10 s to connect back (Spark 4's ``PythonWorkerFactory``, no setting changes it). A
+    loaded server's worker, importing pyspark, pandas and pyarrow, may take longer: the
+    start fails with "Python worker failed to connect back" before the query exists (no
+    batch ran, nothing was written), so it is tried again, up to :data:`WORKER_ATTEMPTS`."""
+    for attempt in range(1, WORKER_ATTEMPTS):
+        try:
+            return writer.start()
+        except PySparkException as exc:
+            if "Python worker failed to connect back" not in str(exc):
+                raise
+            print(
+                f"martinet-pipeline: the Spark server's Python worker for the series query did not connect back "
+                f"in time (attempt {attempt} of {WORKER_ATTEMPTS}); starting it again",
+                file=sys.stderr,
+                flush=True,
+            )
+    return writer.start()
 
 
 def _write_batch(series: DataFrame, batch: int, tables: Path, alert_windows: int) -> None:

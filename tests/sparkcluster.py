@@ -14,7 +14,7 @@ import pytest
 from martinet.pipeline.cluster import ConnectServer, StandaloneCluster, java_missing
 
 
-def _need_java() -> None:
+def need_java() -> None:
     reason = java_missing()
     if reason is None:
         return
@@ -28,7 +28,7 @@ def spark_cluster(tmp_path_factory) -> Iterator[StandaloneCluster]:
     """A started :class:`StandaloneCluster`: ``.master_url`` (``spark://127.0.0.1:PORT``),
     ``.worker_pids``, ``.executors()`` and ``.python_workers()`` (their processes, to kill one),
     ``.state()`` (the master's JSON). Every process of it is killed at the module's end."""
-    _need_java()
+    need_java()
     with StandaloneCluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
         yield cluster
 
@@ -36,6 +36,6 @@ def spark_cluster(tmp_path_factory) -> Iterator[StandaloneCluster]:
 @pytest.fixture(scope="module")
 def spark_connect(tmp_path_factory) -> Iterator[ConnectServer]:
     """A started Spark Connect server on ``local[2]``: ``.url`` (``sc://127.0.0.1:PORT``)."""
-    _need_java()
+    need_java()
     with ConnectServer(tmp_path_factory.mktemp("spark-connect")) as server:
         yield server

@@ -302,6 +302,22 @@ def test_idle_timeout_heartbeats_and_drops_a_silent_peer():
     assert b"local-idle-timeout expired" in engine.data_to_send() and engine.finished
 
 
+def test_a_write_between_ticks_never_leaves_the_peer_without_a_frame_for_its_idle_timeout():
+    """A producer waiting long for its answer: its last transfer went out just after a tick,
+    the next tick comes at that tick's heartbeat deadline. The write must not restart the
+    count at that later tick, or the peer hears nothing for its whole idle timeout and drops
+    us (a router waiting for a full disk lost its producers this way after 60 s)."""
+    engine = amqp.Connection(container_id="client", server=False)
+    engine.open()
+    engine.receive_data(amqp.AMQP_HEADER + frame(0x10, ["router", None, None, None, UInt(60_000)]))
+    engine.data_to_send()
+    assert engine.tick(100.0) == pytest.approx(130.0)  # half the router's 60 s after our open
+    engine.session()  # its begin is written at 100.1, after that tick
+    assert engine.data_to_send()
+    assert engine.tick(130.0) == pytest.approx(160.0)
+    assert engine.data_to_send() == b"\x00\x00\x00\x08\x02\x00\x00\x00"  # 29.9 s after the transfer, not 59.9
+
+
 def test_frames_sent_before_our_open_wait_for_it():
     engine = amqp.Connection(container_id="router")
     begin = frame(0x11, [None, UInt(0), UInt(100), UInt(100)])

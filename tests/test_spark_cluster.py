@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,13 +17,13 @@ import trio
 from test_spark_pipeline import (
     FAULT_SETTINGS,
     KILLS,
-    PIPELINE_TIMEOUT,
     failure,
     fault_env,
     keys_of,
     known_load,
     live_kills,
     pipeline_command,
+    poll_pipeline,
     three_routers,
 )
 
@@ -115,35 +114,29 @@ async def test_the_live_source_on_the_cluster_delivers_every_row_once_when_an_ex
         )
     try:
 
-        async def poll(found: Callable[[], bool], what: str) -> None:
-            with trio.move_on_after(PIPELINE_TIMEOUT):
-                while not found():
-                    assert process.poll() is None, failure(log.read_text(errors="replace"))
-                    await trio.sleep(0.2)
-                return
-            raise AssertionError(f"not within {PIPELINE_TIMEOUT} s: {what}")
-
         def held(number: int) -> int | None:
             """The Python worker holding at the ``number``-th read, once it does."""
             text = Path(f"{mark}-{number}").read_text() if Path(f"{mark}-{number}").exists() else ""
             return int(text.split()[1]) if len(text.split()) == 2 else None
 
-        await poll(lambda: held(1) is not None, "a task holding in read")
+        await poll_pipeline(process, log, lambda: held(1) is not None, "a task holding in read")
         worker = held(1)
         executor = [e for e in spark_cluster.executors() if worker in {p.pid for p in descendants(e.pid)}]
         assert len(executor) == 1, f"the held task's process {worker} is not below one executor of the cluster"
         os.kill(executor[0].pid, signal.SIGKILL)
-        await poll(lambda: executor[0].pid not in {e.pid for e in spark_cluster.executors()}, "the executor gone")
-        await poll(lambda: held(2) is not None, "a second task holding in read")
+        await poll_pipeline(
+            process, log, lambda: executor[0].pid not in {e.pid for e in spark_cluster.executors()}, "the executor gone"
+        )
+        await poll_pipeline(process, log, lambda: held(2) is not None, "a second task holding in read")
         worker = held(2)
         assert worker in {p.pid for p in spark_cluster.python_workers()}, f"{worker} is no executor's Python worker"
         os.kill(worker, signal.SIGKILL)
 
         seen = router.management.get("/sys$spark/usage", "rows")
-        await poll(lambda: (epoch, seen) in keys_of(output), "rows published after the kill")
+        await poll_pipeline(process, log, lambda: (epoch, seen) in keys_of(output), "rows published after the kill")
         router.management.set("/sys$spark", "output", "none")
         published = router.management.get("/sys$spark/usage", "rows")
-        await poll(lambda: (epoch, published) in keys_of(output), "every published row")
+        await poll_pipeline(process, log, lambda: (epoch, published) in keys_of(output), "every published row")
         process.send_signal(signal.SIGINT)  # Ctrl-C: the queries stop, the job ends
         with trio.fail_after(120):
             code = await trio.to_thread.run_sync(process.wait)

@@ -10,9 +10,12 @@ import subprocess
 import sys
 
 import pytest
-from test_spark_pipeline import PIPELINE_TIMEOUT, known_load
+from test_spark_pipeline import PIPELINE_TIMEOUT, failure, known_load
+
+from martinet.pipeline.cluster import ConnectServer
 
 from processes import free_port
+from sparkcluster import need_java
 
 pytestmark = pytest.mark.slow
 
@@ -51,3 +54,35 @@ def test_a_setting_the_server_fixed_is_refused_with_one_line(tmp_path, spark_con
         "martinet-pipeline: --conf spark.executor.memory=2g: the Spark Connect server refused it: "
         "[CANNOT_MODIFY_CONFIG]"
     ), line
+
+
+def test_a_late_python_worker_of_the_server_is_started_again(tmp_path):
+    """The Connect server gives the Python worker of a ``foreachBatch`` query a fixed 10 s to
+    connect back; a loaded server's may be later. Here the server's first such worker sleeps
+    12 s before it starts: the query's start fails, the pipeline says so and starts it again."""
+    need_java()
+    late = tmp_path / "late-python"
+    late.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *foreach_batch_worker*)\n'
+        f"  [ -e {tmp_path}/slept ] || {{ touch {tmp_path}/slept; sleep 12; }};;\n"
+        "esac\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    late.chmod(0o755)
+    (tmp_path / "in").mkdir()
+    with ConnectServer(tmp_path / "server", python=str(late)) as server:
+        files = ["--source", "files", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--once"]
+        result = subprocess.run(
+            [sys.executable, "-m", "martinet.pipeline", "--remote", server.url, *files],
+            capture_output=True,
+            text=True,
+            timeout=PIPELINE_TIMEOUT,
+        )
+    assert result.returncode == 0, failure(result.stderr)
+    assert (tmp_path / "slept").exists()
+    retries = [line for line in result.stderr.splitlines() if "did not connect back" in line]
+    assert retries == [
+        "martinet-pipeline: the Spark server's Python worker for the series query did not connect back in time "
+        "(attempt 1 of 3); starting it again"
+    ]

@@ -64,6 +64,18 @@ def failure(stderr: str) -> str:
     return "\n".join(causes[:30]) + "\n...\n" + stderr[-3000:]
 
 
+async def poll_pipeline(process: subprocess.Popen, log: Path, found: Callable[[], object], what: str) -> None:
+    """Wait for ``found()`` while the pipeline ``process`` (writing to ``log``) runs: it must
+    not end meanwhile (its error lines then fail the test). Read every 0.5 s: ``found``
+    reads files Spark is writing."""
+    with trio.move_on_after(PIPELINE_TIMEOUT):
+        while not found():
+            assert process.poll() is None, failure(log.read_text(errors="replace"))
+            await trio.sleep(0.5)
+        return
+    raise AssertionError(f"not within {PIPELINE_TIMEOUT} s: {what}")
+
+
 def at(moment: datetime) -> float:
     """Seconds since the epoch of a window's start (Spark's Parquet timestamps are UTC)."""
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
@@ -403,18 +415,9 @@ async def restarted_under_a_pipeline(
             stderr=stderr,
         )
     try:
-
-        async def poll(found: Callable[[], bool], what: str) -> None:
-            with trio.move_on_after(PIPELINE_TIMEOUT):
-                while not found():
-                    assert process.poll() is None, failure(log.read_text(errors="replace"))
-                    await trio.sleep(0.5)
-                return
-            raise AssertionError(f"not within {PIPELINE_TIMEOUT} s: {what}")
-
         seen = router.management.get("/sys$spark/usage", "rows")
         epoch = router.management.get("/sys$spark/usage", "epoch")
-        await poll(lambda: (epoch, seen) in keys_of(output), "the running pipeline's first rows")
+        await poll_pipeline(process, log, lambda: (epoch, seen) in keys_of(output), "the running pipeline's first rows")
         router.management.set("/sys$spark", "output", "none")
         published[epoch] = (first, router.management.get("/sys$spark/usage", "rows"))
         port = router.management.get("/sys$jms/usage/listeners/amqp", "port")
@@ -426,7 +429,9 @@ async def restarted_under_a_pipeline(
         )
         epoch_again = router.management.get("/sys$spark/usage", "epoch")
         assert epoch_again > epoch
-        await poll(lambda: any(key[0] == epoch_again for key in keys_of(output)), "rows of the restarted router")
+        await poll_pipeline(
+            process, log, lambda: any(key[0] == epoch_again for key in keys_of(output)), "rows of the restarted router"
+        )
         process.send_signal(signal.SIGINT)  # Ctrl-C: the queries stop, the job ends
         with trio.fail_after(120):
             code = await trio.to_thread.run_sync(process.wait)
@@ -503,15 +508,6 @@ async def test_the_continuous_job_reports_windows_of_files_that_arrive_while_it_
     output = tmp_path / "analysis"
     report = output / "report.html"
 
-    async def poll(found: Callable[[], object], what: str) -> None:
-        """Wait for ``found()`` (read once a second: it reads files Spark is writing)."""
-        with trio.move_on_after(PIPELINE_TIMEOUT):
-            while not found():
-                assert process.poll() is None, log.read_text()[-5000:]
-                await trio.sleep(1)
-            return
-        raise AssertionError(f"not within {PIPELINE_TIMEOUT} s: {what}")
-
     def steady_windows() -> list[dict]:
         """The windows of ``steady`` the job reported, wholly inside its load."""
         try:
@@ -544,17 +540,21 @@ async def test_the_continuous_job_reports_windows_of_files_that_arrive_while_it_
             stderr=subprocess.STDOUT,
         )
     try:
-        await poll(report.exists, "the continuous job's first report")
+        await poll_pipeline(process, log, report.exists, "the continuous job's first report")
         started = time.time()  # the job runs: this load comes while it does
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(consume, url, "steady", stop)
             await paced_sends(url, "steady", 30, 8)
             stop.set()
-        await poll(lambda: len(steady_windows()) >= 2, "windows of the load sent after the job started")
+        await poll_pipeline(
+            process, log, lambda: len(steady_windows()) >= 2, "windows of the load sent after the job started"
+        )
         for row in steady_windows():
             assert 30 * 0.6 < row["in_rate"] < 30 * 1.4 and 30 * 0.6 < row["out_rate"] < 30 * 1.4, row
-        await poll(lambda: "steady" in report.read_text(), "the report rewritten with the new queue")
+        await poll_pipeline(
+            process, log, lambda: "steady" in report.read_text(), "the report rewritten with the new queue"
+        )
         process.send_signal(signal.SIGINT)  # Ctrl-C: the queries stop, the job ends
         with trio.fail_after(120):
             code = await trio.to_thread.run_sync(process.wait)

@@ -1070,6 +1070,19 @@ class _SealedOutput(list[bytes]):
         pass
 
 
+class _Quiet:
+    """A connection's silences, in the clock that :meth:`Connection.tick` is given: when the
+    peer last sent and when we last wrote, as of the last tick (``tick``); None: since that
+    tick."""
+
+    __slots__ = ("input", "output", "tick")
+
+    def __init__(self) -> None:
+        self.input: float | None = None
+        self.output: float | None = None
+        self.tick: float | None = None
+
+
 class Connection:
     """One AMQP connection, after SASL (done in front of it by the owner). A server
     (``server=True``, the listener) answers the peer's open, begins and attaches; a client
@@ -1131,10 +1144,7 @@ class Connection:
         self._out: list[bytes] = [AMQP_HEADER]
         self._dirty: set[Session] = set()  # sessions with a disposition range pending
         self._in = b""
-        # when the peer last sent and when we last wrote, as of the last tick; None: since
-        # then (or never yet), to be read as that tick's now
-        self._last_input: float | None = None
-        self._last_output: float | None = None
+        self._quiet = _Quiet()  # when the peer last sent and when we last wrote
         self._buffered = 0  # bytes of incoming multi-frame messages not complete yet, on all links
         self._finished = False  # the output is complete: close the socket once it is written
         # (No more instance attributes here: at 30, CPython 3.11 stops sharing the keys of
@@ -1311,7 +1321,7 @@ class Connection:
             return None if self._finished else b""
         data = b"".join(self._out)
         self._out.clear()
-        self._last_output = None  # we spoke: the next tick counts from then
+        self._quiet.output = None  # we spoke: the next tick counts from then
         return data
 
     def tick(self, now: float) -> float:
@@ -1319,23 +1329,28 @@ class Connection:
         longer than our idle timeout (a close with ``amqp:resource-limit-exceeded`` and
         :class:`ConnectionClosed`), send an empty frame when we would otherwise be silent
         for half of the peer's. The next deadline, 0 for none."""
-        if self._last_input is None:
-            self._last_input = now
-        if self._last_output is None:
-            self._last_output = now
+        quiet = self._quiet
+        if quiet.input is None:  # the peer spoke just before this tick (the driver ticks after each read)
+            quiet.input = now
+        if quiet.output is None:
+            # we wrote at some time since the last tick, which this tick may follow by up to half
+            # the peer's idle timeout (it was our deadline): counting from now would leave the
+            # peer without a frame from us for up to its whole idle timeout, and it drops us
+            quiet.output = now if quiet.tick is None else quiet.tick
+        quiet.tick = now
         if self._state in (ConnectionState.END, ConnectionState.CLOSE_SENT, ConnectionState.CLOSE_PIPE):
             return 0.0
         deadlines = []
         if self.idle_timeout:
-            if now >= self._last_input + self.idle_timeout:
+            if now >= quiet.input + self.idle_timeout:
                 self._fail(RemoteProtocolError("amqp:resource-limit-exceeded", "local-idle-timeout expired"))
                 return 0.0
-            deadlines.append(self._last_input + self.idle_timeout)
+            deadlines.append(quiet.input + self.idle_timeout)
         if self.remote_idle_timeout and self._state is not ConnectionState.START:
-            if now >= self._last_output + self.remote_idle_timeout / 2:
+            if now >= quiet.output + self.remote_idle_timeout / 2:
                 self._out.append(b"\x00\x00\x00\x08\x02\x00\x00\x00")  # an empty frame keeps us alive
-                self._last_output = now
-            deadlines.append(self._last_output + self.remote_idle_timeout / 2)
+                quiet.output = now
+            deadlines.append(quiet.output + self.remote_idle_timeout / 2)
         return min(deadlines) if deadlines else 0.0
 
     @property
@@ -1368,7 +1383,7 @@ class Connection:
             return
         if type(data) is not bytes:
             data = bytes(data)
-        self._last_input = None  # the peer spoke: the next tick counts from then
+        self._quiet.input = None  # the peer spoke: the next tick counts from then
         self._consume(self._in + data if self._in else data)
 
     def _consume(self, buffer: bytes) -> None:
