@@ -432,7 +432,7 @@ def open_one(url, client_id, *, sole):
 
 
 async def test_sole_connection_for_container_makes_a_client_id_exclusive(broker):
-    """Issue 14, item 3: several connections may share a container id (proton and rhea open
+    """Several connections may share a container id (proton and rhea open
     every connection of a container with its id); one that desires
     sole-connection-for-container (Qpid JMS does when its application set a client id) is
     refused while another uses the id — amqp:invalid-field with info {invalid-field:
@@ -554,7 +554,7 @@ class OversizedSender(MessagingHandler):
 
 
 async def test_a_message_above_max_message_size_detaches_its_link_at_once(broker):
-    """Issue 14, item 6: the attach of a link we receive on announces the queue manager's
+    """The attach of a link we receive on announces the queue manager's
     max-message-size, and a message above it detaches that link with
     amqp:link:message-size-exceeded [2.7.3] as soon as its first frames pass the limit —
     the router neither waits for the rest nor ends the connection."""
@@ -642,8 +642,8 @@ class DrainingBrowser(MessagingHandler):
 
 
 async def test_a_browser_gets_the_whole_queue_and_drained_credit_only_at_its_end(broker):
-    """Issue 14, item 7 (see tests/test_proton_examples.py for what the example needs): a
-    browsing link delivers every message the queue holds, and advances its delivery-count
+    """A browsing link (tests/test_proton_examples.py shows what the example needs)
+    delivers every message the queue holds, and advances its delivery-count
     for credit it cannot use (drained) only once the queue is exhausted [2.6.7]."""
     from proton.reactor import Container
 
@@ -695,7 +695,7 @@ class DetachAtOnce(MessagingHandler):
 
 
 async def test_a_durable_subscriber_detached_with_its_attach(broker):
-    """Issue 14, item 1, "any ordering of frames AMQP allows": a durable subscriber's
+    """Any ordering of frames AMQP allows: a durable subscriber's
     attach waits for the store; a detach sent right behind it is answered with it, after
     that — a closing detach deletes the subscription the attach made (it used to be
     answered at once, and the subscription stayed), a plain detach keeps it."""
@@ -724,7 +724,7 @@ def performatives(data: bytes) -> list[int]:
 
 
 async def test_the_answer_to_a_half_closed_peer_is_still_written(broker):
-    """Issue 14, item 9: a client that sends the header and an open and then shuts down its
+    """A client that sends the header and an open and then shuts down its
     sending side gets our header and open (and, if we close, a close). Before the driver
     wrote what was queued on the peer's end of input (commit 7c2948d), about half of such
     clients got nothing, and some of those that waited for our header before sending their

@@ -505,7 +505,7 @@ async def test_flow_control_holds_a_producer_back_until_the_queue_drains(amqp_br
 
 
 async def test_a_queue_nobody_reads_holds_its_producer_back_and_refuses_past_its_cap(amqp_broker):
-    """Issue 13 (7c), the memory budget over AMQP. A queue without consumers above its
+    """The memory budget over AMQP. A queue without consumers above its
     flowcontrol-start-queuesize (5) holds its producer back by credit (the producer waits, it
     is not refused); a consumer that arrives later drains it and gets every message once, in
     order. A queue at its max-messages refuses the next message with

@@ -124,7 +124,7 @@ async def rhea_case(port: int, case: str, *args: str, timeout: float = 120) -> d
 
 
 async def test_durable_subscribers_attached_in_the_first_write(amqp_broker, caplog):
-    """Issue 14, item 1: without a user name rhea skips SASL and sends the AMQP header, open,
+    """Without a user name rhea skips SASL and sends the AMQP header, open,
     begin and a durable subscriber's attach in one go; that attach waits for the store, and
     the connection used to be lost when the bytes after the header were handled before the
     connection's tasks existed (an AssertionError in the listener, 11-25 rounds in 30)."""
@@ -138,7 +138,7 @@ async def test_durable_subscribers_attached_in_the_first_write(amqp_broker, capl
 
 
 async def test_one_container_two_connections(amqp_broker):
-    """Issue 14, item 3: rhea opens every connection of a container with the container's id;
+    """Rhea opens every connection of a container with the container's id;
     the second used to be refused ("client id … is in use"). Now both work; only a durable
     subscription held by one is refused to the other (amqp:resource-locked), until the
     first detaches from it."""
@@ -152,7 +152,7 @@ async def test_one_container_two_connections(amqp_broker):
 
 @pytest.mark.parametrize("wildcards", [True, False])
 async def test_topic_wildcards_from_rheas_durable_subscription_example(amqp_broker, wildcards):
-    """Issue 14, item 8: rhea's durable-subscription example subscribes to
+    """Rhea's durable-subscription example subscribes to
     topic://PRICE.STOCK.NYSE.* and, against a router that takes * literally, silently
     receives nothing. With the listener's topic-wildcards on, * is one level and a last #
     any number of levels (a # elsewhere is refused); off, both are plain characters, as

@@ -1,4 +1,5 @@
-"""The import boundaries of DESIGN.md §2, read from the source with ``ast`` (nothing is imported).
+"""The import boundaries between the layers (docs/design.md, "Layers"), read from the source
+with ``ast`` (nothing is imported).
 
 - ``kernel`` imports nothing from ``messaging`` or ``swiftlets``;
 - ``messaging`` imports nothing from ``kernel`` or ``swiftlets``;
@@ -130,7 +131,7 @@ def test_every_layer_keeps_to_its_imports():
     problems = [
         f"{imp.where()}  -- {why}" for path in sources() for imp in imports(path) if (why := violation(imp)) is not None
     ]
-    assert not problems, "import boundaries broken (DESIGN.md §2):\n" + "\n".join(problems)
+    assert not problems, 'import boundaries broken (docs/design.md, "Layers"):\n' + "\n".join(problems)
 
 
 def test_the_checker_catches_what_it_should(tmp_path, monkeypatch):

@@ -567,7 +567,7 @@ async def test_flow_control_asks_producers_to_slow_down(make_broker):
 
 
 async def test_flow_control_slows_producers_of_a_queue_nobody_reads(make_broker):
-    """Issue 13 (7c): unlike SwiftMQ, a queue without consumers above its
+    """Unlike SwiftMQ, a queue without consumers above its
     flowcontrol-start-queuesize slows its producers as well (its delay grows per send, as
     without receives), and a listener may wait for its backlog to clear; a consumer that
     brings it back to the start size ends the wait."""
@@ -589,7 +589,7 @@ async def test_flow_control_slows_producers_of_a_queue_nobody_reads(make_broker)
 
 
 async def test_queues_have_a_finite_memory_budget_by_default(make_broker):
-    """Issue 13 (7c): every queue, defined or from a default controller, is capped (100,000
+    """Every queue, defined or from a default controller, is capped (100,000
     messages, 256 MiB); a send past max-messages or max-bytes is refused with QueueFull and
     nothing of it is kept; what leaves the queue (consumed, dead-lettered, rolled back) gives
     its bytes back."""

@@ -249,7 +249,7 @@ async def test_a_message_body_is_replaced_stored_or_in_the_same_batch(broker, tm
 
 
 async def test_checkpoints_keep_the_wal_short_and_lose_nothing(broker, tmp_path):
-    """Issue 13 (ack latency): SQLite's automatic checkpoint, which runs inside a commit, is
+    """SQLite's automatic checkpoint, which runs inside a commit, is
     off in the store process; a thread of it checkpoints beside the commits, and the
     committing thread catches up on the last frames once the WAL holds 1000, so that the WAL
     starts over. Under an uninterrupted stream of 6000 single-page commits (which a
@@ -272,7 +272,7 @@ async def test_checkpoints_keep_the_wal_short_and_lose_nothing(broker, tmp_path)
 
 
 async def test_stored_bodies_are_read_back(broker, tmp_path):
-    """Issue 13 (7c): the store's read request. A read returns the bodies of the stored
+    """The store's read request. A read returns the bodies of the stored
     messages among the ids asked, as stored, and leaves out what was never stored or was
     deleted; it sees every commit acknowledged before it, is served between group commits
     while commits go on (reads and commits from concurrent tasks all get their answers),

@@ -1,4 +1,4 @@
-"""Issue 13, 7c (last part): persistent message bodies beyond a queue's ``cache-size`` leave
+"""Persistent message bodies beyond a queue's ``cache-size`` leave
 memory — kept in the store, read back in batches when consumers get to them — on a real
 store (SQLite file, store process), with real AMQP clients (python-qpid-proton) where
 delivery over the wire is concerned.

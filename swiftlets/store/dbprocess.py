@@ -34,8 +34,8 @@ msgpack body (an array whose first element names it).
   or until its input ends (the router stopped or died: it exits with the batch not applied
   and not answered).
 - ``["read", [id, …]]`` answers ``["bodies", [[id, body], …]]``: the stored bodies of those
-  messages that exist (in id order), or ``["error", text]``; it changes nothing. (Issue 13:
-  the read-back of bodies a queue does not keep in memory.) With READ_IN and READ_OUT, read
+  messages that exist (in id order), or ``["error", text]``; it changes nothing. (It serves the
+  read-back of bodies a queue does not keep in memory.) With READ_IN and READ_OUT, read
   requests come on READ_IN and are answered on READ_OUT by a thread of their own with a
   connection of its own (:class:`Reader`), beside the commits: a read does not wait for the
   commit in progress, and sees every commit finished before it began (WAL). Without them

@@ -20,7 +20,7 @@ resolves them, for their owners and for the operator.
   to router ``<destination>``, the *same* xid on both routers; ``<transaction>`` is unique
   per source (e.g. ``<startup-ms>-<counter>``, as SwiftMQ does). Router names hold no
   ``:``. The routing swiftlet resolves its xids itself when the link to the peer is up
-  again (the recovery table of DESIGN.md §2.5); the operator resolves them only when that
+  again (the recovery table, docs/routing-protocol.md §7.2); the operator resolves them only when that
   peer is not coming back.
 - any other xid belongs to a client's transaction manager (``owner == "client"``): only
   the operator (or that client, once XA clients exist) resolves it.

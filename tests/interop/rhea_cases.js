@@ -105,7 +105,7 @@ async function close(connection) {
 const connect = (container) => container.connect({host: '127.0.0.1', port, reconnect: false});
 
 const cases = {
-    // Issue 14, item 1: attach a durable subscriber at once, so that the AMQP header, open,
+    // Attach a durable subscriber at once, so that the AMQP header, open,
     // begin and attach go out together (rhea skips SASL without a user name); the attach
     // waits for the store, which must not lose the connection. ARG rounds, each on a new
     // connection with its own container id; each must get what is then published.
@@ -123,7 +123,7 @@ const cases = {
         }
     },
 
-    // Issue 14, item 3: one container, two connections (rhea and proton use the container's
+    // One container, two connections (rhea and proton use the container's
     // id for each); a durable subscription in use on one is refused to the other.
     async 'one-container'() {
         const container = rhea.create_container({id: 'one-container'});
@@ -153,7 +153,7 @@ const cases = {
         await Promise.all([close(first), close(second)]);
     },
 
-    // Issue 14, item 8: rhea's durable-subscription example subscribes to
+    // Rhea's durable-subscription example subscribes to
     // topic://PRICE.STOCK.NYSE.* (ActiveMQ-style wildcards); a '#' subscriber besides. The
     // last message, to the root PRICE, reaches both in either syntax (a publication to a
     // node reaches everything below it).
