@@ -9,7 +9,7 @@ that many requests run at once and a slow operation does not hold up the others.
 
 Serving (:meth:`MgmtSwiftlet.serve`, the same for a request from the queue and for one from
 a front end inside the router through :class:`~.api.Management`): check the format's
-version, authorize (:func:`authorize`), run the verb against the router's management tree
+version, authorize (:func:`.requests.authorize`), run the verb against the router's management tree
 (:mod:`kernel.mgmt`, whose vetoes and validation errors come back as status 400 with their
 reason), and log every change with the user and the old and new value. The reply is a
 non-persistent message to the request's reply-to, which may be a temporary queue on another
@@ -19,13 +19,9 @@ that the router where the request entered found the requester may send to, and t
 put messages where it could not itself; a request with any other reply-to is served without
 a reply and counted (``replies-refused``).
 
-Watches. A ``watch`` request starts a task with its own bus subscription that sends each
-:class:`~kernel.bus.PropertyChanged`, ``EntityAdded`` or ``EntityRemoved`` under the watched
-path to the watch's reply-to, with the watch request's correlation-id. A watch ends when
-unwatched, when its lease (``watch-lease``) runs out without a renewal (a ``watch`` request
-naming it), when its reply-to no longer exists here, or when it falls
-``max-watch-backlog`` changes behind; the last two end with a final notice. At most
-``max-watches`` run at once. So nothing outlives a watcher that went away.
+Watches (:mod:`.watches`): a ``watch`` request sends the changes under a path to its
+reply-to until it is unwatched, its lease runs out, its reply-to is gone or it falls too far
+behind; so nothing outlives a watcher that went away.
 
 Available routers are this one and the routing table's destinations, followed through
 ``DestinationAdded``/``DestinationRemoved`` (:mod:`swiftlets.routing.api`).
@@ -33,33 +29,27 @@ Available routers are this one and the routing table's destinations, followed th
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
-from enum import Enum
 from typing import Any
 
 import attrs
 import trio
 
 from martinet.kernel import (
-    EntityAdded,
-    EntityRemoved,
     Event,
     ManagementError,
     Overflow,
-    PropertyChanged,
-    SubscriberOverflow,
 )
 from martinet.kernel.mgmt import Entity, EntityList, Node, Usage, UsageList
 from martinet.kernel.router import SwiftletContext
 from martinet.kernel.schema import Prop, fields_of, xml_name
 from martinet.messaging.message import Message, MessageError, build
 from martinet.swiftlets.authentication.api import Authentication
-from martinet.swiftlets.queuemanager.api import ROUTER, MessageTooLarge, QueueError, QueueManager, QueueNotFound
+from martinet.swiftlets.queuemanager.api import ROUTER, MessageTooLarge, QueueError, QueueManager
 from martinet.swiftlets.routing.api import DestinationAdded, DestinationRemoved, Routing
 
 from .api import (
@@ -71,102 +61,28 @@ from .api import (
     VERSION,
     WRITE_VERBS,
     Identity,
-    LocalNetworks,
     Role,
     Status,
-    parse_local_addresses,
 )
 from .config import MgmtConfig
+from .requests import (
+    Refused,
+    authorize,
+    confirm,
+    decode_request,
+    plain,
+    request_mapping,
+    request_path,
+    request_scalar,
+    request_text,
+)
+from .watches import Watches
 
 log = logging.getLogger(__name__)
 
 
-@functools.lru_cache(maxsize=16)
-def _local_networks(text: str) -> LocalNetworks:
-    """``local-addresses`` parsed once per value (it was checked when set)."""
-    return parse_local_addresses(text)
-
-
 CONCURRENCY = 16  # requests served at once
 STOP_DELAY = 1.0  # seconds between the reply to halt/reboot and the stop (the reply leaves first)
-
-
-class Refused(Exception):
-    """A request that gets a status other than 200; the message is the reason."""
-
-    def __init__(self, status: Status, reason: str):
-        super().__init__(reason)
-        self.status = status
-
-
-def authorize(
-    identity: Identity | None,
-    verb: str,
-    *,
-    router: str,
-    authentication: bool,
-    groups: Mapping[str, Role],
-    local_addresses: str = LOCAL_ADDRESSES,
-) -> Role:
-    """The role ``identity`` has on this router for ``verb``.
-
-    A router's own request (:meth:`.api.Identity.of_router`) is read-only. Otherwise, with
-    ``authentication`` (this router's ``authentication-enabled``), the user must have
-    been authenticated where the request entered and belong to one of ``groups``; without
-    it, the client must have connected from ``local_addresses`` (``sys$mgmt``'s setting, by
-    default every loopback address; read-write then).
-
-    Raises:
-        Refused: FORBIDDEN, with why.
-    """
-    if identity is None:
-        raise Refused(Status.FORBIDDEN, "the request carries no identity (it did not come through an AMQP listener)")
-    if identity.internal:  # a router's own request: routers are trusted (see .api), for reading only
-        role = Role.READ_ONLY
-    elif authentication:
-        if not identity.authenticated:
-            raise Refused(
-                Status.FORBIDDEN,
-                f"router {router} requires an authenticated user, and {identity} was "
-                "not authenticated where the request entered",
-            )
-        granted = groups.get(identity.group)
-        if granted is None:
-            raise Refused(
-                Status.FORBIDDEN,
-                f"user {identity.user} (group {identity.group}) may not manage router "
-                f"{router}: its group is not one of sys$mgmt's groups",
-            )
-        role = granted
-    elif identity.connected_from(_local_networks(local_addresses)):
-        role = Role.READ_WRITE
-    else:
-        narrowed = "" if local_addresses == LOCAL_ADDRESSES else f" (local-addresses {local_addresses!r})"
-        raise Refused(
-            Status.FORBIDDEN,
-            f"router {router} has authentication disabled and answers management "
-            f"requests only from loopback clients{narrowed}; {identity} is not one",
-        )
-    if verb in WRITE_VERBS and role is not Role.READ_WRITE:
-        raise Refused(
-            Status.FORBIDDEN,
-            f"{verb!r} changes router {router}, and the role of group {identity.group} is {role.value}",
-        )
-    return role
-
-
-def plain(value: Any) -> Any:
-    """``value`` as JSON data: enums by value, tuples and sets as lists, anything else unknown
-    as its text."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value.value if isinstance(value, Enum) else value
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [plain(v) for v in value]
-    return str(value)
 
 
 def _kind(node: Node) -> str:
@@ -226,118 +142,20 @@ def explain(node: Node) -> dict[str, Any]:
     return result
 
 
-def _path(request: Mapping[str, Any]) -> str:
-    path = request.get("path", "/")
-    if not isinstance(path, str):
-        raise Refused(Status.BAD_REQUEST, "argument 'path' must be text")
-    return path or "/"
-
-
-def _text(request: Mapping[str, Any], name: str) -> str:
-    value = request.get(name)
-    if not isinstance(value, str) or not value:
-        raise Refused(Status.BAD_REQUEST, f"argument {name!r} missing or not text")
-    return value
-
-
-def _mapping(request: Mapping[str, Any], name: str) -> dict[str, Any]:
-    value = request.get(name, {})
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise Refused(Status.BAD_REQUEST, f"argument {name!r} must be an object")
-    return dict(value)
-
-
-def _scalar(value: Any, what: str) -> Any:
-    if isinstance(value, (str, bool, int, float)):
-        return value if isinstance(value, (str, bool)) else str(value)  # the tree parses text
-    raise Refused(Status.BAD_REQUEST, f"{what} must be text, a number or a boolean")
-
-
-def confirm(request: Mapping[str, Any], what: str, messages: int, *, always: bool = False) -> None:
-    """Let a destructive request through only with ``"force": true`` when it would drop
-    ``messages`` (or ``always``, for a halt): an operator sees what goes before it goes.
-
-    Raises:
-        Refused: CONFLICT, saying what would be destroyed; BAD_REQUEST for a ``force`` that
-            is not a boolean.
-    """
-    force = request.get("force", False)
-    if not isinstance(force, bool):
-        raise Refused(Status.BAD_REQUEST, "argument 'force' must be true or false")
-    if not force and (messages > 0 or always):
-        raise Refused(Status.CONFLICT, f"{what}: not done without force (a confirmation)")
-
-
-def decode_request(body: Any) -> dict[str, Any]:
-    """The request object of a message body (JSON text, as a string or UTF-8 bytes).
-
-    Raises:
-        Refused: BAD_REQUEST, with what is wrong.
-    """
-    if isinstance(body, (bytes, bytearray)):
-        try:
-            body = body.decode()
-        except UnicodeDecodeError:
-            raise Refused(Status.BAD_REQUEST, "the body is not UTF-8 text") from None
-    if not isinstance(body, str):
-        raise Refused(Status.BAD_REQUEST, "the body must be JSON text (an amqp-value string or a data section)")
-    try:
-        request = json.loads(body)
-    except ValueError as exc:
-        raise Refused(Status.BAD_REQUEST, f"the body is not JSON: {exc}") from None
-    if not isinstance(request, dict):
-        raise Refused(Status.BAD_REQUEST, "the body must be a JSON object")
-    return request
-
-
-class _Watch:
-    def __init__(self, number: int, path: str, reply_to: str, correlation: Any, identity: Identity, lease: float):
-        self.id = number
-        self.path = path.rstrip("/") or "/"
-        self.reply_to = reply_to
-        self.correlation = correlation
-        self.identity = identity
-        self.expires = trio.current_time() + lease
-        self.scope = trio.CancelScope()
-
-    def covers(self, path: str) -> bool:
-        return self.path == "/" or path == self.path or path.startswith(self.path + "/")
-
-
-def _watcher(identity: Identity) -> tuple[str, str, str]:
-    """Whom a watch counts against for ``max-watches-per-user``: user, address and router
-    (whatever reply-to they use)."""
-    return identity.user, identity.host, identity.router
-
-
-def _event(event: Event) -> dict[str, Any]:
-    if isinstance(event, PropertyChanged):
-        return {
-            "type": "property-changed",
-            "path": event.path,
-            "name": event.name,
-            "old": plain(event.old),
-            "new": plain(event.new),
-        }
-    kind = "entity-added" if isinstance(event, EntityAdded) else "entity-removed"
-    return {"type": kind, "path": event.path, "name": event.name}  # type: ignore[attr-defined]
-
-
 class MgmtSwiftlet:
     """``sys$mgmt`` (implements :class:`.api.Management`)."""
 
     def __init__(self, context: SwiftletContext):
         self.context = context
         self.router = context.router_name
-        self._nursery: trio.Nursery | None = None
         self._queue_manager: QueueManager | None = None
         self._routing: Routing | None = None
         self._routers: set[str] = set()
-        self._watches: dict[int, _Watch] = {}
-        self._numbers = itertools.count(1)
+        self._numbers = itertools.count(1)  # of the correlation-ids of request()
         self._pending: dict[Any, trio.MemorySendChannel] = {}  # remote requests of request() awaiting replies
         self._reply_queue: Any = None
         self.served = self.refused = self.failed = self.replies_refused = 0
+        self.watches = Watches(context, self._send, self._answer)
         self._verbs: dict[str, Callable[..., Awaitable[Any]]] = {
             "get": self._get,
             "describe": self._describe,
@@ -349,18 +167,16 @@ class MgmtSwiftlet:
             "save": self._save,
             "reboot": self._reboot,
             "halt": self._halt,
-            "watch": self._watch,
-            "unwatch": self._unwatch,
+            "watch": self.watches.watch,
+            "unwatch": self.watches.unwatch,
         }
-        watches = context.usage.add_list("watches")
-        self._watch_usage = watches
         context.usage.provide(
             lambda: {
                 "requests-served": self.served,
                 "requests-refused": self.refused,
                 "requests-failed": self.failed,
                 "replies-refused": self.replies_refused,
-                "watches": len(self._watches),
+                "watches": len(self.watches),
             }
         )
 
@@ -377,7 +193,7 @@ class MgmtSwiftlet:
         consumer = manager.queue(MANAGEMENT_QUEUE, create=True).consumer(owner=self)
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
+                self.watches.nursery = nursery
                 # from the router's reserve: replies must come back when clients used their room
                 self._reply_queue = manager.create_temporary_queue(self, ROUTER)
                 nursery.start_soon(self._take_replies, self._reply_queue)
@@ -536,10 +352,10 @@ class MgmtSwiftlet:
             return False
 
     async def _get(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        return describe_node(self.context.management.resolve(_path(request)))
+        return describe_node(self.context.management.resolve(request_path(request)))
 
     async def _describe(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        return explain(self.context.management.resolve(_path(request)))
+        return explain(self.context.management.resolve(request_path(request)))
 
     async def _available(self, *_: Any) -> Any:
         rows = [{"name": self.router, "local": True, "active": True, "hops": 0, "next-hop": ""}]
@@ -557,8 +373,8 @@ class MgmtSwiftlet:
         return rows
 
     async def _set(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        path, name = _text(request, "path"), _text(request, "name")
-        value = _scalar(request.get("value"), "argument 'value'")
+        path, name = request_text(request, "path"), request_text(request, "name")
+        value = request_scalar(request.get("value"), "argument 'value'")
         entity = self.context.management.entity(path)
         old = entity.get(name)
         change = entity.set(name, value)
@@ -575,14 +391,16 @@ class MgmtSwiftlet:
         return {"path": path, "name": name, "old": old, "new": new, "reboot-required": change.reboot_required}
 
     async def _add(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        path, name = _text(request, "path"), _text(request, "name")
-        values = {key: _scalar(value, f"value of {key!r}") for key, value in _mapping(request, "values").items()}
+        path, name = request_text(request, "path"), request_text(request, "name")
+        values = {
+            key: request_scalar(value, f"value of {key!r}") for key, value in request_mapping(request, "values").items()
+        }
         entity = self.context.management.add(path, name, values)
         log.info("management: %s added %s/%s: %s", identity, path.rstrip("/"), name, plain(entity.properties()))
         return describe_node(entity)
 
     async def _remove(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        path, name = _text(request, "path"), _text(request, "name")
+        path, name = request_text(request, "path"), request_text(request, "name")
         tree = self.context.management
         entries = tree.entity_list(path)
         old = entries.entities.get(name)
@@ -599,8 +417,10 @@ class MgmtSwiftlet:
         return {"path": path, "name": name}
 
     async def _invoke(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        path, operation = _text(request, "path"), _text(request, "operation")
-        args = {key: _scalar(value, f"argument {key!r}") for key, value in _mapping(request, "args").items()}
+        path, operation = request_text(request, "path"), request_text(request, "operation")
+        args = {
+            key: request_scalar(value, f"argument {key!r}") for key, value in request_mapping(request, "args").items()
+        }
         offered = self.context.management.operations(path).get(operation)
         if offered is not None and offered.destroys is not None:
             lost = offered.destroys()
@@ -638,102 +458,6 @@ class MgmtSwiftlet:
         self.context.request_stop(f"halt requested by {identity} over management", delay=STOP_DELAY)
         log.info("management: %s halted router %s", identity, self.router)
         return {"halting": self.router, "in-seconds": STOP_DELAY}
-
-    # -- watches -----------------------------------------------------------------------------------
-
-    async def _watch(
-        self, request: Mapping[str, Any], identity: Identity, reply_to: str | None, correlation: Any
-    ) -> Any:
-        config = self.config
-        number = request.get("watch")
-        if number is not None:  # a renewal
-            watch = self._own_watch(number, identity)
-            watch.expires = trio.current_time() + config.watch_lease
-            return {"watch": watch.id, "path": watch.path, "lease": config.watch_lease}
-        path = _path(request)
-        self.context.management.resolve(path)  # it must exist now
-        if not reply_to:
-            raise Refused(Status.BAD_REQUEST, "a watch needs a reply-to for its notifications")
-        if len(self._watches) >= config.max_watches:
-            raise Refused(
-                Status.UNAVAILABLE, f"router {self.router} serves max-watches {config.max_watches} watches already"
-            )
-        who = _watcher(identity)
-        if sum(_watcher(watch.identity) == who for watch in self._watches.values()) >= config.max_watches_per_user:
-            raise Refused(
-                Status.UNAVAILABLE,
-                f"{identity} has max-watches-per-user {config.max_watches_per_user} watches on router "
-                f"{self.router} already",
-            )
-        watch = _Watch(next(self._numbers), path, reply_to, correlation, identity, config.watch_lease)
-        self._watches[watch.id] = watch
-        self._watch_usage.add(
-            str(watch.id), lambda: {"path": watch.path, "reply-to": watch.reply_to, "user": str(watch.identity)}
-        )
-        assert self._nursery is not None
-        subscription = self.context.bus.subscribe(Event, max_buffer=config.max_watch_backlog, overflow=Overflow.FAIL)
-        self._nursery.start_soon(self._run_watch, watch, subscription)
-        log.info("management: %s watches %s (watch %d)", identity, watch.path, watch.id)
-        return {"watch": watch.id, "path": watch.path, "lease": config.watch_lease}
-
-    def _own_watch(self, number: Any, identity: Identity) -> _Watch:
-        """Watch ``number``, if ``identity`` started it (nobody renews or ends another's):
-        the same user from the same place, and the same reply-to, which its connection alone
-        reads (all of a host's anonymous clients are one user without authentication).
-
-        Raises:
-            Refused: no such watch (it ended), or another's.
-        """
-        watch = self._watches.get(number) if isinstance(number, int) and not isinstance(number, bool) else None
-        if watch is None:
-            raise Refused(Status.BAD_REQUEST, f"no watch {number!r} on router {self.router} (it ended)")
-        if watch.identity != identity:
-            raise Refused(Status.FORBIDDEN, f"watch {number} is {watch.identity}'s")
-        return watch
-
-    async def _unwatch(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        watch = self._own_watch(request.get("watch"), identity)
-        watch.scope.cancel()
-        return {"watch": watch.id, "ended": True}
-
-    async def _run_watch(self, watch: _Watch, subscription: Any) -> None:
-        ending = None
-        try:
-            with watch.scope, subscription:
-                while True:
-                    with trio.move_on_at(watch.expires):
-                        event = await subscription.receive()
-                        if isinstance(event, (PropertyChanged, EntityAdded, EntityRemoved)) and watch.covers(
-                            event.path
-                        ):
-                            self._send(watch.reply_to, self._notice(watch, event=_event(event)), watch.correlation)
-                        continue
-                    if trio.current_time() >= watch.expires:
-                        ending = "lease expired"
-                        break
-        except QueueNotFound:
-            ending = "its reply-to is gone"
-        except QueueError as exc:
-            ending = f"its reply-to refused a notification: {exc}"
-        except SubscriberOverflow as exc:
-            ending = str(exc)
-            try:
-                self._send(watch.reply_to, self._notice(watch, ended=ending), watch.correlation)
-            except QueueError:
-                pass
-        finally:
-            self._watches.pop(watch.id, None)
-            self._watch_usage.remove(str(watch.id))
-            log.info(
-                "management: watch %d of %s on %s ended: %s",
-                watch.id,
-                watch.identity,
-                watch.path,
-                ending or "unwatched",
-            )
-
-    def _notice(self, watch: _Watch, **fields: Any) -> dict[str, Any]:
-        return self._answer(Status.OK, result={"watch": watch.id, **fields})
 
     # -- routers -----------------------------------------------------------------------------------
 

@@ -22,35 +22,31 @@ repeated: the next one is looked for strictly after both now and the last start.
 
 Every run ends in the history (bounded by ``history-size``, oldest first out) with its
 planned time, start, end, outcome and message, and as bus events (:class:`.api.JobStarted`,
-:class:`.api.JobFinished`).
+:class:`.api.JobFinished`): :mod:`.history`.
 
 Missed starts. With the store running, each schedule's last planned start (and, at an
 orderly stop, the time of the stop) is kept as a store record ``scheduler/<name>``. At
 boot, the starts of ``at`` schedules between that time and now were missed while the router
 was down: they are recorded as ``missed`` and announced (:class:`.api.RunsMissed`), never
-run in a burst. Window schedules simply go on with their next start.
+run in a burst (:mod:`.records`). Window schedules simply go on with their next start.
 
 Cross-checks the config cannot do alone (an unknown calendar, bad job parameters, a base
 calendar that is missing or makes a cycle) refuse a runtime change (a veto); in a config
 file they leave the schedule ``invalid``, with the reason in usage and one WARNING line
-naming the schedule's path.
+naming the schedule's path (:mod:`.vetoes`).
 """
 
 from __future__ import annotations
 
-import collections
-import json
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-import attrs
 import trio
 
 from martinet.kernel import (
-    Entity,
     EntityAdded,
     EntityRemoved,
     Overflow,
@@ -59,19 +55,20 @@ from martinet.kernel import (
     SwiftletContext,
     Veto,
 )
-from martinet.swiftlets.store.api import PutRecord, Store, StoreError
+from martinet.swiftlets.store.api import Store, StoreError
 
-from .api import Job, JobError, JobFinished, JobGroup, JobRun, JobStarted, RunsMissed, WallClock
-from .config import CalendarConfig, ParameterConfig, ScheduleConfig, SchedulerConfig
+from .api import Job, JobError, JobGroup, JobRun, JobStarted, WallClock
+from .config import ScheduleConfig, SchedulerConfig
+from .history import History, Run, Schedule, iso
 from .plans import Plan, Zone, build_calendars, build_plans, job_problem, plan_of
-from .timing import missed_starts
+from .records import StartRecords
+from .vetoes import ConfigVetoes
 
 __all__ = ["SchedulerSwiftlet", "SystemClock"]
 
 log = logging.getLogger(__name__)
 
 POOL = "scheduler.jobs"
-RECORD_KIND = "scheduler"
 LOOK_AGAIN = 60.0  # seconds: the longest sleep on a clock that may jump
 
 
@@ -86,36 +83,6 @@ class SystemClock:
         await trio.sleep(max(0.0, min(LOOK_AGAIN, (when - self.now()).total_seconds())))
 
 
-@attrs.define(eq=False)
-class _Run:
-    """A run in progress (queued in the pool or running)."""
-
-    job: Job
-    group: JobGroup
-    planned: datetime
-    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    stopped_by: str = ""
-    started: datetime | None = None
-
-
-@attrs.define(eq=False)
-class _Schedule:
-    """What the planner knows of one schedule beyond its config."""
-
-    name: str
-    state: str = "disabled"
-    next: datetime | None = None  # naive local
-    last_planned: datetime | None = None
-    error: str = ""
-    run: _Run | None = None
-    runs: int = 0
-    last_start: str = ""
-    last_end: str = ""
-    last_outcome: str = ""
-    last_message: str = ""
-    finished_config: ScheduleConfig | None = None  # a job forbade further runs of this config
-
-
 def _job_usage(job: Job) -> dict[str, Any]:
     return {
         "description": job.description,
@@ -126,10 +93,6 @@ def _job_usage(job: Job) -> dict[str, Any]:
     }
 
 
-def _iso(moment: datetime | None) -> str:
-    return moment.isoformat(timespec="seconds") if moment is not None else ""
-
-
 class SchedulerSwiftlet:
     """``sys$scheduler`` (see the module header); implements :class:`.api.Scheduler`."""
 
@@ -138,21 +101,19 @@ class SchedulerSwiftlet:
         self.clock: WallClock = SystemClock()
         self.zone = Zone()
         self._groups: dict[str, JobGroup] = {}
-        self._schedules: dict[str, _Schedule] = {}
-        self._history: collections.deque[dict[str, Any]] = collections.deque()
-        self._sequence = 0
-        self._store: Store | None = None
+        self._schedules: dict[str, Schedule] = {}
+        self._records = StartRecords(context, None)  # with the store once it runs
         self._wake_scope: trio.CancelScope | None = None
         self._dirty = True
-        self._checking = False  # vetoes apply to runtime changes, not to the config read at start
+        self._vetoes = ConfigVetoes(context, self._groups, self._plan)
         usage = context.usage
         self._usage_schedules = usage.add_list("schedules")
-        self._usage_history = usage.add_list("history")
+        self._history = History(context, self._local_now)
         self._usage_groups = usage.add_list("job-groups")
         usage.provide(
             lambda: {
                 "time-zone": self.zone.name,
-                "now": _iso(self._local_now()),
+                "now": iso(self._local_now()),
                 "job-groups": len(self._groups),
                 "running": self.running(),
             }
@@ -207,13 +168,11 @@ class SchedulerSwiftlet:
             for group in groups:
                 self.register(group)
         try:
-            self._store = context.lookup("sys$store", Store)
+            self._records = StartRecords(context, context.lookup("sys$store", Store))
         except LookupError:
             context.log.info("no sys$store running: missed 'at' starts cannot be reported after a restart")
-        entity = context.entity
-        entity.entity_list("calendars").bind(self._calendar_added, self._calendar_removed)
-        entity.entity_list("schedules").bind(self._schedule_added)
-        self._checking = True
+        self._vetoes.bind()
+        self._vetoes.checking = True  # vetoes apply to runtime changes, not to the config read at start
         subscriptions = [
             context.bus.subscribe(kind, max_buffer=16, overflow=Overflow.DROP_OLDEST)
             for kind in (PropertyChanged, EntityAdded, EntityRemoved)
@@ -222,7 +181,7 @@ class SchedulerSwiftlet:
             async with trio.open_nursery() as nursery:
                 for subscription in subscriptions:
                     nursery.start_soon(self._watch, subscription)
-                await self._report_missed()
+                await self._records.report_missed(self._schedules, self._history, self.zone, self._local_now())
                 task_status.started()
                 await self._plan_forever()
         finally:
@@ -232,8 +191,9 @@ class SchedulerSwiftlet:
                 self.unregister(name)
             with context.shutdown_scope():
                 try:
-                    await self._remember(
-                        {name: self._local_now() for name, s in self._schedules.items() if s.state != "disabled"}
+                    await self._records.remember(
+                        {name: self._local_now() for name, s in self._schedules.items() if s.state != "disabled"},
+                        self.zone,
                     )
                 except StoreError as exc:
                     context.log.warning("the time of this stop was not kept: %s", exc)
@@ -293,17 +253,17 @@ class SchedulerSwiftlet:
             if name not in config.schedules:
                 self._forget(name)
         for name, schedule_config in config.schedules.items():
-            schedule = self._schedules.setdefault(name, _Schedule(name))
+            schedule = self._schedules.setdefault(name, Schedule(name))
             if name not in self._usage_schedules.children:
-                usage = self._usage_schedules.add(name, partial(self._schedule_usage, schedule))
+                usage = self._usage_schedules.add(name, schedule.usage)
                 usage.add_operation(
                     "start", lambda s=schedule: self._start_now(s), "Start the job now, outside the plan."
                 )
                 usage.add_operation("stop", lambda s=schedule: self._stop_by_operator(s), "Stop the running job.")
             self._replan_one(schedule, schedule_config, plans[name], now)
-        self._trim_history()
+        self._history.trim()
 
-    def _replan_one(self, schedule: _Schedule, config: ScheduleConfig, plan: Plan | str, now: datetime) -> None:
+    def _replan_one(self, schedule: Schedule, config: ScheduleConfig, plan: Plan | str, now: datetime) -> None:
         before = schedule.state, schedule.error
         schedule.next, schedule.error = None, ""
         if schedule.finished_config is not None and schedule.finished_config != config:
@@ -339,7 +299,7 @@ class SchedulerSwiftlet:
 
     # -- runs -------------------------------------------------------------------------------
 
-    def _start_due(self, schedule: _Schedule, now: datetime) -> None:
+    def _start_due(self, schedule: Schedule, now: datetime) -> None:
         planned = schedule.next
         assert planned is not None
         schedule.last_planned = planned
@@ -353,7 +313,7 @@ class SchedulerSwiftlet:
         if schedule.next is None and schedule.run is None:
             schedule.state = "expired"
 
-    def _start_now(self, schedule: _Schedule) -> str:
+    def _start_now(self, schedule: Schedule) -> str:
         if schedule.run is not None:
             raise Veto(f"schedule {schedule.name}: its job is running already")
         config = self.context.config.schedules.get(schedule.name)
@@ -365,24 +325,24 @@ class SchedulerSwiftlet:
         self._submit(schedule, config, self._local_now())
         return f"job {config.job_group}/{config.job_name} started"
 
-    def _stop_by_operator(self, schedule: _Schedule) -> str:
+    def _stop_by_operator(self, schedule: Schedule) -> str:
         if schedule.run is None:
             raise Veto(f"schedule {schedule.name}: no job is running")
         self._stop_run(schedule, "stopped by an operator")
         return f"schedule {schedule.name}: job stopped"
 
-    def _stop_run(self, schedule: _Schedule, why: str) -> None:
+    def _stop_run(self, schedule: Schedule, why: str) -> None:
         assert schedule.run is not None
         schedule.run.stopped_by = why
         schedule.run.scope.cancel()
 
-    def _submit(self, schedule: _Schedule, config: ScheduleConfig, planned: datetime) -> None:
+    def _submit(self, schedule: Schedule, config: ScheduleConfig, planned: datetime) -> None:
         group = self._groups.get(config.job_group)
         job = group.job(config.job_name) if group is not None else None
         if group is None or job is None:
-            self._record(schedule, config, planned, None, "invalid", self._job_problem(config))
+            self._history.record(schedule, config, planned, None, "invalid", self._job_problem(config))
             return
-        run = schedule.run = _Run(job, group, planned)
+        run = schedule.run = Run(job, group, planned)
         plan = self._plan(config)
         if isinstance(plan, Plan) and plan.max_runtime is not None:
             run.scope.deadline = trio.current_time() + plan.max_runtime
@@ -392,9 +352,9 @@ class SchedulerSwiftlet:
         except (PoolFull, trio.BrokenResourceError) as exc:
             schedule.run = None
             schedule.state = "scheduled"
-            self._record(schedule, config, planned, None, "rejected", str(exc))
+            self._history.record(schedule, config, planned, None, "rejected", str(exc))
 
-    async def _execute(self, schedule: _Schedule, config: ScheduleConfig, run: _Run) -> None:
+    async def _execute(self, schedule: Schedule, config: ScheduleConfig, run: Run) -> None:
         """One run, in the pool: the outcome goes to the history; nothing is raised but the
         cancellation of the scheduler itself (recorded as ``stopped``)."""
         run.started = self._local_now()
@@ -402,13 +362,13 @@ class SchedulerSwiftlet:
         outcome, message = "stopped", "the scheduler stopped"  # unless the job gets further
         further_runs = True
         self.context.bus.publish(
-            JobStarted(schedule=schedule.name, job_group=group.name, job_name=job.name, planned=_iso(run.planned))
+            JobStarted(schedule=schedule.name, job_group=group.name, job_name=job.name, planned=iso(run.planned))
         )
         if config.logging_enabled:
             self.context.log.info("schedule %s: job %s/%s started", schedule.name, group.name, job.name)
         try:
             with run.scope:
-                await self._remember({schedule.name: run.planned})
+                await self._records.remember({schedule.name: run.planned}, self.zone)
                 parameters = job.resolve({p.name: p.value for p in config.parameters.values()})
                 owner = self.context.lookup(group.swiftlet, object) if group.swiftlet else None
                 job_run = JobRun(
@@ -441,188 +401,5 @@ class SchedulerSwiftlet:
                     schedule.finished_config = config
                     schedule.state, schedule.next = "finished", None
                     message += " (the job forbids further runs)"
-            self._record(schedule, config, run.planned, run.started, outcome, message)
+            self._history.record(schedule, config, run.planned, run.started, outcome, message)
             self._wake()
-
-    def _record(
-        self,
-        schedule: _Schedule,
-        config: ScheduleConfig,
-        planned: datetime,
-        started: datetime | None,
-        outcome: str,
-        message: str,
-    ) -> None:
-        """Add a run to the history, the schedule's usage, the bus and (optionally) the log."""
-        ended = self._local_now()
-        if outcome != "missed":
-            schedule.runs += 1
-        schedule.last_start, schedule.last_end = _iso(started), _iso(ended)
-        schedule.last_outcome, schedule.last_message = outcome, message
-        entry = {
-            "schedule": schedule.name,
-            "job-group": config.job_group,
-            "job-name": config.job_name,
-            "planned": _iso(planned),
-            "start": _iso(started),
-            "end": _iso(ended) if started else "",
-            "outcome": outcome,
-            "message": message,
-        }
-        self._add_history(entry)
-        if outcome != "missed":
-            self.context.bus.publish(
-                JobFinished(
-                    schedule=schedule.name,
-                    job_group=config.job_group,
-                    job_name=config.job_name,
-                    outcome=outcome,
-                    message=message,
-                )
-            )
-        if config.logging_enabled or outcome in ("failed", "invalid", "rejected"):
-            level = logging.INFO if outcome in ("success", "stopped") else logging.WARNING
-            self.context.log.log(
-                level,
-                "schedule %s: job %s/%s %s%s",
-                schedule.name,
-                config.job_group,
-                config.job_name,
-                outcome,
-                f": {message}" if message else "",
-            )
-
-    def _add_history(self, entry: dict[str, Any]) -> None:
-        self._sequence += 1
-        key = f"{self._sequence:08d}"
-        self._history.append({"key": key, **entry})
-        self._usage_history.add(key, lambda: entry)
-        self._trim_history()
-
-    def _trim_history(self) -> None:
-        while len(self._history) > self.context.config.history_size:
-            self._usage_history.remove(self._history.popleft()["key"])
-
-    def _schedule_usage(self, schedule: _Schedule) -> dict[str, Any]:
-        return {
-            "state": schedule.state,
-            "next-start": _iso(schedule.next),
-            "error": schedule.error,
-            "runs": schedule.runs,
-            "last-start": schedule.last_start,
-            "last-end": schedule.last_end,
-            "last-outcome": schedule.last_outcome,
-            "last-message": schedule.last_message,
-        }
-
-    # -- missed starts and their record in the store ---------------------------------------
-
-    async def _remember(self, moments: Mapping[str, datetime]) -> None:
-        """Keep each schedule's last planned (or passed) time in the store, as an instant."""
-        if self._store is None or not moments:
-            return
-        await self._store.commit(
-            [
-                PutRecord(RECORD_KIND, name, json.dumps({"until": self.zone.instant(moment).isoformat()}).encode())
-                for name, moment in moments.items()
-            ]
-        )
-
-    async def _report_missed(self) -> None:
-        """Record the starts of ``at`` schedules that fell due while the router was down."""
-        if self._store is None:
-            return
-        records = self._store.recovered.records.get(RECORD_KIND, {})
-        config: SchedulerConfig = self.context.config
-        plans = build_plans(config)
-        now = self._local_now()
-        for name, value in records.items():
-            schedule_config = config.schedules.get(name)
-            plan = plans.get(name)
-            if schedule_config is None or not schedule_config.enabled or not isinstance(plan, Plan) or not plan.is_at:
-                continue
-            try:
-                since = self.zone.local(datetime.fromisoformat(json.loads(value)["until"]))
-            except (ValueError, KeyError, TypeError):
-                self.context.log.warning("schedule %s: unreadable record of its last start ignored", name)
-                continue
-            missed, total = missed_starts(plan.expression, since, now, config.history_size, **plan.bounds())
-            if not total:
-                continue
-            schedule = self._schedules.setdefault(name, _Schedule(name))
-            for planned in missed:
-                self._record(
-                    schedule, schedule_config, planned, None, "missed", "the router was down at the planned start"
-                )
-            schedule.last_planned = missed[-1]
-            self.context.bus.publish(
-                RunsMissed(schedule=name, count=total, first=_iso(missed[0]), last=_iso(missed[-1]))
-            )
-            self.context.log.warning(
-                "schedule %s: %d start(s) missed while the router was down, not run (last at %s)",
-                name,
-                total,
-                _iso(missed[-1]),
-            )
-        await self._remember({name: now for name in records if name in config.schedules})
-
-    # -- vetoes: runtime changes the config alone cannot check -------------------------------
-
-    def _calendar_added(self, entity: Entity) -> None:
-        entity.on_change(lambda change: self._check_calendar(attrs.evolve(entity.config, **{change.field: change.new})))
-        self._check_calendar(entity.config)
-
-    def _calendar_removed(self, entity: Entity) -> None:
-        config: SchedulerConfig = self.context.config
-        users = [f"schedule {n}" for n, s in config.schedules.items() if s.calendar == entity.name]
-        users += [f"calendar {n}" for n, c in config.calendars.items() if c.base_calendar == entity.name]
-        if users:
-            raise Veto(f"calendar {entity.name} is used by {', '.join(users)}")
-
-    def _check_calendar(self, candidate: CalendarConfig) -> None:
-        """Refuse a calendar (new or changed) that would break one that works now."""
-        if not self._checking:
-            return
-        calendars = self.context.config.calendars
-        before = build_calendars(calendars)
-        after = build_calendars({**calendars, candidate.name: candidate})
-        broken = [
-            problem
-            for name, problem in after.items()
-            if isinstance(problem, str) and not isinstance(before.get(name), str)
-        ]
-        if broken:
-            raise Veto(broken[0])
-
-    def _schedule_added(self, entity: Entity) -> None:
-        entity.on_change(lambda change: self._check_schedule(attrs.evolve(entity.config, **{change.field: change.new})))
-
-        def check_with(name: str, parameter: ParameterConfig | None) -> None:
-            parameters = {key: value for key, value in entity.config.parameters.items() if key != name}
-            if parameter is not None:
-                parameters[name] = parameter
-            self._check_schedule(attrs.evolve(entity.config, parameters=parameters))
-
-        def parameter_added(parameter: Entity) -> None:
-            parameter.on_change(
-                lambda change: check_with(parameter.name, attrs.evolve(parameter.config, **{change.field: change.new}))
-            )
-            check_with(parameter.name, parameter.config)
-
-        entity.entity_list("parameters").bind(parameter_added, lambda parameter: check_with(parameter.name, None))
-        self._check_schedule(entity.config)
-
-    def _check_schedule(self, config: ScheduleConfig) -> None:
-        """Refuse a schedule (new or changed) with an unknown calendar or an empty date range,
-        naming a job its group does not offer, or with parameters the job refuses (missing
-        mandatory ones only once it is enabled). A group not registered yet is not refused:
-        the schedule waits for it."""
-        if not self._checking:
-            return
-        plan = self._plan(config)
-        if isinstance(plan, str):
-            raise Veto(plan)
-        if config.job_group in self._groups:
-            problem = self._job_problem(config)
-            if problem:
-                raise Veto(problem)
