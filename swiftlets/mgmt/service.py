@@ -9,7 +9,7 @@ that many requests run at once and a slow operation does not hold up the others.
 
 Serving (:meth:`MgmtSwiftlet.serve`, the same for a request from the queue and for one from
 a front end inside the router through :class:`~.api.Management`): check the format's
-version, authorize (:func:`.requests.authorize`), run the verb against the router's management tree
+version, authorize (:func:`.requests.authorize`), run the verb against the router's management tree (:mod:`.tree`)
 (:mod:`kernel.mgmt`, whose vetoes and validation errors come back as status 400 with their
 reason), and log every change with the user and the old and new value. The reply is a
 non-persistent message to the request's reply-to, which may be a temporary queue on another
@@ -44,9 +44,7 @@ from martinet.kernel import (
     ManagementError,
     Overflow,
 )
-from martinet.kernel.mgmt import Entity, EntityList, Node, Usage, UsageList
 from martinet.kernel.router import SwiftletContext
-from martinet.kernel.schema import Prop, fields_of, xml_name
 from martinet.messaging.message import Message, MessageError, build
 from martinet.swiftlets.authentication.api import Authentication
 from martinet.swiftlets.queuemanager.api import ROUTER, MessageTooLarge, QueueError, QueueManager
@@ -71,11 +69,8 @@ from .requests import (
     confirm,
     decode_request,
     plain,
-    request_mapping,
-    request_path,
-    request_scalar,
-    request_text,
 )
+from .tree import TreeVerbs
 from .watches import Watches
 
 log = logging.getLogger(__name__)
@@ -83,63 +78,6 @@ log = logging.getLogger(__name__)
 
 CONCURRENCY = 16  # requests served at once
 STOP_DELAY = 1.0  # seconds between the reply to halt/reboot and the stop (the reply leaves first)
-
-
-def _kind(node: Node) -> str:
-    return {Entity: "entity", EntityList: "entity-list", Usage: "usage", UsageList: "usage-list"}[type(node)]
-
-
-def describe_node(node: Node) -> dict[str, Any]:
-    """``get``'s result: the node's kind and path, and its properties, children and
-    operations (an entity or usage entity) or its entries with their properties (a list)."""
-    result: dict[str, Any] = {"kind": _kind(node), "path": node.path}
-    if isinstance(node, (Entity, Usage)):
-        result["properties"] = plain(node.properties())
-        result["children"] = {name: _kind(child) for name, child in node.children.items()}
-        if isinstance(node, Usage):
-            result["operations"] = sorted(node.operations)
-    else:
-        entries = node.entities if isinstance(node, EntityList) else node.children
-        result["entries"] = {name: plain(entry.properties()) for name, entry in entries.items()}
-    return result
-
-
-def declarations(config_type: type) -> dict[str, Any]:
-    """The properties a config class declares, as data: description, type, default, bounds,
-    choices and flags, by XML name."""
-    found = {}
-    for field, meta in fields_of(config_type):
-        if not isinstance(meta, Prop):  # a child entity or list
-            continue
-        kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
-        entry: dict[str, Any] = {
-            "description": meta.description,
-            "type": kind,
-            "read-only": meta.read_only,
-            "reboot-required": meta.reboot_required,
-        }
-        # attrs' stubs declare Factory a function (it is a class), hence the ignore
-        if field.default is not attrs.NOTHING and not isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
-            entry["default"] = plain(field.default) if not meta.secret else "***"
-        for bound in ("min", "max", "choices"):
-            if getattr(meta, bound) is not None:
-                entry[bound] = plain(getattr(meta, bound))
-        found[xml_name(field.name)] = entry
-    return found
-
-
-def explain(node: Node) -> dict[str, Any]:
-    """``describe``'s result: the property declarations of an entity (of an entity list's
-    items, for ``add``) or the operations of a usage entity."""
-    result: dict[str, Any] = {"kind": _kind(node), "path": node.path}
-    if isinstance(node, Entity):
-        result["properties"] = declarations(node.config_type)
-    elif isinstance(node, EntityList):
-        result["item"] = declarations(node.meta.item_type)
-        result["description"] = node.meta.description
-    elif isinstance(node, Usage):
-        result["operations"] = [op.describe() for op in node.operations.values()]
-    return result
 
 
 class MgmtSwiftlet:
@@ -156,14 +94,15 @@ class MgmtSwiftlet:
         self._reply_queue: Any = None
         self.served = self.refused = self.failed = self.replies_refused = 0
         self.watches = Watches(context, self._send, self._answer)
+        self._tree = TreeVerbs(context.management)
         self._verbs: dict[str, Callable[..., Awaitable[Any]]] = {
-            "get": self._get,
-            "describe": self._describe,
+            "get": self._tree.get,
+            "describe": self._tree.describe,
             "routers": self._available,
-            "set": self._set,
-            "add": self._add,
-            "remove": self._remove,
-            "invoke": self._invoke,
+            "set": self._tree.set,
+            "add": self._tree.add,
+            "remove": self._tree.remove,
+            "invoke": self._tree.invoke,
             "save": self._save,
             "reboot": self._reboot,
             "halt": self._halt,
@@ -351,12 +290,6 @@ class MgmtSwiftlet:
         except LookupError:
             return False
 
-    async def _get(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        return describe_node(self.context.management.resolve(request_path(request)))
-
-    async def _describe(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        return explain(self.context.management.resolve(request_path(request)))
-
     async def _available(self, *_: Any) -> Any:
         rows = [{"name": self.router, "local": True, "active": True, "hops": 0, "next-hop": ""}]
         for name in sorted(self._routers):
@@ -371,63 +304,6 @@ class MgmtSwiftlet:
                 }
             )
         return rows
-
-    async def _set(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        path, name = request_text(request, "path"), request_text(request, "name")
-        value = request_scalar(request.get("value"), "argument 'value'")
-        entity = self.context.management.entity(path)
-        old = entity.get(name)
-        change = entity.set(name, value)
-        new = entity.get(name)
-        log.info(
-            "management: %s set %s %s: %r -> %r%s",
-            identity,
-            path,
-            name,
-            old,
-            new,
-            " (takes effect at the next start)" if change.reboot_required else "",
-        )
-        return {"path": path, "name": name, "old": old, "new": new, "reboot-required": change.reboot_required}
-
-    async def _add(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        path, name = request_text(request, "path"), request_text(request, "name")
-        values = {
-            key: request_scalar(value, f"value of {key!r}") for key, value in request_mapping(request, "values").items()
-        }
-        entity = self.context.management.add(path, name, values)
-        log.info("management: %s added %s/%s: %s", identity, path.rstrip("/"), name, plain(entity.properties()))
-        return describe_node(entity)
-
-    async def _remove(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        path, name = request_text(request, "path"), request_text(request, "name")
-        tree = self.context.management
-        entries = tree.entity_list(path)
-        old = entries.entities.get(name)
-        lost = entries.destroys(name)
-        confirm(request, f"removing {path.rstrip('/')}/{name} drops the {lost} message(s) it holds", lost)
-        tree.remove(path, name)
-        log.info(
-            "management: %s removed %s/%s (was %s)",
-            identity,
-            path.rstrip("/"),
-            name,
-            plain(old.properties()) if old is not None else {},
-        )
-        return {"path": path, "name": name}
-
-    async def _invoke(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
-        path, operation = request_text(request, "path"), request_text(request, "operation")
-        args = {
-            key: request_scalar(value, f"argument {key!r}") for key, value in request_mapping(request, "args").items()
-        }
-        offered = self.context.management.operations(path).get(operation)
-        if offered is not None and offered.destroys is not None:
-            lost = offered.destroys()
-            confirm(request, f"{operation} of {path} drops {lost} message(s)", lost)
-        result = await self.context.management.invoke(path, operation, **args)
-        log.info("management: %s invoked %s %s %s: %s", identity, path, operation, args, str(result)[:200])
-        return result
 
     async def _save(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
         try:
