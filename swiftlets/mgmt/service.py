@@ -9,9 +9,9 @@ that many requests run at once and a slow operation does not hold up the others.
 
 Serving (:meth:`MgmtSwiftlet.serve`, the same for a request from the queue and for one from
 a front end inside the router through :class:`~.api.Management`): check the format's
-version, authorize (:func:`.requests.authorize`), run the verb against the router's management tree (:mod:`.tree`)
-(:mod:`kernel.mgmt`, whose vetoes and validation errors come back as status 400 with their
-reason), and log every change with the user and the old and new value. The reply is a
+version, authorize (:func:`.requests.authorize`), run the verb against the router's
+management tree (:mod:`.tree` on :mod:`kernel.mgmt`, whose vetoes and validation errors come
+back as status 400 with their reason), and log every change with the user and the old and new value. The reply is a
 non-persistent message to the request's reply-to, which may be a temporary queue on another
 router: the queue manager's redirection sends it there like any message. Only to a reply-to
 that the router where the request entered found the requester may send to, and that exists
