@@ -15,12 +15,8 @@ subscriber queue — so a subscriber receives a message once however many of its
 subscriptions match — applies the root's slow-subscriber condition, and hands the message
 to the queue manager once for all target queues (its metadata is read once).
 
-Durable subscriptions are records in the store (kind ``durable``), rebuilt at start. A
-name that cannot make a queue is refused before anything is stored. A record that cannot
-be restored (an older version stored it, or it is damaged) is logged with one ERROR line,
-kept in the store and set aside — listed under ``usage/unrestorable`` until the same
-client id and name subscribe again (which replaces it) or unsubscribe (which deletes it) —
-and never stops the router from starting.
+Durable subscriptions (:mod:`.durables`) are records in the store, rebuilt at start; a
+record that cannot be restored is set aside and never stops the router from starting.
 
 A selector that cannot be evaluated on a published message (its properties do not decode)
 does not select it; that is logged once per subscription.
@@ -37,9 +33,8 @@ delivers with the same matching (:meth:`TopicManager._targets`) and never forwar
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -49,20 +44,19 @@ from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
 from martinet.messaging.message import Message, MessageError
 from martinet.messaging.selector import Selector, compile_selector, message_identifiers
 from martinet.swiftlets.queuemanager.api import (
-    TEMPORARY_PREFIX,
     Consumer,
     Creator,
     DiskFull,
     Queue,
     QueueError,
     QueueManager,
-    check_queue_name,
 )
-from martinet.swiftlets.store.api import DeleteRecord, PutRecord, Store
+from martinet.swiftlets.store.api import Store
 
-from .api import PublishResult, TopicError, TopicInterestChanged, durable_queue_name
+from .api import PublishResult, TopicError, TopicInterestChanged
 from .backlogs import BacklogWatch
 from .config import SlowSubscriberCondition
+from .durables import Durables
 from .federation import PUBLISHER, SOURCE, TEMPORARY_ROOT_PREFIX, TOPIC, AllDurable, Federation
 from .hierarchy import TopicName, TopicNameError, matches, parse_topic
 
@@ -152,18 +146,15 @@ class TopicManager:
         self.context = context
         self.auto_create_topics = context.config.auto_create_topics
         self._roots: dict[str, _Root] = {}
-        self._durables: dict[str, Subscription] = {}
-        self._unrestorable: dict[str, str] = {}  # durable records set aside at start: key → why
         self._matches: dict[str, tuple[Subscription, ...]] = {}
         self._conditions: dict[str, SlowSubscriberCondition] = {}
         self._queue_manager: QueueManager  # both looked up in run()
         self._store: Store
         self._root_usage: UsageList | None = None
-        self._durable_usage: UsageList | None = None
-        self._unrestorable_usage: UsageList | None = None
         self._federation: Federation | None = None
+        self._durables = Durables(context, self, lambda: self._backlogs.growing)
         self._backlogs = BacklogWatch(
-            lambda: ((name, s.queue.size, bool(s.queue.consumers)) for name, s in self._durables.items()),
+            lambda: ((name, s.queue.size, bool(s.queue.consumers)) for name, s in self._durables.by_queue.items()),
             threshold=lambda: context.config.unconsumed_backlog_warning,
             interval=lambda: context.config.backlog_check_interval,
         )
@@ -173,14 +164,13 @@ class TopicManager:
         self._queue_manager = self.context.lookup("sys$queuemanager", QueueManager)
         usage = self.context.usage
         self._root_usage = usage.add_list("topics")
-        self._durable_usage = usage.add_list("durable-subscribers")
-        self._unrestorable_usage = usage.add_list("unrestorable")
+        self._durables.start(self._store, self._queue_manager)
         usage.provide(
             lambda: {
                 "roots": len(self._roots),
-                "durable-subscribers": len(self._durables),
+                "durable-subscribers": len(self._durables.by_queue),
                 "durable-backlogs-growing": len(self._backlogs.growing),
-                "unrestorable": len(self._unrestorable),
+                "unrestorable": len(self._durables.unrestorable),
                 "interest": " ".join(sorted(self.interest())),
                 "interest-records-sent": self._federation.records_sent if self._federation else 0,
                 "interest-records-received": self._federation.records_received if self._federation else 0,
@@ -191,7 +181,7 @@ class TopicManager:
         entity.entity_list("topics").bind(self._topic_defined)  # a root stays while it has subscriptions
         entity.entity_list("slow-subscriber-conditions").bind(self._condition_added, self._condition_removed)
         self._federation = Federation(self.context, self._queue_manager, self.interest, self._deliver_forwarded)
-        self._recover()
+        self._durables.recover()
         async with trio.open_nursery() as nursery:
             await nursery.start(self._federation.run, self._store)
             await nursery.start(self._backlogs.run)
@@ -217,57 +207,10 @@ class TopicManager:
     def _condition_removed(self, entity: Entity) -> None:
         self._conditions.pop(entity.name, None)
 
-    def _recover(self) -> None:
-        """Rebuild the durable subscriptions from their store records. A record that cannot
-        be restored is set aside (:meth:`_set_aside`), never a reason not to start."""
-        for key, record in self._store.recovered.records.get("durable", {}).items():
-            try:
-                data = json.loads(record)
-                topic = parse_topic(data["topic"])
-                selector = compile_selector(data["selector"]) if data["selector"] else None
-                _check_durable_queue_name(key)
-                subscription = Subscription(
-                    self,
-                    topic,
-                    self._queue_manager.queue(key, create=True),
-                    selector=selector,
-                    no_local=bool(data["no_local"]),
-                    client_id=data["client_id"],
-                    durable_name=data["name"],
-                )
-            except (ValueError, KeyError, TypeError, TopicNameError, QueueError) as exc:  # (JSON, selector: ValueError)
-                self._set_aside(key, record, f"{type(exc).__name__}: {exc}")
-                continue
-            self._add(subscription)
-        if self._durables:
-            log.info("topic manager restored %d durable subscription(s)", len(self._durables))
-
-    def _set_aside(self, key: str, record: bytes, reason: str) -> None:
-        """Keep a durable record that cannot be restored in the store, log it once, and list
-        it under ``usage/unrestorable/<key>`` (a ``/`` in the key shows as ``%2F``)."""
-        self._unrestorable[key] = reason
-        log.error(
-            "durable subscription record %r cannot be restored and is set aside (kept in the store, listed "
-            "under /%s/usage/unrestorable): %s",
-            key,
-            self.context.name,
-            reason,
-        )
-        if self._unrestorable_usage is not None:
-            text = record.decode("utf-8", "replace")
-            self._unrestorable_usage.add(
-                key.replace("/", "%2F"),
-                lambda: {"key": key, "reason": reason, "record": text if len(text) <= 500 else text[:500] + "…"},
-            )
-
-    def _forget_unrestorable(self, key: str) -> None:
-        if self._unrestorable.pop(key, None) is not None and self._unrestorable_usage is not None:
-            self._unrestorable_usage.remove(key.replace("/", "%2F"))
-
     def is_durable_queue(self, name: str) -> bool:
         """Whether queue ``name`` belongs to a durable subscription (one restored or
         created, or a record set aside at start): it is used only through the subscription."""
-        return name in self._durables or name in self._unrestorable
+        return self._durables.is_durable_queue(name)
 
     # -- roots and interest --------------------------------------------------------------------
 
@@ -296,17 +239,7 @@ class TopicManager:
         root.subscriptions.append(subscription)
         self._matches.clear()
         if subscription.durable:
-            self._durables[subscription.queue.name] = subscription
-            if self._durable_usage is not None:
-                entry = self._durable_usage.add(
-                    subscription.queue.name, lambda: _durable_usage(subscription, self._backlogs.growing)
-                )
-                entry.add_operation(
-                    "delete",
-                    lambda: self._delete_durable(subscription),
-                    "Delete this durable subscription and the messages it holds (refused while it has consumers).",
-                    destroys=lambda: subscription.queue.size,
-                )
+            self._durables.added(subscription)
         if len(root.subscriptions) == 1:
             self.context.bus.publish(TopicInterestChanged(root=root.name, interested=True))
             if self._federation is not None:
@@ -319,9 +252,7 @@ class TopicManager:
         root.subscriptions.remove(subscription)
         self._matches.clear()
         if subscription.durable:
-            self._durables.pop(subscription.queue.name, None)
-            if self._durable_usage is not None:
-                self._durable_usage.remove(subscription.queue.name)
+            self._durables.removed(subscription)
         if subscription.owns_queue and subscription.queue.name in self._queue_manager.queues:
             self._queue_manager.delete_queue(subscription.queue.name)
         if not root.subscriptions:
@@ -385,43 +316,9 @@ class TopicManager:
             TopicError: invalid names, topic or selector; or the old one, to be replaced,
                 has active consumers.
         """
-        if not client_id or not name or "$" in name or "/" in name or "/" in client_id:
-            raise TopicError(
-                f"invalid durable subscription {client_id!r} / {name!r}: both non-empty, the name without '$' or '/'"
-            )
-        key = durable_queue_name(client_id, name)
-        try:  # checked before anything is stored: a record whose queue cannot be made would stop every start
-            _check_durable_queue_name(key)
-        except QueueError as exc:
-            raise TopicError(
-                f"invalid durable subscription {client_id!r} / {name!r}: its queue {key!r} cannot "
-                f"exist ({exc}); client id and name must not contain '/', '@' or spaces"
-            ) from None
-        topic_name, compiled = self._check(topic, selector)
-        existing = self._durables.get(key)
-        if existing is None and key not in self._queue_manager.queues:
-            self._queue_manager.check_room(key, creator)  # a new queue: counted for its creator (TooManyQueues)
-        if existing is not None:
-            if (existing.topic.text, existing.selector, existing.no_local) == (topic, compiled, no_local):
-                return existing
-            await self.unsubscribe(client_id, name)
-            log.info("durable subscription %s changed: dropped and created anew", key)
-        self._root(topic_name.root)
-        record = {
-            "client_id": client_id,
-            "name": name,
-            "topic": topic,
-            "selector": selector or "",
-            "no_local": no_local,
-        }
-        await self._store.commit([PutRecord("durable", key, json.dumps(record).encode())])
-        self._forget_unrestorable(key)  # the record set aside at start is replaced
-        queue = self._queue_manager.queue(key, create=True, creator=creator or Creator())
-        subscription = Subscription(
-            self, topic_name, queue, selector=compiled, no_local=no_local, client_id=client_id, durable_name=name
+        return await self._durables.subscribe(
+            client_id, name, topic, selector=selector, no_local=no_local, creator=creator
         )
-        self._add(subscription)
-        return subscription
 
     async def unsubscribe(self, client_id: str, name: str) -> None:
         """Delete the durable subscription and its messages (also the administrative delete);
@@ -430,46 +327,11 @@ class TopicManager:
         Raises:
             TopicError: no such subscription, or it has active consumers.
         """
-        key = durable_queue_name(client_id, name)
-        subscription = self._durables.get(key)
-        if subscription is None and key in self._unrestorable:  # set aside at start: forget the record
-            queue = self._queue_manager.queues.get(key)
-            if queue is not None and queue.consumers:
-                raise TopicError(f"queue {key} of the unrestorable durable subscription has consumers")
-            await self._store.commit([DeleteRecord("durable", key)])
-            self._forget_unrestorable(key)
-            if key in self._queue_manager.queues:
-                self._queue_manager.delete_queue(key)
-            log.info("unrestorable durable subscription record %r deleted", key)
-            return
-        if subscription is None:
-            raise TopicError(f"no durable subscription {key!r} on router {self.context.router_name}")
-        if subscription.queue.consumers:
-            raise TopicError(
-                f"durable subscription {key} has {len(subscription.queue.consumers)} active "
-                "consumer(s): close them first"
-            )
-        del self._durables[key]  # gone for everyone from now on, while the store forgets it
-        await self._store.commit([DeleteRecord("durable", key)])
-        self._remove(subscription)
-
-    async def _delete_durable(self, subscription: Subscription) -> dict[str, Any]:
-        """The operator's delete of a durable subscription (management): the queue deleted and
-        how many messages it dropped (``martinet-pipeline --drop`` prints them)."""
-        assert subscription.client_id is not None and subscription.durable_name is not None  # a durable one
-        dropped = subscription.queue.size
-        try:
-            await self.unsubscribe(subscription.client_id, subscription.durable_name)
-        except TopicError as exc:
-            raise Veto(str(exc)) from None
-        log.info(
-            "durable subscription %s deleted by management (%d message(s) dropped)", subscription.queue.name, dropped
-        )
-        return {"deleted": subscription.queue.name, "dropped": dropped}
+        await self._durables.unsubscribe(client_id, name)
 
     def durable_subscriptions(self) -> dict[str, Subscription]:
         """Durable subscriptions by queue name (``clientid$name``)."""
-        return dict(self._durables)
+        return dict(self._durables.by_queue)
 
     def _check(self, topic: str, selector: str | None) -> tuple[TopicName, Selector | None]:
         try:
@@ -632,28 +494,3 @@ class TopicManager:
                 subscription.selector.text if subscription.selector else "",
                 error,
             )
-
-
-def _check_durable_queue_name(key: str) -> None:
-    """A durable subscription's queue name must be a valid queue name and must not look
-    like a temporary queue's (client id ``tmp``): ``tmp$5`` may be another connection's.
-
-    Raises:
-        QueueError: it may not name a durable subscription's queue.
-    """
-    check_queue_name(key)
-    if key.startswith(TEMPORARY_PREFIX):
-        raise QueueError(f"{key!r} is a temporary queue's name (client id {TEMPORARY_PREFIX[:-1]!r} is reserved)")
-
-
-def _durable_usage(subscription: Subscription, growing: Mapping[str, int]) -> dict[str, Any]:
-    return {
-        "client-id": subscription.client_id,
-        "name": subscription.durable_name,
-        "topic": subscription.topic.text,
-        "selector": subscription.selector.text if subscription.selector else "",
-        "no-local": subscription.no_local,
-        "messages": subscription.queue.size,
-        "consumers": len(subscription.queue.consumers),
-        "backlog-growing": subscription.queue.name in growing,
-    }
