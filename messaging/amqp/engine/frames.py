@@ -64,11 +64,9 @@ def _transfer_tails() -> dict[bytes, tuple[bool, bool]]:
 _TRANSFER_TAILS = _transfer_tails()
 _OPEN_PREFIX = bytes([0x00, 0x53, OPEN])
 _U32 = struct.Struct(">I")
-# A transfer as we send it: frame header, descriptor, list8 of handle, delivery-id, delivery-tag
-# (the 4-byte delivery-id), message-format 0 and settled; the payload follows.
-_TRANSFER = struct.Struct(">I16sI2sI2s")  # size, the link's head (see Link.send), id, tag header, tag, the rest
-_TRANSFER_FIRST = struct.Struct(">3sBBBBIBIBBIBBB")  # the first frame of several: with more=true
-_TRANSFER_NEXT = struct.Struct(">3sBBBBIBBBBB")  # the following ones: handle and more
+# (The formats of the transfers we send are in link.py and session.py, where they are packed:
+# CPython 3.11 compiles a method call on a name bound by an import as an attribute load,
+# which makes a bound method on every call.)
 
 
 # What the fields of each performative must be when present (a peer's wrong type closes the

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ...codec import Described, UByte, UInt, ULong
 from ..wire import ATTACH, DETACH, MASK, Error, LocalProtocolError, Terminus
-from .frames import _TRANSFER
 from .states import (
     _NEVER_ATTACHED_BY_US,
     _OURS_ATTACHED,
@@ -26,6 +25,12 @@ if TYPE_CHECKING:
     from .session import Session
 
 __all__ = ["Link", "LinkHandler"]
+
+# A transfer as we send it: frame header, descriptor, list8 of handle, delivery-id, delivery-tag
+# (the 4-byte delivery-id), message-format 0 and settled; the payload follows. Defined here, not
+# imported: CPython 3.11 compiles a method call on a name bound by an import (``_TRANSFER.pack``)
+# as an attribute load, which makes a bound method per message.
+_TRANSFER = struct.Struct(">I16sI2sI2s")  # size, the link's head (see Link.send), id, tag header, tag, the rest
 
 
 class LinkHandler(Protocol):

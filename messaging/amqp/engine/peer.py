@@ -72,10 +72,12 @@ class PeerFrames:
     link (attach, detach, flow, transfer: the transfers to :class:`.IncomingTransfers`).
     One per connection, which it is given on each call (it keeps no reference to it)."""
 
-    __slots__ = ("_transfers",)
+    __slots__ = ("_deliver",)
 
     def __init__(self, transfers: IncomingTransfers) -> None:
-        self._transfers = transfers
+        # the bound method, so that a transfer frame off the fast path costs one attribute
+        # load here, as the method call did when this was part of the connection
+        self._deliver = transfers.deliver
 
     def performative(self, connection: Connection, channel: int, buffer: bytes, body: int, frame_end: int) -> None:
         value, after = decode(buffer, body)
@@ -276,7 +278,7 @@ class PeerFrames:
         more to come, or a link not taking messages)."""
         fields = fields + [None] * 11
         link = _link(session, fields[0])
-        self._transfers.deliver(
+        self._deliver(
             connection, session, link, fields[1], payload, bool(fields[4]), bool(fields[5]), fields[7], bool(fields[9])
         )
 

@@ -4,13 +4,14 @@ open; settlements towards the peer are batched here into ranged dispositions."""
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ...codec import Described, UInt, UShort, encode
 from ..wire import BEGIN, DISPOSITION, END, FLOW, MASK, Error, LocalProtocolError
 from .events import LinkDetached
-from .frames import _TRANSFER_FIRST, _TRANSFER_NEXT, _U32, INCOMING_WINDOW
+from .frames import INCOMING_WINDOW
 from .link import Link
 from .numbering import _Numbered
 from .states import (
@@ -29,6 +30,12 @@ if TYPE_CHECKING:
     from .connection import Connection
 
 __all__ = ["Session"]
+
+# The transfers of a message that takes several frames, or has a delivery state (defined here,
+# not imported, for the reason given with Link's _TRANSFER)
+_TRANSFER_FIRST = struct.Struct(">3sBBBBIBIBBIBBB")  # the first frame of several: with more=true
+_TRANSFER_NEXT = struct.Struct(">3sBBBBIBBBBB")  # the following ones: handle and more
+_TAG = struct.Struct(">I")  # a delivery tag: the delivery id's 4 bytes
 
 
 class Session:
@@ -231,7 +238,7 @@ class Session:
                     0x41 if more else 0x42,
                 )
             return b"\x00\x53\x14" + encode(
-                [UInt(link.handle), UInt(delivery_id), _U32.pack(delivery_id), UInt(0), settled, more, None, state]
+                [UInt(link.handle), UInt(delivery_id), _TAG.pack(delivery_id), UInt(0), settled, more, None, state]
             )
 
         limit = self.connection.remote_max_frame_size - 8  # the frame header
