@@ -28,7 +28,7 @@ The parts, one module each:
 
 - :mod:`.states`: the three state machines, their states and inputs;
 - :mod:`.events`: the events of the rare things;
-- :mod:`.frames`: the frame formats, the checks of the peer's frames, and
+- :mod:`.frames`: the checks of the peer's frames (headers, the performatives' fields) and
   :class:`~.frames.FrameReader`, which reads them with the transfer fast path;
 - :mod:`.peer`: :class:`~.peer.PeerFrames`, the peer's other performatives, each handed
   to what it concerns;

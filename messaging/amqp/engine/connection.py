@@ -71,7 +71,7 @@ class Connection:
     """
 
     # Asked of the peer in our open; assigned by a client that wants some. A class default,
-    # so a server's connections keep 29 instance attributes (see the end of __init__).
+    # so that a server's connections have one instance attribute fewer (see the end of __init__).
     desired_capabilities: Sequence[str] = ()
 
     def __init__(
@@ -311,7 +311,7 @@ class Connection:
         :class:`ConnectionClosed` unless its close came first). Complete frames are handled
         at once: link handlers are called, events queued. A server waits for the owner's
         :meth:`open` before it reads past the peer's open. The peer's protocol errors are
-        answered at their scope (see the module docstring); they are not raised. Does
+        answered at their scope (see :mod:`.peer`); they are not raised. Does
         nothing once the connection is over.
 
         Raises:

@@ -1,7 +1,7 @@
-"""The frames: their formats, the checks of the peer's, and :class:`FrameReader`, which
-takes the peer's bytes apart. Transfers have a decoding fast path for the usual encodings;
-anything else goes through the general codec (:class:`.PeerFrames`).
-``bench/engine_bench.py`` measures the per-message paths.
+"""The peer's frames: the checks of their headers and of the performatives' fields, and
+:class:`FrameReader`, which takes the peer's bytes apart. Transfers have a decoding fast
+path for the usual encodings; anything else goes through the general codec
+(:class:`.PeerFrames`). ``bench/engine_bench.py`` measures the per-message paths.
 """
 
 from __future__ import annotations

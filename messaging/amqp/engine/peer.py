@@ -18,7 +18,6 @@ breach [2.8.15–2.8.17]:
   multi-frame messages of all links above :attr:`.Connection.max_incoming_buffer`): a
   ``close`` with the error, and :class:`.ConnectionClosed`; the connection is over.
 
-
 A breach of link or session scope is raised where it is found and answered by
 :meth:`PeerFrames.answer`; one of connection scope ends the connection
 (:meth:`.Connection._fail`).
