@@ -1,4 +1,4 @@
-"""The AMQP engine (messaging/amqp/engine.py) against proton's engine as the peer, in memory:
+"""The AMQP engine (messaging/amqp/engine/) against proton's engine as the peer, in memory:
 bytes are pumped between our sans-IO connection and a proton client transport, so every
 frame we write is judged by proton and every frame proton writes is read by us. Then the
 peer's breaches of a link, a session and the connection, from raw frames in memory and

@@ -1,4 +1,4 @@
-"""The engine's three state machines (messaging/amqp/engine.py): the connection [2.4.6], session
+"""The engine's three state machines (messaging/amqp/engine/states.py): the connection [2.4.6], session
 [2.5.5] and link [2.6.3, 2.6.6] transition tables, every (state, input) pair of each, and
 the engine driven through them by a Hypothesis peer that sends any begin, attach, transfer,
 flow, disposition, detach and end a session or link may get, while an owner attaches,
