@@ -636,7 +636,7 @@ async def wrong_password(hub: Hub) -> Closed | None:
         with pytest.raises(AssertionError, match="authentication failed"):
             await guesser.pump(lambda event: isinstance(event, Operational), "a guess", timeout=30)
     # the hub's side of the link ends after its reject-disconnect-delay (or our close)
-    links = hub.network.routers["hub"].swiftlet("sys$routing")._listener_links
+    links = hub.network.routers["hub"].swiftlet("sys$routing").listeners.links
     with trio.fail_after(10):
         while any(link.operational is None for each in links.values() for link in each):
             await trio.sleep(0.01)
@@ -650,7 +650,7 @@ async def test_password_guesses_are_throttled_per_address_and_logged_aggregated(
     handshakes under way from the address is closed at once, and the WARNING line per guess
     stops after ten a minute (counted instead); a handshake that succeeds clears the address."""
     monkeypatch.setattr(HandshakeThrottle, "MAX_DELAY", 0.4)  # (4 s in earnest)
-    throttle = hub.network.routers["hub"].swiftlet("sys$routing")._handshakes
+    throttle = hub.network.routers["hub"].swiftlet("sys$routing").listeners.handshakes
     delays = []
     for _ in range(12):
         await wrong_password(hub)

@@ -6,11 +6,10 @@ Everything here runs in the router's one trio thread, so the link registry and t
 exchanger (:mod:`.exchange`, a pure object) need no lock: a link's events are handled to the
 end, exchanger output included, before anything else runs.
 
-- **Listeners** accept sockets, check the host access list and hand each to a
-  :class:`~.links.Link` of the listener role. **Connectors** each run a task that dials,
-  runs a link of the connector role until it ends, waits (``retry-time``, or the backoff)
-  and dials again — while enabled. A connector whose link was refused for a bad password
-  waits the same delay: it never hammers the peer.
+- **Listeners** (:mod:`.listeners`) accept sockets, check the host access list and hand
+  each to a :class:`~.links.Link` of the listener role. **Connectors** (:mod:`.connectors`)
+  each run a task that dials, runs a link of the connector role until it ends, waits
+  (``retry-time``, or the backoff) and dials again — while enabled.
 - **Admission** (both ends, :meth:`RoutingSwiftlet.admission`): a router name is connected
   once: a link to a router already connected is refused. Two links to one router can both
   pass admission only while both are in their handshake (two routers dialled each other at
@@ -47,8 +46,6 @@ end, exchanger output included, before anything else runs.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import logging
 import ssl
 import time
@@ -57,24 +54,21 @@ from typing import Any
 import trio
 
 from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
-from martinet.kernel.logs import HostLimitedLog
-from martinet.messaging.like import like_pattern
-from martinet.messaging.listening import Accepted, listen, port_of
 from martinet.swiftlets.queuemanager.api import QueueError, QueueManager
 from martinet.swiftlets.xa.api import XAResourceManager
 
 from . import api
 from .api import UNROUTABLE, Destination, LinkState, LinkStateChanged, redirection_predicate, routing_queue
 from .bridges import QueueBridge
-from .config import ConnectorConfig, ListenerConfig, RetryPolicy, RoutingConfig
+from .config import ConnectorConfig, ListenerConfig, RoutingConfig
+from .connectors import Connectors, stamp
 from .dispatch import RoutedTransfer
 from .exchange import Announcement, BadAnnouncement, Output, RouteExchanger, RouteFilter
-from .links import CLOSE_TIMEOUT, HandshakeThrottle, Link, configure_socket, describe
+from .links import Link
+from .listeners import Listeners
 from .rewrite import routing_rewrite
 from .routelog import RouteChanges
 from .stages import (
-    AUTH_FAILED,
-    LinkMachine,
     LinkSettings,
     RecoveryReceived,
     RecoveryRequested,
@@ -86,11 +80,8 @@ __all__ = ["RoutingSwiftlet"]
 
 log = logging.getLogger(__name__)
 
-# What a listener accepts: a TCP connection, with TLS on top when the listener has a certificate.
-_Accepted = Accepted
 
 STOP_DRAIN = 5.0  # seconds an orderly stop gives the links to carry what is non-persistent (see _last_transfers)
-BACKOFF_START = 2.0  # seconds: the first delay of an exponential retry policy (Qpid's)
 # the table changes that name the destination they concern (each wakes its dispatcher)
 _TABLE_EVENTS = (
     api.DestinationAdded,
@@ -106,74 +97,6 @@ ROUTE_LOG_INTERVAL = 1.0  # seconds a batch of route changes is collected for it
 
 def _filters(config: RoutingConfig) -> dict[str, RouteFilter]:
     return {name: RouteFilter(f.type, frozenset(f.routers)) for name, f in config.filters.items()}
-
-
-def _stamp(seconds: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else ""
-
-
-#: The states a failing connector's retries go through; they do not start a new "since".
-_RETRY_CYCLE = frozenset({LinkState.FAILED, LinkState.WAITING, LinkState.CONNECTING})
-
-
-class _Connector:
-    """A connector's task state: its scope, its current link, and what usage shows."""
-
-    def __init__(self, entity: Entity):
-        self.entity = entity
-        self.scope = trio.CancelScope()
-        self.wakeup = trio.Event()
-        self.link: Link | None = None
-        self.last_peer = ""  # the router it reached last (for the network map while it is down)
-        self.state = LinkState.WAITING
-        self.since = time.time()  # when the state began (a retry of a failing link does not move it)
-        self.failing = False  # attempts fail since the link was last operational (a retry loop)
-        self.error: str | None = None
-        self.error_time: float | None = None  # when this error first happened (its repeats do not move it)
-        self.previous_error = ""  # the last error before the link became operational again
-        self.previous_error_time: float | None = None
-        self.attempts = 0
-        self.next_attempt: float | None = None
-
-    def wake(self) -> None:
-        self.wakeup.set()
-
-    def enter(self, state: LinkState, error: str | None) -> None:
-        """Take ``state`` (and ``error``): a link that fails, waits and tries again keeps the
-        time it began failing, and an error that repeats keeps the time it first happened, so
-        an operator reads how long it has been down, not when the last retry was. An error
-        does not outlive the link's recovery: it moves to the previous error, with its time."""
-        now = time.time()
-        retrying = _RETRY_CYCLE
-        if state is not self.state and not (self.failing and self.state in retrying and state in retrying):
-            self.since = now
-        if state is LinkState.FAILED:
-            self.failing = True
-        elif state in (LinkState.OPERATIONAL, LinkState.DISABLED):
-            self.failing = False
-        self.state = state
-        if error is not None and error != self.error:
-            self.error, self.error_time = error, now
-        if state is LinkState.OPERATIONAL and self.error is not None:
-            self.previous_error, self.previous_error_time = self.error, self.error_time
-            self.error = self.error_time = None
-
-    def usage(self) -> dict[str, Any]:
-        config = self.entity.config
-        return {
-            "state": self.state.value,
-            "hostname": config.hostname,
-            "port": config.port,
-            "routername": self.link.peer if self.link else "",
-            "last-routername": self.last_peer,
-            "attempts": self.attempts,
-            "since": _stamp(self.since),
-            "last-error": self.error or "",
-            "last-error-time": _stamp(self.error_time),
-            "previous-error": self.previous_error,
-            "previous-error-time": _stamp(self.previous_error_time),
-            "next-attempt": _stamp(self.next_attempt),
-        }
 
 
 class RoutingSwiftlet:
@@ -194,13 +117,6 @@ class RoutingSwiftlet:
         )
         self._nursery: trio.Nursery | None = None
         self._links: dict[str, Link] = {}  # operational links by peer name
-        self._connectors: dict[str, _Connector] = {}
-        self._listeners: dict[str, trio.CancelScope] = {}
-        self._listener_links: dict[str, set[Link]] = {}
-        self._handshakes = HandshakeThrottle()
-        # a listener link that fails its handshake: one line per peer address and minute, then a count
-        self._handshake_log = HostLimitedLog(log, "%s from %s closed: %s", "routing handshakes from %s refused")
-        self._link_numbers = itertools.count(1)
         self._filters_changed = trio.Event()
         self._sent = self._received = self._refused = 0
         self._route_changes = RouteChanges()
@@ -219,8 +135,8 @@ class RoutingSwiftlet:
                 "expired-in-transit": self._transfer.expired if self._transfer else 0,
             }
         )
-        self._usage_listeners = usage.add_list("listeners")
-        self._usage_connectors = usage.add_list("connectors")
+        self.listeners = Listeners(context, self, self._settings)
+        self.connectors = Connectors(context, self, self._settings)
         self._usage_connections = usage.add_list("connections")
         self._usage_lost = usage.add_list("lost-links")  # see _remember_lost
         self._lost: dict[str, dict[str, Any]] = {}
@@ -262,7 +178,7 @@ class RoutingSwiftlet:
         self._start_addressing()
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
+                self._nursery = self.listeners.nursery = self.connectors.nursery = nursery
                 if self._queue_manager is not None:
                     try:
                         xa: XAResourceManager | None = self.context.lookup("sys$xa", XAResourceManager)
@@ -283,12 +199,12 @@ class RoutingSwiftlet:
                 self._bind_filters()
                 for listener in entity.entity_list("listeners").entities.values():
                     try:
-                        sockets = self._bind(listener.config)
+                        sockets = self.listeners.bind(listener.config)
                     except (OSError, ssl.SSLError) as exc:
                         raise RuntimeError(str(exc)) from None
-                    self._start_listener(listener, sockets)
-                entity.entity_list("listeners").bind(self._listener_added, self._listener_removed)
-                entity.entity_list("connectors").bind(self._connector_added, self._connector_removed)
+                    self.listeners.start(listener, sockets)
+                entity.entity_list("listeners").bind(self.listeners.added, self.listeners.removed)
+                entity.entity_list("connectors").bind(self.connectors.added, self.connectors.removed)
                 entity.entity_list("queue-bridges").bind(self._bridge_added, self._bridge_removed)
                 nursery.start_soon(self._follow_filters)
                 nursery.start_soon(self._retire_forever)
@@ -535,16 +451,16 @@ class RoutingSwiftlet:
         self._apply(output, link.peer)
 
     def link_state(self, link: Link) -> None:
-        connector = self._connectors.get(link.name.removeprefix("connector:"))
+        connector = self.connectors.get(link.name.removeprefix("connector:"))
         if link.role is Role.CONNECTOR and connector is not None:
-            self._set_state(connector, link.state, link.error)
+            self.connectors.set_state(connector, link.state, link.error)
         else:
             self.context.bus.publish(
                 LinkStateChanged(link=link.name, peer=link.peer, state=link.state, error=link.error)
             )
         if link.error is not None and link.role is Role.LISTENER and link.operational is None:
             # a handshake that failed: what any peer can repeat at will, so limited per address
-            self._handshake_log.warn(link.address.rpartition(":")[0], f"routing link {link.name}", link.error)
+            self.listeners.handshake_log.warn(link.address.rpartition(":")[0], f"routing link {link.name}", link.error)
         elif link.error is not None:
             level = logging.WARNING if link.state is LinkState.FAILED else logging.INFO
             log.log(
@@ -589,7 +505,7 @@ class RoutingSwiftlet:
             "listener": link.name,
             "address": link.address,
             "state": link.state.value,
-            "since": _stamp(time.time()),
+            "since": stamp(time.time()),
             "last-error": link.error or "",
         }
         if self._lost.pop(link.peer, None) is not None:
@@ -601,7 +517,7 @@ class RoutingSwiftlet:
         operational = link.operational
         return {
             "routername": link.peer or "",
-            "connecttime": _stamp(link.connect_time),
+            "connecttime": stamp(link.connect_time),
             "address": link.address,
             "protocol-version": operational.version if operational else "",
             "uses-xa": bool(operational and operational.use_xa),
@@ -624,137 +540,6 @@ class RoutingSwiftlet:
             reject_disconnect_delay=swiftlet.reject_disconnect_delay / 1000,
         )
 
-    # --- listeners ----------------------------------------------------------------------
-
-    def _listener_added(self, entity: Entity) -> None:
-        """Bind the listener now, so that an add with a port in use is refused with the reason."""
-        if entity.name in self._listeners:  # bound at start, before the list was bound
-            return
-        try:
-            listeners = self._bind(entity.config)
-        except (OSError, ssl.SSLError) as exc:
-            raise Veto(str(exc)) from None
-        self._start_listener(entity, listeners)
-
-    def _listener_removed(self, entity: Entity) -> None:
-        scope = self._listeners.pop(entity.name, None)
-        if scope is not None:
-            links = self._listener_links.pop(entity.name, set())
-            for link in links:
-                link.close(f"listener {entity.name} removed")
-            scope.cancel()
-
-    @staticmethod
-    def _bind(config: ListenerConfig) -> list[trio.abc.Listener[_Accepted]]:
-        """The listening sockets of ``config`` (TLS ones with a certificate).
-
-        Raises: OSError (e.g. the port is in use) or ssl.SSLError, with the listener named."""
-        where = f"routing listener {config.name}"
-        return listen(where, config.bindaddress, config.port, certificate=config.tls_certificate, key=config.tls_key)
-
-    def _start_listener(self, entity: Entity, listeners: list[trio.abc.Listener[_Accepted]]) -> None:
-        """Show the bound listener in usage and start accepting on it."""
-        config: ListenerConfig = entity.config
-        port = port_of(listeners)
-        counts = {"port": port, "links": 0, "accepted": 0, "refused": 0}
-        self._usage_listeners.add(config.name, lambda: dict(counts))
-        self._listeners[config.name] = scope = trio.CancelScope()
-        log.info(
-            "routing listener %s on %s:%d%s",
-            config.name,
-            config.bindaddress,
-            port,
-            " (TLS)" if config.tls_certificate else "",
-        )
-        assert self._nursery is not None
-        self._nursery.start_soon(self._serve, entity, listeners, counts, scope)
-
-    async def _serve(
-        self,
-        entity: Entity,
-        listeners: list[trio.abc.Listener[_Accepted]],
-        counts: dict[str, int],
-        scope: trio.CancelScope,
-    ) -> None:
-        """Accept links on ``listeners`` until the listener is removed or the swiftlet stops."""
-        name = entity.name
-        links = self._listener_links.setdefault(name, set())
-
-        async def handle(stream: _Accepted) -> None:
-            live: ListenerConfig = entity.config
-            transport = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
-            try:
-                host, peer_port = transport.socket.getpeername()[:2]
-            except OSError:  # the peer is gone already
-                await trio.aclose_forcefully(stream)
-                return
-            pending = sum(
-                1
-                for others in self._listener_links.values()
-                for other in others
-                if other.operational is None and other.address.rpartition(":")[0] == host
-            )
-            if pending >= HandshakeThrottle.MAX_PENDING:
-                counts["refused"] += 1
-                self._handshake_log.warn(
-                    host, f"routing link to listener {name}", f"{pending} handshakes from there under way already"
-                )
-                await trio.aclose_forcefully(stream)
-                return
-            if live.host_access_list and not any(like_pattern(p).matches(host) for p in live.host_access_list):
-                counts["refused"] += 1
-                self._handshake_log.warn(host, f"routing link to listener {name}", "not in the host access list")
-                refusal = LinkMachine(Role.LISTENER, self.local, None, now=trio.current_time())
-                refusal.close(f"{host} is not in the host access list of routing listener {name} of {self.local}")
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
-                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                        await stream.send_all(refusal.data_to_send() or b"")
-                    await stream.aclose()
-                return
-            configure_socket(
-                stream,
-                no_delay=live.use_tcp_no_delay,
-                receive_buffer=live.router_input_buffer_size,
-                send_buffer=live.router_output_buffer_size,
-            )
-            counts["accepted"] += 1
-            counts["links"] += 1
-            link = Link(
-                self,
-                stream,
-                role=Role.LISTENER,
-                name=f"listener:{name}:{next(self._link_numbers)}",
-                address=f"{host}:{peer_port}",
-                local=self.local,
-                password=live.password,
-                settings=self._settings(live),
-            )
-            links.add(link)
-            try:
-                await trio.sleep(self._handshakes.delay(host, trio.current_time()))  # after failures from there
-                await link.run()
-            finally:
-                links.discard(link)
-                counts["links"] -= 1
-                # only a wrong password is a guess to slow down; garbage is refused at once anyway
-                operational = link.operational is not None
-                guessed = not operational and AUTH_FAILED in (link.error or "")
-                self._handshakes.ended(host, trio.current_time(), operational=operational, wrong_password=guessed)
-
-        try:
-            async with trio.open_nursery() as link_tasks:
-                with scope:  # cancelled when the listener is removed: accept no more
-                    await trio.serve_listeners(handle, listeners, handler_nursery=link_tasks)
-                for listener in listeners:
-                    await listener.aclose()
-                # the removal closed the links: their CLOSE frames get a moment to be written
-                link_tasks.cancel_scope.deadline = trio.current_time() + CLOSE_TIMEOUT
-        finally:
-            self._usage_listeners.remove(name)
-            for listener in listeners:
-                with trio.CancelScope(shield=True):
-                    await listener.aclose()
-
     # --- queue bridges ------------------------------------------------------------------
 
     def _bridge_added(self, entity: Entity) -> None:
@@ -771,132 +556,3 @@ class RoutingSwiftlet:
         if bridge is not None:
             self._usage_bridges.remove(entity.name)
             bridge.scope.cancel()
-
-    # --- connectors ---------------------------------------------------------------------
-
-    def _connector_added(self, entity: Entity) -> None:
-        connector = self._connectors[entity.name] = _Connector(entity)
-        usage = self._usage_connectors.add(entity.name, connector.usage)
-        for verb, value in (("enable", True), ("disable", False)):
-
-            def switch(value: bool = value, verb: str = verb) -> str:
-                entity.set("enabled", value)
-                return f"connector {entity.name} {verb}d"
-
-            usage.add_operation(verb, switch, f"{verb.capitalize()} this connector (sets its enabled property).")
-        entity.on_change(lambda change: self._connector_changed(connector, change))
-        assert self._nursery is not None
-        self._nursery.start_soon(self._connect_forever, connector)
-
-    def _connector_removed(self, entity: Entity) -> None:
-        connector = self._connectors.pop(entity.name, None)
-        if connector is not None:
-            self._usage_connectors.remove(entity.name)
-            if connector.link is not None:
-                connector.link.close(f"connector {entity.name} removed")
-                connector.scope.deadline = trio.current_time() + CLOSE_TIMEOUT  # time to write the CLOSE
-            else:
-                connector.scope.cancel()
-
-    def _connector_changed(self, connector: _Connector, change: Change) -> None:
-        """Enabling or disabling takes effect at once; any other change reconnects now."""
-        if connector.link is not None and (change.field != "enabled" or not change.new):
-            why = "disabled" if change.field == "enabled" else f"{change.xml_name} changed"
-            connector.link.close(f"connector {connector.entity.name} {why}")
-        connector.attempts = 0  # a fresh start: the backoff begins again
-        connector.wake()
-
-    def _set_state(self, connector: _Connector, state: LinkState, error: str | None = None) -> None:
-        connector.enter(state, error)
-        self.context.bus.publish(
-            LinkStateChanged(
-                link=f"connector:{connector.entity.name}",
-                peer=connector.link.peer if connector.link else None,
-                state=state,
-                error=error,
-                since=connector.since,
-            )
-        )
-
-    async def _connect_forever(self, connector: _Connector) -> None:
-        with connector.scope:
-            while True:
-                config: ConnectorConfig = connector.entity.config
-                if not config.enabled:
-                    self._set_state(connector, LinkState.DISABLED)
-                    while not connector.entity.config.enabled:
-                        await connector.wakeup.wait()
-                        connector.wakeup = trio.Event()
-                    continue
-                connector.wakeup = trio.Event()
-                operational = await self._attempt(connector, config)
-                if self._connectors.get(connector.entity.name) is not connector:
-                    return  # removed
-                if not connector.entity.config.enabled or connector.wakeup.is_set():
-                    continue  # disabled or changed: act on it now
-                delay = self._retry_delay(config, connector, operational)
-                connector.next_attempt = time.time() + delay
-                if connector.state is not LinkState.FAILED:
-                    self._set_state(connector, LinkState.WAITING)
-                with trio.move_on_after(delay):
-                    await connector.wakeup.wait()
-                connector.next_attempt = None
-
-    def _retry_delay(self, config: ConnectorConfig, connector: _Connector, operational: bool) -> float:
-        cap = config.retry_time / 1000
-        if config.retry_policy is RetryPolicy.FIXED:
-            return cap
-        if operational:
-            connector.attempts = 1
-        return min(cap, BACKOFF_START * 2 ** max(0, connector.attempts - 1))
-
-    async def _attempt(self, connector: _Connector, config: ConnectorConfig) -> bool:
-        """One connection attempt and the link's whole life; whether it became operational."""
-        name = config.name
-        connector.attempts += 1
-        self._set_state(connector, LinkState.CONNECTING)
-        stream: trio.abc.Stream | None = None
-        try:
-            with trio.fail_after(self.context.config.stage_valid_timeout / 1000):
-                stream = await trio.open_tcp_stream(config.hostname, config.port)
-                if config.use_tls:
-                    tls = ssl.create_default_context(cafile=config.tls_ca or None)
-                    tls.check_hostname = config.tls_check_hostname
-                    stream = trio.SSLStream(stream, tls, server_hostname=config.hostname)
-                    await stream.do_handshake()
-        except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as exc:
-            if stream is not None:  # the TLS handshake failed: close the TCP socket under it
-                await trio.aclose_forcefully(stream)
-            reason = f"cannot connect to {config.hostname}:{config.port}: " + (
-                "timed out" if isinstance(exc, trio.TooSlowError) else describe(exc)
-            )
-            if connector.error != reason:
-                log.warning("routing connector %s: %s", name, reason)
-            self._set_state(connector, LinkState.FAILED, reason)
-            return False
-        assert stream is not None
-        configure_socket(
-            stream,
-            no_delay=config.use_tcp_no_delay,
-            receive_buffer=config.router_input_buffer_size,
-            send_buffer=config.router_output_buffer_size,
-        )
-        link = Link(
-            self,
-            stream,
-            role=Role.CONNECTOR,
-            name=f"connector:{name}",
-            address=f"{config.hostname}:{config.port}",
-            local=self.local,
-            password=config.password,
-            settings=self._settings(config),
-        )
-        connector.link = link
-        try:
-            await link.run()
-        finally:
-            connector.link = None
-            connector.last_peer = link.peer or connector.last_peer
-        if connector.state is not link.state:
-            self._set_state(connector, link.state)
-        return link.operational is not None
