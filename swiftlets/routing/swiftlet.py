@@ -24,19 +24,12 @@ end, exchanger output included, before anything else runs.
   costs what it changed, never the table: only the dispatchers of the destinations it
   touched are woken (:mod:`.dispatch`), and the changes are logged one line per batch
   (:mod:`.routelog`); a route longer than ``max-route-hops`` is ignored and counted.
-- **Addressing** (with a queue manager running): the table changes reach the queue
-  manager synchronously, in :meth:`_apply`, before their events are published: a
-  destination ``R`` added gets the queue ``rt$R`` (created if missing) and the redirection
-  ``%@R`` → ``rt$R``; a destination removed loses the redirection but keeps ``rt$R`` with
-  its messages — an empty ``rt$R`` goes with its dispatcher once R has been unknown for
-  ``unknown-router-grace`` (:meth:`RoutingSwiftlet._retire_idle`), so that destinations a
-  peer announced and withdrew leave no queue or task behind. The queue ``unroutable`` is
-  made at start; ``rt$`` queues recovered from the store are left alone (their router may
-  come back). The redirection adds the routing
-  annotations (:func:`.transfer.routing_rewrite`), and each destination added gets a
-  dispatcher (:class:`.transfer.Transfer`), which moves what waits in ``rt$R`` over the
-  links; the links' recovery and transfer events go to it. Without a queue manager (a
-  routing-only router) none of this happens.
+- **Addressing** (:mod:`.addressing`, with a queue manager running): the table changes
+  reach the queue manager synchronously, in :meth:`_apply`, before their events are
+  published: a destination ``R`` gets the queue ``rt$R`` and the redirection ``%@R`` →
+  ``rt$R``, and a dispatcher (:class:`.dispatch.RoutedTransfer`), which moves what waits in
+  ``rt$R`` over the links; the links' recovery and transfer events go to it. Without a queue
+  manager (a routing-only router) none of this happens.
 - **Runtime changes** through the management tree: listeners, connectors, static routes and
   filters can be added and removed, the hop limit and filters changed (the exchanger sends
   each neighbour the difference), a connector enabled or disabled (its link closes at once)
@@ -53,12 +46,13 @@ from typing import Any
 
 import trio
 
-from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
-from martinet.swiftlets.queuemanager.api import QueueError, QueueManager
+from martinet.kernel import Change, Entity, SwiftletContext, Veto
+from martinet.swiftlets.queuemanager.api import QueueManager
 from martinet.swiftlets.xa.api import XAResourceManager
 
 from . import api
-from .api import UNROUTABLE, Destination, LinkState, LinkStateChanged, redirection_predicate, routing_queue
+from .addressing import Addressing
+from .api import Destination, LinkState, LinkStateChanged
 from .bridges import QueueBridge
 from .config import ConnectorConfig, ListenerConfig, RoutingConfig
 from .connectors import Connectors, stamp
@@ -66,7 +60,6 @@ from .dispatch import RoutedTransfer
 from .exchange import Announcement, BadAnnouncement, Output, RouteExchanger, RouteFilter
 from .links import Link
 from .listeners import Listeners
-from .rewrite import routing_rewrite
 from .routelog import RouteChanges
 from .stages import (
     LinkSettings,
@@ -91,7 +84,6 @@ _TABLE_EVENTS = (
     api.RouteAdded,
     api.RouteRemoved,
 )
-RETIRE_PERIOD = (0.05, 10.0)  # seconds between looks for idle rt$ queues: a quarter of the grace, within these
 ROUTE_LOG_INTERVAL = 1.0  # seconds a batch of route changes is collected for its one log line
 
 
@@ -126,7 +118,7 @@ class RoutingSwiftlet:
                 "links": len(self._links),
                 "destinations": self.exchanger.known(),
                 "routes-refused": self._refused,
-                "routing-queues-retired": self._retired,
+                "routing-queues-retired": self._addressing.retired,
                 "dispatchers": self._transfer.dispatchers if self._transfer else 0,
                 "announcements-sent": self._sent,
                 "announcements-received": self._received,
@@ -140,14 +132,10 @@ class RoutingSwiftlet:
         self._usage_connections = usage.add_list("connections")
         self._usage_lost = usage.add_list("lost-links")  # see _remember_lost
         self._lost: dict[str, dict[str, Any]] = {}
-        self._usage_table = usage.add_list("routing-table")
+        self._addressing = Addressing(context, self.exchanger)
         self._usage_bridges = usage.add_list("queue-bridges")
-        self._usage_routes: dict[str, UsageList] = {}
-        self._queue_manager: QueueManager | None = None  # looked up at start; None: addressing is off
+        self._queue_manager: QueueManager | None = None  # the addressing's, once started (None: it is off)
         self._transfer: RoutedTransfer | None = None  # with a queue manager
-        self._redirected: set[str] = set()  # destinations whose redirection is installed
-        self._unknown_since: dict[str, float] = {}  # routers no longer known → since when (trio clock)
-        self._retired = 0  # idle rt$ queues deleted with their dispatchers
         self._bridges: dict[str, QueueBridge] = {}
 
     # --- api.Routing --------------------------------------------------------------------
@@ -175,7 +163,8 @@ class RoutingSwiftlet:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         entity = self.context.entity
-        self._start_addressing()
+        self._addressing.start()
+        self._queue_manager = self._addressing.queue_manager
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = self.listeners.nursery = self.connectors.nursery = nursery
@@ -193,6 +182,7 @@ class RoutingSwiftlet:
                         xa,
                         inbound_flow_control=self.context.config.inbound_flow_control_enabled,
                     )
+                    self._addressing.transfer = self._transfer
                 entity.on_change(self._swiftlet_changed)
                 self.context.before_stop(self._last_transfers)
                 entity.entity_list("static-routes").bind(self._static_added, self._static_removed)
@@ -207,7 +197,7 @@ class RoutingSwiftlet:
                 entity.entity_list("connectors").bind(self.connectors.added, self.connectors.removed)
                 entity.entity_list("queue-bridges").bind(self._bridge_added, self._bridge_removed)
                 nursery.start_soon(self._follow_filters)
-                nursery.start_soon(self._retire_forever)
+                nursery.start_soon(self._addressing.retire_forever)
                 nursery.start_soon(
                     self._route_changes.run,
                     log,
@@ -218,7 +208,7 @@ class RoutingSwiftlet:
                 task_status.started()
         finally:
             entity.clear_listeners()
-            self._stop_addressing()
+            self._addressing.stop()
 
     # --- config changes -----------------------------------------------------------------
 
@@ -273,134 +263,14 @@ class RoutingSwiftlet:
         self._refused += output.refused
         self._route_changes.note(output, neighbour)
         for event in output.events:
-            self._track(event)
-            self._address(event)
+            self._addressing.track(event)
+            self._addressing.address(event)
             self.context.bus.publish(event)
         if output.events:
             if self._transfer is not None:
                 self._transfer.wake({event.router for event in output.events if isinstance(event, _TABLE_EVENTS)})
             for bridge in self._bridges.values():  # a destination may have become known
                 bridge.wake()
-
-    # --- addressing: rt$R and the redirection %@R -> rt$R -----------------------------------
-
-    def _start_addressing(self) -> None:
-        """Find the queue manager (none: addressing stays off) and make sure ``unroutable``
-        exists (SwiftMQ's routing start, step 1). Recovered ``rt$`` queues are kept as they
-        are; a redirection comes only with a known destination."""
-        try:
-            self._queue_manager = self.context.lookup("sys$queuemanager", QueueManager)
-        except LookupError:
-            log.info("no sys$queuemanager on router %s: routing queues and redirections are off", self.local)
-            return
-        self._queue_manager.queue(UNROUTABLE, create=True)
-
-    def _stop_addressing(self) -> None:
-        """Take out the redirections installed (their queues stay): without routing, ``q@R`` is
-        unknown again."""
-        if self._queue_manager is not None:
-            for router in sorted(self._redirected):
-                self._queue_manager.remove_redirection(redirection_predicate(router))
-        self._redirected.clear()
-
-    def _address(self, event: Any) -> None:
-        """A destination added gets ``rt$R`` and the redirection; one removed loses the
-        redirection only (the messages in ``rt$R`` wait for it to come back)."""
-        manager = self._queue_manager
-        if manager is None:
-            return
-        if isinstance(event, api.DestinationAdded):
-            router = event.router
-            try:
-                manager.queue(routing_queue(router), create=True)  # (a system queue: not counted in max-queues)
-            except QueueError as exc:
-                log.error(
-                    "router %s: no routing queue %s for destination %s, so it is not addressable: %s",
-                    self.local,
-                    routing_queue(router),
-                    router,
-                    exc,
-                )
-                return
-            manager.add_redirection(redirection_predicate(router), routing_queue(router), routing_rewrite(self.local))
-            self._redirected.add(router)
-            self._unknown_since.pop(router, None)
-            if self._transfer is not None:
-                self._transfer.destination_added(router)
-        elif isinstance(event, api.DestinationRemoved) and event.router in self._redirected:
-            manager.remove_redirection(redirection_predicate(event.router))
-            self._redirected.discard(event.router)
-            self._unknown_since[event.router] = trio.current_time()
-
-    async def _retire_forever(self) -> None:
-        """Delete ``rt$R`` with its dispatcher once R has been unknown for
-        ``unknown-router-grace`` and the queue is empty (looked at a few times per grace)."""
-        while True:
-            grace = self.context.config.unknown_router_grace / 1000
-            low, high = RETIRE_PERIOD
-            await trio.sleep(high if grace < 0 else min(max(grace / 4, low), high))  # (-1: kept for ever)
-            if grace >= 0 and self._unknown_since:
-                self._retire_idle(trio.current_time() - grace)
-
-    def _retire_idle(self, before: float) -> None:
-        """Retire what became unknown before ``before``; one log line for all of them."""
-        manager, transfer = self._queue_manager, self._transfer
-        assert manager is not None  # (unknown routers are noted only with one)
-        retired = 0
-        for router, since in list(self._unknown_since.items()):
-            if since > before:
-                continue
-            if self.exchanger.destination(router) is not None:  # known again (a static route)
-                del self._unknown_since[router]
-                continue
-            queue = manager.queues.get(routing_queue(router))
-            if queue is not None and (queue.size or len(queue.consumers) > 1):
-                continue  # messages wait for R (or are in doubt): it stays, looked at again later
-            if transfer is not None and transfer.has_dispatcher(router) and not transfer.retire(router):
-                continue  # its dispatcher is busy this moment: next time
-            del self._unknown_since[router]
-            if queue is not None:
-                manager.delete_queue(queue.name, quiet=True)
-            retired += 1
-        if retired:
-            self._retired += retired
-            log.info(
-                "%d empty routing queue(s) of routers unknown for unknown-router-grace %d ms deleted "
-                "with their dispatchers",
-                retired,
-                self.context.config.unknown_router_grace,
-            )
-
-    def _track(self, event: Any) -> None:
-        """Mirror a table change into usage/routing-table."""
-        if isinstance(event, api.DestinationAdded):
-            router = event.router
-            entry = self._usage_table.add(router, lambda: self._destination_usage(router))
-            self._usage_routes[router] = entry.add_list("dynamic-routes")
-        elif isinstance(event, api.DestinationRemoved):
-            self._usage_table.remove(event.router)
-            self._usage_routes.pop(event.router, None)
-        elif isinstance(event, api.RouteAdded):
-            hops = len(event.path)
-            self._usage_routes[event.router].add(";".join(event.path), lambda: {"hop-count": hops})
-        elif isinstance(event, api.RouteRemoved):
-            self._usage_routes[event.router].remove(";".join(event.path))
-
-    def _destination_usage(self, router: str) -> dict[str, Any]:
-        row = self.exchanger.destination(router)
-        if row is None:
-            return {}
-        usage = {
-            "static": row.static,
-            "active": row.active,
-            "next-hop": row.next_hop or "",
-            "rotation": " ".join(row.rotation),
-            "routes": len(row.routes),
-        }
-        if self._queue_manager is not None:  # the messages waiting for it
-            queue = self._queue_manager.queues.get(routing_queue(router))
-            usage.update({"queue": routing_queue(router), "backlog": queue.size if queue is not None else 0})
-        return usage
 
     # --- links (LinkOwner) --------------------------------------------------------------
 
