@@ -55,14 +55,20 @@ class Temporary(enum.Enum):
     OTHERS = "others"  # created by another connection
 
 
+# (the members as module globals: an enum member looked up through its class costs as much
+# as the rest of a plain queue's check, which an anonymous relay makes per message)
+CREATE, EXISTING, RESOLVE, GRANTED = Access.CREATE, Access.EXISTING, Access.RESOLVE, Access.GRANTED
+MISSING, MINE = Temporary.MISSING, Temporary.MINE
+
+
 def queue_access(
     address: str,
     action: str,
-    *,
     router: str,
     grants: Principal | None,
     create: bool = True,
-    temporary: Temporary = Temporary.MISSING,
+    *,
+    temporary: Temporary = MISSING,
     durable: bool = False,
 ) -> Access | Refused:
     """Whether a connection with ``grants`` may ``action`` (send, receive, browse) queue
@@ -106,22 +112,22 @@ def queue_access(
             if grants is not None:
                 grants.check_queue(address, action)
             if create:
-                return Access.CREATE
-            return Access.RESOLVE if remote else Access.EXISTING
+                return CREATE
+            return RESOLVE if remote else EXISTING
         if name == MANAGEMENT_QUEUE and not create:  # a reply sent there would be served as a request
             return _denied(f"{address!r} is a management queue, not a reply-to")
         if name == MANAGEMENT_QUEUE and action == "send":  # sys$mgmt decides whom it answers
-            return Access.RESOLVE if remote else Access.EXISTING
+            return RESOLVE if remote else EXISTING
         if name.startswith(TEMPORARY_PREFIX):
             if remote:  # a reply-to on another router: routing takes it there, if it knows the router
-                return Access.RESOLVE
-            if temporary is Temporary.MISSING:
+                return RESOLVE
+            if temporary is MISSING:
                 return Refused("amqp:not-found", f"temporary queue {name!r} does not exist on router {router}")
-            if action != "send" and temporary is not Temporary.MINE:
+            if action != "send" and temporary is not MINE:
                 return _denied(
                     f"cannot {action} temporary queue {name!r}: only the connection that created it may receive from it"
                 )
-            return Access.GRANTED
+            return GRANTED
         if not remote and durable:
             return _denied(
                 f"cannot {action} queue {name!r} as a queue: it is a durable subscription's; attach "
@@ -135,7 +141,7 @@ def queue_access(
         grants.check_queue(address, action)
     except AccessDenied as exc:
         return _denied(str(exc))
-    return Access.EXISTING  # a client never creates a '$' queue
+    return EXISTING  # a client never creates a '$' queue
 
 
 def topic_access(

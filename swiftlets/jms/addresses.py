@@ -21,7 +21,9 @@ from martinet.messaging.amqp import JMS_DEST, JMS_TEMPORARY_TOPIC, JMS_TOPIC, QU
 from martinet.messaging.message import Message
 from martinet.swiftlets.queuemanager.api import TEMPORARY_PREFIX, Queue, QueueError, QueueNotFound, TooManyQueues
 
-from .access import Access, Refused, Temporary, queue_access, topic_access
+from .access import CREATE, EXISTING, MINE, MISSING, RESOLVE, Refused, Temporary, queue_access, topic_access
+
+OTHERS = Temporary.OTHERS
 
 if TYPE_CHECKING:
     from .listener import AmqpConnection
@@ -37,6 +39,7 @@ class Addresses:
     def __init__(self, connection: AmqpConnection):
         self.connection = connection
         self.auto_created = 0  # queues auto-created for this connection (they outlive it)
+        self._router = connection.swiftlet.router_name
 
     def check(self, address: str | None, action: str, *, topic: bool = False) -> str:
         """The queue or topic an address names, once checked (a topic in the topic manager's
@@ -59,7 +62,14 @@ class Addresses:
         if not address:
             raise Refused("amqp:invalid-field", "an address is required")
         try:
-            self.check_queue(address, action)
+            if "$" in address:
+                self.check_queue(address, action)
+            else:  # (check_queue's common case, one call less: an anonymous relay checks each message's 'to')
+                access = queue_access(address, action, self._router, connection.principal)
+                if access is CREATE:
+                    self.queue(address)  # created on first use if auto-create-queues is on (counted)
+                elif isinstance(access, Refused):
+                    raise access
         except QueueNotFound as exc:
             raise Refused("amqp:not-found", str(exc)) from None
         except TooManyQueues as exc:
@@ -77,10 +87,11 @@ class Addresses:
         Raises:
             Refused; QueueNotFound, QueueError (the look-up's, mapped by :meth:`check`).
         """
-        connection = self.connection
-        router = connection.swiftlet.router_name
-        temporary, durable = Temporary.MISSING, False
-        if "$" in address:  # the facts the policy needs about a router's name
+        connection, router = self.connection, self._router
+        if "$" not in address:  # (the common case, per message on an anonymous relay: no facts to gather)
+            access = queue_access(address, action, router, connection.principal, create)
+        else:  # the facts the policy needs about a router's name
+            temporary, durable = MISSING, False
             name, at, where = address.rpartition("@")
             if not at:
                 name = address
@@ -88,23 +99,23 @@ class Addresses:
                 if name.startswith(TEMPORARY_PREFIX):
                     queue = connection.queue_manager.queues.get(name)
                     if queue is not None:
-                        temporary = Temporary.MINE if queue.owner is connection else Temporary.OTHERS
+                        temporary = MINE if queue.owner is connection else OTHERS
                 elif connection.topic_manager is not None:
                     durable = connection.topic_manager.is_durable_queue(name)
-        access = queue_access(
-            address,
-            action,
-            router=router,
-            grants=connection.principal,
-            create=create,
-            temporary=temporary,
-            durable=durable,
-        )
-        if access is Access.CREATE:
+            access = queue_access(
+                address,
+                action,
+                router=router,
+                grants=connection.principal,
+                create=create,
+                temporary=temporary,
+                durable=durable,
+            )
+        if access is CREATE:
             self.queue(address)  # created on first use if auto-create-queues is on (counted)
-        elif access is Access.EXISTING:
+        elif access is EXISTING:
             connection.queue_manager.queue(address, create=False)
-        elif access is Access.RESOLVE:
+        elif access is RESOLVE:
             connection.queue_manager.resolve(address)
         elif isinstance(access, Refused):
             raise access
