@@ -58,7 +58,7 @@ class Temporary(enum.Enum):
 # (the members as module globals: an enum member looked up through its class costs as much
 # as the rest of a plain queue's check, which an anonymous relay makes per message)
 CREATE, EXISTING, RESOLVE, GRANTED = Access.CREATE, Access.EXISTING, Access.RESOLVE, Access.GRANTED
-MISSING, MINE = Temporary.MISSING, Temporary.MINE
+MISSING, MINE, OTHERS = Temporary.MISSING, Temporary.MINE, Temporary.OTHERS
 
 
 def queue_access(

@@ -21,9 +21,7 @@ from martinet.messaging.amqp import JMS_DEST, JMS_TEMPORARY_TOPIC, JMS_TOPIC, QU
 from martinet.messaging.message import Message
 from martinet.swiftlets.queuemanager.api import TEMPORARY_PREFIX, Queue, QueueError, QueueNotFound, TooManyQueues
 
-from .access import CREATE, EXISTING, MINE, MISSING, RESOLVE, Refused, Temporary, queue_access, topic_access
-
-OTHERS = Temporary.OTHERS
+from .access import CREATE, EXISTING, MINE, MISSING, OTHERS, RESOLVE, Refused, queue_access, topic_access
 
 if TYPE_CHECKING:
     from .listener import AmqpConnection
