@@ -359,9 +359,11 @@ class AmqpConnection:
     def publish(
         self, topic: str, message: Message, on_durable: Callable[[BaseException | None], None] | None
     ) -> PublishResult:
-        topic_manager = self.topic_manager
-        assert topic_manager is not None  # (a topic link or message is checked as one first)
-        return topic_manager.publish(topic, message, client_id=self.client_id, on_durable=on_durable)
+        # (per message: no check here that the topic manager runs; a topic link or message
+        # was refused unless it does)
+        return self.topic_manager.publish(  # type: ignore[union-attr]
+            topic, message, client_id=self.client_id, on_durable=on_durable
+        )
 
     def _release(self) -> None:
         self.closed = True
