@@ -35,7 +35,8 @@ from martinet.swiftlets.queuemanager.api import QueueManager
 from martinet.swiftlets.topicmanager.api import TopicManager
 
 from .config import ListenerConfig
-from .listener import AmqpConnection, BrokenInputLog, refusal
+from .listener import AmqpConnection, BrokenInputLog
+from .login import refusal
 
 __all__ = ["JmsSwiftlet"]
 
@@ -126,7 +127,7 @@ class JmsSwiftlet:
         while True:
             await trio.sleep(self.context.config.collect_interval / 1000)
             for connection in self._live:
-                connection.sample_rates()
+                connection.meter.sample_rates()
 
     def _listener_added(self, entity: Entity) -> None:
         """Bind a listener added at runtime now, so that an add with a port in use or a
@@ -238,7 +239,7 @@ class JmsSwiftlet:
                 log.info("connection %s from %s deleted by management", name, host)
                 return f"connection {name} from {host} closed"
 
-            self._connections.add(name, lambda: connection.usage(config.name)).add_operation(
+            self._connections.add(name, lambda: connection.meter.usage(config.name)).add_operation(
                 "delete", delete, "Close this connection (its temporary queues go, its unsettled messages go back)."
             )
             try:
