@@ -77,6 +77,7 @@ def M(name: str, area: str, file: str, original: str, replacement: str, descript
 
 T = "tests/"
 TRANSFER = "swiftlets/routing/transfer.py"
+SENDING = "swiftlets/routing/sending.py"
 RECEIVING = "swiftlets/routing/receiving.py"
 REWRITE = "swiftlets/routing/rewrite.py"
 LINKWORK = "swiftlets/routing/linkwork.py"
@@ -97,7 +98,7 @@ MUTANTS += [
     M(
         "refused-transaction-committed",
         "transfer",
-        TRANSFER,
+        SENDING,
         "        transaction = self._outbound.pop(xid)\n        await transaction.rollback()",
         "        transaction = self._outbound.pop(xid)\n        await transaction.commit()",
         "The sender commits a transaction the receiver refused instead of rolling it back: the "
@@ -148,7 +149,7 @@ MUTANTS += [
     M(
         "nonxa-resend-not-in-doubt",
         "transfer",
-        TRANSFER,
+        SENDING,
         "                if entry.redelivered or entry.id <= recovered",
         "                if entry.id <= recovered",
         "A non-XA batch sent again after its link was cut is not marked in doubt: the target's "
@@ -158,7 +159,7 @@ MUTANTS += [
     M(
         "nonxa-recovered-not-in-doubt",
         "transfer",
-        TRANSFER,
+        SENDING,
         "        recovered = max((entry.id for entry in queue.browse()), default=0)",
         "        recovered = 0",
         "Messages found in rt$R after a restart are sent over non-XA links without the doubt "
@@ -178,7 +179,7 @@ MUTANTS += [
     M(
         "recovery-commits-what-the-peer-never-had",
         "transfer",
-        TRANSFER,
+        SENDING,
         "            commit = xid in listed_set\n",
         "            commit = True\n",
         "In recovery the sender commits every transaction it holds prepared, also those the peer "
@@ -188,7 +189,7 @@ MUTANTS += [
     M(
         "recovery-tells-the-peer-nothing",
         "transfer",
-        TRANSFER,
+        SENDING,
         "        link.machine.recovery_done(commit=list(listed))",
         "        link.machine.recovery_done(commit=[])",
         "The sender does not send COMMIT for the xids the peer listed: what the peer holds "
@@ -714,7 +715,7 @@ MUTANTS += [
 
 # -- management roles ------------------------------------------------------------------------------------
 
-MGMT = "swiftlets/mgmt/service.py"
+MGMT = "swiftlets/mgmt/requests.py"
 MUTANTS += [
     M(
         "router-identity-may-write",
@@ -836,7 +837,8 @@ MUTANTS += [
         "source-acknowledges-uncommitted",
         "spark",
         SOURCE,
-        "            if any(key > _key(end, router) for router, key in marks.items()):\n                break\n",
+        "            if any(key > committed.get(router, NOTHING) for router, key in message.marks.items()):\n"
+        "                break\n",
         "",
         "commit() acknowledges every message received, also those of a batch Spark has not "
         "committed yet: a crash then loses that batch's rows.",
@@ -847,8 +849,8 @@ MUTANTS += [
         "source-start-row-again",
         "spark",
         SOURCE,
-        "                if key > _key(start, row[0]) and (end is None or key <= _key(end, row[0])):",
-        "                if key >= _key(start, row[0]) and (end is None or key <= _key(end, row[0])):",
+        "            if part.start.get(row[0], NOTHING) < key <= part.end.get(row[0], NOTHING):",
+        "            if part.start.get(row[0], NOTHING) <= key <= part.end.get(row[0], NOTHING):",
         "A batch includes the row at its start offset, which the batch before it returned: a row counted twice.",
         LIVE,
     ),
@@ -856,10 +858,10 @@ MUTANTS += [
         "source-replay-not-kept",
         "spark",
         SOURCE,
-        "        self._keep(start, end, rows)\n        return iter(rows), end",
-        "        if rows:\n            self._keep(start, end, rows)\n        return iter(rows), end",
-        "A batch without rows of this table is not kept for its replay: a restart that must "
-        "replay it fails ('cannot replay the batch').",
+        "        write_batch(self.replay, start, end, self._split(fresh))\n",
+        "",
+        "A batch is not stored for its replay before Spark logs its end: a restarted query that "
+        "must replay it (or an executor that reads it) finds no parts ('cannot replay the batch').",
         T + "test_spark_source.py",
         LIVE,
     ),

@@ -44,7 +44,7 @@ class RoutedTransfer(Transfer):
     def wake(self, routers: Iterable[str]) -> None:
         """Have the dispatchers of ``routers`` (those that have one) look at their routes again."""
         for router in routers:
-            wakeup = self._dispatchers.get(router)
+            wakeup = self.wakeups_of.get(router)
             if wakeup is not None:
                 wakeup.set()
                 self.wakeups += 1
@@ -60,7 +60,7 @@ class RoutedTransfer(Transfer):
         checked that ``rt$R`` is empty and ``R`` unknown); False if it is busy now (woken,
         about to run) or has none. It holds nothing while it waits: no route, no entries."""
         scope = self._scopes.get(router)
-        wakeup = self._dispatchers.get(router)
+        wakeup = self.wakeups_of.get(router)
         if scope is None or wakeup is None or wakeup.is_set() or router in self._retiring:
             return False
         self._retiring.add(router)
@@ -76,7 +76,7 @@ class RoutedTransfer(Transfer):
             del self._scopes[router]
         if router in self._retiring:
             self._retiring.discard(router)
-            self._dispatchers.pop(router, None)
+            self.wakeups_of.pop(router, None)
             if router in self._revive:
                 self._revive.discard(router)
                 super().destination_added(router)

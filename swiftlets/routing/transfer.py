@@ -5,7 +5,7 @@ Theory of operation
 A message for ``q@R`` (R another router) is accepted into the routing queue ``rt$R``,
 annotated on the way in (:mod:`.rewrite`).
 
-**Sending.** One dispatcher task per routing queue consumes it. While the destination has a
+**Sending** (:mod:`.sending`). One dispatcher task per routing queue consumes it. While the destination has a
 route, it picks the link of the next hop (round robin: the next neighbour of the rotation,
 per batch) whose window has room, takes up to the peer's ``inbound-transaction-size``
 messages (and no more bytes than the peer's frame size allows) and:
@@ -57,25 +57,23 @@ before the answer.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
-import secrets
 from collections.abc import Callable
 from typing import Any
 
 import trio
 
 from martinet.messaging.message import MessageError
-from martinet.swiftlets.queuemanager.api import QueueError, QueueManager, Transaction
+from martinet.swiftlets.queuemanager.api import QueueError, QueueManager
 from martinet.swiftlets.store.api import StoreError
-from martinet.swiftlets.xa.api import XAError, XAResourceManager, routing_prefixes, routing_xid
+from martinet.swiftlets.xa.api import XAError, XAResourceManager, routing_prefixes
 
-from .api import UNROUTABLE, Destination, routing_queue
+from .api import Destination, routing_queue
 from .links import Link
-from .linkwork import UNROUTABLE_REASON, Job, LinkTransfer, StoreWrite, next_ready, parties
+from .linkwork import Job, LinkTransfer, StoreWrite, next_ready, parties
 from .receiving import Receiving
-from .routing_annotations import DOUBT
+from .sending import Sending
 from .stages import (
     CommitDone,
     CommitReceived,
@@ -84,7 +82,6 @@ from .stages import (
     PrepareReceived,
     RecoveryReceived,
     RecoveryRequested,
-    State,
     TransactionReceived,
     TransactionRefused,
 )
@@ -95,9 +92,6 @@ __all__ = ["Transfer"]
 log = logging.getLogger(__name__)
 
 
-FRAME_OVERHEAD = 1024  # bytes of a TRANSACTION frame besides its messages (xid, field names, lengths)
-REFUSED_BACKOFF = 1.0  # seconds a dispatcher waits after the peer refused a transaction
-STORE_BACKOFF = 1.0  # seconds a dispatcher waits after its own store failed a prepare
 RATE_INTERVAL = 1.0  # seconds between samples of the links' message rates (the queues' interval)
 
 
@@ -130,19 +124,14 @@ class Transfer:
         self.local = local
         self.inbound_flow_control = inbound_flow_control
         self.manager = manager
-        self._destination = destination
-        self._links = links
-        self._nursery = nursery
+        self.destination = destination
+        self.links = links
+        self.nursery = nursery
         self._xa = xa
-        self._boot = secrets.token_hex(4)  # xids of this run differ from every earlier run's
-        self._numbers = itertools.count(1)
-        self._dispatchers: dict[str, trio.Event] = {}  # router → its wake-up
-        self._outbound: dict[str, Transaction] = {}  # xid → prepared and sent, not yet committed
+        self.wakeups_of: dict[str, trio.Event] = {}  # router → its dispatcher's wake-up
         self._state: dict[Link, LinkTransfer] = {}
         self.receiving = Receiving(local, manager, destination)
-        self._unroutable_here = 0  # messages that could never fit the peer's frames
-        self._paused_until = 0.0  # after the store failed a prepare: a stopped store fails at once,
-        # and without a pause the dispatchers would never yield (and the router could not stop)
+        self.sending = Sending(self, local, manager)
         nursery.start_soon(self._sample_rates_forever)
 
     # -- the swiftlet's calls ---------------------------------------------------------------
@@ -155,7 +144,7 @@ class Transfer:
     @property
     def unroutable(self) -> int:
         """Messages this router sent to ``unroutable``."""
-        return self.receiving.unroutable + self._unroutable_here
+        return self.receiving.unroutable + self.sending.unroutable_here
 
     @property
     def expired(self) -> int:
@@ -164,13 +153,13 @@ class Transfer:
 
     def destination_added(self, router: str) -> None:
         """Make sure ``rt$R`` has a dispatcher (it stays when R goes: it then waits)."""
-        if router not in self._dispatchers:
-            self._dispatchers[router] = trio.Event()
-            self._nursery.start_soon(self._dispatch, router)
+        if router not in self.wakeups_of:
+            self.wakeups_of[router] = trio.Event()
+            self.nursery.start_soon(self._dispatch, router)
 
     def changed(self) -> None:
         """Routes, links or windows changed: every dispatcher looks again."""
-        for wakeup in self._dispatchers.values():
+        for wakeup in self.wakeups_of.values():
             wakeup.set()
 
     def drained(self) -> bool:
@@ -178,8 +167,8 @@ class Transfer:
         transactions is on its way (being prepared, sent, or not yet committed at the peer):
         what an orderly stop lets the links finish (a persistent message waits in the store
         for the next start; a non-persistent one would be lost)."""
-        for router in self._dispatchers:
-            row = self._destination(router)
+        for router in self.wakeups_of:
+            row = self.destination(router)
             queue = self.manager.queues.get(routing_queue(router))
             if row is not None and row.active and queue is not None and queue.volatile:
                 return False
@@ -193,7 +182,7 @@ class Transfer:
         state = self._state.pop(link, None)
         if state is not None:
             state.live = False
-            self._send_ready(link, state)  # (rolls them back)
+            self.sending.send_ready(link, state)  # (rolls them back)
             for transaction in state.nonxa_out.values():
                 transaction.rollback_nowait()
             if state.claim is not None:  # what is still prepared is in doubt until the peer is back
@@ -238,32 +227,32 @@ class Transfer:
         """Handle a transfer event of ``link``'s machine: the work is queued for the link's
         one worker, so that it happens in the order the events came (transactions become
         visible at the receiver in the order they were sent: the order of a path is kept)."""
-        state = self._link(link)
+        state = self.link_state(link)
         job: Job | None = None
         if isinstance(event, (PrepareReceived, TransactionRefused)):
             self._answered(link, state, event.xid)
         elif isinstance(event, NonXaCommitted):
             self._answered(link, state, event.seq)
         if isinstance(event, (PrepareReceived, TransactionRefused, NonXaCommitted, CommitDone)):
-            self._send_ready(link, state)  # a window slot is free again
+            self.sending.send_ready(link, state)  # a window slot is free again
             self.changed()
         if isinstance(event, PrepareReceived):
-            job = self._commit_outbound, (link, event.xid)
+            job = self.sending.commit_outbound, (link, event.xid)
         elif isinstance(event, TransactionReceived):
             job = self.receiving.prepare, (link, state, event.xid, event.messages)
         elif isinstance(event, CommitReceived):
             job = self.receiving.commit, (link, state, event.xid, event.recovery)
         elif isinstance(event, TransactionRefused):
-            job = self._refused, (link, event.xid, event.reason)
+            job = self.sending.refused, (link, event.xid, event.reason)
         elif isinstance(event, NonXaTransactionReceived):
             job = self.receiving.receive_nonxa, (link, state, event.seq, event.messages)
         elif isinstance(event, NonXaCommitted):
-            job = self._nonxa_committed, (state, event.seq)
+            job = self.sending.nonxa_committed, (state, event.seq)
         elif isinstance(event, RecoveryRequested):
             inbound = [xid for xid in self.manager.prepared_transactions() if parties(xid) == (event.peer, self.local)]
             link.machine.recovery_list(inbound)
         elif isinstance(event, RecoveryReceived):
-            job = self._recover, (link, event.peer, event.xids)
+            job = self.sending.recover, (link, event.peer, event.xids)
         if job is not None:
             state.jobs.send_nowait(job)
 
@@ -283,7 +272,11 @@ class Transfer:
         state.window.answered(now - sent, now, limited=state.full_at >= sent)
         machine.set_send_window(state.window.size)
 
-    def _link(self, link: Link) -> LinkTransfer:
+    def state_of(self, link: Link) -> LinkTransfer | None:
+        """The transfer's state of ``link`` while it lives (None once it is gone)."""
+        return self._state.get(link)
+
+    def link_state(self, link: Link) -> LinkTransfer:
         """The transfer's state of ``link``, made (with the link's worker) on first use."""
         state = self._state.get(link)
         if state is None:
@@ -316,7 +309,7 @@ class Transfer:
                 else:  # durable already (in memory), nothing before it unanswered: no need to pass it on
                     write.answer()
             except Exception as exc:
-                self._failed(link, exc)
+                self.failed(link, exc)
                 return
 
     async def _answer(self, link: Link, state: LinkTransfer, writes: trio.MemoryReceiveChannel[StoreWrite]) -> None:
@@ -334,7 +327,7 @@ class Transfer:
                 try:
                     write.answer()
                 except Exception as exc:
-                    self._failed(link, exc)
+                    self.failed(link, exc)
                     return
                 state.unanswered -= 1
         finally:
@@ -352,7 +345,7 @@ class Transfer:
                     except trio.WouldBlock:
                         write = None
 
-    def _failed(self, link: Link, exc: Exception) -> None:
+    def failed(self, link: Link, exc: Exception) -> None:
         """A transfer step of ``link`` failed (called in its ``except``): the link is closed
         with the reason; recovery sorts out what was in flight. Never the router."""
         if isinstance(exc, (QueueError, StoreError, MessageError)):
@@ -373,244 +366,12 @@ class Transfer:
             state.throttled_ms += delay_ms
         await trio.sleep(delay_ms / 1000)
 
-    # -- sending ----------------------------------------------------------------------------
-
-    def _choose(self, router: str, turn: int) -> Link | None:
-        """The link a batch for ``router`` goes over now, or None (no route, or no room)."""
-        row = self._destination(router)
-        if row is None or not row.active:
-            return None
-        start = turn % len(row.rotation)  # (the rotation is just the next hop without round robin)
-        for neighbour in row.rotation[start:] + row.rotation[:start]:
-            link = self._links.get(neighbour)
-            if link is not None and self._room(link) > 0:
-                return link
-        return None
-
-    def _room(self, link: Link) -> int:
-        """How many more batches a dispatcher may start on ``link``: its free window and (XA)
-        one window more, prepared ahead so that the sender's durable prepare overlaps the
-        peer's; less those being prepared or ready."""
-        machine = link.machine
-        if machine.state is not State.OPERATIONAL or link.operational is None:
-            return 0
-        # one start window ahead, not one of the grown window: what is prepared ahead is held
-        # in rt$R's transactions, and a window grown to thousands of messages would hold
-        # that many more (past rt$R's cache, swapped out and read back)
-        ahead = link.operational.peer_window_size if machine.use_xa else 0
-        return machine.window_available + ahead - self._link(link).reserved
-
-    def _send_ready(self, link: Link, state: LinkTransfer) -> None:
-        """Send the prepared batches of ``link``, oldest first, while its window has room;
-        once the link has ended (or is gone), roll them back (the peer never had them)."""
-        try:
-            while state.ready:
-                gone = self._state.get(link) is not state or link.machine.state is not State.OPERATIONAL
-                if not gone and not link.machine.window_available:
-                    return
-                xid, transaction, messages = state.ready.popleft()
-                state.reserved -= 1
-                if not gone and link.machine.send_transaction(xid, messages):
-                    state.sent(xid, link.machine.window_available)
-                    self._outbound[xid] = transaction
-                    state.messages_out += len(messages)
-                    link.wake()
-                else:
-                    self._nursery.start_soon(self._roll_back_unsent, transaction, link.peer)
-        except Exception as exc:  # (called by the store or the link's reader: not their problem)
-            self._failed(link, exc)
-
     async def _dispatch(self, router: str) -> None:
         """Move what arrives in ``rt$R`` towards R, for as long as the swiftlet runs (a
         failure is logged and ends this dispatcher only)."""
         try:
-            await self._dispatch_forever(router)
+            await self.sending.dispatch_forever(router)
         except Exception:
             log.exception(
                 "the dispatcher of %s stopped; messages for router %s wait there", routing_queue(router), router
             )
-
-    async def _dispatch_forever(self, router: str) -> None:
-        queue = self.manager.queue(routing_queue(router), create=True)
-        # What is here already was recovered at a restart: the run before may have sent it
-        # (non-XA: possibly committed by the peer), so it goes marked in doubt like a resend.
-        recovered = max((entry.id for entry in queue.browse()), default=0)
-        consumer = queue.consumer(owner=self)
-        consumer.notify = lambda: self._dispatchers[router].set()
-        turn = 0
-        try:
-            while True:
-                if trio.current_time() < self._paused_until:
-                    await trio.sleep_until(self._paused_until)
-                wakeup = self._dispatchers[router]
-                link = self._choose(router, turn)
-                if link is None:
-                    # hold nothing while no link takes it: what a rollback gives back to the
-                    # queue (a cut link's transactions) then goes out before what came after it
-                    consumer.set_credit(0)
-                    for entry in consumer.take(consumer.buffered):
-                        consumer.release(entry)
-                    entries = []
-                else:
-                    assert link.operational is not None
-                    size = link.operational.peer_transaction_size
-                    consumer.set_credit(size)
-                    entries = consumer.take(size)
-                if not entries:  # no link with room, or nothing to send: wait for a change
-                    await wakeup.wait()
-                    self._dispatchers[router] = trio.Event()
-                    continue
-                assert link is not None
-                entries = self._fitting(consumer, entries, link)
-                if entries:
-                    turn += 1  # round robin rotates per batch sent
-                    await self._send(link, consumer, entries, router, recovered)
-        finally:
-            consumer.close()
-
-    def _fitting(self, consumer: Any, entries: list[Any], link: Link) -> list[Any]:
-        """As many of ``entries`` as fit one frame of the peer; the rest go back. A message
-        that can never fit goes to unroutable."""
-        limit = link.machine.peer_max_frame_size - FRAME_OVERHEAD
-        room = limit
-        taken: list[Any] = []
-        for entry in entries:
-            size = len(entry.message.raw) + 8
-            if size > limit:
-                self._to_unroutable_now(
-                    consumer,
-                    entry,
-                    f"message of {size} bytes is larger than the frames "
-                    f"router {link.peer} accepts ({link.machine.peer_max_frame_size})",
-                )
-            elif size > room:
-                consumer.release(entry)
-            else:
-                room -= size
-                taken.append(entry)
-        return taken
-
-    def _to_unroutable_now(self, consumer: Any, entry: Any, reason: str) -> None:
-        try:
-            self.manager.send_nowait(UNROUTABLE, entry.message.with_annotations({UNROUTABLE_REASON: reason}))
-        except (QueueError, MessageError) as exc:
-            log.error("message %s: %s, and unroutable refused it: %s", entry.id, reason, exc)
-            consumer.release(entry)
-            return
-        consumer.accept(entry)
-        self._unroutable_here += 1
-        log.warning("message %s to unroutable: %s", entry.id, reason)
-
-    async def _send(self, link: Link, consumer: Any, entries: list[Any], router: str, recovered: int) -> None:
-        assert link.peer is not None
-        state = self._link(link)
-        transaction = self.manager.transaction()
-        for entry in entries:
-            transaction.acknowledge(consumer, entry)
-        if not link.machine.use_xa:
-            doubt = [
-                entry.message.with_annotations({DOUBT: True}).raw
-                if entry.redelivered or entry.id <= recovered
-                else entry.message.raw
-                for entry in entries
-            ]
-            seq, state.next_seq = state.next_seq, state.next_seq + 1
-            if link.machine.send_nonxa(seq, doubt):
-                state.sent(seq, link.machine.window_available)
-                state.nonxa_out[seq] = transaction
-                state.messages_out += len(entries)
-                link.wake()
-            else:
-                transaction.rollback_nowait()
-            return
-        xid = routing_xid(self.local, link.peer, f"{self._boot}-{next(self._numbers)}")
-        messages = [entry.message.raw for entry in entries]
-
-        def prepared(error: BaseException | None) -> None:
-            # called by the store, in the order the prepares were queued: the TRANSACTIONs
-            # of a link go out in queue order
-            self.changed()
-            if error is not None:
-                not_prepared(error)
-                return
-            state.ready.append((xid, transaction, messages))
-            self._send_ready(link, state)
-
-        def not_prepared(error: BaseException) -> None:
-            state.reserved -= 1
-            log.error(
-                "routing transaction to %s not prepared, the messages stay in %s: %s",
-                link.peer,
-                routing_queue(router),
-                error,
-            )
-            transaction.rollback_nowait()
-            self._paused_until = trio.current_time() + STORE_BACKOFF
-
-        state.reserved += 1
-        try:
-            transaction.prepare_nowait(xid, prepared, transient_in_memory=True)
-        except StoreError as exc:
-            not_prepared(exc)
-
-    async def _roll_back_unsent(self, transaction: Transaction, peer: str | None) -> None:
-        try:
-            await transaction.rollback()
-        except StoreError as exc:  # the store stops the router; the recovery would roll it back
-            log.error("a routing transaction to %s not rolled back: %s", peer, exc)
-
-    async def _commit_outbound(self, link: Link, xid: str) -> StoreWrite:
-        def committed(error: BaseException | None) -> None:
-            if error is not None:
-                raise StoreError(f"routing transaction {xid} not committed: {error}")
-            link.machine.commit(xid)
-            link.wake()
-
-        write = StoreWrite(committed)
-        self._outbound.pop(xid).commit_nowait(write.finish)
-        return write
-
-    async def _refused(self, link: Link, xid: str, reason: str) -> None:
-        log.warning(
-            "router %s refused routing transaction %s, it is sent again in %.0f s: %s",
-            link.peer,
-            xid,
-            REFUSED_BACKOFF,
-            reason,
-        )
-        transaction = self._outbound.pop(xid)
-        await transaction.rollback()
-        state = self._link(link)
-        state.refused += 1
-        state.messages_out -= sum(transaction.acknowledgements.values())  # (counted when sent; not taken)
-        link.start_soon(self._changed_after, REFUSED_BACKOFF)  # (not here: the link's other answers go on)
-
-    async def _changed_after(self, seconds: float) -> None:
-        await trio.sleep(seconds)
-        self.changed()
-
-    async def _nonxa_committed(self, state: LinkTransfer, seq: int) -> StoreWrite:
-        def committed(error: BaseException | None) -> None:
-            if error is not None:
-                raise StoreError(f"routed messages not acknowledged: {error}")
-
-        write = StoreWrite(committed)
-        state.nonxa_out.pop(seq).commit_nowait(write.finish)
-        return write
-
-    async def _recover(self, link: Link, peer: str, listed: tuple[str, ...]) -> None:
-        """The three-case table for this router's prepared transactions towards ``peer``."""
-        listed_set = set(listed)
-        for xid in [x for x in self.manager.prepared_transactions() if parties(x) == (self.local, peer)]:
-            self._outbound.pop(xid, None)
-            commit = xid in listed_set
-            await self.manager.resolve_prepared(xid, commit=commit)
-            log.info(
-                "routing transaction %s to %s %s in recovery",
-                xid,
-                peer,
-                "committed" if commit else "rolled back (its messages go again)",
-            )
-        link.machine.recovery_done(commit=list(listed))
-        link.wake()
-        self.changed()
