@@ -437,6 +437,7 @@ MUTANTS += [
 # -- topic federation ------------------------------------------------------------------------------
 
 FEDERATION = "swiftlets/topicmanager/federation.py"
+FORWARDED = "swiftlets/topicmanager/forwarded.py"
 MUTANTS += [
     M(
         "interest-record-order-ignores-epoch",
@@ -471,7 +472,7 @@ MUTANTS += [
     M(
         "forwarded-acknowledged-outside-the-transaction",
         "topics",
-        FEDERATION,
+        FORWARDED,
         "                    self._deliver(entry.message, transaction)\n"
         "                    transaction.acknowledge(consumer, entry)",
         "                    self._deliver(entry.message, transaction)\n                    consumer.accept(entry)",

@@ -71,10 +71,11 @@ from martinet.messaging.codec import Symbol, UInt
 from martinet.messaging.message import Message, build
 from martinet.swiftlets.queuemanager.api import Consumer, QueueError, QueueManager, check_queue_name
 from martinet.swiftlets.routing.api import DestinationActivated, Routing
-from martinet.swiftlets.store.api import DeleteRecord, PutRecord, Store, until_clear
+from martinet.swiftlets.store.api import DeleteRecord, PutRecord, Store
 
 from .api import TopicError
 from .config import AnnounceFilter
+from .forwarded import ForwardedDelivery
 from .hierarchy import TopicName
 
 __all__ = [
@@ -110,8 +111,7 @@ PUBLISHER = Symbol("x-opt-martinet-cid")
 #: Roots of temporary topics (``tmp$topic$<router>$<n>``): their ``tpc$`` queue goes with their interest.
 TEMPORARY_ROOT_PREFIX = "tmp$"
 RECORD_VERSION = 1
-CREDIT = 100  # forwarded messages taken from tpc$<root> ahead
-BATCH = 20  # forwarded messages delivered per local transaction (its staging is quadratic in the sends)
+CREDIT = 100  # interest records taken from sys$topic ahead
 
 
 @attrs.frozen
@@ -302,12 +302,11 @@ class Federation:
         self.subscriptions = RemoteSubscriptions(self.local)
         self._queue_manager = queue_manager
         self._interest = interest
-        self._deliver = deliver
         self._epoch = time.time_ns()
         self._seq = itertools.count(1)
         self._routing: Routing | None = None
         self._nursery: trio.Nursery | None = None
-        self._listening: dict[str, trio.CancelScope] = {}  # roots whose tpc$ queue is consumed
+        self._forwarded = ForwardedDelivery(queue_manager, deliver)
         self._filters: dict[str, AnnounceFilter] = {}  # by remote router
         self._usage: UsageList | None = None
         self._listed: dict[str, tuple[UsageList, set[str]]] = {}  # router → its usage list of roots, listed
@@ -336,7 +335,7 @@ class Federation:
         await self._new_epoch(store)
         with self.context.bus.subscribe(DestinationActivated, max_buffer=100_000) as activated:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
+                self._nursery = self._forwarded.nursery = nursery
                 nursery.start_soon(self._receive_records, self._queue_manager.queue(INTEREST_QUEUE, create=True))
                 for name in list(self._queue_manager.queues):  # forwarded messages recovered from the store
                     if name.startswith(REMOTE_PREFIX):
@@ -358,7 +357,7 @@ class Federation:
         stored = records.get("epoch")
         if stored is not None and int(stored) >= self._epoch:
             self._epoch = int(stored) + 1
-        self._store = store
+        self._store = self._forwarded.store = store
         self._announced = "announced" in records
         for key, body in sorted(records.items()):
             if key.startswith(INTEREST_KEY):
@@ -533,57 +532,17 @@ class Federation:
 
     def listen(self, root: str) -> None:
         """Consume ``tpc$<root>`` from now on (called when the root gets local interest)."""
-        if root in self._listening or not federable(root) or self._nursery is None:
+        if self._forwarded.listening(root) or not federable(root) or self._nursery is None:
             return
-        self._listening[root] = scope = trio.CancelScope()
-        self._nursery.start_soon(
-            self._receive_forwarded, self._queue_manager.queue(REMOTE_PREFIX + root, create=True), scope
-        )
+        self._forwarded.listen(root, self._queue_manager.queue(REMOTE_PREFIX + root, create=True))
 
     def interest_lost(self, root: str) -> None:
         """The last local subscription under ``root`` went: announce it; a temporary topic's
         ``tpc$`` queue goes too (its name is never used again)."""
         self.interest_changed()
-        scope = self._listening.pop(root, None) if root.startswith(TEMPORARY_ROOT_PREFIX) else None
-        if scope is not None:
-            scope.cancel()
+        if root.startswith(TEMPORARY_ROOT_PREFIX) and self._forwarded.stop(root):
             if REMOTE_PREFIX + root in self._queue_manager.queues:
                 self._queue_manager.delete_queue(REMOTE_PREFIX + root)
-
-    async def _receive_forwarded(self, queue: Any, scope: trio.CancelScope) -> None:
-        """Deliver what other routers forwarded until cancelled (the root's temporary topic is
-        gone): the persistent messages of a batch in one local transaction with their
-        acknowledgements (all of them reach the subscriber queues, or none), the others at once."""
-        with scope:
-            await self._deliver_batches(queue)
-
-    async def _deliver_batches(self, queue: Any) -> None:
-        consumer: Consumer = queue.consumer(owner=self)
-        consumer.flow(CREDIT)
-        while True:
-            entries = [await consumer.receive(), *consumer.take(BATCH - 1)]
-            transaction = None
-            for entry in entries:
-                if entry.message.durable:
-                    # Under the store's disk alarm the persistent copies would be refused (and
-                    # a refused copy is dropped, as for a full queue): commit what is staged
-                    # and wait for space, in order. Nothing yields between this check and the
-                    # sends, so the alarm cannot go on in between.
-                    assert self._store is not None  # (run set it)
-                    if self._store.space.on:
-                        if transaction is not None:
-                            await transaction.commit()
-                            transaction = None
-                        await until_clear(self._store.space)
-                    transaction = transaction or self._queue_manager.transaction()
-                    self._deliver(entry.message, transaction)
-                    transaction.acknowledge(consumer, entry)
-                else:  # nothing to keep across a crash: delivered at once (JMS lets it pass a persistent one)
-                    self._deliver(entry.message, None)
-                    consumer.accept(entry)
-            if transaction is not None:
-                await transaction.commit()
-            consumer.flow(len(entries))
 
     # -- usage ------------------------------------------------------------------------------------
 
