@@ -65,56 +65,15 @@ from typing import Any
 import trio
 
 from .api import Op, Recovered, StoredMessage, StoreError
-from .dbprocess import LENGTH, encode_ops, pack_frame, unpack_frame
+from .dbprocess import encode_ops, pack_frame
+from .pipes import FrameReader, enlarge_pipe
+from .reads import BodyReads
 from .space import SpaceAlarm
 
 log = logging.getLogger(__name__)
 
 ROUTER_LOCK_SUFFIX = ".router-lock"  # held by the router running on the store (see above)
 PIPELINE_DEPTH = 2  # batches sent to the store process and not yet confirmed, at most
-
-
-def _enlarge_pipe(fd: int) -> None:
-    """Let a pipe hold a whole batch (Linux; 64 KiB by default), so the store process can take a
-    batch without waiting for the busy trio loop to feed it 64 KiB at a time."""
-    setpipe = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-    for size in (4 << 20, 1 << 20):
-        try:
-            fcntl.fcntl(fd, setpipe, size)
-            return
-        except OSError:  # above /proc/sys/fs/pipe-max-size for an unprivileged user
-            continue
-
-
-class _FrameReader:
-    """Reads the store process's length-prefixed msgpack frames from a trio stream."""
-
-    def __init__(self, stream: trio.abc.ReceiveStream):
-        self._stream = stream
-        self._buffer = bytearray()
-
-    async def read(self) -> Any:
-        """The next frame's body.
-
-        Raises:
-            StoreError: the store process closed its output (it exited).
-        """
-        buffer = self._buffer
-        while True:
-            if len(buffer) >= 4:
-                size = LENGTH.unpack_from(buffer)[0]
-                if len(buffer) >= 4 + size:
-                    with memoryview(buffer) as whole, whole[4 : 4 + size] as payload:
-                        frame = unpack_frame(payload)  # (no copy of a batch of bodies before unpacking it)
-                    del buffer[: 4 + size]
-                    return frame
-            data = await self._stream.receive_some(1 << 20)
-            if not data:
-                raise StoreError("the store process process exited")
-            buffer += data
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
 
 
 class _Maintenance:
@@ -145,18 +104,6 @@ class _Pending:
         else:
             assert self.done is not None  # made when there is no callback
             self.done.set()
-
-
-class _Read:
-    """One :meth:`SqliteStore.read_messages` waiting for the committer to serve it."""
-
-    __slots__ = ("ids", "done", "bodies", "error")
-
-    def __init__(self, ids: list[int]):
-        self.ids = ids
-        self.done = trio.Event()
-        self.bodies: dict[int, bytes] = {}
-        self.error: str | None = None
 
 
 def hold_router_lock(database: Path, router: str) -> int:
@@ -211,13 +158,10 @@ class SqliteStore:
         self._in_flight: deque[tuple[list[_Pending], int, float]] = deque()  # (batch, operations, sent at)
         self._slots = trio.Semaphore(PIPELINE_DEPTH)
         self._sent = trio.Event()  # a batch was sent: the reply task has one to wait for
-        self._reads: list[_Read] = []
         self._wakeup = trio.Event()
-        self._read_wakeup = trio.Event()
         self._process_input: trio.abc.SendStream | None = None
-        self._process_output: _FrameReader | None = None
-        self._read_input: trio.abc.SendStream | None = None  # the read requests' pipe
-        self._read_output: _FrameReader | None = None  # and their answers' pipe
+        self._process_output: FrameReader | None = None
+        self._reads: BodyReads | None = None  # with the store process
         self._closed = False
         self._confirming: trio.CancelScope | None = None  # the confirmation under way
         self._recovered: Recovered | None = None
@@ -287,16 +231,17 @@ class SqliteStore:
         # (trio's pipes to a child are FdStreams on POSIX, where this store runs)
         assert isinstance(process.stdin, trio.lowlevel.FdStream) and isinstance(process.stdout, trio.lowlevel.FdStream)
         for fd in (process.stdin.fileno(), process.stdout.fileno(), answers_out):
-            _enlarge_pipe(fd)
+            enlarge_pipe(fd)
         self._process_input = process.stdin
-        self._process_output = _FrameReader(process.stdout)
-        self._read_input = trio.lowlevel.FdStream(requests_in)
-        self._read_output = _FrameReader(trio.lowlevel.FdStream(answers_out))
+        self._process_output = FrameReader(process.stdout)
+        reads = self._reads = BodyReads(
+            self.path, trio.lowlevel.FdStream(requests_in), FrameReader(trio.lowlevel.FdStream(answers_out))
+        )
         try:
             self._recovered, self._recovered_messages = await self._recover()
             task_status.started()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read_forever)
+                nursery.start_soon(reads.run)
                 nursery.start_soon(self._confirm_forever)
                 nursery.start_soon(self._watch, process)
                 await self._commit_forever()
@@ -312,17 +257,12 @@ class SqliteStore:
             pending, self._pending = self._pending, []
             for waiting in unanswered + pending:
                 waiting.finish(StoreError("the store stopped before this commit was applied"))
-            reads, self._reads = self._reads, []
-            for read in reads:
-                read.error = "the store stopped before this read was served"
-                read.done.set()
             waiting_maintenance, self._maintenance = self._maintenance, []
             for waiter in waiting_maintenance:
                 waiter.error = "the store stopped first"
                 waiter.done.set()
             with trio.CancelScope(shield=True):
-                await self._read_input.aclose()
-                await self._read_output.aclose()
+                await reads.aclose("the store stopped before this read was served")
                 await process.stdin.aclose()  # end of input: the store process closes the database
                 with trio.move_on_after(10):
                     await process.wait()
@@ -381,19 +321,10 @@ class SqliteStore:
         self._submit(_Pending(ops, on_done))
 
     async def read_messages(self, ids: Sequence[int]) -> Mapping[int, bytes]:
-        """(:class:`~.api.Store`) Served by the reader task beside the commits (reads waiting
-        together go as one request)."""
-        if self._closed or self._process_input is None:
+        """(:class:`~.api.Store`) Served beside the commits (:mod:`.reads`)."""
+        if self._closed or self._reads is None:
             raise StoreError("the store is not running")
-        read = _Read(list(ids))
-        if not read.ids:
-            return {}
-        self._reads.append(read)
-        self._read_wakeup.set()
-        await read.done.wait()
-        if read.error is not None:
-            raise StoreError(f"{self.path}: read failed: {read.error}")
-        return read.bodies
+        return await self._reads.read(ids)
 
     async def _watch(self, process: trio.Process) -> None:
         """The store process ending on its own (killed, crashed) fails the store at once: a
@@ -402,40 +333,6 @@ class SqliteStore:
         closes, which the stop does after this task is cancelled."""
         await process.wait()
         raise StoreError(f"{self.path}: the store process exited (status {process.returncode})")
-
-    async def _read_forever(self) -> None:
-        while True:
-            await self._read_wakeup.wait()
-            self._read_wakeup = trio.Event()
-            while self._reads:
-                try:
-                    await self._serve_reads()
-                except (StoreError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    raise StoreError(f"{self.path}: the store process is gone: {exc}") from exc
-
-    async def _serve_reads(self) -> None:
-        """Answer every waiting read with one request to the store process's reader."""
-        reads, self._reads = self._reads, []
-        wanted = sorted({message_id for read in reads for message_id in read.ids})
-        assert self._read_input is not None and self._read_output is not None  # run() started the store process
-        try:
-            with trio.CancelScope(shield=True):  # once asked, the answer must be taken off the pipe
-                await self._read_input.send_all(pack_frame(["read", wanted]))
-                reply = await self._read_output.read()
-        except BaseException as exc:
-            for read in reads:
-                read.error = f"{type(exc).__name__}: {exc}"
-                read.done.set()
-            raise
-        if reply[0] == "bodies":
-            bodies = dict(reply[1])
-            for read in reads:
-                read.bodies = {i: bodies[i] for i in read.ids if i in bodies}
-        else:
-            for read in reads:
-                read.error = str(reply[1]) if len(reply) > 1 else repr(reply)
-        for read in reads:
-            read.done.set()
 
     async def maintain(self, request: list) -> int:
         """Run a maintenance request in the store process between two batches: ``["backup",
