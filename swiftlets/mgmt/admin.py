@@ -197,16 +197,21 @@ class Commands:
         # None: such a command is refused, with what it would destroy (one-shot without --force)
         self.ask: Callable[[str], Awaitable[bool]] | None = None
         self._forced = False  # this command's: --force among its words, or self.force
+        self._network = NetworkViews(self)
 
     @property
     def names(self) -> list[str]:
-        return sorted(name[4:] for name in dir(self) if name.startswith("cmd_"))
+        return sorted(name[4:] for part in (self, self._network) for name in dir(part) if name.startswith("cmd_"))
+
+    def handler(self, name: str) -> Callable[[list[str]], Awaitable[Output]] | None:
+        """The command ``name`` (its docstring is its help), or None."""
+        return getattr(self, f"cmd_{name}", None) or getattr(self._network, f"cmd_{name}", None)
 
     async def run(self, line: Sequence[str]) -> Output:
         if not line:
             raise UsageError("no command")
         name, *args = line
-        handler: Callable[[list[str]], Awaitable[Output]] | None = getattr(self, f"cmd_{name}", None)
+        handler = self.handler(name)
         if handler is None:
             raise UsageError(f"unknown command {name!r}; commands: {', '.join(self.names)}")
         self._forced = self.force or "--force" in args
@@ -218,7 +223,8 @@ class Commands:
     def _path(self, args: Sequence[str], index: int = 0) -> str:
         return join(self.path, args[index]) if len(args) > index else self.path
 
-    async def _call(self, verb: str, **args: Any) -> Any:
+    async def call(self, verb: str, **args: Any) -> Any:
+        """``verb`` with ``args`` on the current router; its result."""
         return await self.admin.call(self.router, verb, **args)
 
     async def _destructive(self, verb: str, **args: Any) -> tuple[bool, Any]:
@@ -230,9 +236,9 @@ class Commands:
             AdminError: refused (one-shot without --force: the router's reason and how to force).
         """
         if self._forced:
-            return True, await self._call(verb, force=True, **args)
+            return True, await self.call(verb, force=True, **args)
         try:
-            return True, await self._call(verb, **args)
+            return True, await self.call(verb, **args)
         except AdminError as exc:
             if exc.status != Status.CONFLICT:
                 raise
@@ -242,19 +248,19 @@ class Commands:
                 f"{exc.router}: {exc.reason.partition(': not done without force')[0]}. Do it? [y/N] "
             ):
                 return False, None
-        return True, await self._call(verb, force=True, **args)
+        return True, await self.call(verb, force=True, **args)
 
     async def children(self, path: str) -> list[str]:
         """The names below ``path`` (for completion); empty when it does not exist."""
         try:
-            node = await self._call("get", path=path)
+            node = await self.call("get", path=path)
         except AdminError:
             return []
         return sorted(node.get("children") or node.get("entries") or {})
 
     async def cmd_ar(self, args: list[str]) -> Output:
         """ar: the available routers (this one and every router in its routing table)."""
-        rows = await self._call("routers")
+        rows = await self.call("routers")
         return Output(
             rows,
             (
@@ -279,13 +285,13 @@ class Commands:
         if len(args) != 1:
             raise UsageError("usage: cc PATH")
         path = self._path(args)
-        await self._call("get", path=path)  # it must exist
+        await self.call("get", path=path)  # it must exist
         self.path = path
         return Output({"path": path}, ())
 
     async def cmd_lc(self, args: list[str]) -> Output:
         """lc [PATH]: list the context's children, or a list's entries."""
-        node = await self._call("get", path=self._path(args))
+        node = await self.call("get", path=self._path(args))
         names = node.get("children") or node.get("entries") or {}
         rows = [[name, kind if isinstance(kind, str) else "entry"] for name, kind in names.items()]
         return Output(node, (_table(node["path"], ["name", "kind"], rows),))
@@ -293,12 +299,12 @@ class Commands:
     async def cmd_show(self, args: list[str]) -> Output:
         """show [PATH]: the properties of an entity, or a list's entries as a table."""
         path = self._path(args)
-        node = await self._call("get", path=path)
+        node = await self.call("get", path=path)
         return Output(node, _views(node))
 
     async def cmd_describe(self, args: list[str]) -> Output:
         """describe [PATH]: property declarations (of a list: of its entries) or operations."""
-        node = await self._call("describe", path=self._path(args))
+        node = await self.call("describe", path=self._path(args))
         views: list[Any] = []
         declared = node.get("properties") or node.get("item")
         if declared:
@@ -320,7 +326,7 @@ class Commands:
             raise UsageError("usage: set [PATH] PROPERTY VALUE")
         path = self._path(args) if len(args) == 3 else self.path
         name, value = args[-2:]
-        result = await self._call("set", path=path, name=name, value=value)
+        result = await self.call("set", path=path, name=name, value=value)
         note = " (takes effect at the next start: save and reboot)" if result["reboot-required"] else ""
         return Output(result, (f"{path} {name}: {result['old']} -> {result['new']}{note}",))
 
@@ -329,7 +335,7 @@ class Commands:
         if len(args) < 2:
             raise UsageError("usage: new LIST NAME [property=value ...]")
         path = self._path(args)
-        result = await self._call("add", path=path, name=args[1], values=_assignments(args[2:]))
+        result = await self.call("add", path=path, name=args[1], values=_assignments(args[2:]))
         return Output(result, (f"{result['path']} added",))
 
     async def cmd_delete(self, args: list[str]) -> Output:
@@ -342,7 +348,7 @@ class Commands:
             pattern = like_pattern(args[1])
         except LikePatternError as exc:
             raise UsageError(f"bad predicate {args[1]!r}: {exc}") from None
-        node = await self._call("get", path=path)
+        node = await self.call("get", path=path)
         if node["kind"] not in ("entity-list", "usage-list"):
             raise UsageError(f"{path} is {node['kind']}; delete works on lists")
         names = []
@@ -372,12 +378,12 @@ class Commands:
 
     async def cmd_save(self, args: list[str]) -> Output:
         """save: write the router's live config to its file."""
-        result = await self._call("save")
+        result = await self.call("save")
         return Output(result, (f"{self.router}: saved to {result['file']}",))
 
     async def cmd_reboot(self, args: list[str]) -> Output:
         """reboot: restart the router on its config file (save first to keep changes)."""
-        result = await self._call("reboot")
+        result = await self.call("reboot")
         return Output(result, (f"{self.router}: rebooting",))
 
     async def cmd_halt(self, args: list[str]) -> Output:
@@ -388,7 +394,7 @@ class Commands:
         return Output(result, (f"{self.router}: halting",))
 
     async def _shortcut(self, path: str) -> Output:
-        node = await self._call("get", path=path)
+        node = await self.call("get", path=path)
         return Output(node, _views(node))
 
     async def cmd_queues(self, args: list[str]) -> Output:
@@ -402,88 +408,6 @@ class Commands:
     async def cmd_xa(self, args: list[str]) -> Output:
         """xa: the router's in-doubt transactions (invoke PATH commit|rollback to resolve one)."""
         return await self._shortcut(SHORTCUTS["xa"])
-
-    async def cmd_routes(self, args: list[str]) -> Output:
-        """routes: the routing table of every available router."""
-        tables: dict[str, Any] = {}
-        rows = []
-        await self._need_routing()
-        for router in [r["name"] for r in await self._call("routers")]:
-            try:
-                table = (await self.admin.call(router, "get", path="/sys$routing/usage/routing-table"))["entries"]
-            except AdminError as exc:  # a remote router that did not answer: the others are still shown
-                table = {"error": exc.reason}
-                rows.append([router, "", "", "", exc.reason])
-            else:
-                rows.extend(
-                    [router, dest, row.get("next-hop"), row.get("active"), row.get("backlog", "")]
-                    for dest, row in sorted(table.items())
-                )
-            tables[router] = table
-        return Output(
-            tables, (_table("routing tables", ["router", "destination", "next hop", "active", "backlog"], rows),)
-        )
-
-    async def _need_routing(self) -> None:
-        """Refuse the routing views on a router without ``sys$routing``: it has nothing to
-        show, and an error inside a table would look like an answer (and exit 0).
-
-        Raises:
-            AdminError: no ``sys$routing`` there.
-        """
-        root = await self._call("get", path="/")
-        if "sys$routing" not in root.get("children", {}):
-            raise AdminError(400, f"router {self.router} runs no sys$routing: it has no links or routes", self.router)
-
-    async def cmd_links(self, args: list[str]) -> Output:
-        """links: every link of every reachable router, with its state, since when, last error."""
-        await self._need_routing()
-        network = await crawl(self.admin, self.router)
-        rows = [
-            [link.source, link.target, link.connector, link.state, link.listener_state, link.since, link.error]
-            for link in network.links
-        ]
-        rows += [[router, "", "", "no answer", "", "", reason] for router, reason in network.unreachable.items()]
-        return Output(
-            [attrs.asdict(link) for link in network.links],
-            (
-                _table(
-                    "links (from the dialing router)",
-                    ["router", "to", "connector", "state", "listener side", "since", "last error"],
-                    rows,
-                ),
-            ),
-        )
-
-    async def cmd_map(self, args: list[str]) -> Output:
-        """map [--dot]: the network from this router: routers with hop counts, links with state;
-        --dot: as a Graphviz digraph (martinet admin map --dot | dot -Tsvg > map.svg)."""
-        if args not in ([], ["--dot"]):
-            raise UsageError("usage: map [--dot]")
-        await self._need_routing()
-        network = await crawl(self.admin, self.router)
-        if args:
-            dot = to_dot(network)
-            return Output({**network.data(), "dot": dot}, (dot,))
-        routers = _table(
-            f"network seen from {network.start}",
-            ["router", "hops", "links"],
-            [
-                [
-                    router,
-                    "start" if router == network.start else "no route" if hops is None else hops,
-                    ", ".join(
-                        f"{link.target if link.source == router else link.source} ({link.state})"
-                        for link in network.links
-                        if router in (link.source, link.target)
-                    ),
-                ]
-                for router, hops in network.routers.items()
-            ],
-        )
-        views: list[Any] = [routers]
-        views += [f"{router}: no answer: {reason}" for router, reason in network.unreachable.items()]
-        return Output(network.data(), tuple(views))
 
     async def cmd_watch(self, args: list[str]) -> Output:
         """watch [PATH] [--count N]: print the changes below PATH as they happen, until Ctrl-C
@@ -516,6 +440,102 @@ class Commands:
             if limit is not None and len(seen) >= limit:
                 break
         done.cancel()
+
+
+class NetworkViews:
+    """The commands that show the network around the router of ``commands``: the routing
+    tables, the links and the map (a crawl over the available routers)."""
+
+    def __init__(self, commands: Commands):
+        self._commands = commands
+
+    async def cmd_routes(self, args: list[str]) -> Output:
+        """routes: the routing table of every available router."""
+        tables: dict[str, Any] = {}
+        rows = []
+        await self._need_routing()
+        for router in [r["name"] for r in await self._commands.call("routers")]:
+            try:
+                table = (await self._commands.admin.call(router, "get", path="/sys$routing/usage/routing-table"))[
+                    "entries"
+                ]
+            except AdminError as exc:  # a remote router that did not answer: the others are still shown
+                table = {"error": exc.reason}
+                rows.append([router, "", "", "", exc.reason])
+            else:
+                rows.extend(
+                    [router, dest, row.get("next-hop"), row.get("active"), row.get("backlog", "")]
+                    for dest, row in sorted(table.items())
+                )
+            tables[router] = table
+        return Output(
+            tables, (_table("routing tables", ["router", "destination", "next hop", "active", "backlog"], rows),)
+        )
+
+    async def _need_routing(self) -> None:
+        """Refuse the routing views on a router without ``sys$routing``: it has nothing to
+        show, and an error inside a table would look like an answer (and exit 0).
+
+        Raises:
+            AdminError: no ``sys$routing`` there.
+        """
+        root = await self._commands.call("get", path="/")
+        if "sys$routing" not in root.get("children", {}):
+            raise AdminError(
+                400,
+                f"router {self._commands.router} runs no sys$routing: it has no links or routes",
+                self._commands.router,
+            )
+
+    async def cmd_links(self, args: list[str]) -> Output:
+        """links: every link of every reachable router, with its state, since when, last error."""
+        await self._need_routing()
+        network = await crawl(self._commands.admin, self._commands.router)
+        rows = [
+            [link.source, link.target, link.connector, link.state, link.listener_state, link.since, link.error]
+            for link in network.links
+        ]
+        rows += [[router, "", "", "no answer", "", "", reason] for router, reason in network.unreachable.items()]
+        return Output(
+            [attrs.asdict(link) for link in network.links],
+            (
+                _table(
+                    "links (from the dialing router)",
+                    ["router", "to", "connector", "state", "listener side", "since", "last error"],
+                    rows,
+                ),
+            ),
+        )
+
+    async def cmd_map(self, args: list[str]) -> Output:
+        """map [--dot]: the network from this router: routers with hop counts, links with state;
+        --dot: as a Graphviz digraph (martinet admin map --dot | dot -Tsvg > map.svg)."""
+        if args not in ([], ["--dot"]):
+            raise UsageError("usage: map [--dot]")
+        await self._need_routing()
+        network = await crawl(self._commands.admin, self._commands.router)
+        if args:
+            dot = to_dot(network)
+            return Output({**network.data(), "dot": dot}, (dot,))
+        routers = _table(
+            f"network seen from {network.start}",
+            ["router", "hops", "links"],
+            [
+                [
+                    router,
+                    "start" if router == network.start else "no route" if hops is None else hops,
+                    ", ".join(
+                        f"{link.target if link.source == router else link.source} ({link.state})"
+                        for link in network.links
+                        if router in (link.source, link.target)
+                    ),
+                ]
+                for router, hops in network.routers.items()
+            ],
+        )
+        views: list[Any] = [routers]
+        views += [f"{router}: no answer: {reason}" for router, reason in network.unreachable.items()]
+        return Output(network.data(), tuple(views))
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:
@@ -656,8 +676,8 @@ class Shell(cmd.Cmd):
 
     def _help(self, names: list[str]) -> None:
         for name in names or self.commands.names:
-            doc = getattr(self.commands, f"cmd_{name}", None)
-            print(doc.__doc__.split("\n")[0] if doc is not None and doc.__doc__ else f"no command {name!r}")
+            command = self.commands.handler(name)
+            print(command.__doc__.split("\n")[0] if command is not None and command.__doc__ else f"no command {name!r}")
         if not names:
             print("exit: leave the shell")
 
@@ -667,7 +687,7 @@ class Shell(cmd.Cmd):
     def completedefault(self, text: str, line: str, begidx: int, endidx: int) -> list[str]:
         """Complete a tree path from the names the router reports below its parent."""
         if line.split()[0] == "sr":
-            rows = trio.from_thread.run(self.commands._call, "routers")
+            rows = trio.from_thread.run(self.commands.call, "routers")
             return [r["name"] for r in rows if r["name"].startswith(text)]
         head, _, stem = text.rpartition("/")
         base = join(self.commands.path, head or ("/" if text.startswith("/") else "."))
