@@ -2,27 +2,26 @@
 
 Theory of operation
 -------------------
-A queue keeps the bytes of at most
-``cache-size`` messages (and ``cache-size-bytes-kb``) in memory. A persistent message that
-arrives beyond that, once the store has it (its send's commit is durable), is *swapped
-out*: its entry keeps a :class:`Message` of only the sections before the body — header,
-annotations, properties, application-properties (:func:`messaging.message.head_length`;
-46 bytes for a JMS-like message with two properties) — so priority, expiry, selectors
-and the redelivery header still work without the store, and ``Entry.swapped`` is set. The
-bytes are read back through the store process (never on this loop's thread) in batches of
-the cache's size, one read at a time, ahead of the consumers: once fewer entries (and
-bytes) than a batch are left in memory, a delivery asks for the next batch — for a
-consumer with a selector, the next swapped entries its selector matches — and the
-consumers go on with what is in memory meanwhile; so at most two batches are in memory.
-Only when dispatch reaches a swapped entry whose bytes are not back does it stop (order is
-kept: nothing behind it is delivered first), asking for the batch that starts there if no
-read is under way, and it dispatches again when the bytes are back. A delivered entry
-always has its bytes (a listener sends ``entry.message.raw``); :meth:`Queue.browse` does
-not read anything back (a browser that needs the bytes asks
-:meth:`QueueManager.fetch_messages`). Non-persistent messages have no store copy and always
-stay. After a restart a queue starts with the first ``cache-size``
-messages in delivery order read back and the rest swapped out (the store hands over only
-the leading sections at recovery).
+A queue keeps the bytes of at most ``cache-size`` messages (and ``cache-size-bytes-kb``)
+in memory. A persistent message that arrives beyond that, once the store has it (its
+send's commit is durable), is *swapped out*: its entry keeps a :class:`Message` of only
+the sections before the body — header, annotations, properties, application-properties
+(:func:`messaging.message.head_length`; 46 bytes for a JMS-like message with two
+properties) — so priority, expiry, selectors and the redelivery header still work without
+the store, and ``Entry.swapped`` is set. The bytes are read back through the store process
+(never on this loop's thread) in batches of the cache's size, one read at a time, ahead of
+the consumers: once fewer entries (and bytes) than a batch are left in memory, a delivery
+asks for the next batch — for a consumer with a selector, the next swapped entries its
+selector matches — and the consumers go on with what is in memory meanwhile; so at most
+two batches are in memory. Only when dispatch reaches a swapped entry whose bytes are not
+back does it stop (order is kept: nothing behind it is delivered first), asking for the
+batch that starts there if no read is under way, and it dispatches again when the bytes
+are back. A delivered entry always has its bytes (a listener sends ``entry.message.raw``);
+:meth:`Queue.browse` does not read anything back (a browser that needs the bytes asks
+:meth:`QueueManager.fetch_messages`). Non-persistent messages have no store copy and
+always stay. After a restart a queue starts with the first ``cache-size`` messages in
+delivery order read back and the rest swapped out (the store hands over only the leading
+sections at recovery).
 """
 
 from __future__ import annotations
