@@ -507,8 +507,8 @@ MUTANTS += [
 
 # -- queue manager transactions ----------------------------------------------------------------------
 
-QM = "swiftlets/queuemanager/manager.py"
-QUEUE = "swiftlets/queuemanager/queue.py"
+QM = "swiftlets/queuemanager/transactions.py"
+QUEUE = "swiftlets/queuemanager/state.py"
 MUTANTS += [
     M(
         "rollback-redelivery-not-counted",
@@ -616,7 +616,7 @@ MUTANTS += [
     M(
         "recovery-releases-held-messages",
         "store",
-        QM,
+        "swiftlets/queuemanager/recovery.py",
         "            elif stored.id in held:",
         "            elif stored.id in held and False:",
         "A message acknowledged by a prepared transaction is recovered as available: it is "

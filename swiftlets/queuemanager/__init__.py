@@ -7,10 +7,15 @@ transactions) and import nothing else of it. Needs ``sys$store`` started before 
 
 Layout: :mod:`.config` (queues, controllers, limits), :mod:`.api` (the public interface),
 :mod:`.budget` (room for queues made on demand), :mod:`.memory` (the router's memory
-budget and its alarm), :mod:`.manager` (names, sending, transactions, persistence,
-recovery), :mod:`.queue` (one queue: priorities, consumers, credit, outcomes, flow
-control), :mod:`.jobs` (the jobs it offers ``sys$scheduler``: purger, cleanup, cleanup to
-routerdlq, mover).
+budget and its alarm), :mod:`.manager` (sending, and the parts below), :mod:`.names`
+(addresses and redirections), :mod:`.catalogue` (the queues by name),
+:mod:`.persistence` (deferred writes and read-backs), :mod:`.deadletters` (routerdlq),
+:mod:`.transactions` (local and prepared transactions), :mod:`.recovery` (rebuilt from
+the store at start), :mod:`.queue` (one queue: priorities, outcomes, expiry, usage; its
+counts and limits in :mod:`.state`, its cache in :mod:`.paging`, consumers and credit in
+:mod:`.dispatch` and :mod:`.consumer`, its entries in :mod:`.entry`, flow control in
+:mod:`.flow`), :mod:`.jobs` (the jobs it offers ``sys$scheduler``: purger, cleanup,
+cleanup to routerdlq, mover).
 
 Usage: ``/sys$queuemanager/usage/queues/<name>`` (messages, available, enqueued, dequeued,
 expired, dead-lettered, duplicates-dropped, consumers, send-rate, receive-rate, memory);
