@@ -463,8 +463,8 @@ MUTANTS += [
         "no-local-forgets-the-publisher",
         "topics",
         "swiftlets/topicmanager/manager.py",
-        "publisher if isinstance(publisher, str) else None)",
-        "None)",
+        "message, publisher if isinstance(publisher, str) else None\n",
+        "message, None\n",
         "No-local is not applied to publications forwarded by another router: a no-local "
         "subscriber receives its own client's messages published on another router.",
         T + "test_topic_network.py::test_no_local_uses_the_original_publishers_client_id",

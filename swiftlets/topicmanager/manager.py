@@ -28,7 +28,7 @@ current set.
 Across routers (:mod:`.federation`): the federation announces the interest to the other
 routers, a local publication is also forwarded to every router subscribed to its root, and
 what other routers forward arrives through :meth:`TopicManager._deliver_forwarded`, which
-delivers with the same matching (:meth:`TopicManager._targets`) and never forwards again.
+delivers with the same matching (:mod:`.targets`) and never forwards again.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import trio
 
 from martinet.kernel import Change, Entity, SwiftletContext, UsageList, Veto
 from martinet.messaging.message import Message, MessageError
-from martinet.messaging.selector import Selector, compile_selector, message_identifiers
+from martinet.messaging.selector import Selector, compile_selector
 from martinet.swiftlets.queuemanager.api import (
     Consumer,
     Creator,
@@ -55,10 +55,10 @@ from martinet.swiftlets.store.api import Store
 
 from .api import PublishResult, TopicError, TopicInterestChanged
 from .backlogs import BacklogWatch
-from .config import SlowSubscriberCondition
 from .durables import Durables
 from .federation import PUBLISHER, SOURCE, TEMPORARY_ROOT_PREFIX, TOPIC, AllDurable, Federation
-from .hierarchy import TopicName, TopicNameError, matches, parse_topic
+from .hierarchy import TopicName, TopicNameError, parse_topic
+from .targets import Targets
 
 __all__ = ["TopicManager", "Subscription"]
 
@@ -112,7 +112,7 @@ class Subscription:
 
 
 @attrs.define(eq=False)
-class _Root:
+class Root:
     name: str
     subscriptions: list[Subscription] = attrs.Factory(list)
     published: int = 0
@@ -140,14 +140,11 @@ class TopicManager:
     """``sys$topicmanager``; what ``context.lookup("sys$topicmanager", TopicManager)`` returns
     (it provides the protocol :class:`.api.TopicManager`)."""
 
-    MATCH_CACHE = 10_000
-
     def __init__(self, context: SwiftletContext):
         self.context = context
         self.auto_create_topics = context.config.auto_create_topics
-        self._roots: dict[str, _Root] = {}
-        self._matches: dict[str, tuple[Subscription, ...]] = {}
-        self._conditions: dict[str, SlowSubscriberCondition] = {}
+        self._roots: dict[str, Root] = {}
+        self._targets = Targets()
         self._queue_manager: QueueManager  # both looked up in run()
         self._store: Store
         self._root_usage: UsageList | None = None
@@ -179,7 +176,9 @@ class TopicManager:
         entity = self.context.entity
         entity.on_change(self._settings_changed)
         entity.entity_list("topics").bind(self._topic_defined)  # a root stays while it has subscriptions
-        entity.entity_list("slow-subscriber-conditions").bind(self._condition_added, self._condition_removed)
+        entity.entity_list("slow-subscriber-conditions").bind(
+            self._targets.condition_added, self._targets.condition_removed
+        )
         self._federation = Federation(self.context, self._queue_manager, self.interest, self._deliver_forwarded)
         self._durables.recover()
         async with trio.open_nursery() as nursery:
@@ -197,16 +196,6 @@ class TopicManager:
         except TopicNameError as exc:
             raise Veto(str(exc)) from None
 
-    def _condition_added(self, entity: Entity) -> None:
-        self._conditions[entity.name] = entity.config
-        entity.on_change(lambda change: self._condition_changed(entity.name, change))
-
-    def _condition_changed(self, root: str, change: Change) -> None:
-        self._conditions[root] = attrs.evolve(self._conditions[root], **{change.field: change.new})
-
-    def _condition_removed(self, entity: Entity) -> None:
-        self._conditions.pop(entity.name, None)
-
     def is_durable_queue(self, name: str) -> bool:
         """Whether queue ``name`` belongs to a durable subscription (one restored or
         created, or a record set aside at start): it is used only through the subscription."""
@@ -214,14 +203,14 @@ class TopicManager:
 
     # -- roots and interest --------------------------------------------------------------------
 
-    def _root(self, name: str, *, create: bool | None = None) -> _Root:
+    def _root(self, name: str, *, create: bool | None = None) -> Root:
         root = self._roots.get(name)
         if root is None:
             defined = name in {parse_topic(t).root for t in self.context.entity.entity_list("topics").entities}
             temporary = name.startswith(TEMPORARY_ROOT_PREFIX)  # a temporary topic, maybe another router's
             if not (defined or temporary or (self.auto_create_topics if create is None else create)):
                 raise TopicError(f"root topic {name!r} is not defined on router {self.context.router_name}")
-            root = self._roots[name] = _Root(name)
+            root = self._roots[name] = Root(name)
             if self._root_usage is not None:
                 self._root_usage.add(name, root.usage)
         return root
@@ -237,7 +226,7 @@ class TopicManager:
     def _add(self, subscription: Subscription) -> None:
         root = self._root(subscription.topic.root, create=True)
         root.subscriptions.append(subscription)
-        self._matches.clear()
+        self._targets.changed()
         if subscription.durable:
             self._durables.added(subscription)
         if len(root.subscriptions) == 1:
@@ -250,7 +239,7 @@ class TopicManager:
         subscription.closed = True
         root = self._roots[subscription.topic.root]
         root.subscriptions.remove(subscription)
-        self._matches.clear()
+        self._targets.changed()
         if subscription.durable:
             self._durables.removed(subscription)
         if subscription.owns_queue and subscription.queue.name in self._queue_manager.queues:
@@ -365,7 +354,7 @@ class TopicManager:
             raise TopicError(str(exc)) from None
         root = self._root(name.root)
         root.published += 1
-        queues, pressure, dropped = self._targets(root, name, message, client_id)
+        queues, pressure, dropped = self._targets.select(root, name, message, client_id)
         forwarding = self._federation is not None and bool(self._federation.subscriptions.of_root(name.root))
         durable = AllDurable(on_durable) if forwarding and on_durable is not None else None
         try:
@@ -387,65 +376,6 @@ class TopicManager:
                 durable.one()  # everything is sent: the guard copy
         return PublishResult(max(delay, pressure), delivered, dropped + len(full))
 
-    def _targets(
-        self, root: _Root, name: TopicName, message: Message, client_id: str | None
-    ) -> tuple[list[Queue], int, int]:
-        """The subscriber queues a publication goes to (one per queue; no-local, selectors and
-        the slow-subscriber condition applied), the flow-control delay the condition asks
-        for, and how many subscribers it drops.
-
-        Raises:
-            TopicError: a selector has to read a malformed message.
-        """
-        topic = name.text
-        targets = self._matches.get(topic)
-        if targets is None:
-            if len(self._matches) >= self.MATCH_CACHE:
-                self._matches.clear()
-            targets = self._matches[topic] = tuple(s for s in root.subscriptions if matches(s.topic, name))
-        queues: list[Queue] = []
-        seen: set[int] = set()
-        lookup = None
-        condition = self._conditions.get(root.name)
-        slow_limit = condition.max_messages if condition is not None else -1
-        pressure = 0
-        dropped = 0
-        for subscription in targets:
-            queue = subscription.queue
-            if id(queue) in seen or (
-                subscription.no_local and client_id is not None and subscription.client_id == client_id
-            ):
-                continue
-            if subscription.selector is not None:
-                if lookup is None:  # the first selector: check what it reads can be read
-                    try:
-                        message.check_sections()
-                    except MessageError as exc:
-                        raise TopicError(f"cannot publish to {topic}: malformed message: {exc}") from None
-                    lookup = message_identifiers(message)
-                try:
-                    if not subscription.selector.matches(lookup):
-                        continue
-                except (ValueError, TypeError) as exc:  # MessageError: a section the selector reads is bad
-                    self._unselectable(subscription, exc)
-                    continue
-            if 0 <= slow_limit <= queue.size:
-                assert condition is not None  # (slow_limit is -1 without one)
-                action = condition.action if not subscription.durable else "flow-control"
-                if action == "drop":
-                    dropped += 1
-                    continue
-                if action == "disconnect":
-                    log.warning("slow subscriber to %s disconnected (%d messages waiting)", topic, queue.size)
-                    root.disconnected += 1
-                    dropped += 1
-                    subscription.close()
-                    continue
-                pressure = max(pressure, queue.settings.max_flowcontrol_delay)
-            seen.add(id(queue))
-            queues.append(queue)
-        return queues, pressure, dropped
-
     def _deliver_forwarded(self, message: Message, transaction: Any) -> None:
         """Deliver a publication another router forwarded (``tpc$<root>``) to the local
         subscribers, staged in ``transaction`` (None: at once); it is never forwarded
@@ -458,7 +388,9 @@ class TopicManager:
             if root is None:  # no subscriptions here (any more)
                 return
             publisher = annotations.get(PUBLISHER)
-            queues, _, dropped = self._targets(root, name, message, publisher if isinstance(publisher, str) else None)
+            queues, _, dropped = self._targets.select(
+                root, name, message, publisher if isinstance(publisher, str) else None
+            )
         except (MessageError, TopicNameError, TopicError, TypeError) as exc:
             log.warning("a publication forwarded by another router is dropped: %s", exc)
             return
@@ -482,15 +414,3 @@ class TopicManager:
             else:
                 root.deliveries += 1
         root.dropped += dropped
-
-    @staticmethod
-    def _unselectable(subscription: Subscription, error: Exception) -> None:
-        if not subscription.unselectable_logged:
-            subscription.unselectable_logged = True
-            log.warning(
-                "%r: selector %r cannot be evaluated on a published message (%s); such messages are "
-                "not delivered to it (logged once per subscription)",
-                subscription,
-                subscription.selector.text if subscription.selector else "",
-                error,
-            )
