@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import ssl
 import time
-from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -19,9 +18,9 @@ import trio
 from martinet.kernel import Change, Entity, SwiftletContext
 
 from .api import LinkState, LinkStateChanged
-from .config import ConnectorConfig, ListenerConfig, RetryPolicy
-from .links import CLOSE_TIMEOUT, Link, LinkOwner, configure_socket, describe
-from .stages import LinkSettings, Role
+from .config import ConnectorConfig, RetryPolicy
+from .links import CLOSE_TIMEOUT, Link, LinkOwner, LinkStarter, SettingsOf, configure_socket, describe
+from .stages import Role
 
 __all__ = ["Connector", "Connectors", "stamp"]
 
@@ -96,21 +95,13 @@ class Connector:
         }
 
 
-class Connectors:
+class Connectors(LinkStarter):
     """The connectors of one router's ``sys$routing``, by name; their links belong to
     ``owner``, with the settings ``settings(config)`` makes. ``nursery``: where their tasks
     run, set while the swiftlet runs."""
 
-    def __init__(
-        self,
-        context: SwiftletContext,
-        owner: LinkOwner,
-        settings: Callable[[ListenerConfig | ConnectorConfig], LinkSettings],
-    ):
-        self.context = context
-        self.nursery: trio.Nursery | None = None
-        self._owner = owner
-        self._settings = settings
+    def __init__(self, context: SwiftletContext, owner: LinkOwner, settings: SettingsOf):
+        super().__init__(context, owner, settings)
         self._by_name: dict[str, Connector] = {}
         self._usage = context.usage.add_list("connectors")
 

@@ -32,9 +32,11 @@ from typing import Any, Protocol
 
 import trio
 
+from martinet.kernel import SwiftletContext
 from martinet.messaging.io import Driver
 
 from .api import LinkState
+from .config import ConnectorConfig, ListenerConfig
 from .exchange import Announcement
 from .stages import (
     Closed,
@@ -67,6 +69,22 @@ class LinkOwner(Protocol):
 
     def link_gone(self, link: Link) -> None:
         """The link ended; called once, also when it never got far."""
+
+
+#: Makes the settings of a link from its listener's or connector's config.
+SettingsOf = Callable[[ListenerConfig | ConnectorConfig], LinkSettings]
+
+
+class LinkStarter:
+    """What starts links, a listener's or a connector's side: the swiftlet's ``context``, the
+    links' ``owner``, the :class:`LinkSettings` that ``settings(config)`` makes of a listener's
+    or connector's config, and the ``nursery`` they run in (set while the swiftlet runs)."""
+
+    def __init__(self, context: SwiftletContext, owner: LinkOwner, settings: SettingsOf):
+        self.context = context
+        self.nursery: trio.Nursery | None = None
+        self._owner = owner
+        self._settings = settings
 
 
 def describe(exc: BaseException) -> str:

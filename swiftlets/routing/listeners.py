@@ -11,7 +11,6 @@ import contextlib
 import itertools
 import logging
 import ssl
-from collections.abc import Callable
 
 import trio
 
@@ -20,9 +19,9 @@ from martinet.kernel.logs import HostLimitedLog
 from martinet.messaging.like import like_pattern
 from martinet.messaging.listening import Accepted, listen, port_of
 
-from .config import ConnectorConfig, ListenerConfig
-from .links import CLOSE_TIMEOUT, HandshakeThrottle, Link, LinkOwner, configure_socket
-from .stages import AUTH_FAILED, LinkMachine, LinkSettings, Role
+from .config import ListenerConfig
+from .links import CLOSE_TIMEOUT, HandshakeThrottle, Link, LinkOwner, LinkStarter, SettingsOf, configure_socket
+from .stages import AUTH_FAILED, LinkMachine, Role
 
 __all__ = ["Listeners"]
 
@@ -32,21 +31,13 @@ log = logging.getLogger(__name__)
 _Accepted = Accepted
 
 
-class Listeners:
+class Listeners(LinkStarter):
     """The routing listeners of one router, by name: their cancel scopes and the links each
     accepted (``links``); the links belong to ``owner``, with the settings ``settings(config)``
     makes. ``nursery``: where they run, set while the swiftlet runs."""
 
-    def __init__(
-        self,
-        context: SwiftletContext,
-        owner: LinkOwner,
-        settings: Callable[[ListenerConfig | ConnectorConfig], LinkSettings],
-    ):
-        self.context = context
-        self.nursery: trio.Nursery | None = None
-        self._owner = owner
-        self._settings = settings
+    def __init__(self, context: SwiftletContext, owner: LinkOwner, settings: SettingsOf):
+        super().__init__(context, owner, settings)
         self._scopes: dict[str, trio.CancelScope] = {}
         self.links: dict[str, set[Link]] = {}
         self.handshakes = HandshakeThrottle()
