@@ -22,6 +22,7 @@ from martinet.kernel import SwiftletFailed
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, Topic, connect
 from martinet.messaging.message import build
 from martinet.swiftlets.authentication.config import AuthenticationConfig, GroupConfig, UserConfig
+from martinet.swiftlets.mgmt.api import AUDIT_LOGGER
 from martinet.swiftlets.mgmt.config import AdminGroup, MgmtConfig
 from martinet.swiftlets.web.auth import Viewer
 from martinet.swiftlets.web.config import WebConfig
@@ -101,7 +102,7 @@ class Page:
 
 
 async def test_a_queue_is_browsed_moved_purged_and_deleted(network, browser, caplog):  # noqa: F811
-    caplog.set_level(logging.INFO, logger="martinet.swiftlets.mgmt.service")
+    caplog.set_level(logging.INFO, logger=AUDIT_LOGGER)
     _, a = await start_console(network, "a")
     b = await network.start(network.config("b", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
     b.management.add("/sys$queuemanager/queues", "archive")
@@ -165,7 +166,7 @@ async def test_a_queue_is_browsed_moved_purged_and_deleted(network, browser, cap
 
 
 async def test_connections_connectors_durables_and_in_doubt_transactions(network, browser, caplog):  # noqa: F811
-    caplog.set_level(logging.INFO, logger="martinet.swiftlets.mgmt.service")
+    caplog.set_level(logging.INFO, logger=AUDIT_LOGGER)
     config, a = await start_console(network, "a")
     async with connect(network.url("a"), client_id="app") as connection, connection.session() as session:
         subscriber = await session.durable_subscriber(Topic("news"), "sub")
@@ -291,7 +292,7 @@ async def post(url: str, fields: dict, authorization: str, origin: str | None = 
 
 
 async def test_forged_posts_are_refused_with_403_and_change_nothing(network, caplog):
-    caplog.set_level(logging.INFO, logger="martinet.swiftlets.mgmt.service")
+    caplog.set_level(logging.INFO, logger=AUDIT_LOGGER)
     _, a = await start_console(network, "a", **auth_config())
     a.management.add("/sys$queuemanager/queues", "orders")
     a.swiftlet("sys$queuemanager").send_nowait("orders", build("keep me"))
@@ -378,7 +379,7 @@ async def test_beyond_loopback_plain_http_needs_plain_http_auth_and_a_bad_certif
 
 
 async def test_a_remote_routers_queue_is_browsed_and_purged_through_this_one(network, browser, caplog):  # noqa: F811
-    caplog.set_level(logging.INFO, logger="martinet.swiftlets.mgmt.service")
+    caplog.set_level(logging.INFO, logger=AUDIT_LOGGER)
     _, a = await start_console(network, "a")
     b = await network.start(network.config("b", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
     b.management.add("/sys$queuemanager/queues", "orders-at-b")

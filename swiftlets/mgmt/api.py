@@ -43,6 +43,7 @@ __all__ = [
     "VERSION",
     "IDENTITY_ANNOTATION",
     "STATUS_PROPERTY",
+    "AUDIT_LOGGER",
     "READ_VERBS",
     "WRITE_VERBS",
     "Status",
@@ -68,6 +69,9 @@ VERSION = 1
 IDENTITY_ANNOTATION = "x-opt-martinet-identity"
 #: The reply's application-property carrying its status.
 STATUS_PROPERTY = "mgmt-status"
+#: The logger of every change made and every request refused (INFO), and of nothing else,
+#: so that an operator can send the audit trail to a file or a collector of its own.
+AUDIT_LOGGER = "martinet.swiftlets.mgmt.audit"
 
 #: Verbs a read-only role may use; every other verb changes something.
 READ_VERBS = frozenset({"get", "describe", "routers", "watch", "unwatch"})

@@ -51,6 +51,7 @@ from martinet.swiftlets.queuemanager.api import ROUTER, MessageTooLarge, QueueEr
 from martinet.swiftlets.routing.api import DestinationAdded, DestinationRemoved, Routing
 
 from .api import (
+    AUDIT_LOGGER,
     IDENTITY_ANNOTATION,
     LOCAL_ADDRESSES,
     MANAGEMENT_QUEUE,
@@ -74,6 +75,7 @@ from .tree import TreeVerbs
 from .watches import Watches
 
 log = logging.getLogger(__name__)
+audit = logging.getLogger(AUDIT_LOGGER)
 
 
 CONCURRENCY = 16  # requests served at once
@@ -178,7 +180,7 @@ class MgmtSwiftlet:
             except Refused as refused:
                 self.refused += 1
                 reply = self._answer(refused.status, error=str(refused))
-                log.info("management request from %s refused: %s", identity, refused)
+                audit.info("management request from %s refused: %s", identity, refused)
             else:
                 approved = reply_to if identity is not None and reply_to == identity.reply_to else None
                 reply = await self.serve(request, identity, reply_to=approved or None, correlation=correlation)
@@ -261,11 +263,11 @@ class MgmtSwiftlet:
             result = await handler(request, identity, reply_to, correlation)
         except Refused as refused:
             self.refused += 1
-            log.info("management %s from %s refused: %s", verb, identity, refused)
+            audit.info("management %s from %s refused: %s", verb, identity, refused)
             return self._answer(refused.status, error=str(refused))
         except ManagementError as exc:
             self.refused += 1
-            log.info("management %s from %s refused: %s", verb, identity, exc)
+            audit.info("management %s from %s refused: %s", verb, identity, exc)
             return self._answer(Status.BAD_REQUEST, error=str(exc))
         except Exception as exc:
             self.failed += 1
@@ -310,7 +312,7 @@ class MgmtSwiftlet:
             saved = self.context.save()
         except (ValueError, OSError) as exc:
             raise Refused(Status.BAD_REQUEST, f"save failed: {exc}") from None
-        log.info("management: %s saved the config to %s", identity, saved)
+        audit.info("management: %s saved the config to %s", identity, saved)
         return {"file": str(saved)}
 
     async def _reboot(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
@@ -318,7 +320,7 @@ class MgmtSwiftlet:
             self.context.request_reboot(f"reboot requested by {identity} over management", delay=STOP_DELAY)
         except ValueError as exc:
             raise Refused(Status.BAD_REQUEST, f"cannot reboot: {exc}") from None
-        log.info("management: %s rebooted router %s", identity, self.router)
+        audit.info("management: %s rebooted router %s", identity, self.router)
         return {"rebooting": self.router, "in-seconds": STOP_DELAY}
 
     async def _halt(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
@@ -332,7 +334,7 @@ class MgmtSwiftlet:
             always=True,
         )
         self.context.request_stop(f"halt requested by {identity} over management", delay=STOP_DELAY)
-        log.info("management: %s halted router %s", identity, self.router)
+        audit.info("management: %s halted router %s", identity, self.router)
         return {"halting": self.router, "in-seconds": STOP_DELAY}
 
     # -- routers -----------------------------------------------------------------------------------

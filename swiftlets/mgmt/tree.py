@@ -15,12 +15,12 @@ import attrs
 from martinet.kernel.mgmt import Entity, EntityList, Node, Tree, Usage, UsageList
 from martinet.kernel.schema import Prop, fields_of, xml_name
 
-from .api import Identity
+from .api import AUDIT_LOGGER, Identity
 from .requests import confirm, plain, request_mapping, request_path, request_scalar, request_text
 
 __all__ = ["TreeVerbs", "describe_node", "explain"]
 
-log = logging.getLogger(__name__)
+audit = logging.getLogger(AUDIT_LOGGER)
 
 
 def _kind(node: Node) -> str:
@@ -99,7 +99,7 @@ class TreeVerbs:
         old = entity.get(name)
         change = entity.set(name, value)
         new = entity.get(name)
-        log.info(
+        audit.info(
             "management: %s set %s %s: %r -> %r%s",
             identity,
             path,
@@ -116,7 +116,7 @@ class TreeVerbs:
             key: request_scalar(value, f"value of {key!r}") for key, value in request_mapping(request, "values").items()
         }
         entity = self.tree.add(path, name, values)
-        log.info("management: %s added %s/%s: %s", identity, path.rstrip("/"), name, plain(entity.properties()))
+        audit.info("management: %s added %s/%s: %s", identity, path.rstrip("/"), name, plain(entity.properties()))
         return describe_node(entity)
 
     async def remove(self, request: Mapping[str, Any], identity: Identity, *_: Any) -> Any:
@@ -127,7 +127,7 @@ class TreeVerbs:
         lost = entries.destroys(name)
         confirm(request, f"removing {path.rstrip('/')}/{name} drops the {lost} message(s) it holds", lost)
         tree.remove(path, name)
-        log.info(
+        audit.info(
             "management: %s removed %s/%s (was %s)",
             identity,
             path.rstrip("/"),
@@ -146,5 +146,5 @@ class TreeVerbs:
             lost = offered.destroys()
             confirm(request, f"{operation} of {path} drops {lost} message(s)", lost)
         result = await self.tree.invoke(path, operation, **args)
-        log.info("management: %s invoked %s %s %s: %s", identity, path, operation, args, str(result)[:200])
+        audit.info("management: %s invoked %s %s %s: %s", identity, path, operation, args, str(result)[:200])
         return result

@@ -20,13 +20,13 @@ from martinet.kernel import EntityAdded, EntityRemoved, Event, Overflow, Propert
 from martinet.kernel.router import SwiftletContext
 from martinet.swiftlets.queuemanager.api import QueueError, QueueNotFound
 
-from .api import Identity, Status
+from .api import AUDIT_LOGGER, Identity, Status
 from .config import MgmtConfig
 from .requests import Refused, plain, request_path
 
 __all__ = ["Watch", "Watches"]
 
-log = logging.getLogger(__name__)
+audit = logging.getLogger(AUDIT_LOGGER)
 
 
 class Watch:
@@ -120,7 +120,7 @@ class Watches:
         assert self.nursery is not None  # watches are served while the swiftlet runs
         subscription = self.context.bus.subscribe(Event, max_buffer=config.max_watch_backlog, overflow=Overflow.FAIL)
         self.nursery.start_soon(self._run, watch, subscription)
-        log.info("management: %s watches %s (watch %d)", identity, watch.path, watch.id)
+        audit.info("management: %s watches %s (watch %d)", identity, watch.path, watch.id)
         return {"watch": watch.id, "path": watch.path, "lease": config.watch_lease}
 
     def _own(self, number: Any, identity: Identity) -> Watch:
@@ -171,7 +171,7 @@ class Watches:
         finally:
             self._watches.pop(watch.id, None)
             self._usage.remove(str(watch.id))
-            log.info(
+            audit.info(
                 "management: watch %d of %s on %s ended: %s",
                 watch.id,
                 watch.identity,
