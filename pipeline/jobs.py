@@ -409,20 +409,34 @@ def _start_with_worker(writer: Any) -> Any:
     10 s to connect back (Spark 4's ``PythonWorkerFactory``, no setting changes it). A
     loaded server's worker, importing pyspark, pandas and pyarrow, may take longer: the
     start fails with "Python worker failed to connect back" before the query exists (no
-    batch ran, nothing was written), so it is tried again, up to :data:`WORKER_ATTEMPTS`."""
-    for attempt in range(1, WORKER_ATTEMPTS):
+    batch ran, nothing was written), so it is tried again, up to :data:`WORKER_ATTEMPTS`.
+    A worker that cannot start at all looks the same to this client; after the last attempt
+    the error says where its reason is.
+
+    Raises:
+        ValueError: the worker did not connect back at any attempt (one line for the user).
+    """
+    attempt = 1
+    while True:
         try:
             return writer.start()
         except PySparkException as exc:
             if "Python worker failed to connect back" not in str(exc):
                 raise
+            if attempt == WORKER_ATTEMPTS:
+                raise ValueError(
+                    f"the Spark Connect server's Python worker for the series query did not connect back within "
+                    f"Spark's fixed 10 s, {WORKER_ATTEMPTS} times: the server is overloaded, or its Python cannot "
+                    f"start the worker (the server's log has the worker's error; its PYSPARK_PYTHON needs "
+                    f"martinet[spark])"
+                ) from None
             print(
                 f"martinet-pipeline: the Spark server's Python worker for the series query did not connect back "
                 f"in time (attempt {attempt} of {WORKER_ATTEMPTS}); starting it again",
                 file=sys.stderr,
                 flush=True,
             )
-    return writer.start()
+            attempt += 1
 
 
 def _write_batch(series: DataFrame, batch: int, tables: Path, alert_windows: int) -> None:

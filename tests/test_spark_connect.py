@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_spark_pipeline import PIPELINE_TIMEOUT, failure, known_load
@@ -15,13 +16,14 @@ from test_spark_pipeline import PIPELINE_TIMEOUT, failure, known_load
 from martinet.pipeline.cluster import ConnectServer
 
 from processes import free_port
-from sparkcluster import need_java
+from sparkcluster import need_java, python_workers_explained
 
 pytestmark = pytest.mark.slow
 
 
 async def test_known_load_through_spark_connect(network, tmp_path, spark_connect):
-    await known_load(network, tmp_path, spark_connect.url)
+    with python_workers_explained(spark_connect):
+        await known_load(network, tmp_path, spark_connect.url)
 
 
 def one_line_failure(*args: str) -> str:
@@ -56,33 +58,55 @@ def test_a_setting_the_server_fixed_is_refused_with_one_line(tmp_path, spark_con
     ), line
 
 
+def server_python(folder: Path, worker: str) -> Path:
+    """A Python for a Connect server that runs the shell line ``worker`` first in a
+    ``foreachBatch`` worker, before that worker starts."""
+    python = folder / "server-python"
+    python.write_text(f'#!/bin/sh\ncase "$*" in *foreach_batch_worker*) {worker};; esac\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+def run_on(server: ConnectServer, folder: Path) -> subprocess.CompletedProcess[str]:
+    """The pipeline once over an empty folder of files, through ``server``."""
+    (folder / "in").mkdir()
+    files = ["--source", "files", "--input", str(folder / "in"), "--output", str(folder / "out"), "--once"]
+    return subprocess.run(
+        [sys.executable, "-m", "martinet.pipeline", "--remote", server.url, *files],
+        capture_output=True,
+        text=True,
+        timeout=PIPELINE_TIMEOUT,
+    )
+
+
 def test_a_late_python_worker_of_the_server_is_started_again(tmp_path):
     """The Connect server gives the Python worker of a ``foreachBatch`` query a fixed 10 s to
     connect back; a loaded server's may be later. Here the server's first such worker sleeps
     12 s before it starts: the query's start fails, the pipeline says so and starts it again."""
     need_java()
-    late = tmp_path / "late-python"
-    late.write_text(
-        "#!/bin/sh\n"
-        'case "$*" in *foreach_batch_worker*)\n'
-        f"  [ -e {tmp_path}/slept ] || {{ touch {tmp_path}/slept; sleep 12; }};;\n"
-        "esac\n"
-        f'exec {sys.executable} "$@"\n'
-    )
-    late.chmod(0o755)
-    (tmp_path / "in").mkdir()
-    with ConnectServer(tmp_path / "server", python=str(late)) as server:
-        files = ["--source", "files", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--once"]
-        result = subprocess.run(
-            [sys.executable, "-m", "martinet.pipeline", "--remote", server.url, *files],
-            capture_output=True,
-            text=True,
-            timeout=PIPELINE_TIMEOUT,
-        )
-    assert result.returncode == 0, failure(result.stderr)
+    late = server_python(tmp_path, f"[ -e {tmp_path}/slept ] || {{ touch {tmp_path}/slept; sleep 12; }}")
+    with ConnectServer(tmp_path / "server", python=str(late)) as server, python_workers_explained(server):
+        result = run_on(server, tmp_path)
+        assert result.returncode == 0, failure(result.stderr)
     assert (tmp_path / "slept").exists()
     retries = [line for line in result.stderr.splitlines() if "did not connect back" in line]
     assert retries == [
         "martinet-pipeline: the Spark server's Python worker for the series query did not connect back in time "
         "(attempt 1 of 3); starting it again"
     ]
+
+
+def test_a_python_worker_that_never_starts_fails_the_pipeline_with_one_line_after_three_attempts(tmp_path):
+    need_java()
+    broken = server_python(tmp_path, f"echo started >> {tmp_path}/starts; echo 'no pyspark here' >&2; exit 1")
+    with ConnectServer(tmp_path / "server", python=str(broken)) as server:
+        result = run_on(server, tmp_path)
+        log = (server.folder / "logs" / "connect.log").read_text()
+    assert result.returncode == 2, failure(result.stderr)
+    assert result.stderr.splitlines()[-1] == (
+        "martinet-pipeline: the Spark Connect server's Python worker for the series query did not connect back within "
+        "Spark's fixed 10 s, 3 times: the server is overloaded, or its Python cannot start the worker (the server's "
+        "log has the worker's error; its PYSPARK_PYTHON needs martinet[spark])"
+    )
+    assert (tmp_path / "starts").read_text() == "started\n" * 3
+    assert log.count("no pyspark here") == 3

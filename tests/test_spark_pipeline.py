@@ -54,12 +54,13 @@ async def run_pipeline(*args: str, master: str = LOCAL) -> str:
 
 
 def failure(stderr: str) -> str:
-    """What a failed pipeline printed: its error lines (a JVM stack trace would push the
-    cause out of a plain tail), then the tail."""
+    """What a failed pipeline printed: its own lines and error lines (a JVM stack trace would
+    push the cause out of a plain tail), then the tail."""
     causes = [
         line
         for line in stderr.splitlines()
-        if ("Error" in line or "Exception" in line) and not line.lstrip().startswith("at ")
+        if ("Error" in line or "Exception" in line or line.startswith("martinet-pipeline:"))
+        and not line.lstrip().startswith("at ")
     ]
     return "\n".join(causes[:30]) + "\n...\n" + stderr[-3000:]
 
