@@ -400,7 +400,7 @@ def start_analyses(
     return queries
 
 
-WORKER_ATTEMPTS = 3  # starts of a foreachBatch query on a Connect server whose Python worker was late
+WORKER_ATTEMPTS = 5  # starts of a foreachBatch query on a Connect server whose Python worker was late: 50 s or more
 
 
 def _start_with_worker(writer: Any) -> Any:

@@ -92,11 +92,11 @@ def test_a_late_python_worker_of_the_server_is_started_again(tmp_path):
     retries = [line for line in result.stderr.splitlines() if "did not connect back" in line]
     assert retries == [
         "martinet-pipeline: the Spark server's Python worker for the series query did not connect back in time "
-        "(attempt 1 of 3); starting it again"
+        "(attempt 1 of 5); starting it again"
     ]
 
 
-def test_a_python_worker_that_never_starts_fails_the_pipeline_with_one_line_after_three_attempts(tmp_path):
+def test_a_python_worker_that_never_starts_fails_the_pipeline_with_one_line_after_five_attempts(tmp_path):
     need_java()
     broken = server_python(tmp_path, f"echo started >> {tmp_path}/starts; echo 'no pyspark here' >&2; exit 1")
     with ConnectServer(tmp_path / "server", python=str(broken)) as server:
@@ -105,8 +105,8 @@ def test_a_python_worker_that_never_starts_fails_the_pipeline_with_one_line_afte
     assert result.returncode == 2, failure(result.stderr)
     assert result.stderr.splitlines()[-1] == (
         "martinet-pipeline: the Spark Connect server's Python worker for the series query did not connect back within "
-        "Spark's fixed 10 s, 3 times: the server is overloaded, or its Python cannot start the worker (the server's "
+        "Spark's fixed 10 s, 5 times: the server is overloaded, or its Python cannot start the worker (the server's "
         "log has the worker's error; its PYSPARK_PYTHON needs martinet[spark])"
     )
-    assert (tmp_path / "starts").read_text() == "started\n" * 3
-    assert log.count("no pyspark here") == 3
+    assert (tmp_path / "starts").read_text() == "started\n" * 5
+    assert log.count("no pyspark here") == 5
