@@ -19,7 +19,7 @@ from martinet.kernel import Change, Entity, SwiftletContext
 
 from .api import LinkState, LinkStateChanged
 from .config import ConnectorConfig, RetryPolicy
-from .links import CLOSE_TIMEOUT, Link, LinkOwner, LinkStarter, SettingsOf, configure_socket, describe
+from .links import CLOSE_TIMEOUT, Link, LinkOwner, LinkStarter, SettingsOf, describe
 from .stages import Role
 
 __all__ = ["Connector", "Connectors", "stamp"]
@@ -209,21 +209,8 @@ class Connectors(LinkStarter):
             self.set_state(connector, LinkState.FAILED, reason)
             return False
         assert stream is not None
-        configure_socket(
-            stream,
-            no_delay=config.use_tcp_no_delay,
-            receive_buffer=config.router_input_buffer_size,
-            send_buffer=config.router_output_buffer_size,
-        )
-        link = Link(
-            self._owner,
-            stream,
-            role=Role.CONNECTOR,
-            name=f"connector:{name}",
-            address=f"{config.hostname}:{config.port}",
-            local=self.context.router_name,
-            password=config.password,
-            settings=self._settings(config),
+        link = self.new_link(
+            stream, config, role=Role.CONNECTOR, name=f"connector:{name}", address=f"{config.hostname}:{config.port}"
         )
         connector.link = link
         try:

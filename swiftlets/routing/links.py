@@ -86,6 +86,28 @@ class LinkStarter:
         self._owner = owner
         self._settings = settings
 
+    def new_link(
+        self, stream: trio.abc.Stream, config: ListenerConfig | ConnectorConfig, *, role: Role, name: str, address: str
+    ) -> Link:
+        """A link on ``stream`` (its socket options set from ``config``) with ``config``'s
+        password and settings."""
+        configure_socket(
+            stream,
+            no_delay=config.use_tcp_no_delay,
+            receive_buffer=config.router_input_buffer_size,
+            send_buffer=config.router_output_buffer_size,
+        )
+        return Link(
+            self._owner,
+            stream,
+            role=role,
+            name=name,
+            address=address,
+            local=self.context.router_name,
+            password=config.password,
+            settings=self._settings(config),
+        )
+
 
 def describe(exc: BaseException) -> str:
     """An I/O error in words: trio's BrokenResourceError says nothing, its cause (an SSL or

@@ -20,7 +20,7 @@ from martinet.messaging.like import like_pattern
 from martinet.messaging.listening import Accepted, listen, port_of
 
 from .config import ListenerConfig
-from .links import CLOSE_TIMEOUT, HandshakeThrottle, Link, LinkOwner, LinkStarter, SettingsOf, configure_socket
+from .links import CLOSE_TIMEOUT, HandshakeThrottle, Link, LinkOwner, LinkStarter, SettingsOf
 from .stages import AUTH_FAILED, LinkMachine, Role
 
 __all__ = ["Listeners"]
@@ -133,23 +133,14 @@ class Listeners(LinkStarter):
                         await stream.send_all(refusal.data_to_send() or b"")
                     await stream.aclose()
                 return
-            configure_socket(
-                stream,
-                no_delay=live.use_tcp_no_delay,
-                receive_buffer=live.router_input_buffer_size,
-                send_buffer=live.router_output_buffer_size,
-            )
             counts["accepted"] += 1
             counts["links"] += 1
-            link = Link(
-                self._owner,
+            link = self.new_link(
                 stream,
+                live,
                 role=Role.LISTENER,
                 name=f"listener:{name}:{next(self._link_numbers)}",
                 address=f"{host}:{peer_port}",
-                local=self.context.router_name,
-                password=live.password,
-                settings=self._settings(live),
             )
             links.add(link)
             try:
