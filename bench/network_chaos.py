@@ -20,6 +20,7 @@ subscriber lost anything, or (with XA) any subscriber got a duplicate.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 import time
@@ -48,19 +49,35 @@ async def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="network-chaos-") as scratch:
         folder = args.folder or scratch
         started = time.monotonic()
+        results = None
         try:
             disks = "disk-full" in args.faults  # (each router's store on a tmpfs of its own: root)
             async with open_network(Path(folder), TOPOLOGIES[args.topology], xa=args.xa, disks=disks) as network:
-                results = await chaos(network, schedule, lambda line: print(line, flush=True))
+                async with trio.open_nursery() as nursery:
+                    # SIGTERM would end the process at once: the routers would run on, orphans,
+                    # and the tmpfs disks stay mounted; a signal ends the run like its end does
+                    nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+                    results = await chaos(network, schedule, lambda line: print(line, flush=True))
+                    nursery.cancel_scope.cancel()
         finally:
             if args.keep_logs:
                 Path(args.keep_logs).write_text(network.logs())
+        if results is None:
+            print("stopped by a signal: the routers are stopped and their disks unmounted; no results")
+            return 130
         title = (
             f"{args.mode}, {args.topology}, {'XA' if args.xa else 'non-XA'}, seed {args.seed}, "
             f"{time.monotonic() - started:.0f} s"
         )
         print(results.table(title))
     return 1 if results.lost or (args.xa and results.duplicated) else 0
+
+
+async def _stop_on_signal(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
 
 
 if __name__ == "__main__":
