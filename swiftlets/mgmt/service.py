@@ -23,20 +23,20 @@ Watches (:mod:`.watches`): a ``watch`` request sends the changes under a path to
 reply-to until it is unwatched, its lease runs out, its reply-to is gone or it falls too far
 behind; so nothing outlives a watcher that went away.
 
+Requests of front ends inside the router to other routers (:mod:`.remote`) go out as
+messages to their ``sys$mgmt`` and wait for the reply on a temporary queue of this router.
+
 Available routers are this one and the routing table's destinations, followed through
 ``DestinationAdded``/``DestinationRemoved`` (:mod:`swiftlets.routing.api`).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import attrs
 import trio
 
 from martinet.kernel import (
@@ -47,12 +47,11 @@ from martinet.kernel import (
 from martinet.kernel.router import SwiftletContext
 from martinet.messaging.message import Message, MessageError, build
 from martinet.swiftlets.authentication.api import Authentication
-from martinet.swiftlets.queuemanager.api import ROUTER, MessageTooLarge, QueueError, QueueManager
+from martinet.swiftlets.queuemanager.api import MessageTooLarge, QueueError, QueueManager
 from martinet.swiftlets.routing.api import DestinationAdded, DestinationRemoved, Routing
 
 from .api import (
     AUDIT_LOGGER,
-    IDENTITY_ANNOTATION,
     LOCAL_ADDRESSES,
     MANAGEMENT_QUEUE,
     READ_VERBS,
@@ -64,6 +63,7 @@ from .api import (
     Status,
 )
 from .config import MgmtConfig
+from .remote import RemoteRequests
 from .requests import (
     Refused,
     authorize,
@@ -91,9 +91,7 @@ class MgmtSwiftlet:
         self._queue_manager: QueueManager | None = None
         self._routing: Routing | None = None
         self._routers: set[str] = set()
-        self._numbers = itertools.count(1)  # of the correlation-ids of request()
-        self._pending: dict[Any, trio.MemorySendChannel] = {}  # remote requests of request() awaiting replies
-        self._reply_queue: Any = None
+        self._remote = RemoteRequests(self.router, self._answer)
         self.served = self.refused = self.failed = self.replies_refused = 0
         self.watches = Watches(context, self._send, self._answer)
         self._tree = TreeVerbs(context.management)
@@ -135,9 +133,7 @@ class MgmtSwiftlet:
         try:
             async with trio.open_nursery() as nursery:
                 self.watches.nursery = nursery
-                # from the router's reserve: replies must come back when clients used their room
-                self._reply_queue = manager.create_temporary_queue(self, ROUTER)
-                nursery.start_soon(self._take_replies, self._reply_queue)
+                await nursery.start(self._remote.run, manager)
                 if self._routing is not None:
                     await nursery.start(self._follow_destinations)
                 consumer.set_credit(CONCURRENCY)
@@ -159,7 +155,6 @@ class MgmtSwiftlet:
                     nursery.start_soon(self._serve_message, entry.message, consumer)
         finally:
             consumer.close()
-            manager.delete_temporary_queues(self)
 
     # -- the queue ---------------------------------------------------------------------------------
 
@@ -367,47 +362,4 @@ class MgmtSwiftlet:
         """See :meth:`.api.Management.request`."""
         if router == self.router:
             return await self.serve(request, identity)
-        assert self._queue_manager is not None
-        correlation = f"{self.router}:mgmt:{next(self._numbers)}"
-        send, receive = trio.open_memory_channel[dict](1)
-        self._pending[correlation] = send
-        try:
-            reply_to = f"{self._reply_queue.name}@{self.router}"  # this swiftlet's own: it may send there
-            message = build(
-                json.dumps({"version": VERSION, **request}),
-                correlation_id=correlation,
-                reply_to=reply_to,
-                annotations={IDENTITY_ANNOTATION: attrs.evolve(identity, reply_to=reply_to).annotation()},
-            )
-            try:
-                self._queue_manager.send_nowait(f"{MANAGEMENT_QUEUE}@{router}", message)
-            except QueueError as exc:
-                return self._answer(Status.UNAVAILABLE, error=f"cannot reach router {router}: {exc}")
-            with trio.move_on_after(timeout if math.isfinite(timeout) else math.inf):
-                return await receive.receive()
-            return self._answer(Status.UNAVAILABLE, error=f"router {router} did not answer in {timeout} s")
-        finally:
-            del self._pending[correlation]
-
-    async def _take_replies(self, queue: Any) -> None:
-        """Hand the replies to :meth:`request`'s remote requests to their waiters."""
-        consumer = queue.consumer(owner=self)
-        consumer.set_credit(CONCURRENCY)
-        try:
-            while True:
-                entry = await consumer.receive()
-                consumer.accept(entry)
-                consumer.flow(1)
-                try:
-                    waiter = self._pending.get(entry.message.properties.correlation_id)
-                    reply = decode_request(entry.message.body())
-                except (MessageError, Refused) as exc:
-                    log.info("management reply dropped: %s", exc)
-                    continue
-                if waiter is not None:
-                    try:
-                        waiter.send_nowait(reply)
-                    except trio.WouldBlock:  # a second reply to one request
-                        pass
-        finally:
-            consumer.close()
+        return await self._remote.request(router, request, identity, timeout)
