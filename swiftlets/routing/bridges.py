@@ -30,13 +30,13 @@ from typing import Any
 
 import trio
 
-from martinet.kernel import Change, Entity
+from martinet.kernel import Change, Entity, UsageList, Veto
 from martinet.messaging.message import MessageError
 from martinet.swiftlets.queuemanager.api import Consumer, Entry, QueueError, QueueManager, QueueNotFound
 
 from .config import QueueBridgeConfig
 
-__all__ = ["QueueBridge"]
+__all__ = ["QueueBridge", "QueueBridges"]
 
 log = logging.getLogger(__name__)
 
@@ -161,3 +161,36 @@ class QueueBridge:
             raise
         self.moved += len(entries)
         return delay_ms
+
+
+class QueueBridges:
+    """A router's queue bridges, by name: each runs in ``nursery`` from its addition to its
+    removal, on ``queue_manager`` (both set when the swiftlet runs; without a queue manager
+    a bridge is refused), and shows in ``usage``."""
+
+    def __init__(self, router: str, usage: UsageList):
+        self.router = router
+        self.queue_manager: QueueManager | None = None
+        self.nursery: trio.Nursery | None = None
+        self._usage = usage
+        self._bridges: dict[str, QueueBridge] = {}
+
+    def added(self, entity: Entity) -> None:
+        """Raises Veto without a queue manager (a bridge moves queued messages)."""
+        if self.queue_manager is None:
+            raise Veto(f"queue bridge {entity.name}: router {self.router} has no sys$queuemanager")
+        bridge = self._bridges[entity.name] = QueueBridge(entity, self.queue_manager)
+        self._usage.add(entity.name, bridge.usage)
+        assert self.nursery is not None
+        self.nursery.start_soon(bridge.run)
+
+    def removed(self, entity: Entity) -> None:
+        bridge = self._bridges.pop(entity.name, None)
+        if bridge is not None:
+            self._usage.remove(entity.name)
+            bridge.scope.cancel()
+
+    def wake(self) -> None:
+        """The routing table changed: a bridge's destination may have become known."""
+        for bridge in self._bridges.values():
+            bridge.wake()

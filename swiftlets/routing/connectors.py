@@ -19,20 +19,16 @@ from martinet.kernel import Change, Entity, SwiftletContext
 
 from .api import LinkState, LinkStateChanged
 from .config import ConnectorConfig, RetryPolicy
-from .links import CLOSE_TIMEOUT, Link, LinkOwner, LinkStarter, SettingsOf, describe
+from .links import CLOSE_TIMEOUT, Link, LinkOwner, LinkStarter, SettingsOf, describe, stamp
 from .stages import Role
 
-__all__ = ["Connector", "Connectors", "stamp"]
+__all__ = ["Connector", "Connectors"]
 
 log = logging.getLogger(__name__)
 
 BACKOFF_START = 2.0  # seconds: the first delay of an exponential retry policy (Qpid's)
 #: The states a failing connector's retries go through; they do not start a new "since".
 _RETRY_CYCLE = frozenset({LinkState.FAILED, LinkState.WAITING, LinkState.CONNECTING})
-
-
-def stamp(seconds: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else ""
 
 
 class Connector:

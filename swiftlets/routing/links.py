@@ -48,7 +48,7 @@ from .stages import (
     RouteReceived,
 )
 
-__all__ = ["HandshakeThrottle", "Link", "LinkOwner", "configure_socket", "describe"]
+__all__ = ["HandshakeThrottle", "Link", "LinkOwner", "LinkStarter", "configure_socket", "describe", "stamp"]
 
 CLOSE_TIMEOUT = 2.0  # seconds a closing link may take to write its CLOSE before the socket goes
 
@@ -107,6 +107,11 @@ class LinkStarter:
             password=config.password,
             settings=self._settings(config),
         )
+
+
+def stamp(seconds: float | None) -> str:
+    """A time in usage: local, to the second ("" for none)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else ""
 
 
 def describe(exc: BaseException) -> str:

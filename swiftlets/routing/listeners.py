@@ -11,6 +11,8 @@ import contextlib
 import itertools
 import logging
 import ssl
+import time
+from typing import Any
 
 import trio
 
@@ -20,7 +22,7 @@ from martinet.messaging.like import like_pattern
 from martinet.messaging.listening import Accepted, listen, port_of
 
 from .config import ListenerConfig
-from .links import CLOSE_TIMEOUT, HandshakeThrottle, Link, LinkOwner, LinkStarter, SettingsOf
+from .links import CLOSE_TIMEOUT, HandshakeThrottle, Link, LinkOwner, LinkStarter, SettingsOf, stamp
 from .stages import AUTH_FAILED, LinkMachine, Role
 
 __all__ = ["Listeners"]
@@ -45,6 +47,30 @@ class Listeners(LinkStarter):
         self.handshake_log = HostLimitedLog(log, "%s from %s closed: %s", "routing handshakes from %s refused")
         self._link_numbers = itertools.count(1)
         self._usage = context.usage.add_list("listeners")
+        self._lost: dict[str, dict[str, Any]] = {}  # by peer router: see lost()
+        self._usage_lost = context.usage.add_list("lost-links")
+
+    def lost(self, link: Link) -> None:
+        """Keep the listener side's last word on a link a neighbour dialed: when that router is
+        gone, nobody else can tell the network map (a crawl asks the dialing router for its
+        connectors) that the link was there and since when it is down. One entry per peer
+        router, until a link from it is operational again (:meth:`found`)."""
+        assert link.peer is not None
+        entry = {
+            "listener": link.name,
+            "address": link.address,
+            "state": link.state.value,
+            "since": stamp(time.time()),
+            "last-error": link.error or "",
+        }
+        self.found(link.peer)
+        self._lost[link.peer] = entry
+        self._usage_lost.add(link.peer, lambda: entry)
+
+    def found(self, peer: str) -> None:
+        """A link with ``peer`` is operational: it is no longer lost."""
+        if self._lost.pop(peer, None) is not None:
+            self._usage_lost.remove(peer)
 
     def added(self, entity: Entity) -> None:
         """Bind the listener now, so that an add with a port in use is refused with the reason."""

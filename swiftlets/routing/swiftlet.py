@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import ssl
-import time
 from typing import Any
 
 import trio
@@ -53,12 +52,12 @@ from martinet.swiftlets.xa.api import XAResourceManager
 from . import api
 from .addressing import Addressing
 from .api import Destination, LinkState, LinkStateChanged
-from .bridges import QueueBridge
+from .bridges import QueueBridges
 from .config import ConnectorConfig, ListenerConfig, RoutingConfig
-from .connectors import Connectors, stamp
+from .connectors import Connectors
 from .dispatch import RoutedTransfer
 from .exchange import Announcement, BadAnnouncement, Output, RouteExchanger, RouteFilter
-from .links import Link
+from .links import Link, stamp
 from .listeners import Listeners
 from .routelog import RouteChanges
 from .stages import (
@@ -107,7 +106,6 @@ class RoutingSwiftlet:
             max_hops=config.max_route_hops,
             log_each=config.route_log == "each",
         )
-        self._nursery: trio.Nursery | None = None
         self._links: dict[str, Link] = {}  # operational links by peer name
         self._filters_changed = trio.Event()
         self._sent = self._received = self._refused = 0
@@ -130,13 +128,10 @@ class RoutingSwiftlet:
         self.listeners = Listeners(context, self, self._settings)
         self.connectors = Connectors(context, self, self._settings)
         self._usage_connections = usage.add_list("connections")
-        self._usage_lost = usage.add_list("lost-links")  # see _remember_lost
-        self._lost: dict[str, dict[str, Any]] = {}
         self._addressing = Addressing(context, self.exchanger)
-        self._usage_bridges = usage.add_list("queue-bridges")
+        self.bridges = QueueBridges(self.local, usage.add_list("queue-bridges"))
         self._queue_manager: QueueManager | None = None  # the addressing's, once started (None: it is off)
         self._transfer: RoutedTransfer | None = None  # with a queue manager
-        self._bridges: dict[str, QueueBridge] = {}
 
     # --- api.Routing --------------------------------------------------------------------
 
@@ -167,7 +162,8 @@ class RoutingSwiftlet:
         self._queue_manager = self._addressing.queue_manager
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = self.listeners.nursery = self.connectors.nursery = nursery
+                self.listeners.nursery = self.connectors.nursery = self.bridges.nursery = nursery
+                self.bridges.queue_manager = self._queue_manager
                 if self._queue_manager is not None:
                     try:
                         xa: XAResourceManager | None = self.context.lookup("sys$xa", XAResourceManager)
@@ -195,7 +191,7 @@ class RoutingSwiftlet:
                     self.listeners.start(listener, sockets)
                 entity.entity_list("listeners").bind(self.listeners.added, self.listeners.removed)
                 entity.entity_list("connectors").bind(self.connectors.added, self.connectors.removed)
-                entity.entity_list("queue-bridges").bind(self._bridge_added, self._bridge_removed)
+                entity.entity_list("queue-bridges").bind(self.bridges.added, self.bridges.removed)
                 nursery.start_soon(self._follow_filters)
                 nursery.start_soon(self._addressing.retire_forever)
                 nursery.start_soon(
@@ -269,8 +265,7 @@ class RoutingSwiftlet:
         if output.events:
             if self._transfer is not None:
                 self._transfer.wake({event.router for event in output.events if isinstance(event, _TABLE_EVENTS)})
-            for bridge in self._bridges.values():  # a destination may have become known
-                bridge.wake()
+            self.bridges.wake()
 
     # --- links (LinkOwner) --------------------------------------------------------------
 
@@ -303,8 +298,7 @@ class RoutingSwiftlet:
             link.operational.use_xa,
         )
         self._usage_connections.add(link.name, lambda: self._link_usage(link))
-        if self._lost.pop(peer, None) is not None:
-            self._usage_lost.remove(peer)
+        self.listeners.found(peer)
         self._apply(self.exchanger.link_up(peer))
         if self._transfer is not None:  # a new link: any dispatcher may have a way out now
             self._transfer.changed()
@@ -362,26 +356,8 @@ class RoutingSwiftlet:
         del self._links[link.peer]
         self._usage_connections.remove(link.name)
         if link.role is Role.LISTENER:
-            self._remember_lost(link)
+            self.listeners.lost(link)
         self._apply(self.exchanger.link_down(link.peer))
-
-    def _remember_lost(self, link: Link) -> None:
-        """Keep the listener side's last word on a link a neighbour dialed: when that router is
-        gone, nobody else can tell the network map (a crawl asks the dialing router for its
-        connectors) that the link was there and since when it is down. One entry per peer
-        router, until a link from it is operational again."""
-        assert link.peer is not None
-        entry = {
-            "listener": link.name,
-            "address": link.address,
-            "state": link.state.value,
-            "since": stamp(time.time()),
-            "last-error": link.error or "",
-        }
-        if self._lost.pop(link.peer, None) is not None:
-            self._usage_lost.remove(link.peer)
-        self._lost[link.peer] = entry
-        self._usage_lost.add(link.peer, lambda: entry)
 
     def _link_usage(self, link: Link) -> dict[str, Any]:
         operational = link.operational
@@ -409,20 +385,3 @@ class RoutingSwiftlet:
             stage_valid_timeout=swiftlet.stage_valid_timeout / 1000,
             reject_disconnect_delay=swiftlet.reject_disconnect_delay / 1000,
         )
-
-    # --- queue bridges ------------------------------------------------------------------
-
-    def _bridge_added(self, entity: Entity) -> None:
-        """Raises Veto without a queue manager (a bridge moves queued messages)."""
-        if self._queue_manager is None:
-            raise Veto(f"queue bridge {entity.name}: router {self.local} has no sys$queuemanager")
-        bridge = self._bridges[entity.name] = QueueBridge(entity, self._queue_manager)
-        self._usage_bridges.add(entity.name, bridge.usage)
-        assert self._nursery is not None
-        self._nursery.start_soon(bridge.run)
-
-    def _bridge_removed(self, entity: Entity) -> None:
-        bridge = self._bridges.pop(entity.name, None)
-        if bridge is not None:
-            self._usage_bridges.remove(entity.name)
-            bridge.scope.cancel()
