@@ -51,7 +51,8 @@ operation ``delete``, for a router taken out of service); the router's next reco
 it back if it still has interest.
 
 Sans-IO: :class:`InterestRecord` and :class:`RemoteSubscriptions` hold the rules;
-:class:`Federation` is the trio shell (consumers, bus events, usage).
+:class:`Federation` is the trio shell (consumers, bus events), :class:`SubscriptionListing`
+their mirror in usage.
 """
 
 from __future__ import annotations
@@ -283,6 +284,46 @@ def federable(root: str) -> bool:
     return True
 
 
+class SubscriptionListing:
+    """Usage ``remote-router-subscriptions/<router>/topics/<root>`` in line with
+    ``subscriptions``, each entry with the operation ``delete`` (``delete(router, root)``,
+    ``root`` None for all of a router's)."""
+
+    def __init__(self, subscriptions: RemoteSubscriptions, usage: UsageList, delete: Callable[[str, str | None], None]):
+        self.subscriptions = subscriptions
+        self._usage = usage
+        self._delete = delete
+        self._listed: dict[str, tuple[UsageList, set[str]]] = {}  # router → its usage list of roots, listed
+
+    def update(self, router: str) -> None:
+        """Bring ``router``'s entry in line with its subscriptions now."""
+        subscriptions = self.subscriptions.routers.get(router, {})
+        if not subscriptions:
+            self._listed.pop(router, None)
+            self._usage.remove(router)
+            return
+        if router not in self._listed:
+            entry: Usage = self._usage.add(router, lambda: {"topics": len(self.subscriptions.routers.get(router, {}))})
+            entry.add_operation(
+                "delete",
+                lambda: self._delete(router, None),
+                f"Delete every remote subscription of router {router} (until it announces again).",
+            )
+            self._listed[router] = (entry.add_list("topics"), set())
+        topics, listed = self._listed[router]
+        for root in listed - subscriptions.keys():
+            topics.remove(root)
+        for root in subscriptions.keys() - listed:
+            subscription = subscriptions[root]
+            topics.add(root, subscription.usage).add_operation(
+                "delete",
+                lambda root=root: self._delete(router, root),
+                f"Delete the remote subscription of router {router} to {root} (until it announces again).",
+            )
+        listed.clear()
+        listed.update(subscriptions)
+
+
 class Federation:
     """The topic manager's part in the network: announces, forwards, receives.
 
@@ -308,8 +349,9 @@ class Federation:
         self._nursery: trio.Nursery | None = None
         self._forwarded = ForwardedDelivery(queue_manager, deliver)
         self._filters: dict[str, AnnounceFilter] = {}  # by remote router
-        self._usage: UsageList | None = None
-        self._listed: dict[str, tuple[UsageList, set[str]]] = {}  # router → its usage list of roots, listed
+        self._listing = SubscriptionListing(
+            self.subscriptions, context.usage.add_list("remote-router-subscriptions"), self.delete
+        )
         self._store: Store | None = None
         self._announced = False  # a non-empty record left this router, in this run or before (store)
         self.records_sent = 0  # interest records
@@ -322,7 +364,6 @@ class Federation:
 
         Raises: TopicError (at start): a static remote subscription without a static route."""
         entity = self.context.entity
-        self._usage = self.context.usage.add_list("remote-router-subscriptions")
         entity.entity_list("static-remote-router-subscriptions").bind(
             self._static_router_added, self._static_router_removed
         )
@@ -480,7 +521,7 @@ class Federation:
         if not self.subscriptions.apply(record):
             return False
         log.info("interest of router %s: %s", record.router, " ".join(sorted(record.roots)) or "none")
-        self._list(record.router)
+        self._listing.update(record.router)
         return True
 
     # -- forwarding ------------------------------------------------------------------------------
@@ -544,37 +585,7 @@ class Federation:
             if REMOTE_PREFIX + root in self._queue_manager.queues:
                 self._queue_manager.delete_queue(REMOTE_PREFIX + root)
 
-    # -- usage ------------------------------------------------------------------------------------
-
-    def _list(self, router: str) -> None:
-        """Bring ``usage/remote-router-subscriptions/<router>`` in line with the subscriptions."""
-        if self._usage is None:
-            return
-        subscriptions = self.subscriptions.routers.get(router, {})
-        if not subscriptions:
-            self._listed.pop(router, None)
-            self._usage.remove(router)
-            return
-        if router not in self._listed:
-            entry: Usage = self._usage.add(router, lambda: {"topics": len(self.subscriptions.routers.get(router, {}))})
-            entry.add_operation(
-                "delete",
-                lambda: self.delete(router),
-                f"Delete every remote subscription of router {router} (until it announces again).",
-            )
-            self._listed[router] = (entry.add_list("topics"), set())
-        topics, listed = self._listed[router]
-        for root in listed - subscriptions.keys():
-            topics.remove(root)
-        for root in subscriptions.keys() - listed:
-            subscription = subscriptions[root]
-            topics.add(root, subscription.usage).add_operation(
-                "delete",
-                lambda root=root: self.delete(router, root),
-                f"Delete the remote subscription of router {router} to {root} (until it announces again).",
-            )
-        listed.clear()
-        listed.update(subscriptions)
+    # -- the operator's delete -----------------------------------------------------------------------
 
     def delete(self, router: str, root: str | None = None) -> None:
         """The operator's delete of a remote subscription (a router taken out of service).
@@ -586,7 +597,7 @@ class Federation:
         except TopicError as exc:
             raise Veto(str(exc)) from None
         log.info("remote router subscription %s/%s deleted by the operator", router, root or "*")
-        self._list(router)
+        self._listing.update(router)
         if self._nursery is not None:  # a restart must not bring it back: forget the router's record
             assert self._store is not None  # _new_epoch set it before the nursery started
             self._nursery.start_soon(self._store.commit, [DeleteRecord("federation", INTEREST_KEY + router)])
@@ -613,8 +624,8 @@ class Federation:
             raise Veto(f"{entity.name!r} is not a root topic that can be forwarded")
         self.subscriptions.add_static(router, entity.name, keep=entity.config.keep_on_unsubscribe)
         entity.on_change(lambda change: self.subscriptions.add_static(router, entity.name, keep=change.new))
-        self._list(router)
+        self._listing.update(router)
 
     def _static_topic_removed(self, router: str, root: str) -> None:
         self.subscriptions.remove_static(router, root)
-        self._list(router)
+        self._listing.update(router)
