@@ -9,7 +9,7 @@ with the swiftlet and fed over a pipe; the router's trio loop never blocks on di
 Group commit: :meth:`SqliteStore.commit` appends its operations to the pending list and
 waits. A sender task takes *everything* pending (up to ``max-batch`` operations) and sends
 it as one batch — one SQLite transaction, one WAL append and, with ``sync="full"``, one
-fsync — whenever fewer than :data:`PIPELINE_DEPTH` batches are in the store process's
+fsync — whenever fewer than :data:`.batches.PIPELINE_DEPTH` batches are in the store process's
 hands; a reply task wakes every waiter of a batch when the store process confirms it (the
 replies come in order). While the store process works, new commits pile up for the next
 batch, so the batch size adapts to the load by itself: throughput is bounded by fsync
@@ -20,7 +20,9 @@ Why two batches in its hands and not one: with one, the store process sat idle a
 commit until the router's loop had read the reply and sent the next batch — on a busy
 machine, a wait for the loop to get the CPU as long as the commit itself
 (``bench/ack_latency.py``: the round trip of a batch took about twice its SQLite commit).
-With the next batch already in its pipe, it starts on it at once.
+With the next batch already in its pipe, it starts on it at once. The batches, their
+answers and the counters are :class:`.batches.GroupCommit`'s; this class starts and
+watches the store process and recovers from it.
 
 A failed commit fails its waiters and then the store itself (the router stops): a store
 that cannot write can no longer keep the broker's promises. The store process refuses every
@@ -56,8 +58,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,7 @@ from typing import Any
 import trio
 
 from .api import Op, Recovered, StoredMessage, StoreError
-from .dbprocess import encode_ops, pack_frame
+from .batches import GroupCommit, Pending
 from .pipes import FrameReader, enlarge_pipe
 from .reads import BodyReads
 from .space import SpaceAlarm
@@ -73,37 +73,6 @@ from .space import SpaceAlarm
 log = logging.getLogger(__name__)
 
 ROUTER_LOCK_SUFFIX = ".router-lock"  # held by the router running on the store (see above)
-PIPELINE_DEPTH = 2  # batches sent to the store process and not yet confirmed, at most
-
-
-class _Maintenance:
-    """A maintenance request waiting for the commit loop, and its answer."""
-
-    def __init__(self, request: list):
-        self.request = request
-        self.done = trio.Event()
-        self.answer = 0
-        self.error: str | None = None
-
-
-class _Pending:
-    """One commit waiting for its batch: a trio event to set, or a callback to call."""
-
-    __slots__ = ("ops", "done", "callback", "error")
-
-    def __init__(self, ops: Sequence[Op], callback: Callable[[BaseException | None], None] | None = None):
-        self.ops = ops
-        self.callback = callback
-        self.done = trio.Event() if callback is None else None
-        self.error: BaseException | None = None
-
-    def finish(self, error: BaseException | None = None) -> None:
-        self.error = error
-        if self.callback is not None:
-            self.callback(error)
-        else:
-            assert self.done is not None  # made when there is no callback
-            self.done.set()
 
 
 def hold_router_lock(database: Path, router: str) -> int:
@@ -150,28 +119,20 @@ class SqliteStore:
         self.space = space or SpaceAlarm(path.parent, 0, router=name)  # told when a commit meets a full disk
         self.accept_empty = accept_empty
         self.sync = sync
-        self.max_batch = max_batch
         self._name = name
-        self._pending: list[_Pending] = []
-        self._maintenance: list[_Maintenance] = []
-        self._pending_ops = 0
-        self._in_flight: deque[tuple[list[_Pending], int, float]] = deque()  # (batch, operations, sent at)
-        self._slots = trio.Semaphore(PIPELINE_DEPTH)
-        self._sent = trio.Event()  # a batch was sent: the reply task has one to wait for
-        self._wakeup = trio.Event()
-        self._process_input: trio.abc.SendStream | None = None
+        self._commits = GroupCommit(path, max_batch=max_batch, space=self.space)
         self._process_output: FrameReader | None = None
         self._reads: BodyReads | None = None  # with the store process
-        self._closed = False
-        self._confirming: trio.CancelScope | None = None  # the confirmation under way
         self._recovered: Recovered | None = None
         self._recovered_messages: list[StoredMessage] | None = None  # until taken
-        # usage counters
-        self.transactions = 0
-        self.operations = 0
-        self.cancelled_pairs = 0
-        self.largest_batch = 0
-        self.commit_seconds = 0.0
+
+    @property
+    def max_batch(self) -> int:
+        return self._commits.max_batch
+
+    @max_batch.setter
+    def max_batch(self, value: int) -> None:  # a runtime change of max-batch
+        self._commits.max_batch = value
 
     @property
     def recovered(self) -> Recovered:
@@ -232,8 +193,8 @@ class SqliteStore:
         assert isinstance(process.stdin, trio.lowlevel.FdStream) and isinstance(process.stdout, trio.lowlevel.FdStream)
         for fd in (process.stdin.fileno(), process.stdout.fileno(), answers_out):
             enlarge_pipe(fd)
-        self._process_input = process.stdin
         self._process_output = FrameReader(process.stdout)
+        self._commits.attach(process.stdin, self._process_output)
         reads = self._reads = BodyReads(
             self.path, trio.lowlevel.FdStream(requests_in), FrameReader(trio.lowlevel.FdStream(answers_out))
         )
@@ -242,25 +203,10 @@ class SqliteStore:
             task_status.started()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(reads.run)
-                nursery.start_soon(self._confirm_forever)
                 nursery.start_soon(self._watch, process)
-                await self._commit_forever()
+                await self._commits.run()
         finally:
-            self._closed = True
-            if self.space.full is None:  # (a batch that waits for space would hold the stop for ever)
-                with trio.CancelScope(shield=True), trio.move_on_after(10):
-                    await self._drain()
-            # what a failed store never answered (a second batch in flight, one whose send
-            # failed) and what was never sent: their waiters learn it now, none waits for ever
-            unanswered = [pending for batch, _, _ in self._in_flight for pending in batch]
-            self._in_flight.clear()
-            pending, self._pending = self._pending, []
-            for waiting in unanswered + pending:
-                waiting.finish(StoreError("the store stopped before this commit was applied"))
-            waiting_maintenance, self._maintenance = self._maintenance, []
-            for waiter in waiting_maintenance:
-                waiter.error = "the store stopped first"
-                waiter.done.set()
+            await self._commits.close()
             with trio.CancelScope(shield=True):
                 await reads.aclose("the store stopped before this read was served")
                 await process.stdin.aclose()  # end of input: the store process closes the database
@@ -307,7 +253,7 @@ class SqliteStore:
     async def commit(self, ops: Sequence[Op]) -> None:
         if not ops:
             return
-        pending = self._submit(_Pending(ops))
+        pending = self._commits.submit(Pending(ops))
         assert pending.done is not None  # made as there is no callback
         with trio.CancelScope(shield=True):
             await pending.done.wait()
@@ -318,11 +264,11 @@ class SqliteStore:
         if not ops:
             on_done(None)
             return
-        self._submit(_Pending(ops, on_done))
+        self._commits.submit(Pending(ops, on_done))
 
     async def read_messages(self, ids: Sequence[int]) -> Mapping[int, bytes]:
         """(:class:`~.api.Store`) Served beside the commits (:mod:`.reads`)."""
-        if self._closed or self._reads is None:
+        if self._commits.closed or self._reads is None:
             raise StoreError("the store is not running")
         return await self._reads.read(ids)
 
@@ -342,143 +288,13 @@ class SqliteStore:
         Raises:
             StoreError: the store is not running, or the maintenance failed (the store goes on).
         """
-        if self._closed or self._process_input is None:
-            raise StoreError("the store is not running")
-        waiter = _Maintenance(request)
-        self._maintenance.append(waiter)
-        self._wakeup.set()
-        await waiter.done.wait()
-        if waiter.error is not None:
-            raise StoreError(f"{self.path}: {request[0]} failed: {waiter.error}")
-        return waiter.answer
-
-    def _submit(self, pending: _Pending) -> _Pending:
-        if self._closed or self._process_input is None:
-            raise StoreError("the store is not running")
-        self._pending.append(pending)
-        self._pending_ops += len(pending.ops)
-        self._wakeup.set()
-        return pending
-
-    async def _commit_forever(self) -> None:
-        """Send batches while fewer than PIPELINE_DEPTH are unconfirmed."""
-        while True:
-            await self._wakeup.wait()
-            self._wakeup = trio.Event()
-            while self._maintenance:
-                await self._run_maintenance(self._maintenance.pop(0))
-            while self._pending:
-                await self._slots.acquire()  # released by _confirm
-                await self._send()
-
-    async def _send(self) -> None:
-        assert self._process_input is not None  # run() started the store process
-        batch, ops = self._take_batch()
-        self._in_flight.append((batch, len(ops), time.perf_counter()))
-        self._sent.set()
-        # Shielded: once in _in_flight, a batch is sent whole (its reply is awaited).
-        frame = pack_frame(["commit", encode_ops(ops)])
-        self.space.spend(len(frame))
-        with trio.CancelScope(shield=True):
-            try:
-                await self._process_input.send_all(frame)
-            except (trio.BrokenResourceError, OSError) as exc:
-                raise StoreError(f"{self.path}: the store process is gone: {exc}") from exc
-
-    async def _drain(self) -> None:
-        """Stopping (or failed): the batches sent learn their outcome, and what is pending
-        is still committed, one batch at a time — unless a commit fails or the store process
-        is gone (what is left then fails with the store)."""
-        try:
-            while self._in_flight:
-                await self._confirm()
-            while self._pending:
-                await self._send()
-                await self._confirm()
-        except StoreError:
-            pass  # (raised already where it happened, or the waiters learn it)
-
-    async def _confirm_forever(self) -> None:
-        while True:
-            if not self._in_flight:
-                await self._sent.wait()
-                self._sent = trio.Event()
-                continue
-            # (run's finally confirms what is left when stopping; but see _confirm on a full disk)
-            with trio.CancelScope(shield=True) as self._confirming:
-                await self._confirm()
-
-    async def _confirm(self) -> None:
-        """Read the store process's reply to the oldest batch sent and finish its waiters.
-
-        Raises:
-            StoreError: the batch failed (its waiters fail with it), or the store process is gone.
-        """
-        batch, operations, begin = self._in_flight[0]
-        assert self._process_output is not None  # run() started the store process
-        try:
-            reply = await self._process_output.read()
-            while reply[0] == "full":  # the batch met a full disk; the store process tries it again
-                self.space.set_full(reply[1])
-                if self._confirming is not None:
-                    self._confirming.shield = False  # waiting for space must not hold the router's stop
-                reply = await self._process_output.read()
-            if self.space.full is not None:
-                self.space.set_full(None)
-            if reply[0] != "done":
-                raise StoreError(reply[1] if len(reply) > 1 else repr(reply))
-        except (StoreError, trio.BrokenResourceError, OSError) as exc:
-            self._in_flight.popleft()
-            for pending in batch:
-                pending.finish(exc)
-            raise StoreError(f"{self.path}: commit failed: {exc}") from exc
-        self._in_flight.popleft()
-        self._slots.release()
-        self.cancelled_pairs += reply[1]
-        self.transactions += 1
-        self.operations += operations
-        self.largest_batch = max(self.largest_batch, operations)
-        self.commit_seconds += time.perf_counter() - begin
-        for pending in batch:
-            pending.finish()
-
-    async def _run_maintenance(self, waiter: _Maintenance) -> None:
-        assert self._process_input is not None and self._process_output is not None  # run() started the store process
-        with trio.CancelScope(shield=True):  # once sent, its answer must be read off the pipe
-            try:
-                await self._process_input.send_all(pack_frame(waiter.request))
-                reply = await self._process_output.read()
-            except (trio.BrokenResourceError, OSError) as exc:
-                waiter.error = str(exc)
-                waiter.done.set()
-                raise StoreError(f"{self.path}: the store process is gone: {exc}") from exc
-        if reply[0] == "maintained":
-            waiter.answer = reply[1]
-        else:
-            waiter.error = reply[1] if len(reply) > 1 else repr(reply)
-        waiter.done.set()
-
-    def _take_batch(self) -> tuple[list[_Pending], list[Op]]:
-        """The oldest pending commits up to ``max-batch`` operations (at least one commit)."""
-        count = size = 0
-        for pending in self._pending:
-            if count and size + len(pending.ops) > self.max_batch:
-                break
-            size += len(pending.ops)
-            count += 1
-        batch, self._pending = self._pending[:count], self._pending[count:]
-        self._pending_ops -= size
-        return batch, [op for pending in batch for op in pending.ops]
+        return await self._commits.maintain(request)
 
     def usage(self) -> dict[str, Any]:
+        commits = self._commits.usage()
         return {
             "path": str(self.path),
             "sync": self.sync,
-            "transactions": self.transactions,
-            "fsyncs": self.transactions if self.sync == "full" else 0,
-            "operations": self.operations,
-            "cancelled-pairs": self.cancelled_pairs,
-            "largest-batch": self.largest_batch,
-            "pending-operations": self._pending_ops,
-            "commit-seconds": round(self.commit_seconds, 3),
+            "fsyncs": commits["transactions"] if self.sync == "full" else 0,
+            **commits,
         }
