@@ -18,7 +18,8 @@ scope whose deadline is the schedule's ``max-runtime`` from the moment the start
 cut a run short), and an operator's ``stop`` cancels the same scope. One run per
 schedule at a time: a start that falls due while the previous run still goes is skipped
 (SwiftMQ plans the next start when a job ends; the effect is the same). A start is never
-repeated: the next one is looked for strictly after both now and the last start.
+repeated: the next one is looked for strictly after both now and the last start. What one
+run does and how its outcome is told: :mod:`.runs`.
 
 Every run ends in the history (bounded by ``history-size``, oldest first out) with its
 planned time, start, end, outcome and message, and as bus events (:class:`.api.JobStarted`,
@@ -57,11 +58,12 @@ from martinet.kernel import (
 )
 from martinet.swiftlets.store.api import Store, StoreError
 
-from .api import Job, JobError, JobGroup, JobRun, JobStarted, WallClock
+from .api import Job, JobGroup, WallClock
 from .config import ScheduleConfig, SchedulerConfig
 from .history import History, Run, Schedule, iso
 from .plans import Plan, Zone, build_calendars, build_plans, job_problem, plan_of
 from .records import StartRecords
+from .runs import Outcome, perform
 from .vetoes import ConfigVetoes
 
 __all__ = ["SchedulerSwiftlet", "SystemClock"]
@@ -355,51 +357,19 @@ class SchedulerSwiftlet:
             self._history.record(schedule, config, planned, None, "rejected", str(exc))
 
     async def _execute(self, schedule: Schedule, config: ScheduleConfig, run: Run) -> None:
-        """One run, in the pool: the outcome goes to the history; nothing is raised but the
-        cancellation of the scheduler itself (recorded as ``stopped``)."""
+        """One run, in the pool (:func:`.runs.perform`): the outcome goes to the history."""
         run.started = self._local_now()
-        group, job = run.group, run.job
-        outcome, message = "stopped", "the scheduler stopped"  # unless the job gets further
-        further_runs = True
-        self.context.bus.publish(
-            JobStarted(schedule=schedule.name, job_group=group.name, job_name=job.name, planned=iso(run.planned))
-        )
-        if config.logging_enabled:
-            self.context.log.info("schedule %s: job %s/%s started", schedule.name, group.name, job.name)
+        ended = Outcome()
         try:
-            with run.scope:
-                await self._records.remember({schedule.name: run.planned}, self.zone)
-                parameters = job.resolve({p.name: p.value for p in config.parameters.values()})
-                owner = self.context.lookup(group.swiftlet, object) if group.swiftlet else None
-                job_run = JobRun(
-                    schedule=schedule.name,
-                    parameters=parameters,
-                    swiftlet=owner,
-                    management=self.context.management,
-                    router_name=self.context.router_name,
-                    lookup=self.context.lookup,
-                    log=self.context.log,
-                    cleanup_scope=self.context.shutdown_scope,
-                )
-                message = await job.run(job_run) or ""
-                outcome = "success"
-            if run.scope.cancelled_caught:
-                outcome = "stopped"
-                message = run.stopped_by or f"max-runtime {config.max_runtime} reached"
-        except JobError as exc:
-            outcome, message, further_runs = "failed", str(exc), exc.further_runs
-        except (ValueError, LookupError) as exc:  # parameters, or the group's swiftlet is not running
-            outcome, message = "invalid", str(exc)
-        except Exception as exc:
-            outcome, message = "failed", f"{type(exc).__name__}: {exc}"
-            self.context.log.exception("schedule %s: job %s/%s failed", schedule.name, group.name, job.name)
+            remember = partial(self._records.remember, {schedule.name: run.planned}, self.zone)
+            await perform(self.context, schedule.name, config, run, remember, ended)
         finally:
             if schedule.run is run:
                 schedule.run = None
                 schedule.state = "scheduled" if schedule.next is not None else "expired"
-                if not further_runs:
+                if not ended.further_runs:
                     schedule.finished_config = config
                     schedule.state, schedule.next = "finished", None
-                    message += " (the job forbids further runs)"
-            self._history.record(schedule, config, run.planned, run.started, outcome, message)
+                    ended.message += " (the job forbids further runs)"
+            self._history.record(schedule, config, run.planned, run.started, ended.outcome, ended.message)
             self._wake()
