@@ -63,6 +63,9 @@ __all__ = [
     "Properties",
     "AnnotationPatch",
     "build",
+    "redelivered",
+    "with_delivery_count",
+    "with_ttl",
     "SECTIONS",
     "head_length",
 ]
@@ -482,83 +485,6 @@ class Message:
         """
         return AnnotationPatch(changes).apply(self)
 
-    def redelivered(self, failures: int) -> Message:
-        """This message as it goes out again after an earlier acquisition: [3.2.1] its
-        header's ``delivery-count`` is the count the producer sent plus ``failures`` (the
-        failed delivery attempts since; capped at 2**32-1), and ``first-acquirer`` is false
-        ("this message MAY have previously been acquired by another link"). Only those two
-        header elements are rewritten; a message without a header gets one only when
-        ``failures`` is non-zero (an absent header already means count 0, not first
-        acquirer). Returns ``self`` when nothing changes.
-
-        Raises:
-            MessageError: the header is malformed.
-        """
-        raw = self.raw
-        span = _find_section(raw, HEADER)
-        if span is None:
-            if not failures:
-                return self
-            return Message(_list_section(_HEADER_PREFIX, [_NULL, _NULL, _NULL, _FALSE, _uint(failures)], False) + raw)
-        elements = _list_elements(raw, span[1], span[2], HEADER)
-        first_acquirer = raw[elements[3][0] : elements[3][1]] if len(elements) > 3 else _NULL
-        if not failures and first_acquirer in _NOT_FIRST_ACQUIRER:
-            return self
-        sent = _count_value(raw, elements[4]) if len(elements) > 4 else 0
-        return self._with_header(
-            span, elements, first_acquirer=_FALSE, delivery_count=_uint(min(sent + failures, _UINT_MAX))
-        )
-
-    def with_delivery_count(self, count: int) -> Message:
-        """A copy whose header says ``delivery-count = count``; the other header elements
-        keep their bytes (a header is added when there is none).
-
-        Raises:
-            MessageError: the header is malformed.
-        """
-        raw = self.raw
-        span = _find_section(raw, HEADER)
-        if span is None:
-            return Message(_list_section(_HEADER_PREFIX, [_NULL, _NULL, _NULL, _NULL, _uint(count)], False) + raw)
-        return self._with_header(span, _list_elements(raw, span[1], span[2], HEADER), delivery_count=_uint(count))
-
-    def with_ttl(self, ttl: int) -> Message:
-        """A copy whose header says ``ttl`` (ms, at least 1, at most 2**32-1): what an
-        intermediary forwards [3.2.1: "the reduced ttl"]; the other header elements keep
-        their bytes (a header is added when there is none).
-
-        Raises:
-            MessageError: the header is malformed.
-        """
-        value = _uint(min(max(ttl, 1), _UINT_MAX))
-        raw = self.raw
-        span = _find_section(raw, HEADER)
-        if span is None:
-            return Message(_list_section(_HEADER_PREFIX, [_NULL, _NULL, value], False) + raw)
-        return self._with_header(span, _list_elements(raw, span[1], span[2], HEADER), ttl=value)
-
-    def _with_header(
-        self,
-        span: tuple[int, int, int],
-        elements: list[tuple[int, int]],
-        *,
-        first_acquirer: bytes | None = None,
-        delivery_count: bytes | None = None,
-        ttl: bytes | None = None,
-    ) -> Message:
-        raw = self.raw
-        start, value_at, end = span
-        parts = [raw[s:e] for s, e in elements]
-        parts += [_NULL] * (5 - len(parts))
-        if ttl is not None:
-            parts[2] = ttl
-        if first_acquirer is not None:
-            parts[3] = first_acquirer
-        if delivery_count is not None:
-            parts[4] = delivery_count
-        section = _list_section(raw[start:value_at], parts, raw[value_at] == 0xD0)
-        return Message(raw[:start] + section + raw[end:])
-
     def _replace(self, code: int, section: bytes) -> Message:
         offsets = _find_sections(self.raw)
         span = offsets.get(code)
@@ -568,6 +494,90 @@ class Message:
         later = [start for other, (start, _, _) in offsets.items() if other > code]
         at = min(later) if later else len(self.raw)
         return Message(self.raw[:at] + section + self.raw[at:])
+
+
+# -- changed copies of the header: a redelivery, a forwarded ttl -----------------------------------
+
+
+def redelivered(message: Message, failures: int) -> Message:
+    """``message`` as it goes out again after an earlier acquisition: [3.2.1] its
+    header's ``delivery-count`` is the count the producer sent plus ``failures`` (the
+    failed delivery attempts since; capped at 2**32-1), and ``first-acquirer`` is false
+    ("this message MAY have previously been acquired by another link"). Only those two
+    header elements are rewritten; a message without a header gets one only when
+    ``failures`` is non-zero (an absent header already means count 0, not first
+    acquirer). Returns ``message`` itself when nothing changes.
+
+    Raises:
+        MessageError: the header is malformed.
+    """
+    raw = message.raw
+    span = _find_section(raw, HEADER)
+    if span is None:
+        if not failures:
+            return message
+        return Message(_list_section(_HEADER_PREFIX, [_NULL, _NULL, _NULL, _FALSE, _uint(failures)], False) + raw)
+    elements = _list_elements(raw, span[1], span[2], HEADER)
+    first_acquirer = raw[elements[3][0] : elements[3][1]] if len(elements) > 3 else _NULL
+    if not failures and first_acquirer in _NOT_FIRST_ACQUIRER:
+        return message
+    sent = _count_value(raw, elements[4]) if len(elements) > 4 else 0
+    return _with_header(
+        message, span, elements, first_acquirer=_FALSE, delivery_count=_uint(min(sent + failures, _UINT_MAX))
+    )
+
+
+def with_delivery_count(message: Message, count: int) -> Message:
+    """A copy whose header says ``delivery-count = count``; the other header elements
+    keep their bytes (a header is added when there is none).
+
+    Raises:
+        MessageError: the header is malformed.
+    """
+    raw = message.raw
+    span = _find_section(raw, HEADER)
+    if span is None:
+        return Message(_list_section(_HEADER_PREFIX, [_NULL, _NULL, _NULL, _NULL, _uint(count)], False) + raw)
+    return _with_header(message, span, _list_elements(raw, span[1], span[2], HEADER), delivery_count=_uint(count))
+
+
+def with_ttl(message: Message, ttl: int) -> Message:
+    """A copy whose header says ``ttl`` (ms, at least 1, at most 2**32-1): what an
+    intermediary forwards [3.2.1: "the reduced ttl"]; the other header elements keep
+    their bytes (a header is added when there is none).
+
+    Raises:
+        MessageError: the header is malformed.
+    """
+    value = _uint(min(max(ttl, 1), _UINT_MAX))
+    raw = message.raw
+    span = _find_section(raw, HEADER)
+    if span is None:
+        return Message(_list_section(_HEADER_PREFIX, [_NULL, _NULL, value], False) + raw)
+    return _with_header(message, span, _list_elements(raw, span[1], span[2], HEADER), ttl=value)
+
+
+def _with_header(
+    message: Message,
+    span: tuple[int, int, int],
+    elements: list[tuple[int, int]],
+    *,
+    first_acquirer: bytes | None = None,
+    delivery_count: bytes | None = None,
+    ttl: bytes | None = None,
+) -> Message:
+    raw = message.raw
+    start, value_at, end = span
+    parts = [raw[s:e] for s, e in elements]
+    parts += [_NULL] * (5 - len(parts))
+    if ttl is not None:
+        parts[2] = ttl
+    if first_acquirer is not None:
+        parts[3] = first_acquirer
+    if delivery_count is not None:
+        parts[4] = delivery_count
+    section = _list_section(raw[start:value_at], parts, raw[value_at] == 0xD0)
+    return Message(raw[:start] + section + raw[end:])
 
 
 class AnnotationPatch:

@@ -29,7 +29,7 @@ from martinet.messaging.codec import (
     encode,
     skip,
 )
-from martinet.messaging.message import AnnotationPatch, Message, MessageError, build
+from martinet.messaging.message import AnnotationPatch, Message, MessageError, build, with_delivery_count
 
 # (value, its encoding) per AMQP 1.0 part 1 §1.6
 SPEC = [
@@ -192,10 +192,10 @@ def test_changed_copies_splice_sections_and_keep_the_rest():
     unchanged = original.raw[original.sections()[0x73][0] :]  # properties onwards
     assert annotated.raw.endswith(unchanged) and annotated.body() == b"body"
     assert annotated.durable and annotated.message_id == "m"
-    redelivered = annotated.with_delivery_count(3)
+    redelivered = with_delivery_count(annotated, 3)
     assert redelivered.header.delivery_count == 3 and redelivered.durable
     assert redelivered.message_annotations == annotated.message_annotations
-    assert build(b"x").with_delivery_count(1).header.delivery_count == 1  # header inserted
+    assert with_delivery_count(build(b"x"), 1).header.delivery_count == 1  # header inserted
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from martinet.messaging.codec import Array, Described, Symbol, UByte, UInt, ULong, decode, encode, skip
-from martinet.messaging.message import AnnotationPatch, Message, MessageError, build
+from martinet.messaging.message import AnnotationPatch, Message, MessageError, build, redelivered
 from martinet.messaging.selector import compile_selector, message_identifiers
 
 CID = Symbol("x-opt-martinet-cid")
@@ -312,7 +312,7 @@ def test_a_change_without_an_amqp_encoding_is_a_message_error():
 def test_a_redelivery_rewrites_only_first_acquirer_and_delivery_count(header, failures, expected):
     rest = encode(Described(ULong(0x72), {Symbol("x-opt-a"): UByte(1)})) + encode(Described(ULong(0x77), "v"))
     message = Message(b"\x00\x53\x70" + header + rest)
-    assert message.redelivered(failures).raw == b"\x00\x53\x70" + expected + rest
+    assert redelivered(message, failures).raw == b"\x00\x53\x70" + expected + rest
 
 
 def test_a_redelivery_without_a_change_is_the_message_itself():
@@ -321,21 +321,21 @@ def test_a_redelivery_without_a_change_is_the_message_itself():
         Message(b"\x00\x53\x70\xc0\x03\x02\x41\x40" + encode(Described(ULong(0x77), 1))),
         Message(b"\x00\x53\x70\xc0\x05\x04\x40\x40\x40\x42" + encode(Described(ULong(0x77), 1))),
     ):
-        assert message.redelivered(0) is message
+        assert redelivered(message, 0) is message
     headerless = build(b"x")
-    assert headerless.redelivered(2).raw == b"\x00\x53\x70\xc0\x07\x05\x40\x40\x40\x42\x52\x02" + headerless.raw
+    assert redelivered(headerless, 2).raw == b"\x00\x53\x70\xc0\x07\x05\x40\x40\x40\x42\x52\x02" + headerless.raw
 
 
 def test_an_unusual_header_is_decoded_on_the_way_in_and_refused_when_broken():
     good = Message(
         b"\x00\x53\x70\xc0\x0e\x05\x40\x40\x40\x41\x80" + b"\x00" * 7 + b"\x05" + encode(Described(ULong(0x77), 1))
     )  # delivery-count as a ulong: read, counted on
-    assert good.queue_info(0) == (False, 4, None, None) and good.redelivered(1).header.delivery_count == 6
+    assert good.queue_info(0) == (False, 4, None, None) and redelivered(good, 1).header.delivery_count == 6
     broken = Message(b"\x00\x53\x70\xc0\x06\x05\x40\x40\x40\x41\x02" + encode(Described(ULong(0x77), 1)))
     with pytest.raises(MessageError):
         broken.queue_info(0)
     with pytest.raises(MessageError):
-        broken.redelivered(1)
+        redelivered(broken, 1)
 
 
 def test_jms_x_delivery_count_counts_from_the_producers_delivery_count():

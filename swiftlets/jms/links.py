@@ -42,7 +42,7 @@ from martinet.messaging.amqp import (
     Error,
 )
 from martinet.messaging.codec import DecodeError, Described
-from martinet.messaging.message import Message, MessageError
+from martinet.messaging.message import Message, MessageError, redelivered
 from martinet.swiftlets.mgmt.api import is_management_address
 from martinet.swiftlets.queuemanager.api import (
     Consumer,
@@ -198,7 +198,7 @@ def _outgoing(entry: Entry) -> Message:
     Raises:
         MessageError: its header cannot be read (the caller dead-letters it).
     """
-    return entry.message.redelivered(entry.delivery_count) if entry.acquired else entry.message
+    return redelivered(entry.message, entry.delivery_count) if entry.acquired else entry.message
 
 
 class OutgoingLink:
@@ -345,7 +345,7 @@ class BrowsingLink:
             self._next += 1
             try:
                 if entry.acquired:
-                    message = message.redelivered(entry.delivery_count)
+                    message = redelivered(message, entry.delivery_count)
             except MessageError as exc:  # a copy nobody can read: left out of the browse
                 log.warning("message %d not browsed: %s", entry.id, exc)
                 continue

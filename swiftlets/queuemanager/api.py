@@ -242,7 +242,7 @@ class Entry(Protocol):
         """Failed deliveries at this router so far (modified with delivery-failed, unsettled
         when its consumer went, or rolled back). The header's delivery-count as the producer
         sent it comes on top [3.2.1]: a listener delivers
-        ``entry.message.redelivered(entry.delivery_count)`` once ``acquired``."""
+        ``redelivered(entry.message, entry.delivery_count)`` once ``acquired``."""
 
     @property
     def redelivered(self) -> bool:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import trio
 
 from martinet.messaging.codec import UInt
-from martinet.messaging.message import Message, MessageError
+from martinet.messaging.message import Message, MessageError, with_ttl
 from martinet.swiftlets.queuemanager.api import (
     TEMPORARY_PREFIX,
     QueueError,
@@ -104,7 +104,7 @@ class Receiving:
                 )
                 return 0
             if message.header_fields()[2]:  # a ttl counts from each arrival: what is left of it
-                message = message.with_ttl(remaining)
+                message = with_ttl(message, remaining)
         if destination == self.local:
             if queue.startswith(TEMPORARY_PREFIX) and queue not in self.manager.queues:
                 self.dropped += 1  # its requester is gone
