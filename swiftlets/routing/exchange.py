@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-One :class:`RouteExchanger` per router holds its routing table and decides what each
-neighbour is told. It does no I/O and knows no time: the swiftlet feeds it the link events
+One :class:`RouteExchanger` per router holds its routing table (a :class:`RoutingTable`)
+and decides what each neighbour is told. It does no I/O and knows no time: the swiftlet feeds it the link events
 and the announcements that arrive, and writes out what it returns. Every input method
 returns an :class:`Output`: the announcements to send, ``(neighbour, Announcement)`` in
 order, and the bus events of :mod:`.api` the change produced, in causal order.
@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import attrs
 
@@ -83,6 +83,7 @@ from .api import (
 
 __all__ = [
     "RouteExchanger",
+    "RoutingTable",
     "Announcement",
     "Output",
     "RouteFilter",
@@ -226,6 +227,100 @@ def _order(paths: Iterable[Path]) -> list[Path]:
     return sorted(paths, key=lambda path: (len(path), path))
 
 
+class RoutingTable:
+    """The table itself: per destination every route with its learn sequence, and the
+    static routes; a destination's row (:class:`Destination`) is built when read and kept
+    until the destination changes. Each change appends its bus events to ``events``, in the
+    order of the module docstring."""
+
+    def __init__(self, *, round_robin: bool):
+        self.round_robin = round_robin
+        self._routes: dict[str, dict[Path, int]] = {}  # destination -> {route: learn sequence}; no empty dicts
+        self._static: set[str] = set()
+        self._rows: dict[str, Destination] = {}  # cache of destination(); dropped on every change
+        self._seq = 0
+
+    def destination(self, router: str) -> Destination | None:
+        """The row for ``router``; None if it is not known (no route, no static route)."""
+        row = self._rows.get(router)
+        if row is not None:
+            return row
+        routes = self._routes.get(router)
+        static = router in self._static
+        if routes is None and not static:
+            return None
+        ordered = tuple(sorted(routes, key=lambda path: (len(path), -routes[path]))) if routes else ()
+        next_hop = ordered[0][0] if ordered else None
+        if self.round_robin:
+            rotation = tuple(sorted({path[0] for path in ordered}))
+        else:
+            rotation = (next_hop,) if next_hop is not None else ()
+        row = Destination(name=router, routes=ordered, static=static, next_hop=next_hop, rotation=rotation)
+        self._rows[router] = row
+        return row
+
+    def known(self) -> int:
+        """How many destinations are known (as ``len(destinations())``, without building rows)."""
+        return len(self._routes) + sum(1 for router in self._static if router not in self._routes)
+
+    def destinations(self) -> list[Destination]:
+        """Every known destination, sorted by name."""
+        rows: list[Destination] = []
+        for name in sorted(self._routes.keys() | self._static):
+            row = self.destination(name)
+            assert row is not None  # it has routes or a static route: it is known
+            rows.append(row)
+        return rows
+
+    def paths(self) -> Iterator[Path]:
+        """Every route held."""
+        return (path for routes in self._routes.values() for path in routes)
+
+    def add(self, path: Path, events: list[Event]) -> None:
+        destination = path[-1]
+        routes = self._routes.get(destination)
+        if routes is None:
+            routes = self._routes[destination] = {}
+            if destination not in self._static:
+                events.append(DestinationAdded(router=destination))
+        self._seq += 1
+        routes[path] = self._seq
+        self._rows.pop(destination, None)
+        events.append(RouteAdded(router=destination, path=path))
+        if len(routes) == 1:
+            events.append(DestinationActivated(router=destination))
+
+    def remove(self, path: Path, events: list[Event]) -> None:
+        destination = path[-1]
+        routes = self._routes[destination]
+        del routes[path]
+        self._rows.pop(destination, None)
+        events.append(RouteRemoved(router=destination, path=path))
+        if not routes:
+            del self._routes[destination]
+            events.append(DestinationDeactivated(router=destination))
+            if destination not in self._static:
+                events.append(DestinationRemoved(router=destination))
+
+    def add_static(self, router: str, events: list[Event]) -> None:
+        """Raises: ValueError: a static route to ``router`` exists already."""
+        if router in self._static:
+            raise ValueError(f"a static route to {router} exists already")
+        self._static.add(router)
+        self._rows.pop(router, None)
+        if router not in self._routes:
+            events.append(DestinationAdded(router=router))
+
+    def remove_static(self, router: str, events: list[Event]) -> None:
+        """Raises: ValueError: there is no static route to ``router``."""
+        if router not in self._static:
+            raise ValueError(f"no static route to {router!r}")
+        self._static.remove(router)
+        self._rows.pop(router, None)
+        if router not in self._routes:
+            events.append(DestinationRemoved(router=router))
+
+
 class RouteExchanger:
     """One router's route exchange and routing table (see the module docstring).
 
@@ -271,17 +366,13 @@ class RouteExchanger:
         self.local = _check_name(local)
         self._hop_limit = _check_hop_limit(hop_limit)
         self._filters = _check_filters(filters or {})
-        self._round_robin = round_robin
+        self.table = RoutingTable(round_robin=round_robin)
         self.max_routes_per_link = max_routes_per_link
         self.max_hops = max_hops
         self.log_each = log_each
         self._log = log or logging.getLogger(__name__)
-        self._table: dict[str, dict[Path, int]] = {}  # destination -> {route: learn sequence}; no empty dicts
         self._learned: dict[str, set[Path]] = {}  # neighbour -> the routes learned over its link
         self._announced: dict[str, set[Path]] = {}  # neighbour -> the routes it was sent (and not withdrawn)
-        self._static: set[str] = set()
-        self._rows: dict[str, Destination] = {}  # cache of destination(); dropped on every change
-        self._seq = 0
         self._sends: list[tuple[str, Announcement]] = []
         self._events: list[Event] = []
 
@@ -298,7 +389,7 @@ class RouteExchanger:
     @property
     def round_robin(self) -> bool:
         """Fixed at construction (``roundrobin-enabled`` is reboot-required in SwiftMQ too)."""
-        return self._round_robin
+        return self.table.round_robin
 
     @property
     def neighbours(self) -> tuple[str, ...]:
@@ -309,35 +400,15 @@ class RouteExchanger:
 
     def destination(self, router: str) -> Destination | None:
         """The table's row for ``router``; None if it is not known (no route, no static route)."""
-        row = self._rows.get(router)
-        if row is not None:
-            return row
-        routes = self._table.get(router)
-        static = router in self._static
-        if routes is None and not static:
-            return None
-        ordered = tuple(sorted(routes, key=lambda path: (len(path), -routes[path]))) if routes else ()
-        next_hop = ordered[0][0] if ordered else None
-        if self._round_robin:
-            rotation = tuple(sorted({path[0] for path in ordered}))
-        else:
-            rotation = (next_hop,) if next_hop is not None else ()
-        row = Destination(name=router, routes=ordered, static=static, next_hop=next_hop, rotation=rotation)
-        self._rows[router] = row
-        return row
+        return self.table.destination(router)
 
     def known(self) -> int:
         """How many destinations are known (as ``len(destinations())``, without building rows)."""
-        return len(self._table) + sum(1 for router in self._static if router not in self._table)
+        return self.table.known()
 
     def destinations(self) -> list[Destination]:
         """Every known destination, sorted by name."""
-        rows: list[Destination] = []
-        for name in sorted(self._table.keys() | self._static):
-            row = self.destination(name)
-            assert row is not None  # it has routes or a static route: it is known
-            rows.append(row)
-        return rows
+        return self.table.destinations()
 
     def announced_to(self, neighbour: str) -> frozenset[Path]:
         """The routes (as held here) announced to ``neighbour`` and not withdrawn.
@@ -366,7 +437,7 @@ class RouteExchanger:
         self._learned[neighbour] = set()
         self._announced[neighbour] = set()
         self._add_route((neighbour,))
-        for path in _order(path for routes in self._table.values() for path in routes):
+        for path in _order(self.table.paths()):
             self._offer(neighbour, path)
         return self._flush()
 
@@ -455,12 +526,7 @@ class RouteExchanger:
         _check_name(router)
         if router == self.local:
             raise ValueError(f"a static route to the local router {router}")
-        if router in self._static:
-            raise ValueError(f"a static route to {router} exists already")
-        self._static.add(router)
-        self._rows.pop(router, None)
-        if router not in self._table:
-            self._events.append(DestinationAdded(router=router))
+        self.table.add_static(router, self._events)
         self._log.info("static route to %s added", router)
         return self._flush()
 
@@ -470,12 +536,7 @@ class RouteExchanger:
         Raises:
             ValueError: there is no static route to ``router``.
         """
-        if router not in self._static:
-            raise ValueError(f"no static route to {router!r}")
-        self._static.remove(router)
-        self._rows.pop(router, None)
-        if router not in self._table:
-            self._events.append(DestinationRemoved(router=router))
+        self.table.remove_static(router, self._events)
         self._log.info("static route to %s removed", router)
         return self._flush()
 
@@ -515,47 +576,28 @@ class RouteExchanger:
         return output
 
     def _add_route(self, path: Path) -> None:
-        destination = path[-1]
-        routes = self._table.get(destination)
-        if routes is None:
-            routes = self._table[destination] = {}
-            if destination not in self._static:
-                self._events.append(DestinationAdded(router=destination))
-        self._seq += 1
-        routes[path] = self._seq
+        self.table.add(path, self._events)
         self._learned[path[0]].add(path)
-        self._rows.pop(destination, None)
-        level = logging.INFO if self.log_each else logging.DEBUG
-        if self._log.isEnabledFor(level):
-            self._log.log(level, "route to %s via %s (%s) added", destination, path[0], _hops(path))
-        self._events.append(RouteAdded(router=destination, path=path))
-        if len(routes) == 1:
-            self._events.append(DestinationActivated(router=destination))
+        self._log_route(path, "added")
         for neighbour in self._announced:
             self._offer(neighbour, path)
 
     def _remove_route(self, path: Path) -> None:
         """Drop ``path`` from the table; the caller removed it from ``_learned`` (or the
         whole link entry), so this works during a link-down as well."""
-        destination = path[-1]
-        routes = self._table[destination]
-        del routes[path]
+        self.table.remove(path, self._events)
         learned = self._learned.get(path[0])
         if learned is not None:
             learned.discard(path)
-        self._rows.pop(destination, None)
-        level = logging.INFO if self.log_each else logging.DEBUG
-        if self._log.isEnabledFor(level):
-            self._log.log(level, "route to %s via %s (%s) removed", destination, path[0], _hops(path))
-        self._events.append(RouteRemoved(router=destination, path=path))
-        if not routes:
-            del self._table[destination]
-            self._events.append(DestinationDeactivated(router=destination))
-            if destination not in self._static:
-                self._events.append(DestinationRemoved(router=destination))
+        self._log_route(path, "removed")
         for neighbour, announced in self._announced.items():
             if path in announced:
                 self._withdraw(neighbour, path)
+
+    def _log_route(self, path: Path, what: str) -> None:
+        level = logging.INFO if self.log_each else logging.DEBUG
+        if self._log.isEnabledFor(level):
+            self._log.log(level, "route to %s via %s (%s) %s", path[-1], path[0], _hops(path), what)
 
     def _offer(self, neighbour: str, path: Path) -> None:
         """Announce ``path`` to ``neighbour`` if the rules let it and it was not announced."""
@@ -584,8 +626,7 @@ class RouteExchanger:
         route_filter = self._filters.get(neighbour)
         wanted = {
             path
-            for routes in self._table.values()
-            for path in routes
+            for path in self.table.paths()
             if refusal(neighbour, path, self._hop_limit, route_filter, self.max_hops) is None
         }
         for path in _order(announced - wanted):
