@@ -21,12 +21,12 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness
 
 from martinet.swiftlets.mgmt.admin import crawl  # noqa: E402
 from martinet.swiftlets.mgmt.client import AdminClient  # noqa: E402
 
-from network import ROUTING_STACK, Network, routing_config  # noqa: E402
+from tests.harness.network import ROUTING_STACK, Network, routing_config  # noqa: E402
 
 
 async def main(requests: int, parallel: int) -> None:

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness
 
-from netharness import FAULTS, TOPOLOGIES, Schedule, chaos, open_network  # noqa: E402
+from tests.harness.netharness import FAULTS, TOPOLOGIES, Schedule, chaos, open_network  # noqa: E402
 
 
 async def main(args: argparse.Namespace) -> int:

@@ -54,16 +54,15 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from routesim import Network as SimNetwork  # noqa: E402
-from routesim import mesh, reference_routes, ring  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness
 
 from martinet.kernel import Event  # noqa: E402
 from martinet.swiftlets.routing.api import LinkState, LinkStateChanged, RouteAdded, RouteRemoved  # noqa: E402
 
-from faultproxy import FaultProxy  # noqa: E402
-from network import Network, routing_config  # noqa: E402
+from tests.harness.faultproxy import FaultProxy  # noqa: E402
+from tests.harness.network import Network, routing_config  # noqa: E402
+from tests.harness.routesim import Network as SimNetwork  # noqa: E402
+from tests.harness.routesim import mesh, reference_routes, ring  # noqa: E402
 
 STARTORDER = ("sys$routing",)
 POLL = 0.005  # s between two looks at the tables and counters

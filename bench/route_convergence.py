@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness
 
-from routesim import Network, mesh, reference_routes, ring  # noqa: E402
+from tests.harness.routesim import Network, mesh, reference_routes, ring  # noqa: E402
 
 
 def run(label: str, names: list[str], links: list[tuple[str, str]], limit: int, seed: int) -> None:

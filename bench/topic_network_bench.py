@@ -35,11 +35,11 @@ from pathlib import Path
 import trio
 from _router import accept_all
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness
 
 from martinet.messaging.message import build  # noqa: E402
 
-from network import Network  # noqa: E402
+from tests.harness.network import Network  # noqa: E402
 
 ROUTERS = ("a", "b", "c")
 

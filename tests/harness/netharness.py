@@ -83,8 +83,8 @@ import trio
 
 from martinet.messaging.client import ConnectionLost, DeliveryMode, JMSError, Queue, TextMessage, Topic, connect
 
-from faultproxy import FaultProxy
-from processes import RouterProcess, RouterProcesses, free_port
+from tests.harness.faultproxy import FaultProxy
+from tests.harness.processes import RouterProcess, RouterProcesses, free_port
 
 FAULTS = ("kill", "kill-store", "cut", "blackhole", "one-way", "delay", "disk-full")
 ROUTER_FAULTS = ("kill", "kill-store", "disk-full")  # aimed at a router (the rest at a link)

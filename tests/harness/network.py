@@ -23,7 +23,7 @@ from martinet.swiftlets.jms.config import ListenerConfig as AmqpListenerConfig
 from martinet.swiftlets.routing.config import ListenerConfig, RoutingConfig
 from martinet.swiftlets.store.config import StoreConfig
 
-from faultproxy import FaultProxy
+from tests.harness.faultproxy import FaultProxy
 
 STACK = ("sys$store", "sys$authentication", "sys$queuemanager", "sys$xa", "sys$topicmanager", "sys$jms")
 ROUTING_STACK = (*STACK, "sys$routing")

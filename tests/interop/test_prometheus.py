@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import trio
-from test_mgmt_admin import admin, sample_network
 
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect
 
-from processes import RouterProcess, free_port
+from tests.harness.processes import RouterProcess, free_port
+from tests.swiftlets.mgmt.test_admin import admin, sample_network
 
 PROMETHEUS = shutil.which("prometheus")
 if PROMETHEUS is None:

@@ -18,7 +18,7 @@ import trio
 
 from martinet.kernel import Router
 
-from conftest import wait_until
+from tests.harness.polling import wait_until
 
 EXAMPLES = Path("/usr/share/proton/examples/python")
 if not (EXAMPLES / "helloworld.py").exists():

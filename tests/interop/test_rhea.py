@@ -18,7 +18,7 @@ import trio
 
 from martinet.messaging.client import Queue, TextMessage, Topic, connect
 
-INTEROP = Path(__file__).parent / "interop"
+INTEROP = Path(__file__).resolve().parent
 if shutil.which("node") is None or shutil.which("npm") is None:
     if os.environ.get("CI"):
         raise RuntimeError("node and npm are missing: .ci/run installs Debian's nodejs and npm")

@@ -20,9 +20,9 @@ from collections.abc import Callable
 import trio
 from proton import Message
 from proton.utils import BlockingConnection
-from test_interop_rhea import INTEROP, install_rhea  # skips this module where node is missing
 
-from network import Network
+from tests.harness.network import Network
+from tests.interop.test_rhea import INTEROP, install_rhea  # skips this module where node is missing
 
 
 async def start_chain(network: Network, *names: str) -> None:

@@ -19,8 +19,8 @@ import trio
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect
 from martinet.swiftlets.web.config import WebConfig
 
-from faultproxy import FaultProxy
-from network import ROUTING_STACK, routing_config
+from tests.harness.faultproxy import FaultProxy
+from tests.harness.network import ROUTING_STACK, routing_config
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 if CHROMIUM is None or DRIVER is None:

@@ -14,9 +14,6 @@ import urllib.request
 
 import pytest
 import trio
-from test_mgmt_admin import prepare_xa
-from test_web import basic, fetch
-from test_web_browser import browser, eventually, open_browser  # noqa: F401 - browser: the fixture
 
 from martinet.kernel import SwiftletFailed
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, Topic, connect
@@ -27,8 +24,11 @@ from martinet.swiftlets.mgmt.config import AdminGroup, MgmtConfig
 from martinet.swiftlets.web.auth import Viewer
 from martinet.swiftlets.web.config import WebConfig
 
-from conftest import wait_until
-from network import ROUTING_STACK, routing_config
+from tests.harness.network import ROUTING_STACK, routing_config
+from tests.harness.polling import wait_until
+from tests.interop.test_web_browser import browser, eventually, open_browser  # noqa: F401 - browser: the fixture
+from tests.swiftlets.mgmt.test_admin import prepare_xa
+from tests.swiftlets.web.test_web import basic, fetch
 
 from selenium.common.exceptions import StaleElementReferenceException  # isort: skip
 from selenium.webdriver.common.by import By  # isort: skip - after test_web_browser's skip without a browser

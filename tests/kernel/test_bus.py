@@ -8,7 +8,7 @@ import trio
 
 from martinet.kernel import Event, EventBus, Overflow, SubscriberOverflow, event_types
 
-from conftest import drain
+from tests.harness.polling import drain
 
 
 @attrs.frozen(kw_only=True)

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from conftest import ECHO_PLUGIN
-from processes import RouterProcess
+from tests.harness.paths import ECHO_PLUGIN
+from tests.harness.processes import RouterProcess
 
 
 @pytest.fixture
@@ -163,7 +163,7 @@ def test_version_option_prints_the_installed_version():
 def test_what_a_run_leaves_in_its_folder_is_ignored_by_git():
     # `martinet run` (store/), sys$spark (metrics/) and martinet-pipeline (analysis/) write
     # into the folder they run in: a clone's `git status` must stay clean after the tour
-    from conftest import ROOT
+    from tests.harness.paths import ROOT
 
     paths = ["store/router1.sqlite", "metrics/router1/x.json", "analysis/report.html", "swiftlets/store/api.py"]
     result = subprocess.run(

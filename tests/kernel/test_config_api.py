@@ -30,7 +30,7 @@ from martinet.kernel.schema import format_value, parse_value
 from martinet.kernel.xmlconfig import ElementReader, write_element
 from martinet.swiftlets.queuemanager.config import ConsumerMode, PersistenceMode, QueueConfig, QueueSettings
 
-from conftest import drain
+from tests.harness.polling import drain
 
 # -- a swiftlet that reads its config per use -----------------------------------------------
 

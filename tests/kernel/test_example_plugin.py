@@ -10,8 +10,9 @@ import trio
 from martinet.kernel import ConfigErrors, ManagementError, Router, load_config, load_swiftlet_specs
 from martinet.swiftlets.scheduler.api import JobFinished
 
-from conftest import ECHO_PLUGIN, wait_until
-from wallclock import PARIS, ClockPlugin, TrioClock
+from tests.harness.paths import ECHO_PLUGIN
+from tests.harness.polling import wait_until
+from tests.harness.wallclock import PARIS, ClockPlugin, TrioClock
 
 ECHO_XML = ECHO_PLUGIN / "echo-router.xml"
 

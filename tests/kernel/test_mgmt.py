@@ -25,7 +25,7 @@ from martinet.kernel import (
 )
 from martinet.kernel.config import to_xml
 
-from conftest import drain
+from tests.harness.polling import drain
 
 
 @config_class

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import tomllib
-from pathlib import Path
 
 import attrs
 import pytest
@@ -12,9 +11,8 @@ import trio
 
 from martinet.kernel import PluginError, Router, SwiftletSpec, config_class, hookimpl, load_swiftlet_specs, prop
 
-import probe_plugin
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.harness import probe_plugin
+from tests.harness.paths import ROOT
 
 
 @config_class

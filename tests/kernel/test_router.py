@@ -10,8 +10,8 @@ import trio
 
 from martinet.kernel import Router, SwiftletFailed, SwiftletStarted, SwiftletStopped
 
-import probe_plugin
-from conftest import drain
+from tests.harness import probe_plugin
+from tests.harness.polling import drain
 
 
 def lifecycle(events) -> list[tuple[str, str]]:
@@ -168,8 +168,8 @@ async def test_lookup_returns_the_interface_asked_for_or_says_what_is_missing(ma
         with pytest.raises(TypeError) as caught:
             context.lookup("test$a", Publishing)
         assert str(caught.value) == (
-            "swiftlet test$a on router r1 (probe_plugin.ProbeSwiftlet) does not provide the interface "
-            "test_router.Publishing: it lacks interest, publish"
+            "swiftlet test$a on router r1 (tests.harness.probe_plugin.ProbeSwiftlet) does not provide the "
+            "interface tests.kernel.test_router.Publishing: it lacks interest, publish"
         )
         with pytest.raises(TypeError, match="test_router.Unchecked must be a class or a @runtime_checkable"):
             context.lookup("test$a", Unchecked)
@@ -179,7 +179,7 @@ async def test_lookup_returns_the_interface_asked_for_or_says_what_is_missing(ma
 
 
 async def test_two_routers_in_one_process_are_independent(make_router, write_config, caplog):
-    import probe_plugin
+    from tests.harness import probe_plugin
 
     paris = Router.from_file(
         write_config('<router name="paris" startorder="test$a sys$log"/>', "p.xml"), plugins=[probe_plugin]

@@ -33,7 +33,8 @@ from martinet.messaging.client import (
 )
 from martinet.messaging.codec import Int
 
-from conftest import wait_until
+from tests.harness.paths import ROOT
+from tests.harness.polling import wait_until
 
 
 async def test_send_and_receive_every_message_type(amqp_broker):
@@ -387,10 +388,9 @@ async def test_blocking_facade(amqp_broker):
 
 async def test_the_readme_example_runs(amqp_broker):
     import sys
-    from pathlib import Path
 
     broker = await amqp_broker()
-    example = Path(__file__).parent.parent / "examples" / "client" / "hello.py"
+    example = ROOT / "examples" / "client" / "hello.py"
     result = await trio.run_process(
         [sys.executable, str(example), broker.url], capture_stdout=True, capture_stderr=True, check=False
     )

@@ -12,11 +12,12 @@ import contextlib
 
 import pytest
 import trio
-from test_hostile_decoding import frame, raw_frame, split
 
 from martinet.messaging import client
 from martinet.messaging.amqp.wire import AMQP_HEADER, SASL_HEADER
 from martinet.messaging.codec import MAX_DEPTH, Described, Symbol, UInt, ULong, encode
+
+from tests.swiftlets.jms.test_hostile_decoding import frame, raw_frame, split
 
 DEEP = 3000  # far beyond MAX_DEPTH and beyond what recursion survives without the bound
 SASL_MECHANISMS, SASL_OUTCOME = 0x40, 0x44

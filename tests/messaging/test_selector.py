@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from martinet.messaging.message import build
 from martinet.messaging.selector import SelectorError, compile_selector, message_identifiers
 
-from selector_vectors import CASES, CUSTOM_CASES, INVALID, STANDARD_MESSAGE
+from tests.harness.selector_vectors import CASES, CUSTOM_CASES, INVALID, STANDARD_MESSAGE
 
 
 def evaluate(selector: str, fields: dict) -> object:

@@ -18,6 +18,8 @@ import trio
 
 from martinet.kernel import Router
 
+from tests.harness.paths import HARNESS
+
 ROUNDS = int(os.environ.get("MARTINET_CRASH_ROUNDS", "6"))
 CONFIG = """<router name="crash" startorder="sys$store sys$queuemanager">
   <swiftlet name="sys$store" path="{store}" sync="full"/>
@@ -28,7 +30,7 @@ def run_and_kill(config: Path, run: int, delay: float) -> list[str]:
     """Start the writer, kill -9 it ``delay`` seconds after it is ready; its output lines."""
     out = config.parent / "writer.out"
     with out.open("wb") as stdout:
-        command = [sys.executable, str(Path(__file__).parent / "crash_writer.py"), str(config), str(run)]
+        command = [sys.executable, str(HARNESS / "crash_writer.py"), str(config), str(run)]
         writer = subprocess.Popen(command, stdout=stdout, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from netharness import TOPOLOGIES, Schedule, chaos, open_network
+from tests.harness.netharness import TOPOLOGIES, Schedule, chaos, open_network
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ import msgpack
 import pytest
 import trio
 
-from conftest import wait_until
-from faultproxy import MAGIC, FaultProxy, FrameScanner, Held
-from processes import free_port
+from tests.harness.faultproxy import MAGIC, FaultProxy, FrameScanner, Held
+from tests.harness.polling import wait_until
+from tests.harness.processes import free_port
 
 
 class EchoServer:

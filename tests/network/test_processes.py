@@ -10,7 +10,7 @@ import pytest
 from martinet.messaging.client import ConnectionLost, Queue, TextMessage
 from martinet.messaging.client.blocking import BlockingConnection
 
-from processes import RouterProcesses, free_port, router_xml
+from tests.harness.processes import RouterProcesses, free_port, router_xml
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import trio
 
 from martinet.messaging.client import Queue, TextMessage, connect
 
-from netharness import TOPOLOGIES, Consumer, Producer, Schedule, chaos, drain, open_network, verdict
+from tests.harness.netharness import TOPOLOGIES, Consumer, Producer, Schedule, chaos, drain, open_network, verdict
 
 pytestmark = pytest.mark.slow
 

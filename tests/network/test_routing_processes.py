@@ -14,16 +14,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
-from netharness import router_config, table
-from processes import RouterProcess, free_port
+from tests.harness.netharness import router_config, table
+from tests.harness.paths import ROOT
+from tests.harness.processes import RouterProcess, free_port
 
 pytestmark = pytest.mark.slow
 
-CONF = Path(__file__).resolve().parent.parent / "conf" / "network"
+CONF = ROOT / "conf" / "network"
 PASSWORD = "triangle-secret"
 NAMES = ("paris", "lyon", "tokyo")
 TRIANGLE = {"paris": "lyon", "lyon": "tokyo", "tokyo": "paris"}  # who dials whom

@@ -20,8 +20,8 @@ from martinet.messaging.client import DeliveryMode, TextMessage, Topic, connect
 from martinet.swiftlets.store.dbprocess import COMMIT_GATE_ENV, COMMIT_GATE_QUEUE_ENV
 from martinet.swiftlets.topicmanager.api import durable_queue_name
 
-from netharness import router_config, store_engine_pid
-from processes import free_port
+from tests.harness.netharness import router_config, store_engine_pid
+from tests.harness.processes import free_port
 
 pytestmark = pytest.mark.slow
 

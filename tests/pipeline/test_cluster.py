@@ -14,7 +14,13 @@ from pathlib import Path
 
 import pytest
 import trio
-from test_spark_pipeline import (
+
+from martinet.messaging.client import Topic, connect
+from martinet.pipeline.cluster import StandaloneCluster, descendants
+from martinet.swiftlets.spark.config import SparkConfig
+
+from tests.harness.network import STACK
+from tests.pipeline.test_pipeline import (
     FAULT_SETTINGS,
     KILLS,
     failure,
@@ -26,12 +32,6 @@ from test_spark_pipeline import (
     poll_pipeline,
     three_routers,
 )
-
-from martinet.messaging.client import Topic, connect
-from martinet.pipeline.cluster import StandaloneCluster, descendants
-from martinet.swiftlets.spark.config import SparkConfig
-
-from network import STACK
 
 pytestmark = pytest.mark.slow
 

@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_spark_pipeline import PIPELINE_TIMEOUT, failure, known_load
 
 from martinet.pipeline.cluster import ConnectServer
 
-from processes import free_port
-from sparkcluster import need_java, python_workers_explained
+from tests.harness.processes import free_port
+from tests.harness.sparkcluster import need_java, python_workers_explained
+from tests.pipeline.test_pipeline import PIPELINE_TIMEOUT, failure, known_load
 
 pytestmark = pytest.mark.slow
 

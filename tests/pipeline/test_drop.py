@@ -11,7 +11,6 @@ import logging
 import sys
 
 import trio
-from test_web import fetch, samples, value
 
 from martinet.messaging.client import Topic, connect
 from martinet.pipeline.drop import TABLES, subscription
@@ -19,8 +18,9 @@ from martinet.swiftlets.spark.config import SparkConfig
 from martinet.swiftlets.topicmanager.config import TopicManagerConfig
 from martinet.swiftlets.web.config import WebConfig
 
-from conftest import wait_until
-from network import STACK
+from tests.harness.network import STACK
+from tests.harness.polling import wait_until
+from tests.swiftlets.web.test_web import fetch, samples, value
 
 DURABLES = "/sys$topicmanager/usage/durable-subscribers"
 ROWS, EVENTS = "spark-rows$spark-rows", "spark-events$spark-events"

@@ -23,8 +23,9 @@ from martinet.swiftlets.jms.config import JmsConfig
 from martinet.swiftlets.jms.config import ListenerConfig as AmqpListenerConfig
 from martinet.swiftlets.spark.config import SparkConfig
 
-from conftest import wait_until
-from network import ROUTING_STACK, STACK, Network, routing_config
+from tests.harness.network import ROUTING_STACK, STACK, Network, routing_config
+from tests.harness.paths import HARNESS
+from tests.harness.polling import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -269,7 +270,7 @@ def check_known_load(output: Path, started: float, burst: float) -> None:
     assert report.count("data:image/png;base64,") == 4 and "load" in report and "<td>load</td>" in report
 
 
-FAULT_POINTS = Path(__file__).parent / "sparkfaults"  # a sitecustomize: kill points in the source
+FAULT_POINTS = HARNESS / "sparkfaults"  # a sitecustomize: kill points in the source
 
 #: Where the live source's rows reader is killed, run after run on one checkpoint, as
 #: ``<method>:<before|after>:<n-th call in that run>``. Each leaves the next run a state to
@@ -296,7 +297,7 @@ FAULT_SETTINGS = ("PYTHONPATH", "MARTINET_KILL_AT", "MARTINET_KILL_MARK")  # wha
 
 
 def fault_env(kill_at: str, mark: Path) -> dict[str, str]:
-    """The environment of a pipeline whose rows reader stops at ``kill_at`` (tests/sparkfaults)."""
+    """The environment of a pipeline whose rows reader stops at ``kill_at`` (tests/harness/sparkfaults)."""
     return os.environ | {
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULT_POINTS), os.environ.get("PYTHONPATH")])),

@@ -26,7 +26,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.harness.paths import ROOT
+
 LAYERS = ("kernel", "messaging", "swiftlets")
 BARE = frozenset(LAYERS)
 

@@ -14,7 +14,7 @@ from martinet.swiftlets.queuemanager import api as queue_api
 from martinet.swiftlets.store import api as store_api
 from martinet.swiftlets.topicmanager import api as topic_api
 
-from conftest import RunningRouter
+from tests.harness.routers import RunningRouter
 
 API_ROUTER = """
 <router name="r1" startorder="sys$store sys$authentication sys$queuemanager sys$topicmanager"

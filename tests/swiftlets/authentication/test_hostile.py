@@ -13,8 +13,6 @@ import time
 
 import pytest
 import trio
-from test_mgmt_service import users_config
-from test_web import basic, fetch
 
 from martinet.kernel.passwords import hash_password, verify_password
 from martinet.messaging.amqp.sasl import SaslClient, SaslRefused
@@ -29,7 +27,9 @@ from martinet.swiftlets.mgmt.client import AdminClient
 from martinet.swiftlets.mgmt.config import AdminGroup, MgmtConfig
 from martinet.swiftlets.web.config import WebConfig
 
-from network import ROUTING_STACK, routing_config
+from tests.harness.network import ROUTING_STACK, routing_config
+from tests.swiftlets.mgmt.test_service import users_config
+from tests.swiftlets.web.test_web import basic, fetch
 
 HASHED = hash_password("s3cret-hashed", iterations=2000)
 

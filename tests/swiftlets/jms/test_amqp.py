@@ -15,8 +15,8 @@ from proton.utils import BlockingConnection, LinkDetached, SendException
 
 from martinet.kernel import ManagementError, Router
 
-from conftest import amqp_router_xml as router_xml
-from conftest import wait_until
+from tests.harness.polling import wait_until
+from tests.harness.routers import amqp_router_xml as router_xml
 
 
 @pytest.fixture

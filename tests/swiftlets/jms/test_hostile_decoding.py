@@ -14,10 +14,12 @@ import pytest
 import trio
 from proton import Message as ProtonMessage
 from proton.utils import BlockingConnection
-from test_amqp_fuzz import LiveRouter
 
 from martinet.messaging.amqp.wire import AMQP_HEADER, SASL_HEADER
 from martinet.messaging.codec import Described, Symbol, UInt, ULong, decode, encode
+
+from tests.harness.paths import ROOT
+from tests.swiftlets.jms.test_amqp_fuzz import LiveRouter
 
 SASL_INIT = 0x41
 
@@ -483,9 +485,8 @@ async def test_a_header_that_declares_more_than_its_bytes_is_rejected_on_the_way
 
 def _fuzzer():
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "fuzz_sessions.py"
+    path = ROOT / "bench" / "fuzz_sessions.py"
     spec = importlib.util.spec_from_file_location("fuzz_sessions", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -24,7 +24,6 @@ import os
 import runpy
 import struct
 import sys
-from pathlib import Path
 
 import pytest
 import trio
@@ -35,7 +34,8 @@ from martinet.messaging import amqp
 from martinet.messaging.codec import Described, UInt, ULong, decode, encode
 from martinet.swiftlets.jms import listener
 
-from conftest import wait_until
+from tests.harness.paths import ROOT
+from tests.harness.polling import wait_until
 
 OPEN, BEGIN, ATTACH, FLOW, TRANSFER, DETACH, END, CLOSE = 0x10, 0x11, 0x12, 0x13, 0x14, 0x16, 0x17, 0x18
 
@@ -353,7 +353,7 @@ async def test_a_closed_connection_is_freed_without_the_cyclic_collector(amqp_br
         gc.enable()
 
 
-SOAK = Path(__file__).resolve().parent.parent / "bench" / "connection_soak.py"
+SOAK = ROOT / "bench" / "connection_soak.py"
 
 
 def test_a_martinet_run_router_returns_near_its_start_rss_after_5000_connections():

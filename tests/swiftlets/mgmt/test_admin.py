@@ -20,14 +20,15 @@ import trio
 from martinet.swiftlets.mgmt.admin import Commands, Shell, UsageError, _table, crawl, to_dot
 from martinet.swiftlets.mgmt.client import AdminClient, AdminError
 
-from conftest import wait_until
-from faultproxy import FaultProxy
-from network import ROUTING_STACK, routing_config
-from processes import RouterProcess, free_port
+from tests.harness.faultproxy import FaultProxy
+from tests.harness.network import ROUTING_STACK, routing_config
+from tests.harness.paths import ROOT
+from tests.harness.polling import wait_until
+from tests.harness.processes import RouterProcess, free_port
 
 MGMT_STACK = (*ROUTING_STACK, "sys$mgmt")
 RING = ("r1", "r2", "r3", "r4", "r5")
-CONF = Path(__file__).resolve().parent.parent / "conf" / "network"
+CONF = ROOT / "conf" / "network"
 
 
 async def test_map_of_a_ring_of_five_before_and_right_after_a_link_is_cut(network, nursery):

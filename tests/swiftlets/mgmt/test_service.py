@@ -34,9 +34,9 @@ from martinet.swiftlets.mgmt.client import AdminClient, AdminError
 from martinet.swiftlets.mgmt.config import AdminGroup, MgmtConfig
 from martinet.swiftlets.mgmt.service import Refused, authorize
 
-from conftest import wait_until
-from faultproxy import FaultProxy
-from network import ROUTING_STACK, STACK, router_config, routing_config
+from tests.harness.faultproxy import FaultProxy
+from tests.harness.network import ROUTING_STACK, STACK, router_config, routing_config
+from tests.harness.polling import wait_until
 
 MGMT_STACK = (*ROUTING_STACK, "sys$mgmt")
 

@@ -14,10 +14,6 @@ import logging
 
 import pytest
 import trio
-from test_hostile_limits import ATTACH, FLOW, RawClient, attach, begin, transfer
-from test_queue_budget import MGMT_STACK, PASSWORDS, users
-from test_routing_limits import _waiting_for_room
-from test_routing_transfer_network import consume, produce, start, verify
 
 from martinet.kernel import Router
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect
@@ -27,7 +23,11 @@ from martinet.swiftlets.queuemanager.config import QueueManagerConfig
 from martinet.swiftlets.queuemanager.memory import ENTRY_COST
 from martinet.swiftlets.web.metrics import UsageCollector
 
-from conftest import wait_until
+from tests.harness.polling import wait_until
+from tests.swiftlets.jms.test_hostile_limits import ATTACH, FLOW, RawClient, attach, begin, transfer
+from tests.swiftlets.queuemanager.test_queue_budget import MGMT_STACK, PASSWORDS, users
+from tests.swiftlets.routing.test_limits import _waiting_for_room
+from tests.swiftlets.routing.test_transfer_network import consume, produce, start, verify
 
 ROUTER = """
 <router name="r1" startorder="sys$store sys$authentication sys$queuemanager sys$topicmanager sys$jms"

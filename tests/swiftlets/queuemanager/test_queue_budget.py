@@ -10,7 +10,6 @@ answered.
 from __future__ import annotations
 
 import trio
-from test_hostile_limits import ATTACH, DETACH, OPEN, RawClient, attach, begin, frame
 
 from martinet.messaging import amqp
 from martinet.messaging.client import JMSError, Queue, connect
@@ -18,7 +17,8 @@ from martinet.swiftlets.authentication.config import AuthenticationConfig, Group
 from martinet.swiftlets.mgmt.client import AdminClient
 from martinet.swiftlets.queuemanager.config import QueueManagerConfig
 
-from network import STACK
+from tests.harness.network import STACK
+from tests.swiftlets.jms.test_hostile_limits import ATTACH, DETACH, OPEN, RawClient, attach, begin, frame
 
 MGMT_STACK = (*STACK, "sys$mgmt")
 PASSWORDS = {"mallory": "m-pw", "eve": "e-pw", "bob": "b-pw", "root": "r-pw"}

@@ -21,7 +21,7 @@ from martinet.swiftlets.queuemanager.api import (
     TransactionError,
 )
 
-from conftest import wait_until
+from tests.harness.polling import wait_until
 
 
 def msg(n, **kwargs):

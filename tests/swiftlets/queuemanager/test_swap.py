@@ -20,7 +20,7 @@ from martinet.messaging.message import build
 from martinet.messaging.selector import compile_selector
 from martinet.swiftlets.queuemanager.api import QueueFull
 
-from conftest import wait_until
+from tests.harness.polling import wait_until
 
 
 def msg(n: int, *, priority: int | None = None, size: int = 1024, **kwargs):

@@ -22,7 +22,7 @@ from martinet.messaging.like import like_pattern
 from martinet.swiftlets.queuemanager.api import QueueNotFound
 from martinet.swiftlets.routing.api import DestinationAdded, redirection_predicate, routing_queue
 
-from network import ROUTING_STACK, Network, routing_config
+from tests.harness.network import ROUTING_STACK, Network, routing_config
 
 UNKNOWN = "router 'nowhere' is not known to router 'a' (no route and no static route)"
 

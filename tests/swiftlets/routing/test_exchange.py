@@ -15,7 +15,6 @@ import random
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from routesim import Network, mesh, reference_announced, reference_routes, ring, shortest
 
 from martinet.swiftlets.routing.api import (
     Destination,
@@ -36,6 +35,8 @@ from martinet.swiftlets.routing.exchange import (
     RouteFilter,
     refusal,
 )
+
+from tests.harness.routesim import Network, mesh, reference_announced, reference_routes, ring, shortest
 
 ADD, REMOVE = True, False
 

@@ -13,13 +13,13 @@ import logging
 
 import pytest
 import trio
-from test_routing_transfer_network import consume, produce, verify
 
 from martinet.swiftlets.routing.api import routing_queue
 from martinet.swiftlets.routing.wire import FrameType
 
-from faultproxy import FaultProxy, Held
-from network import ROUTING_STACK, routing_config
+from tests.harness.faultproxy import FaultProxy, Held
+from tests.harness.network import ROUTING_STACK, routing_config
+from tests.swiftlets.routing.test_transfer_network import consume, produce, verify
 
 COUNT = 300  # 15 transactions of 20: the held one has answered ones before it and open ones after it
 

@@ -8,7 +8,6 @@ import time
 
 import pytest
 import trio
-from test_routing_transfer_network import consume, produce, verify, verify_set
 
 from martinet.kernel import ConfigErrors, load_config, load_swiftlet_specs
 from martinet.messaging.client import Queue, TextMessage, connect
@@ -18,9 +17,10 @@ from martinet.swiftlets.queuemanager.config import QueueConfig, QueueManagerConf
 from martinet.swiftlets.routing.config import QueueBridgeConfig
 from martinet.swiftlets.routing.routing_annotations import EXPIRES, HOPS
 
-from conftest import wait_until
-from faultproxy import FaultProxy
-from network import ROUTING_STACK, routing_config
+from tests.harness.faultproxy import FaultProxy
+from tests.harness.network import ROUTING_STACK, routing_config
+from tests.harness.polling import wait_until
+from tests.swiftlets.routing.test_transfer_network import consume, produce, verify, verify_set
 
 
 async def start(network, *names, **routing):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 import trio
-from test_routing_transfer_network import consume, produce, start, verify, verify_set
 
 from martinet.messaging.message import build
 from martinet.swiftlets.routing.linkwork import UNROUTABLE_REASON
 from martinet.swiftlets.routing.routing_annotations import DESTINATION, HOPS, QUEUE, SOURCE
 
-from conftest import wait_until
+from tests.harness.polling import wait_until
+from tests.swiftlets.routing.test_transfer_network import consume, produce, start, verify, verify_set
 
 XA = pytest.mark.parametrize("xa", [True, False], ids=["xa", "non-xa"])
 USAGE = "/sys$routing/usage/connections/connector:b"

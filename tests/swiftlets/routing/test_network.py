@@ -23,8 +23,8 @@ from martinet.swiftlets.routing.api import (
 )
 from martinet.swiftlets.routing.config import HostAccessEntry
 
-from faultproxy import FaultProxy
-from network import Network, routing_config
+from tests.harness.faultproxy import FaultProxy
+from tests.harness.network import Network, routing_config
 
 
 def connector_usage(network, router: str, connector: str) -> dict:

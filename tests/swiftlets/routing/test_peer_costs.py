@@ -13,14 +13,14 @@ import re
 import sys
 
 import trio
-from test_routing_hostile import BASELINE, Hub, Mallory, receive, send
 
 from martinet.messaging.client import Queue, TextMessage, connect
 from martinet.swiftlets.queuemanager.config import QueueManagerConfig
 from martinet.swiftlets.routing.wire import Route, encode
 
-from conftest import wait_until
-from network import ROUTING_STACK, routing_config
+from tests.harness.network import ROUTING_STACK, routing_config
+from tests.harness.polling import wait_until
+from tests.swiftlets.routing.test_hostile import BASELINE, Hub, Mallory, receive, send
 
 
 def routes(sender: str, first: int, count: int, hops: int, *, add: bool = True) -> bytes:

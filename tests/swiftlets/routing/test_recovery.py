@@ -29,8 +29,8 @@ from martinet.messaging.client import Queue, TextMessage, connect
 from martinet.swiftlets.routing.wire import FrameType
 from martinet.swiftlets.xa.manager import entry_name
 
-from faultproxy import FaultProxy
-from netharness import Consumer, Producer, Topology, drain, open_network, verdict
+from tests.harness.faultproxy import FaultProxy
+from tests.harness.netharness import Consumer, Producer, Topology, drain, open_network, verdict
 
 PAIR = Topology(("a", "b"), (("a", "b"),), sources=("a",), destination="b", queue="recovered")
 CASES = {  # case: (frame held, its direction, what a logs, what b logs, about the held xid)

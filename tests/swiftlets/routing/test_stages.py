@@ -13,7 +13,6 @@ import trio
 import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_routing_wire import ANY_FRAME
 
 from martinet.kernel import config as kernel_config
 from martinet.messaging.io import Driver
@@ -61,6 +60,8 @@ from martinet.swiftlets.routing.wire import (
     decode_body,
     encode,
 )
+
+from tests.swiftlets.routing.test_wire import ANY_FRAME
 
 NONCE_C, NONCE_L = b"C" * 32, b"L" * 32
 CONNECTOR, LISTENER = Role.CONNECTOR, Role.LISTENER

@@ -12,7 +12,6 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from test_routing_stages import CONNECTOR, LISTENER, Pair, answer, connector, decoded, listener, split
 
 from martinet.swiftlets.routing.stages import (
     INBOUND_PHASES,
@@ -55,6 +54,8 @@ from martinet.swiftlets.routing.wire import (
     pack_messages,
     unpack_messages,
 )
+
+from tests.swiftlets.routing.test_stages import CONNECTOR, LISTENER, Pair, answer, connector, decoded, listener, split
 
 
 def pair_of(**settings) -> Pair:

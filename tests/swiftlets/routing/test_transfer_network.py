@@ -20,9 +20,9 @@ from martinet.swiftlets.queuemanager.config import QueueManagerConfig
 from martinet.swiftlets.routing.linkwork import UNROUTABLE_REASON
 from martinet.swiftlets.routing.routing_annotations import DESTINATION, HOPS, QUEUE, SOURCE
 
-from conftest import wait_until
-from faultproxy import FaultProxy
-from network import ROUTING_STACK, routing_config
+from tests.harness.faultproxy import FaultProxy
+from tests.harness.network import ROUTING_STACK, routing_config
+from tests.harness.polling import wait_until
 
 
 async def produce(url: str, address: str, count: int, *, prefix: str = "m", persistent: bool = True) -> None:

@@ -16,8 +16,8 @@ from martinet.swiftlets.routing.config import ConnectorConfig
 from martinet.swiftlets.scheduler.api import JobFinished, JobStarted
 from martinet.swiftlets.scheduler.config import ParameterConfig, ScheduleConfig, SchedulerConfig
 
-from network import ROUTING_STACK, Network, routing_config
-from wallclock import PARIS, ClockPlugin, TrioClock
+from tests.harness.network import ROUTING_STACK, Network, routing_config
+from tests.harness.wallclock import PARIS, ClockPlugin, TrioClock
 
 
 @pytest.fixture

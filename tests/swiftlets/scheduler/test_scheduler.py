@@ -27,8 +27,8 @@ from martinet.swiftlets.scheduler.api import (
     Scheduler,
 )
 
-from conftest import drain
-from wallclock import PARIS, ClockPlugin, TrioClock
+from tests.harness.polling import drain
+from tests.harness.wallclock import PARIS, ClockPlugin, TrioClock
 
 
 def _positive(text: str) -> None:

@@ -25,8 +25,9 @@ from martinet.swiftlets.spark.api import EVENT_COLUMNS, ROW_COLUMNS, _decode_row
 from martinet.swiftlets.spark.config import SparkConfig
 from martinet.swiftlets.spark.sampler import Filter, Sampler
 
-from conftest import wait_until
-from network import ROUTING_STACK, STACK, routing_config
+from tests.harness.network import ROUTING_STACK, STACK, routing_config
+from tests.harness.paths import ROOT
+from tests.harness.polling import wait_until
 
 SPARK_STACK = (*STACK, "sys$spark")
 
@@ -483,7 +484,7 @@ async def test_a_collector_rolls_on_the_batch_it_gathers_not_on_what_the_writer_
     assert len([size for size in sizes if size < 6]) <= 1  # the batch written at stop may hold fewer
 
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = ROOT / "bench"
 
 
 def test_the_collector_bench_gets_every_row_of_its_simulated_routers_into_the_files(monkeypatch):

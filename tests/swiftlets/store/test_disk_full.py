@@ -11,15 +11,16 @@ import subprocess
 
 import pytest
 import trio
-from test_routing_limits import _waiting_for_room
-from test_routing_transfer_network import consume, produce, verify
 
 from martinet.messaging.client import ConnectionLost, DeliveryMode, JMSError, Queue, TextMessage, connect
 from martinet.swiftlets.store.api import PutMessage
 from martinet.swiftlets.store.config import StoreConfig
 
-from conftest import AmqpBroker, RunningRouter, wait_until
-from network import ROUTING_STACK, routing_config
+from tests.harness.network import ROUTING_STACK, routing_config
+from tests.harness.polling import wait_until
+from tests.harness.routers import AmqpBroker, RunningRouter
+from tests.swiftlets.routing.test_limits import _waiting_for_room
+from tests.swiftlets.routing.test_transfer_network import consume, produce, verify
 
 MiB = 1 << 20
 

@@ -16,7 +16,7 @@ from martinet.messaging.message import build
 from martinet.swiftlets.store.api import PutMessage, StoredMessage, StoreError
 from martinet.swiftlets.store.dbprocess import Database
 
-from conftest import RunningRouter
+from tests.harness.routers import RunningRouter
 
 
 def body(size: int = 1) -> bytes:

@@ -25,8 +25,8 @@ from martinet.swiftlets.store.api import (
     StoreError,
 )
 
-from conftest import amqp_router_xml
-from netharness import store_engine_pid
+from tests.harness.netharness import store_engine_pid
+from tests.harness.routers import amqp_router_xml
 
 
 def usage(router) -> dict:

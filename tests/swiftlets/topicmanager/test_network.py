@@ -28,7 +28,7 @@ from martinet.swiftlets.topicmanager.config import (
 )
 from martinet.swiftlets.topicmanager.federation import DESTINATION, HOPS, INTEREST_QUEUE, QUEUE, SOURCE, TOPIC
 
-from network import ROUTING_STACK, routing_config
+from tests.harness.network import ROUTING_STACK, routing_config
 
 Interest = Mapping[str, Iterable[str]]  # remote router → roots
 

@@ -19,7 +19,8 @@ from martinet.swiftlets.topicmanager.api import (
 )
 from martinet.swiftlets.topicmanager.backlogs import BacklogWatch
 
-from conftest import RunningRouter, drain, wait_until
+from tests.harness.polling import drain, wait_until
+from tests.harness.routers import RunningRouter
 
 TOPIC_ROUTER = """
 <router name="r1" startorder="sys$store sys$queuemanager sys$topicmanager" shutdown-timeout="5000">

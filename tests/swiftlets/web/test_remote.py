@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import trio
-from test_web import fetch
 
 from martinet.swiftlets.web.config import WebConfig
 
-from faultproxy import FaultProxy
-from network import ROUTING_STACK, routing_config
+from tests.harness.faultproxy import FaultProxy
+from tests.harness.network import ROUTING_STACK, routing_config
+from tests.swiftlets.web.test_web import fetch
 
 MGMT_STACK = (*ROUTING_STACK, "sys$mgmt")
 WEB_STACK = (*MGMT_STACK, "sys$web")

@@ -22,9 +22,9 @@ from martinet.swiftlets.authentication.config import AuthenticationConfig, Group
 from martinet.swiftlets.store.config import StoreConfig
 from martinet.swiftlets.web.config import WebConfig
 
-from faultproxy import FaultProxy
-from network import ROUTING_STACK, routing_config
-from processes import free_port
+from tests.harness.faultproxy import FaultProxy
+from tests.harness.network import ROUTING_STACK, routing_config
+from tests.harness.processes import free_port
 
 WEB_STACK = (*ROUTING_STACK, "sys$web")
 

@@ -29,8 +29,8 @@ from martinet.swiftlets.xa.api import (
     routing_xid,
 )
 
-from conftest import wait_until
-from processes import free_port, router_xml
+from tests.harness.polling import wait_until
+from tests.harness.processes import free_port, router_xml
 
 IN_DOUBT = "/sys$xa/usage/in-doubt"
 
