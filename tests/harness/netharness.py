@@ -57,7 +57,7 @@ checks each subscriber against everything accepted: a durable one must have each
 once (as the queue consumer above: a batch in doubt may come again), whatever was killed,
 its own router included (README, "Testing the network under faults", says why that holds);
 a non-durable one loses what comes while it or its router is away (reported), and must
-never get one twice. Every process test builds its routers from :func:`router_config`.
+never get one twice. Every process test builds its routers from :func:`network_router_xml`.
 
 Blocking process operations (start, wait for a log line, kill) run in worker threads
 (:func:`trio.to_thread.run_sync`); everything else runs in the caller's trio nursery.
@@ -119,7 +119,7 @@ CONNECTOR = """
                  use-xa="{xa}"/>"""
 
 
-def router_config(
+def network_router_xml(
     name: str,
     *,
     amqp: int,
@@ -129,7 +129,7 @@ def router_config(
     static_routes: Iterable[str] = (),
     xa: bool = True,
 ) -> str:
-    """The config of a full router ``name`` for a test network (the one template of every
+    """The XML config of a full router ``name`` for a test network (the one template of every
     process test): the default stack with routing, its store in ``store`` (``sync="normal"``),
     AMQP on ``127.0.0.1:amqp``, a routing listener on ``routing`` with ``password`` and a
     keepalive of 1 s, a connector per ``(router, port, password)`` retrying every second,
@@ -238,7 +238,7 @@ class ProcessNetwork:
             for connector, listener in self.topology.links
             if connector == name
         ]
-        return router_config(
+        return network_router_xml(
             name,
             amqp=self.amqp[name],
             routing=self.routing[name],

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.harness.netharness import router_config, table
+from tests.harness.netharness import network_router_xml, table
 from tests.harness.paths import ROOT
 from tests.harness.processes import RouterProcess, free_port
 
@@ -29,7 +29,9 @@ NAMES = ("paris", "lyon", "tokyo")
 TRIANGLE = {"paris": "lyon", "lyon": "tokyo", "tokyo": "paris"}  # who dials whom
 
 
-def wait_until(what: str, predicate: Callable[[], bool], logs: Callable[[], str], timeout: float = 30) -> None:
+def wait_for_log(what: str, predicate: Callable[[], bool], logs: Callable[[], str], timeout: float = 30) -> None:
+    """Block until ``predicate`` (which reads the routers' logs) holds; fail after ``timeout``
+    seconds with ``what`` and the logs. Synchronous: the processes are polled by reading files."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -47,7 +49,7 @@ FULL_TRIANGLE = {  # every router reaches the other two directly and over the th
 def test_a_triangle_of_processes_survives_a_sigkilled_router_and_takes_it_back(router_processes):
     routing = {name: free_port() for name in NAMES}
     xml = {
-        name: router_config(
+        name: network_router_xml(
             name,
             amqp=free_port(),
             routing=routing[name],
@@ -62,7 +64,7 @@ def test_a_triangle_of_processes_survives_a_sigkilled_router_and_takes_it_back(r
     def tables() -> dict[str, dict]:
         return {name: table(routers[name].current()) for name in NAMES}
 
-    wait_until("the triangle learns every route", lambda: tables() == FULL_TRIANGLE, logs)
+    wait_for_log("the triangle learns every route", lambda: tables() == FULL_TRIANGLE, logs)
     for name in NAMES:
         assert routers[name].current().count(" operational: ") == 2, logs()
 
@@ -71,7 +73,7 @@ def test_a_triangle_of_processes_survives_a_sigkilled_router_and_takes_it_back(r
     survivors = {"paris": {"tokyo": {("tokyo",)}}, "tokyo": {"paris": {("paris",)}}}
     # SIGKILL leaves the kernel to close lyon's sockets: the peers read the end of the stream
     # (or, had the host gone, would miss 5 keepalives of 1 s); either way within a few seconds
-    wait_until(
+    wait_for_log(
         "paris and tokyo drop every route via or to lyon and keep their own link",
         lambda: {name: table(routers[name].current()) for name in survivors} == survivors,
         logs,
@@ -83,7 +85,7 @@ def test_a_triangle_of_processes_survives_a_sigkilled_router_and_takes_it_back(r
         )
 
     lyon.restart()
-    wait_until(
+    wait_for_log(
         "after lyon's restart every router has routes to every other again", lambda: tables() == FULL_TRIANGLE, logs
     )
     for name in NAMES:  # nothing failed loudly on the way
@@ -133,7 +135,7 @@ def test_the_sample_network_runs_as_is_and_forms_routes(tmp_path):
         for router in routers.values():
             router.wait_started()
         # connectors retry every 5 s there: a router dialled before its peer listened waits once
-        wait_until(
+        wait_for_log(
             "the sample network learns every route",
             lambda: {name: table(router.current()) for name, router in routers.items()} == FULL_TRIANGLE,
             logs,

@@ -20,7 +20,7 @@ from martinet.messaging.client import DeliveryMode, TextMessage, Topic, connect
 from martinet.swiftlets.store.dbprocess import COMMIT_GATE_ENV, COMMIT_GATE_QUEUE_ENV
 from martinet.swiftlets.topicmanager.api import durable_queue_name
 
-from tests.harness.netharness import router_config, store_engine_pid
+from tests.harness.netharness import network_router_xml, store_engine_pid
 from tests.harness.processes import free_port
 
 pytestmark = pytest.mark.slow
@@ -62,7 +62,7 @@ async def test_durable_subscribers_on_every_router_lose_nothing_when_one_is_kill
     urls = {name: f"amqp://127.0.0.1:{amqp[name]}" for name in NAMES}
     routers = {}
     for name in NAMES:
-        xml = router_config(
+        xml = network_router_xml(
             name,
             amqp=amqp[name],
             routing=routing[name],
@@ -120,7 +120,7 @@ async def test_a_router_killed_while_its_delivery_of_a_forwarded_publication_wai
     queue = durable_queue_name("sub-lyon", "all")
     routers = {}
     for name, other in (("paris", "lyon"), ("lyon", "paris")):
-        xml = router_config(
+        xml = network_router_xml(
             name,
             amqp=amqp[name],
             routing=routing[name],

@@ -32,18 +32,13 @@ from martinet.messaging.codec import ULong, encode
 from martinet.messaging.message import Message as OurMessage
 from martinet.swiftlets.queuemanager.queue import Entry
 
+from tests.harness.polling import wait_until
+
 CLIENT_ID = symbol("x-opt-martinet-cid")
 
 
 def in_thread(function, *args):
     return trio.to_thread.run_sync(function, *args)
-
-
-async def wait_until(predicate, timeout: float = 10) -> None:
-    """Poll a router-side condition until it holds (fails the test after ``timeout`` s)."""
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.01)
 
 
 def flush(connection: BlockingConnection) -> None:

@@ -27,7 +27,7 @@ from martinet.swiftlets.scheduler.api import (
     Scheduler,
 )
 
-from tests.harness.polling import drain
+from tests.harness.polling import drain, wait_until
 from tests.harness.wallclock import PARIS, ClockPlugin, TrioClock
 
 
@@ -126,13 +126,6 @@ def start_router(nursery, write_config):
     return start
 
 
-async def wait_until(predicate, timeout: float = 10, step: float = 1.0) -> None:
-    """Poll ``predicate`` every ``step`` seconds of trio time (virtual under autojump_clock)."""
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(step)
-
-
 def history(router: Router) -> list[dict]:
     entries = router.management.resolve("/sys$scheduler/usage/history").children
     return [entries[key].properties() for key in sorted(entries)]
@@ -176,7 +169,7 @@ async def test_an_at_schedule_fires_on_time_with_its_parameters(start_router, au
 async def test_a_window_over_midnight_repeats_until_it_closes(start_router, autojump_clock):
     xml = _router_xml(_schedule("late", "start 23:30 stop 00:30 delay 20m"), scheduler='history-size="2"')
     router, jobs, (started, _) = await start_router(xml, datetime(2026, 3, 6, 23, 0, tzinfo=PARIS))
-    await wait_until(lambda: len(jobs.runs) == 3, timeout=7200)
+    await wait_until(lambda: len(jobs.runs) == 3, timeout=7200, step=1)
     await trio.sleep(3 * 3600)  # the window has closed: nothing more until tomorrow night
     assert [e.planned for e in drain(started)] == ["2026-03-06T23:30:00", "2026-03-06T23:50:00", "2026-03-07T00:10:00"]
     assert [e["planned"] for e in history(router)] == ["2026-03-06T23:50:00", "2026-03-07T00:10:00"]  # bounded
@@ -206,7 +199,7 @@ async def test_a_start_in_the_hour_that_occurs_twice_runs_once(start_router, aut
 async def test_max_runtime_stops_a_job(start_router, autojump_clock):
     xml = _router_xml(_schedule("window", "at 22:00", job="Forever", max_runtime="90m"))
     router, jobs, (started, finished) = await start_router(xml, datetime(2026, 3, 6, 21, 59, tzinfo=PARIS))
-    await wait_until(lambda: drain(started), timeout=120)
+    await wait_until(lambda: drain(started), timeout=120, step=1)
     assert schedule_usage(router, "window")["state"] == "running"
     assert router.management.get("/sys$scheduler/usage", "running") == 1
     with trio.fail_after(2 * 3600):
@@ -225,7 +218,7 @@ async def test_a_job_running_when_the_router_stops_is_recorded_stopped(start_rou
     )
     await started.receive()
     router.request_stop()
-    await wait_until(lambda: history(router), timeout=60)
+    await wait_until(lambda: history(router), timeout=60, step=1)
     [entry] = history(router)
     assert (entry["outcome"], entry["message"]) == ("stopped", "the scheduler stopped")
     assert jobs.cleaned_up == ["long"]
@@ -237,7 +230,7 @@ async def test_operators_start_and_stop_jobs(start_router, autojump_clock):
     tree = router.management
     path = "/sys$scheduler/usage/schedules/manual"
     assert await tree.invoke(path, "start") == "job Test/Forever started"
-    await wait_until(lambda: schedule_usage(router, "manual")["state"] == "running")
+    await wait_until(lambda: schedule_usage(router, "manual")["state"] == "running", step=1)
     with pytest.raises(ManagementError, match="its job is running already"):
         await tree.invoke(path, "start")
     assert await tree.invoke(path, "stop") == "schedule manual: job stopped"
@@ -258,7 +251,7 @@ async def test_a_job_may_forbid_further_runs(start_router, autojump_clock):
     usage = schedule_usage(router, "doomed")
     assert (usage["state"], usage["next-start"], usage["runs"]) == ("finished", "", 1)
     router.management.set("/sys$scheduler/schedules/doomed", "time-expression", "at 11:30")  # the operator acts
-    await wait_until(lambda: schedule_usage(router, "doomed")["state"] == "scheduled")
+    await wait_until(lambda: schedule_usage(router, "doomed")["state"] == "scheduled", step=1)
     assert schedule_usage(router, "doomed")["next-start"] == "2026-03-06T11:30:00"
     router.request_stop()
 
@@ -281,14 +274,14 @@ async def test_runtime_changes_apply_at_once_and_bad_ones_are_refused(start_rout
             "calendar": "weekdays",
         },
     )
-    await wait_until(lambda: "soon" in tree.resolve("/sys$scheduler/usage/schedules").children)
+    await wait_until(lambda: "soon" in tree.resolve("/sys$scheduler/usage/schedules").children, step=1)
     assert schedule_usage(router, "soon")["next-start"] == "2026-03-06T12:30:00"
     tree.set(f"{schedules}/soon", "time-expression", "at 12:10")
-    await wait_until(lambda: schedule_usage(router, "soon")["next-start"] == "2026-03-06T12:10:00")
-    await wait_until(lambda: len(jobs.runs) == 1, timeout=3600)
+    await wait_until(lambda: schedule_usage(router, "soon")["next-start"] == "2026-03-06T12:10:00", step=1)
+    await wait_until(lambda: len(jobs.runs) == 1, timeout=3600, step=1)
     assert schedule_usage(router, "soon")["next-start"] == "2026-03-09T12:10:00"  # Monday: the calendar
     tree.set(f"{schedules}/soon", "enabled", "false")
-    await wait_until(lambda: schedule_usage(router, "soon")["state"] == "disabled")
+    await wait_until(lambda: schedule_usage(router, "soon")["state"] == "disabled", step=1)
 
     with pytest.raises(ManagementError, match="unknown calendar 'holidays' \\(calendars: weekdays\\)"):
         tree.set(f"{schedules}/soon", "calendar", "holidays")
@@ -311,7 +304,7 @@ async def test_runtime_changes_apply_at_once_and_bad_ones_are_refused(start_rout
         tree.add("/sys$scheduler/calendars", "b", {"base-calendar": "nope"})
 
     tree.remove(schedules, "soon")
-    await wait_until(lambda: "soon" not in tree.resolve("/sys$scheduler/usage/schedules").children)
+    await wait_until(lambda: "soon" not in tree.resolve("/sys$scheduler/usage/schedules").children, step=1)
     router.request_stop()
 
 
@@ -322,12 +315,12 @@ async def test_calendar_and_time_zone_changes_apply_at_once(start_router, autoju
     tree = router.management
     assert schedule_usage(router, "noon")["next-start"] == "2026-03-09T12:30:00"
     tree.set("/sys$scheduler/calendars/days", "weekdays", "mon fri")
-    await wait_until(lambda: schedule_usage(router, "noon")["next-start"] == "2026-03-06T12:30:00")
+    await wait_until(lambda: schedule_usage(router, "noon")["next-start"] == "2026-03-06T12:30:00", step=1)
     tree.add("/sys$scheduler/calendars/days/date-ranges", "today", {"date-from": "2026-03-06", "date-to": "2026-03-06"})
     tree.set("/sys$scheduler/calendars/days", "type", "exclude")  # every day but Mondays, Fridays and today
-    await wait_until(lambda: schedule_usage(router, "noon")["next-start"] == "2026-03-07T12:30:00")
+    await wait_until(lambda: schedule_usage(router, "noon")["next-start"] == "2026-03-07T12:30:00", step=1)
     tree.set("/sys$scheduler", "time-zone", "America/New_York")  # 06:00 there, still Friday
-    await wait_until(lambda: router.management.get("/sys$scheduler/usage", "time-zone") == "America/New_York")
+    await wait_until(lambda: router.management.get("/sys$scheduler/usage", "time-zone") == "America/New_York", step=1)
     assert router.management.get("/sys$scheduler/usage", "now").startswith("2026-03-06T06:00:")
     assert schedule_usage(router, "noon")["next-start"] == "2026-03-07T12:30:00"
     scheduler: Scheduler = router.swiftlet("sys$scheduler")
@@ -341,10 +334,10 @@ async def test_a_start_after_a_time_zone_change_is_the_next_one_of_the_new_zone(
     router, jobs, _ = await start_router(
         _router_xml(_schedule("noon", "at 12:30")), datetime(2026, 3, 6, 12, 0, tzinfo=PARIS)
     )
-    await wait_until(lambda: len(jobs.runs) == 1, timeout=3600)  # 12:30 in Paris
+    await wait_until(lambda: len(jobs.runs) == 1, timeout=3600, step=1)  # 12:30 in Paris
     router.management.set("/sys$scheduler", "time-zone", "America/New_York")  # 06:30 there
-    await wait_until(lambda: schedule_usage(router, "noon")["next-start"] == "2026-03-06T12:30:00")
-    await wait_until(lambda: len(jobs.runs) == 2, timeout=7 * 3600)
+    await wait_until(lambda: schedule_usage(router, "noon")["next-start"] == "2026-03-06T12:30:00", step=1)
+    await wait_until(lambda: len(jobs.runs) == 2, timeout=7 * 3600, step=1)
     assert [e["planned"] for e in history(router)] == ["2026-03-06T12:30:00"] * 2  # each in its zone
     router.request_stop()
 
@@ -406,7 +399,7 @@ async def test_an_operator_builds_a_schedule_up_at_runtime(start_router, autojum
             {"enabled": "true", "job-group": "Test", "job-name": "Needs", "time-expression": "at 12:30"},
         )
     tree.add(schedules, "link", {"job-group": "Test", "job-name": "Needs", "time-expression": "at 12:30"})
-    await wait_until(lambda: "link" in tree.resolve("/sys$scheduler/usage/schedules").children)
+    await wait_until(lambda: "link" in tree.resolve("/sys$scheduler/usage/schedules").children, step=1)
     assert schedule_usage(router, "link")["state"] == "disabled"
     with pytest.raises(ManagementError, match="parameter 'Target' missing"):
         tree.set(f"{schedules}/link", "enabled", True)
@@ -414,7 +407,7 @@ async def test_an_operator_builds_a_schedule_up_at_runtime(start_router, autojum
         await tree.invoke("/sys$scheduler/usage/schedules/link", "start")
     tree.add(f"{schedules}/link/parameters", "Target", {"value": "branch"})
     tree.set(f"{schedules}/link", "enabled", True)
-    await wait_until(lambda: schedule_usage(router, "link")["next-start"] == "2026-03-06T12:30:00")
+    await wait_until(lambda: schedule_usage(router, "link")["next-start"] == "2026-03-06T12:30:00", step=1)
     with pytest.raises(ManagementError, match="parameter 'Target' missing"):  # it is enabled now
         tree.remove(f"{schedules}/link/parameters", "Target")
     with trio.fail_after(3600):
@@ -449,11 +442,11 @@ async def test_a_group_registered_at_runtime_is_planned_and_withdrawn(start_rout
     scheduler.register(JobGroup(name="Late", jobs=[Job(name="Record", description="d", run=work)]))
     with pytest.raises(ValueError, match="job group 'Late' is registered already"):
         scheduler.register(JobGroup(name="Late", jobs=[]))
-    await wait_until(lambda: schedule_usage(router, "later")["state"] == "scheduled")
+    await wait_until(lambda: schedule_usage(router, "later")["state"] == "scheduled", step=1)
     assert router.management.get("/sys$scheduler/usage/job-groups/Late/jobs/Record", "description") == "d"
-    await wait_until(lambda: done == ["later"], timeout=7200)
+    await wait_until(lambda: done == ["later"], timeout=7200, step=1)
     scheduler.unregister("Late")
-    await wait_until(lambda: schedule_usage(router, "later")["state"] == "invalid")
+    await wait_until(lambda: schedule_usage(router, "later")["state"] == "invalid", step=1)
     assert "Late" not in scheduler.job_groups()
     router.request_stop()
 
