@@ -1,6 +1,6 @@
 """A soak: routed persistent load through three routers for a long time, and whether anything grows.
 
-Starts a chain a → b → c of ``martinet run`` processes (tests/netharness.py: a fault proxy on
+Starts a chain a → b → c of ``martinet run`` processes (tests/harness/netharness.py: a fault proxy on
 each link, XA links, stores ``sync="normal"``). Producers on a send numbered persistent
 messages to ``soak@c`` at ``--rate`` in all, each stamped with its send time; a consumer on c
 takes them (client acknowledgement) and measures each one's send-to-receive latency. Every

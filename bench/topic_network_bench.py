@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/topic_network_bench.py [--messages N] [--subscribers 10]
 
-Routers ``a - b - c`` (tests/network.py: the full stack with routing, stores in a temporary
+Routers ``a - b - c`` (tests/harness/network.py: the full stack with routing, stores in a temporary
 folder, sync "normal", one trio process, links on loopback sockets, XA transfer). The
 publisher is on ``a``; each router has ``--subscribers`` non-durable subscriptions to
 ``bench``, each read by a consumer task that accepts every message (in-process, as

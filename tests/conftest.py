@@ -101,7 +101,7 @@ def amqp_broker(nursery, tmp_path):
 
 @pytest.fixture
 async def network(nursery, tmp_path):
-    """A :class:`network.Network`: routers built from RouterConfig objects, in this process."""
+    """A :class:`tests.harness.network.Network`: routers built from RouterConfig objects, in this process."""
     routers = Network(nursery, tmp_path)
     yield routers
     await routers.stop_all()
@@ -109,7 +109,7 @@ async def network(nursery, tmp_path):
 
 @pytest.fixture
 def router_processes(tmp_path):
-    """A :class:`processes.RouterProcesses` in the test's temp dir: real ``martinet run``
+    """A :class:`tests.harness.processes.RouterProcesses` in the test's temp dir: real ``martinet run``
     processes, ``router_processes.start(xml)``; every one still running is killed at teardown."""
     routers = RouterProcesses(tmp_path / "routers")
     yield routers

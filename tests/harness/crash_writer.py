@@ -1,6 +1,6 @@
 """A router under load for the crash test: prints each commit it has been told is durable.
 
-    python tests/crash_writer.py CONFIG RUN
+    python tests/harness/crash_writer.py CONFIG RUN
 
 Four tasks loop: a transaction sending 3 persistent messages to queue ``a`` and 2 to ``b``
 (application property ``txn``), printed as ``txn <id>`` once ``commit`` returned; and plain

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 :class:`ProcessNetwork` starts one ``martinet run`` process per router of a
 :class:`Topology`, each from a generated config in its own folder (its store, its log), and
-puts a :class:`~faultproxy.FaultProxy` on every link: the connector dials the proxy, the
+puts a :class:`~tests.harness.faultproxy.FaultProxy` on every link: the connector dials the proxy, the
 proxy the listener. Every router has a static route to every other one, so a producer's
 ``q@R`` is accepted (into ``rt$R``) even while R is down or cut off: messages wait and move
 on later (store and forward). Listeners have passwords (each its own) and a keepalive of

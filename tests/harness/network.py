@@ -123,7 +123,7 @@ class Network:
         self, nursery: trio.Nursery, source: str, target: str, *, xa: bool = True
     ) -> FaultProxy:
         """Connect ``source`` to ``target`` (as :meth:`connect`, retrying every second) through
-        a fault proxy started in ``nursery``; the proxy (tests/faultproxy.py)."""
+        a fault proxy started in ``nursery``; the proxy (tests/harness/faultproxy.py)."""
         proxy = FaultProxy("127.0.0.1", self.routing_port(target))
         await nursery.start(proxy.run)
         self.routers[source].management.add(

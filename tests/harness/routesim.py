@@ -1,6 +1,6 @@
 """An in-memory network of route exchangers, and an independent reference of what it must converge to.
 
-Used by tests/test_route_exchange.py and bench/route_convergence.py. Nothing here is timed or
+Used by tests/swiftlets/routing/test_exchange.py and bench/route_convergence.py. Nothing here is timed or
 threaded: a :class:`Network` holds one :class:`RouteExchanger` per router and a FIFO per
 directed link; :meth:`Network.deliver` hands over messages in random order across links but
 in order on each link (what TCP gives). A link going down drops what was in flight on it,

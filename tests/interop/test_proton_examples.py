@@ -98,7 +98,7 @@ async def test_selectors_and_browsing(router):
     # window (MessagingHandler's prefetch, 10) whatever the broker. It printed 19: the
     # router still sent 9 transfers after answering its close. That a
     # browser gets the whole queue, and drained credit only at its end, is
-    # tests/test_amqp.py::test_a_browser_gets_the_whole_queue_and_drained_credit_only_at_its_end.
+    # tests/swiftlets/jms/test_amqp.py::test_a_browser_gets_the_whole_queue_and_drained_credit_only_at_its_end.
     browsed = await example("queue_browser.py")
     colours = ["green" if n % 2 else "red" for n in range(1, 11)]
     assert len(browsed) == 10 and all(

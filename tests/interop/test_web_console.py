@@ -1,5 +1,5 @@
 """``sys$web`` as a console, in a real browser (Debian's chromium through Selenium, as in
-tests/test_web_browser.py): each action clicked, confirmed with the count it states, done
+tests/interop/test_web_browser.py): each action clicked, confirmed with the count it states, done
 through ``sys$mgmt`` (its audit line checked), and seen done; a read-only user sees no
 buttons; forged posts are refused with 403 (plain HTTP).
 """

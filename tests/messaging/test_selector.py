@@ -1,6 +1,6 @@
 """JMS selectors: the conformance table, error positions, any text parses or fails cleanly.
 
-(LIKE against a naive matcher: tests/test_like.py.)"""
+(LIKE against a naive matcher: tests/messaging/test_like.py.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""A full disk as a fault of the network harness (tests/netharness.py): each router's store on
+"""A full disk as a fault of the network harness (tests/harness/netharness.py): each router's store on
 a tmpfs of its own, filled to the last byte by the fault and freed when it ends, while
 numbered producers send through the network. Its own file so that CI runs it beside the
-other chaos tests (tests/test_routing_chaos.py), not after them."""
+other chaos tests (tests/network/test_routing_chaos.py), not after them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The fault proxy (tests/faultproxy.py) on real loopback sockets, in front of an echo server."""
+"""The fault proxy (tests/harness/faultproxy.py) on real loopback sockets, in front of an echo server."""
 
 from __future__ import annotations
 

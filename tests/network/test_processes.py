@@ -1,4 +1,4 @@
-"""The real-process helpers (tests/processes.py) on the default stack: two routers, a SIGKILL."""
+"""The real-process helpers (tests/harness/processes.py) on the default stack: two routers, a SIGKILL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The network harness (tests/netharness.py) in CI: real ``martinet run`` processes, faults
+"""The network harness (tests/harness/netharness.py) in CI: real ``martinet run`` processes, faults
 on a seeded schedule, counted traffic. The long version is ``bench/network_chaos.py``."""
 
 from __future__ import annotations

@@ -14,6 +14,12 @@ are resolved against the importing module's package first.
 The shape of a swiftlet folder is checked too: its ``__init__.py`` holds the spec and the
 hooks only (``martinet_swiftlets`` and other ``martinet_*`` hooks, such as the scheduler
 jobs it offers), and config classes live in its ``config.py``.
+
+And the shape of ``tests/`` (README, "Tests"): no test file at its top (each lives in the
+folder of what it tests), none in ``tests/harness`` (helpers only), an ``__init__.py`` in every
+folder of Python files (pytest then imports each file by its full dotted name, so two folders
+may hold files of the same name), and no module imports from ``conftest`` (it declares
+fixtures; the helpers are ``tests.harness``).
 """
 
 from __future__ import annotations
@@ -225,3 +231,74 @@ def test_config_classes_live_in_config_modules():
                 if isinstance(node, ast.ClassDef) and is_config_class(node):
                     misplaced.append(f"{path.relative_to(ROOT)}:{node.lineno}: class {node.name}")
     assert not misplaced, "@config_class classes belong in the swiftlet's config.py:\n" + "\n".join(misplaced)
+
+
+# Folders of Python files under tests/ that are not packages: sitecustomize.py is put on a
+# child process's PYTHONPATH by its folder, never imported from here.
+NOT_PACKAGES = frozenset({Path("tests/harness/sparkfaults")})
+
+
+def python_files(top: Path) -> list[Path]:
+    return sorted(p for p in top.rglob("*.py") if not {"__pycache__", "node_modules"} & set(p.parts))
+
+
+def misplaced_tests(root: Path) -> list[str]:
+    """What breaks the layout of ``root/tests``, one line each."""
+    tests = root / "tests"
+    found = [f"{p.relative_to(root)}: a test file at the top of tests/" for p in sorted(tests.glob("test_*.py"))]
+    found += [f"{p.relative_to(root)}: a test file among the helpers" for p in (tests / "harness").rglob("test_*.py")]
+    folders = {p.parent for p in python_files(tests)}
+    found += [
+        f"{folder.relative_to(root)}: no __init__.py"
+        for folder in sorted(folders)
+        if folder.relative_to(root) not in NOT_PACKAGES and not (folder / "__init__.py").exists()
+    ]
+    return found
+
+
+def conftest_imports(root: Path) -> list[str]:
+    """Every import of a conftest module under ``root/tests``, as ``path:line``."""
+    found = []
+    for path in python_files(root / "tests"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                modules = [base] + [f"{base}.{alias.name}".lstrip(".") for alias in node.names]
+            else:
+                continue
+            if any(module.split(".")[-1] == "conftest" for module in modules):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_test_files_live_in_the_folders_of_what_they_test():
+    assert not misplaced_tests(ROOT), "\n".join(misplaced_tests(ROOT))
+
+
+def test_no_module_imports_from_conftest():
+    assert not conftest_imports(ROOT), "import these from tests.harness:\n" + "\n".join(conftest_imports(ROOT))
+
+
+def test_the_test_layout_checks_catch_what_they_should(tmp_path):
+    tests = tmp_path / "tests"
+    (tests / "harness").mkdir(parents=True)
+    (tests / "kernel").mkdir()
+    for path in (tests / "__init__.py", tests / "harness" / "__init__.py"):
+        path.write_text("")
+    (tests / "conftest.py").write_text("from tests.harness.polling import wait_until\n")
+    (tests / "test_stray.py").write_text("from conftest import wait_until\n")
+    (tests / "harness" / "test_helper.py").write_text("import conftest\n")
+    (tests / "kernel" / "test_bus.py").write_text("from tests.conftest import drain\nfrom . import conftest\n")
+    assert misplaced_tests(tmp_path) == [
+        "tests/test_stray.py: a test file at the top of tests/",
+        "tests/harness/test_helper.py: a test file among the helpers",
+        "tests/kernel: no __init__.py",
+    ]
+    assert conftest_imports(tmp_path) == [
+        "tests/harness/test_helper.py:1",
+        "tests/kernel/test_bus.py:1",
+        "tests/kernel/test_bus.py:2",
+        "tests/test_stray.py:1",
+    ]

@@ -3,7 +3,7 @@ bytes are pumped between our sans-IO connection and a proton client transport, s
 frame we write is judged by proton and every frame proton writes is read by us. Then the
 peer's breaches of a link, a session and the connection, from raw frames in memory and
 against a live router over a socket: each is answered at its scope and nothing else is
-disturbed. (The state tables themselves: tests/test_amqp_states.py.)"""
+disturbed. (The state tables themselves: tests/messaging/amqp/test_states.py.)"""
 
 from __future__ import annotations
 

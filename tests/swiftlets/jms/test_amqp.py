@@ -642,7 +642,7 @@ class DrainingBrowser(MessagingHandler):
 
 
 async def test_a_browser_gets_the_whole_queue_and_drained_credit_only_at_its_end(broker):
-    """A browsing link (tests/test_proton_examples.py shows what the example needs)
+    """A browsing link (tests/interop/test_proton_examples.py shows what the example needs)
     delivers every message the queue holds, and advances its delivery-count
     for credit it cannot use (drained) only once the queue is exhausted [2.6.7]."""
     from proton.reactor import Container

@@ -1,5 +1,5 @@
 """``martinet admin``: the network map on a ring of five routers (states right after a link is
-cut, through tests/faultproxy.py), the commands in this process, and the one-shot commands
+cut, through tests/harness/faultproxy.py), the commands in this process, and the one-shot commands
 with ``--json`` against the sample network run as real ``martinet run`` processes.
 """
 

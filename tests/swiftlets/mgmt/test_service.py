@@ -1,5 +1,5 @@
 """``sys$mgmt``: management requests over real AMQP connections, to the router connected to and
-to routers two hops away, in networks of routers in this process (tests/network.py).
+to routers two hops away, in networks of routers in this process (tests/harness/network.py).
 
 Each request travels as the tool sends it (:class:`AdminClient`: our client, a temporary
 reply queue, JSON bodies); authorization is checked with real logins, and the rule for clients

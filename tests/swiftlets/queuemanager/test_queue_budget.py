@@ -2,7 +2,7 @@
 ``max-queues`` that clients cannot take (kept for management's replies and the temporary
 queues of users in sys$mgmt's groups).
 
-Real routers in this process (tests/network.py), real logins, our AMQP client and raw
+Real routers in this process (tests/harness/network.py), real logins, our AMQP client and raw
 frames over sockets on port 0. Counts only: queues made, attaches refused, requests
 answered.
 """

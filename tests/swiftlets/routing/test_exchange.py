@@ -2,7 +2,7 @@
 
 Table-driven cases for each output rule (SwiftMQ's route filters and
 hop limit), static routes, link down, runtime reconfiguration, hostile
-announcements and the event order; then Hypothesis on random networks (tests/routesim.py):
+announcements and the event order; then Hypothesis on random networks (tests/harness/routesim.py):
 whatever the delivery order and the link failures, a quiet network holds exactly the routes
 an independent reference computes, and each link carries exactly the differences.
 """

@@ -1,5 +1,5 @@
 """Each state of the routing recovery tables, reached on purpose: the fault proxy holds the
-nth frame of a kind on the wire (tests/faultproxy.py), so a link is cut with one chosen
+nth frame of a kind on the wire (tests/harness/faultproxy.py), so a link is cut with one chosen
 transaction in exactly that state and those before it answered; the exact outcome is
 checked: every message once and in order, the held transaction committed or rolled back as
 the table says (XA), exactly the copies the receiver already had dropped by doubt (non-XA).

@@ -2,7 +2,7 @@
 
 A hostile (or just large) peer announces and withdraws destinations by the thousand, with
 long paths. Each test speaks the routing protocol itself (:class:`Mallory` of
-tests/test_routing_hostile.py: a real handshake, then ROUTE frames) to a live ``hub`` with
+tests/swiftlets/routing/test_hostile.py: a real handshake, then ROUTE frames) to a live ``hub`` with
 healthy neighbours, and counts: Python calls per batch of changes, log lines, routes
 refused, queues and dispatchers left.
 """

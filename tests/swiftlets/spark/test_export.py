@@ -1,5 +1,5 @@
 """``sys$spark``, the export: files complete while read, a stable schema, filters, retention,
-events, the metrics topic and the collector (no Spark here: tests/test_spark_pipeline.py)."""
+events, the metrics topic and the collector (no Spark here: tests/pipeline/test_pipeline.py)."""
 
 from __future__ import annotations
 

@@ -156,7 +156,7 @@ async def test_a_wal_with_an_interrupted_transaction_only_is_accepted(make_broke
 
 def test_disk_full_is_reported_as_disk_full(tmp_path):
     """The in-process stand-in for a full disk (``max_page_count``), for machines where the
-    tmpfs tests (tests/test_disk_full.py) are skipped. SQLite only rolls the statement back
+    tmpfs tests (tests/swiftlets/store/test_disk_full.py) are skipped. SQLite only rolls the statement back
     here, so this one does not reproduce a cause masked by a failed rollback; those do."""
     database = Database(str(tmp_path / "r1.sqlite"), "normal")
     pages = database.db.execute("PRAGMA page_count").fetchone()[0]

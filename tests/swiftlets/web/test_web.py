@@ -1,6 +1,6 @@
 """``sys$web`` over real sockets: /metrics under known load, the map's event stream, the bind
 rules, basic auth, and stopping with a stream open. (The pages in a real browser:
-tests/test_web_browser.py.)"""
+tests/interop/test_web_browser.py.)"""
 
 from __future__ import annotations
 
