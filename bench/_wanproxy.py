@@ -13,7 +13,7 @@ of ``R`` Mbit/s the chunk first waits for the link to be free, then takes ``byte
 and TCP's own flow control pushes back on the sender, so the proxy itself never limits a
 link below its bandwidth-delay product.
 
-Unlike the test suite's fault proxy (``tests/faultproxy.py``, bounded to a few chunks so
+Unlike the test suite's fault proxy (``tests/harness/faultproxy.py``, bounded to a few chunks so
 that faults apply at once), this one holds a whole bandwidth-delay product: at 200 ms and
 100 Mbit/s that is 2.5 MB in flight.
 """

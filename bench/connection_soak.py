@@ -18,7 +18,7 @@ RSS (``VmRSS`` of ``/proc/<pid>/status``) is read after a warm-up of ``--warmup`
 connections (the start figure: imports, caches and pools are then in place) and after the
 soak. Closed connections that the router keeps (reference cycles that only a full
 collection frees) show as growth; a router that frees them stays near the start.
-tests/test_hostile_limits.py runs :func:`soak` and asserts a bound.
+tests/swiftlets/jms/test_hostile_limits.py runs :func:`soak` and asserts a bound.
 """
 
 from __future__ import annotations

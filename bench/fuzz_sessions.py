@@ -22,7 +22,7 @@
 
 Checked: no log record carries a traceback and none is at ERROR or above; every 25 cases
 and at the end a normal client (ours) still sends and receives through the router; the
-process's RSS before and after is printed (the CI slice in tests/test_hostile_decoding.py
+process's RSS before and after is printed (the CI slice in tests/swiftlets/jms/test_hostile_decoding.py
 bounds its growth). A case that freezes the event loop for 30 s aborts the run (a watchdog
 thread prints the case and exits). Prints: cases run, crashes found (each with its case
 number, mutations and the log line), RSS before and after.

@@ -3,7 +3,7 @@ to and on one two hops away, and how long ``map`` takes. Prints its figures.
 
     .venv/bin/python bench/mgmt_bench.py [--requests 500] [--parallel 8]
 
-Three routers in this process (tests/network.py: a - b - c, real sockets on loopback), one
+Three routers in this process (tests/harness/network.py: a - b - c, real sockets on loopback), one
 ``AdminClient`` connected to a. Per target: ``--requests`` sequential ``get /usage`` (median
 and 99th percentile round trip), then the same number with ``--parallel`` in flight
 (requests per second). Then ``map`` (crawl) from a, ten times (median). Wall-clock figures on
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness
 
 from martinet.swiftlets.mgmt.admin import crawl  # noqa: E402
 from martinet.swiftlets.mgmt.client import AdminClient  # noqa: E402
 
-from network import ROUTING_STACK, Network, routing_config  # noqa: E402
+from tests.harness.network import ROUTING_STACK, Network, routing_config  # noqa: E402
 
 
 async def main(requests: int, parallel: int) -> None:

@@ -76,6 +76,9 @@ def M(name: str, area: str, file: str, original: str, replacement: str, descript
 
 
 T = "tests/"
+ROUTING_TESTS = T + "swiftlets/routing/"
+TOPIC_TESTS = T + "swiftlets/topicmanager/"
+QUEUE_TESTS = T + "swiftlets/queuemanager/"
 TRANSFER = "swiftlets/routing/transfer.py"
 SENDING = "swiftlets/routing/sending.py"
 RECEIVING = "swiftlets/routing/receiving.py"
@@ -86,9 +89,9 @@ XARECOVERY = "swiftlets/routing/xarecovery.py"
 DELIVERY = "swiftlets/routing/delivery.py"
 WINDOW = "swiftlets/routing/window.py"
 EXCHANGE = "swiftlets/routing/exchange.py"
-LIMITS = T + "test_routing_limits.py"
-FAULTS = T + "test_routing_fault_points.py"
-NETWORK = T + "test_routing_transfer_network.py"
+LIMITS = ROUTING_TESTS + "test_limits.py"
+FAULTS = ROUTING_TESTS + "test_fault_points.py"
+NETWORK = ROUTING_TESTS + "test_transfer_network.py"
 
 MUTANTS: list[Mutant] = []
 
@@ -124,7 +127,7 @@ MUTANTS += [
         "        if annotated is message and not where:  # (forwarded: it has them already)",
         "The rewrite keeps, for a forwarded message's annotations, a copy to splice in rather "
         "than 'as it is': every forwarded message is copied and read again on each router.",
-        T + "test_routing_annotations.py::test_a_rewrite_kept_for_a_section_writes_what_the_first_one_wrote",
+        ROUTING_TESTS + "test_annotations.py::test_a_rewrite_kept_for_a_section_writes_what_the_first_one_wrote",
     ),
     M(
         "hop-limit-off-by-one",
@@ -164,7 +167,7 @@ MUTANTS += [
         "        recovered = 0",
         "Messages found in rt$R after a restart are sent over non-XA links without the doubt "
         "flag: the peer may have committed them before the crash (duplicates).",
-        T + "test_routing_recovery.py::test_non_xa_what_rt_held_at_a_sigkill_goes_again_in_doubt",
+        ROUTING_TESTS + "test_recovery.py::test_non_xa_what_rt_held_at_a_sigkill_goes_again_in_doubt",
     ),
     M(
         "receiver-ignores-doubt",
@@ -241,8 +244,8 @@ MUTANTS += [
         "if self._done_called and not self._done_sent:",
         "RECOVERY_DONE goes before the recovery COMMITs are answered: the peer enters delivery "
         "while transactions of the old link are still committing.",
-        T + "test_routing_transfer.py::test_delivery_waits_for_the_slower_sides_commits",
-        T + "test_routing_transfer.py::test_recovery_resolves_the_three_cases",
+        ROUTING_TESTS + "test_transfer.py::test_delivery_waits_for_the_slower_sides_commits",
+        ROUTING_TESTS + "test_transfer.py::test_recovery_resolves_the_three_cases",
     ),
     M(
         "nonxa-sequence-may-repeat",
@@ -252,7 +255,7 @@ MUTANTS += [
         "        if frame.seq < self._last_seq_in:",
         "The receiver accepts a non-XA batch with the sequence number of the one before: a "
         "replayed batch is committed twice.",
-        T + "test_routing_transfer.py::test_a_peers_non_xa_breach_closes_the_link",
+        ROUTING_TESTS + "test_transfer.py::test_a_peers_non_xa_breach_closes_the_link",
     ),
     M(
         "window-ignores-bytes-in-flight",
@@ -262,7 +265,7 @@ MUTANTS += [
         "        if sent.open_bytes >= OPEN_FACTOR * peer.window_bytes:",
         "The sender's window forgets the receiver's inbound-window-bytes: a window of large "
         "messages overruns what the receiver accepts, and it closes the link.",
-        T + "test_routing_transfer.py::test_the_peers_window_bytes_bound_what_awaits_and_what_is_open",
+        ROUTING_TESTS + "test_transfer.py::test_the_peers_window_bytes_bound_what_awaits_and_what_is_open",
     ),
     M(
         "reflected-proof-accepted",
@@ -275,7 +278,7 @@ MUTANTS += [
         "        ):",
         "The connector also accepts a listener's proof made with the connector's label: a fake "
         "listener that reflects the connector's own proof authenticates without the password.",
-        T + "test_routing_stages.py::test_a_reflected_proof_is_refused_by_the_connector",
+        ROUTING_TESTS + "test_stages.py::test_a_reflected_proof_is_refused_by_the_connector",
     ),
     M(
         "ledger-leaks-bytes-awaiting",
@@ -285,7 +288,7 @@ MUTANTS += [
         "        if current is self._awaiting_phase:\n            pass",
         "An answered transaction's bytes stay counted as awaiting: the link's window closes for "
         "good after inbound-window-bytes have been sent (the link stalls).",
-        T + "test_routing_transfer.py::test_the_peers_window_bytes_bound_what_awaits_and_what_is_open",
+        ROUTING_TESTS + "test_transfer.py::test_the_peers_window_bytes_bound_what_awaits_and_what_is_open",
     ),
     M(
         "window-grows-when-not-limited",
@@ -295,7 +298,7 @@ MUTANTS += [
         "        if rtt <= QUEUE_FACTOR * self.min_rtt + QUEUE_SLACK:",
         "The window grows on every timely answer, also when the sender did not fill it: an idle "
         "link's window grows without bound and a burst then overruns the receiver.",
-        T + "test_routing_window.py::test_an_idle_sender_does_not_grow_the_window",
+        ROUTING_TESTS + "test_window.py::test_an_idle_sender_does_not_grow_the_window",
     ),
     M(
         "window-shrinks-below-its-start",
@@ -305,7 +308,7 @@ MUTANTS += [
         "                self._window = self._window * DECREASE",
         "A queueing round shrinks the window below the receiver's inbound-window-size: the link "
         "becomes slower than the fixed window of earlier versions.",
-        T + "test_routing_window.py",
+        ROUTING_TESTS + "test_window.py",
     ),
     M(
         "stall-keeps-the-window",
@@ -315,7 +318,7 @@ MUTANTS += [
         "        self.threshold = max(float(self.start), self._window / 2)",
         "A receiver that stopped answering does not send the window back to its start: when it "
         "answers again the sender bursts a grown window into it.",
-        T + "test_routing_window.py::test_a_silent_receiver_sends_the_window_back_to_its_start_and_it_grows_again",
+        ROUTING_TESTS + "test_window.py::test_a_silent_receiver_sends_the_window_back_to_its_start_and_it_grows_again",
     ),
 ]
 
@@ -329,7 +332,7 @@ MUTANTS += [
         "    if 0 < hop_limit <= len(path):",
         "    if 0 < hop_limit < len(path):",
         "route-announce-hop-limit announces routes one hop longer than the limit.",
-        T + "test_route_exchange.py",
+        ROUTING_TESTS + "test_exchange.py",
         "-k",
         "output_rule or hop_limit or five_chain",
     ),
@@ -341,7 +344,7 @@ MUTANTS += [
         '    if neighbour == path[-1]:\n        return "on its path"',
         "Loop prevention checks only the destination: a route is announced to a neighbour in "
         "its middle, which learns a looping route.",
-        T + "test_route_exchange.py",
+        ROUTING_TESTS + "test_exchange.py",
     ),
     M(
         "route-not-withdrawn",
@@ -353,7 +356,7 @@ MUTANTS += [
         "                pass",
         "A route that goes is not withdrawn from the neighbours it was announced to: they keep "
         "sending over a path that no longer exists.",
-        T + "test_route_exchange.py::test_link_down_withdraws_what_was_learned_over_it_where_it_was_announced",
+        ROUTING_TESTS + "test_exchange.py::test_link_down_withdraws_what_was_learned_over_it_where_it_was_announced",
     ),
     M(
         "route-filter-tests-the-destination",
@@ -362,7 +365,7 @@ MUTANTS += [
         "    FilterType.INCLUDE_BY_HOP: (0, True),",
         "    FilterType.INCLUDE_BY_HOP: (-1, True),",
         "include_by_hop tests a route's destination instead of its next hop.",
-        T + "test_route_exchange.py",
+        ROUTING_TESTS + "test_exchange.py",
         "-k",
         "output_rule or filters",
     ),
@@ -374,7 +377,7 @@ MUTANTS += [
         "key=lambda path: (len(path), routes[path])",
         "Among routes of equal length the oldest is used, not the newest (a route that came back "
         "after a flap is ignored while a stale one stays first).",
-        T + "test_route_exchange.py::test_routes_are_ordered_shortest_first_newest_first_among_equals",
+        ROUTING_TESTS + "test_exchange.py::test_routes_are_ordered_shortest_first_newest_first_among_equals",
     ),
     M(
         "route-through-self-accepted",
@@ -383,7 +386,7 @@ MUTANTS += [
         "        if len(set(path)) != len(path) or self.local in path:",
         "        if len(set(path)) != len(path):",
         "A route that passes through this router is accepted: the table holds a loop.",
-        T + "test_route_exchange.py",
+        ROUTING_TESTS + "test_exchange.py",
     ),
 ]
 
@@ -399,7 +402,7 @@ MUTANTS += [
         "                    if mine.startswith(theirs):",
         "A claim whose prefix is shorter than one claimed already (it covers the other owner's "
         "xids) is accepted: two owners resolve the same transactions.",
-        T + "test_xa.py::test_claims_hide_an_owners_xids_and_refuse_the_operator",
+        T + "swiftlets/xa/test_xa.py::test_claims_hide_an_owners_xids_and_refuse_the_operator",
     ),
     M(
         "operator-resolves-a-claimed-xid",
@@ -409,7 +412,7 @@ MUTANTS += [
         "        if owner is not None and False:\n            raise Veto(",
         "The operator may commit or roll back a transaction its owner (a routing link) is "
         "resolving: a heuristic decision against the recovery table.",
-        T + "test_xa.py::test_claims_hide_an_owners_xids_and_refuse_the_operator",
+        T + "swiftlets/xa/test_xa.py::test_claims_hide_an_owners_xids_and_refuse_the_operator",
     ),
     M(
         "cut-link-keeps-its-claim",
@@ -421,7 +424,7 @@ MUTANTS += [
         "                pass",
         "A routing link that ends keeps its claim on its xids: what it left prepared never shows "
         "in sys$xa's in-doubt list, so the operator cannot resolve it when the peer is gone for good.",
-        T + "test_routing_recovery.py::test_the_operator_resolves_a_routing_xid_whose_peer_never_comes_back",
+        ROUTING_TESTS + "test_recovery.py::test_the_operator_resolves_a_routing_xid_whose_peer_never_comes_back",
     ),
     M(
         "rollback-operation-commits",
@@ -430,7 +433,7 @@ MUTANTS += [
         "        async def rollback() -> None:\n            await self._operate(xid, commit=False)",
         "        async def rollback() -> None:\n            await self._operate(xid, commit=True)",
         "The in-doubt list's rollback operation commits the transaction.",
-        T + "test_xa.py::test_restart_warns_lists_and_the_operator_commits_and_rolls_back",
+        T + "swiftlets/xa/test_xa.py::test_restart_warns_lists_and_the_operator_commits_and_rolls_back",
     ),
 ]
 
@@ -447,7 +450,7 @@ MUTANTS += [
         "self._newest.get(record.router, (-1, -1))[1] >= record.seq",
         "Interest records are ordered by sequence number alone: the records of a restarted "
         "router (a new epoch, counting from 1 again) are ignored as old.",
-        T + "test_topic_federation.py::test_the_newest_record_of_a_router_is_its_whole_interest",
+        TOPIC_TESTS + "test_federation.py::test_the_newest_record_of_a_router_is_its_whole_interest",
     ),
     M(
         "keep-on-unsubscribe-ignored",
@@ -457,7 +460,7 @@ MUTANTS += [
         "                del subscriptions[root]",
         "A static remote subscription with keep-on-unsubscribe ends when its router stops "
         "announcing the root: what is published meanwhile never reaches its durable subscribers.",
-        T + "test_topic_federation.py::test_static_subscriptions_end_with_the_first_record_unless_kept",
+        TOPIC_TESTS + "test_federation.py::test_static_subscriptions_end_with_the_first_record_unless_kept",
     ),
     M(
         "no-local-forgets-the-publisher",
@@ -467,7 +470,7 @@ MUTANTS += [
         "message, None\n",
         "No-local is not applied to publications forwarded by another router: a no-local "
         "subscriber receives its own client's messages published on another router.",
-        T + "test_topic_network.py::test_no_local_uses_the_original_publishers_client_id",
+        TOPIC_TESTS + "test_network.py::test_no_local_uses_the_original_publishers_client_id",
     ),
     M(
         "forwarded-acknowledged-outside-the-transaction",
@@ -479,7 +482,8 @@ MUTANTS += [
         "A forwarded persistent publication is acknowledged at once instead of in the "
         "transaction that delivers it: a crash (or a failed commit) between the two loses it "
         "for every subscriber of this router.",
-        T + "test_topic_network.py::test_a_forwarded_publication_leaves_tpc_only_with_the_transaction_that_delivers_it",
+        TOPIC_TESTS
+        + "test_network.py::test_a_forwarded_publication_leaves_tpc_only_with_the_transaction_that_delivers_it",
     ),
     M(
         "orderly-stop-withdraws-durable-interest",
@@ -489,8 +493,8 @@ MUTANTS += [
         "            self._send_record(router, frozenset())",
         "A router that stops orderly withdraws all its interest (as SwiftMQ's federated topic managers do): what is "
         "published while it is down never reaches its durable subscribers.",
-        T + "test_topic_network.py::test_an_orderly_stop_tells_the_neighbours_that_only_durable_interest_stays",
-        T + "test_topic_network.py::test_an_orderly_stop_keeps_durable_interest_without_keep_on_unsubscribe",
+        TOPIC_TESTS + "test_network.py::test_an_orderly_stop_tells_the_neighbours_that_only_durable_interest_stays",
+        TOPIC_TESTS + "test_network.py::test_an_orderly_stop_keeps_durable_interest_without_keep_on_unsubscribe",
     ),
     M(
         "orderly-stop-record-left-behind",
@@ -501,7 +505,7 @@ MUTANTS += [
         "Routing stops without letting its links carry what waits: a stopping router's last "
         "interest record never reaches its neighbours, which go on forwarding to roots only its "
         "gone non-durable subscribers wanted.",
-        T + "test_topic_network.py::test_an_orderly_stop_tells_the_neighbours_that_only_durable_interest_stays",
+        TOPIC_TESTS + "test_network.py::test_an_orderly_stop_tells_the_neighbours_that_only_durable_interest_stays",
     ),
 ]
 
@@ -519,7 +523,7 @@ MUTANTS += [
         "A rolled-back acknowledgement gives its message back without counting the failed "
         "delivery: it is not marked redelivered (JMSRedelivered; routing's doubt flag) and "
         "max-delivery-count never sends a poison message to routerdlq.",
-        T + "test_queues.py::test_rollback_redelivers_and_drops_sends",
+        QUEUE_TESTS + "test_queues.py::test_rollback_redelivers_and_drops_sends",
     ),
     M(
         "commit-keeps-acknowledged-in-store",
@@ -530,8 +534,8 @@ MUTANTS += [
         "        if not ops:",
         "A committed transaction removes its acknowledged persistent messages from memory but "
         "not from the store: they come back after a restart (duplicates).",
-        T + "test_queues.py::test_prepared_transactions_survive_a_restart",
-        T + "test_queues.py::test_transaction_spanning_queues_commits_together",
+        QUEUE_TESTS + "test_queues.py::test_prepared_transactions_survive_a_restart",
+        QUEUE_TESTS + "test_queues.py::test_transaction_spanning_queues_commits_together",
     ),
     M(
         "prepared-commit-keeps-the-txid",
@@ -542,7 +546,7 @@ MUTANTS += [
         "Committing a prepared transaction deletes its prepare record but leaves its sends "
         "tagged with the xid: at the next start they are prepared sends without a record, and "
         "are deleted (lost).",
-        T + "test_queues.py::test_prepared_transactions_survive_a_restart",
+        QUEUE_TESTS + "test_queues.py::test_prepared_transactions_survive_a_restart",
     ),
     M(
         "prepared-rollback-keeps-the-record",
@@ -553,8 +557,8 @@ MUTANTS += [
         '            assert manager._store is not None\n            self.state = "rolling-back"',
         "Rolling back a prepared transaction leaves its prepare record: after a restart it is "
         "prepared again and holds its acknowledged messages (which were redelivered already).",
-        T + "test_queues.py::test_prepared_transactions_survive_a_restart",
-        T + "test_xa.py::test_restart_warns_lists_and_the_operator_commits_and_rolls_back",
+        QUEUE_TESTS + "test_queues.py::test_prepared_transactions_survive_a_restart",
+        T + "swiftlets/xa/test_xa.py::test_restart_warns_lists_and_the_operator_commits_and_rolls_back",
     ),
     M(
         "reservations-not-counted",
@@ -564,7 +568,8 @@ MUTANTS += [
         "        if self.size + extra > settings.max_messages >= 0:",
         "max-messages ignores what prepared and committing transactions will add: two prepared "
         "batches overfill the queue.",
-        T + "test_queues.py::test_what_prepared_and_committing_transactions_will_add_counts_against_the_limits",
+        QUEUE_TESTS
+        + "test_queues.py::test_what_prepared_and_committing_transactions_will_add_counts_against_the_limits",
     ),
     M(
         "doubt-flag-ignored-by-the-queue",
@@ -574,7 +579,7 @@ MUTANTS += [
         '        if self.settings.duplicate_check == "always":',
         "A queue checks a message in doubt for a duplicate only with duplicate-check always: "
         "non-XA resends are kept twice.",
-        T + "test_queues.py::test_duplicates_are_dropped_when_in_doubt",
+        QUEUE_TESTS + "test_queues.py::test_duplicates_are_dropped_when_in_doubt",
     ),
     M(
         "staged-sends-not-counted",
@@ -584,7 +589,8 @@ MUTANTS += [
         "            queue.check_room(1, len(message.raw))",
         "A transaction's room check counts only the message it stages, not those it staged "
         "before: one transaction overfills max-messages.",
-        T + "test_queues.py::test_what_prepared_and_committing_transactions_will_add_counts_against_the_limits",
+        QUEUE_TESTS
+        + "test_queues.py::test_what_prepared_and_committing_transactions_will_add_counts_against_the_limits",
         LIMITS + "::test_a_full_queue_holds_the_link_back_until_it_has_room_and_nothing_is_lost",
     ),
 ]
@@ -600,7 +606,7 @@ MUTANTS += [
         '"SELECT id, queue, body, delivery_count, txid FROM messages WHERE txid IS NULL ORDER BY id"',
         "The store's recovery skips the sends of prepared transactions: a prepared transaction "
         "committed after a restart delivers nothing (lost).",
-        T + "test_queues.py::test_prepared_transactions_survive_a_restart",
+        QUEUE_TESTS + "test_queues.py::test_prepared_transactions_survive_a_restart",
     ),
     M(
         "recovery-reuses-the-last-id",
@@ -610,8 +616,8 @@ MUTANTS += [
         '        send(["ready", last_id])',
         "After a restart the first new message gets the id of the last stored one: its insert "
         "replaces or collides with a stored message.",
-        T + "test_store.py::test_everything_committed_is_recovered",
-        T + "test_queues.py::test_persistent_messages_survive_a_restart",
+        T + "swiftlets/store/test_store.py::test_everything_committed_is_recovered",
+        QUEUE_TESTS + "test_queues.py::test_persistent_messages_survive_a_restart",
     ),
     M(
         "recovery-releases-held-messages",
@@ -621,7 +627,7 @@ MUTANTS += [
         "            elif stored.id in held and False:",
         "A message acknowledged by a prepared transaction is recovered as available: it is "
         "delivered again, and the transaction's commit removes it later (duplicates).",
-        T + "test_queues.py::test_prepared_transactions_survive_a_restart",
+        QUEUE_TESTS + "test_queues.py::test_prepared_transactions_survive_a_restart",
     ),
     M(
         "remembered-ids-one-short",
@@ -631,7 +637,7 @@ MUTANTS += [
         "                        (queue_name, size - 1),",
         "The store keeps one duplicate-detection id fewer than the backlog size: after a "
         "restart the oldest remembered id is forgotten (a duplicate passes).",
-        T + "test_store.py::test_remembered_ids_keep_only_the_newest",
+        T + "swiftlets/store/test_store.py::test_remembered_ids_keep_only_the_newest",
     ),
     M(
         "same-batch-update-lost",
@@ -643,15 +649,15 @@ MUTANTS += [
         "A change to a message stored in the same group commit (a prepare and its commit "
         "batched together clear the txid) is dropped: the message keeps its xid and is "
         "deleted as an orphan at the next start.",
-        T + "test_store.py::test_updates_of_one_batch_go_by_value_and_the_last_one_wins",
-        T + "test_store.py::test_a_message_body_is_replaced_stored_or_in_the_same_batch",
+        T + "swiftlets/store/test_store.py::test_updates_of_one_batch_go_by_value_and_the_last_one_wins",
+        T + "swiftlets/store/test_store.py::test_a_message_body_is_replaced_stored_or_in_the_same_batch",
     ),
 ]
 
 # -- selectors ---------------------------------------------------------------------------------------------
 
 SELECTOR = "messaging/selector.py"
-SELECTORS = T + "test_selector.py"
+SELECTORS = T + "messaging/test_selector.py"
 MUTANTS += [
     M(
         "null-comparison-is-false",
@@ -710,7 +716,7 @@ MUTANTS += [
         "        if end < head.length or not head.at(text, 0) or not tail.at(text, end):",
         "        if not head.at(text, 0) or not tail.at(text, end):",
         "LIKE lets the text before the first % and after the last one overlap: 'ab%ba' matches 'aba'.",
-        T + "test_like.py",
+        T + "messaging/test_like.py",
     ),
 ]
 
@@ -728,7 +734,7 @@ MUTANTS += [
         "        role = Role.READ_WRITE",
         "A router's own identity (sys$web reading other routers) gets read-write rights: a web "
         "view may halt any router of the network.",
-        T + "test_mgmt_service.py::test_the_authorization_decision",
+        T + "swiftlets/mgmt/test_service.py::test_the_authorization_decision",
     ),
     M(
         "unknown-group-read-only",
@@ -738,8 +744,8 @@ MUTANTS += [
         "        granted = groups.get(identity.group, Role.READ_ONLY)\n",
         "With authentication on, a user of a group sys$mgmt does not list is given the "
         "read-only role instead of being refused.",
-        T + "test_mgmt_service.py::test_the_authorization_decision",
-        T + "test_mgmt_service.py::test_roles_with_authentication",
+        T + "swiftlets/mgmt/test_service.py::test_the_authorization_decision",
+        T + "swiftlets/mgmt/test_service.py::test_roles_with_authentication",
     ),
     M(
         "unauthenticated-user-trusted",
@@ -749,8 +755,8 @@ MUTANTS += [
         "        if not identity.authenticated and not identity.user:\n            raise Refused(",
         "With authentication on, a request whose user name the entry router did not "
         "authenticate is trusted when it names a user.",
-        T + "test_mgmt_service.py::test_the_authorization_decision",
-        T + "test_mgmt_service.py::test_roles_with_authentication",
+        T + "swiftlets/mgmt/test_service.py::test_the_authorization_decision",
+        T + "swiftlets/mgmt/test_service.py::test_roles_with_authentication",
     ),
     M(
         "read-only-may-invoke",
@@ -760,8 +766,8 @@ MUTANTS += [
         'WRITE_VERBS = frozenset({"set", "add", "remove", "save", "reboot", "halt"})',
         "invoke (operations such as purge, delete or an XA rollback) is not a write: a read-only "
         "group may destroy messages.",
-        T + "test_mgmt_service.py::test_the_authorization_decision",
-        T + "test_mgmt_service.py::test_roles_with_authentication",
+        T + "swiftlets/mgmt/test_service.py::test_the_authorization_decision",
+        T + "swiftlets/mgmt/test_service.py::test_roles_with_authentication",
     ),
     M(
         "client-identity-trusted",
@@ -772,14 +778,14 @@ MUTANTS += [
         "        return message.with_annotations({IDENTITY_ANNOTATION: identity.annotation()})",
         "The listener keeps an identity a client put into its request instead of replacing it: "
         "any client can claim to be an authenticated administrator.",
-        T + "test_mgmt_service.py::test_without_authentication_only_local_clients_are_answered",
+        T + "swiftlets/mgmt/test_service.py::test_without_authentication_only_local_clients_are_answered",
     ),
 ]
 
 # -- scheduler -------------------------------------------------------------------------------------------------
 
 TIMING = "swiftlets/scheduler/timing.py"
-SCHEDULER = T + "test_scheduler_timing.py"
+SCHEDULER = T + "swiftlets/scheduler/test_timing.py"
 MUTANTS += [
     M(
         "last-day-of-month-wrong",
@@ -832,7 +838,7 @@ MUTANTS += [
 # -- the live Spark source ------------------------------------------------------------------------------
 
 SOURCE = "pipeline/source.py"
-LIVE = T + "test_spark_pipeline.py::test_the_live_source_delivers_every_row_once_across_kills_at_each_point"
+LIVE = T + "pipeline/test_pipeline.py::test_the_live_source_delivers_every_row_once_across_kills_at_each_point"
 MUTANTS += [
     M(
         "source-acknowledges-uncommitted",
@@ -843,7 +849,7 @@ MUTANTS += [
         "",
         "commit() acknowledges every message received, also those of a batch Spark has not "
         "committed yet: a crash then loses that batch's rows.",
-        T + "test_spark_source.py",
+        T + "pipeline/test_source.py",
         LIVE,
     ),
     # (No mutant of the row bounds a part file is read within: a part holds only the messages
@@ -857,7 +863,7 @@ MUTANTS += [
         "",
         "A batch is not stored for its replay before Spark logs its end: a restarted query that "
         "must replay it (or an executor that reads it) finds no parts ('cannot replay the batch').",
-        T + "test_spark_source.py",
+        T + "pipeline/test_source.py",
         LIVE,
     ),
 ]

@@ -1,7 +1,7 @@
 """Real routers under faults for N rounds, then a results table.
 
 Starts the routers of a topology as ``martinet run`` processes with a fault proxy on every
-link (tests/netharness.py), runs numbered producers and a verifying consumer, injects one
+link (tests/harness/netharness.py), runs numbered producers and a verifying consumer, injects one
 fault per round from a seeded schedule (SIGKILL of a router or of its store engine, link
 cut, half-open link, delay, a store's disk filled to the last byte: that one needs root, to
 mount a tmpfs per router), drains and prints what was sent, received, lost, duplicated
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness
 
-from netharness import FAULTS, TOPOLOGIES, Schedule, chaos, open_network  # noqa: E402
+from tests.harness.netharness import FAULTS, TOPOLOGIES, Schedule, chaos, open_network  # noqa: E402
 
 
 async def main(args: argparse.Namespace) -> int:

@@ -6,8 +6,8 @@ The socket counterpart of bench/route_convergence.py (same topologies, same fail
 ``links[len(links) // 2]``). Every router is a real :class:`Router` in this trio process
 with one swiftlet, ``sys$routing`` (startorder ``sys$routing`` alone: routing part 1 needs no
 store or queue manager), its routing listener on 127.0.0.1 port 0; links are connectors
-added through the management tree (as tests/network.py does), ``retry-time`` 1000 ms. The
-link that fails runs through a :class:`FaultProxy` (tests/faultproxy.py).
+added through the management tree (as tests/harness/network.py does), ``retry-time`` 1000 ms. The
+link that fails runs through a :class:`FaultProxy` (tests/harness/faultproxy.py).
 
 For a ring of ``--ring`` routers (hop limit ``--hop-limit`` and unlimited) and a full mesh
 of ``--mesh`` (``--hop-limit``), three phases: (1) all connectors are added to running
@@ -16,7 +16,7 @@ socket close, the connector's retries are refused); (3) it recovers (``heal()``:
 connector's next retry, at most ``retry-time`` later, gets through). Per phase:
 
 - ``table``: seconds from the action until every router's table (active destinations with
-  their shortest hop counts, ``tests/network.py``'s ``table``) equals the expected one and
+  their shortest hop counts, ``tests/harness/network.py``'s ``table``) equals the expected one and
   stays so (polled every 5 ms; the time of the last poll on which it turned right).
   Expected: a breadth-first search over the links up, a destination kept if it lies within
   the hop limit (a route of h hops is passed on only while h < limit, so a router holds the
@@ -30,7 +30,7 @@ connector's next retry, at most ``retry-time`` later, gets through). Per phase:
   link becoming operational (the retry delay), which ``table``/``routes``/``quiet`` include.
 - ``sent``/``recv``: announcements (ADD and REMOVE) sent and received network-wide in the
   phase (differences of the usage totals), and ``sim``: what the pure simulation
-  (tests/routesim.py, as in bench/route_convergence.py) sends for the same phase.
+  (tests/harness/routesim.py, as in bench/route_convergence.py) sends for the same phase.
 - ``check``: every router's full set of routes against ``reference_routes`` (routesim).
 
 Times are wall-clock (``trio.current_time``) at the poll that saw the change, so late by up
@@ -54,16 +54,15 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from routesim import Network as SimNetwork  # noqa: E402
-from routesim import mesh, reference_routes, ring  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness
 
 from martinet.kernel import Event  # noqa: E402
 from martinet.swiftlets.routing.api import LinkState, LinkStateChanged, RouteAdded, RouteRemoved  # noqa: E402
 
-from faultproxy import FaultProxy  # noqa: E402
-from network import Network, routing_config  # noqa: E402
+from tests.harness.faultproxy import FaultProxy  # noqa: E402
+from tests.harness.network import Network, routing_config  # noqa: E402
+from tests.harness.routesim import Network as SimNetwork  # noqa: E402
+from tests.harness.routesim import mesh, reference_routes, ring  # noqa: E402
 
 STARTORDER = ("sys$routing",)
 POLL = 0.005  # s between two looks at the tables and counters

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/route_convergence.py [--seed N] [--size-ring 20] [--size-mesh 10]
 
-Each network is the simulator of tests/routesim.py: one pure ``RouteExchanger`` per router,
+Each network is the simulator of tests/harness/routesim.py: one pure ``RouteExchanger`` per router,
 one FIFO per directed link, messages delivered in random order across links. For a ring of
 20 (hop limit 3 and unlimited) and a full mesh of 10 (hop limit 3), three phases, each run
 until nothing is in flight: all links come up; one link fails; it recovers. Per phase:
@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness
 
-from routesim import Network, mesh, reference_routes, ring  # noqa: E402
+from tests.harness.routesim import Network, mesh, reference_routes, ring  # noqa: E402
 
 
 def run(label: str, names: list[str], links: list[tuple[str, str]], limit: int, seed: int) -> None:

@@ -1,6 +1,6 @@
 """A soak: routed persistent load through three routers for a long time, and whether anything grows.
 
-Starts a chain a → b → c of ``martinet run`` processes (tests/netharness.py: a fault proxy on
+Starts a chain a → b → c of ``martinet run`` processes (tests/harness/netharness.py: a fault proxy on
 each link, XA links, stores ``sync="normal"``). Producers on a send numbered persistent
 messages to ``soak@c`` at ``--rate`` in all, each stamped with its send time; a consumer on c
 takes them (client acknowledgement) and measures each one's send-to-receive latency. Every
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness
 
 from martinet.messaging.client import (  # noqa: E402
     AckMode,
@@ -43,7 +43,7 @@ from martinet.messaging.client import (  # noqa: E402
     connect,
 )
 
-from netharness import TOPOLOGIES, open_network  # noqa: E402
+from tests.harness.netharness import TOPOLOGIES, open_network  # noqa: E402
 
 RETRY = 0.5
 SERIES = ("rss-mib", "fds", "store-mib", "backlog", "p50-ms", "p99-ms")

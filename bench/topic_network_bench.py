@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/topic_network_bench.py [--messages N] [--subscribers 10]
 
-Routers ``a - b - c`` (tests/network.py: the full stack with routing, stores in a temporary
+Routers ``a - b - c`` (tests/harness/network.py: the full stack with routing, stores in a temporary
 folder, sync "normal", one trio process, links on loopback sockets, XA transfer). The
 publisher is on ``a``; each router has ``--subscribers`` non-durable subscriptions to
 ``bench``, each read by a consumer task that accepts every message (in-process, as
@@ -35,11 +35,11 @@ from pathlib import Path
 import trio
 from _router import accept_all
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness
 
 from martinet.messaging.message import build  # noqa: E402
 
-from network import Network  # noqa: E402
+from tests.harness.network import Network  # noqa: E402
 
 ROUTERS = ("a", "b", "c")
 

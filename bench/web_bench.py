@@ -33,14 +33,14 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness
 
 from martinet.swiftlets.mgmt.api import crawl  # noqa: E402
 from martinet.swiftlets.web.api import LinkView, build_map  # noqa: E402
 from martinet.swiftlets.web.config import WebConfig  # noqa: E402
 from martinet.swiftlets.web.history import POINTS, History  # noqa: E402
 
-from network import ROUTING_STACK, Network, routing_config  # noqa: E402
+from tests.harness.network import ROUTING_STACK, Network, routing_config  # noqa: E402
 
 
 def ring_routes(count: int) -> dict[str, list[tuple[str, ...]]]:

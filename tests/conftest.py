@@ -1,45 +1,25 @@
-"""Shared test helpers: config files in temp dirs, routers with the probe plugin."""
+"""The tests' fixtures, for every test module; the helpers they build on live in
+``tests/harness`` (test modules import those from there, never from here)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import trio
 
-from martinet.kernel import Router, SwiftletFailed, load_swiftlet_specs
+from martinet.kernel import Router, load_swiftlet_specs
+from martinet.pipeline.cluster import ConnectServer, StandaloneCluster
 
-import probe_plugin
-from network import Network
-from processes import RouterProcesses
-from sparkcluster import spark_cluster, spark_connect  # noqa: F401  (fixtures for every module)
-
-ROOT = Path(__file__).resolve().parent.parent
-ECHO_PLUGIN = ROOT / "examples" / "plugins" / "martinet-echo"
-
-
-def drain(subscription) -> list:
-    """Every event buffered in a bus subscription, without waiting."""
-    got = []
-    while True:
-        try:
-            got.append(subscription.receive_nowait())
-        except (trio.WouldBlock, trio.EndOfChannel):
-            return got
-
-
-async def wait_until(predicate: Callable[[], object], timeout: float = 10, what: str = "") -> None:
-    """Poll ``predicate`` every 10 ms until it holds, for what the code under test reaches in
-    the background (a settlement, a cleanup); fail the test after ``timeout`` seconds."""
-    with trio.move_on_after(timeout):
-        while not predicate():
-            await trio.sleep(0.01)
-        return
-    raise AssertionError(f"not within {timeout} s: {what or predicate.__doc__ or predicate}")
+from tests.harness import probe_plugin
+from tests.harness.network import Network
+from tests.harness.paths import ECHO_PLUGIN
+from tests.harness.processes import RouterProcesses
+from tests.harness.routers import AmqpBroker, RunningRouter
+from tests.harness.sparkcluster import need_java
 
 
 @pytest.fixture
@@ -97,65 +77,6 @@ def echo_site(tmp_path_factory) -> Path:
     return target
 
 
-QUEUE_ROUTER = """
-<router name="r1" startorder="sys$store sys$queuemanager" shutdown-timeout="5000">
-  <swiftlet name="sys$store" path="{store}" sync="{sync}"/>
-  <swiftlet name="sys$queuemanager" {manager}>
-    {queues}
-  </swiftlet>
-</router>
-"""
-
-
-class RunningRouter:
-    """A router on a store in the test's temp dir, restartable on the same store."""
-
-    def __init__(self, nursery, tmp_path: Path, manager: str = "", queues: str = "", sync: str = "normal"):
-        self.nursery = nursery
-        self.path = tmp_path / "router.xml"
-        self.path.write_text(
-            QUEUE_ROUTER.format(
-                store=tmp_path / "store",
-                sync=sync,
-                manager=manager,
-                queues=f"<queues>{queues}</queues>" if queues else "",
-            )
-        )
-        self.router: Router | None = None
-        self._done: trio.Event | None = None
-        self.failure: SwiftletFailed | None = None
-
-    async def start(self) -> Router:
-        self.router = Router.from_file(self.path)
-        self._done = trio.Event()
-        await self.nursery.start(self._run, self.router, self._done)
-        return self.router
-
-    async def _run(self, router, done, *, task_status):
-        try:
-            await router.run(task_status=task_status)
-        except SwiftletFailed as failure:  # after start: kept for the test to look at
-            self.failure = failure
-        finally:
-            done.set()
-
-    async def stop(self) -> None:
-        self.router.request_stop()
-        await self._done.wait()
-
-    async def restart(self) -> Router:
-        await self.stop()
-        return await self.start()
-
-    @property
-    def queue_manager(self):
-        return self.router.swiftlet("sys$queuemanager")
-
-    @property
-    def store(self):
-        return self.router.swiftlet("sys$store")
-
-
 @pytest.fixture
 async def broker(nursery, tmp_path):
     """A started router with sys$store and sys$queuemanager (stopped after the test)."""
@@ -172,77 +93,6 @@ def make_broker(nursery, tmp_path):
     return lambda manager="", queues="", sync="normal": RunningRouter(nursery, tmp_path, manager, queues, sync)
 
 
-AMQP_ROUTER = """
-<router name="r1" startorder="sys$store sys$authentication sys$queuemanager sys$topicmanager sys$jms"
-        shutdown-timeout="5000">
-  <swiftlet name="sys$store" path="{store}" sync="normal"/>
-  <swiftlet name="sys$authentication" authentication-enabled="{auth}" allow-anonymous="{anonymous}">
-    <groups>
-      <group name="public"/>
-      <group name="apps">
-        <queue-grants><queue-grant name="%"/><queue-grant name="secret" receive-grant="false"/></queue-grants>
-      </group>
-    </groups>
-    <users><user name="app" password="s3cret" group="apps"/></users>
-  </swiftlet>
-  <swiftlet name="sys$queuemanager" auto-create-queues="{autocreate}">{queues}</swiftlet>
-  <swiftlet name="sys$jms" collect-interval="{collect}">
-    <listeners><listener name="amqp" port="0" bind-address="127.0.0.1" max-connections="{maxconn}" {listener}>{hosts}
-    </listener>
-    </listeners>
-  </swiftlet>
-</router>
-"""
-
-
-def amqp_router_xml(tmp_path, **options) -> str:
-    """:data:`AMQP_ROUTER` with its defaults, overridden by ``options`` (its placeholders)."""
-    settings = {
-        "auth": "false",
-        "anonymous": "false",
-        "autocreate": "true",
-        "maxconn": "-1",
-        "collect": "10000",
-        "hosts": "",
-        "queues": "",
-        "listener": "",
-    } | options
-    return AMQP_ROUTER.format(store=tmp_path / "store", **settings)
-
-
-class AmqpBroker:
-    """A router with sys$jms on a free loopback port, store in the test's temp dir."""
-
-    def __init__(self, nursery, tmp_path, **options):
-        self.path = tmp_path / "router.xml"
-        self.path.write_text(amqp_router_xml(tmp_path, **options))
-        self.nursery = nursery
-
-    async def start(self) -> AmqpBroker:
-        self.router = Router.from_file(self.path)
-        await self.nursery.start(self.router.run)
-        self.port = self.router.management.get("/sys$jms/usage/listeners/amqp", "port")
-        self.url = f"amqp://127.0.0.1:{self.port}"
-        return self
-
-    async def stop(self) -> None:
-        self.router.request_stop()
-        with trio.fail_after(10):
-            while self.router.management.get("/usage", "state") != "stopping" or any(
-                self.router.management.get(f"/usage/swiftlets/{n}", "state") != "stopped"
-                for n in ("sys$jms", "sys$store")
-            ):
-                await trio.sleep(0.02)
-
-    def usage(self, queue: str) -> dict:
-        return self.router.management.resolve(f"/sys$queuemanager/usage/queues/{queue}").properties()
-
-    def connections(self) -> int:
-        """Client connections of the listener; one is counted until its cleanup (rolling back
-        its transactions, releasing what it held) is done."""
-        return self.router.management.get("/sys$jms/usage/listeners/amqp", "connections")
-
-
 @pytest.fixture
 def amqp_broker(nursery, tmp_path):
     """``await amqp_broker(auth="true", ...)``: a started :class:`AmqpBroker`."""
@@ -251,7 +101,7 @@ def amqp_broker(nursery, tmp_path):
 
 @pytest.fixture
 async def network(nursery, tmp_path):
-    """A :class:`network.Network`: routers built from RouterConfig objects, in this process."""
+    """A :class:`tests.harness.network.Network`: routers built from RouterConfig objects, in this process."""
     routers = Network(nursery, tmp_path)
     yield routers
     await routers.stop_all()
@@ -259,8 +109,26 @@ async def network(nursery, tmp_path):
 
 @pytest.fixture
 def router_processes(tmp_path):
-    """A :class:`processes.RouterProcesses` in the test's temp dir: real ``martinet run``
+    """A :class:`tests.harness.processes.RouterProcesses` in the test's temp dir: real ``martinet run``
     processes, ``router_processes.start(xml)``; every one still running is killed at teardown."""
     routers = RouterProcesses(tmp_path / "routers")
     yield routers
     routers.close()
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory) -> Iterator[StandaloneCluster]:
+    """A started :class:`StandaloneCluster`: ``.master_url`` (``spark://127.0.0.1:PORT``),
+    ``.worker_pids``, ``.executors()`` and ``.python_workers()`` (their processes, to kill one),
+    ``.state()`` (the master's JSON). Every process of it is killed at the module's end."""
+    need_java()
+    with StandaloneCluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def spark_connect(tmp_path_factory) -> Iterator[ConnectServer]:
+    """A started Spark Connect server on ``local[2]``: ``.url`` (``sc://127.0.0.1:PORT``)."""
+    need_java()
+    with ConnectServer(tmp_path_factory.mktemp("spark-connect")) as server:
+        yield server

@@ -137,7 +137,7 @@ LENGTH = struct.Struct(">I")  # the frame length prefix
 LOCK_SUFFIX = ".lock"  # the store lock (see above)
 LOCK_WAIT = 30.0  # seconds a store process waits for the previous one of its store to exit
 FULL_RETRY = 0.2  # seconds between two tries of a batch that met a full disk
-# Test hook (tests/test_store_lock.py and others): while the file this names exists, the store
+# Test hook (tests/swiftlets/store/test_lock.py and others): while the file this names exists, the store
 # process waits before applying each commit (with the second one set, only each commit that
 # stores a message in the queue it names), so that a test can hold a store process in the
 # middle of its work deterministically. Never set them in production.

@@ -1,5 +1,5 @@
 // rhea (the Node.js AMQP 1.0 library) in the situations that broke the router when rhea
-// first met it, driven by tests/test_interop_rhea.py.
+// first met it, driven by tests/interop/test_rhea.py.
 // Usage: node rhea_cases.js CASE PORT [ARG]. Each case prints one JSON line per step and
 // exits 0, or prints {"event": "error", ...} and exits 1. Every wait is bounded (STEP_MS).
 'use strict';

@@ -1,4 +1,4 @@
-// rhea (the Node.js AMQP 1.0 library) against a live router, driven by tests/test_interop_rhea.py.
+// rhea (the Node.js AMQP 1.0 library) against a live router, driven by tests/interop/test_rhea.py.
 // Usage: node rhea_client.js PORT. Each step prints one JSON line; the Python side answers
 // some of them (it publishes once we print "subscribed", it replies to our request).
 'use strict';

@@ -1,4 +1,4 @@
-// rhea at the far end of a router network, driven by tests/test_routing_interop.py.
+// rhea at the far end of a router network, driven by tests/interop/test_routing.py.
 // Usage:
 //   node rhea_routed.js receive PORT QUEUE COUNT   prints each message as one JSON line
 //   node rhea_routed.js serve PORT QUEUE COUNT     answers COUNT requests to each reply-to
