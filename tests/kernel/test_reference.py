@@ -3,11 +3,11 @@ classes' declarations (:mod:`kernel.reference`): it must be what the code declar
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from martinet.kernel.reference import builtin_specs, config_reference
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+from tests.harness.paths import ROOT
+
+PAGE = ROOT / "docs" / "configuration.md"
 
 
 def test_the_committed_configuration_reference_is_what_the_declarations_say():
