@@ -73,7 +73,7 @@ Chunk = tuple[bytes, bool]  # what the client wrote, and whether the router answ
 # -- recording -----------------------------------------------------------------------------------
 
 
-async def _record_through_proxy(port: int, run_client: Any) -> list[Chunk]:
+async def record_through_proxy(port: int, run_client: Any) -> list[Chunk]:
     """Run ``run_client(proxy_port)`` against a recording proxy in front of ``port``; the
     client's writes of its first connection."""
     chunks: list[list] = []
@@ -161,8 +161,8 @@ async def _our_session(port: int) -> None:
 
 async def record(port: int) -> list[list[Chunk]]:
     """The recorded client sessions against the listener on ``port``."""
-    proton = await _record_through_proxy(port, lambda proxy: trio.to_thread.run_sync(_proton_session, proxy))
-    ours = await _record_through_proxy(port, _our_session)
+    proton = await record_through_proxy(port, lambda proxy: trio.to_thread.run_sync(_proton_session, proxy))
+    ours = await record_through_proxy(port, _our_session)
     return [proton, ours]
 
 
@@ -469,11 +469,12 @@ def make_case(sessions: list[list[Chunk]], rng: random.Random) -> tuple[list[Chu
 # -- running -------------------------------------------------------------------------------------
 
 
-async def play(port: int, chunks: list[Chunk]) -> None:
-    """Send a case as recorded, waiting (bounded) for an answer where the router answered the
-    client; then half-close and read until the router closes (bounded)."""
+async def play(port: int, chunks: list[Chunk], *, local_address: str | None = None) -> None:
+    """Send a case as recorded (from ``local_address``, a loopback address), waiting
+    (bounded) for an answer where the router answered the client; then half-close and read
+    until the router closes (bounded)."""
     with trio.move_on_after(10):
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        stream = await trio.open_tcp_stream("127.0.0.1", port, local_address=local_address)
         async with stream:
             try:
                 for data, answered in chunks:
@@ -516,7 +517,7 @@ class Problems(logging.Handler):
             self.found.append((record, sorted(self.playing)))
 
 
-def _leaf(exc: BaseException | None) -> str:
+def leaf(exc: BaseException | None) -> str:
     """The first exception inside (nested) exception groups, as ``Type: message``."""
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
@@ -595,7 +596,7 @@ async def fuzz(
                 after = rss_mb()
                 for record_, numbers in problems.found:
                     line = record_.getMessage().splitlines()[0][:200]
-                    kind = _leaf(record_.exc_info[1]) if record_.exc_info else record_.levelname
+                    kind = leaf(record_.exc_info[1]) if record_.exc_info else record_.levelname
                     crashes.append((numbers, [d for n in numbers for d in descriptions.get(n, [])], f"{kind}: {line}"))
                 router.request_stop()
     finally:

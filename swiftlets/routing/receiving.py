@@ -28,6 +28,7 @@ from martinet.messaging.codec import UInt
 from martinet.messaging.message import Message, MessageError, with_ttl
 from martinet.swiftlets.queuemanager.api import (
     TEMPORARY_PREFIX,
+    MalformedMessage,
     QueueError,
     QueueFull,
     QueueManager,
@@ -190,6 +191,8 @@ class Receiving:
 
     async def receive_nonxa(self, link: Link, state: LinkTransfer, seq: int, messages: tuple[bytes, ...]) -> StoreWrite:
         def committed(error: BaseException | None) -> None:
+            if isinstance(error, MalformedMessage):  # the peer's (reported as such)
+                raise error
             if error is not None:  # (non-XA cannot refuse: the link ends, the sender sends again in doubt)
                 raise StoreError(f"routed messages not stored: {error}")
             state.messages_in += len(messages)

@@ -65,7 +65,7 @@ from typing import Any
 import trio
 
 from martinet.messaging.message import MessageError
-from martinet.swiftlets.queuemanager.api import QueueError, QueueManager
+from martinet.swiftlets.queuemanager.api import MalformedMessage, QueueError, QueueManager
 from martinet.swiftlets.store.api import StoreError
 from martinet.swiftlets.xa.api import XAError, XAResourceManager, routing_prefixes
 
@@ -348,7 +348,12 @@ class Transfer:
     def failed(self, link: Link, exc: Exception) -> None:
         """A transfer step of ``link`` failed (called in its ``except``): the link is closed
         with the reason; recovery sorts out what was in flight. Never the router."""
-        if isinstance(exc, (QueueError, StoreError, MessageError)):
+        if isinstance(exc, (MalformedMessage, MessageError)):  # a message's bytes, not this router's failure
+            log.warning(
+                "routing link %s to %s: a malformed message (%s); the link is closed", link.name, link.peer, exc
+            )
+            link.close(f"malformed message at {self.local}: {exc}")
+        elif isinstance(exc, (QueueError, StoreError)):
             log.error("routing link %s to %s: %s; the link is closed", link.name, link.peer, exc)
             link.close(f"transfer failed at {self.local}: {exc}")
         else:  # a bug: this link ends, the router goes on
