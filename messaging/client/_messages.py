@@ -100,9 +100,11 @@ class TemporaryTopic(Topic):
 _KINDS: dict[int, type[Destination]] = {0: Queue, 1: Topic, 2: TemporaryQueue, 3: TemporaryTopic}
 
 
-def destination_from(address: str | None, kind: Any) -> Destination | None:
-    """The destination of an address and its JMS kind annotation (a queue when unknown)."""
-    if not address:
+def destination_from(address: Any, kind: Any) -> Destination | None:
+    """The destination of an address and its JMS kind annotation (a queue when unknown);
+    None for none, and for an address that is not a string (the router passes a message's
+    properties through unchecked but for what it reads itself)."""
+    if not address or not isinstance(address, str):
         return None
     if address.startswith(TOPIC_PREFIX):
         return Topic(address[len(TOPIC_PREFIX) :])
@@ -312,7 +314,8 @@ def decode_message(raw: bytes) -> Message:
     message.delivery_mode = DeliveryMode.PERSISTENT if header.durable else DeliveryMode.NON_PERSISTENT
     message.priority = min(header.priority, 9)
     message.delivery_count = header.delivery_count
-    message.timestamp = int(properties.creation_time or 0)
+    creation = properties.creation_time  # (a timestamp, unless the sender wrote something else)
+    message.timestamp = int(creation) if isinstance(creation, int) and not isinstance(creation, bool) else 0
     message.expiration = int(properties.absolute_expiry_time or 0)
     if kind == 3 and isinstance(message.body, list):  # several data sections
         message.body = b"".join(message.body)

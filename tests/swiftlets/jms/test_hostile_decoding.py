@@ -16,6 +16,7 @@ from proton import Message as ProtonMessage
 from proton.utils import BlockingConnection
 
 from martinet.messaging.amqp.wire import AMQP_HEADER, SASL_HEADER
+from martinet.messaging.client import Queue, connect
 from martinet.messaging.codec import Described, Symbol, UInt, ULong, decode, encode
 
 from tests.harness.paths import ROOT
@@ -320,6 +321,23 @@ async def test_message_metadata_of_the_wrong_type_is_rejected(amqp_broker, caplo
     answer = await send_transfer(running.port, message(header, properties))
     assert rejected_with(answer) == "amqp:invalid-field"
     assert await trio.to_thread.run_sync(normal_client, running.url, "after-metadata") == "still serving"
+    clean_log(caplog)
+
+
+async def test_properties_the_router_passes_through_reach_our_consumer_as_no_value(amqp_broker, caplog):
+    """The router type-checks only the properties it reads itself (message-id, expiry); a
+    reply-to of type boolean, a to of type integer and a creation-time that is a string pass
+    through, and our client's consumer used to fail on them (AttributeError out of
+    ``receive``, found by bench/fuzz_routing.py). Such a value reads as none."""
+    running = await amqp_broker()
+    odd = ["id-1", None, 7, "subject", True, None, None, "yesterday"]
+    assert (await send_transfer(running.port, message(None, odd)))[0] == 0x15  # accepted
+    async with connect(running.url) as connection, connection.session() as session:
+        async with session.consumer(Queue("hostile")) as consumer:
+            got = await consumer.receive(10)
+    assert got is not None and got.text == "body"
+    read = (got.message_id, got.type, got.destination, got.reply_to, got.timestamp)
+    assert read == ("id-1", "subject", None, None, 0)
     clean_log(caplog)
 
 
