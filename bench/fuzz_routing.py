@@ -44,7 +44,6 @@ import random
 import struct
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness, bench
 
-from bench.fuzz_sessions import Chunk, Problems, leaf, play, record_through_proxy, rss_mb  # noqa: E402
+from bench._fuzz import Chunk, Watch, leaf, play, record_through_proxy, report, rss_mb  # noqa: E402
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect  # noqa: E402
 
 from tests.harness.network import Network  # noqa: E402
@@ -300,86 +299,59 @@ async def fuzz(
     is the same whatever the concurrency: they are made one after the other from the seed);
     with ``only``, case ``only`` alone. The findings."""
     rng = random.Random(seed)
-    problems = Problems()
-    logging.getLogger().addHandler(problems)
-    heartbeat = [time.monotonic(), "recording"]
-    stop = threading.Event()
-
-    def watchdog() -> None:
-        while not stop.wait(1):
-            if time.monotonic() - heartbeat[0] > 30:
-                print(
-                    f"FROZEN: the event loop made no progress for 30 s in {heartbeat[1]}", file=sys.stderr, flush=True
-                )
-                os._exit(3)
-
-    threading.Thread(target=watchdog, daemon=True).start()
-    crashes: list[tuple[list[int], list[str], str]] = []
-    descriptions: dict[int, list[str]] = {}
     drained = [0]
     client_failures: list[str] = []
-    try:
-        with tempfile.TemporaryDirectory() as folder:
-            async with trio.open_nursery() as nursery:
-                network = Network(nursery, Path(folder))
-                # the hub's listener leaves XA to the connector (either side asking makes an XA link)
-                await network.start_routers("hub", reject_disconnect_delay=1000, listener={"use_xa": False})
-                await network.start_routers("friend", RECORDED, "fzfar")
-                network.connect("friend", "hub")
-                await network.settle({"friend": {"hub": 1}, "hub": {"friend": 1}})
-                await nursery.start(drain, network.url("hub"), drained, client_failures)
-                sessions = await record(network, drained)
-                await network.stop(RECORDED)
-                await network.stop("fzfar")
-                await friend_check(network, -1)
-                problems.found.clear()
-                port = network.routing_port("hub")
-                before = rss_mb()
-                slots_send, slots = trio.open_memory_channel[int](concurrency)
-                for slot in range(concurrency):
+    with Watch() as watch, tempfile.TemporaryDirectory() as folder:
+        async with trio.open_nursery() as nursery:
+            network = Network(nursery, Path(folder))
+            # the hub's listener leaves XA to the connector (either side asking makes an XA link)
+            await network.start_routers("hub", reject_disconnect_delay=1000, listener={"use_xa": False})
+            await network.start_routers("friend", RECORDED, "fzfar")
+            network.connect("friend", "hub")
+            await network.settle({"friend": {"hub": 1}, "hub": {"friend": 1}})
+            await nursery.start(drain, network.url("hub"), drained, client_failures)
+            sessions = await record(network, drained)
+            await network.stop(RECORDED)
+            await network.stop("fzfar")
+            await friend_check(network, -1)
+            watch.problems.found.clear()
+            port = network.routing_port("hub")
+            before, began = rss_mb(), time.monotonic()
+            slots_send, slots = trio.open_memory_channel[int](concurrency)
+            for slot in range(concurrency):
+                slots_send.send_nowait(slot)
+
+            async def one(number: int, slot: int, chunks: list[Chunk]) -> None:
+                watch.problems.playing.add(number)
+                try:
+                    await play(port, as_peer(chunks, slot), local_address=f"127.0.0.{2 + slot}")
+                finally:
+                    watch.problems.playing.discard(number)
                     slots_send.send_nowait(slot)
 
-                async def one(number: int, slot: int, chunks: list[Chunk]) -> None:
-                    problems.playing.add(number)
-                    try:
-                        await play(port, as_peer(chunks, slot), local_address=f"127.0.0.{2 + slot % 250}")
-                    finally:
-                        problems.playing.discard(number)
-                        slots_send.send_nowait(slot)
-
-                async with trio.open_nursery() as playing:
-                    for number in range(cases if only is None else only + 1):
-                        chunks, done = make_case(sessions, rng)
-                        if only is not None and number != only:
-                            continue
-                        descriptions[number] = done
-                        slot = await slots.receive()
-                        heartbeat[:] = [time.monotonic(), f"case {number}: {', '.join(done)}"]
-                        playing.start_soon(one, number, slot, chunks)
-                        if number % 25 == 24:
-                            heartbeat[0] = time.monotonic()
-                            await friend_check(network, number)
-                        if len(descriptions) > 4 * concurrency:  # (only those that may still be playing)
-                            for old in [n for n in descriptions if n < number - 2 * concurrency]:
-                                del descriptions[old]
-                heartbeat[0] = time.monotonic()
-                await friend_check(network, cases)
-                after = rss_mb()
-                for record_, numbers in problems.found:
-                    line = record_.getMessage().splitlines()[0][:200]
-                    kind = leaf(record_.exc_info[1]) if record_.exc_info else record_.levelname
-                    crashes.append((numbers, [d for n in numbers for d in descriptions.get(n, [])], f"{kind}: {line}"))
-                crashes += [([], [], line) for line in client_failures]
-                nursery.cancel_scope.cancel()
-    finally:
-        stop.set()
-        logging.getLogger().removeHandler(problems)
+            async with trio.open_nursery() as playing:
+                for number in range(cases if only is None else only + 1):
+                    chunks, done = make_case(sessions, rng)
+                    if only is not None and number != only:
+                        continue
+                    slot = await slots.receive()
+                    watch.playing(number, done, concurrency)
+                    playing.start_soon(one, number, slot, chunks)
+                    if number % 25 == 24:
+                        watch.beat()
+                        await friend_check(network, number)
+                    if number % 10_000 == 9_999:  # a long run shows it is alive, and its RSS
+                        found = len(watch.problems.found) + len(client_failures)
+                        took = time.monotonic() - began
+                        out(f"{number + 1} cases, {took:.0f} s, findings {found}, RSS {rss_mb():.1f} MB")
+            watch.beat()
+            await friend_check(network, cases)
+            after = rss_mb()
+            crashes = watch.findings() + [([], [], line) for line in client_failures]
+            nursery.cancel_scope.cancel()
     run = 1 if only is not None else cases
-    out(f"cases run: {run} (seed {seed}, {concurrency} at a time); crashes found: {len(crashes)}")
-    for numbers, done, line in crashes[:20]:
-        out(f"  case(s) {numbers} [{'; '.join(done)}]: {line} (replay one alone with --case)")
+    report(out, run, seed, concurrency, crashes, (before, after))
     out(f"messages the replayed transactions delivered to fzq: {drained[0] - 40}")
-    out(f"RSS before {before:.1f} MB, after {after:.1f} MB ({after - before:+.1f} MB)")
     return {"cases": run, "crashes": crashes, "rss_before": before, "rss_after": after}
 
 
@@ -394,7 +366,10 @@ def main() -> None:
         parser.error("--concurrency must be 1 to 250 (each case at once has a loopback address of its own)")
     logging.getLogger().setLevel(logging.INFO)  # the Problems handler sees every record
     started = time.monotonic()
-    result = trio.run(functools.partial(fuzz, args.cases, args.seed, concurrency=args.concurrency, only=args.case))
+    out = functools.partial(print, flush=True)
+    result = trio.run(
+        functools.partial(fuzz, args.cases, args.seed, concurrency=args.concurrency, only=args.case, out=out)
+    )
     print(f"{time.monotonic() - started:.0f} s")
     sys.exit(1 if result["crashes"] else 0)
 

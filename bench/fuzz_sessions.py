@@ -33,20 +33,21 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-import os
 import random
 import struct
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from martinet.kernel import Router
-from martinet.messaging.codec import (
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: bench
+
+from bench._fuzz import Chunk, Watch, play, record_through_proxy, report, rss_mb  # noqa: E402
+from martinet.kernel import Router  # noqa: E402
+from martinet.messaging.codec import (  # noqa: E402
     Array,
     Decimal,
     DecodeError,
@@ -67,49 +68,7 @@ ROUTER = """<router name="fuzz" startorder="sys$store sys$queuemanager sys$topic
   </swiftlet>
 </router>"""
 
-Chunk = tuple[bytes, bool]  # what the client wrote, and whether the router answered before its next write
-
-
 # -- recording -----------------------------------------------------------------------------------
-
-
-async def record_through_proxy(port: int, run_client: Any) -> list[Chunk]:
-    """Run ``run_client(proxy_port)`` against a recording proxy in front of ``port``; the
-    client's writes of its first connection."""
-    chunks: list[list] = []
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    proxy_port = listeners[0].socket.getsockname()[1]
-
-    async def handle(client: trio.SocketStream) -> None:
-        mine: list[list] = [] if chunks else chunks  # only the first connection is recorded
-        async with client, await trio.open_tcp_stream("127.0.0.1", port) as server:
-
-            async def upstream() -> None:
-                while data := await client.receive_some(65536):
-                    mine.append([data, False])
-                    await server.send_all(data)
-                await server.send_eof()
-
-            async def downstream() -> None:
-                while data := await server.receive_some(65536):
-                    if mine:
-                        mine[-1][1] = True
-                    try:
-                        await client.send_all(data)
-                    except trio.BrokenResourceError:
-                        return
-                nursery.cancel_scope.cancel()
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(upstream)
-                nursery.start_soon(downstream)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(trio.serve_listeners, handle, listeners)
-        await run_client(proxy_port)
-        await trio.sleep(0.2)
-        nursery.cancel_scope.cancel()
-    return [(bytes(data), answered) for data, answered in chunks]
 
 
 def _proton_session(port: int) -> None:
@@ -469,28 +428,6 @@ def make_case(sessions: list[list[Chunk]], rng: random.Random) -> tuple[list[Chu
 # -- running -------------------------------------------------------------------------------------
 
 
-async def play(port: int, chunks: list[Chunk], *, local_address: str | None = None) -> None:
-    """Send a case as recorded (from ``local_address``, a loopback address), waiting
-    (bounded) for an answer where the router answered the client; then half-close and read
-    until the router closes (bounded)."""
-    with trio.move_on_after(10):
-        stream = await trio.open_tcp_stream("127.0.0.1", port, local_address=local_address)
-        async with stream:
-            try:
-                for data, answered in chunks:
-                    if data:
-                        await stream.send_all(data)
-                    if answered:
-                        with trio.move_on_after(0.5):
-                            if not await stream.receive_some(65536):
-                                return
-                await stream.send_eof()
-                while await stream.receive_some(65536):
-                    pass
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-
-
 async def normal_client(port: int, number: int) -> None:
     from martinet.messaging.client import Queue, TextMessage, connect
 
@@ -502,36 +439,6 @@ async def normal_client(port: int, number: int) -> None:
                 assert got is not None and got.text == f"check {number}", got
 
 
-class Problems(logging.Handler):
-    """Log records with a traceback or at ERROR and above, each with the cases that were
-    being played when it was written (log records are written in the router's thread, which
-    is the one that plays the cases)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.found: list[tuple[logging.LogRecord, list[int]]] = []
-        self.playing: set[int] = set()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.exc_info or record.levelno >= logging.ERROR:
-            self.found.append((record, sorted(self.playing)))
-
-
-def leaf(exc: BaseException | None) -> str:
-    """The first exception inside (nested) exception groups, as ``Type: message``."""
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return f"{type(exc).__name__}: {str(exc)[:120]}" if exc is not None else "?"
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 async def fuzz(
     cases: int, seed: int, *, concurrency: int = 1, only: int | None = None, out: Any = print
 ) -> dict[str, Any]:
@@ -539,74 +446,44 @@ async def fuzz(
     (each on a connection of its own; a case is the same whatever the concurrency: they are
     made one after the other from the seed); with ``only``, case ``only`` alone. The findings."""
     rng = random.Random(seed)
-    problems = Problems()
-    logging.getLogger().addHandler(problems)
-    heartbeat = [time.monotonic(), "recording"]
-    stop = threading.Event()
+    with Watch() as watch, tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "router.xml"
+        path.write_text(ROUTER.format(path=folder))
+        router = Router.from_file(path)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(router.run)
+            port = router.management.get("/sys$jms/usage/listeners/amqp", "port")
+            sessions = await record(port)
+            await normal_client(port, -1)
+            watch.problems.found.clear()
+            before = rss_mb()
+            slots = trio.Semaphore(concurrency)
 
-    def watchdog() -> None:
-        while not stop.wait(1):
-            if time.monotonic() - heartbeat[0] > 30:
-                print(
-                    f"FROZEN: the event loop made no progress for 30 s in {heartbeat[1]}", file=sys.stderr, flush=True
-                )
-                os._exit(3)
+            async def one(number: int, chunks: list[Chunk]) -> None:
+                watch.problems.playing.add(number)
+                try:
+                    await play(port, chunks)
+                finally:
+                    watch.problems.playing.discard(number)
+                    slots.release()
 
-    threading.Thread(target=watchdog, daemon=True).start()
-    crashes: list[tuple[list[int], list[str], str]] = []
-    descriptions: dict[int, list[str]] = {}
-    try:
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "router.xml"
-            path.write_text(ROUTER.format(path=folder))
-            router = Router.from_file(path)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(router.run)
-                port = router.management.get("/sys$jms/usage/listeners/amqp", "port")
-                sessions = await record(port)
-                await normal_client(port, -1)
-                problems.found.clear()
-                before = rss_mb()
-                slots = trio.Semaphore(concurrency)
-
-                async def one(number: int, chunks: list[Chunk]) -> None:
-                    problems.playing.add(number)
-                    try:
-                        await play(port, chunks)
-                    finally:
-                        problems.playing.discard(number)
-                        slots.release()
-
-                async with trio.open_nursery() as playing:
-                    for number in range(cases if only is None else only + 1):
-                        chunks, done = make_case(sessions, rng)
-                        if only is not None and number != only:
-                            continue
-                        descriptions[number] = done
-                        await slots.acquire()
-                        heartbeat[:] = [time.monotonic(), f"case {number}: {', '.join(done)}"]
-                        playing.start_soon(one, number, chunks)
-                        if number % 25 == 24 or number == cases - 1:
-                            heartbeat[0] = time.monotonic()
-                            await normal_client(port, number)
-                        if len(descriptions) > 4 * concurrency:  # (only those that may still be playing)
-                            for old in [n for n in descriptions if n < number - 2 * concurrency]:
-                                del descriptions[old]
-                await normal_client(port, cases)
-                after = rss_mb()
-                for record_, numbers in problems.found:
-                    line = record_.getMessage().splitlines()[0][:200]
-                    kind = leaf(record_.exc_info[1]) if record_.exc_info else record_.levelname
-                    crashes.append((numbers, [d for n in numbers for d in descriptions.get(n, [])], f"{kind}: {line}"))
-                router.request_stop()
-    finally:
-        stop.set()
-        logging.getLogger().removeHandler(problems)
+            async with trio.open_nursery() as playing:
+                for number in range(cases if only is None else only + 1):
+                    chunks, done = make_case(sessions, rng)
+                    if only is not None and number != only:
+                        continue
+                    await slots.acquire()
+                    watch.playing(number, done, concurrency)
+                    playing.start_soon(one, number, chunks)
+                    if number % 25 == 24 or number == cases - 1:
+                        watch.beat()
+                        await normal_client(port, number)
+            await normal_client(port, cases)
+            after = rss_mb()
+            crashes = watch.findings()
+            router.request_stop()
     run = 1 if only is not None else cases
-    out(f"cases run: {run} (seed {seed}, {concurrency} at a time); crashes found: {len(crashes)}")
-    for numbers, done, line in crashes[:20]:
-        out(f"  case(s) {numbers} [{'; '.join(done)}]: {line} (replay one alone with --case)")
-    out(f"RSS before {before:.1f} MB, after {after:.1f} MB ({after - before:+.1f} MB)")
+    report(out, run, seed, concurrency, crashes, (before, after))
     return {"cases": run, "crashes": crashes, "rss_before": before, "rss_after": after}
 
 
