@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -77,6 +79,52 @@ async def play(port: int, chunks: list[Chunk], *, local_address: str | None = No
                     pass
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
+
+
+Mutation = Callable[[bytes, random.Random], "bytes | None"]
+
+
+def mutated_case(
+    sessions: list[list[Chunk]],
+    rng: random.Random,
+    *,
+    units: Callable[[bytes], list[bytes]],
+    is_frame: Callable[[bytes], bool],
+    mutations: Sequence[Mutation],
+    labels: Sequence[str],
+) -> tuple[list[Chunk], list[str]]:
+    """A mutated copy of one of two recorded ``sessions`` (``labels`` name them), and what
+    was done to it: one to three times, a frame (a unit of ``units`` that ``is_frame``) is
+    dropped, repeated, joined by one of the other session, or changed by one of
+    ``mutations`` (None: it cannot change that one)."""
+    session = rng.randrange(len(sessions))
+    chunks = [(units(data), answered) for data, answered in sessions[session]]
+    done = [labels[session]]
+    frames = [(c, u) for c, (found, _) in enumerate(chunks) for u, unit in enumerate(found) if is_frame(unit)]
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        if not frames:
+            break
+        c, u = rng.choice(frames)
+        unit = chunks[c][0][u]
+        if rng.random() < 0.12:  # whole frames: drop, repeat, splice from the other session
+            action = rng.randrange(3)
+            if action == 0:
+                chunks[c][0][u] = b""
+                done.append(f"drop {c}.{u}")
+            elif action == 1:
+                chunks[c][0][u] = unit * rng.choice([2, 50])
+                done.append(f"repeat {c}.{u}")
+            else:
+                other = [x for data, _ in sessions[1 - session] for x in units(data) if is_frame(x)]
+                chunks[c][0][u] = unit + rng.choice(other)
+                done.append(f"splice into {c}.{u}")
+            continue
+        mutation = rng.choice(mutations)
+        changed = mutation(unit, rng) if unit else None  # (a unit an earlier mutation emptied)
+        if changed is not None:
+            chunks[c][0][u] = changed
+            done.append(f"{mutation.__name__.removeprefix('mutate_')} {c}.{u}")
+    return [(b"".join(found), answered) for found, answered in chunks], done
 
 
 class Problems(logging.Handler):

@@ -53,7 +53,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness, bench
 
-from bench._fuzz import Chunk, Watch, leaf, play, record_through_proxy, report, rss_mb  # noqa: E402
+from bench._fuzz import Chunk, Watch, leaf, mutated_case, play, record_through_proxy, report, rss_mb  # noqa: E402
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect  # noqa: E402
 
 from tests.harness.network import Network  # noqa: E402
@@ -218,34 +218,14 @@ FRAME_MUTATIONS = [mutate_tree, mutate_tree, mutate_tree, mutate_length, mutate_
 
 def make_case(sessions: list[list[Chunk]], rng: random.Random) -> tuple[list[Chunk], list[str]]:
     """A mutated copy of one recorded link, and what was done to it."""
-    session = rng.randrange(len(sessions))
-    chunks = [(units(data), answered) for data, answered in sessions[session]]
-    done = [f"{'XA' if session == 0 else 'non-XA'} link"]
-    frames = [(c, u) for c, (found, _) in enumerate(chunks) for u, unit in enumerate(found) if unit != MAGIC]
-    for _ in range(rng.choice([1, 1, 2, 3])):
-        if not frames:
-            break
-        c, u = rng.choice(frames)
-        unit = chunks[c][0][u]
-        if rng.random() < 0.12:  # whole frames: drop, repeat, splice from the other recording
-            action = rng.randrange(3)
-            if action == 0:
-                chunks[c][0][u] = b""
-                done.append(f"drop {c}.{u}")
-            elif action == 1:
-                chunks[c][0][u] = unit * rng.choice([2, 50])
-                done.append(f"repeat {c}.{u}")
-            else:
-                other = [x for data, _ in sessions[1 - session] for x in units(data) if x != MAGIC]
-                chunks[c][0][u] = unit + rng.choice(other)
-                done.append(f"splice into {c}.{u}")
-            continue
-        mutation = rng.choice(FRAME_MUTATIONS)
-        changed = mutation(unit, rng) if unit else None
-        if changed is not None:
-            chunks[c][0][u] = changed
-            done.append(f"{mutation.__name__[7:]} {c}.{u}")
-    return [(b"".join(found), answered) for found, answered in chunks], done
+    return mutated_case(
+        sessions,
+        rng,
+        units=units,
+        is_frame=lambda unit: unit != MAGIC,
+        mutations=FRAME_MUTATIONS,
+        labels=("XA link", "non-XA link"),
+    )
 
 
 def as_peer(chunks: list[Chunk], slot: int) -> list[Chunk]:

@@ -45,7 +45,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: bench
 
-from bench._fuzz import Chunk, Watch, play, record_through_proxy, report, rss_mb  # noqa: E402
+from bench._fuzz import Chunk, Watch, mutated_case, play, record_through_proxy, report, rss_mb  # noqa: E402
 from martinet.kernel import Router  # noqa: E402
 from martinet.messaging.codec import (  # noqa: E402
     Array,
@@ -367,8 +367,6 @@ def mutate_truncate(frame: bytes, rng: random.Random) -> bytes | None:
 
 
 def mutate_bytes(frame: bytes, rng: random.Random) -> bytes | None:
-    if not frame:  # (a unit an earlier mutation of the case emptied)
-        return None
     data = bytearray(frame)
     for _ in range(rng.choice([1, 2, 4])):
         at = rng.randrange(8 if len(data) > 8 else 0, len(data))
@@ -390,39 +388,14 @@ FRAME_MUTATIONS = [
 
 def make_case(sessions: list[list[Chunk]], rng: random.Random) -> tuple[list[Chunk], list[str]]:
     """A mutated copy of one recorded session, and what was done to it."""
-    session = rng.randrange(len(sessions))
-    chunks = [(units(data), answered) for data, answered in sessions[session]]
-    done = [f"session {session}"]
-    frames = [
-        (c, u)
-        for c, (found, _) in enumerate(chunks)
-        for u, unit in enumerate(found)
-        if unit[:4] != b"AMQP" and len(unit) >= 8
-    ]
-    for _ in range(rng.choice([1, 1, 2, 3])):
-        if not frames:
-            break
-        c, u = rng.choice(frames)
-        unit = chunks[c][0][u]
-        if rng.random() < 0.12:  # whole frames: drop, duplicate, splice from the other session
-            action = rng.randrange(3)
-            if action == 0:
-                chunks[c][0][u] = b""
-                done.append(f"drop {c}.{u}")
-            elif action == 1:
-                chunks[c][0][u] = unit * rng.choice([2, 50])
-                done.append(f"repeat {c}.{u}")
-            else:
-                other = [x for data, _ in sessions[1 - session] for x in units(data) if x[:4] != b"AMQP"]
-                chunks[c][0][u] = unit + rng.choice(other)
-                done.append(f"splice into {c}.{u}")
-            continue
-        mutation = rng.choice(FRAME_MUTATIONS)
-        changed = mutation(unit, rng)
-        if changed is not None:
-            chunks[c][0][u] = changed
-            done.append(f"{mutation.__name__[7:]} {c}.{u}")
-    return [(b"".join(found), answered) for found, answered in chunks], done
+    return mutated_case(
+        sessions,
+        rng,
+        units=units,
+        is_frame=lambda unit: unit[:4] != b"AMQP" and len(unit) >= 8,
+        mutations=FRAME_MUTATIONS,
+        labels=("session 0", "session 1"),
+    )
 
 
 # -- running -------------------------------------------------------------------------------------
