@@ -195,6 +195,8 @@ def mutate_tree(frame: bytes, rng: random.Random) -> bytes | None:
 
 
 def mutate_length(frame: bytes, rng: random.Random) -> bytes | None:
+    if len(frame) < 5:  # (a unit an earlier mutation cut short)
+        return None
     size = len(frame) - 4
     return struct.pack(">I", rng.choice([0, 1, size - 1, size + 1, 2**31, 2**32 - 1, 65536])) + frame[4:]
 
