@@ -5,6 +5,7 @@ real stores (the pattern of ``test_routing_transfer_network.py``)."""
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import pytest
 import trio
@@ -266,7 +267,9 @@ async def slow_consumer(url: str, count: int, pause: float) -> list[str]:
 
 async def run_slow_flow(network, count: int) -> dict[str, int]:
     """Produce ``count`` to slow@b at a while b's consumer is slow; the largest ``rt$b``
-    backlog at a and ``slow`` size at b seen, and b's link usage."""
+    backlog at a and ``slow`` size at b seen, and b's link usage. Non-persistent: the
+    producer then outruns the consumer by far even on a loaded machine (persistent sends one
+    by one came barely faster than the consumer took them there, and little waited anywhere)."""
     seen = {"sender-backlog": 0, "far-queue": 0}
     received: list[str] = []
 
@@ -284,7 +287,7 @@ async def run_slow_flow(network, count: int) -> dict[str, int]:
         inner.start_soon(watch)
         async with trio.open_nursery() as work:
             work.start_soon(consume_all)
-            work.start_soon(produce, network.url("a"), "slow@b", count)
+            work.start_soon(partial(produce, persistent=False), network.url("a"), "slow@b", count)
         inner.cancel_scope.cancel()
     verify(received, count)  # nothing lost, nothing twice, in order
     [link] = network.routers["b"].management.resolve("/sys$routing/usage/connections").children.values()
@@ -295,15 +298,18 @@ async def test_inbound_flow_control_holds_the_sender_back_while_the_far_consumer
     await slow_flow_network(network, enabled=True)
     seen = await run_slow_flow(network, 200)
     assert seen["inbound-throttled"] > 0 and seen["inbound-throttled-ms"] > 0
-    # the messages waited at the sender, not in the far queue (without: about 6 / 170, see below)
-    assert seen["sender-backlog"] >= 100 and seen["far-queue"] <= 100, seen
+    # the messages waited at the sender, not in the far queue: 195-200 / 79-99 under two CPU
+    # hogs (without: 195-200 / 199, below). The far queue takes some: the delay follows the
+    # queue's send and receive rates over 1 s windows, and is 0 in a window whose receives
+    # outpace its sends, so a few transactions pass at once
+    assert seen["sender-backlog"] >= 150 and seen["far-queue"] <= 130, seen
 
 
 async def test_without_inbound_flow_control_the_receiver_answers_at_once(network):
     await slow_flow_network(network, enabled=False)
     seen = await run_slow_flow(network, 200)
     assert seen["inbound-throttled"] == 0
-    assert seen["far-queue"] > 100, seen  # the far queue takes them as fast as they come
+    assert seen["far-queue"] >= 150, seen  # the far queue takes them as fast as they come
 
 
 # -- time to live end to end ----------------------------------------------------------------
