@@ -57,6 +57,7 @@ from bench._fuzz import Chunk, Watch, leaf, mutated_case, play, record_through_p
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect  # noqa: E402
 
 from tests.harness.network import Network  # noqa: E402
+from tests.harness.polling import wait_until  # noqa: E402
 
 RECORDED = "fz00"  # the recorded peer's name; a case's own name has the same length
 MAGIC = b"MARTINET"
@@ -74,14 +75,6 @@ async def _send(url: str, address: str, count: int, mode: DeliveryMode, prefix: 
                 await producer.send(message)
 
 
-async def _wait(predicate: Any, what: str, timeout: float = 30) -> None:
-    with trio.move_on_after(timeout):
-        while not predicate():
-            await trio.sleep(0.02)
-        return
-    raise RuntimeError(f"recording: {what} did not happen in {timeout} s")
-
-
 async def record(network: Network, drained: list[int]) -> list[list[Chunk]]:
     """The two recorded links (XA, then non-XA) of ``fz00`` to the hub. ``fz00`` has a
     neighbour ``fzfar`` while it is linked, so it announces a route and withdraws it."""
@@ -90,20 +83,20 @@ async def record(network: Network, drained: list[int]) -> list[list[Chunk]]:
     for xa in (True, False):
         before = drained[0]
         network.connect(RECORDED, "fzfar")
-        await _wait(lambda: network.table(RECORDED).get("fzfar") == 1, "the link to fzfar")
+        await wait_until(lambda: network.table(RECORDED).get("fzfar") == 1, 30, "the link to fzfar")
 
         async def link(proxy_port: int, xa: bool = xa, before: int = before) -> None:
             attributes = {"hostname": "127.0.0.1", "port": str(proxy_port), "use-xa": str(xa).lower()}
             fz.add("/sys$routing/connectors", "hub", attributes)
-            await _wait(lambda: network.table("hub").get("fzfar") == 2, "the hub's route to fzfar")
+            await wait_until(lambda: network.table("hub").get("fzfar") == 2, 30, "the hub's route to fzfar")
             url = network.url(RECORDED)
             await _send(url, "fzq@hub", 10, DeliveryMode.PERSISTENT, "p")
             await _send(url, "fzq@hub", 10, DeliveryMode.NON_PERSISTENT, "n")
-            await _wait(lambda: drained[0] >= before + 20, "the 20 messages at the hub")
+            await wait_until(lambda: drained[0] >= before + 20, 30, "the 20 messages at the hub")
             fz.remove("/sys$routing/connectors", "fzfar")
-            await _wait(lambda: "fzfar" not in network.table("hub"), "the route's withdrawal")
+            await wait_until(lambda: "fzfar" not in network.table("hub"), 30, "the route's withdrawal")
             fz.remove("/sys$routing/connectors", "hub")
-            await _wait(lambda: RECORDED not in network.table("hub"), "the hub forgetting fz00")
+            await wait_until(lambda: RECORDED not in network.table("hub"), 30, "the hub forgetting fz00")
 
         sessions.append(await record_through_proxy(network.routing_port("hub"), link))
     return sessions
@@ -265,8 +258,7 @@ async def drain(
 async def friend_check(network: Network, number: int) -> None:
     """friend's link to the hub is up, and a message from friend's client arrives at the hub."""
     with trio.fail_after(30):
-        while network.table("friend").get("hub") != 1:
-            await trio.sleep(0.02)
+        await wait_until(lambda: network.table("friend").get("hub") == 1, 30, "friend's link to the hub")
         await _send(network.url("friend"), "fz-check@hub", 1, DeliveryMode.PERSISTENT, f"check {number}-")
         async with connect(network.url("hub")) as connection, connection.session() as session:
             async with session.consumer(Queue("fz-check")) as consumer:
