@@ -48,6 +48,7 @@ from martinet.swiftlets.queuemanager.api import (
     Consumer,
     Entry,
     MalformedMessage,
+    MemoryFull,
     MessageTooLarge,
     QueueError,
     QueueFull,
@@ -125,6 +126,12 @@ class IncomingLink:
                 address, topic = connection.route(message)
             if not topic and is_management_address(address):
                 message = connection.with_identity(message)
+            if connection.held_by_memory() and connection.memory.refuse_non_persistent and not message.durable:
+                connection.memory.refused += 1
+                raise MemoryFull(
+                    f"router {connection.memory.router} is above its memory budget and refuses "
+                    "non-persistent messages (memory-alarm-non-persistent=refuse)"
+                )
             if state is not None and amqp.state_code(state) == TRANSACTIONAL_STATE:
                 self._stage(delivery_id, address, topic, message, state, remotely_settled)
             else:

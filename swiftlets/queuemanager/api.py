@@ -560,6 +560,12 @@ class MemoryAlarm(Protocol):
     def used(self) -> int:
         """The bytes accounted now."""
 
+    #: ``memory-alarm-non-persistent="refuse"``: a listener refuses a client's non-persistent
+    #: message while the alarm is on (and counts it in ``refused``).
+    refuse_non_persistent: bool
+    refused: int
+    router: str
+
     def add_buffered(self, size: int) -> None:
         """A connection holds ``size`` more bytes of incomplete incoming messages (less, when negative)."""
 

@@ -198,6 +198,16 @@ class QueueManagerConfig:
         description="Percentage of the memory budget under which the memory alarm goes off again "
         "(a gap, so that publishers are not released and stopped again for every message).",
     )
+    memory_alarm_non_persistent: str = prop(
+        "accept",
+        choices=("accept", "refuse"),
+        description="What happens to a client's non-persistent message that arrives while the memory "
+        "alarm is on (on credit granted before it): accept takes it, as RabbitMQ does, so each "
+        "publisher's link can add up to its incoming-credit messages past the budget; refuse rejects "
+        "it (amqp:resource-limit-exceeded, counted as memory-refused), which keeps the router within "
+        "its budget by that much. Persistent messages are always taken: past the queue's cache only "
+        "their leading sections stay in memory. Users of sys$mgmt's groups are never refused.",
+    )
     queues: Mapping[str, QueueConfig] = entity_list(QueueConfig, item="queue", description="Defined queues.")
     queue_controllers: Mapping[str, ControllerConfig] = entity_list(
         ControllerConfig,

@@ -111,7 +111,11 @@ class QueueManager:
         self._at_local = f"@{self.router_name}"
         config: QueueManagerConfig = context.config
         self.max_message_size = config.max_message_size
-        self.memory = MemoryAlarm(*_memory_limits(config), router=self.router_name)
+        self.memory = MemoryAlarm(
+            *_memory_limits(config),
+            router=self.router_name,
+            refuse_non_persistent=config.memory_alarm_non_persistent == "refuse",
+        )
         self._store: Store | None = None
         self.ids = itertools.count(1)  # entry ids; recovery moves the count past the stored ones
         self.names = names = Names(self.router_name)
@@ -162,6 +166,8 @@ class QueueManager:
             self.catalogue.auto_create_queues = change.new
         elif change.field == "max_message_size":
             self.max_message_size = change.new
+        elif change.field == "memory_alarm_non_persistent":
+            self.memory.refuse_non_persistent = change.new == "refuse"
         elif change.field.startswith("memory_"):
             config = attrs.evolve(self.context.config, **{change.field: change.new})
             self.memory.set_limits(*_memory_limits(config))

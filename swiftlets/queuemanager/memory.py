@@ -22,7 +22,10 @@ machine's memory) the alarm goes on: AMQP publishers get no new link credit (the
 stay attached; what they were granted before still comes in and is taken; a link attached
 meanwhile gets none; users of sys$mgmt's groups are not held), routing links
 hold the batches they receive (:meth:`QueueManager.when_room`, as for a full queue), and
-consumers go on draining. Under the low-water mark (``memory-low-watermark-percent`` of
+consumers go on draining. With ``memory-alarm-non-persistent="refuse"`` a client's
+non-persistent message that arrives on credit granted before the alarm is refused instead
+of taken (a persistent one costs only its leading sections once past its queue's cache, so
+it is always taken). Under the low-water mark (``memory-low-watermark-percent`` of
 the limit) it goes off and everything waiting for it is called back. Each change is one
 log line.
 
@@ -85,8 +88,10 @@ class MemoryAlarm:
     mark as a percentage of it. Everything runs in the router's trio thread.
     """
 
-    def __init__(self, limit: int, low_percent: int, router: str = ""):
+    def __init__(self, limit: int, low_percent: int, router: str = "", *, refuse_non_persistent: bool = False):
         self.router = router
+        self.refuse_non_persistent = refuse_non_persistent  # memory-alarm-non-persistent="refuse"
+        self.refused = 0  # non-persistent messages refused under the alarm
         self.messages = 0  # bytes accounted for queue entries
         self.buffers = 0  # bytes of incomplete incoming messages held by connections
         self.used = 0  # the two together
@@ -165,6 +170,7 @@ class MemoryAlarm:
             "memory-alarm": self.on,
             "memory-alarms": self.alarms,
             "memory-waiting": len(self._waiting),
+            "memory-refused": self.refused,
         }
 
 

@@ -81,6 +81,7 @@ COUNTERS = frozenset(
         "access-denials",
         "memory-alarms",
         "memory-waits",
+        "memory-refused",
     }
 )
 

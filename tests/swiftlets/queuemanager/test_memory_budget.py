@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from martinet.kernel import Router
-from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect
+from martinet.messaging.client import DeliveryMode, JMSError, Queue, TextMessage, connect
 from martinet.messaging.message import build, head_length
 from martinet.swiftlets.mgmt.client import AdminClient
 from martinet.swiftlets.queuemanager.config import QueueManagerConfig
@@ -34,7 +34,8 @@ ROUTER = """
         shutdown-timeout="5000">
   <swiftlet name="sys$store" path="{store}" sync="normal"/>
   <swiftlet name="sys$authentication" authentication-enabled="false"/>
-  <swiftlet name="sys$queuemanager" memory-limit-kb="64" memory-low-watermark-percent="50">
+  <swiftlet name="sys$queuemanager" memory-limit-kb="64" memory-low-watermark-percent="50"
+             memory-alarm-non-persistent="{policy}">
     <queues><queue name="q" flowcontrol-start-queuesize="-1"/></queues>
   </swiftlet>
   <swiftlet name="sys$jms">
@@ -63,10 +64,11 @@ def _metric(router: Router, name: str) -> float:
     raise AssertionError(f"no metric {name}")
 
 
-async def _router(tmp_path, nursery) -> tuple[Router, int]:
-    """The router of :data:`ROUTER`, started; its AMQP port."""
+async def _router(tmp_path, nursery, policy: str = "accept") -> tuple[Router, int]:
+    """The router of :data:`ROUTER` (``policy``: its memory-alarm-non-persistent), started;
+    its AMQP port."""
     path = tmp_path / "router.xml"
-    path.write_text(ROUTER.format(store=tmp_path / "store"))
+    path.write_text(ROUTER.format(store=tmp_path / "store", policy=policy))
     router = Router.from_file(path)
     await nursery.start(router.run)
     return router, router.management.get("/sys$jms/usage/listeners/amqp", "port")
@@ -151,6 +153,79 @@ async def test_publishers_get_no_credit_above_the_budget_and_every_message_arriv
     on = [r for r in caplog.records if "memory alarm on" in r.getMessage()]
     off = [r for r in caplog.records if "memory alarm off" in r.getMessage()]
     assert len(on) == len(off) == usage["memory-alarms"] >= 1
+    router.request_stop()
+
+
+@pytest.mark.parametrize("policy", ["accept", "refuse"])
+async def test_non_persistent_messages_past_the_budget_are_taken_or_refused_by_policy(tmp_path, nursery, policy):
+    """Three publishers of non-persistent messages (no store copy: nothing swaps them out)
+    into a queue nobody reads yet. With ``accept`` the alarm stops their credit, but what
+    each link was granted before still comes in and is taken, past the budget. With
+    ``refuse`` every message from the one after the alarm went on is refused
+    (amqp:resource-limit-exceeded) and counted, so the queue holds at most one message past
+    the budget; the publisher knows which it was and sends it again once it has credit. A
+    consumer drains the queue: every message once, in each publisher's order.
+
+    Each send waits for its outcome through the producer's link: the JMS-shaped ``send`` does
+    not wait for a non-persistent message's and raises a refusal at a later send, without
+    saying which message it was."""
+    router, port = await _router(tmp_path, nursery, policy)
+    url = f"amqp://127.0.0.1:{port}"
+    manager = router.swiftlet("sys$queuemanager")
+    queue = manager.queues["q"]
+    publishers, total = 3, 150
+    sent, refused = [0] * publishers, [0] * publishers
+    links = []
+
+    async def publish(number: int) -> None:
+        async with connect(url) as connection, connection.session() as session:
+            async with session.producer(Queue("q"), delivery_mode=DeliveryMode.NON_PERSISTENT) as producer:
+                links.append(producer._link.link)
+                while sent[number] < total:
+                    text = f"{number}:{sent[number]:04d}:{PAD}"
+                    try:
+                        await (await producer._link.send(build(text, message_id=text[:6]).raw)).wait()
+                    except JMSError as exc:  # refused: the same message again, when there is credit
+                        assert exc.condition == "amqp:resource-limit-exceeded", exc
+                        refused[number] += 1
+                    else:
+                        sent[number] += 1
+
+    async with trio.open_nursery() as publishing:
+        for number in range(publishers):
+            publishing.start_soon(publish, number)
+        await wait_until(
+            lambda: (
+                len(links) == publishers
+                and manager.memory.on
+                and all(link.credit == 0 for link in links)
+                and queue.size == sum(sent)  # each accepted send is in the queue,
+                and manager.memory.refused == sum(refused)  # and each refusal reached its publisher
+            ),
+            what="every publisher out of credit under the alarm",
+        )
+        per_message = queue.memory // queue.size  # (every message is as long as the others)
+        usage = router.management.resolve(MEMORY).properties()
+        assert usage["memory-refused"] == _metric(router, "martinet_queuemanager_memory_refused_total") == sum(refused)
+        if policy == "refuse":
+            assert 64 * 1024 < queue.memory <= 64 * 1024 + per_message  # only the one that turned it on
+            assert sum(refused) > 0
+        else:  # each link had at least half its window of 10 left when the alarm went on
+            assert queue.memory > 64 * 1024 + publishers * 4 * per_message
+            assert sum(refused) == 0
+        received: list[str] = []
+        async with connect(url) as connection, connection.session() as session:
+            async with session.consumer(Queue("q")) as consumer:
+                with trio.fail_after(60):
+                    while len(received) < publishers * total:
+                        received.append((await consumer.receive(30)).text)
+                assert await consumer.receive(0.2) is None  # nothing more: no duplicate
+    for number in range(publishers):
+        mine = [text.split(":")[1] for text in received if text.startswith(f"{number}:")]
+        assert mine == [f"{n:04d}" for n in range(total)]
+    assert router.management.get(MEMORY, "memory-refused") == sum(refused)
+    router.management.set("/sys$queuemanager", "memory-alarm-non-persistent", "refuse")  # at runtime too
+    assert manager.memory.refuse_non_persistent
     router.request_stop()
 
 
