@@ -11,7 +11,8 @@ swiftlet), :mod:`.hierarchy` (topic names and the hierarchy rules, pure function
 ``sys$routing``'s api when it runs), :mod:`.backlogs` (durable subscriptions nobody consumes
 whose backlog grows), :mod:`.jobs` (Delete Durable, offered to ``sys$scheduler``).
 
-Usage: ``/sys$topicmanager/usage`` (roots, durable subscribers, interest), ``…/topics/<root>``,
+Usage: ``/sys$topicmanager/usage`` (roots, durable subscribers, interest), ``…/topics/<root>``
+(and its ``subscriptions/<n>``: every subscription under it, with its full topic),
 ``…/durable-subscribers/<queue>`` and ``…/remote-router-subscriptions/<router>/topics/<root>``.
 """
 

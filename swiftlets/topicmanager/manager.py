@@ -33,6 +33,7 @@ delivers with the same matching (:mod:`.targets`) and never forwards again.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -106,6 +107,20 @@ class Subscription:
         if not self.closed and not self.durable:
             self._manager._remove(self)
 
+    def usage(self) -> dict[str, Any]:
+        """Its row in its root topic's ``subscriptions`` usage list."""
+        return {
+            "topic": self.topic.text,
+            "durable": self.durable,
+            "client-id": self.client_id,
+            "name": self.durable_name,
+            "selector": self.selector.text if self.selector else "",
+            "no-local": self.no_local,
+            "queue": self.queue.name,
+            "messages": self.queue.size,
+            "consumers": len(self.queue.consumers),
+        }
+
     def __repr__(self) -> str:
         kind = f"durable {self.queue.name}" if self.durable else "non-durable"
         return f"<Subscription {kind} to {self.topic.text}>"
@@ -120,6 +135,10 @@ class Root:
     deliveries: int = 0
     dropped: int = 0
     disconnected: int = 0
+    #: its usage entry's list of subscriptions, by a number of each (several subscriptions of
+    #: one subscriber can share a queue); None before the swiftlet runs
+    listed: UsageList | None = None
+    numbers: dict[Subscription, str] = attrs.Factory(dict)
 
     def usage(self) -> dict[str, Any]:
         return {
@@ -148,6 +167,7 @@ class TopicManager:
         self._queue_manager: QueueManager  # both looked up in run()
         self._store: Store
         self._root_usage: UsageList | None = None
+        self._numbers = itertools.count(1)  # of subscriptions in usage
         self._federation: Federation | None = None
         self._durables = Durables(context, self, lambda: self._backlogs.growing)
         self._backlogs = BacklogWatch(
@@ -212,7 +232,7 @@ class TopicManager:
                 raise TopicError(f"root topic {name!r} is not defined on router {self.context.router_name}")
             root = self._roots[name] = Root(name)
             if self._root_usage is not None:
-                self._root_usage.add(name, root.usage)
+                root.listed = self._root_usage.add(name, root.usage).add_list("subscriptions")
         return root
 
     def interest(self, *, durable_only: bool = False) -> frozenset[str]:
@@ -226,6 +246,9 @@ class TopicManager:
     def _add(self, subscription: Subscription) -> None:
         root = self._root(subscription.topic.root, create=True)
         root.subscriptions.append(subscription)
+        if root.listed is not None:
+            number = root.numbers[subscription] = str(next(self._numbers))
+            root.listed.add(number, subscription.usage)
         self._targets.changed()
         if subscription.durable:
             self._durables.added(subscription)
@@ -239,6 +262,9 @@ class TopicManager:
         subscription.closed = True
         root = self._roots[subscription.topic.root]
         root.subscriptions.remove(subscription)
+        number = root.numbers.pop(subscription, None)
+        if number is not None and root.listed is not None:
+            root.listed.remove(number)
         self._targets.changed()
         if subscription.durable:
             self._durables.removed(subscription)

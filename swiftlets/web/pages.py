@@ -210,9 +210,40 @@ async def topics_page(console: Console, request: Request) -> Response:
             "no durable subscriptions",
             buttons=delete,
         ),
+        _subscriptions(console, router),
         _interest(console, router),
     )
     return page(console.local, f"Topics of {router}", body, router=router)
+
+
+async def _subscriptions(console: Console, router: str) -> str:
+    """The topic hierarchy in use: every subscription (durable or not) under each root,
+    sorted by topic name so that a topic's subtopics and wildcards follow it, indented by
+    their depth."""
+    title = "<h2>Subscriptions by topic</h2>"
+    topics = "/sys$topicmanager/usage/topics"
+    try:
+        roots = await console.entries(router, topics)
+    except RequestFailed as exc:
+        return f'{title}<p id="subscriptions">not available: {esc(exc.reason)}</p>'
+    found: list[dict[str, Any]] = []
+
+    async def under(root: str) -> None:
+        try:
+            found.extend((await console.entries(router, f"{topics}/{root}/subscriptions")).values())
+        except RequestFailed:  # gone meanwhile
+            pass
+
+    async with trio.open_nursery() as nursery:
+        for root in roots:
+            nursery.start_soon(under, root)
+    columns = ["durable", "client-id", "name", "selector", "no-local", "queue", "messages", "consumers"]
+    rows = [
+        [Markup("&#160;&#160;" * str(values["topic"]).count(".") + esc(values["topic"]))]
+        + [values.get(column, "") for column in columns]
+        for values in sorted(found, key=lambda values: str(values.get("topic", "")).split("."))
+    ]
+    return title + table("subscriptions", ["topic", *columns], rows, "no subscriptions")
 
 
 INTEREST = "/sys$topicmanager/usage/remote-router-subscriptions"

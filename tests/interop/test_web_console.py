@@ -443,13 +443,19 @@ async def test_the_map_labels_links_with_rates_and_routers_with_backlogs(network
     assert text.endswith(" msg/s") and float(text.split()[0]) >= 0 and fill == "rgb(42, 157, 58)"  # operational
 
 
-async def test_the_topics_page_shows_remote_routers_interest(network, browser):  # noqa: F811
+async def test_the_topics_page_shows_its_hierarchy_and_remote_routers_interest(network, browser):  # noqa: F811
+    """a's page shows b's interest in ``news``; b's page (through a) shows its root topic and
+    every subscription under it, subtopics after their parent, durable or not."""
     _, a = await start_console(network, "a")
     await network.start(network.config("b", startorder=MGMT_STACK, swiftlets={"sys$routing": routing_config()}))
     network.connect("a", "b")
     await network.settle({"a": {"b": 1}, "b": {"a": 1}})
-    async with connect(network.url("b")) as connection, connection.session() as session:
-        async with session.consumer(Topic("news.eu")):
+    async with connect(network.url("b"), client_id="reader") as connection, connection.session() as session:
+        async with (
+            session.consumer(Topic("news.eu")),
+            session.consumer(Topic("news.*"), selector="urgent = TRUE"),
+            session.durable_subscriber(Topic("news"), "all"),
+        ):
             interest = "/sys$topicmanager/usage/remote-router-subscriptions"
             await wait_until(lambda: "b" in a.management.resolve(interest).children, timeout=20, what="b's interest")
             page = Page(browser, a.swiftlet("sys$web").url)
@@ -458,3 +464,14 @@ async def test_the_topics_page_shows_remote_routers_interest(network, browser): 
             assert row.split()[:2] == ["b", "news"]
             await page.open("/routers/b/topics")  # b's own page, through a: its root topic with a subscriber
             assert await page.first_cells("topics") == ["news"]
+            assert [cell.strip() for cell in await page.first_cells("subscriptions")] == ["news", "news.*", "news.eu"]
+            rows = await page.text("#subscriptions tbody")
+            lines = rows.splitlines()
+            assert lines[0].split()[:5] == ["news", "True", "reader", "all", "False"]  # durable, named
+            assert "urgent = TRUE" in lines[1] and lines[2].split()[1:3] == ["False", "reader"]
+    listed = network.routers["b"].management.resolve("/sys$topicmanager/usage/topics/news/subscriptions")
+
+    def topics() -> list[str]:
+        return [node.properties()["topic"] for node in listed.children.values()]
+
+    await wait_until(lambda: topics() == ["news"], what="only the durable subscription left once its connection closed")
