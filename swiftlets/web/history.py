@@ -11,6 +11,13 @@ sample, so the memory is bounded by the entries that exist (``bench/web_bench.py
 
 :func:`sparkline` draws a series as a small inline SVG on the server: no script, nothing
 fetched, so the pages work with no network beyond the router.
+
+Other routers' pages are drawn by this router's web view from what those routers' own web
+views keep: each history is also in its router's management tree, one usage list per
+followed list (:data:`LISTED`, e.g. ``/sys$web/usage/history-queues/<queue>``, whose values
+are the entry's series), which this router reads through ``sys$mgmt`` like any other usage.
+There a series has one point a minute (the mean of its six): an hour of a value is 60
+numbers, so even a router with thousands of queues answers within one management reply.
 """
 
 from __future__ import annotations
@@ -18,11 +25,12 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Sequence
+from functools import partial
 
-from martinet.kernel import ManagementError, UsageList
+from martinet.kernel import ManagementError, Usage, UsageList
 from martinet.kernel.mgmt import Tree
 
-__all__ = ["INTERVAL", "POINTS", "TRACKED", "History", "sparkline"]
+__all__ = ["INTERVAL", "LISTED", "PER_MINUTE", "POINTS", "TRACKED", "History", "sparkline"]
 
 INTERVAL = 10.0  # seconds between two points
 POINTS = 360  # points kept: an hour
@@ -35,6 +43,15 @@ TRACKED: dict[str, tuple[str, ...]] = {
     "/sys$jms/usage/connections": ("receive-rate", "send-rate"),
 }
 
+#: The usage list of ``sys$web`` that holds each followed list's series, by its path.
+LISTED: dict[str, str] = {
+    "/sys$queuemanager/usage/queues": "history-queues",
+    "/sys$routing/usage/connections": "history-links",
+    "/sys$routing/usage/routing-table": "history-routes",
+    "/sys$jms/usage/connections": "history-connections",
+}
+PER_MINUTE = 6  # points of :data:`INTERVAL` in one point of a series read by another router
+
 Key = tuple[str, str, str]  # (list path, entry name, value name)
 
 
@@ -45,6 +62,24 @@ class History:
         self.tree = tree
         self.points = points
         self._series: dict[Key, array[float]] = {}
+        self._lists: dict[str, UsageList] = {}  # the usage lists of LISTED, once published
+        self._listed: set[tuple[str, str]] = set()  # (list path, entry name) in them
+
+    def publish(self, usage: Usage) -> None:
+        """Keep the series in ``usage`` (``sys$web``'s) too, for other routers' web views."""
+        self._lists = {path: usage.add_list(name) for path, name in LISTED.items()}
+
+    def minutes(self, path: str, entry: str) -> dict[str, list[float]]:
+        """The series of one entry of the list at ``path``, a point a minute (the mean of each
+        :data:`PER_MINUTE` points, the last minute ending now), by value name."""
+        found: dict[str, list[float]] = {}
+        for value in TRACKED[path]:
+            points = self._series.get((path, entry, value))
+            if points:
+                start = len(points) % PER_MINUTE  # (a partial first minute is left out)
+                means = (sum(points[i : i + PER_MINUTE]) / PER_MINUTE for i in range(start, len(points), PER_MINUTE))
+                found[value] = [float(f"{mean:.4g}") for mean in means]
+        return found
 
     def series(self, path: str, entry: str, name: str) -> Sequence[float]:
         """The points of one value, oldest first (empty if it is not followed)."""
@@ -75,6 +110,16 @@ class History:
                         del points[0]
         for key in self._series.keys() - seen:
             del self._series[key]
+        if self._lists:
+            self._list({(path, entry) for path, entry, _ in seen})
+
+    def _list(self, entries: set[tuple[str, str]]) -> None:
+        """Bring the usage lists in line with the entries that have series now."""
+        for path, entry in self._listed - entries:
+            self._lists[path].remove(entry)
+        for path, entry in entries - self._listed:
+            self._lists[path].add(entry, partial(self.minutes, path, entry))
+        self._listed = entries
 
 
 WIDTH, HEIGHT = 120, 22

@@ -20,7 +20,7 @@ from martinet.swiftlets.mgmt.api import RequestFailed
 
 from .auth import viewer_of
 from .console import Console
-from .history import TRACKED, sparkline
+from .history import LISTED, PER_MINUTE, POINTS, TRACKED, sparkline
 from .render import Markup, action_form, esc, link, page, table
 
 __all__ = ["section", "router_page", "AREA_PAGES"]
@@ -64,16 +64,33 @@ async def section(
         entries = await console.entries(router, path)
     except RequestFailed as exc:
         return f'<h2>{esc(title)}</h2><p id="{esc(table_id)}">not available: {esc(exc.reason)}</p>'
-    # the last hour of this router's rates and backlogs (another router's are not kept here)
-    tracked = [column for column in TRACKED.get(path, ()) if column in columns] if router == console.local else []
-    history = console.web.history
+    # the last hour of the router's rates and backlogs: this one's kept here, another's asked
+    # of its own web view (a point a minute; none if it runs no sys$web or does not answer)
+    tracked = [column for column in TRACKED.get(path, ()) if column in columns]
+    if router == console.local:
+        history = console.web.history
+
+        def series(name: str, column: str) -> Sequence[float]:
+            return history.series(path, name, column)
+
+        span = POINTS
+    elif tracked:
+        try:
+            minutes = await console.entries(router, "/sys$web/usage/" + LISTED[path])
+        except RequestFailed:
+            minutes, tracked = {}, []
+
+        def series(name: str, column: str) -> Sequence[float]:
+            return minutes.get(name, {}).get(column, ())
+
+        span = POINTS // PER_MINUTE
     rows = []
     for name, values in entries.items():
         if keep is not None and not keep(name):
             continue
         first: Any = Markup(link(name_link(name), name)) if name_link is not None else name
         row = [first, *(values.get(column, "") for column in columns)]
-        row.extend(Markup(sparkline(history.series(path, name, column))) for column in tracked)
+        row.extend(Markup(sparkline(series(name, column), span)) for column in tracked)
         if buttons is not None:
             row.append(buttons(name, values))
         rows.append(row)

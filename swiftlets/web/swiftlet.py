@@ -149,6 +149,7 @@ class WebSwiftlet:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         config = self.context.config
+        self.history.publish(self.context.usage)  # for other routers' web views
         self.context.usage.provide(
             lambda: {
                 "url": self._url,

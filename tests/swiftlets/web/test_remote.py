@@ -7,7 +7,9 @@ import json
 
 import trio
 
+from martinet.messaging.message import build
 from martinet.swiftlets.web.config import WebConfig
+from martinet.swiftlets.web.history import PER_MINUTE
 
 from tests.harness.faultproxy import FaultProxy
 from tests.harness.network import ROUTING_STACK, routing_config
@@ -132,3 +134,37 @@ async def test_admin_map_and_web_map_agree_when_a_router_is_down(network):
             while (await web_view()) != down:
                 await trio.sleep(0.1)
         assert admin_view(await crawl(admin)) == down
+
+
+async def test_a_remote_routers_pages_show_the_last_hour_its_own_web_view_kept(network):
+    """b's web view keeps b's history, and shows it in its management tree a point a minute;
+    a's pages of b draw it from there (a queue's backlog over two minutes: 3, then 6
+    messages). A router without sys$web has no history to show: its pages have no
+    sparklines, and say nothing is wrong."""
+    web_config = WebConfig(enabled=True, port=0, map_refresh_interval=0.5)
+    routers = {}
+    for name, stack in (("a", WEB_STACK), ("b", WEB_STACK), ("c", MGMT_STACK)):
+        swiftlets = {"sys$routing": routing_config()} | ({"sys$web": web_config} if stack is WEB_STACK else {})
+        routers[name] = await network.start(network.config(name, startorder=stack, swiftlets=swiftlets))
+    network.connect("a", "b")
+    network.connect("a", "c")
+    await network.settle({"a": {"b": 1, "c": 1}})
+    b = routers["b"]
+    b.management.add("/sys$queuemanager/queues", "orders-at-b")
+    web = b.swiftlet("sys$web")
+    for minute in range(2):  # two minutes of points, six each, without waiting for them
+        for n in range(3):
+            b.swiftlet("sys$queuemanager").send_nowait("orders-at-b", build(f"{minute}:{n}"))
+        for _ in range(PER_MINUTE):
+            web.sample()
+    minutes = b.management.resolve("/sys$web/usage/history-queues/orders-at-b").properties()
+    assert minutes["messages"] == [3.0, 6.0]
+    url = routers["a"].swiftlet("sys$web").url
+    status, _, page = await fetch(url + "/routers/b/queues")
+    assert status == 200
+    row = page[page.index(">orders-at-b</a></td>") :].split("</tr>")[0]
+    assert 'data-points="2" data-last="6"' in row and "messages, last hour" in page
+    routers["c"].management.add("/sys$queuemanager/queues", "orders-at-c")
+    status, _, page = await fetch(url + "/routers/c/queues")
+    assert status == 200 and ">orders-at-c</a></td>" in page
+    assert "last hour" not in page and "not available" not in page
