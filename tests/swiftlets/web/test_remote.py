@@ -164,6 +164,11 @@ async def test_a_remote_routers_pages_show_the_last_hour_its_own_web_view_kept(n
     assert status == 200
     row = page[page.index(">orders-at-b</a></td>") :].split("</tr>")[0]
     assert 'data-points="2" data-last="6"' in row and "messages, last hour" in page
+    status, _, page = await fetch(url + "/routers/b/routing")  # b's link with a: rates, window, their hour
+    links = page[page.index('<table id="links">') :].split("</table>")[0]
+    head = ["routername", "state", "messages-out-rate", "messages-in-rate", "window"]
+    assert "".join(f"<th>{name}</th>" for name in head) in links and "messages-out-rate, last hour" in links
+    assert "<td>a</td><td>operational</td>" in links and links.count('data-points="2"') == 2
     routers["c"].management.add("/sys$queuemanager/queues", "orders-at-c")
     status, _, page = await fetch(url + "/routers/c/queues")
     assert status == 200 and ">orders-at-c</a></td>" in page
