@@ -16,7 +16,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from martinet.kernel import SwiftletFailed
-from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect
+from martinet.messaging.client import DeliveryMode, Queue, TextMessage, Topic, connect
 from martinet.messaging.message import build
 from martinet.swiftlets.authentication.config import AuthenticationConfig, GroupConfig, UserConfig
 from martinet.swiftlets.store.config import StoreConfig
@@ -338,3 +338,33 @@ async def test_the_history_keeps_an_hour_of_points_per_value_and_forgets_what_is
     history.sample()
     assert history.series(queues, "orders", "messages") == ()
     assert sparkline(()) == ""
+
+
+async def test_the_queues_page_lists_every_kind_of_system_queue_apart_from_the_applications(network):
+    """A temporary queue, a non-durable and a durable subscription's queues, a routing queue
+    and the router's own are system queues; a user's queue is an application queue."""
+    router, web = await start_web(network, "a")
+    await network.start(network.config("b", startorder=ROUTING_STACK, swiftlets={"sys$routing": routing_config()}))
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}})
+    router.management.add("/sys$queuemanager/queues", "orders")
+    async with connect(network.url("a"), client_id="reader") as connection, connection.session() as session:
+        temporary = await session.create_temporary_queue()
+        async with session.consumer(Topic("news")), session.durable_subscriber(Topic("news"), "all"):
+            names = set(router.management.resolve("/sys$queuemanager/usage/queues").children)
+            kinds = {
+                "temporary": temporary.name.split("@")[0],  # (its address names the router)
+                "topic": next(name for name in names if name.startswith("tpc$")),
+                "subscription": "reader$all",
+                "routing": "rt$b",
+                "system": "sys$mgmt" if "sys$mgmt" in names else next(n for n in names if n.startswith("sys$")),
+            }
+            assert all(name in names for name in kinds.values()), (kinds, names)
+            pages = {}
+            for show in ("application", "system"):
+                status, _, pages[show] = await fetch(f"{web.url}/routers/a/queues?show={show}")
+                assert status == 200
+            assert ">orders</a></td>" in pages["application"] and ">orders</a></td>" not in pages["system"]
+            for what, name in kinds.items():
+                assert f">{name}</a></td>" in pages["system"], what
+                assert f">{name}</a></td>" not in pages["application"], what
