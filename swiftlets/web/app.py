@@ -86,8 +86,11 @@ def build_app(web: WebSwiftlet, console: Console, context: SwiftletContext, *, a
         body = (
             f'<svg id="map" data-router="{html.escape(router)}" width="760" height="560" '
             'viewBox="0 0 760 560"></svg><p id="status">loading…</p><h2>Links</h2>'
-            '<table id="links"><thead><tr><th>link</th><th>state</th><th>since</th><th>error</th></tr>'
-            f"</thead><tbody></tbody></table><script>{MAP_SCRIPT}</script>"
+            '<table id="links"><thead><tr><th>link</th><th>state</th><th>since</th><th>error</th>'
+            "<th>msg/s, last hour</th></tr></thead><tbody></tbody></table><h2>Routers</h2>"
+            '<table id="routers"><thead><tr><th>router</th><th>state</th><th>messages</th>'
+            "<th>messages, last hour</th></tr></thead><tbody></tbody></table>"
+            f"<script>{MAP_SCRIPT}</script>"
         )
         return page(router, f"Network map seen from {router}", body)
 

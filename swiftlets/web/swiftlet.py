@@ -140,7 +140,8 @@ class WebSwiftlet:
 
     def map_json(self) -> dict[str, Any]:
         """The map as ``/map.json`` and the event stream carry it: with ``rates`` (messages/s
-        by link, ``a|b``) and ``backlogs`` (messages by router), as last measured."""
+        by link, ``a|b``) and ``backlogs`` (messages by router), as last measured, and their
+        last hour as sparklines (``rate-history``, ``backlog-history``)."""
         return {**self._map.to_json(), **self.traffic.data()}
 
     async def changed(self) -> None:

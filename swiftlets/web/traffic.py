@@ -7,10 +7,16 @@ Other routers' come with each crawl of the map (:meth:`Traffic.crawled`): a link
 its dialing router reported it (:attr:`~martinet.swiftlets.mgmt.api.Link.rate`), a router's
 backlog asked of it (``get /sys$queuemanager/usage``, read-only, this router's identity). A
 router that does not answer has no backlog shown, rather than an old one.
+
+Each sample also appends what is shown then, for every link and router, to a series of the
+last hour (as :mod:`.history` keeps the pages' values; dropped with the link or router), and
+the map carries each as a sparkline drawn here (``rate-history``, ``backlog-history``): the
+map shows every rate and backlog with its last hour, the other routers' included.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +24,8 @@ import trio
 
 from martinet.kernel import ManagementError, SwiftletContext, UsageList
 from martinet.swiftlets.mgmt.api import NetworkMap, RequestFailed, link_rate
+
+from .history import POINTS, sparkline
 
 __all__ = ["Traffic"]
 
@@ -36,9 +44,29 @@ class Traffic:
         self._changed = changed  # called when what is shown changes
         self.rates: dict[str, float] = {}
         self.backlogs: dict[str, int] = {}
+        self._rate_history: dict[str, array[float]] = {}
+        self._backlog_history: dict[str, array[float]] = {}
 
     def data(self) -> dict[str, Any]:
-        return {"rates": self.rates, "backlogs": self.backlogs}
+        return {
+            "rates": self.rates,
+            "backlogs": self.backlogs,
+            "rate-history": {key: sparkline(points) for key, points in self._rate_history.items()},
+            "backlog-history": {key: sparkline(points) for key, points in self._backlog_history.items()},
+        }
+
+    def _record(self) -> None:
+        """One point of what is shown now, for each link and router; the series of those gone go."""
+        for series, values in ((self._rate_history, self.rates), (self._backlog_history, self.backlogs)):
+            for key in series.keys() - values.keys():
+                del series[key]
+            for key, value in values.items():
+                points = series.get(key)
+                if points is None:
+                    points = series[key] = array("f")
+                points.append(float(value))
+                if len(points) > POINTS:
+                    del points[0]
 
     def sample(self) -> None:
         """Measure this router's links and backlog now."""
@@ -61,6 +89,8 @@ class Traffic:
                     key = _key(self.local, peer)
                     rates[key] = rates.get(key, 0.0) + link_rate(values)
         self._set(rates, backlogs)
+        self._record()
+        self._changed()  # (a new point of history)
 
     async def crawled(self, network: NetworkMap, ask: Callable[..., Any], concurrency: int) -> None:
         """Take other routers' figures from a crawl, and ask each that answered for its backlog

@@ -442,6 +442,26 @@ async def test_the_map_labels_links_with_rates_and_routers_with_backlogs(network
     text, fill = shown["a|b"]
     assert text.endswith(" msg/s") and float(text.split()[0]) >= 0 and fill == "rgb(42, 157, 58)"  # operational
 
+    # and each with its last hour, below the map: a point a sample (b's backlog since the crawl)
+    web.sample()
+
+    def hours() -> dict:
+        return browser.execute_script(
+            "const found = {};"
+            'for (const row of document.querySelectorAll("#routers tbody tr, #links tbody tr")) {'
+            '  const spark = row.querySelector("svg.spark");'
+            "  found[row.dataset.router || row.dataset.edge] = spark && [row.cells[2].textContent,"
+            "    spark.dataset.points, spark.dataset.last];"
+            "}"
+            "return found;"
+        )
+
+    found = await eventually(lambda: (found := hours()).get("b") and found, "the routers' last hour")
+    # (one more point each time the 10 s sampler runs meanwhile, and one from a's start)
+    assert found["a"][0] == found["a"][2] == "5" and int(found["a"][1]) >= 2  # the tests' two samples at least
+    assert found["b"][0] == found["b"][2] and int(found["b"][1]) >= 1  # b's backlog as crawled
+    assert int(found["a|b"][1]) >= 2  # the link's rate
+
 
 async def test_the_topics_page_shows_its_hierarchy_and_remote_routers_interest(network, browser):  # noqa: F811
     """a's page shows b's interest in ``news``; b's page (through a) shows its root topic and

@@ -11,6 +11,7 @@
   const svg = document.getElementById("map");
   const status = document.getElementById("status");
   const links = document.querySelector("#links tbody");
+  const routers = document.querySelector("#routers tbody");
 
   function element(name, attributes, parent) {
     const node = document.createElementNS(SVG, name);
@@ -41,6 +42,7 @@
     const at = positions(map);
     svg.replaceChildren();
     links.replaceChildren();
+    routers.replaceChildren();
     for (const edge of map.edges) {
       const [x1, y1] = at[edge.a], [x2, y2] = at[edge.b];
       const line = element("line", {x1, y1, x2, y2, class: "edge state-" + edge.state,
@@ -60,6 +62,8 @@
                           since(edge.since), edge.error]) {
         row.insertCell().textContent = text;
       }
+      // the last hour's sparkline: an SVG of numbers drawn by the router itself
+      row.insertCell().innerHTML = (map["rate-history"] || {})[edge.a + "|" + edge.b] || "";
     }
     for (const router of map.routers) {
       const [x, y] = at[router.name];
@@ -74,6 +78,12 @@
         element("text", {x, y: y + 54, class: "backlog", "data-backlog": router.name}, link).textContent =
           backlog + " msgs";
       }
+      const row = routers.insertRow();
+      row.dataset.router = router.name;
+      for (const text of [router.name, router.state, backlog === undefined ? "" : String(backlog)]) {
+        row.insertCell().textContent = text;
+      }
+      row.insertCell().innerHTML = (map["backlog-history"] || {})[router.name] || "";
     }
     status.textContent = map.routers.length + " routers, " + map.edges.length + " links, as of " +
       new Date().toLocaleTimeString();
