@@ -148,10 +148,12 @@ async def receive(stream: trio.SocketStream, timeout: float) -> bytes | None:
     return None
 
 
-async def send(stream: trio.SocketStream, data: bytes) -> bool:
-    """Write ``data``; False if the hub had closed the connection already."""
+async def send(stream: trio.SocketStream, data: bytes, timeout: float = 5) -> bool:
+    """Write ``data``; False if the hub had closed the connection already. The hub reads as
+    it handles what it read: give a large batch of work (thousands of routes) more than the
+    default ``timeout``."""
     try:
-        with trio.fail_after(5):
+        with trio.fail_after(timeout):
             await stream.send_all(data)
         return True
     except (trio.BrokenResourceError, trio.ClosedResourceError):
