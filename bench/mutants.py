@@ -31,7 +31,7 @@ patched module resolve into the copy and that the patched module holds the repla
 copy that does not is an error, not a result.
 
 Not part of CI: a full run takes about 7 minutes on the 2-core development machine (more when
-it is busy; see README, Development).
+it is busy; see docs/development.md).
 """
 
 from __future__ import annotations

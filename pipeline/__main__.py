@@ -6,7 +6,7 @@
     martinet-pipeline --master spark://10.0.0.5:7077 --source files --input /shared/metrics --output /shared/analysis
     martinet-pipeline --remote sc://10.0.0.5:15002 --source files --input /shared/metrics --output /shared/analysis
 
-See :mod:`.jobs` for what it computes and README "Metrics into Spark" for a walkthrough.
+See :mod:`.jobs` for what it computes and docs/spark.md for a walkthrough.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument(
         "--remote",
         help="Run the job through a Spark Connect server instead (sc://host:15002): "
-        "its Spark runs the queries, next to the files (README 'Spark Connect').",
+        "its Spark runs the queries, next to the files (docs/spark.md, 'Spark Connect').",
     )
     parser.add_argument(
         "--conf",

@@ -1,2 +1,2 @@
-"""Martinet's tests, one package: the folders mirror the code's packages (README, "Tests");
+"""Martinet's tests, one package: the folders mirror the code's packages (docs/development.md, "Tests");
 the helpers are ``tests.harness``."""

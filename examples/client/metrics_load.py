@@ -1,4 +1,4 @@
-"""Steady load for the metrics walkthrough (README "Metrics into Spark"): RATE messages a second
+"""Steady load for the metrics walkthrough (docs/spark.md, "The pipeline"): RATE messages a second
 for SECONDS seconds to ADDRESS, through the router at URL.
 
     python examples/client/metrics_load.py amqp://127.0.0.1:5682 orders@paris 50 60

@@ -33,7 +33,7 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
             description="Router-to-router links, route exchange and the routing table.",
             config=RoutingConfig,
             factory=RoutingSwiftlet,
-            pools=(  # SwiftMQ's routing pools; see the README for which run what
+            pools=(  # SwiftMQ's routing pools; see docs/routing.md for which run what
                 PoolSpec(
                     "routing.connection.mgr",
                     "SwiftMQ's connection manager pool (max 1). Admission and "

@@ -206,7 +206,7 @@ class ConnectorConfig(LinkConfig):
 @attrs.frozen(kw_only=True)
 class QueueBridgeConfig:
     """A queue bridge (Qpid's queue route): everything arriving in a local queue is moved to
-    a queue of any router, with the transfer's guarantees (see the README)."""
+    a queue of any router, with the transfer's guarantees (see docs/routing.md)."""
 
     name: str = prop(description="Name of this queue bridge.")
     source_queue: str = prop(

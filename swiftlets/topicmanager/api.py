@@ -19,7 +19,7 @@ returns a :class:`PublishResult` with the flow-control delay the publisher shoul
 When a root topic gets its first local subscription, or loses its last, a
 :class:`TopicInterestChanged` event goes on the router's bus. With ``sys$routing`` running,
 a publish is also forwarded to the other routers that have subscriptions under its root
-(README "Topics across routers"); ``on_durable`` then waits for those copies too.
+(docs/topicmanager.md, "Topics across routers"); ``on_durable`` then waits for those copies too.
 
 **Durable records that cannot be restored** at start (stored by an older version, or
 damaged: a name that cannot make a queue, a topic or selector that no longer parses) are

@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 **Interest, some/none, per root topic.** A router's interest is the set of root topics that
 have at least one local subscription (durable ones count, connected or not). It travels as
-an *interest record* (:class:`InterestRecord`, versioned JSON, README "Topics across
-routers") sent as an ordinary non-persistent message to ``sys$topic@R`` for every active
+an *interest record* (:class:`InterestRecord`, versioned JSON, docs/topicmanager.md, "Topics
+across routers") sent as an ordinary non-persistent message to ``sys$topic@R`` for every active
 destination ``R`` of the routing table, so the routing network carries it however many hops
 away ``R`` is. A record always holds the *whole* set (after the announce filter for ``R``),
 never a change: it is sent when the set changes, again on every activation of ``R``

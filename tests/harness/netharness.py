@@ -55,7 +55,7 @@ non-durable one, a :class:`Consumer` each, subscribed and known to every router
 (:meth:`ProcessNetwork.wait_interest`) before the first publication. :func:`topic_verdict`
 checks each subscriber against everything accepted: a durable one must have each exactly
 once (as the queue consumer above: a batch in doubt may come again), whatever was killed,
-its own router included (README, "Testing the network under faults", says why that holds);
+its own router included (docs/reliability.md, "Testing the network under faults", says why that holds);
 a non-durable one loses what comes while it or its router is away (reported), and must
 never get one twice. Every process test builds its routers from :func:`network_router_xml`.
 

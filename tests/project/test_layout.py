@@ -15,7 +15,7 @@ The shape of a swiftlet folder is checked too: its ``__init__.py`` holds the spe
 hooks only (``martinet_swiftlets`` and other ``martinet_*`` hooks, such as the scheduler
 jobs it offers), and config classes live in its ``config.py``.
 
-And the shape of ``tests/`` (README, "Tests"): no test file at its top (each lives in the
+And the shape of ``tests/`` (docs/development.md, "Tests"): no test file at its top (each lives in the
 folder of what it tests), none in ``tests/harness`` (helpers only), an ``__init__.py`` in every
 folder of Python files (pytest then imports each file by its full dotted name, so two folders
 may hold files of the same name), and no module imports from ``conftest`` (it declares
