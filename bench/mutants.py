@@ -838,7 +838,7 @@ MUTANTS += [
 # -- the live Spark source ------------------------------------------------------------------------------
 
 SOURCE = "pipeline/source.py"
-LIVE = T + "pipeline/test_pipeline.py::test_the_live_source_delivers_every_row_once_across_kills_at_each_point"
+LIVE = T + "pipeline/test_source_kills.py::test_the_live_source_delivers_every_row_once_across_kills_at_each_point"
 MUTANTS += [
     M(
         "source-acknowledges-uncommitted",

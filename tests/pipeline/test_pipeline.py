@@ -383,10 +383,6 @@ async def publishing(network: Network, config: RouterConfig) -> tuple[Router, in
     return router, first
 
 
-async def test_the_live_source_delivers_every_row_once_across_kills_at_each_point(network, tmp_path):
-    await live_kills(network, tmp_path, LOCAL, KILLS)
-
-
 async def live_kills(
     network, tmp_path: Path, master: str, kills: list[tuple[str, str]], *, restart_router: bool = True
 ) -> None:
