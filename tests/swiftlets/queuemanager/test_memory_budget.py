@@ -64,6 +64,25 @@ def _metric(router: Router, name: str) -> float:
     raise AssertionError(f"no metric {name}")
 
 
+async def _drain(url: str, count: int) -> list[str]:
+    """The texts of ``count`` messages received from queue q, and then no more."""
+    received: list[str] = []
+    async with connect(url) as connection, connection.session() as session:
+        async with session.consumer(Queue("q")) as consumer:
+            with trio.fail_after(60):
+                while len(received) < count:
+                    received.append((await consumer.receive(30)).text)
+            assert await consumer.receive(0.2) is None  # nothing more: no duplicate
+    return received
+
+
+def _verify(received: list[str], publishers: int, total: int) -> None:
+    """Each publisher's ``total`` numbered messages, once each and in its order."""
+    for number in range(publishers):
+        mine = [text.split(":")[1] for text in received if text.startswith(f"{number}:")]
+        assert mine == [f"{n:04d}" for n in range(total)]
+
+
 async def _router(tmp_path, nursery, policy: str = "accept") -> tuple[Router, int]:
     """The router of :data:`ROUTER` (``policy``: its memory-alarm-non-persistent), started;
     its AMQP port."""
@@ -136,16 +155,8 @@ async def test_publishers_get_no_credit_above_the_budget_and_every_message_arriv
         await wait_until(lambda: len(links) == publishers + 1 and memory_waits() == [1] * (publishers + 1))
         assert (links[-1].credit, sent[publishers]) == (0, 0)  # held from its attach: never granted any
 
-        received: list[str] = []
-        async with connect(url) as connection, connection.session() as session:
-            async with session.consumer(Queue("q")) as consumer:
-                with trio.fail_after(60):
-                    while len(received) < (publishers + 1) * total:
-                        received.append((await consumer.receive(30)).text)
-                assert await consumer.receive(0.2) is None  # nothing more: no duplicate
-    for number in range(publishers + 1):
-        mine = [text.split(":")[1] for text in received if text.startswith(f"{number}:")]
-        assert mine == [f"{n:04d}" for n in range(total)]  # nothing lost or doubled, in order
+        received = await _drain(url, (publishers + 1) * total)
+    _verify(received, publishers + 1, total)
     await wait_until(lambda: queue.size == 0 and manager.memory.used == 0, what="the accepts settled")
     usage = router.management.resolve(MEMORY).properties()
     assert (usage["memory-used"], usage["memory-alarm"], usage["memory-waiting"]) == (0, False, 0)
@@ -213,16 +224,8 @@ async def test_non_persistent_messages_past_the_budget_are_taken_or_refused_by_p
         else:  # each link had at least half its window of 10 left when the alarm went on
             assert queue.memory > 64 * 1024 + publishers * 4 * per_message
             assert sum(refused) == 0
-        received: list[str] = []
-        async with connect(url) as connection, connection.session() as session:
-            async with session.consumer(Queue("q")) as consumer:
-                with trio.fail_after(60):
-                    while len(received) < publishers * total:
-                        received.append((await consumer.receive(30)).text)
-                assert await consumer.receive(0.2) is None  # nothing more: no duplicate
-    for number in range(publishers):
-        mine = [text.split(":")[1] for text in received if text.startswith(f"{number}:")]
-        assert mine == [f"{n:04d}" for n in range(total)]
+        received = await _drain(url, publishers * total)
+    _verify(received, publishers, total)
     assert router.management.get(MEMORY, "memory-refused") == sum(refused)
     router.management.set("/sys$queuemanager", "memory-alarm-non-persistent", "refuse")  # at runtime too
     assert manager.memory.refuse_non_persistent
