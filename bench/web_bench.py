@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -35,6 +36,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness
 
+from martinet.kernel import Usage, UsageList  # noqa: E402
 from martinet.swiftlets.mgmt.api import crawl  # noqa: E402
 from martinet.swiftlets.web.api import LinkView, build_map  # noqa: E402
 from martinet.swiftlets.web.config import WebConfig  # noqa: E402
@@ -146,6 +148,8 @@ async def bench_history(queues: int) -> None:
             for n in range(queues):
                 router.management.add("/sys$queuemanager/queues", f"q{n}")
             history = History(router.management)
+            published = Usage("/sys$web/usage")
+            history.publish(published)  # as sys$web does: the series in usage, for other routers
             tracemalloc.start()
             before = tracemalloc.get_traced_memory()[0]
             times = []
@@ -158,10 +162,17 @@ async def bench_history(queues: int) -> None:
             series = sum(
                 len(history.series("/sys$queuemanager/usage/queues", f"q{n}", "messages")) > 0 for n in range(queues)
             )
+            # what another router's page asks for: every queue's hour, a point a minute, as JSON
+            began = time.perf_counter()
+            listed = published.children["history-queues"]
+            assert isinstance(listed, UsageList)
+            reply = json.dumps({name: dict(entry.properties()) for name, entry in listed.children.items()})
+            read = time.perf_counter() - began
             print(
                 f"history of {queues:5d} queues ({series} followed, {POINTS} points): {held / 2**20:6.2f} MiB "
                 f"({held / max(series, 1) / 1024:4.1f} KiB a queue); one sample median "
-                f"{1e3 * statistics.median(times):6.1f} ms, worst {1e3 * max(times):6.1f} ms"
+                f"{1e3 * statistics.median(times):6.1f} ms, worst {1e3 * max(times):6.1f} ms; "
+                f"read by another router {1e3 * read:6.1f} ms, {len(reply) / 1024:7.1f} KiB"
             )
             await network.stop_all()
             nursery.cancel_scope.cancel()

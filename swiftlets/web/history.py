@@ -64,6 +64,8 @@ class History:
         self._series: dict[Key, array[float]] = {}
         self._lists: dict[str, UsageList] = {}  # the usage lists of LISTED, once published
         self._listed: set[tuple[str, str]] = set()  # (list path, entry name) in them
+        self._minutes: dict[Key, array[float]] = {}  # once published: a point a minute, an hour of them
+        self._sampled: dict[Key, int] = {}  # points taken of each, for the minutes
 
     def publish(self, usage: Usage) -> None:
         """Keep the series in ``usage`` (``sys$web``'s) too, for other routers' web views."""
@@ -71,14 +73,12 @@ class History:
 
     def minutes(self, path: str, entry: str) -> dict[str, list[float]]:
         """The series of one entry of the list at ``path``, a point a minute (the mean of each
-        :data:`PER_MINUTE` points, the last minute ending now), by value name."""
+        :data:`PER_MINUTE` points, kept as they come: a read costs no arithmetic), by value name."""
         found: dict[str, list[float]] = {}
         for value in TRACKED[path]:
-            points = self._series.get((path, entry, value))
-            if points:
-                start = len(points) % PER_MINUTE  # (a partial first minute is left out)
-                means = (sum(points[i : i + PER_MINUTE]) / PER_MINUTE for i in range(start, len(points), PER_MINUTE))
-                found[value] = [float(f"{mean:.4g}") for mean in means]
+            minutes = self._minutes.get((path, entry, value))
+            if minutes:
+                found[value] = list(minutes)
         return found
 
     def series(self, path: str, entry: str, name: str) -> Sequence[float]:
@@ -108,10 +108,25 @@ class History:
                     points.append(float(value))
                     if len(points) > self.points:
                         del points[0]
+                    if self._lists:
+                        self._minute(key, points)
         for key in self._series.keys() - seen:
             del self._series[key]
+            self._minutes.pop(key, None)
+            self._sampled.pop(key, None)
         if self._lists:
             self._list({(path, entry) for path, entry, _ in seen})
+
+    def _minute(self, key: Key, points: array[float]) -> None:
+        """After every :data:`PER_MINUTE` points of ``key``, their mean as a point a minute."""
+        taken = self._sampled[key] = self._sampled.get(key, 0) + 1
+        if taken % PER_MINUTE == 0:
+            minutes = self._minutes.get(key)
+            if minutes is None:
+                minutes = self._minutes[key] = array("d")  # (doubles: the rounded value, exactly)
+            minutes.append(float(f"{sum(points[-PER_MINUTE:]) / PER_MINUTE:.4g}"))
+            if len(minutes) > self.points // PER_MINUTE:
+                del minutes[0]
 
     def _list(self, entries: set[tuple[str, str]]) -> None:
         """Bring the usage lists in line with the entries that have series now."""
