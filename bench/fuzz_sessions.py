@@ -429,7 +429,7 @@ async def fuzz(
             sessions = await record(port)
             await normal_client(port, -1)
             watch.problems.found.clear()
-            before = rss_mb()
+            before, began = rss_mb(), time.monotonic()
             slots = trio.Semaphore(concurrency)
 
             async def one(number: int, chunks: list[Chunk]) -> None:
@@ -451,6 +451,9 @@ async def fuzz(
                     if number % 25 == 24 or number == cases - 1:
                         watch.beat()
                         await normal_client(port, number)
+                    if number % 10_000 == 9_999:  # a long run shows it is alive, and its RSS
+                        took, found = time.monotonic() - began, len(watch.problems.found)
+                        out(f"{number + 1} cases, {took:.0f} s, findings {found}, RSS {rss_mb():.1f} MB")
             await normal_client(port, cases)
             after = rss_mb()
             crashes = watch.findings()
@@ -469,7 +472,10 @@ def main() -> None:
     args = parser.parse_args()
     logging.getLogger().setLevel(logging.INFO)  # the Problems handler sees every record
     started = time.monotonic()
-    result = trio.run(functools.partial(fuzz, args.cases, args.seed, concurrency=args.concurrency, only=args.case))
+    out = functools.partial(print, flush=True)
+    result = trio.run(
+        functools.partial(fuzz, args.cases, args.seed, concurrency=args.concurrency, only=args.case, out=out)
+    )
     print(f"{time.monotonic() - started:.0f} s")
     sys.exit(1 if result["crashes"] else 0)
 

@@ -64,39 +64,37 @@ async def section(
         entries = await console.entries(router, path)
     except RequestFailed as exc:
         return f'<h2>{esc(title)}</h2><p id="{esc(table_id)}">not available: {esc(exc.reason)}</p>'
-    # the last hour of the router's rates and backlogs: this one's kept here, another's asked
-    # of its own web view (a point a minute; none if it runs no sys$web or does not answer)
     tracked = [column for column in TRACKED.get(path, ()) if column in columns]
-    if router == console.local:
-        history = console.web.history
-
-        def series(name: str, column: str) -> Sequence[float]:
-            return history.series(path, name, column)
-
-        span = POINTS
-    elif tracked:
-        try:
-            minutes = await console.entries(router, "/sys$web/usage/" + LISTED[path])
-        except RequestFailed:
-            minutes, tracked = {}, []
-
-        def series(name: str, column: str) -> Sequence[float]:
-            return minutes.get(name, {}).get(column, ())
-
-        span = POINTS // PER_MINUTE
+    series, span = await _hour(console, router, path) if tracked else (None, POINTS)
+    if series is None:
+        tracked = []
     rows = []
     for name, values in entries.items():
         if keep is not None and not keep(name):
             continue
         first: Any = Markup(link(name_link(name), name)) if name_link is not None else name
         row = [first, *(values.get(column, "") for column in columns)]
-        row.extend(Markup(sparkline(series(name, column), span)) for column in tracked)
+        row.extend(Markup(sparkline(series(name, column), span)) for column in tracked if series)
         if buttons is not None:
             row.append(buttons(name, values))
         rows.append(row)
     head = ["name", *columns, *(f"{column}, last hour" for column in tracked)]
     head += ["actions"] if buttons is not None else []
     return f"<h2>{esc(title)}</h2>" + table(table_id, head, rows, empty)
+
+
+async def _hour(console: Console, router: str, path: str) -> tuple[Callable[[str, str], Sequence[float]] | None, int]:
+    """The last hour of the rates and backlogs of the usage list at ``path`` of ``router``:
+    ``(series(entry, value), intervals drawn)``. This router's are kept here; another's are
+    asked of its own web view (a point a minute): None if it runs no sys$web or does not answer."""
+    if router == console.local:
+        history = console.web.history
+        return (lambda name, column: history.series(path, name, column)), POINTS
+    try:
+        minutes = await console.entries(router, "/sys$web/usage/" + LISTED[path])
+    except RequestFailed:
+        return None, POINTS
+    return (lambda name, column: minutes.get(name, {}).get(column, ())), POINTS // PER_MINUTE
 
 
 def buttons_for(console: Console, request: Request, router: str, *offered: tuple[str, str]) -> Buttons | None:

@@ -88,9 +88,9 @@ class Traffic:
                 if peer and values.get("state") == "operational":
                     key = _key(self.local, peer)
                     rates[key] = rates.get(key, 0.0) + link_rate(values)
-        self._set(rates, backlogs)
+        self.rates, self.backlogs = rates, backlogs
         self._record()
-        self._changed()  # (a new point of history)
+        self._changed()  # (a new point of history, whether or not the values changed)
 
     async def crawled(self, network: NetworkMap, ask: Callable[..., Any], concurrency: int) -> None:
         """Take other routers' figures from a crawl, and ask each that answered for its backlog
