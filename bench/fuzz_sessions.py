@@ -412,6 +412,21 @@ async def normal_client(port: int, number: int) -> None:
                 assert got is not None and got.text == f"check {number}", got
 
 
+async def checked(router: Router, watch: Watch, port: int, number: int) -> None:
+    """:func:`normal_client`; if it fails, what the router held then and the cases playing
+    are printed before the run ends."""
+    try:
+        await normal_client(port, number)
+    except (AssertionError, trio.TooSlowError):
+        queue = router.management.entity("/sys$queuemanager/usage/queues/fz-check").properties()
+        memory = router.management.entity("/sys$queuemanager/usage").properties()
+        playing = sorted(watch.problems.playing)
+        print(
+            f"the normal client failed after case {number}: fz-check {queue}; {memory}; playing {playing}", flush=True
+        )
+        raise
+
+
 async def fuzz(
     cases: int, seed: int, *, concurrency: int = 1, only: int | None = None, out: Any = print
 ) -> dict[str, Any]:
@@ -450,7 +465,7 @@ async def fuzz(
                     playing.start_soon(one, number, chunks)
                     if number % 25 == 24 or number == cases - 1:
                         watch.beat()
-                        await normal_client(port, number)
+                        await checked(router, watch, port, number)
                     if number % 10_000 == 9_999:  # a long run shows it is alive, and its RSS
                         took, found = time.monotonic() - began, len(watch.problems.found)
                         out(f"{number + 1} cases, {took:.0f} s, findings {found}, RSS {rss_mb():.1f} MB")

@@ -4,17 +4,18 @@
 
 A real router (sys$store on a temporary SQLite file, ``sync="normal"``; sys$queuemanager)
 in this process; ``N`` messages with a ``BYTES`` body, built like a JMS client's (header,
-properties with message-id and creation-time, two application properties), are sent to a
-queue nobody reads (its ``max-messages``, ``max-bytes`` and flow control off, so that every
-message stays). Printed per case: the growth of the router process's resident set (RSS,
-from ``/proc/self/statm``, after a full garbage collection) per queued message next to the
-encoded message size, the queue's ``cached``/``swapped`` counts, what the router's memory
-budget (``memory-limit-kb``) counts per message (``memory-used``), and for the persistent
-cases the time to consume the whole queue (one in-process consumer, credit 1000, accepting
-each delivery; swapped-out bodies are read back from the store process in batches) and the
-CPU time per message the router and the store process used meanwhile (the figure that
-survives a machine shared with other work, where the time does not). Every case runs in a
-fresh process, so that one case's freed memory does not flatter the next.
+properties with a uuid message-id and creation-time, two application properties: 97 bytes
+before the body), are sent to a queue nobody reads (its ``max-messages``, ``max-bytes``
+and flow control off, so that every message stays). Printed per case: the growth of the
+router process's resident set (RSS, from ``/proc/self/statm``, after a full garbage
+collection) per queued message next to the encoded message size, the queue's
+``cached``/``swapped`` counts, what the router's memory budget (``memory-limit-kb``)
+counts per message (``memory-used``), and for the persistent cases the time to consume the
+whole queue (one in-process consumer, credit 1000, accepting each delivery; swapped-out
+bodies are read back from the store process in batches) and the CPU time per message the
+router and the store process used meanwhile (the figure that survives a machine shared
+with other work, where the time does not). Every case runs in a fresh process, so that one
+case's freed memory does not flatter the next.
 
 Cases:
 
@@ -39,6 +40,8 @@ import os
 import subprocess
 import sys
 import time
+import uuid
+from random import Random
 
 import trio
 from _router import accept_all, running_router
@@ -70,11 +73,14 @@ def rss() -> int:
         return int(statm.read().split()[1]) * PAGE
 
 
+_IDS = Random(1)  # (seeded: every run queues the same messages)
+
+
 def make_message(n: int, size: int, durable: bool):
     return build(
         b"x" * size,
         durable=durable,
-        message_id=f"ID:bench:{n}",
+        message_id=f"ID:{uuid.UUID(int=_IDS.getrandbits(128), version=4)}",  # as our JMS client makes them
         creation_time=1_700_000_000_000 + n,
         properties={"n": n, "kind": "bench"},
     )

@@ -58,7 +58,7 @@ class Dispatcher(Paging):
 
     def _take(self, consumer: Consumer) -> Entry | None:
         """The next available entry for ``consumer`` (its selector matches, it is not
-        excluded from it), out of its deque; None if there is none; ``_WAIT`` if it is
+        excluded from it), out of its level; None if there is none; ``_WAIT`` if it is
         swapped out (its bytes are asked for, and it stays where it is)."""
         selector, now, excluded = consumer.selector, 0, self.excluded
         for level in self._highest_first:
@@ -82,7 +82,7 @@ class Dispatcher(Paging):
                     return entry
                 else:
                     continue
-            for index, entry in enumerate(level):
+            for entry in level:
                 if entry.expires is not None and entry.expires <= (now or (now := now_ms())):
                     continue  # left for the cleanup
                 if excluded and consumer.serial in excluded.get(entry.id, ()):
@@ -98,7 +98,7 @@ class Dispatcher(Paging):
                     if entry.swapped:
                         self._read_ahead(entry, selector)
                         return _WAIT
-                    del level[index]
+                    level.remove(entry)
                     self.available -= 1
                     return entry
         return None

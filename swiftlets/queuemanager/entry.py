@@ -74,6 +74,23 @@ class Entry:
         self.swapped = size is not None and size != len(message.raw)
         self._message: Message | bytes = message.raw if self.swapped else message
 
+    @classmethod
+    def swapped_out(
+        cls, id: int, head: bytes, priority: int, expires: int | None, delivery_count: int, acquired: bool, size: int
+    ) -> Entry:
+        """An available persistent entry swapped out to ``head`` (as a pack keeps it: see :mod:`.level`)."""
+        entry = cls.__new__(cls)
+        entry.id, entry._message, entry.priority, entry.expires = id, head, priority, expires
+        entry.delivery_count, entry.acquired, entry.bytes = delivery_count, acquired, size
+        entry.state, entry.persistent, entry.swapped = AVAILABLE, True, True
+        return entry
+
+    @property
+    def head(self) -> bytes:
+        """A swapped-out entry's leading sections."""
+        assert self.swapped
+        return self._message  # type: ignore[return-value]
+
     @property
     def message(self) -> Message:
         message = self._message

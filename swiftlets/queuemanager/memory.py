@@ -7,7 +7,8 @@ What the router holds for its clients is counted here, as it changes, never by a
 - every queue entry not gone (available, delivered, held in a transaction): its encoded
   bytes while they are in memory, the length of its leading sections once its body is
   swapped out (only the store has it), plus :data:`ENTRY_COST` for the objects that hold
-  it (:meth:`.queue.Queue.count` and ``uncount``, ``swap_out`` and ``fill``);
+  it (:meth:`.queue.Queue.count` and ``uncount``, ``swap_out`` and ``fill``), or
+  :data:`PACKED_COST` for a swapped-out one kept in a pack (:mod:`.level`);
 - the bytes of incomplete incoming multi-frame messages each AMQP connection holds (the
   listener reports the change after each read).
 
@@ -40,7 +41,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MemoryAlarm", "ENTRY_COST", "machine_memory", "wait_in"]
+__all__ = ["MemoryAlarm", "ENTRY_COST", "PACKED_COST", "machine_memory", "wait_in"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,9 @@ def wait_in(waiting: list[Callable[[], None]], callback: Callable[[], None]) -> 
 #: leading sections it keeps, 322 per message in memory beyond its 1,103. One figure for
 #: every entry, as cheap to count as the bytes.
 ENTRY_COST = 280
+#: What a swapped-out entry costs instead once it is packed (:mod:`.level`): its id, size,
+#: delivery count and where its leading sections end, in arrays, and the arrays' slack.
+PACKED_COST = 32
 
 
 def machine_memory() -> int:

@@ -80,6 +80,7 @@ class Paging(QueueState):
         self.swapped_out += 1
         self.memory += head - entry.bytes
         self._memory.add(head - entry.bytes)
+        self._levels[entry.priority].note_swapped()
         if self.swapped == 1:
             self._read_ahead_below = self._batch()
 
@@ -112,15 +113,16 @@ class Paging(QueueState):
         batch: list[Entry] = []
         total = 0
         started = first is None
+        first_id = -1 if first is None else first.id  # (a packed entry is a new Entry each time: see .level)
         for level in self._highest_first:
             for entry in level:
                 if not started:
-                    if entry is not first:
+                    if entry.id != first_id:
                         continue
                     started = True
                 if not entry.swapped:
                     continue
-                if selector is not None and entry is not first:
+                if selector is not None and entry.id != first_id:
                     try:
                         if not selector.matches(message_identifiers(entry.message, entry.delivery_count)):
                             continue
@@ -136,7 +138,7 @@ class Paging(QueueState):
         if batch:
             self._reading = True
             self.reads += 1
-            self.manager.read_back(self, batch)  # type: ignore[arg-type]  # (self is a Queue)
+            self.manager.read_back(self, self._unpacked(batch))  # type: ignore[arg-type]  # (self is a Queue)
 
     def fill(self, entries: list[Entry], bodies: Mapping[int, bytes] | None) -> None:
         """The store's answer to :meth:`QueueServices.read_back`: give the swapped-out
@@ -190,11 +192,18 @@ class Paging(QueueState):
                     continue
                 if room is not None:
                     if room <= 0:
-                        return front
+                        return self._unpacked(front)
                     room -= 1
                 if room_bytes is not None:
                     if room_bytes < entry.bytes:
-                        return front
+                        return self._unpacked(front)
                     room_bytes -= entry.bytes
                 front.append(entry)
-        return front
+        return self._unpacked(front)
+
+    def _unpacked(self, entries: list[Entry]) -> list[Entry]:
+        """``entries`` (swapped out, as iterating the levels gave them), each taken out of its
+        pack if it is in one, so that filling it in place fills the entry the queue keeps."""
+        for priority in {entry.priority for entry in entries}:
+            self._levels[priority].unpack(entry for entry in entries if entry.priority == priority)
+        return entries

@@ -5,13 +5,13 @@ Theory of operation
 A message in a queue is an :class:`Entry` (the shared, immutable
 :class:`messaging.message.Message` plus this queue's state of it). An entry is, in turn:
 
-- **available**: in the deque of its priority level (ten levels, 9 served first; within
-  a level ascending id, so FIFO);
+- **available**: in its priority level (ten levels, 9 served first; within a level
+  ascending id, so FIFO; swapped-out entries packed there: :mod:`.level`);
 - **delivered**: handed to one consumer, which must settle it (accept, release, reject,
   modify) — or a transaction that acknowledged it holds it (**held**);
 - **gone**: accepted, expired or dead-lettered.
 
-An entry leaves its deque when it is delivered and goes back to its place (by id) when
+An entry leaves its level when it is delivered and goes back to its place (by id) when
 it is released, so order and priority survive redelivery. Going back marks it
 ``acquired`` (AMQP 1.0 §3.2.1: its next delivery must say first-acquirer false) and, for a
 failed delivery, counts it in ``delivery_count`` (the consumer's listener adds that to the
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -86,20 +85,12 @@ class Queue(Dispatcher):
         self._reinsert(entry)
 
     def _reinsert(self, entry: Entry) -> None:
-        level = self._levels[entry.priority]
         entry.state = AVAILABLE
-        if not level or level[-1].id < entry.id:
-            level.append(entry)
-        else:
-            index = 0
-            for index, queued in enumerate(level):  # noqa: B007 - the index is the result
-                if queued.id > entry.id:
-                    break
-            level.insert(index, entry)
+        self._levels[entry.priority].insert_in_order(entry)
         self._became_available()
 
     def _became_available(self) -> None:
-        """One more entry is in the deques: parked consumers may want it; dispatch."""
+        """One more entry is in the levels: parked consumers may want it; dispatch."""
         self.available += 1
         if self._parked:
             self._ready.extend(self._parked)
@@ -171,17 +162,10 @@ class Queue(Dispatcher):
         now = now_ms()
         removed = 0
         for level in self._levels:
-            if any(e.expires is not None and e.expires <= now for e in level):
-                keep: deque[Entry] = deque()
-                for entry in level:
-                    if entry.expires is not None and entry.expires <= now:
-                        self.available -= 1
-                        self.manager.expire(self, entry, to_dlq)
-                        removed += 1
-                    else:
-                        keep.append(entry)
-                level.clear()
-                level.extend(keep)
+            for entry in level.take_expired(now):
+                self.available -= 1
+                self.manager.expire(self, entry, to_dlq)
+                removed += 1
         return removed
 
     def drop_all(self) -> list[Entry]:
@@ -220,6 +204,7 @@ class Queue(Dispatcher):
             "cached-bytes": self.bytes - self.swapped_bytes,
             "swapped": self.swapped,
             "swapped-bytes": self.swapped_bytes,
+            "packed": self.packed,
             "memory": self.memory,
             "swapped-out": self.swapped_out,
             "read-back": self.read_back_count,

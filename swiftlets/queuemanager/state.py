@@ -23,7 +23,8 @@ from .api import QueueError, QueueFull
 from .config import QueueSettings
 from .entry import Entry
 from .flow import FlowController
-from .memory import ENTRY_COST, MemoryAlarm
+from .level import Level
+from .memory import ENTRY_COST, PACKED_COST, MemoryAlarm
 
 if TYPE_CHECKING:
     from .consumer import Consumer
@@ -39,7 +40,7 @@ class QueueServices(Protocol):
     """
 
     def expire(self, queue: Queue, entry: Entry, to_dlq: bool | None = None) -> None:
-        """``entry``, just taken out of ``queue``'s deques, has expired: count it, adjust the
+        """``entry``, just taken out of ``queue``'s levels, has expired: count it, adjust the
         queue's size, and drop it or move it to routerdlq (as ``to_dlq`` says, else as the
         queue's ``expired-to-dlq`` does)."""
 
@@ -76,13 +77,14 @@ class QueueState(ABC):
         self.name = name
         self.settings = settings
         self.owner = owner  # a temporary queue's owner (deleted with it)
-        self._levels: list[deque[Entry]] = [deque() for _ in range(10)]
-        self._highest_first = self._levels[::-1]  # the same deques, in delivery order
-        self.available = 0  # entries in the deques
+        self._levels = [Level(priority, self._packed) for priority in range(10)]
+        self._highest_first = self._levels[::-1]  # the same levels, in delivery order
+        self.available = 0  # entries in the levels
         self.size = 0  # entries of this queue not yet gone (available, delivered, held)
         self.bytes = 0  # their Entry.bytes, for max-bytes
         self.swapped = 0  # of those, entries whose bytes are only in the store (Entry.swapped)
         self.swapped_bytes = 0  # and their Entry.bytes
+        self.packed = 0  # of those, entries kept in a level's packs (see .level)
         self._memory = manager.memory
         self.memory = 0  # what its entries count against the router's memory budget (see .memory)
         self._reading = False  # a read_back is under way
@@ -116,7 +118,7 @@ class QueueState(ABC):
     def volatile(self) -> int:
         """Non-persistent messages waiting, or delivered and not settled: what a stop loses
         (counted when asked: an operator's halt, a stopping router's last transfers)."""
-        waiting = sum(not entry.persistent for level in self._levels for entry in level)
+        waiting = sum(not entry.persistent for level in self._levels for entry in level.in_memory())
         return waiting + sum(not entry.persistent for c in self.consumers for entry in c.unsettled.values())
 
     @property
@@ -138,6 +140,15 @@ class QueueState(ABC):
             return 0
         backlog = self.backlog  # (below the start, as often in a routing queue whose entries are held: no delay)
         return 0 if backlog <= start else self.flow.delay(self.settings, backlog, len(self.consumers), now)
+
+    def _packed(self, count: int) -> None:
+        """``count`` of this queue's entries went into packs (negative: came out): they cost
+        :data:`.memory.PACKED_COST` instead of :data:`.memory.ENTRY_COST` each."""
+        self.packed += count
+        if not self.deleted:
+            saved = count * (ENTRY_COST - PACKED_COST)
+            self.memory -= saved
+            self._memory.add(-saved)
 
     def check_room(self, extra: int = 1, extra_bytes: int = 0) -> None:
         """Raises: QueueFull when ``extra`` more messages of ``extra_bytes`` together would

@@ -19,6 +19,7 @@ from proton.utils import BlockingConnection
 from martinet.messaging.message import build
 from martinet.messaging.selector import compile_selector
 from martinet.swiftlets.queuemanager.api import QueueFull
+from martinet.swiftlets.queuemanager.level import PACK_AFTER
 
 from tests.harness.polling import wait_until
 
@@ -57,6 +58,7 @@ async def test_bodies_beyond_the_cache_leave_memory_and_come_back_in_order(make_
         assert usage(running, "big")["cached"] <= 20  # after every send: the bodies in memory
     figures = usage(running, "big")
     assert (figures["messages"], figures["cached"], figures["swapped"]) == (300, 20, 280)
+    assert figures["packed"] > 280 - 2 * PACK_AFTER  # (the last few loose: packed when enough gather, per level)
     assert figures["bytes"] == sum(len(m.raw) for m in sent.values())  # max-bytes counts swapped ones whole
     assert figures["cached-bytes"] + figures["swapped-bytes"] == figures["bytes"]
     queue = queue_manager.queue("big")
