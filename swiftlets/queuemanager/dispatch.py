@@ -62,10 +62,10 @@ class Dispatcher(Paging):
         swapped out (its bytes are asked for, and it stays where it is)."""
         selector, now, excluded = consumer.selector, 0, self.excluded
         for level in self._highest_first:
-            if not level:
+            if not level.count:  # (an attribute: this runs for each level per delivery)
                 continue
             if selector is None:
-                while level:
+                while level.count:
                     entry = level.popleft()
                     if entry.expires is not None and entry.expires <= (now or (now := now_ms())):
                         self.available -= 1

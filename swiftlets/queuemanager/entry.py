@@ -80,9 +80,16 @@ class Entry:
     ) -> Entry:
         """An available persistent entry swapped out to ``head`` (as a pack keeps it: see :mod:`.level`)."""
         entry = cls.__new__(cls)
-        entry.id, entry._message, entry.priority, entry.expires = id, head, priority, expires
-        entry.delivery_count, entry.acquired, entry.bytes = delivery_count, acquired, size
-        entry.state, entry.persistent, entry.swapped = AVAILABLE, True, True
+        entry.id = id
+        entry._message = head
+        entry.priority = priority
+        entry.expires = expires
+        entry.delivery_count = delivery_count
+        entry.state = AVAILABLE
+        entry.persistent = True
+        entry.acquired = acquired
+        entry.bytes = size
+        entry.swapped = True
         return entry
 
     @property

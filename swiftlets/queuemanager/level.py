@@ -28,6 +28,7 @@ import zlib
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 
 from .entry import Entry
 
@@ -39,9 +40,6 @@ PACK_SIZE = 1024
 #: Loose swapped-out entries that gather at a level's tail before they are packed: fewer, and
 #: a pack costs more than the entries it holds; the walk that packs them is paid per batch.
 PACK_AFTER = 64
-#: How many entries not (yet) swapped out at a level's tail the packing walk passes over to
-#: reach the swapped-out ones before them (sends still waiting for their commit to be durable).
-_PASS_OVER = 4096
 _NO_EXPIRY = -1
 
 
@@ -57,7 +55,8 @@ class Pack:
         self.sizes = array("I")
         self.counts = array("I")  # delivery count << 1 | acquired
         self.expires: array[int] | None = None  # made when the first member that expires comes
-        self.heads = bytearray()  # the members' leading sections back to back (empty while zipped)
+        # the members' leading sections back to back (empty while zipped; bytes once unsealed)
+        self.heads: bytes | bytearray = bytearray()
         self.ends = array("I")  # where each member's leading sections end in heads
         self.zipped: bytes | None = None  # heads, compressed, once sealed
         self.start = 0
@@ -95,7 +94,7 @@ class Pack:
     def unseal(self) -> None:
         """Keep the leading sections decompressed (the pack is being consumed from its front)."""
         if self.zipped is not None:
-            self.heads, self.zipped = bytearray(zlib.decompress(self.zipped)), None
+            self.heads, self.zipped = zlib.decompress(self.zipped), None
 
     def __len__(self) -> int:
         return len(self.ids) - self.start
@@ -114,6 +113,37 @@ class Pack:
             bool(count & 1),
             self.sizes[index],
         )
+
+    def take_front(self, most: int, most_bytes: int, priority: int) -> tuple[list[Entry], int]:
+        """Take the first members off the pack as entries: ``most`` at most, or as many as
+        reach ``most_bytes``; and their bytes. (A read-back of a queue's front: this runs
+        for each message consumed from the store, so it is written for speed.)"""
+        self.unseal()  # (consumed from here on: decompressed once)
+        ids, sizes, counts, ends, expires = self.ids, self.sizes, self.counts, self.ends, self.expires
+        heads = self.heads if isinstance(self.heads, bytes) else bytes(self.heads)  # (slices of it are kept)
+        new = Entry.swapped_out
+        taken: list[Entry] = []
+        total, index, stop = 0, self.start, min(len(ids), self.start + most)
+        begin = ends[index - 1] if index else 0
+        while index < stop and total < most_bytes:
+            end, count, size = ends[index], counts[index], sizes[index]
+            at = _NO_EXPIRY if expires is None else expires[index]
+            taken.append(
+                new(
+                    ids[index],
+                    heads[begin:end],
+                    priority,
+                    None if at == _NO_EXPIRY else at,
+                    count >> 1,
+                    bool(count & 1),
+                    size,
+                )
+            )
+            total += size
+            begin = end
+            index += 1
+        self.start = index
+        return taken, total
 
     def entries(self, priority: int) -> Iterator[Entry]:
         heads = self.plain()
@@ -144,20 +174,18 @@ class Level:
     ``on_pack(n)`` is told when ``n`` entries go into packs (negative: come out), so that
     the queue counts the memory they save."""
 
-    __slots__ = ("priority", "_items", "_count", "_loose", "_on_pack")
+    __slots__ = ("priority", "_items", "count", "_loose", "_pack_after", "_on_pack")
 
     def __init__(self, priority: int, on_pack: Callable[[int], None]):
         self.priority = priority
         self._items: deque[Entry | Pack] = deque()
-        self._count = 0
+        self.count = 0  # entries (read only)
         self._loose = 0  # swapped-out entries noted since the last packing walk
+        self._pack_after = PACK_AFTER  # loose ones that start the next walk
         self._on_pack = on_pack
 
     def __len__(self) -> int:
-        return self._count
-
-    def __bool__(self) -> bool:
-        return self._count > 0
+        return self.count
 
     def __iter__(self) -> Iterator[Entry]:
         priority = self.priority
@@ -180,18 +208,18 @@ class Level:
 
     def append(self, entry: Entry) -> None:
         self._items.append(entry)
-        self._count += 1
+        self.count += 1
         if entry.swapped:  # (recovered: restored swapped out, in order)
             self.note_swapped()
 
     def appendleft(self, entry: Entry) -> None:
         self._items.appendleft(entry)
-        self._count += 1
+        self.count += 1
 
     def popleft(self) -> Entry:
         items = self._items
         pack = items[0]
-        self._count -= 1
+        self.count -= 1
         if not isinstance(pack, Pack):
             items.popleft()
             return pack
@@ -213,44 +241,78 @@ class Level:
     def note_swapped(self) -> None:
         """One of this level's entries was swapped out; pack the tail's once enough gathered."""
         self._loose += 1
-        if self._loose >= PACK_AFTER:
+        if self._loose >= self._pack_after:
             self.pack_tail()
 
     def pack_tail(self) -> None:
-        """Pack the stretch of loose swapped-out entries nearest the tail: behind it at most
-        :data:`_PASS_OVER` entries not swapped out; it ends at a pack (which it joins while
-        that has room) or at an entry that is not swapped out."""
+        """Pack the stretch of loose swapped-out entries nearest the tail (behind it, entries
+        not swapped out: sends whose commit is not durable yet). The stretch ends at a pack,
+        which it joins while that has room, or at an entry that is not swapped out. The walk
+        passes over the entries behind the stretch, so the next walk waits for as many loose
+        ones as it passed over: a long tail of sends in flight costs no more per entry."""
         self._loose = 0
         items = self._items
-        after: list[Entry | Pack] = []
-        while items and len(after) < _PASS_OVER:
-            last = items[-1]
-            if isinstance(last, Pack) or last.swapped:
+        behind = 0
+        for item in reversed(items):
+            if isinstance(item, Pack) or item.swapped:
                 break
-            after.append(items.pop())
-        stretch: list[Entry] = []
-        while items:
-            last = items[-1]
-            if isinstance(last, Pack) or not Pack.packable(last):
+            behind += 1
+        self._pack_after = max(PACK_AFTER, behind)
+        length = 0
+        for item in islice(reversed(items), behind, None):
+            if isinstance(item, Pack) or not Pack.packable(item):
                 break
-            stretch.append(last)
-            items.pop()
+            length += 1
+        before = len(items) - behind - length - 1
+        joined = items[before] if before >= 0 else None
+        if length < PACK_AFTER and not (length and isinstance(joined, Pack) and len(joined.ids) < PACK_SIZE):
+            return
+        items.rotate(behind)  # the stretch at the right end
+        stretch: list[Entry] = [items.pop() for _ in range(length)]  # type: ignore[misc]  # (entries: counted above)
         stretch.reverse()
-        if len(stretch) >= PACK_AFTER or (stretch and items and isinstance(items[-1], Pack)):
-            if items and isinstance(items[-1], Pack):
-                joined: Pack = items[-1]
-                room = PACK_SIZE - len(joined.ids)
-                for entry in stretch[:room]:
-                    joined.add(entry)
-                if room and len(joined.ids) == PACK_SIZE:
-                    joined.seal()
-                items.extend(_packs(stretch[room:]))
+        if isinstance(joined, Pack) and len(joined.ids) < PACK_SIZE:
+            room = PACK_SIZE - len(joined.ids)
+            for entry in stretch[:room]:
+                joined.add(entry)
+            if len(joined.ids) == PACK_SIZE:
+                joined.seal()
+            stretch = stretch[room:]
+        items.extend(_packs(stretch))
+        items.rotate(-behind)
+        self._on_pack(length)
+
+    def swapped_front(self, most: int, most_bytes: int) -> tuple[list[Entry], int]:
+        """The first swapped-out entries, each now in the level as itself (taken out of its
+        pack): ``most`` of them at most, or as many as reach ``most_bytes``; and their bytes.
+        (What a read-back for consumers without a selector asks for: :meth:`unpack` would do,
+        but this makes no entry it does not keep.)"""
+        items = self._items
+        found: list[Entry] = []
+        total = start = 0
+        while len(found) < most and total < most_bytes:
+            index = start
+            for index, item in enumerate(islice(items, start, None), start):  # noqa: B007 - where it stopped
+                if isinstance(item, Pack):
+                    break
+                if item.swapped:
+                    found.append(item)
+                    total += item.bytes
+                    if len(found) >= most or total >= most_bytes:
+                        return found, total
             else:
-                items.extend(_packs(stretch))
-            self._on_pack(len(stretch))
-        else:
-            items.extend(stretch)
-        items.extend(reversed(after))
+                return found, total  # no pack left
+            pack: Pack = items[index]  # type: ignore[assignment]  # (where the loop broke)
+            taken, size = pack.take_front(most - len(found), most_bytes - total, self.priority)
+            found += taken
+            total += size
+            if not len(pack):
+                del items[index]
+            items.rotate(-index)
+            items.extendleft(reversed(taken))
+            items.rotate(index)
+            start = index + len(taken)
+            self._on_pack(-len(taken))
+        return found, total
 
     def unpack(self, entries: Iterable[Entry]) -> list[Entry]:
         """``entries`` of this level (as iterating it gave them), each now in the level as
@@ -265,14 +327,25 @@ class Level:
                 wanted.pop(item.id, None)
                 rebuilt.append(item)
                 continue
-            pack: Pack = item
-            ids = pack.ids
-            if not any(ids[index] in wanted for index in range(pack.start, len(ids))):
+            pack, ids, start = item, item.ids, item.start
+            if not any(ids[index] in wanted for index in range(start, len(ids))):
                 rebuilt.append(pack)
+                continue
+            front = start
+            while front < len(ids) and ids[front] in wanted:
+                front += 1
+            if not any(ids[index] in wanted for index in range(front, len(ids))):
+                # a read-back of the queue's front: its first members come off the pack,
+                # which stays as it is (sealed, if it was)
+                rebuilt.extend(wanted.pop(ids[index]) for index in range(start, front))
+                unpacked += front - start
+                pack.start = front
+                if len(pack):
+                    rebuilt.append(pack)
                 continue
             stretch: list[Entry] = []
             heads = pack.plain()
-            for index in range(pack.start, len(ids)):
+            for index in range(start, len(ids)):
                 entry = wanted.pop(ids[index], None)
                 if entry is None:
                     stretch.append(pack.entry(index, self.priority, heads))
@@ -303,7 +376,7 @@ class Level:
     def remove(self, entry: Entry) -> None:
         """Take out ``entry``, which is in the level as itself (not packed)."""
         self._items.remove(entry)
-        self._count -= 1
+        self.count -= 1
 
     def insert_in_order(self, entry: Entry) -> None:
         """Put ``entry`` before the first entry with a higher id (at the tail if none)."""
@@ -316,7 +389,7 @@ class Level:
                 if item.id > entry.id:
                     break
                 continue
-            pack: Pack = item
+            pack = item
             if pack.first_id > entry.id:
                 break
             if pack.ids[-1] > entry.id:  # in the pack: split it there
@@ -330,13 +403,13 @@ class Level:
                 items.rotate(-index)
                 items.extendleft(reversed(rebuilt))
                 items.rotate(index)
-                self._count += 1
+                self.count += 1
                 self._on_pack(-unpacked)
                 return
         else:
             index = len(items)
         items.insert(index, entry)
-        self._count += 1
+        self.count += 1
 
     def take_expired(self, now: int) -> list[Entry]:
         """Take out every entry expired at ``now`` (ms since the epoch) and return them (a
@@ -352,7 +425,7 @@ class Level:
                 else:
                     rebuilt.append(item)
                 continue
-            pack: Pack = item
+            pack = item
             if pack.expires is None or not any(0 <= at <= now for at in pack.expires[pack.start :]):
                 rebuilt.append(pack)
                 continue
@@ -362,12 +435,12 @@ class Level:
                 (taken if expires is not None and expires <= now else staying).append(member)
             unpacked += len(pack) - len(staying) + self._settle(staying, rebuilt)
         self._items = rebuilt
-        self._count -= len(taken)
+        self.count -= len(taken)
         self._on_pack(-unpacked)
         return taken
 
     def clear(self) -> None:
         self._on_pack(-self.packed)
         self._items.clear()
-        self._count = 0
+        self.count = 0
         self._loose = 0

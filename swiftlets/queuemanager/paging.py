@@ -110,6 +110,24 @@ class Paging(QueueState):
         if self._reading or not self.swapped:
             return
         most, most_bytes = self._batch()
+        if first is None and selector is None:  # the front: taken out of the packs as it is found
+            batch: list[Entry] = []
+            for level in self._highest_first:
+                if len(batch) < most and most_bytes > 0:
+                    found, size = level.swapped_front(most - len(batch), most_bytes)
+                    batch += found
+                    most_bytes -= size
+        else:
+            batch = self._unpacked(self._selected(first, selector, most, most_bytes))
+        if batch:
+            self._reading = True
+            self.reads += 1
+            self.manager.read_back(self, batch)  # type: ignore[arg-type]  # (self is a Queue)
+
+    def _selected(self, first: Entry | None, selector: Selector | None, most: int, most_bytes: int) -> list[Entry]:
+        """Swapped-out entries in delivery order from ``first`` on (``first`` itself
+        included), those after it only if ``selector`` matches them: at most ``most`` of
+        them, or as many as reach ``most_bytes``."""
         batch: list[Entry] = []
         total = 0
         started = first is None
@@ -131,14 +149,8 @@ class Paging(QueueState):
                 batch.append(entry)
                 total += entry.bytes
                 if len(batch) >= most or total >= most_bytes:
-                    break
-            else:
-                continue
-            break
-        if batch:
-            self._reading = True
-            self.reads += 1
-            self.manager.read_back(self, self._unpacked(batch))  # type: ignore[arg-type]  # (self is a Queue)
+                    return batch
+        return batch
 
     def fill(self, entries: list[Entry], bodies: Mapping[int, bytes] | None) -> None:
         """The store's answer to :meth:`QueueServices.read_back`: give the swapped-out

@@ -57,7 +57,19 @@ class Model:
 OPERATIONS = st.lists(
     st.tuples(
         st.sampled_from(
-            ["append", "append-swapped", "swap", "popleft", "put-back", "insert", "remove", "unpack", "expire", "pack"]
+            [
+                "append",
+                "append-swapped",
+                "swap",
+                "popleft",
+                "put-back",
+                "insert",
+                "remove",
+                "unpack",
+                "front",
+                "expire",
+                "pack",
+            ]
         ),
         st.integers(0, 1000),
         st.sampled_from([None, None, 50, 150]),
@@ -72,7 +84,7 @@ def small_packs(monkeypatch):  # (the same for every example: nothing else is se
     monkeypatch.setattr(level_module, "PACK_AFTER", 3)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(operations=OPERATIONS)
 def test_a_level_holds_what_a_list_would(small_packs, operations):
     model = Model()
@@ -116,6 +128,15 @@ def test_a_level_holds_what_a_list_would(small_packs, operations):
             kept = level.unpack(chosen)
             assert kept == chosen
             for entry in kept:  # the level now holds these very objects
+                assert any(held is entry for held in level.in_memory())
+                entries[next(i for i, e in enumerate(entries) if e.id == entry.id)] = entry
+        elif name == "front":  # a read-back for consumers without a selector
+            most = number % 9 + 1
+            found, size = level.swapped_front(most, 10**9 if number % 2 else 1)
+            expected = [e for e in entries if e.swapped][: most if number % 2 else 1]
+            assert [fields(e) for e in found] == [fields(e) for e in expected]
+            assert size == sum(e.bytes for e in found)
+            for entry in found:
                 assert any(held is entry for held in level.in_memory())
                 entries[next(i for i, e in enumerate(entries) if e.id == entry.id)] = entry
         elif name == "expire":
