@@ -34,9 +34,11 @@ class Entry:
     a delivered one has its bytes. ``size`` gives ``bytes`` when ``message`` is such a
     head.
 
-    What a swapped-out entry keeps is what a queue holds per stored message, so it is only
-    the head's bytes: ``message`` makes a :class:`Message` of them for each use, and what
-    that decodes (a selector's properties) goes with it instead of staying in memory."""
+    A swapped-out entry keeps only the head's bytes: ``message`` makes a :class:`Message`
+    of them for each use, and what that decodes (a selector's properties) goes with it
+    instead of staying in memory. Most swapped-out entries are not kept as objects at all
+    but packed in their level's arrays (:mod:`.level`), which makes an entry from them
+    (:meth:`swapped_out`) where one is needed."""
 
     __slots__ = (
         "id",

@@ -4,11 +4,12 @@ Theory of operation
 -------------------
 A queue keeps the bytes of at most ``cache-size`` messages (and ``cache-size-bytes-kb``)
 in memory. A persistent message that arrives beyond that, once the store has it (its
-send's commit is durable), is *swapped out*: its entry keeps a :class:`Message` of only
-the sections before the body — header, annotations, properties, application-properties
-(:func:`messaging.message.head_length`; 46 bytes for a JMS-like message with two
-properties) — so priority, expiry, selectors and the redelivery header still work without
-the store, and ``Entry.swapped`` is set. The bytes are read back through the store process
+send's commit is durable), is *swapped out*: its entry keeps only the sections before the
+body — header, annotations, properties, application-properties
+(:func:`messaging.message.head_length`; about 100 bytes for a JMS-like message with a uuid
+message-id and two properties) — so priority, expiry, selectors and the redelivery header
+still work without the store, and ``Entry.swapped`` is set; its level keeps it packed with
+the swapped-out entries around it, in arrays (:mod:`.level`). The bytes are read back through the store process
 (never on this loop's thread) in batches of the cache's size, one read at a time, ahead of
 the consumers: once fewer entries (and bytes) than a batch are left in memory, a delivery
 asks for the next batch — for a consumer with a selector, the next swapped entries its
