@@ -6,9 +6,11 @@ Every log record carries the name of the router it was logged for (the ``router`
 see :mod:`kernel.logs`). :class:`LogSwiftlet` adds one :class:`logging.handlers.RotatingFileHandler`
 to the root logger, filtered to its own router's records, so several routers in one
 process keep separate files; the filter also counts the records by level for usage. The
-root logger's level is lowered when the file wants more than the console does (the
-console handler keeps its own level). The handler is removed and closed when the
-swiftlet stops.
+root logger's level is lowered when a file wants more than the console does (the
+console handler keeps its own level). The root logger is the process's, shared by every
+router in it: its level is the lowest that the running routers' files want, and goes back
+to what it was when the last of them stops (:class:`_RootLevel`). The handler is removed
+and closed when the swiftlet stops.
 """
 
 from __future__ import annotations
@@ -43,6 +45,29 @@ class _RouterFilter(logging.Filter):
         return True
 
 
+class _RootLevel:
+    """The root logger's level while ``sys$log`` files of this process's routers want it
+    lower: one instance per process, as the root logger it manages."""
+
+    def __init__(self) -> None:
+        self._wanted: dict[logging.Handler, int] = {}  # each running file and its level
+        self._before = logging.NOTSET  # the root's level before the first file lowered it
+
+    def want(self, handler: logging.Handler, level: int | None) -> None:
+        """``handler`` wants records from ``level`` on (None: it is gone); set the root's level."""
+        root = logging.getLogger()
+        if not self._wanted:
+            self._before = root.level
+        if level is None:
+            self._wanted.pop(handler, None)
+        else:
+            self._wanted[handler] = level
+        root.setLevel(min(self._before, *self._wanted.values()) if self._wanted else self._before)
+
+
+_root_level = _RootLevel()
+
+
 class LogSwiftlet:
     """``sys$log``: adds the router's file handler while it runs."""
 
@@ -58,11 +83,9 @@ class LogSwiftlet:
     @staticmethod
     def _apply_level(handler: logging.Handler, level: str) -> None:
         handler.setLevel(level)
-        root = logging.getLogger()
         # The root logger must let the records through for the file to see them; the
         # console handler keeps its own level (see kernel.logs.configure_logging).
-        if root.getEffectiveLevel() > handler.level:
-            root.setLevel(handler.level)
+        _root_level.want(handler, handler.level)
 
     def _usage(self) -> dict[str, Any]:
         counts = self._filter.counts
@@ -96,3 +119,4 @@ class LogSwiftlet:
             if self._handler is not None:
                 root.removeHandler(self._handler)
                 self._handler.close()
+                _root_level.want(self._handler, None)

@@ -44,6 +44,9 @@ class Consumer:
         self._buffer: deque[Entry] = deque()
         self.unsettled: dict[int, Entry] = {}
         self._waiter: trio.Event | None = None
+        # with a selector: how many of its queue's fresh entries it has looked at, after a
+        # look at every entry found none it selects (None: it must look at every entry)
+        self.seen: int | None = None
         # A listener's wake-up: called when deliveries wait to be taken (the buffer was empty)
         # and when the consumer is closed under its owner.
         self.notify: Callable[[], None] | None = None

@@ -77,7 +77,7 @@ class Queue(Dispatcher):
         self.enqueued += 1
         self.flow.sent += 1
         self._levels[entry.priority].append(entry)
-        self._became_available()
+        self._became_available(entry)
 
     def restore(self, entry: Entry) -> None:
         """Put a recovered or held entry back in its place (not counted as enqueued)."""
@@ -87,11 +87,13 @@ class Queue(Dispatcher):
     def _reinsert(self, entry: Entry) -> None:
         entry.state = AVAILABLE
         self._levels[entry.priority].insert_in_order(entry)
-        self._became_available()
+        self._became_available(entry)
 
-    def _became_available(self) -> None:
+    def _became_available(self, entry: Entry) -> None:
         """One more entry is in the levels: parked consumers may want it; dispatch."""
         self.available += 1
+        if self._selective:
+            self._note_fresh(entry)
         if self._parked:
             self._ready.extend(self._parked)
             self._parked.clear()
@@ -178,6 +180,7 @@ class Queue(Dispatcher):
         self._memory.add(-self.memory)  # (entries held in transactions too: they count no more)
         self.memory = 0
         self.excluded.clear()
+        self._fresh.clear()
         return entries
 
     def sample_rates(self) -> None:

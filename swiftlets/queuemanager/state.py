@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 
 __all__ = ["QueueServices", "QueueState"]
 
+_FRESH_TRIM = 256  # QueueState._fresh: what every selector consumer has seen is dropped from this length on
+_FRESH_MOST = 4096  # and it is never longer
+
 
 class QueueServices(Protocol):
     """What a queue needs from the manager that holds it: persistence of what leaves or
@@ -104,6 +107,10 @@ class QueueState(ABC):
         # counted against max-messages/max-bytes, or several would each find room for themselves
         self.reserved = self.reserved_bytes = 0
         self._unselectable: set[str] = set()  # selectors that met an entry they could not evaluate (logged)
+        # entries made available since the selector consumers last looked (Consumer.seen):
+        # kept while the queue has such consumers (_selective), at most _FRESH_MOST of them
+        self._fresh: list[Entry] = []
+        self._selective = 0
         # counters
         self.enqueued = self.dequeued = self.expired = self.dead_lettered = self.duplicates = 0
         self.swapped_out = self.reads = self.read_back_count = 0
@@ -140,6 +147,25 @@ class QueueState(ABC):
             return 0
         backlog = self.backlog  # (below the start, as often in a routing queue whose entries are held: no delay)
         return 0 if backlog <= start else self.flow.delay(self.settings, backlog, len(self.consumers), now)
+
+    def _note_fresh(self, entry: Entry) -> None:
+        """``entry`` became available: the selector consumers that looked at every entry
+        before look only at it and the others since (:meth:`.dispatch.Dispatcher._take`).
+        What all of them have seen is forgotten; one that has not looked for a long time
+        (it has no credit) looks at every entry again rather than keep more."""
+        fresh = self._fresh
+        fresh.append(entry)
+        if len(fresh) < _FRESH_TRIM:
+            return
+        marked = [consumer for consumer in self.consumers if consumer.seen is not None]
+        seen = min((consumer.seen for consumer in marked), default=len(fresh))  # type: ignore[type-var]
+        del fresh[:seen]
+        for consumer in marked:
+            consumer.seen -= seen  # type: ignore[operator]
+        if len(fresh) >= _FRESH_MOST:
+            for consumer in marked:
+                consumer.seen = None
+            fresh.clear()
 
     def _packed(self, count: int) -> None:
         """``count`` of this queue's entries went into packs (negative: came out): they cost

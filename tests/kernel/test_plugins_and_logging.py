@@ -101,15 +101,18 @@ async def test_each_router_logs_to_its_own_file(write_config, tmp_path, monkeypa
         )
         for name in ("paris", "tokyo")
     ]
+    root_level = logging.getLogger().level
     async with trio.open_nursery() as nursery:
         for router in routers:
             await nursery.start(router.run)
+        assert logging.getLogger().level == logging.DEBUG  # what the files want comes through
         logging.getLogger("app").warning("hello from %s", "outside")  # no router: in no file
         paris, tokyo = routers
         paris.management.set("/sys$log", "level", "ERROR")  # live change
         logging.getLogger("swiftlet.test$a").warning("not written: below ERROR")
         for router in routers:
             router.request_stop()
+    assert logging.getLogger().level == root_level  # the process's other routers log as before
     for name in ("paris", "tokyo"):
         lines = (tmp_path / f"{name}.log").read_text().splitlines()
         assert lines and all(f"[{name}]" in line for line in lines)
