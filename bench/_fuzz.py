@@ -168,6 +168,7 @@ class Watch:
         self.descriptions: dict[int, list[str]] = {}
         self._heartbeat = (time.monotonic(), "recording")
         self._stop = threading.Event()
+        self._told = 0  # findings printed by progress()
 
     def beat(self, what: str | None = None) -> None:
         self._heartbeat = (time.monotonic(), what or self._heartbeat[1])
@@ -188,6 +189,16 @@ class Watch:
             kind = leaf(record.exc_info[1]) if record.exc_info else record.levelname
             found.append((numbers, [d for n in numbers for d in self.descriptions.get(n, [])], f"{kind}: {line}"))
         return found
+
+    def progress(self, out: Any, cases: int, began: float, more: Sequence[str] = ()) -> None:
+        """A long run's line every so many cases (cases, seconds since ``began``, findings,
+        RSS), and each finding new since the last line, so that a run stopped early still
+        says what it found. ``more``: findings of the run's own (one line each)."""
+        found = self.findings() + [([], [], line) for line in more]
+        out(f"{cases} cases, {time.monotonic() - began:.0f} s, findings {len(found)}, RSS {rss_mb():.1f} MB")
+        for numbers, done, line in found[self._told :]:
+            out(f"  case(s) {numbers} [{'; '.join(done)}]: {line}")
+        self._told = len(found)
 
     def _watchdog(self) -> None:
         while not self._stop.wait(1):

@@ -1,6 +1,6 @@
 """Structure-aware fuzzing of the routing listener with mutated recordings of real router links.
 
-    .venv/bin/python bench/fuzz_routing.py [--cases N] [--seed S] [--concurrency C] [--case K]
+    .venv/bin/python bench/fuzz_routing.py [--cases N] [--seed S] [--concurrency C] [--case K | --first K]
 
 1. **Record.** Routers in this process: ``hub``, the one attacked (its routing listener
    without a password, so that a recorded link replays past the handshake: with one, the
@@ -267,7 +267,13 @@ async def friend_check(network: Network, number: int) -> None:
 
 
 async def fuzz(
-    cases: int, seed: int, *, concurrency: int = 1, only: int | None = None, out: Any = print
+    cases: int,
+    seed: int,
+    *,
+    concurrency: int = 1,
+    only: int | None = None,
+    first: int = 0,
+    out: Any = print,
 ) -> dict[str, Any]:
     """Run ``cases`` seeded cases against a hub started here, ``concurrency`` at a time (a case
     is the same whatever the concurrency: they are made one after the other from the seed);
@@ -306,7 +312,10 @@ async def fuzz(
             async with trio.open_nursery() as playing:
                 for number in range(cases if only is None else only + 1):
                     chunks, done = make_case(sessions, rng)
-                    if only is not None and number != only:
+                    if only is not None and number != only or number < first:
+                        if number % 1000 == 0:  # (made, not played: the router and clients go on meanwhile)
+                            watch.beat(f"making case {number}")
+                            await trio.sleep(0)
                         continue
                     slot = await slots.receive()
                     watch.playing(number, done, concurrency)
@@ -314,16 +323,14 @@ async def fuzz(
                     if number % 25 == 24:
                         watch.beat()
                         await friend_check(network, number)
-                    if number % 10_000 == 9_999:  # a long run shows it is alive, and its RSS
-                        found = len(watch.problems.found) + len(client_failures)
-                        took = time.monotonic() - began
-                        out(f"{number + 1} cases, {took:.0f} s, findings {found}, RSS {rss_mb():.1f} MB")
+                    if number % 10_000 == 9_999:  # a long run shows it is alive, its RSS and findings
+                        watch.progress(out, number + 1, began, client_failures)
             watch.beat()
             await friend_check(network, cases)
             after = rss_mb()
             crashes = watch.findings() + [([], [], line) for line in client_failures]
             nursery.cancel_scope.cancel()
-    run = 1 if only is not None else cases
+    run = 1 if only is not None else cases - first
     report(out, run, seed, concurrency, crashes, (before, after))
     out(f"messages the replayed transactions delivered to fzq: {drained[0] - 40}")
     return {"cases": run, "crashes": crashes, "rss_before": before, "rss_after": after}
@@ -335,6 +342,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=8, help="cases played at once (1 to 250)")
     parser.add_argument("--case", type=int, help="play only this case of the seed (to replay a finding)")
+    parser.add_argument(
+        "--first", type=int, default=0, help="play the cases from this one on (made, not played, before)"
+    )
     args = parser.parse_args()
     if not 1 <= args.concurrency <= 250:
         parser.error("--concurrency must be 1 to 250 (each case at once has a loopback address of its own)")
@@ -342,7 +352,9 @@ def main() -> None:
     started = time.monotonic()
     out = functools.partial(print, flush=True)
     result = trio.run(
-        functools.partial(fuzz, args.cases, args.seed, concurrency=args.concurrency, only=args.case, out=out)
+        functools.partial(
+            fuzz, args.cases, args.seed, concurrency=args.concurrency, only=args.case, first=args.first, out=out
+        )
     )
     print(f"{time.monotonic() - started:.0f} s")
     sys.exit(1 if result["crashes"] else 0)

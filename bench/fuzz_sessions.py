@@ -1,6 +1,6 @@
 """Structure-aware fuzzing of the AMQP listener with mutated recordings of real client sessions.
 
-    .venv/bin/python bench/fuzz_sessions.py [--cases N] [--seed S] [--concurrency C] [--case K]
+    .venv/bin/python bench/fuzz_sessions.py [--cases N] [--seed S] [--concurrency C] [--case K | --first K]
 
 1. **Record.** A router runs in this process; a small trio proxy in front of its listener
    records what clients send, write by write, and whether the router answered before the
@@ -428,7 +428,13 @@ async def checked(router: Router, watch: Watch, port: int, number: int) -> None:
 
 
 async def fuzz(
-    cases: int, seed: int, *, concurrency: int = 1, only: int | None = None, out: Any = print
+    cases: int,
+    seed: int,
+    *,
+    concurrency: int = 1,
+    only: int | None = None,
+    first: int = 0,
+    out: Any = print,
 ) -> dict[str, Any]:
     """Run ``cases`` seeded cases against a router started here, ``concurrency`` at a time
     (each on a connection of its own; a case is the same whatever the concurrency: they are
@@ -458,7 +464,10 @@ async def fuzz(
             async with trio.open_nursery() as playing:
                 for number in range(cases if only is None else only + 1):
                     chunks, done = make_case(sessions, rng)
-                    if only is not None and number != only:
+                    if only is not None and number != only or number < first:
+                        if number % 1000 == 0:  # (made, not played: the router and clients go on meanwhile)
+                            watch.beat(f"making case {number}")
+                            await trio.sleep(0)
                         continue
                     await slots.acquire()
                     watch.playing(number, done, concurrency)
@@ -466,14 +475,13 @@ async def fuzz(
                     if number % 25 == 24 or number == cases - 1:
                         watch.beat()
                         await checked(router, watch, port, number)
-                    if number % 10_000 == 9_999:  # a long run shows it is alive, and its RSS
-                        took, found = time.monotonic() - began, len(watch.problems.found)
-                        out(f"{number + 1} cases, {took:.0f} s, findings {found}, RSS {rss_mb():.1f} MB")
+                    if number % 10_000 == 9_999:  # a long run shows it is alive, its RSS and findings
+                        watch.progress(out, number + 1, began)
             await normal_client(port, cases)
             after = rss_mb()
             crashes = watch.findings()
             router.request_stop()
-    run = 1 if only is not None else cases
+    run = 1 if only is not None else cases - first
     report(out, run, seed, concurrency, crashes, (before, after))
     return {"cases": run, "crashes": crashes, "rss_before": before, "rss_after": after}
 
@@ -484,12 +492,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=1, help="cases played at once, each on its own connection")
     parser.add_argument("--case", type=int, help="play only this case of the seed (to replay a finding)")
+    parser.add_argument(
+        "--first", type=int, default=0, help="play the cases from this one on (made, not played, before)"
+    )
     args = parser.parse_args()
     logging.getLogger().setLevel(logging.INFO)  # the Problems handler sees every record
     started = time.monotonic()
     out = functools.partial(print, flush=True)
     result = trio.run(
-        functools.partial(fuzz, args.cases, args.seed, concurrency=args.concurrency, only=args.case, out=out)
+        functools.partial(
+            fuzz, args.cases, args.seed, concurrency=args.concurrency, only=args.case, first=args.first, out=out
+        )
     )
     print(f"{time.monotonic() - started:.0f} s")
     sys.exit(1 if result["crashes"] else 0)

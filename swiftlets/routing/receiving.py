@@ -34,6 +34,7 @@ from martinet.swiftlets.queuemanager.api import (
     QueueManager,
     QueueNotFound,
     Transaction,
+    check_queue_name,
 )
 from martinet.swiftlets.store.api import StoreError
 
@@ -110,6 +111,10 @@ class Receiving:
             if queue.startswith(TEMPORARY_PREFIX) and queue not in self.manager.queues:
                 self.dropped += 1  # its requester is gone
                 return 0
+            try:  # (a name no queue may have: the queue manager would refuse the whole batch)
+                check_queue_name(queue)
+            except QueueError as exc:
+                return self._unroutable(transaction, message, str(exc))
             try:
                 return transaction.send(queue, message, possible_duplicate=bool(doubt), limited=not alone).delay_ms
             except QueueNotFound as exc:

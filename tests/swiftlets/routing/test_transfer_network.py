@@ -248,6 +248,34 @@ async def test_a_message_for_a_missing_queue_goes_to_unroutable_with_the_reason(
 
 
 @pytest.mark.parametrize("xa", [True, False], ids=["xa", "non-xa"])
+async def test_a_routed_message_naming_an_invalid_queue_goes_to_unroutable_and_the_link_goes_on(network, xa):
+    """A peer's routed message may name a queue no queue may be named ('\\x0bzq': white
+    space). It went to the queue manager, which refused the whole batch: the link was closed
+    with an ERROR as if this router's store had failed, and the peer sent the batch again
+    on the next link, for ever (the routing frame fuzzer found it). Now it goes to
+    unroutable with the reason, as a message for a missing queue does, and the messages
+    around it arrive. The message is put into a's rt$b as it stands, as a peer would send it."""
+    await start(network, "a", "b", listener={"use_xa": xa})
+    network.connect("a", "b")
+    await network.settle({"a": {"b": 1}})
+    link = "/sys$routing/usage/connections/connector:b"
+    connected = network.routers["a"].management.get(link, "connecttime")
+    manager = network.routers["a"].swiftlet("sys$queuemanager")
+    for text, queue in (("before", "orders"), ("bad", "\x0bzq"), ("after", "orders")):
+        annotations = {SOURCE: "a", DESTINATION: "b", QUEUE: queue, HOPS: UInt(0)}
+        await manager.send("rt$b", build(text, annotations=annotations, message_id=text, durable=True))
+    assert await consume(network.url("b"), "orders", 2) == ["before", "after"]
+    unroutable = network.routers["b"].swiftlet("sys$queuemanager").queue("unroutable")
+    await wait_until(lambda: unroutable.size == 1)
+    [entry] = unroutable.browse()
+    assert entry.message.body() == "bad"
+    assert entry.message.message_annotations[UNROUTABLE_REASON] == (
+        "invalid queue name '\\x0bzq': non-empty, without '/', '@' or spaces"
+    )
+    assert network.routers["a"].management.get(link, "connecttime") == connected  # the same link
+
+
+@pytest.mark.parametrize("xa", [True, False], ids=["xa", "non-xa"])
 async def test_across_a_50_ms_round_trip_the_window_grows_past_its_start(network, nursery, xa):
     """A link carries at most its window per round trip, so across distance the window
     grows past the 10 transactions it starts with (``inbound-window-size``): counted, not
