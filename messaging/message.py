@@ -656,7 +656,7 @@ class AnnotationPatch:
         entries merged in: a key already there has its entry's bytes replaced in place
         (later duplicates of it dropped), new keys go at the end, the map's size and count
         are rewritten (a map8 that outgrows one byte becomes a map32)."""
-        code, count, position = _map_head(raw, at)
+        code, count, position = _map_head(raw, at, end)
         if count % 2:
             raise MessageError(f"the message-annotations map has an odd number of elements ({count})")
         pieces: list[bytes] = []
@@ -689,7 +689,7 @@ class AnnotationPatch:
     def _append(self, raw: bytes, start: int, at: int, end: int) -> bytes:
         """The message-annotations section ``raw[start:end]`` (its map at ``at``) with these
         entries added at its end, the map's size and count rewritten."""
-        code, count, position = _map_head(raw, at)
+        code, count, position = _map_head(raw, at, end)
         entries = self._entries
         return _map_section(
             raw[start:at], raw[position:end] + b"".join(entries), count + 2 * len(entries), code == 0xD1
@@ -752,17 +752,21 @@ def _key_identity(raw: bytes, at: int, end: int) -> Any:
         raise MessageError(f"malformed annotation key: {exc}") from None
 
 
-def _map_head(raw: bytes, at: int) -> tuple[int, int, int]:
-    """(constructor, element count, offset of the first element) of the map at ``raw[at]``.
+def _map_head(raw: bytes, at: int, end: int) -> tuple[int, int, int]:
+    """(constructor, element count, offset of the first element) of the map at ``raw[at]``,
+    whose section ends at ``end``.
 
-    Raises: MessageError if it is not a map8 or map32.
+    Raises: MessageError if it is not a map8 or map32, or its size and count do not fit
+    before ``end`` (a map8 whose size byte says 0: a peer's message read as it came).
     """
-    code = raw[at]
-    if code == 0xC1:
-        return code, raw[at + 2], at + 3
-    if code == 0xD1:
-        return code, int.from_bytes(raw[at + 5 : at + 9], "big"), at + 9
-    raise MessageError(f"the message-annotations section must be a map, found constructor 0x{code:02x}")
+    code = raw[at] if at < len(raw) else None
+    if code not in (0xC1, 0xD1):
+        found = "nothing" if code is None else f"constructor 0x{code:02x}"
+        raise MessageError(f"the message-annotations section must be a map, found {found}")
+    first = at + 3 if code == 0xC1 else at + 9
+    if first > min(end, len(raw)):
+        raise MessageError(f"the message-annotations map at offset {at} is cut short: its section ends at {end}")
+    return code, raw[at + 2] if code == 0xC1 else int.from_bytes(raw[at + 5 : at + 9], "big"), first
 
 
 def _map_section(descriptor: bytes, body: bytes, count: int, wide: bool) -> bytes:

@@ -498,6 +498,22 @@ async def test_a_header_that_declares_more_than_its_bytes_is_rejected_on_the_way
     clean_log(caplog)
 
 
+async def test_message_annotations_cut_short_at_the_end_of_a_transfer_are_rejected(amqp_broker, caplog):
+    """A message-annotations map8 whose size byte says 0, as the last bytes of a transfer
+    (found by bench/fuzz_sessions.py, case 240,643 of seed 11): merging the client id into
+    the annotations read the map's count past the end of the message, an IndexError that was
+    logged with a traceback and closed the connection. It is rejected as malformed, and
+    nothing is queued."""
+    caplog.set_level(logging.INFO)
+    running = await amqp_broker()
+    answer = await send_transfer(running.port, b"\x00\x53\x72\xc1\x00")
+    assert rejected_with(answer) == "amqp:decode-error"
+    assert "cut short" in str(answer[5].value[0].value[1])
+    assert running.usage("hostile")["messages"] == 0
+    assert await trio.to_thread.run_sync(normal_client, running.url, "after-cut-short") == "still serving"
+    clean_log(caplog)
+
+
 # -- a seeded slice of bench/fuzz_sessions.py ----------------------------------------------------
 
 
