@@ -238,7 +238,12 @@ def symbols(value: Any) -> list[str]:
 
 
 def symbol_array(names: Sequence[str]) -> Array | None:
-    return Array(0xA3, tuple(Symbol(name) for name in names)) if names else None
+    """``names`` as an array of symbols (None if there are none): sym8 elements, or sym32
+    ones when a name is longer than one size byte can say (a peer's capability echoed back
+    may be: symbols are ASCII, a byte a character)."""
+    if not names:
+        return None
+    return Array(0xB3 if any(len(name) > 255 for name in names) else 0xA3, tuple(Symbol(name) for name in names))
 
 
 def _ulong_descriptors(value: Any) -> Any:

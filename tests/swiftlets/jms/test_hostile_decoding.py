@@ -17,7 +17,7 @@ from proton.utils import BlockingConnection
 
 from martinet.messaging.amqp.wire import AMQP_HEADER, SASL_HEADER
 from martinet.messaging.client import Queue, connect
-from martinet.messaging.codec import Described, Symbol, UInt, ULong, decode, encode
+from martinet.messaging.codec import Array, Described, Symbol, UInt, ULong, decode, encode
 
 from tests.harness.paths import ROOT
 from tests.swiftlets.jms.test_amqp_fuzz import LiveRouter
@@ -457,6 +457,23 @@ async def test_a_source_the_router_must_echo_encodes_or_is_refused(amqp_broker, 
     else:
         assert closed_with(reply) == "amqp:decode-error", kinds
     assert await trio.to_thread.run_sync(normal_client, running.url, "after-echo") == "still serving"
+    clean_log(caplog)
+
+
+async def test_a_capability_longer_than_255_characters_is_echoed(amqp_broker, caplog):
+    """[1.6.24] A source capability of 70,000 characters (found by bench/fuzz_sessions.py,
+    case 36,827 of seed 11) was echoed in an array of sym8, whose elements have one size
+    byte: encoding the attach answer failed (TypeError), and the connection dropped with a
+    traceback. Such an array is a sym32 one now."""
+    caplog.set_level(logging.INFO)
+    running = await amqp_broker()
+    long = Symbol("c" * 70_000)
+    source = Described(ULong(0x28), ["hostile", None, None, None, None, None, None, None, None, None, long])
+    attach = frame(0x12, ["c", 0, True, None, None, source, Described(ULong(0x29), [])])
+    reply = await trio.to_thread.run_sync(exchange, running.port, LOGIN + OPEN + BEGIN + attach)
+    attached = [fields for kind, fields in split(reply) if kind == 0x12]
+    assert attached and attached[0][5].value[10] == Array(0xB3, (long,)), [kind for kind, _ in split(reply)]
+    assert await trio.to_thread.run_sync(normal_client, running.url, "after-capability") == "still serving"
     clean_log(caplog)
 
 
