@@ -14,6 +14,7 @@ remembered for duplicate detection, the oldest forgotten beyond the backlog size
 from __future__ import annotations
 
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
@@ -34,6 +35,20 @@ __all__ = ["QueueServices", "QueueState"]
 
 _FRESH_TRIM = 256  # QueueState._fresh: what every selector consumer has seen is dropped from this length on
 _FRESH_MOST = 4096  # and it is never longer
+
+
+def _weakly(method: Callable[[int], None]) -> Callable[[int], None]:
+    """``method`` (a queue's) called through a weak reference: a queue and its levels would
+    otherwise be a reference cycle, which only the cyclic collector frees, and the running
+    router runs that rarely (each connection's temporary queues are deleted with it)."""
+    reference = weakref.WeakMethod(method)
+
+    def call(count: int) -> None:
+        bound = reference()
+        if bound is not None:
+            bound(count)
+
+    return call
 
 
 class QueueServices(Protocol):
@@ -80,7 +95,8 @@ class QueueState(ABC):
         self.name = name
         self.settings = settings
         self.owner = owner  # a temporary queue's owner (deleted with it)
-        self._levels = [Level(priority, self._packed) for priority in range(10)]
+        packed = _weakly(self._packed)  # (levels must not keep their queue alive: see _weakly)
+        self._levels = [Level(priority, packed) for priority in range(10)]
         self._highest_first = self._levels[::-1]  # the same levels, in delivery order
         self.available = 0  # entries in the levels
         self.size = 0  # entries of this queue not yet gone (available, delivered, held)
