@@ -173,14 +173,13 @@ class QueueState(ABC):
         fresh.append(entry)
         if len(fresh) < _FRESH_TRIM:
             return
-        marked = [consumer for consumer in self.consumers if consumer.seen is not None]
-        seen = min((consumer.seen for consumer in marked), default=len(fresh))  # type: ignore[type-var]
+        seen = min((c.seen for c in self.consumers if c.seen is not None), default=len(fresh))
         del fresh[:seen]
-        for consumer in marked:
-            consumer.seen -= seen  # type: ignore[operator]
-        if len(fresh) >= _FRESH_MOST:
-            for consumer in marked:
-                consumer.seen = None
+        too_many = len(fresh) >= _FRESH_MOST
+        for consumer in self.consumers:
+            if consumer.seen is not None:
+                consumer.seen = None if too_many else consumer.seen - seen
+        if too_many:
             fresh.clear()
 
     def _packed(self, count: int) -> None:
