@@ -277,7 +277,8 @@ async def fuzz(
 ) -> dict[str, Any]:
     """Run ``cases`` seeded cases against a hub started here, ``concurrency`` at a time (a case
     is the same whatever the concurrency: they are made one after the other from the seed);
-    with ``only``, case ``only`` alone. The findings."""
+    with ``only``, case ``only`` alone; with ``first``, the cases from ``first`` on (those
+    before are made, not played). The findings."""
     rng = random.Random(seed)
     drained = [0]
     client_failures: list[str] = []

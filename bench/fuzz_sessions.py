@@ -438,7 +438,8 @@ async def fuzz(
 ) -> dict[str, Any]:
     """Run ``cases`` seeded cases against a router started here, ``concurrency`` at a time
     (each on a connection of its own; a case is the same whatever the concurrency: they are
-    made one after the other from the seed); with ``only``, case ``only`` alone. The findings."""
+    made one after the other from the seed); with ``only``, case ``only`` alone; with
+    ``first``, the cases from ``first`` on (those before are made, not played). The findings."""
     rng = random.Random(seed)
     with Watch() as watch, tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "router.xml"
