@@ -194,7 +194,7 @@ class Attaches:
         if not topic and source.distribution_mode == "copy":
             address = addresses.check(name, "browse")
             queue_manager = connection.queue_manager
-            return BrowsingLink(connection, link, list(queue_manager.queue(address).browse(selector)), queue_manager)
+            return BrowsingLink(connection, link, queue_manager.queue(address).browse(selector), queue_manager)
         if topic:
             topic_manager = connection.topic_manager
             assert topic_manager is not None  # (checked as a topic)

@@ -28,8 +28,10 @@ counters, ``wake``, ``route``, ``publish``, the queue manager.
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from martinet.messaging import amqp
@@ -317,11 +319,13 @@ class BrowsingLink:
 
     FETCH = 256
 
-    def __init__(self, connection: AmqpConnection, link: amqp.Link, entries: list[Entry], queue_manager: QueueManager):
+    def __init__(
+        self, connection: AmqpConnection, link: amqp.Link, entries: Iterator[Entry], queue_manager: QueueManager
+    ):
         self.connection = connection
         self.link = link
-        self._entries = entries
-        self._next = 0  # index of the next entry to send
+        self._entries = entries  # (Queue.browse: made as they are reached, so a deep queue costs little)
+        self._ahead: deque[Entry] = deque()  # the next ones, at most FETCH
         self._queue_manager = queue_manager
         self._fetched: dict[int, Message] = {}  # whole messages read back, by entry id
         self._missing: set[int] = set()  # entries the store no longer had (consumed meanwhile)
@@ -336,20 +340,21 @@ class BrowsingLink:
     def pump(self) -> None:
         link = self.link
         while link.credit > 0 and not link.session.blocked:
-            if self._next >= len(self._entries):
+            ahead = self._fill()
+            if not ahead:
                 link.drained()
                 return
-            entry = self._entries[self._next]
+            entry = ahead[0]
             message = self._fetched.pop(entry.id, None)
             if message is None:
                 if entry.id in self._missing:
-                    self._next += 1
+                    ahead.popleft()
                     continue
                 if entry.swapped:
                     self._fetch()
                     return  # the fetch wakes the connection
                 message = entry.message
-            self._next += 1
+            ahead.popleft()
             try:
                 if entry.acquired:
                     message = redelivered(message, entry.delivery_count)
@@ -358,11 +363,18 @@ class BrowsingLink:
                 continue
             link.send(message.raw, True)
 
+    def _fill(self) -> deque[Entry]:
+        """The next entries to send, topped up to :data:`FETCH` from the browse."""
+        ahead = self._ahead
+        if len(ahead) < self.FETCH:
+            ahead.extend(itertools.islice(self._entries, self.FETCH - len(ahead)))
+        return ahead
+
     def _fetch(self) -> None:
         if self._fetching:
             return
         self._fetching = True
-        batch = self._entries[self._next : self._next + self.FETCH]
+        batch = list(self._fill())
 
         def fetched(messages: Mapping[int, Message]) -> None:
             self._fetching = False
@@ -380,5 +392,6 @@ class BrowsingLink:
         pass  # browsed copies go out settled
 
     def close(self) -> None:
-        self._entries = []
+        self._entries = iter(())
+        self._ahead.clear()
         self._fetched.clear()

@@ -197,6 +197,21 @@ class Level:
             else:
                 yield item
 
+    def snapshot(self) -> Iterator[Entry]:
+        """The entries as they are now, made as they are reached: the level's items (an
+        entry or a pack each) are copied at once; a pack's members from its front as it is
+        then (those taken off it meanwhile are left out)."""
+        items, priority = list(self._items), self.priority
+
+        def entries() -> Iterator[Entry]:
+            for item in items:
+                if isinstance(item, Pack):
+                    yield from item.entries(priority)
+                else:
+                    yield item
+
+        return entries()
+
     @property
     def packed(self) -> int:
         """Entries in packs."""

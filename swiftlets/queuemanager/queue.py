@@ -34,6 +34,7 @@ trio thread; persistence and dead letters are the manager's business (:mod:`.per
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -140,12 +141,14 @@ class Queue(Dispatcher):
     # -- browsing, cleanup, usage --------------------------------------------------------------
 
     def browse(self, selector: Selector | None = None) -> Iterator[Entry]:
-        """The available entries in delivery order (a snapshot; nothing is consumed). A
-        swapped-out entry's ``message`` has only its leading sections: nothing is read back
-        here (see :meth:`QueueManager.fetch_messages`)."""
+        """The available entries in delivery order (a snapshot when the first is asked for;
+        nothing is consumed). A packed entry is made as it is reached (a browse of a deep
+        queue holds about one pack's worth of them at a time), and those consumed meanwhile
+        are left out. A swapped-out entry's ``message`` has only its leading sections:
+        nothing is read back here (see :meth:`QueueManager.fetch_messages`)."""
         now = now_ms()
-        snapshot = [entry for level in self._highest_first for entry in level]
-        for entry in snapshot:
+        snapshot = [level.snapshot() for level in self._highest_first]
+        for entry in itertools.chain.from_iterable(snapshot):
             if entry.state != AVAILABLE or (entry.expires is not None and entry.expires <= now):
                 continue
             if selector is None:
