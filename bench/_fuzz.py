@@ -190,12 +190,14 @@ class Watch:
             found.append((numbers, [d for n in numbers for d in self.descriptions.get(n, [])], f"{kind}: {line}"))
         return found
 
-    def progress(self, out: Any, cases: int, began: float, more: Sequence[str] = ()) -> None:
+    def progress(self, out: Any, cases: int, began: float, more: Sequence[str] = (), state: str = "") -> None:
         """A long run's line every so many cases (cases, seconds since ``began``, findings,
-        RSS), and each finding new since the last line, so that a run stopped early still
-        says what it found. ``more``: findings of the run's own (one line each)."""
+        RSS, and ``state``: what the router holds that could explain a growing RSS), and each
+        finding new since the last line, so that a run stopped early still says what it
+        found. ``more``: findings of the run's own (one line each)."""
         found = self.findings() + [([], [], line) for line in more]
-        out(f"{cases} cases, {time.monotonic() - began:.0f} s, findings {len(found)}, RSS {rss_mb():.1f} MB")
+        took = time.monotonic() - began
+        out(f"{cases} cases, {took:.0f} s, findings {len(found)}, RSS {rss_mb():.1f} MB{state and ', '}{state}")
         for numbers, done, line in found[self._told :]:
             out(f"  case(s) {numbers} [{'; '.join(done)}]: {line}")
         self._told = len(found)

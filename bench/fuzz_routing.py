@@ -325,7 +325,8 @@ async def fuzz(
                         watch.beat()
                         await friend_check(network, number)
                     if number % 10_000 == 9_999:  # a long run shows it is alive, its RSS and findings
-                        watch.progress(out, number + 1, began, client_failures)
+                        queues = len(network.routers["hub"].swiftlet("sys$queuemanager").queues)
+                        watch.progress(out, number + 1, began, client_failures, f"{queues} queues")
             watch.beat()
             await friend_check(network, cases)
             after = rss_mb()

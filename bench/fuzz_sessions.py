@@ -477,7 +477,8 @@ async def fuzz(
                         watch.beat()
                         await checked(router, watch, port, number)
                     if number % 10_000 == 9_999:  # a long run shows it is alive, its RSS and findings
-                        watch.progress(out, number + 1, began)
+                        queues = len(router.swiftlet("sys$queuemanager").queues)
+                        watch.progress(out, number + 1, began, state=f"{queues} queues")
             await normal_client(port, cases)
             after = rss_mb()
             crashes = watch.findings()
