@@ -53,7 +53,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: tests.harness, bench
 
-from bench._fuzz import Chunk, Watch, leaf, mutated_case, play, record_through_proxy, report, rss_mb  # noqa: E402
+from bench._fuzz import Chunk, Watch, leaf, mutated_case, play, record_through_proxy, report, rss_mb, tidy  # noqa: E402
 from martinet.messaging.client import DeliveryMode, Queue, TextMessage, connect  # noqa: E402
 
 from tests.harness.network import Network  # noqa: E402
@@ -297,6 +297,8 @@ async def fuzz(
             await friend_check(network, -1)
             watch.problems.found.clear()
             port = network.routing_port("hub")
+            manager = network.routers["hub"].swiftlet("sys$queuemanager")
+            baseline = set(manager.queues)
             before, began = rss_mb(), time.monotonic()
             slots_send, slots = trio.open_memory_channel[int](concurrency)
             for slot in range(concurrency):
@@ -325,8 +327,9 @@ async def fuzz(
                         watch.beat()
                         await friend_check(network, number)
                     if number % 10_000 == 9_999:  # a long run shows it is alive, its RSS and findings
-                        queues = len(network.routers["hub"].swiftlet("sys$queuemanager").queues)
-                        watch.progress(out, number + 1, began, client_failures, f"{queues} queues")
+                        deleted = await tidy(network.routers["hub"], baseline)
+                        held = f"{len(manager.queues)} queues, {len(manager.prepared_transactions())} prepared"
+                        watch.progress(out, number + 1, began, client_failures, f"{deleted}, {held}")
             watch.beat()
             await friend_check(network, cases)
             after = rss_mb()
@@ -342,14 +345,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--concurrency", type=int, default=8, help="cases played at once (1 to 250)")
+    parser.add_argument("--concurrency", type=int, default=8, help="cases played at once (1 to 99)")
     parser.add_argument("--case", type=int, help="play only this case of the seed (to replay a finding)")
     parser.add_argument(
         "--first", type=int, default=0, help="play the cases from this one on (made, not played, before)"
     )
     args = parser.parse_args()
-    if not 1 <= args.concurrency <= 250:
-        parser.error("--concurrency must be 1 to 250 (each case at once has a loopback address of its own)")
+    if not 1 <= args.concurrency <= 99:
+        parser.error("--concurrency must be 1 to 99 (each case at once has a loopback address and a 2-digit peer name)")
     logging.getLogger().setLevel(logging.INFO)  # the Problems handler sees every record
     started = time.monotonic()
     out = functools.partial(print, flush=True)

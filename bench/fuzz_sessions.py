@@ -45,7 +45,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the top folder: bench
 
-from bench._fuzz import Chunk, Watch, mutated_case, play, record_through_proxy, report, rss_mb  # noqa: E402
+from bench._fuzz import Chunk, Watch, mutated_case, play, record_through_proxy, report, rss_mb, tidy  # noqa: E402
 from martinet.kernel import Router  # noqa: E402
 from martinet.messaging.codec import (  # noqa: E402
     Array,
@@ -451,6 +451,8 @@ async def fuzz(
             sessions = await record(port)
             await normal_client(port, -1)
             watch.problems.found.clear()
+            manager = router.swiftlet("sys$queuemanager")
+            baseline = set(manager.queues)
             before, began = rss_mb(), time.monotonic()
             slots = trio.Semaphore(concurrency)
 
@@ -477,8 +479,8 @@ async def fuzz(
                         watch.beat()
                         await checked(router, watch, port, number)
                     if number % 10_000 == 9_999:  # a long run shows it is alive, its RSS and findings
-                        queues = len(router.swiftlet("sys$queuemanager").queues)
-                        watch.progress(out, number + 1, began, state=f"{queues} queues")
+                        deleted = await tidy(router, baseline)
+                        watch.progress(out, number + 1, began, state=f"{deleted}, {len(manager.queues)} queues")
             await normal_client(port, cases)
             after = rss_mb()
             crashes = watch.findings()

@@ -239,6 +239,14 @@ class Transfer:
         if isinstance(event, PrepareReceived):
             job = self.sending.commit_outbound, (link, event.xid)
         elif isinstance(event, TransactionReceived):
+            if link.error is not None:  # closing: nothing more is held (not answered, so sent again)
+                return
+            if parties(event.xid) != (link.peer, self.local):
+                # a peer names its transactions routing:<peer>:<us>:…; any other xid would be
+                # held in doubt where no recovery of this link resolves it (a peer could fill
+                # the router with them), or take one a neighbour or an XA client is using
+                link.close(f"transaction {event.xid!r} is not of this link (routing:{link.peer}:{self.local}:…)")
+                return
             job = self.receiving.prepare, (link, state, event.xid, event.messages)
         elif isinstance(event, CommitReceived):
             job = self.receiving.commit, (link, state, event.xid, event.recovery)

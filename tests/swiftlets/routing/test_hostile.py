@@ -34,8 +34,11 @@ import trio
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from martinet.messaging.codec import UInt
+from martinet.messaging.message import build
 from martinet.swiftlets.routing.exchange import MAX_PATH
 from martinet.swiftlets.routing.links import HandshakeThrottle
+from martinet.swiftlets.routing.routing_annotations import DESTINATION, HOPS, QUEUE, SOURCE
 from martinet.swiftlets.routing.stages import (
     Closed,
     LinkMachine,
@@ -522,6 +525,33 @@ async def test_a_route_through_the_receiver_is_refused_by_the_exchanger_and_logg
     warnings = [r.getMessage() for r in hub.caplog.records if r.levelno == logging.WARNING]
     assert any(f"to {name}: bad route announcement: a looping route" in w for w in warnings), warnings
     await hub.check("a route through the receiver")
+
+
+@pytest.mark.parametrize(
+    "xid", ["hub", "routing:friend:hub:e-1", "routing:{name}:friend:e-1", "routing:{name}:h,b:e-1"]
+)
+async def test_a_transaction_under_an_xid_of_another_link_closes_the_link_and_nothing_is_held(hub, xid):
+    """A peer names its transactions ``routing:<itself>:<receiver>:…``. The hub prepared one
+    under any xid: the routing fuzzer left ``hub`` and ``routing:fz15:h,b:…`` in doubt, which
+    no link's recovery ever resolves (held for ever: a peer could fill the router with them),
+    and a peer could take an xid a neighbour or an XA client was about to use. Now the hub
+    closes the link (one WARNING) and holds nothing of it, nor of what followed on the link."""
+    name = next(hub.names)
+    xid = xid.format(name=name)
+    manager = hub.network.routers["hub"].swiftlet("sys$queuemanager")
+    message = build("m", annotations={SOURCE: name, DESTINATION: "hub", QUEUE: "q-xid", HOPS: UInt(0)}).raw
+    async with await Mallory.connect(hub, name) as mallory:
+        mallory.machine.send_transaction(xid, [message])
+        mallory.machine.send_transaction(f"routing:{name}:hub:e-2", [message])
+        await send(mallory.stream, mallory.machine.data_to_send() or b"")
+        closed = await mallory.ended_by_hub()
+        assert closed is not None and closed.by_peer, closed
+        assert f"transaction {xid!r} is not of this link (routing:{name}:hub:…)" in closed.reason, closed
+    held = [x for x in manager.prepared_transactions() if x == xid or name in x]
+    assert held == [], held
+    warnings = [r.getMessage() for r in hub.caplog.records if "is not of this link" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    await hub.check("a transaction under a foreign xid")
 
 
 async def test_valid_announcements_keep_the_link(hub):
