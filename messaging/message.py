@@ -344,14 +344,6 @@ class Message:
     def message_id(self) -> Any:
         return self.properties.message_id
 
-    def expiry(self, arrival_ms: int) -> int | None:
-        """Absolute expiry in ms since the epoch: ``absolute-expiry-time``, else arrival + ttl."""
-        absolute = self.properties.absolute_expiry_time
-        if absolute:
-            return int(absolute)
-        ttl = self.header.ttl
-        return arrival_ms + ttl if ttl else None
-
     def queue_info(
         self, arrival_ms: int, *, check: bool = False, peek: bool = False
     ) -> tuple[bool, int, int | None, Any]:
@@ -450,22 +442,51 @@ class Message:
         front = self._front
         return None if front is None or front[2] < 0 else (front[2], front[1])
 
+    def expiry(self, arrival_ms: int) -> int | None:
+        """Absolute expiry in ms since the epoch (None: none): ``absolute-expiry-time``, else
+        ``arrival_ms`` + ttl, as :meth:`queue_info` gives it; what a patch read is left for
+        queue_info (a rewrite asks for this before the queue manager takes the message in).
+        When a patch placed the annotations it takes no decoding: the header's ttl is known,
+        and properties of fewer than 9 fields have no absolute-expiry-time.
+
+        Raises:
+            MessageError: as :meth:`queue_info` (only when it has to read the properties).
+        """
+        front = self._front
+        if front is not None and self._properties is None:
+            raw, at = self.raw, front[1]
+            if raw[at : at + 3] != _PROPERTIES_PREFIX or _list_count(raw, at + 3) < 9:
+                ttl = front[0][2]
+                return arrival_ms + ttl if ttl else None
+        return self.queue_info(arrival_ms, peek=True)[2]
+
     @classmethod
-    def with_annotations_at(cls, raw: bytes, start: int, end: int, *, usual: bool = True) -> Message:
+    def with_annotations_at(
+        cls,
+        raw: bytes,
+        start: int,
+        end: int,
+        *,
+        usual: bool = True,
+        header_of: Message | None = None,
+    ) -> Message:
         """The message ``raw`` whose message-annotations section is ``raw[start:end]``, as
         its caller knows from having just walked (``skip``) or written the sections up to
         there; ``usual``: the section's descriptor is ``0x00 0x53 0x72``. Its header is read
         now, so that :meth:`queue_info` checks only what follows the annotations, as it does
         after an :class:`AnnotationPatch` (a routed message arrives with its annotations
         found and its hop count written). A header in an unusual encoding leaves the message
-        as plain ``Message(raw)``: queue_info() then reads it all."""
+        as plain ``Message(raw)``: queue_info() then reads it all. ``header_of``: the message
+        ``raw`` was made from, with the same header bytes: the header a patch read on its way
+        in is not read again."""
         message = cls(raw)
-        if raw[:3] == _HEADER_PREFIX:
-            header_fields = _header_fields(raw)
-        elif start == 0 or raw[:3] == _DELIVERY_ANNOTATIONS_PREFIX:  # no header
-            header_fields = _DEFAULT_HEADER_FIELDS
-        else:
-            header_fields = None
+        known = None if header_of is None else header_of._front
+        header_fields = None if known is None else known[0]
+        if header_fields is None:
+            if raw[:3] == _HEADER_PREFIX:
+                header_fields = _header_fields(raw)
+            elif start == 0 or raw[:3] == _DELIVERY_ANNOTATIONS_PREFIX:  # no header
+                header_fields = _DEFAULT_HEADER_FIELDS
         if header_fields is not None:  # what queue_info() would look for, as on the fast path
             message._front = header_fields, end, start if usual else -1
         return message

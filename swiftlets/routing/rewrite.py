@@ -25,6 +25,7 @@ __all__ = ["PATCHES_KEPT", "SECTION_KEPT_BYTES", "now_ms", "routing_rewrite"]
 _REWRITTEN_KEYS = re.compile(b"|".join(re.escape(key.encode()) for key in (SOURCE, DESTINATION, QUEUE, HOPS)))
 PATCHES_KEPT = 1024  # addresses whose annotation patch a rewrite keeps (a patch costs more than its use)
 SECTION_KEPT_BYTES = 1024  # annotation sections larger than this are rewritten each time, not kept
+_UNSEEN = b""  # (a section the rewrite has not kept: no section is empty)
 
 
 def routing_rewrite(local: str) -> Rewrite:
@@ -48,12 +49,14 @@ def routing_rewrite(local: str) -> Rewrite:
             return annotated if annotated is message else _expiring(annotated)
         start, end = where
         key = (address, raw[start:end])
-        if key in rewritten:
-            section = rewritten[key]
+        section = rewritten.get(key, _UNSEEN)
+        if section is not _UNSEEN:
             if section is None:
                 return message
             return _expiring(
-                Message.with_annotations_at(raw[:start] + section + raw[end:], start, start + len(section))
+                Message.with_annotations_at(
+                    raw[:start] + section + raw[end:], start, start + len(section), header_of=message
+                )
             )
         annotated = annotate(address, message)
         if annotated is message:  # (forwarded: it has them already)
@@ -96,7 +99,7 @@ def routing_rewrite(local: str) -> Rewrite:
         return patch.apply(message, absent=absent)
 
     def _expiring(message: Message) -> Message:
-        expires = message.queue_info(now_ms(), peek=True)[2]  # the time to live counts end to end (§12)
+        expires = message.expiry(now_ms())  # the time to live counts end to end (§12)
         return message if expires is None else message.with_annotations({EXPIRES: Timestamp(expires)})
 
     return rewrite

@@ -181,6 +181,30 @@ def test_absolute_expiry_wins_over_ttl():
     assert message.expiry(1000) == 99
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    ttl=st.none() | st.integers(0, 2**32 - 1),
+    absolute=st.none() | st.integers(0, 2**62),
+    message_id=st.none() | st.text(max_size=5),
+    group_id=st.none() | st.just("g"),
+    annotations=st.dictionaries(st.sampled_from(["x-a", "x-b"]), st.integers(0, 9), max_size=2),
+)
+def test_expiry_by_the_short_path_is_what_queue_info_says(ttl, absolute, message_id, group_id, annotations):
+    """After a patch, expiry() reads neither the header nor (short properties) the
+    properties again; it must agree with queue_info, leave what the patch read for it, and
+    so must a message made from it with a header taken over (``header_of``)."""
+    plain = build(
+        b"x", ttl=ttl, absolute_expiry_time=absolute, message_id=message_id, group_id=group_id, annotations=annotations
+    )
+    patched = AnnotationPatch({"x-opt-c": "c"}).apply(plain)
+    expected = plain.queue_info(1000)
+    assert patched.expiry(1000) == plain.expiry(1000) == expected[2]
+    start, end = patched.annotations_span()  # (queue_info without peek uses up what the patch read)
+    made = Message.with_annotations_at(bytes(patched.raw), start, end, header_of=patched)
+    assert patched.queue_info(1000, check=True) == expected
+    assert made.expiry(1000) == expected[2] and made.queue_info(1000, check=True) == expected
+
+
 def test_priority_above_nine_counts_as_nine():
     assert build(b"", priority=200).queue_info(0)[1] == 9
 
