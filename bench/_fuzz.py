@@ -4,6 +4,7 @@ at ERROR and above, a watchdog for a frozen event loop, the report."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import random
@@ -150,6 +151,13 @@ def leaf(exc: BaseException | None) -> str:
 
 
 def rss_mb() -> float:
+    """The process's RSS in MB, once the C heap has handed back what it holds free
+    (glibc's ``malloc_trim``: a freed buffer stays in the process otherwise, and RSS then
+    rises with fragmentation, not with what the router keeps)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: RSS as it is
+        pass
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith("VmRSS:"):
@@ -192,12 +200,18 @@ class Watch:
 
     def progress(self, out: Any, cases: int, began: float, more: Sequence[str] = (), state: str = "") -> None:
         """A long run's line every so many cases (cases, seconds since ``began``, findings,
-        RSS, and ``state``: what the router holds that could explain a growing RSS), and each
+        RSS, allocated blocks, and ``state``: what the router holds that could explain a growing RSS), and each
         finding new since the last line, so that a run stopped early still says what it
         found. ``more``: findings of the run's own (one line each)."""
         found = self.findings() + [([], [], line) for line in more]
         took = time.monotonic() - began
-        out(f"{cases} cases, {took:.0f} s, findings {len(found)}, RSS {rss_mb():.1f} MB{state and ', '}{state}")
+        # the interpreter's allocated blocks: what Python objects hold, apart from how the
+        # heaps lay them out (RSS can creep with fragmentation while this stays flat)
+        blocks = sys.getallocatedblocks()
+        out(
+            f"{cases} cases, {took:.0f} s, findings {len(found)}, RSS {rss_mb():.1f} MB, {blocks:,} blocks"
+            f"{state and ', '}{state}"
+        )
         for numbers, done, line in found[self._told :]:
             out(f"  case(s) {numbers} [{'; '.join(done)}]: {line}")
         self._told = len(found)
