@@ -200,9 +200,9 @@ class Watch:
 
     def progress(self, out: Any, cases: int, began: float, more: Sequence[str] = (), state: str = "") -> None:
         """A long run's line every so many cases (cases, seconds since ``began``, findings,
-        RSS, allocated blocks, and ``state``: what the router holds that could explain a growing RSS), and each
-        finding new since the last line, so that a run stopped early still says what it
-        found. ``more``: findings of the run's own (one line each)."""
+        RSS, allocated blocks, and ``state``: what the router holds that could explain a
+        growing RSS), and each finding new since the last line, so that a run stopped early
+        still says what it found. ``more``: findings of the run's own (one line each)."""
         found = self.findings() + [([], [], line) for line in more]
         took = time.monotonic() - began
         # the interpreter's allocated blocks: what Python objects hold, apart from how the
