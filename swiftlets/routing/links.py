@@ -258,6 +258,18 @@ class Link:
                         self.machine.refuse(reason)
                         self._fail(f"refused: {reason}")
                 elif isinstance(event, Operational):
+                    if event.unresolved:
+                        # A router commits in recovery every xid its receiver lists (the
+                        # recovery table). One that does not would leave them in doubt here,
+                        # then prepare more, connection after connection, with nothing ever
+                        # resolving them: its link stays closed while they are in doubt
+                        # (an operator commits or rolls them back on /sys$xa/usage/in-doubt).
+                        self.close(
+                            f"{self.peer} did not commit {len(event.unresolved)} of its transactions listed in "
+                            f"recovery (a router commits every one): they stay in doubt here, and its link stays "
+                            f"closed until an operator resolves them"
+                        )
+                        continue
                     self.operational = event
                     self.state = LinkState.OPERATIONAL
                     self.owner.link_state(self)

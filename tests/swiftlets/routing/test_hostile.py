@@ -63,6 +63,8 @@ from martinet.swiftlets.routing.wire import (
     encode,
 )
 
+from tests.harness.polling import wait_until
+
 PASSWORD = "hub-secret"
 BASELINE = {"hub": {"friend": 1, "far": 2}, "friend": {"hub": 1, "far": 1}}
 EXAMPLES = 20  # per strategy and password setting (the announcements: 3 per kind): about 30 s in all
@@ -198,6 +200,8 @@ class Mallory:
         with trio.fail_after(timeout):
             while True:
                 events = self.machine.events()
+                # a Closed after the awaited event, read at once with it, is kept for ended_by_hub
+                self.closed = next((event for event in events if isinstance(event, Closed)), self.closed)
                 for event in events:
                     if isinstance(event, PeerIdentified):
                         self.machine.admit()
@@ -205,8 +209,6 @@ class Mallory:
                         self.machine.recovery_list(())
                     elif isinstance(event, RecoveryReceived):
                         self.machine.recovery_done(commit=())
-                    elif isinstance(event, Closed):
-                        self.closed = event
                     if until(event):
                         await send(self.stream, self.machine.data_to_send() or b"")
                         return
@@ -226,6 +228,8 @@ class Mallory:
         """Wait until the hub ends the link; its Closed event (None: the socket just ended).
 
         Raises: AssertionError if the link is still up after ``timeout`` seconds."""
+        if self.closed is not None:  # read with the end of the handshake
+            return self.closed
         with trio.move_on_after(timeout):
             while True:
                 got = await receive(self.stream, timeout)
@@ -552,6 +556,47 @@ async def test_a_transaction_under_an_xid_of_another_link_closes_the_link_and_no
     warnings = [r.getMessage() for r in hub.caplog.records if "is not of this link" in r.getMessage()]
     assert len(warnings) == 1, warnings
     await hub.check("a transaction under a foreign xid")
+
+
+async def test_a_peer_that_does_not_commit_what_recovery_lists_cannot_add_to_it(hub):
+    """In recovery a router commits every xid its receiver lists. A peer that did not left
+    them in doubt, its link went on, and it prepared more, connection after connection: the
+    fuzzer's peers left hundreds, and nothing ever resolved them. Now, while any is in doubt,
+    the link closes at the end of the recovery (one WARNING each time): however often the
+    peer comes back, the hub holds what it prepared the first time and no more. Once an
+    operator rolls that back, the peer's next link is up again."""
+    name = next(hub.names)
+    router = hub.network.routers["hub"]
+    manager = router.swiftlet("sys$queuemanager")
+
+    def held() -> list[str]:
+        return sorted(xid for xid in manager.prepared_transactions() if xid.startswith(f"routing:{name}:hub:"))
+
+    message = build("m", annotations={SOURCE: name, DESTINATION: "hub", QUEUE: "q-doubt", HOPS: UInt(0)}).raw
+    first = f"routing:{name}:hub:e-1"
+    async with await Mallory.connect(hub, name) as mallory:
+        mallory.machine.send_transaction(first, [message])
+        await send(mallory.stream, mallory.machine.data_to_send() or b"")
+        await wait_until(lambda: held() == [first], what="the first transaction prepared")
+    # it leaves without committing: the transaction is in doubt
+    for attempt in range(2, 5):
+        await hub.wait_table(lambda table: name not in table, "the last link gone")
+        async with await Mallory.connect(hub, name) as mallory:  # its handshake and recovery complete
+            mallory.machine.send_transaction(f"routing:{name}:hub:e-{attempt}", [message])
+            await send(mallory.stream, mallory.machine.data_to_send() or b"")
+            closed = await mallory.ended_by_hub()
+            assert closed is not None and closed.by_peer, closed
+            assert f"{name} did not commit 1 of its transactions listed in recovery" in closed.reason, closed
+        assert held() == [first], attempt
+    warnings = [r.getMessage() for r in hub.caplog.records if "did not commit" in r.getMessage()]
+    assert len(warnings) == 3, warnings
+    await router.swiftlet("sys$xa").rollback(first)  # the operator's decision
+    await hub.wait_table(lambda table: name not in table, "the last link gone")
+    async with await Mallory.connect(hub, name) as mallory:
+        await hub.wait_table(lambda table: table.get(name) == 1, "the link is used again")
+        assert await receive(mallory.stream, 0.3) != b"", "the hub closed the link with nothing in doubt"
+    assert held() == []
+    await hub.check("a peer that does not commit what recovery lists")
 
 
 async def test_valid_announcements_keep_the_link(hub):
