@@ -96,7 +96,8 @@ def session(
     ``scratch`` takes Spark's local files (``spark.local.dir`` and the JVM's temporary folder:
     ``blockmgr-*``, ``spark-*``, ``artifacts-*``) instead of ``/tmp``; the caller removes it
     after ``spark.stop()`` (a killed driver leaves them there, not in ``/tmp``). ``conf``:
-    more Spark settings (``spark.executor.memory``, ``spark.executorEnv.*``…), after these.
+    more Spark settings (``spark.executor.memory``, ``spark.executorEnv.*``…), after these
+    (JVM options added to the scratch folder's: :func:`local_settings`).
 
     With ``remote`` (``sc://host:port``) the session is a Spark Connect client of that server
     instead: no JVM here, ``master`` and ``scratch`` are the server's business, and only
@@ -128,24 +129,36 @@ def session(
     builder = SparkSession.builder.master(master).appName(name)
     if scratch is not None:
         scratch.mkdir(parents=True, exist_ok=True)
-        temporary = f"-Djava.io.tmpdir={scratch.resolve()}"
-        settings |= {
-            "spark.local.dir": str(scratch.resolve()),
-            "spark.driver.extraJavaOptions": temporary,
-            "spark.executor.extraJavaOptions": temporary,
-        }
-    settings |= {
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        # PySpark's own applyInPandasWithState code warns about its pandas use in every batch
-        "spark.executorEnv.PYTHONWARNINGS": "ignore::FutureWarning:pyspark.worker",
-    }
-    for key, value in (settings | dict(conf or {})).items():
+    for key, value in local_settings(settings, scratch, conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(MartinetSource)
     return spark
+
+
+JAVA_OPTIONS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+
+
+def local_settings(settings: Mapping[str, str], scratch: Path | None, conf: Mapping[str, str]) -> dict[str, str]:
+    """The Spark settings of a session whose JVM starts here: ``settings``, the scratch
+    folder's (see :func:`session`), no web UI, then ``conf``. The JVM options of ``conf``
+    follow the scratch folder's instead of replacing them: ``--conf
+    spark.executor.extraJavaOptions=-XX:+UseG1GC`` must not send the executors' temporary
+    files back to ``/tmp``."""
+    result = dict(settings)
+    if scratch is not None:
+        temporary = f"-Djava.io.tmpdir={scratch.resolve()}"
+        result |= {"spark.local.dir": str(scratch.resolve())} | dict.fromkeys(JAVA_OPTIONS, temporary)
+    result |= {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        # PySpark's own applyInPandasWithState code warns about its pandas use in every batch
+        "spark.executorEnv.PYTHONWARNINGS": "ignore::FutureWarning:pyspark.worker",
+    }
+    for key, value in conf.items():
+        result[key] = f"{result[key]} {value}" if key in JAVA_OPTIONS and key in result else value
+    return result
 
 
 CONNECT_PORT = 15002  # Spark Connect's default port
