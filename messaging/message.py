@@ -678,8 +678,6 @@ class AnnotationPatch:
         (later duplicates of it dropped), new keys go at the end, the map's size and count
         are rewritten (a map8 that outgrows one byte becomes a map32)."""
         code, count, position = _map_head(raw, at, end)
-        if count % 2:
-            raise MessageError(f"the message-annotations map has an odd number of elements ({count})")
         pieces: list[bytes] = []
         kept_from, placed, dropped, entries = position, set(), 0, self._entries
         try:
@@ -777,8 +775,9 @@ def _map_head(raw: bytes, at: int, end: int) -> tuple[int, int, int]:
     """(constructor, element count, offset of the first element) of the map at ``raw[at]``,
     whose section ends at ``end``.
 
-    Raises: MessageError if it is not a map8 or map32, or its size and count do not fit
-    before ``end`` (a map8 whose size byte says 0: a peer's message read as it came).
+    Raises: MessageError if it is not a map8 or map32, its size and count do not fit
+    before ``end`` (a map8 whose size byte says 0: a peer's message read as it came), or
+    its count is odd (entries added to it would be keys and values shifted by one).
     """
     code = raw[at] if at < len(raw) else None
     if code not in (0xC1, 0xD1):
@@ -787,7 +786,10 @@ def _map_head(raw: bytes, at: int, end: int) -> tuple[int, int, int]:
     first = at + 3 if code == 0xC1 else at + 9
     if first > min(end, len(raw)):
         raise MessageError(f"the message-annotations map at offset {at} is cut short: its section ends at {end}")
-    return code, raw[at + 2] if code == 0xC1 else int.from_bytes(raw[at + 5 : at + 9], "big"), first
+    count = raw[at + 2] if code == 0xC1 else int.from_bytes(raw[at + 5 : at + 9], "big")
+    if count % 2:
+        raise MessageError(f"the message-annotations map has an odd number of elements ({count})")
+    return code, count, first
 
 
 def _map_section(descriptor: bytes, body: bytes, count: int, wide: bool) -> bytes:
@@ -1004,6 +1006,10 @@ def _check_sections(raw: bytes, position: int, last: int) -> None:
                 span = offsets.get(APPLICATION_PROPERTIES)
                 if span is not None:
                     _check_application_properties(raw, span[1])
+                for code in _ANNOTATIONS:
+                    span = offsets.get(code)
+                    if span is not None and raw[span[1]] in (0xC1, 0xD1) and _odd_map(raw, span[1]):
+                        raise MessageError(f"malformed {_name(code)} section: its map has an odd count")
                 return
             code = raw[position + 2]
             if (code <= last and (code != last or code not in _BODY)) or code > FOOTER:
@@ -1012,6 +1018,10 @@ def _check_sections(raw: bytes, position: int, last: int) -> None:
             kind = raw[at]
             if code == APPLICATION_PROPERTIES:
                 position = _check_application_properties(raw, at)
+            elif code in _ANNOTATIONS and kind in (0xC1, 0xD1) and _odd_map(raw, at):
+                # stepped over, not decoded: a map of an odd count passes a skip, and the
+                # patch that annotates a dead-lettered or routed message refuses it later
+                raise MessageError(f"malformed {_name(code)} section at offset {position}: its map has an odd count")
             elif kind == 0x45:  # list0 (an empty header or properties)
                 position = at + 1
             elif kind == 0xA0 or kind == 0xC0:  # vbin8 (a small data section), list8
@@ -1025,6 +1035,14 @@ def _check_sections(raw: bytes, position: int, last: int) -> None:
         raise MessageError(
             f"malformed {_name(code)} section: it ends at offset {position}, after the message's {size} bytes"
         )
+
+
+_ANNOTATIONS = (DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS)
+
+
+def _odd_map(raw: bytes, at: int) -> bool:
+    """Whether the map8 or map32 at ``at`` counts an odd number of elements."""
+    return bool((raw[at + 2] if raw[at] == 0xC1 else raw[at + 8]) & 1)
 
 
 def _check_rest(raw: bytes, at: int, value_at: int | None) -> int:

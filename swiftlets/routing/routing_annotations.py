@@ -192,7 +192,9 @@ def read(raw: bytes) -> Routing | None:
         header = _map_header(raw, at)
         if header is None:
             return None
-        count, position, _ = header
+        count, position, end = header
+        if count % 2:
+            raise MessageError(f"malformed message-annotations: their map has an odd number of elements ({count})")
         found: dict[Symbol, Any] = {}
         hops_at = hops_end = 0
         for _ in range(count // 2):
@@ -206,6 +208,8 @@ def read(raw: bytes) -> Routing | None:
             position = value_end
     except (DecodeError, IndexError) as exc:
         raise MessageError(f"malformed message-annotations: {exc}") from None
+    if position != end:  # (the queue it enters checks only the sections after this map)
+        raise MessageError(f"malformed message-annotations: their entries end at {position}, their map at {end}")
     return Routing(
         raw,
         found.get(SOURCE),

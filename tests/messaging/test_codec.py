@@ -283,6 +283,12 @@ def test_malformed_messages_are_refused(raw, message):
         (b"\x00\x53\x74\xc1\x07\x02\xa1\x01k\xa1\x01\xff", "invalid UTF-8"),
         (b"\x00\x53\x74\xd1\x00\x00\x00\x04\x00\x00\x00\x04", "2 entries cannot fit in 0 bytes"),
         (encode(Described(Symbol("amqp:application-properties:map"), [1])), "must be a map"),
+        # annotations maps of an odd count: stepped over, they passed, and the patch that
+        # annotates a dead-lettered or routed message failed on them later (a router dropped
+        # such a message with an ERROR instead of dead-lettering it)
+        (b"\x00\x53\x72\xc1\x04\x01\xa3\x01k", "malformed message-annotations section at offset 0: .* odd count"),
+        (b"\x00\x53\x71\xd1\x00\x00\x00\x07\x00\x00\x00\x01\xa3\x01k", "delivery-annotations .* odd count"),
+        (b"\x00\xa3\x1camqp:message-annotations:map\xc1\x04\x01\xa3\x01k", "message-annotations .* odd count"),
     ],
 )
 def test_check_sections_refuses_what_consumers_could_not_read(raw, message):
@@ -320,6 +326,14 @@ def test_check_sections_passes_valid_messages_and_fails_only_cleanly_on_mutated_
             check()
         except MessageError:
             pass  # anything else escaping would crash a connection
+
+
+def test_a_patch_refuses_an_annotations_map_of_an_odd_count():
+    """Entries added to a map of an odd count would be keys and values shifted by one."""
+    raw = b"\x00\x53\x72\xc1\x04\x01\xa3\x01k" + encode(Described(ULong(0x77), "body"))
+    for key in (Symbol("k"), Symbol("x-opt-other")):  # one it holds, one it does not
+        with pytest.raises(MessageError, match="the message-annotations map has an odd number of elements \\(1\\)"):
+            AnnotationPatch({key: "v"}).apply(Message(raw))
 
 
 def test_header_fields_of_the_wrong_type_are_refused():

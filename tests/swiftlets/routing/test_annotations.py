@@ -11,7 +11,16 @@ from hypothesis import strategies as st
 from martinet.messaging.codec import Symbol, UInt
 from martinet.messaging.message import AnnotationPatch, Message, MessageError, build
 from martinet.swiftlets.routing.rewrite import routing_rewrite
-from martinet.swiftlets.routing.routing_annotations import DESTINATION, DOUBT, HOPS, QUEUE, SOURCE, HopCounter, read
+from martinet.swiftlets.routing.routing_annotations import (
+    DESTINATION,
+    DOUBT,
+    HOPS,
+    QUEUE,
+    SOURCE,
+    HopCounter,
+    read,
+    span,
+)
 
 names = st.text(st.characters(codec="utf-8", categories=("L", "N")), min_size=1, max_size=300)
 others = st.dictionaries(
@@ -124,6 +133,16 @@ def test_it_declines_what_it_does_not_know_and_refuses_what_is_broken():
     with pytest.raises(MessageError, match="malformed message-annotations: their map ends at"):
         HopCounter().count(cut)
     assert HopCounter().count(plain.raw) == (None, None)
+    # a map of an odd count, or one whose entries end before the map does: the queue a
+    # counted message enters checks only what follows the map, so it is refused here
+    at = span(no_hops.raw)[0] + 3
+    for change, reason in ((-1, "odd number of elements \\(3\\)"), (-2, "their entries end at")):
+        broken = bytearray(no_hops.raw)
+        broken[at + 2] += change
+        with pytest.raises(MessageError, match=f"malformed message-annotations: .*{reason}"):
+            read(bytes(broken))
+        with pytest.raises(MessageError, match=f"malformed message-annotations: .*{reason}"):
+            HopCounter().count(bytes(broken))
 
 
 @given(
