@@ -264,11 +264,13 @@ class Link:
                         # then prepare more, connection after connection, with nothing ever
                         # resolving them: its link stays closed while they are in doubt
                         # (an operator commits or rolls them back on /sys$xa/usage/in-doubt).
-                        self.close(
+                        reason = (
                             f"{self.peer} did not commit {len(event.unresolved)} of its transactions listed in "
                             f"recovery (a router commits every one): they stay in doubt here, and its link stays "
                             f"closed until an operator resolves them"
                         )
+                        self.close(reason)
+                        self._fail(reason)  # (also when the peer's CLOSE came in the same read: no ROUTE after)
                         continue
                     self.operational = event
                     self.state = LinkState.OPERATIONAL
