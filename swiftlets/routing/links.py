@@ -205,11 +205,13 @@ class Link:
         self._driver.start_soon(function, *args)
 
     def close(self, reason: str) -> None:
-        """Close the link with ``reason`` sent to the peer (idempotent)."""
+        """Close the link with ``reason`` sent to the peer (idempotent). The link is failed
+        even when the machine has finished already (the peer's CLOSE read with what made us
+        close): the events read with it, a ROUTE or a TRANSACTION, are then not taken."""
         if not self.machine.finished:
             self.machine.close(reason)
-            self._fail(reason)
             self._driver.wake()
+        self._fail(reason)
 
     async def run(self) -> None:
         """Run the link until it is over; the socket is closed on return.
@@ -264,13 +266,11 @@ class Link:
                         # then prepare more, connection after connection, with nothing ever
                         # resolving them: its link stays closed while they are in doubt
                         # (an operator commits or rolls them back on /sys$xa/usage/in-doubt).
-                        reason = (
+                        self.close(
                             f"{self.peer} did not commit {len(event.unresolved)} of its transactions listed in "
                             f"recovery (a router commits every one): they stay in doubt here, and its link stays "
                             f"closed until an operator resolves them"
                         )
-                        self.close(reason)
-                        self._fail(reason)  # (also when the peer's CLOSE came in the same read: no ROUTE after)
                         continue
                     self.operational = event
                     self.state = LinkState.OPERATIONAL
