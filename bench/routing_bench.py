@@ -9,7 +9,7 @@ A → M → B. The C load generator (``amqp_loadgen.c``, see ``_loadgen.py``) se
 ``q@B`` on A and receives from ``q`` on B, concurrently, at-least-once; the figure is
 messages per second from the first send to the last receive (the best of ``--rounds``).
 Each path is measured persistent and non-persistent, with XA and without (``use-xa`` on
-both ends of every link), at the routers' default ``inbound-transaction-size`` (20) and
+both ends of every link), at the routers' default ``inbound-transaction-size`` (100) and
 ``inbound-window-size`` (10). Also printed:
 
 - the single-router figure (sender and receiver on B, a local queue) of the same run, and
@@ -59,7 +59,7 @@ ROUTER = """<router name="{name}" startorder="sys$log sys$store sys$queuemanager
     <connectors>{connector}</connectors>
   </swiftlet>
 </router>"""
-LINK = 'password="bench" use-xa="{xa}" inbound-transaction-size="{size}"'
+LINK = 'password="bench" use-xa="{xa}"{size}'
 LISTENER = '<listener name="routing" port="{port}" bindaddress="127.0.0.1" ' + LINK + "/>"
 CONNECTOR = '<connector name="{target}" hostname="127.0.0.1" port="{port}" retry-time="1000" ' + LINK + "/>"
 SECTIONS = ("one-hop", "two-hops", "single", "sweep", "rabbitmq")
@@ -78,9 +78,10 @@ class Network:
 
 
 @contextmanager
-def network(folder: Path, path: tuple[str, ...], *, xa: bool, size: int) -> Iterator[Network]:
-    """Routers ``path`` (each dials the next), running once the first has a route to the last."""
-    link = {"xa": str(xa).lower(), "size": size}
+def network(folder: Path, path: tuple[str, ...], *, xa: bool, size: int | None = None) -> Iterator[Network]:
+    """Routers ``path`` (each dials the next), running once the first has a route to the last;
+    their links at ``inbound-transaction-size`` ``size`` (None: the routers' default)."""
+    link = {"xa": str(xa).lower(), "size": "" if size is None else f' inbound-transaction-size="{size}"'}
     routing = {name: free_port() for name in path}
     running = Network()
     with ExitStack() as stack:
@@ -89,7 +90,7 @@ def network(folder: Path, path: tuple[str, ...], *, xa: bool, size: int) -> Iter
             listener = LISTENER.format(port=routing[name], **link)
             target = path[index + 1] if index + 1 < len(path) else None
             connector = CONNECTOR.format(target=target, port=routing[target], **link) if target else ""
-            where = folder / f"{'-'.join(path)}-{'xa' if xa else 'nonxa'}-{size}-{routing[path[0]]}" / name
+            where = folder / f"{'-'.join(path)}-{'xa' if xa else 'nonxa'}-{size or 'default'}-{routing[path[0]]}" / name
             config = ROUTER.format(name=name, amqp=amqp, listener=listener, connector=connector)
             running.pids[name] = stack.enter_context(martinet_router(where, config, port=amqp)).pid
             running.logs[name] = where / "stderr.log"
@@ -144,7 +145,7 @@ class Bench:
 
     def paths(self, path: tuple[str, ...], name: str, single: bool) -> None:
         for xa in (True, False):
-            with network(self.folder, path, xa=xa, size=20) as running:
+            with network(self.folder, path, xa=xa) as running:
                 if single and not self.single:
                     for durable in (False, True):
                         self.single[durable] = self.measure(

@@ -18,6 +18,7 @@ import attrs
 
 from .window import Decision
 from .wire import (
+    DEFAULT_TRANSACTION_SIZE,
     DEFAULT_WINDOW_BYTES,
     HANDSHAKE_MAX_FRAME_SIZE,
     MAX_XID_LENGTH,
@@ -178,7 +179,7 @@ class LinkSettings:
     """
 
     keepalive_interval: float = 60.0
-    inbound_transaction_size: int = 20
+    inbound_transaction_size: int = DEFAULT_TRANSACTION_SIZE
     inbound_window_size: int = 10
     inbound_window_bytes: int = DEFAULT_WINDOW_BYTES
     use_xa: bool = True

@@ -18,7 +18,7 @@ per transaction keeps the count bounded too, however small the messages.
 
 How much of that room the sender uses is :class:`WindowController`'s decision, made for
 the link's distance: a link carries at most one window per round trip, so at 100 ms a
-window of 10 transactions of 20 messages is 2,000 messages a second, whatever the two
+fixed window of 10 transactions of 20 messages (SwiftMQ's) is 2,000 messages a second, whatever the two
 routers could do. The controller sizes the window (in transactions awaiting their answer)
 to the bandwidth-delay product the way TCP's congestion control does, with the round trip
 itself as the signal (as TCP Vegas does), since a receiver that falls behind answers later

@@ -13,6 +13,7 @@ import trio
 
 from martinet.messaging.message import build
 from martinet.swiftlets.routing.linkwork import UNROUTABLE_REASON
+from martinet.swiftlets.routing.wire import DEFAULT_TRANSACTION_SIZE
 from martinet.swiftlets.routing.routing_annotations import DESTINATION, HOPS, QUEUE, SOURCE
 
 from tests.harness.polling import wait_until
@@ -62,9 +63,9 @@ async def test_a_full_queue_holds_the_link_back_until_it_has_room_and_nothing_is
     assert (full <= 10) if limit == "max-messages" else (orders.bytes + orders.reserved_bytes <= 2000), full
     verify(await consume(network.url("b"), "orders", count), count)
     done.set()
-    # batches of up to 20 (inbound-transaction-size) piled up meanwhile: one larger than the
-    # whole queue goes in alone once it is empty, never beside another
-    assert most[0] <= 20, most
+    # batches of up to inbound-transaction-size piled up meanwhile: one larger than the whole
+    # queue goes in alone once it is empty, never beside another
+    assert most[0] <= DEFAULT_TRANSACTION_SIZE, most
     connector = network.routers["a"].management.resolve(USAGE).properties()
     assert connector["messages-out"] == count  # one link all along: it was never closed
     assert a.queues["rt$b"].size == 0
@@ -72,17 +73,17 @@ async def test_a_full_queue_holds_the_link_back_until_it_has_room_and_nothing_is
 
 @XA
 async def test_a_batch_larger_than_the_whole_queue_goes_in_alone_once_it_is_empty(network, xa):
-    """Batches of 20 for a queue of 3 could never fit: each goes in alone once the queue is
+    """Batches of 100 (inbound-transaction-size) for a queue of 3 could never fit: each goes in alone once the queue is
     empty (the queue's limit then holds but for that one batch), so the path never stalls."""
     await start(network, "a", "b", listener={"use_xa": xa})
     network.routers["b"].management.add("/sys$queuemanager/queues", "orders", {"max-messages": "3"})
     network.routers["a"].management.add("/sys$routing/static-routes", "b")  # they wait in rt$b: full batches
-    count = 60
+    count = 3 * DEFAULT_TRANSACTION_SIZE
     await produce(network.url("a"), "orders@b", count)
     network.connect("a", "b", **{"use-xa": str(xa).lower()})
     b = network.routers["b"].swiftlet("sys$queuemanager")
     await wait_until(lambda: b.queues["orders"].size > 3)
-    assert b.queues["orders"].size <= 20  # one batch (inbound-transaction-size)
+    assert b.queues["orders"].size <= DEFAULT_TRANSACTION_SIZE  # one batch
     verify(await consume(network.url("b"), "orders", count), count)
 
 

@@ -41,6 +41,7 @@ from martinet.swiftlets.routing.stages import (
     valid_router_name,
 )
 from martinet.swiftlets.routing.wire import (
+    DEFAULT_TRANSACTION_SIZE,
     MAGIC,
     Adjust,
     Auth,
@@ -237,7 +238,7 @@ def test_success_both_ends_operational(password):
         Operational(
             peer="r2",
             version="1.1",
-            peer_transaction_size=20,
+            peer_transaction_size=DEFAULT_TRANSACTION_SIZE,
             peer_window_size=10,
             keepalive_interval=60.0,
             use_xa=True,
@@ -250,7 +251,7 @@ def test_success_both_ends_operational(password):
         Operational(
             peer="r1",
             version="1.1",
-            peer_transaction_size=20,
+            peer_transaction_size=DEFAULT_TRANSACTION_SIZE,
             peer_window_size=10,
             keepalive_interval=60.0,
             use_xa=True,
