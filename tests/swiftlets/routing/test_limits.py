@@ -13,8 +13,8 @@ import trio
 
 from martinet.messaging.message import build
 from martinet.swiftlets.routing.linkwork import UNROUTABLE_REASON
-from martinet.swiftlets.routing.wire import DEFAULT_TRANSACTION_SIZE
 from martinet.swiftlets.routing.routing_annotations import DESTINATION, HOPS, QUEUE, SOURCE
+from martinet.swiftlets.routing.wire import DEFAULT_TRANSACTION_SIZE
 
 from tests.harness.polling import wait_until
 from tests.swiftlets.routing.test_transfer_network import consume, produce, start, verify, verify_set
