@@ -46,7 +46,7 @@ def main() -> None:
         client_id.apply(message).queue_info(0, check=True)
 
     def routed(message: Message) -> None:
-        rewrite("q@B", client_id.apply(message)).queue_info(0, check=True)
+        rewrite("q@B", client_id.apply(message), 0).queue_info(0, check=True)
 
     there, here = best(routed, raw, args.messages, args.rounds), best(local, raw, args.messages, args.rounds)
     print(f"local (client id, queue_info):    {here:.2f} µs per message")

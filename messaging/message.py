@@ -442,6 +442,22 @@ class Message:
         front = self._front
         return None if front is None or front[2] < 0 else (front[2], front[1])
 
+    def with_annotations_section(self, section: bytes) -> Message:
+        """A copy whose message-annotations section is ``section`` (encoded, with the usual
+        descriptor ``0x00 0x53 0x72``), every other byte unchanged. Only for a message
+        whose section a patch placed (:meth:`annotations_span` is not None): its header and
+        spans carry over, so nothing is read.
+
+        Raises:
+            ValueError: the section's place in this message is not known."""
+        front, raw = self._front, self.raw
+        if front is None or front[2] < 0 or type(raw) is not bytes:
+            raise ValueError("the message-annotations section of this message was not placed by a patch")
+        header_fields, end, start = front
+        copy = Message(raw[:start] + section + raw[end:])
+        copy._front = header_fields, start + len(section), start
+        return copy
+
     def expiry(self, arrival_ms: int) -> int | None:
         """Absolute expiry in ms since the epoch (None: none): ``absolute-expiry-time``, else
         ``arrival_ms`` + ttl, as :meth:`queue_info` gives it; what a patch read is left for
@@ -649,11 +665,9 @@ class AnnotationPatch:
         known = message._front
         header_fields: tuple[bool, int, int | None] | None
         if known is not None and known[2] >= 0 and type(raw) is bytes:  # patched on the way in: spans known
-            header_fields, end, start = known
+            _, end, start = known
             section = self._append(raw, start, start + 3, end) if absent else self._splice(raw, start, start + 3, end)
-            patched = Message(raw[:start] + section + raw[end:])
-            patched._front = header_fields, start + len(section), start
-            return patched
+            return message.with_annotations_section(section)
         front = _front(raw)
         if front is None:  # it has message-annotations already, or an unusual encoding
             span = _find_section(raw, MESSAGE_ANNOTATIONS)

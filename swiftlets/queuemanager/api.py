@@ -202,8 +202,9 @@ def check_queue_name(name: str) -> None:
 # -- values ---------------------------------------------------------------------------------
 
 
-Rewrite = Callable[[str, Message], Message]
-"""What a redirection does to each message it takes: ``rewrite(address, message)``."""
+Rewrite = Callable[[str, Message, int], Message]
+"""What a redirection does to each message it takes: ``rewrite(address, message, now)``,
+``now`` its arrival (ms since the epoch, the clock the queue counts its expiry from)."""
 
 
 class SendResult(NamedTuple):
@@ -705,7 +706,7 @@ class QueueManager(Protocol):
         """Send everything addressed to names matching ``predicate`` (SQL-LIKE on the full
         ``q@router`` name) to local queue ``target``; routing uses ``%@R`` → ``rt$R``. Each
         message sent through it (``send``, ``send_nowait``, ``Transaction.send``) is first
-        replaced by ``rewrite(address, message)`` (routing adds its annotations); a
+        replaced by ``rewrite(address, message, now)`` (routing adds its annotations); a
         ``MessageError`` from it refuses the send as ``MalformedMessage``.
 
         Raises:

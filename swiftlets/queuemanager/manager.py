@@ -128,7 +128,7 @@ class QueueManager:
         # What a queue calls per message, and what sends call per message, bound once: the
         # part's method itself, with no call layer of the manager's in between.
         self._redirection = names.redirection
-        self._rewritten = names.rewritten
+        self._redirected = names.redirected
         self._queue = catalogue.queue
         self.settings_for = catalogue.settings_for
         self.persist_removal = persistence.persist_removal
@@ -295,6 +295,23 @@ class QueueManager:
             raise failure[0]
         return result
 
+    def queue_for(self, address: str, message: Message, now: int) -> tuple[Queue, Message]:
+        """The queue a send of ``message`` to ``address`` goes into, and the message as a
+        redirection rewrites it (``q@other``; ``now``: its arrival). The redirection is
+        looked up once, for both.
+
+        Raises:
+            QueueNotFound, TooManyQueues, QueueError: as :meth:`queue`.
+            MalformedMessage: the redirection's rewrite could not read the message.
+        """
+        queue = self.queues.get(address)
+        if queue is not None:
+            return queue, message
+        if "@" in address and not address.endswith(self._at_local):
+            target, message = self._redirected(address, message, now)
+            return self.queues.get(target) or self._queue(target), message
+        return self._queue(address), message
+
     def send_nowait(
         self,
         address: str,
@@ -312,10 +329,8 @@ class QueueManager:
             QueueNotFound, QueueFull, MessageTooLarge, QueueError: the message was not taken
                 (``on_durable`` is not called).
         """
-        queue = self.queues.get(address) or self._queue(address)
-        if queue.name != address and "@" in address and not address.endswith(self._at_local):
-            message = self._rewritten(address, message)
         now = now_ms()
+        queue, message = self.queue_for(address, message, now)
         entry, key, duplicate = self._entry(queue, message, possible_duplicate, now)
         if entry is None:
             if on_durable is not None:

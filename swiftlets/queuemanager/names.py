@@ -82,7 +82,7 @@ class Names:
     def add_redirection(self, predicate: str, target: str, rewrite: Rewrite | None = None) -> None:
         """Send everything addressed to names matching ``predicate`` (SQL-LIKE on the full
         ``q@router`` name) to local queue ``target``, each message first passed through
-        ``rewrite(address, message)``; routing uses ``%@R`` → ``rt$R``."""
+        ``rewrite(address, message, now)``; routing uses ``%@R`` → ``rt$R``."""
         self.remove_redirection(predicate)
         router = _whole_router(predicate)
         if router is not None:
@@ -91,15 +91,17 @@ class Names:
         self._redirections[predicate] = like_pattern(predicate), target, rewrite
         self._redirected.clear()
 
-    def rewritten(self, address: str, message: Message) -> Message:
-        """``message`` as the redirection of ``address`` (``q@other``) rewrites it.
+    def redirected(self, address: str, message: Message, now: int) -> tuple[str, Message]:
+        """The target queue of the redirection of ``address`` (``q@other``) and ``message``
+        as it rewrites it (``now``: its arrival, ms since the epoch).
 
-        Raises: MalformedMessage (the rewrite could not read the message)."""
-        _, rewrite = self.redirection(address)
+        Raises: QueueNotFound (no redirection covers it), MalformedMessage (the rewrite could
+        not read the message)."""
+        target, rewrite = self.redirection(address)
         if rewrite is None:
-            return message
+            return target, message
         try:
-            return rewrite(address, message)
+            return target, rewrite(address, message, now)
         except MessageError as exc:
             raise MalformedMessage(f"message for {address!r}: {exc}", exc.condition) from None
 

@@ -199,9 +199,8 @@ class Transaction:
                 f"router {manager.router_name} is above its memory budget "
                 f"({manager.memory.used} of {manager.memory.limit} bytes accounted)"
             )
-        queue = manager._queue(address)
-        if queue.name != address and "@" in address and not address.endswith(manager._at_local):
-            message = manager._rewritten(address, message)
+        now = now_ms()
+        queue, message = manager.queue_for(address, message, now)
         staged = self._staged.get(queue)  # (a scan of the sends per send made a batch cost its square)
         if staged is None:
             staged = self._staged[queue] = [0, 0]
@@ -209,7 +208,6 @@ class Transaction:
             queue.check_room(staged[0] + 1, staged[1] + len(message.raw))
         elif queue.deleted:
             raise QueueError(f"queue {queue.name} has been deleted")
-        now = now_ms()
         entry, key, duplicate = self._manager._entry(queue, message, possible_duplicate, now, limited=limited)
         if entry is None:
             return SendResult(0, duplicate)

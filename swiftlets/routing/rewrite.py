@@ -41,36 +41,30 @@ def routing_rewrite(local: str) -> Rewrite:
     # section is rewritten once, and each message only has its bytes spliced
     rewritten: dict[tuple[str, bytes], bytes | None] = {}
 
-    def rewrite(address: str, message: Message) -> Message:
+    def rewrite(address: str, message: Message, now: int) -> Message:
         raw = message.raw
         where = message.annotations_span()  # (placed by a patch on the way in: no scan)
         if where is None or type(raw) is not bytes:
             annotated = annotate(address, message)
-            return annotated if annotated is message else _expiring(annotated)
+            return annotated if annotated is message else _expiring(annotated, now)
         start, end = where
         key = (address, raw[start:end])
         section = rewritten.get(key, _UNSEEN)
         if section is not _UNSEEN:
-            if section is None:
-                return message
-            return _expiring(
-                Message.with_annotations_at(
-                    raw[:start] + section + raw[end:], start, start + len(section), header_of=message
-                )
-            )
+            return message if section is None else _expiring(message.with_annotations_section(section), now)
         annotated = annotate(address, message)
         if annotated is message:  # (forwarded: it has them already)
             kept: bytes | None = None
         else:
             span = annotated.annotations_span()
             if span is None:
-                return _expiring(annotated)
+                return _expiring(annotated, now)
             kept = annotated.raw[span[0] : span[1]]
         if end - start <= SECTION_KEPT_BYTES:
             if len(rewritten) >= PATCHES_KEPT:
                 rewritten.clear()
             rewritten[key] = kept
-        return annotated if annotated is message else _expiring(annotated)
+        return annotated if annotated is message else _expiring(annotated, now)
 
     def annotate(address: str, message: Message) -> Message:
         known = patches.get(address)
@@ -98,8 +92,8 @@ def routing_rewrite(local: str) -> Rewrite:
                 return message
         return patch.apply(message, absent=absent)
 
-    def _expiring(message: Message) -> Message:
-        expires = message.expiry(now_ms())  # the time to live counts end to end (§12)
+    def _expiring(message: Message, now: int) -> Message:
+        expires = message.expiry(now)  # the time to live counts end to end (§12)
         return message if expires is None else message.with_annotations({EXPIRES: Timestamp(expires)})
 
     return rewrite

@@ -22,6 +22,7 @@ from martinet.swiftlets.routing.routing_annotations import (
     span,
 )
 
+NOW = 1_800_000_000_000  # a message's arrival, ms since the epoch (what its ttl counts from)
 names = st.text(st.characters(codec="utf-8", categories=("L", "N")), min_size=1, max_size=300)
 others = st.dictionaries(
     st.sampled_from(["x-opt-jms-msg-type", "x-opt-a", "x-opt-martinet-cid", "x-opt-long"]),
@@ -54,12 +55,12 @@ def test_the_short_path_reads_and_counts_as_the_general_one(others, queue, route
     message = build(body, durable=durable, message_id="id-1")
     if others:
         message = AnnotationPatch({Symbol(k): v for k, v in others.items()}).apply(message)
-    message = routing_rewrite("source")(f"{queue}@{router}", message)
+    message = routing_rewrite("source")(f"{queue}@{router}", message, NOW)
     extra = {HOPS: UInt(hops)} | ({DOUBT: True} if doubt else {})
     raw = AnnotationPatch(extra).apply(message).raw
     forward = routing_rewrite("middle")
-    assert forward(f"{queue}@{router}", Message(raw)).raw == raw  # travelling there already: forwarded as it is
-    elsewhere = forward(f"x{queue}@{router}", Message(raw)).raw  # (a queue bridge) a new journey
+    assert forward(f"{queue}@{router}", Message(raw), NOW).raw == raw  # travelling there already: forwarded as it is
+    elsewhere = forward(f"x{queue}@{router}", Message(raw), NOW).raw  # (a queue bridge) a new journey
     assert general(elsewhere)[:4] == ("middle", router, f"x{queue}", 0)
     fields = read(raw)
     assert fields is not None
@@ -100,7 +101,7 @@ def test_a_counted_message_is_checked_by_its_queue_as_one_read_from_the_start(pr
     follows them: that shortcut must accept and refuse exactly what a full read does, for
     a routed message with any bytes changed (a hostile or broken peer)."""
     message = build(b"body" * 5, durable=durable, ttl=ttl, message_id="m-1", properties=properties)
-    raw = routing_rewrite("a")("q@b", message).raw
+    raw = routing_rewrite("a")("q@b", message, NOW).raw
     at %= len(raw)
     mutated = raw[:at] + junk + raw[at + len(junk) :]
     for candidate in (raw, mutated):
@@ -162,17 +163,17 @@ def test_a_rewrite_kept_for_a_section_writes_what_the_first_one_wrote(others, qu
     def entering(text: bytes) -> Message:  # as a listener hands it on: its client id patched in
         return patch.apply(build(text, durable=durable, message_id="id", absolute_expiry_time=expiry))
 
-    rewrite(f"{queue}@r", entering(b"first"))
-    kept = rewrite(f"{queue}@r", entering(body))
+    rewrite(f"{queue}@r", entering(b"first"), NOW)
+    kept = rewrite(f"{queue}@r", entering(body), NOW)
     span = kept.annotations_span()  # (a full read, as queue_info's check below, forgets it)
     assert span is not None
-    fresh = routing_rewrite("source")(f"{queue}@r", entering(body))
+    fresh = routing_rewrite("source")(f"{queue}@r", entering(body), NOW)
     assert kept.raw == fresh.raw
     assert kept.queue_info(1000, check=True) == Message(fresh.raw).queue_info(1000, check=True)
-    forwarded = rewrite(f"{queue}@r", Message(kept.raw))  # travelling there already: as it is
-    assert rewrite(f"{queue}@r", Message(kept.raw)).raw == forwarded.raw == kept.raw
+    forwarded = rewrite(f"{queue}@r", Message(kept.raw), NOW)  # travelling there already: as it is
+    assert rewrite(f"{queue}@r", Message(kept.raw), NOW).raw == forwarded.raw == kept.raw
     # and as a forwarding router's hop counter hands it on (its annotations found): the very
     # message, the first time and when the rewrite kept what it made of the section
     for _ in range(2):
         travelling = Message.with_annotations_at(kept.raw, *span)
-        assert rewrite(f"{queue}@r", travelling) is travelling
+        assert rewrite(f"{queue}@r", travelling, NOW) is travelling
