@@ -975,6 +975,11 @@ def _find_section(raw: bytes, wanted: int) -> tuple[int, int, int] | None:
             else:
                 return _find_sections(raw).get(wanted)  # unusual encoding: the full check
             position = skip(raw, value_start)
+            # a patch's message is checked only from its annotations on: a section stepped
+            # over here is checked here, as the full walk would
+            if code == DELIVERY_ANNOTATIONS and wanted > code and raw[value_start] in (0xC1, 0xD1):
+                if _odd_map(raw, value_start):
+                    raise MessageError("malformed delivery-annotations section: its map has an odd count")
         except DecodeError as exc:
             raise MessageError(f"malformed section at offset {start}: {exc}") from None
         if code == wanted:
@@ -997,8 +1002,10 @@ def _front(raw: bytes) -> tuple[int, tuple[bool, int, int | None]] | None:
         else:
             header_fields, position = _DEFAULT_HEADER_FIELDS, 0
         if raw[position : position + 3] == _DELIVERY_ANNOTATIONS_PREFIX:
+            if raw[position + 3] in (0xC1, 0xD1) and _odd_map(raw, position + 3):
+                return None  # (the caller's full walk refuses it)
             position = skip(raw, position + 3)
-    except DecodeError:
+    except (DecodeError, IndexError):
         return None
     following = raw[position : position + 3]  # the next section's descriptor
     if len(following) < 3 or following[:2] != b"\x00\x53" or following[2] <= MESSAGE_ANNOTATIONS:

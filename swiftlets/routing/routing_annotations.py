@@ -41,6 +41,7 @@ DOUBT = Symbol("x-opt-martinet-doubt")
 EXPIRES = Symbol("x-opt-martinet-expires")
 
 _MESSAGE_ANNOTATIONS = 0x72
+_DELIVERY_ANNOTATIONS = 0x71
 _WANTED = {encode(key): key for key in (SOURCE, DESTINATION, QUEUE, HOPS, DOUBT, EXPIRES)}  # sym8 encoding → key
 
 
@@ -81,6 +82,9 @@ class Routing:
 def _section_start(raw: bytes) -> int | None:
     """Where the message-annotations section of ``raw`` starts (descriptor ``0x00 0x53 0x72``),
     the sections before it skipped; None when it has none or they are unusually encoded.
+    The queue checks only what follows the section this finds, so a delivery-annotations map
+    stepped over here must hold pairs: one of an odd count (or not a map8/map32) gives None,
+    and the general path reads and refuses it.
 
     Raises: DecodeError, IndexError (malformed)."""
     if type(raw) is not bytes:
@@ -94,6 +98,10 @@ def _section_start(raw: bytes) -> int | None:
             return position
         if code > _MESSAGE_ANNOTATIONS:
             return None
+        if code == _DELIVERY_ANNOTATIONS:
+            head = _map_header(raw, position + 3)
+            if head is None or head[0] % 2:
+                return None
         position = skip(raw, position + 3)
 
 

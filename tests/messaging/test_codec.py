@@ -336,6 +336,19 @@ def test_a_patch_refuses_an_annotations_map_of_an_odd_count():
             AnnotationPatch({key: "v"}).apply(Message(raw))
 
 
+@pytest.mark.parametrize("annotated", [False, True], ids=["no-annotations", "annotations"])
+def test_a_patch_refuses_a_delivery_annotations_map_of_an_odd_count(annotated):
+    """The patched message is checked only from its message-annotations on (queue_info), so
+    the delivery-annotations the patch steps over are checked as it does."""
+    odd = b"\x00\x53\x71\xc1\x04\x01\xa3\x01k"
+    annotations = b"\x00\x53\x72\xc1\x01\x00" if annotated else b""
+    raw = odd + annotations + encode(Described(ULong(0x77), "body"))
+    with pytest.raises(MessageError, match="malformed delivery-annotations section: its map has an odd count"):
+        AnnotationPatch({Symbol("x-opt-other"): "v"}).apply(Message(raw))
+    with pytest.raises(MessageError, match="odd count"):  # as a full read refuses it
+        Message(raw).queue_info(0, check=True)
+
+
 def test_header_fields_of_the_wrong_type_are_refused():
     with pytest.raises(MessageError, match="header field 1 \\(priority\\) must be a number, found str"):
         Message(encode(Described(ULong(0x70), [True, "high"]))).queue_info(0)
