@@ -39,7 +39,7 @@ from martinet.swiftlets.queuemanager.api import (
 from martinet.swiftlets.store.api import StoreError
 
 from . import routing_annotations
-from .api import UNROUTABLE, Destination
+from .api import UNROUTABLE, Destination, routing_queue
 from .exchange import MAX_PATH
 from .links import Link
 from .linkwork import UNROUTABLE_REASON, InboundBatch, LinkTransfer, StoreWrite
@@ -128,8 +128,14 @@ class Receiving:
         else:
             # forwarded as it is, in doubt or not: only the target queue drops duplicates. A
             # routing queue may see a message twice without a duplicate (a path that changed
-            # mid-transfer, a → b → a → c): its backlog there would drop the only copy
-            return transaction.send(f"{queue}@{destination}", message, limited=not alone).delay_ms
+            # mid-transfer, a → b → a → c): its backlog there would drop the only copy. Straight
+            # into rt$R: what q@R's redirection does (its rewrite leaves a travelling message as
+            # it is), without the lookups; rt$R missing means it could not be made, and the
+            # address is refused as before
+            target = routing_queue(destination)
+            if target not in self.manager.queues:
+                target = f"{queue}@{destination}"
+            return transaction.send(target, message, limited=not alone).delay_ms
 
     def _unroutable(self, transaction: Transaction, message: Message, reason: str) -> int:
         transaction.send(UNROUTABLE, message.with_annotations({UNROUTABLE_REASON: reason}))
