@@ -182,7 +182,7 @@ class HopCounter:
             MessageError: as :func:`read`.
         """
         last = self._last
-        if last is not None and raw.startswith(last[0]) and type(raw) is bytes:
+        if last is not None and type(raw) is bytes and raw.startswith(last[0]):
             front, fields, before, start, end = last
             return fields, Message.with_annotations_at(before.raw + raw[len(front) :], start, end, header_of=before)
         where = span(raw)
