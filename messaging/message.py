@@ -977,9 +977,8 @@ def _find_section(raw: bytes, wanted: int) -> tuple[int, int, int] | None:
             position = skip(raw, value_start)
             # a patch's message is checked only from its annotations on: a section stepped
             # over here is checked here, as the full walk would
-            if code == DELIVERY_ANNOTATIONS and wanted > code and raw[value_start] in (0xC1, 0xD1):
-                if _odd_map(raw, value_start):
-                    raise MessageError("malformed delivery-annotations section: its map has an odd count")
+            if code == DELIVERY_ANNOTATIONS and wanted > code and _odd_map(raw, value_start):
+                raise MessageError("malformed delivery-annotations section: its map has an odd count")
         except DecodeError as exc:
             raise MessageError(f"malformed section at offset {start}: {exc}") from None
         if code == wanted:
@@ -1002,7 +1001,7 @@ def _front(raw: bytes) -> tuple[int, tuple[bool, int, int | None]] | None:
         else:
             header_fields, position = _DEFAULT_HEADER_FIELDS, 0
         if raw[position : position + 3] == _DELIVERY_ANNOTATIONS_PREFIX:
-            if raw[position + 3] in (0xC1, 0xD1) and _odd_map(raw, position + 3):
+            if _odd_map(raw, position + 3):
                 return None  # (the caller's full walk refuses it)
             position = skip(raw, position + 3)
     except (DecodeError, IndexError):
@@ -1029,7 +1028,7 @@ def _check_sections(raw: bytes, position: int, last: int) -> None:
                     _check_application_properties(raw, span[1])
                 for code in _ANNOTATIONS:
                     span = offsets.get(code)
-                    if span is not None and raw[span[1]] in (0xC1, 0xD1) and _odd_map(raw, span[1]):
+                    if span is not None and _odd_map(raw, span[1]):
                         raise MessageError(f"malformed {_name(code)} section: its map has an odd count")
                 return
             code = raw[position + 2]
@@ -1039,7 +1038,7 @@ def _check_sections(raw: bytes, position: int, last: int) -> None:
             kind = raw[at]
             if code == APPLICATION_PROPERTIES:
                 position = _check_application_properties(raw, at)
-            elif code in _ANNOTATIONS and kind in (0xC1, 0xD1) and _odd_map(raw, at):
+            elif code in _ANNOTATIONS and _odd_map(raw, at):
                 # stepped over, not decoded: a map of an odd count passes a skip, and the
                 # patch that annotates a dead-lettered or routed message refuses it later
                 raise MessageError(f"malformed {_name(code)} section at offset {position}: its map has an odd count")
@@ -1062,8 +1061,12 @@ _ANNOTATIONS = (DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS)
 
 
 def _odd_map(raw: bytes, at: int) -> bool:
-    """Whether the map8 or map32 at ``at`` counts an odd number of elements."""
-    return bool((raw[at + 2] if raw[at] == 0xC1 else raw[at + 8]) & 1)
+    """Whether the value at ``at`` is a map8 or map32 that counts an odd number of elements
+    (any other value: False; a map cut short: IndexError)."""
+    code = raw[at]
+    if code == 0xC1:
+        return bool(raw[at + 2] & 1)
+    return code == 0xD1 and bool(raw[at + 8] & 1)
 
 
 def _check_rest(raw: bytes, at: int, value_at: int | None) -> int:
