@@ -18,14 +18,43 @@ from typing import Any
 
 import trio
 
-from .api import Op, StoreError
-from .dbprocess import encode_ops, pack_frame
+from .api import (
+    DeleteMessage,
+    DeleteRecord,
+    Op,
+    PutMessage,
+    PutRecord,
+    RememberId,
+    SetDeliveryCount,
+    SetMessageBody,
+    SetTransaction,
+    StoreError,
+)
+from .dbprocess import pack_frame
 from .pipes import FrameReader
 from .space import SpaceAlarm
 
-__all__ = ["PIPELINE_DEPTH", "GroupCommit", "Pending"]
+__all__ = ["OP_CODES", "PIPELINE_DEPTH", "GroupCommit", "Pending", "encode_ops"]
 
 PIPELINE_DEPTH = 2  # batches sent to the store process and not yet confirmed, at most
+# Each operation's code in a commit frame. Here, not in the store process, which knows only
+# the numbers: it does not import the operations' classes, and with them the kernel (its
+# start would cost ten times as much CPU: the router starts one per store it opens).
+OP_CODES: dict[type, int] = {
+    PutMessage: 1,
+    DeleteMessage: 2,
+    SetDeliveryCount: 3,
+    SetTransaction: 4,
+    PutRecord: 5,
+    DeleteRecord: 6,
+    RememberId: 7,
+    SetMessageBody: 8,
+}
+
+
+def encode_ops(ops: Sequence[Op]) -> list[tuple]:
+    """Operations as msgpack-able ``(code, fields…)`` tuples."""
+    return [(OP_CODES[type(op)], *op) for op in ops]
 
 
 class Maintenance:

@@ -64,6 +64,7 @@ from typing import Any
 
 import trio
 
+from . import dbprocess
 from .api import Op, Recovered, StoredMessage, StoreError
 from .batches import GroupCommit, Pending
 from .pipes import FrameReader, enlarge_pipe
@@ -170,8 +171,8 @@ class SqliteStore:
             process = await trio.lowlevel.open_process(
                 [
                     sys.executable,
-                    "-m",
-                    "martinet.swiftlets.store",
+                    "-P",  # (the script's folder is not put on the import path)
+                    dbprocess.__file__,
                     str(self.path),
                     self.sync,
                     "accept-empty" if self.accept_empty else "refuse-empty",

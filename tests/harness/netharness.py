@@ -82,6 +82,7 @@ import attrs
 import trio
 
 from martinet.messaging.client import ConnectionLost, DeliveryMode, JMSError, Queue, TextMessage, Topic, connect
+from martinet.swiftlets.store import dbprocess
 
 from tests.harness.faultproxy import FaultProxy
 from tests.harness.processes import RouterProcess, RouterProcesses, free_port
@@ -201,12 +202,12 @@ TOPOLOGIES = {
 
 
 def store_engine_pid(router_pid: int) -> int | None:
-    """The pid of a router's store engine (its child ``python -m martinet.swiftlets.store``;
+    """The pid of a router's store engine (its child ``python -P …/store/dbprocess.py``;
     Linux /proc: children are listed per thread, and trio starts processes from a worker thread)."""
     for children in Path(f"/proc/{router_pid}/task").glob("*/children"):
         for child in children.read_text().split():
             with contextlib.suppress(OSError):
-                if b"martinet.swiftlets.store" in Path(f"/proc/{child}/cmdline").read_bytes():
+                if dbprocess.__file__.encode() in Path(f"/proc/{child}/cmdline").read_bytes():
                     return int(child)
     return None
 

@@ -16,11 +16,11 @@ import trio
 
 from martinet.messaging.message import build
 from martinet.swiftlets.store.api import PutMessage
+from martinet.swiftlets.store.batches import encode_ops
 from martinet.swiftlets.store.dbprocess import (
     COMMIT_GATE_ENV,
     LENGTH,
     DatabaseError,
-    encode_ops,
     lock_store,
     pack_frame,
     unpack_frame,

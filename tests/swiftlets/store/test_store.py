@@ -312,7 +312,8 @@ def test_the_store_process_applies_nothing_after_a_failed_commit(tmp_path):
     import subprocess
     import sys
 
-    from martinet.swiftlets.store.dbprocess import LENGTH, encode_ops, pack_frame, unpack_frame
+    from martinet.swiftlets.store.batches import encode_ops
+    from martinet.swiftlets.store.dbprocess import LENGTH, pack_frame, unpack_frame
 
     path = tmp_path / "s.sqlite"
     process = subprocess.Popen(
