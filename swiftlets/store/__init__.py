@@ -2,7 +2,7 @@
 and duplicate-detection backlogs.
 
 Other swiftlets use it through :mod:`.api` only (``context.lookup("sys$store", Store)``);
-the backend today is SQLite (:mod:`.sqlite`, in its own engine process, :mod:`.engine`),
+the backend today is SQLite (:mod:`.sqlite`, in a store process of its own, :mod:`.dbprocess`),
 run by :mod:`.swiftlet`; :mod:`.config` is its configuration; :mod:`.jobs` the Backup and
 Vacuum jobs it offers ``sys$scheduler``.
 

@@ -1,14 +1,20 @@
-"""Spark's driver JVMs in the tests, started in half the time and two fifths of the CPU.
+"""Spark's JVMs in the tests, started in half the time and two fifths of the CPU.
 
-Each ``martinet-pipeline`` run the tests make starts a JVM, and most of such a run is that
-start: about 10 s and 20 s of CPU on this 2-core machine, against a few hundred rows of work.
-Two JVM settings, given to every JVM that ``spark-submit`` launches (``SPARK_SUBMIT_OPTS``:
-the pipelines' drivers, ``local[2]``'s executors inside them, the Spark Connect server):
+Each ``martinet-pipeline`` run the tests make starts a JVM (on a standalone cluster, one
+executor JVM per worker as well), and most of such a run is that start: about 10 s and 20 s
+of CPU on this 2-core machine, against a few hundred rows of work. Two JVM settings:
 
 - ``-XX:TieredStopAtLevel=1``: the JIT compiles with C1 only. A JVM that lives seconds
-  never repays C2's compile time; measured, 20 → 12.5 s of CPU per empty pipeline run.
+  never repays C2's compile time; measured, 20 → 12.5 s of CPU per empty pipeline run, and
+  a cluster executor's 17 → 9 s. Every JVM of the tests takes it (``JAVA_TOOL_OPTIONS``:
+  the cluster's daemons and the executors they start too, which no Spark setting reaches
+  from a test). Each JVM says so in one line on its stderr ("Picked up …").
 - ``-XX:SharedArchiveFile``: a class-data archive (CDS) of the classes one pipeline run
-  loaded, mapped instead of parsed and verified again: 12.5 → 8 s.
+  loaded, mapped instead of parsed and verified again: 12.5 → 8 s. Only the JVMs that
+  ``spark-submit`` launches take it (``SPARK_SUBMIT_OPTS``: the pipelines' drivers,
+  ``local[2]``'s executors inside them, the Spark Connect server): the archive holds the
+  class path it was made with, and a cluster's JVMs put their own configuration folder
+  first on theirs.
 
 The archive is made once per test run, by the first worker that needs it, from an empty
 ``--once`` run; the others wait on a lock. The JVM checks the archive against its class
@@ -28,15 +34,18 @@ from pathlib import Path
 C1_ONLY = "-XX:TieredStopAtLevel=1"
 
 
-def quick_start_options(folder: Path) -> str:
-    """The JVM options for ``SPARK_SUBMIT_OPTS``, with the class-data archive in ``folder``
-    (made there first if it is missing)."""
+def quick_start_environment(folder: Path) -> dict[str, str]:
+    """``JAVA_TOOL_OPTIONS`` and ``SPARK_SUBMIT_OPTS`` (added to what the environment holds),
+    with the class-data archive in ``folder`` (made there first if it is missing)."""
     archive = folder / "spark-classes.jsa"
     with (folder / "spark-jvm.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not archive.exists():
             _make_archive(archive)
-    return f"{C1_ONLY} -XX:SharedArchiveFile={archive}" if archive.exists() else C1_ONLY
+    options = {"JAVA_TOOL_OPTIONS": C1_ONLY}
+    if archive.exists():
+        options["SPARK_SUBMIT_OPTS"] = f"-XX:SharedArchiveFile={archive}"
+    return {name: " ".join(filter(None, [os.environ.get(name), value])) for name, value in options.items()}
 
 
 def _make_archive(archive: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,14 +9,14 @@ import pytest
 
 from martinet.pipeline.cluster import java_missing
 
-from tests.harness.sparkjvm import quick_start_options
+from tests.harness.sparkjvm import quick_start_environment
 
 HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="session", autouse=True)
 def quick_spark_jvms(request, tmp_path_factory, worker_id) -> Iterator[None]:
-    """``SPARK_SUBMIT_OPTS`` for every JVM the tests start through ``spark-submit``, when this
+    """``JAVA_TOOL_OPTIONS`` and ``SPARK_SUBMIT_OPTS`` for the JVMs the tests start, when this
     run holds a test of this folder that starts Spark (marked slow: the others need no
     archive). The archive is shared by the run's workers: it lives in their common temp
     folder."""
@@ -28,7 +27,7 @@ def quick_spark_jvms(request, tmp_path_factory, worker_id) -> Iterator[None]:
         return
     base = tmp_path_factory.getbasetemp()
     folder = base if worker_id == "master" else base.parent
-    options = quick_start_options(folder)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SPARK_SUBMIT_OPTS", " ".join(filter(None, [os.environ.get("SPARK_SUBMIT_OPTS"), options])))
+        for name, value in quick_start_environment(folder).items():
+            patch.setenv(name, value)
         yield
