@@ -21,6 +21,22 @@ from tests.harness.processes import RouterProcesses
 from tests.harness.routers import AmqpBroker, RunningRouter
 from tests.harness.sparkcluster import need_java
 
+PIPELINE = Path(__file__).parent / "pipeline"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests first: those that start Spark, then the others marked slow, then the
+    rest (each group in its own order). The suite's workers take files in this order
+    (``--dist loadfile --no-loadscope-reorder``), so the last files to start are short ones
+    and no worker runs a long file while the others are done."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("slow") is None:
+            return 2
+        return 0 if item.path.is_relative_to(PIPELINE) else 1
+
+    items.sort(key=rank)
+
 
 @pytest.fixture
 def write_config(tmp_path):
