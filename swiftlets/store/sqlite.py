@@ -103,6 +103,14 @@ def hold_router_lock(database: Path, router: str) -> int:
     return fd
 
 
+def store_process_command(path: Path, sync: str, accept_empty: bool, read_pipes: Sequence[int] = ()) -> list[str]:
+    """The command line of the store process of the database ``path`` (:mod:`.dbprocess`,
+    run as a script: ``-P`` keeps its folder off the import path); ``read_pipes``: the file
+    descriptors of its read pipes, if it has them."""
+    accept = "accept-empty" if accept_empty else "refuse-empty"
+    return [sys.executable, "-P", dbprocess.__file__, str(path), sync, accept, *map(str, read_pipes)]
+
+
 class SqliteStore:
     """A :class:`swiftlets.store.api.Store` on one SQLite file."""
 
@@ -169,16 +177,7 @@ class SqliteStore:
         answers_out, answers_in = os.pipe()  # and writes the answers into answers_in
         try:
             process = await trio.lowlevel.open_process(
-                [
-                    sys.executable,
-                    "-P",  # (the script's folder is not put on the import path)
-                    dbprocess.__file__,
-                    str(self.path),
-                    self.sync,
-                    "accept-empty" if self.accept_empty else "refuse-empty",
-                    str(requests_out),
-                    str(answers_in),
-                ],
+                store_process_command(self.path, self.sync, self.accept_empty, (requests_out, answers_in)),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 pass_fds=(requests_out, answers_in),
