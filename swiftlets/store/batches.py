@@ -39,7 +39,7 @@ __all__ = ["OP_CODES", "PIPELINE_DEPTH", "GroupCommit", "Pending", "encode_ops"]
 PIPELINE_DEPTH = 2  # batches sent to the store process and not yet confirmed, at most
 # Each operation's code in a commit frame. Here, not in the store process, which knows only
 # the numbers: it does not import the operations' classes, and with them the kernel (its
-# start would cost ten times as much CPU: the router starts one per store it opens).
+# start would cost eight times as much CPU: the router starts one per store it opens).
 OP_CODES: dict[type, int] = {
     PutMessage: 1,
     DeleteMessage: 2,

@@ -5,8 +5,8 @@ or ``refuse-empty``; READ_IN and READ_OUT the file descriptors of the read pipes
 The router runs this file as a script, not as ``-m martinet.swiftlets.store`` (which does
 the same by hand): ``-m`` imports the swiftlet's package first, and with it the kernel and
 every swiftlet its jobs name, 0.4 s of CPU against 0.05 s for this file's own imports
-(SQLite, msgpack, the message head). A router pays that at every start, and a test suite
-that starts a thousand routers pays it a thousand times. So this module imports nothing of
+(SQLite, msgpack, the message head), and 44 MB of memory against 20 MB. A router pays that
+at every start, and the test suite starts some 800 routers. So this module imports nothing of
 its package, and knows operations by their numbers. ``-P`` keeps its folder off the import
 path: its ``pipes.py`` would stand in for the standard library's module of that name.
 
