@@ -122,11 +122,19 @@ class IncomingLink:
                 connection.wake()
 
         try:
-            message = connection.with_client_id(Message(data))
+            message = Message(data)
+            # the producer's client id (as SwiftMQ's JMS_SWIFTMQ_CID): a queue send merges it
+            # in, in the same copy of the message as a routing rewrite's annotations; the
+            # other ways take it at once
+            client_id = connection.client_id_patch
             address, topic = self.address, self.topic
             if address is None:  # anonymous relay: route by the message's own address
                 address, topic = connection.route(message)
-            if not topic and is_management_address(address):
+            transactional = state is not None and amqp.state_code(state) == TRANSACTIONAL_STATE
+            management = not topic and is_management_address(address)
+            if client_id is not None and (topic or transactional or management):
+                message, client_id = client_id.apply(message), None
+            if management:
                 message = connection.with_identity(message)
             if connection.held_by_memory() and connection.memory.refuse_non_persistent and not message.durable:
                 connection.memory.refused += 1
@@ -134,7 +142,7 @@ class IncomingLink:
                     f"router {connection.memory.router} is above its memory budget and refuses "
                     "non-persistent messages (memory-alarm-non-persistent=refuse)"
                 )
-            if state is not None and amqp.state_code(state) == TRANSACTIONAL_STATE:
+            if transactional:
                 self._stage(delivery_id, address, topic, message, state, remotely_settled)
             else:
                 result: SendResult | PublishResult
@@ -142,7 +150,7 @@ class IncomingLink:
                     result = connection.publish(address, message, None if remotely_settled else durable)
                 else:
                     result = connection.queue_manager.send_nowait(
-                        address, message, on_durable=None if remotely_settled else durable
+                        address, message, on_durable=None if remotely_settled else durable, annotations=client_id
                     )
                 if result.delay_ms > self.delay_ms:
                     self.delay_ms, self.delayed_queue = result.delay_ms, None if topic else address

@@ -133,7 +133,7 @@ class AmqpConnection:
         self.topic_manager = swiftlet.topic_manager
         self.client_id: str | None = None
         self.sole = False  # the client asked to be the only connection of its container id
-        self._client_id_patch: AnnotationPatch | None = None  # the client id annotation, once the client opened
+        self.client_id_patch: AnnotationPatch | None = None  # the client id annotation, once the client opened
         self.principal: Principal | None = None
         self.authenticated = False
         self.creator = Creator(host=host)  # whom its queues count for: the user too, once logged in
@@ -309,7 +309,7 @@ class AmqpConnection:
             )
             return
         self.client_id, self.sole = client_id, sole
-        self._client_id_patch = AnnotationPatch({CLIENT_ID_ANNOTATION: client_id})
+        self.client_id_patch = AnnotationPatch({CLIENT_ID_ANNOTATION: client_id})
         if client_id:
             self.swiftlet.client_ids.setdefault(client_id, []).append(self)
         engine.open()
@@ -351,10 +351,6 @@ class AmqpConnection:
             reply_to=reply_to if isinstance(reply_to, str) else "",
         )
         return message.with_annotations({IDENTITY_ANNOTATION: identity.annotation()})
-
-    def with_client_id(self, message: Message) -> Message:
-        """The message with the producer's client id annotated (as SwiftMQ's JMS_SWIFTMQ_CID)."""
-        return message if self._client_id_patch is None else self._client_id_patch.apply(message)
 
     def publish(
         self, topic: str, message: Message, on_durable: Callable[[BaseException | None], None] | None

@@ -59,7 +59,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import attrs
 
-from martinet.messaging.message import Message
+from martinet.messaging.message import AnnotationPatch, Message
 from martinet.messaging.selector import Selector
 
 from .config import QueueSettings
@@ -202,9 +202,12 @@ def check_queue_name(name: str) -> None:
 # -- values ---------------------------------------------------------------------------------
 
 
-Rewrite = Callable[[str, Message, int], Message]
-"""What a redirection does to each message it takes: ``rewrite(address, message, now)``,
-``now`` its arrival (ms since the epoch, the clock the queue counts its expiry from)."""
+Rewrite = Callable[[str, Message, int, AnnotationPatch | None], Message]
+"""What a redirection does to each message it takes: ``rewrite(address, message, now,
+annotations)``, ``now`` its arrival (ms since the epoch, the clock the queue counts its
+expiry from). ``annotations`` (or None) are the sender's, not yet in the message: the result
+has them merged in too, as if ``annotations.apply(message)`` had been rewritten, which lets a
+rewrite splice both in one copy."""
 
 
 class SendResult(NamedTuple):
@@ -632,10 +635,13 @@ class QueueManager(Protocol):
         *,
         possible_duplicate: bool = False,
         on_durable: Callable[[BaseException | None], None] | None = None,
+        annotations: AnnotationPatch | None = None,
     ) -> SendResult:
         """Put ``message`` into the queue for ``address`` without waiting; for a persistent
         message ``on_durable(None)`` is called once it is stored (``on_durable(error)`` if
-        storing failed), for any other at once.
+        storing failed), for any other at once. ``annotations`` are merged into the message
+        on the way (a listener's client id): a redirection's rewrite merges them with its own
+        in one copy of the message.
 
         Raises:
             QueueNotFound, QueueFull, MessageTooLarge, QueueError: the message was not taken

@@ -50,7 +50,7 @@ import attrs
 import trio
 
 from martinet.kernel import Change, SwiftletContext
-from martinet.messaging.message import Message, MessageError
+from martinet.messaging.message import AnnotationPatch, Message, MessageError
 from martinet.swiftlets.store.api import Op, PutMessage, Store
 
 from .api import Creator, DiskFull, MalformedMessage, MessageTooLarge, Rewrite, SendResult
@@ -295,22 +295,30 @@ class QueueManager:
             raise failure[0]
         return result
 
-    def queue_for(self, address: str, message: Message, now: int) -> tuple[Queue, Message]:
-        """The queue a send of ``message`` to ``address`` goes into, and the message as a
-        redirection rewrites it (``q@other``; ``now``: its arrival). The redirection is
-        looked up once, for both.
+    def queue_for(
+        self, address: str, message: Message, now: int, annotations: AnnotationPatch | None = None
+    ) -> tuple[Queue, Message]:
+        """The queue a send of ``message`` to ``address`` goes into, and the message with
+        ``annotations`` merged in and as a redirection rewrites it (``q@other``; ``now``: its
+        arrival). The redirection is looked up once, for both.
 
         Raises:
             QueueNotFound, TooManyQueues, QueueError: as :meth:`queue`.
-            MalformedMessage: the redirection's rewrite could not read the message.
+            MalformedMessage: the message could not be read to merge the annotations in, or
+                by the redirection's rewrite.
         """
         queue = self.queues.get(address)
-        if queue is not None:
-            return queue, message
-        if "@" in address and not address.endswith(self._at_local):
-            target, message = self._redirected(address, message, now)
+        if queue is None and "@" in address and not address.endswith(self._at_local):
+            target, message = self._redirected(address, message, now, annotations)
             return self.queues.get(target) or self._queue(target), message
-        return self._queue(address), message
+        if queue is None:
+            queue = self._queue(address)
+        if annotations is not None:
+            try:
+                message = annotations.apply(message)
+            except MessageError as exc:
+                raise MalformedMessage(f"message for {address!r}: {exc}", exc.condition) from None
+        return queue, message
 
     def send_nowait(
         self,
@@ -319,18 +327,20 @@ class QueueManager:
         *,
         possible_duplicate: bool = False,
         on_durable: Callable[[BaseException | None], None] | None = None,
+        annotations: AnnotationPatch | None = None,
     ) -> SendResult:
         """Put ``message`` into the queue for ``address`` without waiting; for a persistent
         message ``on_durable(None)`` is called once it is stored (``on_durable(error)`` if
         storing failed), for any other at once. A listener settles the producer's delivery
-        in that callback.
+        in that callback. ``annotations`` are merged into the message on the way (the
+        listener's client id), by the redirection's rewrite when there is one (one copy).
 
         Raises:
             QueueNotFound, QueueFull, MessageTooLarge, QueueError: the message was not taken
                 (``on_durable`` is not called).
         """
         now = now_ms()
-        queue, message = self.queue_for(address, message, now)
+        queue, message = self.queue_for(address, message, now, annotations)
         entry, key, duplicate = self._entry(queue, message, possible_duplicate, now)
         if entry is None:
             if on_durable is not None:

@@ -17,7 +17,7 @@ predicate is matched in the order added, and what an address resolved to is reme
 from __future__ import annotations
 
 from martinet.messaging.like import LikePattern, like_pattern
-from martinet.messaging.message import Message, MessageError
+from martinet.messaging.message import AnnotationPatch, Message, MessageError
 
 from .api import MalformedMessage, QueueNotFound, Rewrite
 
@@ -91,17 +91,20 @@ class Names:
         self._redirections[predicate] = like_pattern(predicate), target, rewrite
         self._redirected.clear()
 
-    def redirected(self, address: str, message: Message, now: int) -> tuple[str, Message]:
+    def redirected(
+        self, address: str, message: Message, now: int, annotations: AnnotationPatch | None = None
+    ) -> tuple[str, Message]:
         """The target queue of the redirection of ``address`` (``q@other``) and ``message``
-        as it rewrites it (``now``: its arrival, ms since the epoch).
+        with ``annotations`` merged in and as it rewrites it (``now``: its arrival, ms since
+        the epoch).
 
-        Raises: QueueNotFound (no redirection covers it), MalformedMessage (the rewrite could
-        not read the message)."""
+        Raises: QueueNotFound (no redirection covers it), MalformedMessage (the message could
+        not be read to merge the annotations in, or by the rewrite)."""
         target, rewrite = self.redirection(address)
-        if rewrite is None:
-            return target, message
         try:
-            return target, rewrite(address, message, now)
+            if rewrite is None:
+                return target, message if annotations is None else annotations.apply(message)
+            return target, rewrite(address, message, now, annotations)
         except MessageError as exc:
             raise MalformedMessage(f"message for {address!r}: {exc}", exc.condition) from None
 

@@ -6,6 +6,12 @@ redirection's rewrite (:func:`routing_rewrite`) adds the routing annotations of
 and for a message with an expiry ``x-opt-martinet-expires`` (absolute, so that it survives
 any number of hops and waits). A message already travelling there (forwarded by this
 router) keeps them as they are.
+
+A producer's message comes with its client id still to merge in (the listener's
+:class:`~martinet.messaging.message.AnnotationPatch`). When the message names no routing
+annotation, the rewrite merges the client id and its own annotations in one splice: one
+copy of the message where a local send makes one too, and not two (measured: 1.0 µs
+against 1.8 per 100-byte message, ``bench/rewrite_bench.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ _REWRITTEN_KEYS = re.compile(b"|".join(re.escape(key.encode()) for key in (SOURC
 PATCHES_KEPT = 1024  # addresses whose annotation patch a rewrite keeps (a patch costs more than its use)
 SECTION_KEPT_BYTES = 1024  # annotation sections larger than this are rewritten each time, not kept
 _UNSEEN = b""  # (a section the rewrite has not kept: no section is empty)
+_NOT_MERGED = AnnotationPatch({})  # (annotations the rewrite has not merged with its own yet)
+_ROUTING_KEYS = frozenset((SOURCE, DESTINATION, QUEUE, HOPS, EXPIRES))
 
 
 def routing_rewrite(local: str) -> Rewrite:
@@ -41,7 +49,22 @@ def routing_rewrite(local: str) -> Rewrite:
     # section is rewritten once, and each message only has its bytes spliced
     rewritten: dict[tuple[str, bytes], bytes | None] = {}
 
-    def rewrite(address: str, message: Message, now: int) -> Message:
+    # (address, the sender's annotations) → the two merged, or None where the sender's name
+    # a routing annotation (then they are merged in first, and the message rewritten after)
+    merged: dict[tuple[str, AnnotationPatch], AnnotationPatch | None] = {}
+
+    def rewrite(address: str, message: Message, now: int, annotations: AnnotationPatch | None = None) -> Message:
+        if annotations is not None:
+            raw = message.raw
+            if type(raw) is bytes and _REWRITTEN_KEYS.search(raw) is None:  # a journey starts: both at once
+                both = merged.get((address, annotations), _NOT_MERGED)
+                if both is _NOT_MERGED:
+                    if len(merged) >= PATCHES_KEPT:
+                        merged.clear()
+                    both = merged[address, annotations] = merge(address, annotations)
+                if both is not None:
+                    return _expiring(both.apply(message), now)
+            message = annotations.apply(message)
         raw = message.raw
         where = message.annotations_span()  # (placed by a patch on the way in: no scan)
         if where is None or type(raw) is not bytes:
@@ -66,7 +89,13 @@ def routing_rewrite(local: str) -> Rewrite:
             rewritten[key] = kept
         return annotated if annotated is message else _expiring(annotated, now)
 
-    def annotate(address: str, message: Message) -> Message:
+    def merge(address: str, annotations: AnnotationPatch) -> AnnotationPatch | None:
+        if any(str(key) in _ROUTING_KEYS for key in annotations.changes):
+            return None
+        _, _, patch = routing_patch(address)
+        return AnnotationPatch({**annotations.changes, **patch.changes})
+
+    def routing_patch(address: str) -> tuple[str, str, AnnotationPatch]:
         known = patches.get(address)
         if known is None:
             if len(patches) >= PATCHES_KEPT:
@@ -74,7 +103,10 @@ def routing_rewrite(local: str) -> Rewrite:
             queue, _, router = address.rpartition("@")
             patch = AnnotationPatch({SOURCE: local, DESTINATION: router, QUEUE: queue, HOPS: UInt(0)})
             known = patches[address] = queue, router, patch
-        queue, router, patch = known
+        return known
+
+    def annotate(address: str, message: Message) -> Message:
+        queue, router, patch = routing_patch(address)
         # a message without their text in its annotations has none of these keys: nothing
         # decoded (one scan for the four, of the annotations alone when a patch placed them)
         raw = message.raw

@@ -216,3 +216,49 @@ def test_a_rewrite_kept_for_a_section_writes_what_the_first_one_wrote(others, qu
     for _ in range(2):
         travelling = Message.with_annotations_at(kept.raw, *span)
         assert rewrite(f"{queue}@r", travelling, NOW) is travelling
+
+
+sender_annotations = st.dictionaries(
+    st.sampled_from(["x-opt-jms-client-id", "x-opt-a", SOURCE, "x-opt-martinet-expires"]),
+    st.one_of(names, st.integers(0, 2**31)),
+    min_size=1,
+    max_size=2,
+)
+
+
+@given(
+    already=others,
+    routed=st.booleans(),
+    sender=sender_annotations,
+    queue=names,
+    durable=st.booleans(),
+    ttl=st.one_of(st.none(), st.integers(1, 10**6)),
+    body=st.one_of(st.binary(max_size=50), st.just(SOURCE.encode())),
+    again=st.booleans(),
+)
+def test_the_senders_annotations_merged_with_the_routing_ones_make_the_bytes_of_one_after_the_other(
+    already, routed, sender, queue, durable, ttl, body, again
+):
+    """A listener hands the rewrite its client id still to merge in: the message it makes is
+    the one a rewrite of the message with the client id merged in first makes, byte for byte,
+    whatever the message carried already (other annotations, routing ones of a journey to
+    elsewhere, the annotations' text in its body) and whatever the sender's name."""
+    patch = AnnotationPatch(sender)
+    message = build(body, durable=durable, ttl=ttl, message_id="id")
+    if already:
+        message = AnnotationPatch({Symbol(k): v for k, v in already.items()}).apply(message)
+    if routed:
+        message = routing_rewrite("elsewhere")("q@other", message, NOW)
+    raw = message.raw
+    rewrite = routing_rewrite("source")
+    if again:  # (what the rewrite kept of the first, for this address and these annotations)
+        rewrite(f"{queue}@r", Message(raw), NOW, patch)
+    both = rewrite(f"{queue}@r", Message(raw), NOW, patch)
+    one_then_other = routing_rewrite("source")(f"{queue}@r", patch.apply(Message(raw)), NOW)
+    assert both.raw == one_then_other.raw
+    assert both.queue_info(NOW, check=True) == Message(one_then_other.raw).queue_info(NOW, check=True)
+    annotations = Message(both.raw).message_annotations
+    assert (annotations[SOURCE], annotations[DESTINATION], annotations[QUEUE]) == ("source", "r", queue)
+    for key, value in sender.items():
+        if key not in (SOURCE, "x-opt-martinet-expires"):
+            assert annotations[key] == value
