@@ -71,10 +71,12 @@ def run_round(
     size: int = 100,
     credentials: tuple[str, ...] = (),
     timeout: float = 900,
+    pace: float | None = None,
 ) -> float:
     """One concurrent sender + receiver round: messages per second, first send to last receive.
 
-    ``send`` and ``receive`` are (port, address) on 127.0.0.1.
+    ``send`` and ``receive`` are (port, address) on 127.0.0.1. ``pace``: the sender keeps to
+    that many messages a second (``LOADGEN_RATE``), else it sends as fast as credit allows.
 
     Raises:
         RuntimeError: a load generator failed (its error text), e.g. messages were refused,
@@ -90,6 +92,7 @@ def run_round(
     try:
         sender = subprocess.run(
             [str(loadgen), "send", "127.0.0.1", str(send[0]), send[1], str(count), *extra],
+            env=os.environ | {"LOADGEN_RATE": str(pace)} if pace else None,
             capture_output=True,
             text=True,
             timeout=timeout,
