@@ -243,10 +243,10 @@ def start_ingest(
             .queryName(f"ingest-{table}")
         )
         writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=interval)
-        query = writer.start()
-        queries.append(query)
-        if source == "live":
-            _first_batch(query)
+        if source == "live":  # (its reader runs in a Python process of the driver's: see there)
+            queries.append(_start_with_worker(writer, f"ingest-{table}", first_batch=True))
+        else:
+            queries.append(writer.start())
     return queries
 
 
@@ -409,47 +409,66 @@ def start_analyses(
         once,
         interval,
     )
-    queries.append(_start_with_worker(writer))
+    queries.append(_start_with_worker(writer, "series"))
     return queries
 
 
-WORKER_ATTEMPTS = 5  # starts of a foreachBatch query on a Connect server whose Python worker was late: 50 s or more
+WORKER_ATTEMPTS = 5  # starts of a query whose Python worker was late: 50 s or more
+_LATE_WORKER = "Python worker failed to connect back"
 
 
-def _start_with_worker(writer: Any) -> Any:
-    """Start a ``foreachBatch`` query. Through Spark Connect the function runs in a Python
-    worker that the server starts for the query, and the server gives that worker a fixed
-    10 s to connect back (Spark 4's ``PythonWorkerFactory``, no setting changes it). A
-    loaded server's worker, importing pyspark, pandas and pyarrow, may take longer: the
-    start fails with "Python worker failed to connect back" before the query exists (no
-    batch ran, nothing was written), so it is tried again, up to :data:`WORKER_ATTEMPTS`.
-    A worker that cannot start at all looks the same to this client; after the last attempt
-    the error says where its reason is.
+def _start_with_worker(writer: Any, name: str, *, first_batch: bool = False) -> Any:
+    """Start the query ``name`` that needs a Python worker of its own, which Spark gives a
+    fixed 10 s to connect back (Spark 4's ``PythonWorkerFactory``, no setting changes it). A
+    loaded machine's worker, importing pyspark, pandas and pyarrow, may take longer. The
+    query then fails before its first batch, with nothing written, and is started again,
+    up to :data:`WORKER_ATTEMPTS` times. Two queries have such a worker:
+
+    - ``foreachBatch`` (the series) through Spark Connect: the server's worker runs the
+      function, and the start itself fails;
+    - the live source's reader (``first_batch``): the driver's worker runs it, and the query
+      fails as it initialises, so it is watched until its first batch (:func:`_first_batch`).
+
+    A worker that cannot start at all looks the same; after the last attempt the error says
+    where its reason is.
 
     Raises:
         ValueError: the worker did not connect back at any attempt (one line for the user).
     """
-    attempt = 1
-    while True:
+    connect = name == "series"  # (only a Connect session starts a worker for it)
+    whose = "the Spark server's" if connect else "Spark's"
+    for attempt in range(1, WORKER_ATTEMPTS + 1):
         try:
-            return writer.start()
+            query = writer.start()
         except PySparkException as exc:
-            if "Python worker failed to connect back" not in str(exc):
+            if _LATE_WORKER not in str(exc):
                 raise
-            if attempt == WORKER_ATTEMPTS:
-                raise ValueError(
-                    f"the Spark Connect server's Python worker for the series query did not connect back within "
-                    f"Spark's fixed 10 s, {WORKER_ATTEMPTS} times: the server is overloaded, or its Python cannot "
-                    f"start the worker (the server's log has the worker's error; its PYSPARK_PYTHON needs "
-                    f"martinet[spark])"
-                ) from None
+        else:
+            if not first_batch:
+                return query
+            _first_batch(query)
+            failure = None if query.isActive else query.exception()
+            if failure is None or _LATE_WORKER not in str(failure):
+                return query
+        if attempt < WORKER_ATTEMPTS:
             print(
-                f"martinet-pipeline: the Spark server's Python worker for the series query did not connect back "
+                f"martinet-pipeline: {whose} Python worker for the {name} query did not connect back "
                 f"in time (attempt {attempt} of {WORKER_ATTEMPTS}); starting it again",
                 file=sys.stderr,
                 flush=True,
             )
-            attempt += 1
+    if connect:
+        raise ValueError(
+            f"the Spark Connect server's Python worker for the series query did not connect back within "
+            f"Spark's fixed 10 s, {WORKER_ATTEMPTS} times: the server is overloaded, or its Python cannot "
+            f"start the worker (the server's log has the worker's error; its PYSPARK_PYTHON needs "
+            f"martinet[spark])"
+        )
+    raise ValueError(
+        f"Spark's Python worker for the {name} query did not connect back within Spark's fixed 10 s, "
+        f"{WORKER_ATTEMPTS} times: the machine is overloaded, or its Python cannot start the worker (Spark's "
+        f"log above has the worker's error; PYSPARK_PYTHON needs martinet[spark])"
+    )
 
 
 def _write_batch(series: DataFrame, batch: int, tables: Path, alert_windows: int) -> None:

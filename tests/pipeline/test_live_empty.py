@@ -4,9 +4,15 @@
 An operator's first ``--once`` run often comes before any router publishes: it must end
 cleanly, and so must every later run on the same ``--output`` (Spark replays the batches of
 an unfinished run from the checkpoint, so an empty batch must be replayable like any
-other). Once rows come, the next run takes each exactly once."""
+other). Once rows come, the next run takes each exactly once.
+
+The first run's live source also meets a late Python worker: Spark gives the process that
+runs the source's reader a fixed 10 s to connect back, which a loaded machine's may miss.
+The pipeline starts the query again."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 
@@ -20,15 +26,30 @@ pytestmark = pytest.mark.slow
 
 
 async def test_runs_on_an_empty_subscription_end_cleanly_and_the_next_takes_every_row_once(network, tmp_path):
+    # the Python of Spark's workers; the first that runs the live source's reader sleeps 12 s
+    late = tmp_path / "late-python"
+    late.write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in *python_streaming_source_runner*) [ -e {tmp_path}/slept ] || '
+        f"{{ touch {tmp_path}/slept; sleep 12; }};; esac\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    late.chmod(0o755)
     spark = SparkConfig(collect_interval=100, output="none", events_enabled=False, include_swiftlets="sys$store")
     router = await network.start(network.config("r1", startorder=(*STACK, "sys$spark"), swiftlets={"sys$spark": spark}))
     url = network.url("r1")
     await subscribe_live(url)  # the source's durable subscriptions, empty: nothing published yet
     output = tmp_path / "analysis-live"
     arguments = ["--source", "live", "--url", url, "--output", str(output), "--once"]
-    for _ in range(2):  # the first run, and a rerun on the same output and checkpoint
-        await run_pipeline(*arguments)
-        assert keys_of(output) == []
+    stderr = await run_pipeline(*arguments, env={"PYSPARK_PYTHON": str(late)})
+    assert (tmp_path / "slept").exists()
+    assert [line for line in stderr.splitlines() if "did not connect back" in line] == [
+        "martinet-pipeline: Spark's Python worker for the ingest-rows query did not connect back in time "
+        "(attempt 1 of 5); starting it again"
+    ]
+    assert keys_of(output) == []
+    await run_pipeline(*arguments)  # a rerun on the same output and checkpoint
+    assert keys_of(output) == []
 
     usage = router.management
     first = usage.get("/sys$spark/usage", "rows") + 1  # no await in between: no sample

@@ -44,9 +44,10 @@ def pipeline_command(*args: str, master: str = LOCAL) -> list[str]:
     return [sys.executable, "-m", "martinet.pipeline", *where, *args]
 
 
-async def run_pipeline(*args: str, master: str = LOCAL) -> str:
-    """Run the pipeline to its end; its stderr (its output is shown when it fails)."""
-    env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
+async def run_pipeline(*args: str, master: str = LOCAL, env: dict[str, str] | None = None) -> str:
+    """Run the pipeline to its end (``env``: added to its environment); its stderr (its
+    output is shown when it fails)."""
+    env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"} | (env or {})
     with trio.fail_after(PIPELINE_TIMEOUT):
         result = await trio.run_process(
             pipeline_command(*args, master=master), capture_stdout=True, capture_stderr=True, check=False, env=env
