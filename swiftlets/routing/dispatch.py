@@ -38,8 +38,10 @@ class RoutedTransfer(Transfer):
         return len(self._scopes)
 
     def has_dispatcher(self, router: str) -> bool:
-        """Whether ``router`` has a dispatcher that is not being retired."""
-        return router in self._scopes and router not in self._retiring
+        """Whether ``router`` has a dispatcher that is not being retired, running or started
+        and about to run: one about to run would make ``rt$R`` again if it were deleted now
+        (:meth:`retire` refuses it until it waits)."""
+        return router in self.wakeups_of and router not in self._retiring
 
     def wake(self, routers: Iterable[str]) -> None:
         """Have the dispatchers of ``routers`` (those that have one) look at their routes again."""
@@ -58,7 +60,7 @@ class RoutedTransfer(Transfer):
     def retire(self, router: str) -> bool:
         """End the dispatcher of ``router`` while it waits with nothing to do (the caller
         checked that ``rt$R`` is empty and ``R`` unknown); False if it is busy now (woken,
-        about to run) or has none. It holds nothing while it waits: no route, no entries."""
+        about to run), has not run yet, or has none. It holds nothing while it waits: no route, no entries."""
         scope = self._scopes.get(router)
         wakeup = self.wakeups_of.get(router)
         if scope is None or wakeup is None or wakeup.is_set() or router in self._retiring:

@@ -13,9 +13,11 @@ import re
 import sys
 
 import trio
+import trio.testing
 
 from martinet.messaging.client import Queue, TextMessage, connect
 from martinet.swiftlets.queuemanager.config import QueueManagerConfig
+from martinet.swiftlets.routing import api
 from martinet.swiftlets.routing.wire import Route, encode
 
 from tests.harness.network import ROUTING_STACK, routing_config
@@ -181,3 +183,29 @@ async def test_destinations_announced_and_withdrawn_leave_no_queue_or_dispatcher
         await trio.sleep(1)  # five times the grace
         assert manager.queues["rt$d7"].size == 1
         assert usage.properties()["routing-queues-retired"] == 2000
+
+
+async def test_a_destination_gone_before_its_dispatcher_first_ran_is_retired_all_the_same(network):
+    """A destination's dispatcher is started with it and runs a moment later; a retirement
+    that looks at it in between must wait for it, or the dispatcher, starting after its
+    ``rt$`` queue was deleted, makes the queue again, which nothing retires any more (a
+    loaded machine met this moment in the test above). Put there on purpose: the
+    destination comes and goes, and the retirement looks, with no checkpoint in between."""
+    await network.start(
+        network.config(
+            "hub", startorder=ROUTING_STACK, swiftlets={"sys$routing": routing_config(unknown_router_grace=200)}
+        )
+    )
+    hub = network.routers["hub"]
+    manager, swiftlet = hub.swiftlet("sys$queuemanager"), hub.swiftlet("sys$routing")
+    addressing, transfer = swiftlet._addressing, swiftlet._transfer
+    dispatchers, retired = transfer.dispatchers, addressing.retired
+    addressing.address(api.DestinationAdded(router="ghost"))  # (starts its dispatcher: it runs later)
+    addressing.address(api.DestinationRemoved(router="ghost"))
+    addressing._retire_idle(trio.current_time() + 1)  # as if unknown for longer than the grace
+    await trio.testing.wait_all_tasks_blocked()  # the dispatcher has run and waits
+    await wait_until(
+        lambda: "rt$ghost" not in manager.queues and transfer.dispatchers == dispatchers,
+        what="ghost's routing queue and dispatcher retired",
+    )
+    assert addressing.retired == retired + 1
