@@ -150,7 +150,8 @@ async def test_a_remote_routers_pages_show_the_last_hour_its_own_web_view_kept(n
         routers[name] = await network.start(network.config(name, startorder=stack, swiftlets=swiftlets))
     network.connect("a", "b")
     network.connect("a", "c")
-    await network.settle({"a": {"b": 1, "c": 1}})
+    # b's own view too: its history follows b's link once b's side of it is operational
+    await network.settle({"a": {"b": 1, "c": 1}, "b": {"a": 1, "c": 2}})
     b = routers["b"]
     b.management.add("/sys$queuemanager/queues", "orders-at-b")
     web = b.swiftlet("sys$web")
