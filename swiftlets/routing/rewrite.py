@@ -10,8 +10,9 @@ router) keeps them as they are.
 A producer's message comes with its client id still to merge in (the listener's
 :class:`~martinet.messaging.message.AnnotationPatch`). When the message names no routing
 annotation, the rewrite merges the client id and its own annotations in one splice: one
-copy of the message where a local send makes one too, and not two (measured: 1.0 µs
-against 1.8 per 100-byte message, ``bench/rewrite_bench.py``).
+copy of the message where a local send makes one too, and not two (what the rewrite adds
+to a 100-byte message's way in: 0.66 µs, against 1.00 when it spliced after the client id;
+``bench/rewrite_bench.py``).
 """
 
 from __future__ import annotations
