@@ -395,40 +395,14 @@ class Message:
                     count = _check_rest(raw, at, value_at)
                 else:
                     count = 0 if value_at is None else _list_count(raw, value_at)
-            if value_at is not None:
-                if count:
-                    try:
-                        position = value_at + (3 if raw[value_at] == 0xC0 else 9)
-                        message_id, position = decode(raw, position)
-                        if count > 8:
-                            for _ in range(7):  # fields 2-8 are mostly null: step over those inline
-                                if raw[position] == 0x40:
-                                    position += 1
-                                else:
-                                    position = skip(raw, position)
-                            absolute = decode(raw, position)[0]
-                    except DecodeError as exc:
-                        raise MessageError(f"malformed properties: {exc}") from None
-                    except IndexError:
-                        raise MessageError(
-                            f"malformed properties at offset {value_at}: its fields run past the end of the message"
-                        ) from None
-                    if absolute is not None and (not isinstance(absolute, int) or isinstance(absolute, bool)):
-                        raise MessageFieldError(
-                            f"properties field 8 (absolute-expiry-time) must be a timestamp, "
-                            f"found {type(absolute).__name__} {absolute!r:.40}"
-                        )
+            if value_at is not None and count:
+                message_id, absolute = _id_and_expiry(raw, value_at, count)
         if message_id is not None and (type(message_id) is bool or not isinstance(message_id, _MESSAGE_ID_TYPES)):
             raise MessageFieldError(
                 f"properties field 0 (message-id) must be a ulong, uuid, binary or string, "
                 f"found {type(message_id).__name__} {message_id!r:.40}"
             )
-        if absolute:
-            if not isinstance(absolute, int) or isinstance(absolute, bool):
-                raise MessageFieldError(
-                    f"properties field 8 (absolute-expiry-time) must be a timestamp, "
-                    f"found {type(absolute).__name__} {absolute!r:.40}"
-                )
+        if absolute:  # (a timestamp: checked where it was read, here or by Properties)
             expiry: int | None = int(absolute)
         elif ttl:
             expiry = arrival_ms + ttl
@@ -522,15 +496,51 @@ class Message:
         """
         return AnnotationPatch(changes).apply(self)
 
-    def _replace(self, code: int, section: bytes) -> Message:
-        offsets = _find_sections(self.raw)
-        span = offsets.get(code)
-        if span is not None:
-            return Message(self.raw[: span[0]] + section + self.raw[span[2] :])
-        # Insert before the first section that must follow it.
-        later = [start for other, (start, _, _) in offsets.items() if other > code]
-        at = min(later) if later else len(self.raw)
-        return Message(self.raw[:at] + section + self.raw[at:])
+
+def _id_and_expiry(raw: bytes, value_at: int, count: int) -> tuple[Any, int | None]:
+    """``(message-id, absolute-expiry-time)`` of the properties list whose value starts at
+    ``value_at`` and holds ``count`` (> 0) fields: field 0 decoded, fields 1-7 (mostly null)
+    stepped over, field 8 decoded when there is one; nothing else is read.
+
+    Raises:
+        MessageError: malformed fields, or an absolute-expiry-time that is not a timestamp.
+    """
+    absolute = None
+    try:
+        position = value_at + (3 if raw[value_at] == 0xC0 else 9)
+        message_id, position = decode(raw, position)
+        if count > 8:
+            for _ in range(7):
+                if raw[position] == 0x40:
+                    position += 1
+                else:
+                    position = skip(raw, position)
+            absolute = decode(raw, position)[0]
+    except DecodeError as exc:
+        raise MessageError(f"malformed properties: {exc}") from None
+    except IndexError:
+        raise MessageError(
+            f"malformed properties at offset {value_at}: its fields run past the end of the message"
+        ) from None
+    if absolute is not None and (not isinstance(absolute, int) or isinstance(absolute, bool)):
+        raise MessageFieldError(
+            f"properties field 8 (absolute-expiry-time) must be a timestamp, "
+            f"found {type(absolute).__name__} {absolute!r:.40}"
+        )
+    return message_id, absolute
+
+
+def _with_section(message: Message, code: int, section: bytes) -> Message:
+    """A copy of ``message`` whose section ``code`` is ``section``: in place of the one it
+    has, else before the first section that must follow it."""
+    raw = message.raw
+    offsets = _find_sections(raw)
+    span = offsets.get(code)
+    if span is not None:
+        return Message(raw[: span[0]] + section + raw[span[2] :])
+    later = [start for other, (start, _, _) in offsets.items() if other > code]
+    at = min(later) if later else len(raw)
+    return Message(raw[:at] + section + raw[at:])
 
 
 # -- changed copies of the header: a redelivery, a forwarded ttl -----------------------------------
@@ -672,7 +682,7 @@ class AnnotationPatch:
         if front is None:  # it has message-annotations already, or an unusual encoding
             span = _find_section(raw, MESSAGE_ANNOTATIONS)
             if span is None:
-                return message._replace(MESSAGE_ANNOTATIONS, self._section)
+                return _with_section(message, MESSAGE_ANNOTATIONS, self._section)
             if type(raw) is not bytes:  # (slices of it are looked up as keys)
                 raw = bytes(raw)
             start, value_at, end = span

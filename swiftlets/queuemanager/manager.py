@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -53,7 +53,7 @@ from martinet.kernel import Change, SwiftletContext
 from martinet.messaging.message import AnnotationPatch, Message, MessageError
 from martinet.swiftlets.store.api import Op, PutMessage, Store
 
-from .api import Creator, DiskFull, MalformedMessage, MessageTooLarge, Rewrite, SendResult
+from .api import DiskFull, MalformedMessage, MessageTooLarge, SendResult
 from .catalogue import Catalogue
 from .config import QueueManagerConfig
 from .deadletters import DeadLetters
@@ -130,6 +130,17 @@ class QueueManager:
         self._redirection = names.redirection
         self._redirected = names.redirected
         self._queue = catalogue.queue
+        # and the rest of the parts' :class:`.api.QueueManager` methods, as they are
+        self.add_redirection, self.remove_redirection = names.add_redirection, names.remove_redirection
+        self.queue, self.check_room = catalogue.queue, catalogue.check_room
+        self.create_temporary_queue = catalogue.create_temporary_queue
+        self.delete_temporary_queues = catalogue.delete_temporary_queues
+        self.delete_queue = catalogue.delete_queue
+        self.when_backlog_cleared, self.when_room = catalogue.when_backlog_cleared, catalogue.when_room
+        self.fetch_messages = persistence.fetch_messages
+        self.transaction = self.transactions.transaction
+        self.prepared_transactions = self.transactions.prepared_transactions
+        self.resolve_prepared = self.transactions.resolve_prepared
         self.settings_for = catalogue.settings_for
         self.persist_removal = persistence.persist_removal
         self.persist_delivery_count = persistence.persist_delivery_count
@@ -174,7 +185,7 @@ class QueueManager:
         else:
             self.budget.set(change.field, change.new)
 
-    # -- names and queues (the parts' :class:`.api.QueueManager` methods) -----------------------
+    # -- names ----------------------------------------------------------------------------------
 
     def resolve(self, address: str) -> str:
         """The local queue that ``address`` (``q`` or ``q@router``) ends up in.
@@ -188,45 +199,6 @@ class QueueManager:
         if router == self.router_name:
             return name
         return self._redirection(address)[0]
-
-    def add_redirection(self, predicate: str, target: str, rewrite: Rewrite | None = None) -> None:
-        self.names.add_redirection(predicate, target, rewrite)
-
-    def remove_redirection(self, predicate: str) -> None:
-        self.names.remove_redirection(predicate)
-
-    def queue(self, address: str, *, create: bool | None = None, creator: Creator | None = None) -> Queue:
-        return self._queue(address, create=create, creator=creator)
-
-    def check_room(self, name: str, creator: Creator | None = None) -> None:
-        self.catalogue.check_room(name, creator)
-
-    def create_temporary_queue(self, owner: Any, creator: Creator | None = None) -> Queue:
-        return self.catalogue.create_temporary_queue(owner, creator)
-
-    def delete_temporary_queues(self, owner: Any) -> None:
-        self.catalogue.delete_temporary_queues(owner)
-
-    def delete_queue(self, name: str, *, quiet: bool = False) -> None:
-        self.catalogue.delete_queue(name, quiet=quiet)
-
-    def when_backlog_cleared(self, address: str, callback: Callable[[], None]) -> Callable[[], None] | None:
-        return self.catalogue.when_backlog_cleared(address, callback)
-
-    def when_room(self, name: str, callback: Callable[[], None]) -> None:
-        self.catalogue.when_room(name, callback)
-
-    def fetch_messages(self, entries: Sequence[Entry], on_done: Callable[[Mapping[int, Message]], None]) -> None:
-        self.persistence.fetch_messages(entries, on_done)
-
-    def transaction(self, *, memory_bound: bool = False) -> Transaction:
-        return self.transactions.transaction(memory_bound=memory_bound)
-
-    def prepared_transactions(self) -> Mapping[str, Transaction]:
-        return self.transactions.prepared_transactions()
-
-    async def resolve_prepared(self, xid: str, *, commit: bool) -> None:
-        await self.transactions.resolve_prepared(xid, commit=commit)
 
     # -- sending ------------------------------------------------------------------------------
 

@@ -45,12 +45,18 @@ def mismatches(obj: object, protocol: type) -> list[str]:
             continue
         if not inspect.isfunction(member):
             continue  # a property or an attribute: being there is enough
+        # a method of the object's class, or a part's method the object holds as it is (a
+        # façade binds those once, so that a call goes to the part with no layer between)
         actual = getattr(type(obj), name, None)
-        if not inspect.isfunction(actual):
+        if inspect.isfunction(actual):
+            parameters = list(inspect.signature(actual).parameters.values())[1:]  # (without self)
+        elif inspect.ismethod(actual := getattr(obj, name)):
+            parameters = list(inspect.signature(actual).parameters.values())  # (self is bound)
+        else:
             problems.append(f"{name}: not a method")
             continue
-        want = [(p.name, p.kind, p.default) for p in inspect.signature(member).parameters.values()]
-        got = [(p.name, p.kind, p.default) for p in inspect.signature(actual).parameters.values()]
+        want = [(p.name, p.kind, p.default) for p in list(inspect.signature(member).parameters.values())[1:]]
+        got = [(p.name, p.kind, p.default) for p in parameters]
         if want != got:
             problems.append(f"{name}: parameters {got} instead of {want}")
         if inspect.iscoroutinefunction(member) != inspect.iscoroutinefunction(actual):
