@@ -1,7 +1,7 @@
 """The pipeline on a Spark standalone cluster (a master and two workers on loopback, separate
 processes: ``spark_cluster``): the driver here, the executors and their Python workers in the
 workers' process trees, sharing the checkpoint, the replay folder and the tables through the
-file system as they would through a shared mount. The tests of test_spark_pipeline.py, with
+file system as they would through a shared mount. The tests of test_pipeline.py, with
 the same assertions as on ``local[2]``, and executors killed in the middle of a batch."""
 
 from __future__ import annotations
