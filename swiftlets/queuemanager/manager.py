@@ -129,10 +129,10 @@ class QueueManager:
         # part's method itself, with no call layer of the manager's in between.
         self._redirection = names.redirection
         self._redirected = names.redirected
-        self._queue = catalogue.queue
+        self.queue = catalogue.queue
         # and the rest of the parts' :class:`.api.QueueManager` methods, as they are
         self.add_redirection, self.remove_redirection = names.add_redirection, names.remove_redirection
-        self.queue, self.check_room = catalogue.queue, catalogue.check_room
+        self.check_room = catalogue.check_room
         self.create_temporary_queue = catalogue.create_temporary_queue
         self.delete_temporary_queues = catalogue.delete_temporary_queues
         self.delete_queue = catalogue.delete_queue
@@ -282,9 +282,9 @@ class QueueManager:
         queue = self.queues.get(address)
         if queue is None and "@" in address and not address.endswith(self._at_local):
             target, message = self._redirected(address, message, now, annotations)
-            return self.queues.get(target) or self._queue(target), message
+            return self.queues.get(target) or self.queue(target), message
         if queue is None:
-            queue = self._queue(address)
+            queue = self.queue(address)
         if annotations is not None:
             try:
                 message = annotations.apply(message)

@@ -384,7 +384,7 @@ class Transaction:
             if queue.deleted and queue.name.startswith(ROUTING_PREFIX):
                 # routing retires an idle rt$R of a router gone; a send staged before (a
                 # long or in-doubt transaction) must still reach R when it comes back
-                queue = manager._queue(queue.name, create=True)
+                queue = manager.queue(queue.name, create=True)
             key = self._keys.get(entry.id)
             if key is not None:
                 queue.remember(key)
