@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from martinet.kernel import SwiftletSpec, hookimpl
 
-from .config import AuthenticationConfig
-from .service import Authentication
 
-
+# The hooks import the implementation, so that importing this package (as its api does) stays cheap.
 @hookimpl
 def martinet_swiftlets() -> list[SwiftletSpec]:
+    from .config import AuthenticationConfig
+    from .service import Authentication
+
     return [
         SwiftletSpec(
             name="sys$authentication",

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from martinet.kernel import SwiftletSpec, hookimpl
 
-from .config import JmsConfig
-from .swiftlet import JmsSwiftlet
 
-
+# The hooks import the implementation, so that importing this package (as its api does) stays cheap.
 @hookimpl
 def martinet_swiftlets() -> list[SwiftletSpec]:
+    from .config import JmsConfig
+    from .swiftlet import JmsSwiftlet
+
     return [
         SwiftletSpec(
             name="sys$jms",

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from martinet.kernel import SwiftletSpec, hookimpl
 
-from .config import LogConfig
-from .handler import LogSwiftlet
 
-
+# The hooks import the implementation, so that importing this package (as its api does) stays cheap.
 @hookimpl
 def martinet_swiftlets() -> list[SwiftletSpec]:
+    from .config import LogConfig
+    from .handler import LogSwiftlet
+
     return [
         SwiftletSpec(
             name="sys$log",

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from martinet.kernel import Command, SwiftletSpec, hookimpl
 
-from .admin import ADMIN_COMMAND
-from .config import MgmtConfig
-from .service import MgmtSwiftlet
 
-
+# The hooks import the implementation, so that importing this package (as its api does) stays cheap.
 @hookimpl
 def martinet_swiftlets() -> list[SwiftletSpec]:
+    from .config import MgmtConfig
+    from .service import MgmtSwiftlet
+
     return [
         SwiftletSpec(
             name="sys$mgmt",
@@ -33,4 +33,6 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
 
 @hookimpl
 def martinet_commands() -> list[Command]:
+    from .admin import ADMIN_COMMAND
+
     return [ADMIN_COMMAND]

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from martinet.kernel import SwiftletSpec, hookimpl
 
-from .config import QueueManagerConfig
-from .jobs import QUEUE_JOBS
-from .manager import QueueManager
 
-
+# The hooks import the implementation, so that importing this package (as its api does) stays cheap.
 @hookimpl
 def martinet_swiftlets() -> list[SwiftletSpec]:
+    from .config import QueueManagerConfig
+    from .manager import QueueManager
+
     return [
         SwiftletSpec(
             name="sys$queuemanager",
@@ -45,4 +45,6 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
 
 @hookimpl
 def martinet_scheduler_jobs() -> list:
+    from .jobs import QUEUE_JOBS
+
     return [QUEUE_JOBS]  # see .jobs

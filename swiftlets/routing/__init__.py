@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from martinet.kernel import PoolSpec, SwiftletSpec, hookimpl
 
-from .config import RoutingConfig
-from .jobs import ROUTING_JOBS
-from .swiftlet import RoutingSwiftlet
 
-
+# The hooks import the implementation, so that importing this package (as its api does) stays cheap.
 @hookimpl
 def martinet_swiftlets() -> list[SwiftletSpec]:
+    from .config import RoutingConfig
+    from .swiftlet import RoutingSwiftlet
+
     return [
         SwiftletSpec(
             name="sys$routing",
@@ -71,4 +71,6 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
 
 @hookimpl
 def martinet_scheduler_jobs() -> list:
+    from .jobs import ROUTING_JOBS
+
     return [ROUTING_JOBS]  # the Routing Connector, see .jobs

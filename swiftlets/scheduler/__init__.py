@@ -15,16 +15,15 @@ from __future__ import annotations
 
 from martinet.kernel import Command, PoolSpec, SwiftletSpec, hookimpl
 
-from .api import SchedulerHooks
-from .command import SCHEDULE_COMMAND
-from .config import SchedulerConfig
-from .jobs import SCHEDULER_JOBS
-from .plans import check_config
-from .swiftlet import POOL, SchedulerSwiftlet
 
-
+# The hooks import the implementation, so that importing this package (as its api does) stays cheap.
 @hookimpl
 def martinet_swiftlets() -> list[SwiftletSpec]:
+    from .api import SchedulerHooks
+    from .config import SchedulerConfig
+    from .plans import check_config
+    from .swiftlet import POOL, SchedulerSwiftlet
+
     return [
         SwiftletSpec(
             name="sys$scheduler",
@@ -42,9 +41,13 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
 
 @hookimpl
 def martinet_commands() -> list[Command]:
+    from .command import SCHEDULE_COMMAND
+
     return [SCHEDULE_COMMAND]
 
 
 @hookimpl
 def martinet_scheduler_jobs() -> list:
+    from .jobs import SCHEDULER_JOBS
+
     return [SCHEDULER_JOBS]  # the Message Sender, see .jobs

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from martinet.kernel import PoolSpec, SwiftletSpec, hookimpl
 
-from .config import SparkConfig
-from .swiftlet import POOL, SparkSwiftlet
 
-
+# The hooks import the implementation, so that importing this package (as its api does) stays cheap.
 @hookimpl
 def martinet_swiftlets() -> list[SwiftletSpec]:
+    from .config import SparkConfig
+    from .swiftlet import POOL, SparkSwiftlet
+
     return [
         SwiftletSpec(
             name="sys$spark",

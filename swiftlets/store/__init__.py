@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from martinet.kernel import SwiftletSpec, hookimpl
 
-from .config import StoreConfig
-from .jobs import STORE_JOBS
-from .swiftlet import StoreSwiftlet
 
-
+# The hooks import the implementation, so that importing this package (as its api does) stays cheap.
 @hookimpl
 def martinet_swiftlets() -> list[SwiftletSpec]:
+    from .config import StoreConfig
+    from .swiftlet import StoreSwiftlet
+
     return [
         SwiftletSpec(
             name="sys$store",
@@ -33,4 +33,6 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
 
 @hookimpl
 def martinet_scheduler_jobs() -> list:
+    from .jobs import STORE_JOBS
+
     return [STORE_JOBS]  # see .jobs

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from martinet.kernel import SwiftletSpec, hookimpl
 
-from .config import TopicManagerConfig, check_config
-from .jobs import TOPIC_JOBS
-from .manager import TopicManager
 
-
+# The hooks import the implementation, so that importing this package (as its api does) stays cheap.
 @hookimpl
 def martinet_swiftlets() -> list[SwiftletSpec]:
+    from .config import TopicManagerConfig, check_config
+    from .manager import TopicManager
+
     return [
         SwiftletSpec(
             name="sys$topicmanager",
@@ -40,4 +40,6 @@ def martinet_swiftlets() -> list[SwiftletSpec]:
 
 @hookimpl
 def martinet_scheduler_jobs() -> list:
+    from .jobs import TOPIC_JOBS
+
     return [TOPIC_JOBS]  # see .jobs

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from martinet.kernel import SwiftletSpec, hookimpl
 
-from .config import WebConfig
-from .swiftlet import WebSwiftlet
 
-
+# The hooks import the implementation, so that importing this package (as its api does) stays cheap.
 @hookimpl
 def martinet_swiftlets() -> list[SwiftletSpec]:
+    from .config import WebConfig
+    from .swiftlet import WebSwiftlet
+
     return [
         SwiftletSpec(
             name="sys$web",

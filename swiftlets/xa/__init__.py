@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from martinet.kernel import SwiftletSpec, hookimpl
 
-from .config import XAConfig
-from .manager import ResourceManager
 
-
+# The hooks import the implementation, so that importing this package (as its api does) stays cheap.
 @hookimpl
 def martinet_swiftlets() -> list[SwiftletSpec]:
+    from .config import XAConfig
+    from .manager import ResourceManager
+
     return [
         SwiftletSpec(
             name="sys$xa",
