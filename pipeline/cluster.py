@@ -187,15 +187,15 @@ def _environment(folder: Path, python: str) -> dict[str, str]:
 
 
 def worker_launcher(folder: Path, python: str) -> Path:
-    """A ``PYSPARK_PYTHON`` for a Spark driver that starts fresh Python workers (a Connect
-    server's ``foreachBatch`` worker, one per query start): it runs ``python`` without the
-    entries that Spark puts first on the worker's ``PYTHONPATH``, its own ``pyspark.zip``
-    and ``py4j`` zip. Python compiles a module imported from a zip again at every start
-    (it cannot cache the bytecode there): a worker's imports took 1.8-2.2 s from the zip
-    against 0.8 s from the installed, compiled copy, on a quiet 2-core machine, and the
-    server gives a worker a fixed 10 s to connect back. ``python`` must have the same
-    ``pyspark`` installed, as ``martinet[spark]`` does (the worker imports ``martinet``
-    anyway)."""
+    """A ``PYSPARK_PYTHON`` for a Spark driver that starts Python workers on this machine (a
+    local master's, and a Connect server's ``foreachBatch`` worker, one per query start): it
+    runs ``python`` without the entries that Spark puts first on the worker's ``PYTHONPATH``,
+    its own ``pyspark.zip`` and ``py4j`` zip. Python compiles a module imported from a zip
+    again at every start (it cannot cache the bytecode there): a worker's imports took
+    1.8-2.2 s from the zip against 0.8 s from the installed, compiled copy, on a quiet 2-core
+    machine, and the server gives a worker a fixed 10 s to connect back. ``python`` must have
+    the same ``pyspark`` installed, as ``martinet[spark]`` does (the worker imports
+    ``martinet`` anyway)."""
     zips = shlex.quote(str(spark_home() / "python" / "lib"))
     launcher = folder.resolve() / "worker-python"  # absolute: Spark's launch scripts change folder
     folder.mkdir(parents=True, exist_ok=True)

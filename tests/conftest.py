@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from martinet.kernel import Router, load_swiftlet_specs
-from martinet.pipeline.cluster import ConnectServer, StandaloneCluster
+from martinet.pipeline.cluster import ConnectServer, StandaloneCluster, worker_launcher
 
 from tests.harness import probe_plugin
 from tests.harness.network import Network
@@ -136,15 +136,33 @@ def router_processes(tmp_path):
 def spark_cluster(tmp_path_factory) -> Iterator[StandaloneCluster]:
     """A started :class:`StandaloneCluster`: ``.master_url`` (``spark://127.0.0.1:PORT``),
     ``.worker_pids``, ``.executors()`` and ``.python_workers()`` (their processes, to kill one),
-    ``.state()`` (the master's JSON). Every process of it is killed at the module's end."""
+    ``.state()`` (the master's JSON). Every process of it is killed at the module's end.
+
+    Its executors run on this machine, so the pipelines the tests start (their drivers' Python
+    is what the executors run) take the launcher that keeps Spark's ``pyspark.zip`` off the
+    Python workers' path, as a local master does (``worker_launcher``)."""
     need_java()
-    with StandaloneCluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
+    folder = tmp_path_factory.mktemp("spark-cluster")
+    with StandaloneCluster(folder) as cluster, pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYSPARK_PYTHON", str(worker_launcher(folder / "python", sys.executable)))
         yield cluster
 
 
 @pytest.fixture(scope="module")
 def spark_connect(tmp_path_factory) -> Iterator[ConnectServer]:
-    """A started Spark Connect server on ``local[2]``: ``.url`` (``sc://127.0.0.1:PORT``)."""
+    """A started Spark Connect server on ``local[2]``: ``.url`` (``sc://127.0.0.1:PORT``).
+
+    Its Python runs the shell script ``.folder / "before-foreach-batch-worker.sh"``, when a
+    test has written one, before each ``foreachBatch`` worker starts (one server for every
+    test of a module: a server's start costs some 12 s of CPU)."""
     need_java()
-    with ConnectServer(tmp_path_factory.mktemp("spark-connect")) as server:
+    folder = tmp_path_factory.mktemp("spark-connect")
+    python = folder / "server-python"
+    script = folder / "before-foreach-batch-worker.sh"
+    python.write_text(
+        f'#!/bin/sh\ncase "$*" in *foreach_batch_worker*) [ -e {script} ] && . {script};; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    with ConnectServer(folder, python=str(python)) as server:
         yield server
