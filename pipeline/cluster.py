@@ -169,20 +169,20 @@ class _Daemon:
 
 
 def _environment(folder: Path, python: str) -> dict[str, str]:
-    """The daemons' environment: loopback only, this Python for PySpark, their own (empty but
-    for a defaults file) configuration folder and scratch below ``folder``."""
-    conf, scratch = folder / "conf", folder / "tmp"
-    conf.mkdir(parents=True, exist_ok=True)
+    """The daemons' environment: loopback only, this Python for PySpark, scratch below
+    ``folder``. Spark's configuration folder is the caller's, as for a driver started here: a
+    folder of their own would come first on the JVMs' class path, which then no longer matches
+    the drivers' (a class-data archive made by one cannot serve the other)."""
+    scratch = folder / "tmp"
     scratch.mkdir(parents=True, exist_ok=True)
-    # the master's REST submission server listens on the fixed port 6066 unless disabled
-    (conf / "spark-defaults.conf").write_text("spark.master.rest.enabled false\n")
     return os.environ | {
         "SPARK_HOME": str(spark_home()),
-        "SPARK_CONF_DIR": str(conf),
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYSPARK_PYTHON": python,
         "SPARK_DAEMON_MEMORY": "512m",  # the master's and workers' own JVMs; executors are sized apart
         "SPARK_DAEMON_JAVA_OPTS": f"-Djava.io.tmpdir={scratch}",
+        # the master's REST submission server listens on the fixed port 6066 unless disabled
+        "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
     }
 
 

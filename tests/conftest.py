@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from tests.harness.paths import ECHO_PLUGIN
 from tests.harness.processes import RouterProcesses
 from tests.harness.routers import AmqpBroker, RunningRouter
 from tests.harness.sparkcluster import need_java
+from tests.harness.sparkjvm import cluster_daemon_options
 
 PIPELINE = Path(__file__).parent / "pipeline"
 
@@ -138,13 +140,20 @@ def spark_cluster(tmp_path_factory) -> Iterator[StandaloneCluster]:
     ``.worker_pids``, ``.executors()`` and ``.python_workers()`` (their processes, to kill one),
     ``.state()`` (the master's JSON). Every process of it is killed at the module's end.
 
-    Its executors run on this machine, so the pipelines the tests start (their drivers' Python
-    is what the executors run) take the launcher that keeps Spark's ``pyspark.zip`` off the
-    Python workers' path, as a local master does (``worker_launcher``)."""
+    Its daemons and the executors they start take the tests' JVM options and class-data
+    archive (``cluster_daemon_options``). Its executors run on this machine, so the pipelines
+    the tests start (their drivers' Python is what the executors run) take the launcher that
+    keeps Spark's ``pyspark.zip`` off the Python workers' path, as a local master does
+    (``worker_launcher``)."""
     need_java()
     folder = tmp_path_factory.mktemp("spark-cluster")
-    with StandaloneCluster(folder) as cluster, pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYSPARK_PYTHON", str(worker_launcher(folder / "python", sys.executable)))
+    with ExitStack() as stack:
+        with pytest.MonkeyPatch.context() as daemons:  # the daemons' environment only
+            for name, value in cluster_daemon_options().items():
+                daemons.setenv(name, value)
+            cluster = stack.enter_context(StandaloneCluster(folder))
+        drivers = stack.enter_context(pytest.MonkeyPatch.context())
+        drivers.setenv("PYSPARK_PYTHON", str(worker_launcher(folder / "python", sys.executable)))
         yield cluster
 
 
