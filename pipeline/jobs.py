@@ -127,7 +127,13 @@ def session(
         spark.dataSource.register(MartinetSource)
         return spark
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    if "PYSPARK_PYTHON" not in os.environ:
+    builder = SparkSession.builder.master(master).appName(name)
+    if scratch is not None:
+        scratch.mkdir(parents=True, exist_ok=True)
+    for key, value in local_settings(settings, scratch, conf or {}).items():
+        builder = builder.config(key, value)
+    unset = "PYSPARK_PYTHON" not in os.environ
+    if unset:
         # On this machine (local masters) the workers start through the launcher that keeps
         # Spark's pyspark.zip off their path: 0.6 s less CPU for each of the dozens of Python
         # workers a run starts. A cluster's executors may not see the scratch folder.
@@ -135,12 +141,11 @@ def session(
         if master.startswith("local") and scratch is not None:
             python = str(worker_launcher(scratch, python))
         os.environ["PYSPARK_PYTHON"] = python
-    builder = SparkSession.builder.master(master).appName(name)
-    if scratch is not None:
-        scratch.mkdir(parents=True, exist_ok=True)
-    for key, value in local_settings(settings, scratch, conf or {}).items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()  # its JVM and context take the variable as they start
+    finally:
+        if unset:  # a later session of this process, with another scratch folder, chooses again
+            del os.environ["PYSPARK_PYTHON"]
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(MartinetSource)
     return spark
