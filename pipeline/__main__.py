@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         from .drop import drop
 
         return drop(args.url, force=args.force)
-    from .jobs import results, session, start_analyses, start_ingest  # Spark is slow to import: after --help
+    from .jobs import drop_unfinished_log_writes, results, session, start_analyses, start_ingest  # slow: not for --help
     from .progress import Progress
     from .report import write_report
 
@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report: {path}", flush=True)
 
     try:
+        for path in drop_unfinished_log_writes(checkpoint):
+            progress.say(f"removed {path}: a log entry a killed run left half-written")
         progress.say(f"ingest from {args.url or args.input} ({args.source}) into {output}: rows, events")
         start("ingest")
         if args.once:  # the analyses read what the ingest wrote: one after the other

@@ -198,6 +198,20 @@ def _reachable(remote: str) -> None:
         raise ValueError(f"no Spark Connect server at {remote}: {exc.strerror or exc}") from None
 
 
+def drop_unfinished_log_writes(checkpoint: Path) -> list[Path]:
+    """Remove what a killed driver left half-written in the queries' offset and commit logs
+    below ``checkpoint``, and return it. Spark writes each log entry to a hidden temporary
+    file (``.0.<uuid>.tmp``, with its ``.crc``) and renames it; a driver killed between the
+    two leaves the temporary file, which no reader takes for an entry, but Spark 4 refuses
+    to start a query at batch 0 whose offset log folder is not empty
+    (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY): a pipeline killed during its first batch
+    could not start again. Run it before the queries start: one pipeline per checkpoint."""
+    found = [path for log in ("offsets", "commits") for path in checkpoint.glob(f"*/{log}/.*.tmp*")]
+    for path in found:
+        path.unlink(missing_ok=True)
+    return found
+
+
 def start_ingest(
     spark: SparkSession,
     *,

@@ -4,7 +4,8 @@
 An operator's first ``--once`` run often comes before any router publishes: it must end
 cleanly, and so must every later run on the same ``--output`` (Spark replays the batches of
 an unfinished run from the checkpoint, so an empty batch must be replayable like any
-other). Once rows come, the next run takes each exactly once.
+other), also after a run killed while it wrote a query's first offset. Once rows come, the
+next run takes each exactly once.
 
 The first run's live source also meets a late Python worker: Spark gives the process that
 runs the source's reader a fixed 10 s to connect back, which a loaded machine's may miss.
@@ -41,7 +42,16 @@ async def test_runs_on_an_empty_subscription_end_cleanly_and_the_next_takes_ever
     await subscribe_live(url)  # the source's durable subscriptions, empty: nothing published yet
     output = tmp_path / "analysis-live"
     arguments = ["--source", "live", "--url", url, "--output", str(output), "--once"]
+    # as if a run had been killed while Spark wrote the events query's first offset: its
+    # temporary file is there (Spark 4 refuses to start a query at batch 0 whose offset log
+    # folder is not empty)
+    offsets = output / "_checkpoints" / "events" / "offsets"
+    offsets.mkdir(parents=True)
+    partial = offsets / ".0.d3432c3d-42c2-444c-b97f-9d6a13e7bf4d.tmp"
+    partial.write_text('v1\n{"batchWatermarkMs":0')
+    (offsets / f".{partial.name}.crc").write_bytes(b"crc")
     stderr = await run_pipeline(*arguments, env={"PYSPARK_PYTHON": str(late)})
+    assert f"martinet-pipeline: removed {partial}: a log entry a killed run left half-written" in stderr
     assert (tmp_path / "slept").exists()
     assert [line for line in stderr.splitlines() if "did not connect back" in line] == [
         "martinet-pipeline: Spark's Python worker for the ingest-rows query did not connect back in time "
